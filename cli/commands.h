@@ -1,0 +1,16 @@
+// Subcommands of the `mobius` command-line tool. Each command's flags are defined in its own
+// source file (`<name>_command.cc`), which is how `mobius <name> --help` finds them; main.cc
+// parses the command line and then calls the command's entry point.
+#ifndef MOBIUS_CLI_COMMANDS_H_
+#define MOBIUS_CLI_COMMANDS_H_
+
+namespace mobius::cli {
+
+// Each returns the process exit code: 0 on success, 1 on a runtime error, 2 on bad usage.
+int RunGenerateCommand();
+int RunInspectCommand();
+int RunTokenizeCommand();
+
+}  // namespace mobius::cli
+
+#endif  // MOBIUS_CLI_COMMANDS_H_

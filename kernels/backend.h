@@ -1,0 +1,177 @@
+// The op interface every compute backend implements (cpu: fp32 reference with OpenBLAS; cuda:
+// bf16 on sm_90a). Ops are plain math over tensors and a little per-sequence metadata; they
+// know nothing of models, checkpoints or requests.
+//
+// Conventions:
+// - Tensors are contiguous, row-major, on the backend's device, in its activation dtype
+//   (activation_dtype()) unless a parameter says otherwise. Shapes below use T = tokens of the
+//   step, H = hidden size; [T, N] means T rows of N elements.
+// - Ragged batches: one step packs the tokens of several sequences back to back. Sequence-aware
+//   ops take one SequenceSegment per sequence, in packing order, covering all T tokens.
+// - Outputs never alias inputs unless the parameter says "in place".
+#ifndef MOBIUS_KERNELS_BACKEND_H_
+#define MOBIUS_KERNELS_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/tensor.h"
+
+namespace mobius::kernels {
+
+// The tokens of one sequence within a step.
+struct SequenceSegment {
+  int32_t token_begin = 0;    // first row of this sequence in the packed [T, ...] tensors
+  int32_t num_tokens = 0;     // rows of this sequence in this step (1 for a decode token)
+  int32_t cached_tokens = 0;  // tokens already processed before this step: the position of the
+                              // first token, and the number of valid KV entries before it
+  int32_t state_slot = -1;    // recurrent-state slot (conv + delta-rule state) of the sequence
+  std::span<const int32_t> kv_blocks;  // paged-KV block table, enough blocks for
+                                       // cached_tokens + num_tokens positions
+};
+
+// Dimensions of a gated-delta-rule (linear attention) mixer.
+struct DeltaRuleDims {
+  int num_k_heads = 0;  // Hk
+  int num_v_heads = 0;  // Hv, a multiple of Hk; value head h reads key head h / (Hv / Hk)
+  int k_head_dim = 0;   // Dk
+  int v_head_dim = 0;   // Dv
+};
+
+enum class DeltaRuleAlgorithm {
+  kAuto,       // recurrent for single-token segments, chunked for longer ones
+  kRecurrent,  // token by token (reference for the chunked form)
+  kChunked,    // chunked WY/UT form for every segment
+};
+
+struct RopeParams {
+  int rotary_dim = 0;  // leading dims of each head that rotate (even); the rest pass through
+  float theta = 10000.f;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  [[nodiscard]] virtual Device device() const = 0;
+  [[nodiscard]] virtual std::string name() const = 0;
+  // dtype in which the backend keeps weights and activations (cpu: F32, cuda: BF16).
+  [[nodiscard]] virtual DType activation_dtype() const = 0;
+
+  // Zero-initialised storage. ResourceExhausted when it does not fit.
+  virtual absl::StatusOr<Tensor> Allocate(DType dtype, std::vector<int64_t> shape) = 0;
+  // Copies `count` host elements of type `src_dtype` into `dst` (count == dst.numel()),
+  // converting to dst's dtype (F32/BF16/F16 sources into F32 or BF16; I32 into I32).
+  virtual void CopyFromHost(const void* src, DType src_dtype, Tensor& dst) = 0;
+  // Copies a tensor to host memory as fp32 (`dst` holds src.numel() floats). F32/BF16 sources.
+  virtual void CopyToHostF32(const Tensor& src, float* dst) = 0;
+  // Copies I32 tensor to host.
+  virtual void CopyToHostI32(const Tensor& src, int32_t* dst) = 0;
+  // Waits for queued work (no-op on the CPU).
+  virtual void Synchronize() = 0;
+  // Sets every byte of `t` to zero. The default goes through CopyFromHost; backends with a
+  // device memset override it.
+  virtual void ZeroFill(Tensor& t);
+
+  // ---- dense ----
+  // y[T, N] = x[T, K] @ w[N, K]^T.
+  virtual void Linear(const Tensor& x, const Tensor& w, Tensor& y) = 0;
+  // out[i, :] = table[ids[i], :]. ids are host values, already validated against the table.
+  virtual void EmbeddingLookup(std::span<const int32_t> ids, const Tensor& table,
+                               Tensor& out) = 0;
+  // out[i, :] = x[rows[i], :] (rows are host values).
+  virtual void GatherRows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) = 0;
+  // out = x / sqrt(mean(x^2) + eps) * (1 + w) per row, computed in fp32. x [R, D], w [D].
+  virtual void RmsNorm1p(const Tensor& x, const Tensor& w, float eps, Tensor& out) = 0;
+  // In place: residual += delta; then out = RmsNorm1p(residual, w, eps).
+  virtual void AddRmsNorm1p(Tensor& residual, const Tensor& delta, const Tensor& w, float eps,
+                            Tensor& out) = 0;
+  // In place: x += y (same shape).
+  virtual void Add(Tensor& x, const Tensor& y) = 0;
+  // out[T, I] = silu(gate_up[:, :I]) * gate_up[:, I:], gate_up [T, 2I].
+  virtual void SiluAndMul(const Tensor& gate_up, Tensor& out) = 0;
+  // In place: x[t, :] += sigmoid(gate_logits[t]) * y[t, :]. x, y [T, H]; gate_logits [T, 1].
+  virtual void AddSigmoidScaled(Tensor& x, const Tensor& y, const Tensor& gate_logits) = 0;
+
+  // ---- gated DeltaNet (linear attention) ----
+  // Causal depthwise conv over time followed by SiLU, per sequence:
+  //   out[t, c] = silu(sum_j w[c, j] * x[t - K + 1 + j, c]),
+  // where positions before the segment come from conv_states[slot] (the last K-1 inputs of the
+  // sequence, zero for a fresh sequence) and conv_states[slot] is updated in place to the last
+  // K-1 inputs (pre-conv). x, out [T, C]; w [C, K]; conv_states F32 [slots, C, K-1].
+  virtual void CausalConv1dSilu(const Tensor& x, const Tensor& w, Tensor& conv_states,
+                                std::span<const SequenceSegment> segments, Tensor& out) = 0;
+  // g = -exp(a_log) * softplus(a + dt_bias) and beta = sigmoid(b), in fp32.
+  // a, b [T, Hv] (activation dtype); a_log, dt_bias [Hv]; g, beta F32 [T, Hv].
+  virtual void DeltaRuleGates(const Tensor& a, const Tensor& b, const Tensor& a_log,
+                              const Tensor& dt_bias, Tensor& g, Tensor& beta) = 0;
+  // The gated delta rule over each segment, continuing from and updating (in place) the fp32
+  // recurrent states [slots, Hv, Dk, Dv]:
+  //   q, k = l2norm per head (x / sqrt(sum x^2 + 1e-6)); q *= Dk^-0.5;
+  //   per token: S = exp(g) S;  S += k (beta (v - S^T k))^T;  o = S^T q.
+  // qkv [T, 2*Hk*Dk + Hv*Dv] holds q (all heads), then k, then v per row (the conv output);
+  // g, beta F32 [T, Hv]; out [T, Hv * Dv].
+  virtual void GatedDeltaRule(const Tensor& qkv, const Tensor& g, const Tensor& beta,
+                              const DeltaRuleDims& dims, Tensor& recurrent_states,
+                              std::span<const SequenceSegment> segments,
+                              DeltaRuleAlgorithm algorithm, Tensor& out) = 0;
+  // out[r, :] = x[r, :] / sqrt(mean(x[r]^2) + eps) * w * silu(z[r, :]). x, z, out [R, D]; w [D]
+  // (a plain weight, not 1 + w).
+  virtual void GatedRmsNorm(const Tensor& x, const Tensor& z, const Tensor& w, float eps,
+                            Tensor& out) = 0;
+
+  // ---- gated full attention ----
+  // Splits q_gate [T, nh, 2*hd] (per head: query then gate) into q [T, nh, hd] and gate
+  // [T, nh, hd]; applies RmsNorm1p(q_norm) to each q head and RmsNorm1p(k_norm) to each head of
+  // k [T, nkv, hd] (in place), then rotate-half RoPE on the first rope.rotary_dim dims of q and k
+  // at position cached_tokens + i of each segment's i-th token.
+  virtual void QkNormRope(const Tensor& q_gate, Tensor& k, const Tensor& q_norm,
+                          const Tensor& k_norm, float eps, const RopeParams& rope,
+                          std::span<const SequenceSegment> segments, Tensor& q,
+                          Tensor& gate) = 0;
+  // Stores k, v [T, nkv, hd] at positions cached_tokens + i into the paged caches
+  // [num_blocks, block_size, nkv, hd] through each segment's block table.
+  virtual void WriteKvCache(const Tensor& k, const Tensor& v, std::span<const SequenceSegment> segments,
+                            Tensor& k_cache, Tensor& v_cache) = 0;
+  // Causal GQA attention of q [T, nh, hd] over the paged caches (which already hold this step's
+  // keys and values): token i of a segment attends to positions 0 .. cached_tokens + i. Query
+  // head h reads kv head h / (nh / nkv). out [T, nh, hd].
+  virtual void PagedAttention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                              std::span<const SequenceSegment> segments, float scale,
+                              Tensor& out) = 0;
+  // In place: x *= sigmoid(gate), elementwise.
+  virtual void MulSigmoid(Tensor& x, const Tensor& gate) = 0;
+
+  // ---- mixture of experts ----
+  // p = softmax(logits[t, :]) in fp32; the k largest (ties: lower id first) and their
+  // probabilities, renormalised to sum to 1 when `renormalize`. logits [T, E] (any E);
+  // ids I32 [T, k]; weights F32 [T, k].
+  virtual void TopKSoftmax(const Tensor& logits, int k, bool renormalize, Tensor& ids,
+                           Tensor& weights) = 0;
+  // In place: out[t, :] += sum_j weights[t, j] * Expert_{ids[t, j]}(x[t, :]) where
+  // Expert_e(x) = (silu(g) * u) @ down[e]^T with [g; u] = x @ gate_up[e]^T (gate rows first).
+  // gate_up [E_local, 2I, H], down [E_local, H, I] hold experts first_expert ..
+  // first_expert + E_local - 1; routed ids outside that range contribute nothing (expert
+  // parallelism). Each touched expert's weights are read once per call. If expert_tokens is
+  // non-empty (size E_local) the number of (token, expert) pairs routed to each local expert is
+  // added to it.
+  virtual void MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                          const Tensor& gate_up, const Tensor& down, int first_expert,
+                          Tensor& out, std::span<int64_t> expert_tokens) = 0;
+};
+
+inline void Backend::ZeroFill(Tensor& t) {
+  std::vector<float> zeros(static_cast<size_t>(t.numel()), 0.0f);  // 4 bytes per element
+  CopyFromHost(zeros.data(), t.dtype() == DType::kI32 ? DType::kI32 : DType::kF32, t);
+}
+
+// Creates the fp32 CPU backend. `num_threads` <= 0 uses every core.
+std::unique_ptr<Backend> CreateCpuBackend(int num_threads = 0);
+
+}  // namespace mobius::kernels
+
+#endif  // MOBIUS_KERNELS_BACKEND_H_
