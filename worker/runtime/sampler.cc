@@ -1,0 +1,128 @@
+#include "worker/runtime/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace mobius::worker {
+
+void TokenHistory::Touch(int32_t token) {
+  if (token < 0) return;
+  if (static_cast<size_t>(token) >= in_prompt_.size()) {
+    in_prompt_.resize(token + 1, 0);
+    output_count_.resize(token + 1, 0);
+  }
+  if (!in_prompt_[token] && output_count_[token] == 0) seen_.push_back(token);
+}
+
+void TokenHistory::AddPrompt(std::span<const int32_t> tokens) {
+  for (int32_t t : tokens) {
+    if (t < 0) continue;
+    Touch(t);
+    in_prompt_[t] = 1;
+  }
+}
+
+void TokenHistory::AddOutput(int32_t token) {
+  if (token < 0) return;
+  Touch(token);
+  ++output_count_[token];
+}
+
+bool TokenHistory::InPrompt(int32_t token) const {
+  return token >= 0 && static_cast<size_t>(token) < in_prompt_.size() && in_prompt_[token];
+}
+
+int TokenHistory::OutputCount(int32_t token) const {
+  return token >= 0 && static_cast<size_t>(token) < output_count_.size() ? output_count_[token] : 0;
+}
+
+RequestSampler::RequestSampler(const SamplingParams& params, uint64_t fallback_seed)
+    : params_(params), rng_(params.seed.value_or(fallback_seed)) {}
+
+SampledToken RequestSampler::Sample(std::span<float> logits, const TokenHistory& history) {
+  const int vocab = static_cast<int>(logits.size());
+  // Penalties touch only the tokens the sequence has seen.
+  for (int32_t t : history.seen()) {
+    if (t >= vocab) continue;
+    float& x = logits[t];
+    const int count = history.OutputCount(t);
+    if (params_.repetition_penalty != 1.0f) {
+      x = x > 0 ? x / params_.repetition_penalty : x * params_.repetition_penalty;
+    }
+    x -= params_.frequency_penalty * count + params_.presence_penalty * (count > 0 ? 1 : 0);
+  }
+
+  // Log-softmax at the request's temperature (1 for greedy): what logprobs report.
+  const float temperature = params_.temperature > 0 ? params_.temperature : 1.0f;
+  const float max_logit = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float x : logits) sum += std::exp((x - max_logit) / temperature);
+  const float log_z = static_cast<float>(std::log(sum));
+  auto logprob = [&](int32_t t) { return (logits[t] - max_logit) / temperature - log_z; };
+
+  SampledToken result;
+  if (params_.temperature == 0) {
+    result.token =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  } else {
+    // Candidates sorted by probability, truncated by top-k, top-p and min-p.
+    std::vector<int32_t> order(vocab);
+    std::iota(order.begin(), order.end(), 0);
+    auto by_logit = [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    };
+    size_t keep = vocab;
+    if (params_.top_k > 0 && params_.top_k < vocab) {
+      keep = params_.top_k;
+      std::nth_element(order.begin(), order.begin() + keep, order.end(), by_logit);
+      order.resize(keep);
+    }
+    std::sort(order.begin(), order.end(), by_logit);
+    std::vector<double> p(order.size());
+    double total = 0;
+    for (size_t i = 0; i < order.size(); ++i) {
+      p[i] = std::exp(logprob(order[i]));
+      total += p[i];
+    }
+    const double p_max = p[0];
+    double cumulative = 0;
+    size_t n = 0;
+    for (; n < order.size(); ++n) {
+      if (n > 0 && p[n] < params_.min_p * p_max) break;
+      cumulative += p[n];
+      if (cumulative >= params_.top_p * total) {
+        ++n;
+        break;
+      }
+    }
+    n = std::max<size_t>(n, 1);
+    double kept = 0;
+    for (size_t i = 0; i < n; ++i) kept += p[i];
+    std::uniform_real_distribution<double> uniform(0.0, kept);
+    const double u = uniform(rng_);
+    double acc = 0;
+    result.token = order[n - 1];
+    for (size_t i = 0; i < n; ++i) {
+      acc += p[i];
+      if (u < acc) {
+        result.token = order[i];
+        break;
+      }
+    }
+  }
+  result.logprob = logprob(result.token);
+  if (params_.logprobs > 0) {
+    std::vector<int32_t> top(vocab);
+    std::iota(top.begin(), top.end(), 0);
+    const int n = std::min(params_.logprobs, vocab);
+    std::partial_sort(top.begin(), top.begin() + n, top.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (int i = 0; i < n; ++i) result.top.push_back({top[i], logprob(top[i])});
+  }
+  return result;
+}
+
+}  // namespace mobius::worker

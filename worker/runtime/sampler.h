@@ -1,0 +1,58 @@
+// Turns one row of logits into the next token of one sequence, applying the request's
+// penalties, temperature and truncations (top-k, top-p, min-p), with a per-request random stream
+// so that a seeded request is reproducible whatever else shares its batch.
+#ifndef MOBIUS_WORKER_RUNTIME_SAMPLER_H_
+#define MOBIUS_WORKER_RUNTIME_SAMPLER_H_
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "worker/runtime/sampling_params.h"
+
+namespace mobius::worker {
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;  // of the distribution after penalties and temperature, before truncation
+};
+
+struct SampledToken {
+  int32_t token = 0;
+  float logprob = 0;
+  std::vector<TokenLogprob> top;  // top-n alternatives when logprobs > 0, best first
+};
+
+// Counts of the tokens a sequence has seen, for penalties.
+class TokenHistory {
+ public:
+  void AddPrompt(std::span<const int32_t> tokens);
+  void AddOutput(int32_t token);
+  [[nodiscard]] bool InPrompt(int32_t token) const;
+  [[nodiscard]] int OutputCount(int32_t token) const;
+  [[nodiscard]] const std::vector<int32_t>& seen() const { return seen_; }  // distinct tokens
+
+ private:
+  void Touch(int32_t token);
+  std::vector<int32_t> seen_;
+  std::vector<uint8_t> in_prompt_;
+  std::vector<int32_t> output_count_;
+};
+
+class RequestSampler {
+ public:
+  // `fallback_seed` seeds the stream when the request has none.
+  RequestSampler(const SamplingParams& params, uint64_t fallback_seed);
+
+  // Samples from `logits` (one row, vocab entries; modified in place).
+  SampledToken Sample(std::span<float> logits, const TokenHistory& history);
+
+ private:
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace mobius::worker
+
+#endif  // MOBIUS_WORKER_RUNTIME_SAMPLER_H_

@@ -1,0 +1,45 @@
+#include "worker/runtime/sampling_params.h"
+
+#include <cmath>
+
+#include "absl/strings/str_format.h"
+
+namespace mobius::worker {
+namespace {
+
+absl::Status Bad(const char* field, double value, const char* range) {
+  return absl::InvalidArgumentError(
+      absl::StrFormat("sampling parameter %s = %g is invalid: must be %s", field, value, range));
+}
+
+}  // namespace
+
+absl::Status SamplingParams::Validate(int vocab_size) const {
+  if (!(temperature >= 0) || !std::isfinite(temperature)) {
+    return Bad("temperature", temperature, ">= 0");
+  }
+  if (top_k < -1) return Bad("top_k", top_k, "-1, 0 (all) or positive");
+  if (!(top_p > 0 && top_p <= 1)) return Bad("top_p", top_p, "in (0, 1]");
+  if (!(min_p >= 0 && min_p <= 1)) return Bad("min_p", min_p, "in [0, 1]");
+  if (!(repetition_penalty > 0) || !std::isfinite(repetition_penalty)) {
+    return Bad("repetition_penalty", repetition_penalty, "> 0");
+  }
+  if (!(presence_penalty >= -2 && presence_penalty <= 2)) {
+    return Bad("presence_penalty", presence_penalty, "in [-2, 2]");
+  }
+  if (!(frequency_penalty >= -2 && frequency_penalty <= 2)) {
+    return Bad("frequency_penalty", frequency_penalty, "in [-2, 2]");
+  }
+  if (max_tokens < 0) return Bad("max_tokens", max_tokens, ">= 0");
+  if (logprobs < -1 || logprobs > 20) return Bad("logprobs", logprobs, "in [0, 20] (or unset)");
+  for (int32_t id : stop_token_ids) {
+    if (id < 0 || id >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sampling parameter stop_token_ids contains %d, outside the vocabulary [0, %d)", id,
+          vocab_size));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace mobius::worker

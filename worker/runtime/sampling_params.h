@@ -1,0 +1,34 @@
+// Per-request sampling parameters, with the semantics of the OpenAI / vLLM APIs.
+#ifndef MOBIUS_WORKER_RUNTIME_SAMPLING_PARAMS_H_
+#define MOBIUS_WORKER_RUNTIME_SAMPLING_PARAMS_H_
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace mobius::worker {
+
+struct SamplingParams {
+  float temperature = 1.0f;         // 0: greedy
+  int top_k = 0;                    // 0 or -1: all tokens
+  float top_p = 1.0f;               // nucleus mass, (0, 1]
+  float min_p = 0.0f;               // drop tokens with p < min_p * p_max, [0, 1]
+  float repetition_penalty = 1.0f;  // > 0; divides positive / multiplies negative logits of seen
+                                    // tokens (prompt and output), as in vLLM / HF
+  float presence_penalty = 0.0f;    // [-2, 2]; subtracted once per token present in the output
+  float frequency_penalty = 0.0f;   // [-2, 2]; subtracted per occurrence in the output
+  std::optional<uint64_t> seed;     // same seed + same inputs: same tokens
+  int max_tokens = 16;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  int logprobs = -1;  // -1: none; n >= 0: chosen token's logprob plus top n
+
+  // InvalidArgument naming the field, its value and the allowed range.
+  [[nodiscard]] absl::Status Validate(int vocab_size) const;
+};
+
+}  // namespace mobius::worker
+
+#endif  // MOBIUS_WORKER_RUNTIME_SAMPLING_PARAMS_H_
