@@ -1,0 +1,47 @@
+#include "cli/model_flags.h"
+
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+ABSL_FLAG(std::string, model, "",
+          "Model directory: config.json plus model.safetensors or sharded "
+          "model.safetensors.index.json. With --load-format=dummy only config.json is read.");
+ABSL_FLAG(std::string, config, "",
+          "Path of a config.json to use instead of <model>/config.json (for --load-format=dummy "
+          "without a model directory).");
+ABSL_FLAG(std::string, load_format, "safetensors",
+          "Where weights come from: \"safetensors\" (the checkpoint in --model) or \"dummy\" "
+          "(seeded random weights for any config, for benchmarks).");
+ABSL_FLAG(uint64_t, seed, 0, "Seed of dummy weights (--load-format=dummy).");
+ABSL_FLAG(std::string, device, "cpu",
+          "Compute backend: \"cpu\" (fp32 reference). \"cuda\" is not built yet.");
+ABSL_FLAG(int, threads, 0, "CPU backend threads; 0 uses every core.");
+
+namespace mobius::cli {
+
+absl::StatusOr<worker::ModelSource> ModelSourceFromFlags() {
+  worker::ModelSource source;
+  source.model_dir = absl::GetFlag(FLAGS_model);
+  source.config_path = absl::GetFlag(FLAGS_config);
+  ASSIGN_OR_RETURN(source.load_format, worker::ParseLoadFormat(absl::GetFlag(FLAGS_load_format)));
+  source.seed = absl::GetFlag(FLAGS_seed);
+  if (source.model_dir.empty() && source.config_path.empty()) {
+    return absl::InvalidArgumentError("--model is required (or --config with --load-format=dummy)");
+  }
+  return source;
+}
+
+absl::StatusOr<std::unique_ptr<kernels::Backend>> BackendFromFlags() {
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (device == "cpu") return kernels::CreateCpuBackend(absl::GetFlag(FLAGS_threads));
+  if (device == "cuda") {
+    return absl::UnimplementedError("--device=cuda: the CUDA backend is not built yet");
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--device \"", device, "\" is not supported (use \"cpu\" or \"cuda\")"));
+}
+
+}  // namespace mobius::cli

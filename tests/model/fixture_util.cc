@@ -1,0 +1,68 @@
+#include "tests/model/fixture_util.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "worker/checkpoint/checkpoint.h"
+#include "worker/model/model_factory.h"
+
+namespace mobius::testing {
+
+std::string FixturesDir() { return MOBIUS_FIXTURES_DIR; }
+std::string FixtureModelDir(const std::string& name) { return FixturesDir() + "/" + name; }
+
+ModelReference LoadReference(const std::string& model_dir) {
+  ModelReference ref;
+  std::ifstream in(model_dir + "/reference.json");
+  if (!in) {
+    ADD_FAILURE() << "missing fixture " << model_dir << "/reference.json (set MOBIUS_FIXTURES_DIR)";
+    return ref;
+  }
+  nlohmann::json j = nlohmann::json::parse(in);
+  for (const auto& p : j["prompts"]) ref.prompts.push_back(p.get<std::vector<int32_t>>());
+  for (const auto& g : j["greedy"]) {
+    ref.greedy.emplace_back(g["prompt_index"].get<int>(), g["tokens"].get<std::vector<int32_t>>());
+  }
+  auto file = worker::SafetensorsFile::Open(model_dir + "/reference_logits.safetensors");
+  if (!file.ok()) {
+    ADD_FAILURE() << file.status();
+    return ref;
+  }
+  for (size_t i = 0; i < ref.prompts.size(); ++i) {
+    auto it = (*file)->tensors().find("logits_" + std::to_string(i));
+    if (it == (*file)->tensors().end()) {
+      ADD_FAILURE() << "reference logits_" << i << " missing";
+      return ref;
+    }
+    std::vector<float> v(it->second.num_elements());
+    worker::ConvertToFloat(it->second, v.data());
+    ref.logits.push_back(std::move(v));
+  }
+  return ref;
+}
+
+double RelativeError(const float* a, const float* b, size_t n) {
+  double max_diff = 0, max_ref = 0;
+  for (size_t i = 0; i < n; ++i) {
+    max_diff = std::max(max_diff, std::fabs(double(a[i]) - double(b[i])));
+    max_ref = std::max(max_ref, std::fabs(double(b[i])));
+  }
+  return max_ref > 0 ? max_diff / max_ref : max_diff;
+}
+
+std::unique_ptr<worker::HybridModel> LoadFixtureModel(const std::string& model_dir,
+                                                      kernels::Backend& backend) {
+  worker::ModelSource source;
+  source.model_dir = model_dir;
+  auto model = worker::LoadHybridModel(source, backend);
+  if (!model.ok()) {
+    ADD_FAILURE() << model.status();
+    return nullptr;
+  }
+  return *std::move(model);
+}
+
+}  // namespace mobius::testing

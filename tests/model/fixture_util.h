@@ -1,0 +1,38 @@
+// Access to the reference fixtures (../shared/fixtures): prompts, greedy continuations and
+// reference logits produced by Hugging Face transformers / the model authors' code.
+#ifndef MOBIUS_TESTS_MODEL_FIXTURE_UTIL_H_
+#define MOBIUS_TESTS_MODEL_FIXTURE_UTIL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "worker/model/hybrid_model.h"
+
+namespace mobius::testing {
+
+std::string FixturesDir();
+std::string FixtureModelDir(const std::string& name);
+
+struct ModelReference {
+  std::vector<std::vector<int32_t>> prompts;
+  // greedy[i] = (prompt index, 24 tokens)
+  std::vector<std::pair<int, std::vector<int32_t>>> greedy;
+  std::vector<std::vector<float>> logits;  // logits[i]: [len(prompts[i]), vocab]
+};
+
+// Reads reference.json and reference_logits.safetensors of a fixture model; fails the calling
+// test (ADD_FAILURE) and returns empty on error.
+ModelReference LoadReference(const std::string& model_dir);
+
+// max|a - b| / max|b|.
+double RelativeError(const float* a, const float* b, size_t n);
+
+std::unique_ptr<worker::HybridModel> LoadFixtureModel(const std::string& model_dir,
+                                                      kernels::Backend& backend);
+
+}  // namespace mobius::testing
+
+#endif  // MOBIUS_TESTS_MODEL_FIXTURE_UTIL_H_

@@ -1,0 +1,270 @@
+#include "worker/model/hybrid_model.h"
+
+#include <cmath>
+
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+
+namespace mobius::worker {
+
+using kernels::DType;
+using kernels::Tensor;
+
+// Per-step metadata shared by the layers.
+struct HybridModel::StepContext {
+  int num_tokens = 0;
+  std::vector<kernels::SequenceSegment> segments;
+  ForwardOptions options;
+};
+
+HybridModel::HybridModel(ModelConfig config, ModelWeights weights, kernels::Backend& backend)
+    : config_(std::move(config)), weights_(std::move(weights)), backend_(backend) {
+  int attention = 0, linear = 0;
+  for (LayerType type : config_.layer_types) {
+    cache_index_.push_back(type == LayerType::kFullAttention ? attention++ : linear++);
+  }
+}
+
+absl::Status HybridModel::CreateCaches(int max_sequences, int max_tokens, int block_size) {
+  if (max_sequences <= 0 || max_tokens <= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cache sizes must be positive: max_sequences=%d max_tokens=%d", max_sequences, max_tokens));
+  }
+  PagedKvCacheOptions kv;
+  kv.num_layers = config_.num_layers_of(LayerType::kFullAttention);
+  kv.num_kv_heads = config_.num_key_value_heads;
+  kv.head_dim = config_.head_dim;
+  kv.block_size = block_size;
+  kv.num_blocks = max_sequences * ((max_tokens + block_size - 1) / block_size);
+  ASSIGN_OR_RETURN(kv_cache_, PagedKvCache::Create(kv, backend_));
+
+  StateSlotPoolOptions slots;
+  slots.num_layers = config_.num_layers_of(LayerType::kLinearAttention);
+  slots.conv_dim = config_.conv_dim();
+  slots.conv_kernel = config_.linear_conv_kernel_dim;
+  slots.num_v_heads = config_.linear_num_value_heads;
+  slots.k_head_dim = config_.linear_key_head_dim;
+  slots.v_head_dim = config_.linear_value_head_dim;
+  slots.num_slots = max_sequences;
+  ASSIGN_OR_RETURN(state_slots_, StateSlotPool::Create(slots, backend_));
+  return absl::OkStatus();
+}
+
+absl::Status HybridModel::StartSequence(SequenceCache& seq) {
+  if (!state_slots_) return absl::FailedPreconditionError("CreateCaches was not called");
+  seq.num_tokens = 0;
+  return state_slots_->Acquire(seq);
+}
+
+void HybridModel::ReleaseSequence(SequenceCache& seq) {
+  if (state_slots_) state_slots_->Release(seq);
+  if (kv_cache_) kv_cache_->Release(seq);
+  seq.num_tokens = 0;
+}
+
+absl::StatusOr<Tensor> HybridModel::Alloc(std::vector<int64_t> shape) {
+  return backend_.Allocate(backend_.activation_dtype(), std::move(shape));
+}
+absl::StatusOr<Tensor> HybridModel::Alloc(DType dtype, std::vector<int64_t> shape) {
+  return backend_.Allocate(dtype, std::move(shape));
+}
+
+absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOptions& options,
+                                  std::vector<float>& logits) {
+  if (!kv_cache_ || !state_slots_) {
+    return absl::FailedPreconditionError("CreateCaches was not called");
+  }
+  // Validate the whole batch before changing any state.
+  StepContext ctx;
+  ctx.options = options;
+  std::vector<int32_t> ids;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const SequenceStep& step = batch[s];
+    if (step.cache == nullptr || step.cache->state_slot < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("sequence %d has no cache slot (call StartSequence)", s));
+    }
+    if (step.tokens.empty()) {
+      return absl::InvalidArgumentError(absl::StrFormat("sequence %d has no tokens", s));
+    }
+    for (size_t i = 0; i < step.tokens.size(); ++i) {
+      const int32_t id = step.tokens[i];
+      if (id < 0 || id >= config_.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("sequence %d: token %d at index %d is outside the vocabulary [0, %d)",
+                            s, id, i, config_.vocab_size));
+      }
+    }
+    const int64_t end = int64_t{step.cache->num_tokens} + step.tokens.size();
+    if (end > config_.max_position_embeddings) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("sequence %d: %d tokens exceed max_position_embeddings (%d)", s, end,
+                          config_.max_position_embeddings));
+    }
+  }
+  for (SequenceStep& step : batch) {
+    RETURN_IF_ERROR(kv_cache_->Reserve(*step.cache, step.cache->num_tokens + step.tokens.size()));
+  }
+  for (SequenceStep& step : batch) {
+    kernels::SequenceSegment seg;
+    seg.token_begin = static_cast<int32_t>(ids.size());
+    seg.num_tokens = static_cast<int32_t>(step.tokens.size());
+    seg.cached_tokens = step.cache->num_tokens;
+    seg.state_slot = step.cache->state_slot;
+    seg.kv_blocks = step.cache->kv_blocks;
+    ctx.segments.push_back(seg);
+    ids.insert(ids.end(), step.tokens.begin(), step.tokens.end());
+  }
+  ctx.num_tokens = static_cast<int>(ids.size());
+  if (ctx.num_tokens == 0) {
+    logits.clear();
+    return absl::OkStatus();
+  }
+  const int T = ctx.num_tokens, H = config_.hidden_size, L = config_.num_hidden_layers;
+  const float eps = config_.rms_norm_eps;
+
+  ASSIGN_OR_RETURN(Tensor hidden, Alloc({T, H}));
+  ASSIGN_OR_RETURN(Tensor normed, Alloc({T, H}));
+  ASSIGN_OR_RETURN(Tensor delta, Alloc({T, H}));
+  backend_.EmbeddingLookup(ids, weights_.embed, hidden);
+  backend_.RmsNorm1p(hidden, weights_.layers[0].input_norm, eps, normed);
+  for (int i = 0; i < L; ++i) {
+    const LayerWeights& lw = weights_.layers[i];
+    if (config_.layer_types[i] == LayerType::kLinearAttention) {
+      RETURN_IF_ERROR(DeltaNetMixer(ctx, i, normed, delta));
+    } else {
+      RETURN_IF_ERROR(AttentionMixer(ctx, i, normed, delta));
+    }
+    backend_.AddRmsNorm1p(hidden, delta, lw.post_norm, eps, normed);
+    RETURN_IF_ERROR(FeedForward(ctx, i, normed, delta));
+    const Tensor& next_norm = i + 1 < L ? weights_.layers[i + 1].input_norm : weights_.final_norm;
+    backend_.AddRmsNorm1p(hidden, delta, next_norm, eps, normed);
+  }
+
+  std::vector<int32_t> rows;
+  if (options.logits == LogitsMode::kAllTokens) {
+    for (int t = 0; t < T; ++t) rows.push_back(t);
+  } else {
+    for (const kernels::SequenceSegment& seg : ctx.segments) {
+      rows.push_back(seg.token_begin + seg.num_tokens - 1);
+    }
+  }
+  const int R = static_cast<int>(rows.size()), V = config_.vocab_size;
+  Tensor selected = normed;
+  if (R != T) {
+    ASSIGN_OR_RETURN(selected, Alloc({R, H}));
+    backend_.GatherRows(normed, rows, selected);
+  }
+  ASSIGN_OR_RETURN(Tensor out, Alloc({R, V}));
+  backend_.Linear(selected, weights_.lm_head, out);
+  logits.resize(static_cast<size_t>(R) * V);
+  backend_.CopyToHostF32(out, logits.data());
+
+  for (SequenceStep& step : batch) step.cache->num_tokens += step.tokens.size();
+  return absl::OkStatus();
+}
+
+absl::Status HybridModel::DeltaNetMixer(StepContext& ctx, int layer, const Tensor& x, Tensor& out) {
+  const DeltaNetWeights& w = *weights_.layers[layer].linear;
+  const int T = ctx.num_tokens, Hv = config_.linear_num_value_heads,
+            Dv = config_.linear_value_head_dim;
+  const int cd = config_.conv_dim(), vd = config_.value_dim();
+  ASSIGN_OR_RETURN(Tensor mixed, Alloc({T, cd}));
+  ASSIGN_OR_RETURN(Tensor z, Alloc({T, vd}));
+  ASSIGN_OR_RETURN(Tensor b, Alloc({T, Hv}));
+  ASSIGN_OR_RETURN(Tensor a, Alloc({T, Hv}));
+  backend_.Linear(x, w.in_proj_qkv, mixed);
+  backend_.Linear(x, w.in_proj_z, z);
+  backend_.Linear(x, w.in_proj_b, b);
+  backend_.Linear(x, w.in_proj_a, a);
+
+  const int slot_layer = cache_index_[layer];
+  ASSIGN_OR_RETURN(Tensor conv_out, Alloc({T, cd}));
+  backend_.CausalConv1dSilu(mixed, w.conv1d, state_slots_->conv_states(slot_layer), ctx.segments,
+                            conv_out);
+  ASSIGN_OR_RETURN(Tensor g, Alloc(DType::kF32, {T, Hv}));
+  ASSIGN_OR_RETURN(Tensor beta, Alloc(DType::kF32, {T, Hv}));
+  backend_.DeltaRuleGates(a, b, w.a_log, w.dt_bias, g, beta);
+
+  kernels::DeltaRuleDims dims;
+  dims.num_k_heads = config_.linear_num_key_heads;
+  dims.num_v_heads = Hv;
+  dims.k_head_dim = config_.linear_key_head_dim;
+  dims.v_head_dim = Dv;
+  ASSIGN_OR_RETURN(Tensor core, Alloc({T, vd}));
+  backend_.GatedDeltaRule(conv_out, g, beta, dims, state_slots_->recurrent_states(slot_layer),
+                          ctx.segments, ctx.options.delta_rule, core);
+
+  ASSIGN_OR_RETURN(Tensor gated, Alloc({T * Hv, Dv}));
+  backend_.GatedRmsNorm(core.Reshape({T * Hv, Dv}), z.Reshape({T * Hv, Dv}), w.norm,
+                        config_.rms_norm_eps, gated);
+  backend_.Linear(gated.Reshape({T, vd}), w.out_proj, out);
+  return absl::OkStatus();
+}
+
+absl::Status HybridModel::AttentionMixer(StepContext& ctx, int layer, const Tensor& x,
+                                         Tensor& out) {
+  const AttentionWeights& w = *weights_.layers[layer].attention;
+  const int T = ctx.num_tokens, nh = config_.num_attention_heads, nkv = config_.num_key_value_heads,
+            hd = config_.head_dim;
+  ASSIGN_OR_RETURN(Tensor q_gate, Alloc({T, nh, 2 * hd}));
+  ASSIGN_OR_RETURN(Tensor k, Alloc({T, nkv, hd}));
+  ASSIGN_OR_RETURN(Tensor v, Alloc({T, nkv, hd}));
+  {
+    Tensor q2 = q_gate.Reshape({T, nh * 2 * hd}), k2 = k.Reshape({T, nkv * hd}),
+           v2 = v.Reshape({T, nkv * hd});
+    backend_.Linear(x, w.q_proj, q2);
+    backend_.Linear(x, w.k_proj, k2);
+    backend_.Linear(x, w.v_proj, v2);
+  }
+  ASSIGN_OR_RETURN(Tensor q, Alloc({T, nh, hd}));
+  ASSIGN_OR_RETURN(Tensor gate, Alloc({T, nh, hd}));
+  kernels::RopeParams rope;
+  rope.rotary_dim = config_.rotary_dim();
+  rope.theta = static_cast<float>(config_.rope_theta);
+  backend_.QkNormRope(q_gate, k, w.q_norm, w.k_norm, config_.rms_norm_eps, rope, ctx.segments, q,
+                      gate);
+  const int kv_layer = cache_index_[layer];
+  backend_.WriteKvCache(k, v, ctx.segments, kv_cache_->keys(kv_layer), kv_cache_->values(kv_layer));
+  ASSIGN_OR_RETURN(Tensor attn, Alloc({T, nh, hd}));
+  backend_.PagedAttention(q, kv_cache_->keys(kv_layer), kv_cache_->values(kv_layer), ctx.segments,
+                          1.0f / std::sqrt(static_cast<float>(hd)), attn);
+  backend_.MulSigmoid(attn, gate);
+  backend_.Linear(attn.Reshape({T, nh * hd}), w.o_proj, out);
+  return absl::OkStatus();
+}
+
+absl::Status HybridModel::FeedForward(StepContext& ctx, int layer, const Tensor& x, Tensor& out) {
+  const LayerWeights& lw = weights_.layers[layer];
+  const int T = ctx.num_tokens;
+  const int64_t I2 = lw.shared_expert.gate_up.dim(0);
+
+  // Shared expert (or the dense MLP).
+  ASSIGN_OR_RETURN(Tensor gate_up, Alloc({T, I2}));
+  ASSIGN_OR_RETURN(Tensor act, Alloc({T, I2 / 2}));
+  backend_.Linear(x, lw.shared_expert.gate_up, gate_up);
+  backend_.SiluAndMul(gate_up, act);
+  if (config_.mlp_types[layer] == MlpType::kDense) {
+    backend_.Linear(act, lw.shared_expert.down, out);
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(Tensor shared, Alloc({T, config_.hidden_size}));
+  backend_.Linear(act, lw.shared_expert.down, shared);
+  ASSIGN_OR_RETURN(Tensor shared_gate, Alloc({T, 1}));
+  backend_.Linear(x, lw.shared_expert_gate, shared_gate);
+
+  // Routed experts of this layer's bank.
+  const ExpertBankWeights& bank = weights_.banks[config_.BankOfLayer(layer)];
+  const int E = config_.num_experts, k = config_.num_experts_per_tok;
+  ASSIGN_OR_RETURN(Tensor router_logits, Alloc({T, E}));
+  backend_.Linear(x, bank.router, router_logits);
+  ASSIGN_OR_RETURN(Tensor ids, Alloc(DType::kI32, {T, k}));
+  ASSIGN_OR_RETURN(Tensor weights, Alloc(DType::kF32, {T, k}));
+  backend_.TopKSoftmax(router_logits, k, config_.norm_topk_prob, ids, weights);
+  backend_.ZeroFill(out);
+  backend_.MoeExperts(x, ids, weights, bank.gate_up, bank.down, /*first_expert=*/0, out, {});
+  backend_.AddSigmoidScaled(out, shared, shared_gate);
+  return absl::OkStatus();
+}
+
+}  // namespace mobius::worker

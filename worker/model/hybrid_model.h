@@ -1,0 +1,88 @@
+// The forward pass of the hybrid Gated-DeltaNet + gated-attention MoE model over a ragged batch:
+// several sequences per step, each a prefill chunk of any length (continuing from its cached
+// state) or one decode token. This is the interface the scheduler drives.
+#ifndef MOBIUS_WORKER_MODEL_HYBRID_MODEL_H_
+#define MOBIUS_WORKER_MODEL_HYBRID_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "worker/cache/paged_kv_cache.h"
+#include "worker/cache/sequence_cache.h"
+#include "worker/cache/state_slot_pool.h"
+#include "worker/model/model_config.h"
+#include "worker/model/model_weights.h"
+
+namespace mobius::worker {
+
+// One sequence's share of a step.
+struct SequenceStep {
+  std::span<const int32_t> tokens;  // new tokens, at positions cache->num_tokens ...
+  SequenceCache* cache = nullptr;   // advanced by tokens.size() on success
+};
+
+enum class LogitsMode {
+  kLastToken,  // one row per sequence: its last token of the step
+  kAllTokens,  // one row per token, in packing order
+};
+
+struct ForwardOptions {
+  LogitsMode logits = LogitsMode::kLastToken;
+  kernels::DeltaRuleAlgorithm delta_rule = kernels::DeltaRuleAlgorithm::kAuto;
+};
+
+class HybridModel {
+ public:
+  // `weights` must have been made for `config` (LoadCheckpointWeights / CreateDummyWeights).
+  HybridModel(ModelConfig config, ModelWeights weights, kernels::Backend& backend);
+
+  // Creates caches sized for `max_sequences` concurrent sequences of up to `max_tokens` tokens
+  // each (KV blocks of `block_size` positions).
+  absl::Status CreateCaches(int max_sequences, int max_tokens, int block_size = 16);
+
+  // Gives `seq` a fresh state slot. Free with ReleaseSequence.
+  absl::Status StartSequence(SequenceCache& seq);
+  void ReleaseSequence(SequenceCache& seq);
+
+  // Runs one step. Validates every token id against the vocabulary and every position against
+  // max_position_embeddings before touching any state (InvalidArgument naming the sequence,
+  // index and value), reserves KV blocks (ResourceExhausted when out of blocks), and writes
+  // float32 logits, [rows, vocab] row-major, to `logits`.
+  absl::Status Forward(std::span<SequenceStep> batch, const ForwardOptions& options,
+                       std::vector<float>& logits);
+
+  [[nodiscard]] const ModelConfig& config() const { return config_; }
+  [[nodiscard]] const ModelWeights& weights() const { return weights_; }
+  [[nodiscard]] kernels::Backend& backend() { return backend_; }
+  [[nodiscard]] PagedKvCache* kv_cache() { return kv_cache_.get(); }
+  [[nodiscard]] StateSlotPool* state_slots() { return state_slots_.get(); }
+
+ private:
+  struct StepContext;
+
+  absl::Status DeltaNetMixer(StepContext& ctx, int layer, const kernels::Tensor& x,
+                             kernels::Tensor& out);
+  absl::Status AttentionMixer(StepContext& ctx, int layer, const kernels::Tensor& x,
+                              kernels::Tensor& out);
+  absl::Status FeedForward(StepContext& ctx, int layer, const kernels::Tensor& x,
+                           kernels::Tensor& out);
+  // Scratch in the backend's activation dtype, or in `dtype`.
+  absl::StatusOr<kernels::Tensor> Alloc(std::vector<int64_t> shape);
+  absl::StatusOr<kernels::Tensor> Alloc(kernels::DType dtype, std::vector<int64_t> shape);
+
+  ModelConfig config_;
+  ModelWeights weights_;
+  kernels::Backend& backend_;
+  // Index of each layer in the KV cache (attention) or the state pool (DeltaNet).
+  std::vector<int> cache_index_;
+  std::unique_ptr<PagedKvCache> kv_cache_;
+  std::unique_ptr<StateSlotPool> state_slots_;
+};
+
+}  // namespace mobius::worker
+
+#endif  // MOBIUS_WORKER_MODEL_HYBRID_MODEL_H_

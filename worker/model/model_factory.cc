@@ -1,0 +1,41 @@
+#include "worker/model/model_factory.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/checkpoint/checkpoint.h"
+#include "worker/model/weight_loader.h"
+
+namespace mobius::worker {
+
+absl::StatusOr<LoadFormat> ParseLoadFormat(const std::string& name) {
+  if (name == "safetensors" || name == "auto") return LoadFormat::kSafetensors;
+  if (name == "dummy") return LoadFormat::kDummy;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--load-format \"", name, "\" is not supported (use \"safetensors\" or \"dummy\")"));
+}
+
+absl::StatusOr<std::unique_ptr<HybridModel>> LoadHybridModel(const ModelSource& source,
+                                                             kernels::Backend& backend) {
+  const std::string config_path =
+      source.config_path.empty() ? source.model_dir : source.config_path;
+  if (config_path.empty()) {
+    return absl::InvalidArgumentError(
+        "no model given: pass --model DIR (or --config FILE with "
+        "--load-format dummy)");
+  }
+  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(config_path));
+  ModelWeights weights;
+  if (source.load_format == LoadFormat::kDummy) {
+    ASSIGN_OR_RETURN(weights, CreateDummyWeights(config, backend, source.seed, source.load_mtp));
+  } else {
+    if (source.model_dir.empty()) {
+      return absl::InvalidArgumentError(
+          "--load-format safetensors needs --model DIR holding the checkpoint");
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(source.model_dir));
+    ASSIGN_OR_RETURN(weights, LoadCheckpointWeights(config, *checkpoint, backend));
+  }
+  return std::make_unique<HybridModel>(std::move(config), std::move(weights), backend);
+}
+
+}  // namespace mobius::worker

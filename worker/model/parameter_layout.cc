@@ -1,0 +1,280 @@
+#include "worker/model/parameter_layout.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace mobius::worker {
+namespace {
+
+int64_t Product(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// The checkpoint tensor `name` of `shape` is the whole parameter.
+CheckpointLayout Whole(std::string name, std::vector<int64_t> shape) {
+  const int64_t n = Product(shape);
+  return CheckpointLayout{{CheckpointPiece{std::move(name), std::move(shape), 0, n, 0}}};
+}
+
+class LayoutBuilder {
+ public:
+  LayoutBuilder(std::vector<ParameterSpec>& specs) : specs_(specs) {}
+
+  ParameterSpec& Add(std::string name, std::vector<int64_t> shape, ParameterRole role,
+                     ParameterGroup group, Tensor* target) {
+    ParameterSpec& spec = specs_.emplace_back();
+    spec.name = std::move(name);
+    spec.shape = std::move(shape);
+    spec.role = role;
+    spec.group = group;
+    spec.target = target;
+    return spec;
+  }
+  // A parameter stored under one checkpoint name with the same element count.
+  ParameterSpec& AddWhole(std::string name, std::vector<int64_t> shape, ParameterRole role,
+                          ParameterGroup group, Tensor* target, std::string tensor,
+                          std::vector<int64_t> tensor_shape) {
+    ParameterSpec& spec = Add(std::move(name), std::move(shape), role, group, target);
+    spec.layouts.push_back(Whole(std::move(tensor), std::move(tensor_shape)));
+    return spec;
+  }
+
+ private:
+  std::vector<ParameterSpec>& specs_;
+};
+
+template <typename T>
+T* Field(ModelWeights* weights, T* field) {
+  return weights ? field : nullptr;
+}
+
+// Experts of one bank (or of the MTP layer): fused 3-D tensors, or per-expert matrices.
+void AddExperts(LayoutBuilder& b, const std::string& engine, const std::string& ckpt, int E, int I,
+                int H, ParameterGroup group, int bank, ExpertBankWeights* w) {
+  ParameterSpec& router = b.AddWhole(engine + ".router", {E, H}, ParameterRole::kRouter, group,
+                                     w ? &w->router : nullptr, ckpt + ".gate.weight", {E, H});
+  router.bank = bank;
+
+  ParameterSpec& gate_up = b.Add(engine + ".gate_up", {E, 2 * I, H}, ParameterRole::kLinear, group,
+                                 w ? &w->gate_up : nullptr);
+  gate_up.bank = bank;
+  gate_up.layouts.push_back(Whole(ckpt + ".experts.gate_up_proj", {E, 2 * I, H}));
+  CheckpointLayout per_expert_gate_up;
+  const int64_t mat = int64_t{I} * H;
+  for (int e = 0; e < E; ++e) {
+    const std::string prefix = absl::StrCat(ckpt, ".experts.", e);
+    per_expert_gate_up.pieces.push_back(
+        {prefix + ".gate_proj.weight", {I, H}, 0, mat, (2 * e) * mat});
+    per_expert_gate_up.pieces.push_back(
+        {prefix + ".up_proj.weight", {I, H}, 0, mat, (2 * e + 1) * mat});
+  }
+  gate_up.layouts.push_back(std::move(per_expert_gate_up));
+
+  ParameterSpec& down =
+      b.Add(engine + ".down", {E, H, I}, ParameterRole::kLinear, group, w ? &w->down : nullptr);
+  down.bank = bank;
+  down.layouts.push_back(Whole(ckpt + ".experts.down_proj", {E, H, I}));
+  CheckpointLayout per_expert_down;
+  for (int e = 0; e < E; ++e) {
+    per_expert_down.pieces.push_back(
+        {absl::StrCat(ckpt, ".experts.", e, ".down_proj.weight"), {H, I}, 0, mat, e * mat});
+  }
+  down.layouts.push_back(std::move(per_expert_down));
+}
+
+// SwiGLU from separate gate_proj / up_proj / down_proj matrices.
+void AddSwiGlu(LayoutBuilder& b, const std::string& engine, const std::string& ckpt, int I, int H,
+               ParameterGroup group, SwiGluWeights* w) {
+  ParameterSpec& gate_up = b.Add(engine + ".gate_up", {2 * I, H}, ParameterRole::kLinear, group,
+                                 w ? &w->gate_up : nullptr);
+  const int64_t mat = int64_t{I} * H;
+  gate_up.layouts.push_back(CheckpointLayout{{{ckpt + ".gate_proj.weight", {I, H}, 0, mat, 0},
+                                              {ckpt + ".up_proj.weight", {I, H}, 0, mat, mat}}});
+  b.AddWhole(engine + ".down", {H, I}, ParameterRole::kLinear, group, w ? &w->down : nullptr,
+             ckpt + ".down_proj.weight", {H, I});
+}
+
+void AddAttention(LayoutBuilder& b, const ModelConfig& c, const std::string& engine,
+                  const std::string& ckpt, ParameterGroup group, AttentionWeights* w) {
+  const int H = c.hidden_size, nh = c.num_attention_heads, nkv = c.num_key_value_heads,
+            hd = c.head_dim;
+  const auto L = ParameterRole::kLinear;
+  b.AddWhole(engine + ".q_proj", {2 * nh * hd, H}, L, group, w ? &w->q_proj : nullptr,
+             ckpt + ".q_proj.weight", {2 * nh * hd, H});
+  b.AddWhole(engine + ".k_proj", {nkv * hd, H}, L, group, w ? &w->k_proj : nullptr,
+             ckpt + ".k_proj.weight", {nkv * hd, H});
+  b.AddWhole(engine + ".v_proj", {nkv * hd, H}, L, group, w ? &w->v_proj : nullptr,
+             ckpt + ".v_proj.weight", {nkv * hd, H});
+  b.AddWhole(engine + ".o_proj", {H, nh * hd}, L, group, w ? &w->o_proj : nullptr,
+             ckpt + ".o_proj.weight", {H, nh * hd});
+  b.AddWhole(engine + ".q_norm", {hd}, ParameterRole::kNorm1p, group, w ? &w->q_norm : nullptr,
+             ckpt + ".q_norm.weight", {hd});
+  b.AddWhole(engine + ".k_norm", {hd}, ParameterRole::kNorm1p, group, w ? &w->k_norm : nullptr,
+             ckpt + ".k_norm.weight", {hd});
+}
+
+void AddDeltaNet(LayoutBuilder& b, const ModelConfig& c, const std::string& engine,
+                 const std::string& ckpt, DeltaNetWeights* w) {
+  const int H = c.hidden_size, Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads,
+            Dk = c.linear_key_head_dim, Dv = c.linear_value_head_dim, K = c.linear_conv_kernel_dim;
+  const int kd = c.key_dim(), vd = c.value_dim(), cd = c.conv_dim(), r = Hv / Hk;
+  const auto L = ParameterRole::kLinear;
+  const auto G = ParameterGroup::kDense;
+
+  // Qwen3-Next packs q, k, v, z (and b, a) interleaved per key-head group.
+  const std::string qkvz = ckpt + ".in_proj_qkvz.weight";
+  const std::string ba = ckpt + ".in_proj_ba.weight";
+  const std::vector<int64_t> qkvz_shape = {2 * kd + 2 * vd, H};
+  const std::vector<int64_t> ba_shape = {2 * Hv, H};
+  const int64_t group_rows = 2 * Dk + 2 * r * Dv;
+  CheckpointLayout qkv_interleaved, z_interleaved, b_interleaved, a_interleaved;
+  for (int g = 0; g < Hk; ++g) {
+    const int64_t src = g * group_rows * H;
+    qkv_interleaved.pieces.push_back({qkvz, qkvz_shape, src, int64_t{Dk} * H, int64_t{g} * Dk * H});
+    qkv_interleaved.pieces.push_back(
+        {qkvz, qkvz_shape, src + int64_t{Dk} * H, int64_t{Dk} * H, int64_t{kd + g * Dk} * H});
+    qkv_interleaved.pieces.push_back({qkvz, qkvz_shape, src + int64_t{2 * Dk} * H,
+                                      int64_t{r} * Dv * H, int64_t{2 * kd + g * r * Dv} * H});
+    z_interleaved.pieces.push_back({qkvz, qkvz_shape, src + int64_t{2 * Dk + r * Dv} * H,
+                                    int64_t{r} * Dv * H, int64_t{g} * r * Dv * H});
+    b_interleaved.pieces.push_back(
+        {ba, ba_shape, int64_t{2 * g * r} * H, int64_t{r} * H, int64_t{g * r} * H});
+    a_interleaved.pieces.push_back(
+        {ba, ba_shape, int64_t{2 * g * r + r} * H, int64_t{r} * H, int64_t{g * r} * H});
+  }
+  const bool qwen = c.family == ModelFamily::kQwen3Next;
+  auto add_two = [&](std::string name, std::vector<int64_t> shape, Tensor* target,
+                     CheckpointLayout separate, CheckpointLayout interleaved) {
+    ParameterSpec& spec = b.Add(std::move(name), std::move(shape), L, G, target);
+    if (qwen) std::swap(separate, interleaved);
+    spec.layouts.push_back(std::move(separate));
+    spec.layouts.push_back(std::move(interleaved));
+  };
+  add_two(engine + ".in_proj_qkv", {cd, H}, w ? &w->in_proj_qkv : nullptr,
+          Whole(ckpt + ".in_proj_qkv.weight", {cd, H}), std::move(qkv_interleaved));
+  add_two(engine + ".in_proj_z", {vd, H}, w ? &w->in_proj_z : nullptr,
+          Whole(ckpt + ".in_proj_z.weight", {vd, H}), std::move(z_interleaved));
+  add_two(engine + ".in_proj_b", {Hv, H}, w ? &w->in_proj_b : nullptr,
+          Whole(ckpt + ".in_proj_b.weight", {Hv, H}), std::move(b_interleaved));
+  add_two(engine + ".in_proj_a", {Hv, H}, w ? &w->in_proj_a : nullptr,
+          Whole(ckpt + ".in_proj_a.weight", {Hv, H}), std::move(a_interleaved));
+  b.AddWhole(engine + ".conv1d", {cd, K}, ParameterRole::kConv, G, w ? &w->conv1d : nullptr,
+             ckpt + ".conv1d.weight", {cd, 1, K});
+  b.AddWhole(engine + ".a_log", {Hv}, ParameterRole::kALog, G, w ? &w->a_log : nullptr,
+             ckpt + ".A_log", {Hv});
+  b.AddWhole(engine + ".dt_bias", {Hv}, ParameterRole::kDtBias, G, w ? &w->dt_bias : nullptr,
+             ckpt + ".dt_bias", {Hv});
+  b.AddWhole(engine + ".norm", {Dv}, ParameterRole::kPlainNorm, G, w ? &w->norm : nullptr,
+             ckpt + ".norm.weight", {Dv});
+  b.AddWhole(engine + ".out_proj", {H, vd}, L, G, w ? &w->out_proj : nullptr,
+             ckpt + ".out_proj.weight", {H, vd});
+}
+
+}  // namespace
+
+int64_t ParameterSpec::numel() const { return Product(shape); }
+
+std::string DefaultTensorPrefix(const ModelConfig& config) {
+  return config.family == ModelFamily::kInternS2Mobius ? "model.language_model." : "model.";
+}
+
+std::vector<ParameterSpec> ListParameters(const ModelConfig& c, const LayoutOptions& options,
+                                          ModelWeights* weights) {
+  std::vector<ParameterSpec> specs;
+  LayoutBuilder b(specs);
+  const int H = c.hidden_size, V = c.vocab_size;
+  const std::string& p = options.prefix;
+  if (weights) {
+    weights->layers.assign(c.num_hidden_layers, LayerWeights{});
+    bool any_moe = false;
+    for (MlpType t : c.mlp_types) any_moe |= t == MlpType::kMoe;
+    weights->banks.assign(any_moe ? c.num_blocks : 0, ExpertBankWeights{});
+  }
+
+  b.AddWhole("embed", {V, H}, ParameterRole::kEmbedding, ParameterGroup::kEmbedding,
+             weights ? &weights->embed : nullptr, p + "embed_tokens.weight", {V, H});
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    LayerWeights* lw = weights ? &weights->layers[i] : nullptr;
+    const std::string engine = absl::StrCat("layers.", i);
+    const std::string ckpt = absl::StrCat(p, "layers.", i);
+    b.AddWhole(engine + ".input_norm", {H}, ParameterRole::kNorm1p, ParameterGroup::kDense,
+               lw ? &lw->input_norm : nullptr, ckpt + ".input_layernorm.weight", {H});
+    if (c.layer_types[i] == LayerType::kLinearAttention) {
+      if (lw) lw->linear.emplace();
+      AddDeltaNet(b, c, engine + ".linear", ckpt + ".linear_attn", lw ? &*lw->linear : nullptr);
+    } else {
+      if (lw) lw->attention.emplace();
+      AddAttention(b, c, engine + ".attention", ckpt + ".self_attn", ParameterGroup::kDense,
+                   lw ? &*lw->attention : nullptr);
+    }
+    b.AddWhole(engine + ".post_norm", {H}, ParameterRole::kNorm1p, ParameterGroup::kDense,
+               lw ? &lw->post_norm : nullptr, ckpt + ".post_attention_layernorm.weight", {H});
+    if (c.mlp_types[i] == MlpType::kMoe) {
+      AddSwiGlu(b, engine + ".shared_expert", ckpt + ".mlp.shared_expert",
+                c.shared_expert_intermediate_size, H, ParameterGroup::kDense,
+                lw ? &lw->shared_expert : nullptr);
+      b.AddWhole(engine + ".shared_expert_gate", {1, H}, ParameterRole::kLinear,
+                 ParameterGroup::kDense, lw ? &lw->shared_expert_gate : nullptr,
+                 ckpt + ".mlp.shared_expert_gate.weight", {1, H});
+      // Qwen3-Next: every layer is its own bank, stored with the layer.
+      if (c.family == ModelFamily::kQwen3Next) {
+        AddExperts(b, absl::StrCat("banks.", i), ckpt + ".mlp", c.num_experts,
+                   c.moe_intermediate_size, H, ParameterGroup::kRoutedExperts, i,
+                   weights ? &weights->banks[i] : nullptr);
+      }
+    } else {
+      AddSwiGlu(b, engine + ".mlp", ckpt + ".mlp", c.intermediate_size, H, ParameterGroup::kDense,
+                lw ? &lw->shared_expert : nullptr);
+    }
+  }
+  if (c.family == ModelFamily::kInternS2Mobius) {
+    for (int bank = 0; bank < c.num_blocks; ++bank) {
+      AddExperts(b, absl::StrCat("banks.", bank), absl::StrCat(p, "meta_mlp.", bank), c.num_experts,
+                 c.moe_intermediate_size, H, ParameterGroup::kRoutedExperts, bank,
+                 weights ? &weights->banks[bank] : nullptr);
+    }
+  }
+  b.AddWhole("final_norm", {H}, ParameterRole::kNorm1p, ParameterGroup::kDense,
+             weights ? &weights->final_norm : nullptr, p + "norm.weight", {H});
+  if (!c.tie_word_embeddings) {
+    b.AddWhole("lm_head", {V, H}, ParameterRole::kLinear, ParameterGroup::kLmHead,
+               weights ? &weights->lm_head : nullptr, "lm_head.weight", {V, H});
+  }
+
+  if (options.include_mtp && c.mtp_num_hidden_layers > 0) {
+    MtpWeights* m = nullptr;
+    if (weights) m = &weights->mtp.emplace();
+    const auto G = ParameterGroup::kMtp;
+    b.AddWhole("mtp.fc", {H, 2 * H}, ParameterRole::kLinear, G, m ? &m->fc : nullptr,
+               "mtp.fc.weight", {H, 2 * H});
+    for (const char* norm : {"pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"}) {
+      Tensor* t = nullptr;
+      if (m) {
+        t = std::string(norm) == "norm"                 ? &m->norm
+            : std::string(norm) == "pre_fc_norm_hidden" ? &m->pre_fc_norm_hidden
+                                                        : &m->pre_fc_norm_embedding;
+      }
+      b.AddWhole(absl::StrCat("mtp.", norm), {H}, ParameterRole::kNorm1p, G, t,
+                 absl::StrCat("mtp.", norm, ".weight"), {H});
+    }
+    LayerWeights* lw = m ? &m->layer : nullptr;
+    if (lw) lw->attention.emplace();
+    b.AddWhole("mtp.layer.input_norm", {H}, ParameterRole::kNorm1p, G,
+               lw ? &lw->input_norm : nullptr, "mtp.layers.0.input_layernorm.weight", {H});
+    AddAttention(b, c, "mtp.layer.attention", "mtp.layers.0.self_attn", G,
+                 lw ? &*lw->attention : nullptr);
+    b.AddWhole("mtp.layer.post_norm", {H}, ParameterRole::kNorm1p, G, lw ? &lw->post_norm : nullptr,
+               "mtp.layers.0.post_attention_layernorm.weight", {H});
+    AddSwiGlu(b, "mtp.layer.shared_expert", "mtp.layers.0.mlp.shared_expert",
+              c.shared_expert_intermediate_size, H, G, lw ? &lw->shared_expert : nullptr);
+    b.AddWhole("mtp.layer.shared_expert_gate", {1, H}, ParameterRole::kLinear, G,
+               lw ? &lw->shared_expert_gate : nullptr, "mtp.layers.0.mlp.shared_expert_gate.weight",
+               {1, H});
+    AddExperts(b, "mtp.experts", "mtp.layers.0.mlp", c.mtp_num_experts, c.moe_intermediate_size, H,
+               G, -1, m ? &m->experts : nullptr);
+  }
+  return specs;
+}
+
+}  // namespace mobius::worker

@@ -1,0 +1,32 @@
+// Fills ModelWeights on a backend: from a checkpoint (validating every tensor against the
+// config), or with seeded random values for benchmarks without a checkpoint.
+#ifndef MOBIUS_WORKER_MODEL_WEIGHT_LOADER_H_
+#define MOBIUS_WORKER_MODEL_WEIGHT_LOADER_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "worker/checkpoint/checkpoint.h"
+#include "worker/model/model_config.h"
+#include "worker/model/model_weights.h"
+
+namespace mobius::worker {
+
+// Loads every parameter of `config` from `checkpoint`. Vision tensors and anything else the
+// engine does not use are ignored; `mtp.*` is loaded when the checkpoint has `mtp.fc.weight`
+// and the config declares an MTP layer. Errors name the checkpoint tensor and what is wrong
+// (missing, wrong shape, unsupported dtype).
+absl::StatusOr<ModelWeights> LoadCheckpointWeights(const ModelConfig& config,
+                                                   const Checkpoint& checkpoint,
+                                                   kernels::Backend& backend);
+
+// Seeded random weights with magnitudes that keep activations in a sane range (see
+// dummy_weights.cc). The same seed gives the same weights.
+absl::StatusOr<ModelWeights> CreateDummyWeights(const ModelConfig& config,
+                                                kernels::Backend& backend, uint64_t seed,
+                                                bool include_mtp);
+
+}  // namespace mobius::worker
+
+#endif  // MOBIUS_WORKER_MODEL_WEIGHT_LOADER_H_
