@@ -25,8 +25,9 @@ HybridModel::HybridModel(ModelConfig config, ModelWeights weights, kernels::Back
   }
 }
 
-absl::Status HybridModel::CreateCaches(int max_sequences, int max_tokens, int block_size) {
-  if (max_sequences <= 0 || max_tokens <= 0) {
+absl::Status HybridModel::CreateCaches(int max_sequences, int max_tokens, int block_size,
+                                       int num_kv_blocks) {
+  if (max_sequences <= 0 || max_tokens <= 0 || block_size <= 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "cache sizes must be positive: max_sequences=%d max_tokens=%d", max_sequences, max_tokens));
   }
@@ -35,7 +36,8 @@ absl::Status HybridModel::CreateCaches(int max_sequences, int max_tokens, int bl
   kv.num_kv_heads = config_.num_key_value_heads;
   kv.head_dim = config_.head_dim;
   kv.block_size = block_size;
-  kv.num_blocks = max_sequences * ((max_tokens + block_size - 1) / block_size);
+  kv.num_blocks = num_kv_blocks > 0 ? num_kv_blocks
+                                    : max_sequences * ((max_tokens + block_size - 1) / block_size);
   ASSIGN_OR_RETURN(kv_cache_, PagedKvCache::Create(kv, backend_));
 
   StateSlotPoolOptions slots;

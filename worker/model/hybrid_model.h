@@ -40,9 +40,10 @@ class HybridModel {
   // `weights` must have been made for `config` (LoadCheckpointWeights / CreateDummyWeights).
   HybridModel(ModelConfig config, ModelWeights weights, kernels::Backend& backend);
 
-  // Creates caches sized for `max_sequences` concurrent sequences of up to `max_tokens` tokens
-  // each (KV blocks of `block_size` positions).
-  absl::Status CreateCaches(int max_sequences, int max_tokens, int block_size = 16);
+  // Creates caches: `max_sequences` state slots and KV blocks of `block_size` positions, enough
+  // for max_sequences sequences of max_tokens tokens unless `num_kv_blocks` > 0 says otherwise.
+  absl::Status CreateCaches(int max_sequences, int max_tokens, int block_size = 16,
+                            int num_kv_blocks = 0);
 
   // Gives `seq` a fresh state slot. Free with ReleaseSequence.
   absl::Status StartSequence(SequenceCache& seq);

@@ -1,0 +1,233 @@
+// The continuous-batching engine on the fixture model: concurrent requests, chunked prefill mixed
+// with decode, preemption under a small KV cache, cancellation, seeded sampling, validation.
+#include "worker/runtime/engine.h"
+
+#include <map>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/model/fixture_util.h"
+
+namespace mobius::worker {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Collects the stream of each request.
+class Streams {
+ public:
+  OutputCallback For(const std::string& id) {
+    {
+      absl::MutexLock lock(&mu_);
+      done_[id] = std::make_unique<absl::Notification>();
+    }
+    return [this, id](const GenerationOutput& out) {
+      absl::MutexLock lock(&mu_);
+      auto& r = results_[id];
+      r.tokens.insert(r.tokens.end(), out.tokens.begin(), out.tokens.end());
+      ++r.messages;
+      if (out.finish != FinishReason::kNone) {
+        r.finish = out.finish;
+        r.matched = out.matched_stop_token;
+        r.completion_tokens = out.completion_tokens;
+        r.error = out.error;
+        done_[id]->Notify();
+      }
+    };
+  }
+  struct Result {
+    std::vector<int32_t> tokens;
+    FinishReason finish = FinishReason::kNone;
+    std::optional<int32_t> matched;
+    int completion_tokens = 0;
+    int messages = 0;
+    absl::Status error;
+  };
+  Result Wait(const std::string& id) {
+    absl::Notification* n;
+    {
+      absl::MutexLock lock(&mu_);
+      n = done_[id].get();
+    }
+    EXPECT_TRUE(n->WaitForNotificationWithTimeout(absl::Seconds(60))) << id;
+    absl::MutexLock lock(&mu_);
+    return results_[id];
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, Result> results_;
+  std::map<std::string, std::unique_ptr<absl::Notification>> done_;
+};
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::FixtureModelDir("intern-s2-mobius-tiny");
+    backend_ = kernels::CreateCpuBackend(2);
+    model_ = testing::LoadFixtureModel(dir_, *backend_);
+    ASSERT_NE(model_, nullptr);
+    ref_ = testing::LoadReference(dir_);
+  }
+  std::unique_ptr<Engine> Start(EngineOptions options) {
+    auto engine = Engine::Create(*model_, options);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    return engine.ok() ? std::move(*engine) : nullptr;
+  }
+  GenerationRequest Greedy(const std::string& id, const std::vector<int32_t>& prompt, int n) {
+    GenerationRequest r;
+    r.request_id = id;
+    r.prompt = prompt;
+    r.params.temperature = 0;
+    r.params.max_tokens = n;
+    return r;
+  }
+
+  std::string dir_;
+  std::unique_ptr<kernels::Backend> backend_;
+  std::unique_ptr<HybridModel> model_;
+  testing::ModelReference ref_;
+};
+
+TEST_F(EngineTest, ConcurrentGreedyRequestsMatchReferenceWithChunkedPrefill) {
+  EngineOptions options;
+  options.scheduler.max_num_seqs = 4;
+  options.scheduler.max_tokens_per_step = 16;  // the 130-token prompt prefills over many steps
+  options.max_model_len = 256;
+  auto engine = Start(options);
+  ASSERT_NE(engine, nullptr);
+  Streams streams;
+  for (const auto& [p, expected] : ref_.greedy) {
+    const std::string id = "r" + std::to_string(p);
+    ASSERT_TRUE(
+        engine->Enqueue(Greedy(id, ref_.prompts[p], expected.size()), streams.For(id)).ok());
+  }
+  for (const auto& [p, expected] : ref_.greedy) {
+    auto r = streams.Wait("r" + std::to_string(p));
+    EXPECT_EQ(r.tokens, expected) << "prompt " << p;
+    EXPECT_EQ(r.finish, FinishReason::kLength);
+    EXPECT_EQ(r.completion_tokens, static_cast<int>(expected.size()));
+    EXPECT_EQ(r.messages, static_cast<int>(expected.size()));  // one message per token
+  }
+  EXPECT_EQ(engine->GetStats().num_running, 0);
+}
+
+TEST_F(EngineTest, PreemptionByRecomputeKeepsOutputsExact) {
+  EngineOptions options;
+  options.scheduler.max_num_seqs = 3;
+  options.scheduler.max_tokens_per_step = 64;
+  options.kv_block_size = 4;
+  options.num_kv_blocks = 48;  // 192 positions for three sequences that need ~220
+  options.max_model_len = 180;
+  auto engine = Start(options);
+  ASSERT_NE(engine, nullptr);
+  Streams streams;
+  for (const auto& [p, expected] : ref_.greedy) {
+    const std::string id = "r" + std::to_string(p);
+    ASSERT_TRUE(
+        engine->Enqueue(Greedy(id, ref_.prompts[p], expected.size()), streams.For(id)).ok());
+  }
+  for (const auto& [p, expected] : ref_.greedy) {
+    EXPECT_EQ(streams.Wait("r" + std::to_string(p)).tokens, expected) << "prompt " << p;
+  }
+  EXPECT_GT(engine->GetStats().num_preemptions, 0);
+}
+
+TEST_F(EngineTest, CancelFreesTheSlot) {
+  EngineOptions options;
+  options.scheduler.max_num_seqs = 1;
+  options.max_model_len = 2048;
+  auto engine = Start(options);
+  ASSERT_NE(engine, nullptr);
+  Streams streams;
+  absl::Notification first_token;
+  auto collect = streams.For("long");
+  ASSERT_TRUE(engine
+                  ->Enqueue(Greedy("long", ref_.prompts[1], 1500),
+                            [&](const GenerationOutput& out) {
+                              collect(out);
+                              if (!first_token.HasBeenNotified()) first_token.Notify();
+                            })
+                  .ok());
+  ASSERT_TRUE(first_token.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_TRUE(engine->Cancel("long"));
+  auto r = streams.Wait("long");
+  EXPECT_EQ(r.finish, FinishReason::kAbort);
+  EXPECT_LT(r.tokens.size(), 1500u);
+  // The only slot is free again: a new request runs to completion.
+  const auto& [p, expected] = ref_.greedy[0];
+  ASSERT_TRUE(engine->Enqueue(Greedy("next", ref_.prompts[p], 4), streams.For("next")).ok());
+  EXPECT_EQ(streams.Wait("next").tokens,
+            std::vector<int32_t>(expected.begin(), expected.begin() + 4));
+  EXPECT_FALSE(engine->Cancel("next"));  // already finished
+}
+
+TEST_F(EngineTest, SeededSamplingIsReproducibleWhateverShareTheBatch) {
+  EngineOptions options;
+  options.scheduler.max_num_seqs = 4;
+  auto engine = Start(options);
+  ASSERT_NE(engine, nullptr);
+  auto sampled = [&](const std::string& id) {
+    GenerationRequest r;
+    r.request_id = id;
+    r.prompt = ref_.prompts[2];
+    r.params.temperature = 1.0f;
+    r.params.top_p = 0.9f;
+    r.params.seed = 77;
+    r.params.max_tokens = 12;
+    return r;
+  };
+  Streams streams;
+  ASSERT_TRUE(engine->Enqueue(sampled("alone"), streams.For("alone")).ok());
+  auto alone = streams.Wait("alone");
+  ASSERT_TRUE(engine->Enqueue(Greedy("other", ref_.prompts[3], 12), streams.For("other")).ok());
+  ASSERT_TRUE(engine->Enqueue(sampled("shared"), streams.For("shared")).ok());
+  auto shared = streams.Wait("shared");
+  streams.Wait("other");
+  EXPECT_EQ(alone.tokens.size(), 12u);
+  EXPECT_EQ(alone.tokens, shared.tokens);
+}
+
+TEST_F(EngineTest, StopTokenEndsTheStream) {
+  auto engine = Start(EngineOptions{});
+  ASSERT_NE(engine, nullptr);
+  const auto& [p, expected] = ref_.greedy[1];
+  GenerationRequest r = Greedy("stop", ref_.prompts[p], 20);
+  r.params.stop_token_ids = {expected[3]};
+  Streams streams;
+  ASSERT_TRUE(engine->Enqueue(r, streams.For("stop")).ok());
+  auto result = streams.Wait("stop");
+  const auto first = std::find(expected.begin(), expected.end(), expected[3]);
+  EXPECT_EQ(result.tokens, std::vector<int32_t>(expected.begin(), first + 1));
+  EXPECT_EQ(result.finish, FinishReason::kStop);
+  EXPECT_EQ(result.matched, expected[3]);
+}
+
+TEST_F(EngineTest, InvalidRequestsAreRejectedWithReasons) {
+  EngineOptions options;
+  options.max_model_len = 64;
+  auto engine = Start(options);
+  ASSERT_NE(engine, nullptr);
+  Streams streams;
+  EXPECT_THAT(engine->Enqueue(Greedy("a", {1, 99999}, 4), streams.For("a")).message(),
+              HasSubstr("99999"));
+  EXPECT_THAT(engine->Enqueue(Greedy("b", {}, 4), streams.For("b")).message(), HasSubstr("empty"));
+  EXPECT_THAT(
+      engine->Enqueue(Greedy("c", std::vector<int32_t>(64, 1), 4), streams.For("c")).message(),
+      HasSubstr("64"));
+  GenerationRequest bad = Greedy("d", {1, 2}, 4);
+  bad.params.top_p = 2;
+  EXPECT_THAT(engine->Enqueue(bad, streams.For("d")).message(), HasSubstr("top_p"));
+  ASSERT_TRUE(engine->Enqueue(Greedy("e", {1, 2}, 100), streams.For("e")).ok());
+  EXPECT_EQ(engine->Enqueue(Greedy("e", {1, 2}, 4), streams.For("e2")).code(),
+            absl::StatusCode::kAlreadyExists);
+  engine->Shutdown(/*drain=*/true);
+  EXPECT_EQ(streams.Wait("e").tokens.size(), 62u);  // stopped by max_model_len 64
+  EXPECT_EQ(engine->Enqueue(Greedy("f", {1}, 1), streams.For("f")).code(),
+            absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace mobius::worker

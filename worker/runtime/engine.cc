@@ -1,0 +1,250 @@
+#include "worker/runtime/engine.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+
+namespace mobius::worker {
+
+Engine::Engine(HybridModel& model, const EngineOptions& options)
+    : model_(model), options_(options) {}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(HybridModel& model,
+                                                       const EngineOptions& options) {
+  if (options.max_model_len <= 1) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("max_model_len (%d) must be at least 2", options.max_model_len));
+  }
+  if (options.scheduler.max_num_seqs <= 0 || options.scheduler.max_tokens_per_step <= 0) {
+    return absl::InvalidArgumentError("max_num_seqs and max_tokens_per_step must be positive");
+  }
+  const int max_len = static_cast<int>(
+      std::min<int64_t>(options.max_model_len, model.config().max_position_embeddings));
+  RETURN_IF_ERROR(model.CreateCaches(options.scheduler.max_num_seqs, max_len, options.kv_block_size,
+                                     options.num_kv_blocks));
+  std::unique_ptr<Engine> engine(new Engine(model, options));
+  engine->options_.max_model_len = max_len;
+  engine->scheduler_ =
+      std::make_unique<Scheduler>(options.scheduler, *model.kv_cache(), *model.state_slots());
+  engine->thread_ = std::thread([e = engine.get()] { e->Loop(); });
+  return engine;
+}
+
+Engine::~Engine() { Shutdown(/*drain=*/false); }
+
+absl::Status Engine::Enqueue(GenerationRequest request, OutputCallback callback) {
+  const int vocab = model_.config().vocab_size;
+  if (request.prompt.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("request %s: the prompt is empty", request.request_id));
+  }
+  for (size_t i = 0; i < request.prompt.size(); ++i) {
+    if (request.prompt[i] < 0 || request.prompt[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "request %s: prompt token %d at index %d is outside the vocabulary [0, %d)",
+          request.request_id, request.prompt[i], i, vocab));
+    }
+  }
+  if (static_cast<int>(request.prompt.size()) >= options_.max_model_len) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "request %s: the prompt has %d tokens; the maximum is %d (max_model_len %d leaves room "
+        "for at least one generated token)",
+        request.request_id, request.prompt.size(), options_.max_model_len - 1,
+        options_.max_model_len));
+  }
+  RETURN_IF_ERROR(request.params.Validate(vocab));
+
+  auto seq = std::make_unique<Sequence>();
+  seq->request_id = request.request_id;
+  seq->priority = request.priority;
+  seq->params = request.params;
+  seq->prompt = std::move(request.prompt);
+  seq->history.AddPrompt(seq->prompt);
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("the engine is shutting down");
+    if (callbacks_.contains(seq->request_id)) {
+      return absl::AlreadyExistsError(
+          absl::StrFormat("request id %s is already in flight", seq->request_id));
+    }
+    // Unseeded requests draw from the engine's seed and their admission order.
+    seq->sampler = std::make_unique<RequestSampler>(
+        seq->params, options_.seed * 0x9e3779b97f4a7c15ull + stats_.steps + callbacks_.size());
+    if (seq->params.max_tokens == 0) {
+      GenerationOutput out;
+      out.finish = FinishReason::kLength;
+      out.prompt_tokens = static_cast<int>(seq->prompt.size());
+      callback(out);
+      return absl::OkStatus();
+    }
+    callbacks_[seq->request_id] = std::move(callback);
+    incoming_.push_back(std::move(seq));
+  }
+  return absl::OkStatus();
+}
+
+bool Engine::Cancel(const std::string& request_id) {
+  absl::MutexLock lock(&mu_);
+  if (!callbacks_.contains(request_id)) return false;
+  cancelled_.push_back(request_id);
+  return true;
+}
+
+void Engine::Shutdown(bool drain) {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    drain_ = drain;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+EngineStats Engine::GetStats() {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+void Engine::Finish(Sequence& seq, FinishReason reason, std::optional<int32_t> stop,
+                    absl::Status error) {
+  GenerationOutput out;
+  out.finish = reason;
+  out.matched_stop_token = stop;
+  out.prompt_tokens = static_cast<int>(seq.prompt.size());
+  out.completion_tokens = static_cast<int>(seq.output.size());
+  out.error = std::move(error);
+  OutputCallback callback;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = callbacks_.find(seq.request_id);
+    if (it == callbacks_.end()) return;
+    callback = std::move(it->second);
+    callbacks_.erase(it);
+  }
+  callback(out);
+}
+
+void Engine::Loop() {
+  while (true) {
+    std::vector<std::unique_ptr<Sequence>> incoming;
+    std::vector<std::string> cancelled;
+    bool stopping, drain;
+    const bool busy = scheduler_->num_running() + scheduler_->num_waiting() > 0;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this, busy]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return busy || stopping_ || !incoming_.empty() || !cancelled_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      incoming.swap(incoming_);
+      cancelled.swap(cancelled_);
+      stopping = stopping_;
+      drain = drain_;
+    }
+    for (auto& seq : incoming) scheduler_->Add(std::move(seq));
+    for (const std::string& id : cancelled) {
+      if (std::unique_ptr<Sequence> seq = scheduler_->Remove(id)) {
+        Finish(*seq, FinishReason::kAbort, std::nullopt);
+      }
+    }
+    if (stopping && !drain) {
+      for (auto& seq : scheduler_->RemoveAll()) Finish(*seq, FinishReason::kAbort, std::nullopt);
+      return;
+    }
+    const bool worked = Step();
+    if (stopping && !worked && scheduler_->num_running() + scheduler_->num_waiting() == 0) {
+      return;
+    }
+  }
+}
+
+bool Engine::Step() {
+  StepPlan plan = scheduler_->Schedule();
+  for (auto& seq : plan.rejected) {
+    Finish(*seq, seq->output.empty() ? FinishReason::kError : FinishReason::kLength, std::nullopt,
+           seq->output.empty()
+               ? absl::ResourceExhaustedError("the prompt does not fit in the KV cache")
+               : absl::OkStatus());
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    stats_.num_preemptions += plan.preempted.size();
+  }
+  if (plan.empty()) return !plan.rejected.empty();
+
+  // Token spans of every chunk (prompt and output are stored apart).
+  std::vector<std::vector<int32_t>> tokens(plan.chunks.size());
+  std::vector<SequenceStep> steps;
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const ScheduledChunk& c = plan.chunks[i];
+    for (int t = c.begin; t < c.begin + c.count; ++t) tokens[i].push_back(c.sequence->token_at(t));
+    steps.push_back({tokens[i], &c.sequence->cache});
+  }
+  std::vector<float> logits;
+  absl::Status status = model_.Forward(steps, ForwardOptions{}, logits);
+  if (!status.ok()) {
+    for (const ScheduledChunk& c : plan.chunks) {
+      if (auto seq = scheduler_->Remove(c.sequence->request_id)) {
+        Finish(*seq, FinishReason::kError, std::nullopt, status);
+      }
+    }
+    return true;
+  }
+  const int vocab = model_.config().vocab_size;
+  std::vector<std::string> finished;
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const ScheduledChunk& c = plan.chunks[i];
+    Sequence& seq = *c.sequence;
+    seq.num_computed += c.count;
+    if (!c.completes_prefill()) continue;
+    SampledToken s =
+        seq.sampler->Sample(std::span<float>(logits.data() + i * vocab, vocab), seq.history);
+    seq.output.push_back(s.token);
+    seq.history.AddOutput(s.token);
+
+    GenerationOutput out;
+    out.tokens = {s.token};
+    if (seq.params.logprobs >= 0) out.logprobs.push_back(std::move(s));
+    const bool eos = !seq.params.ignore_eos &&
+                     std::find(options_.eos_token_ids.begin(), options_.eos_token_ids.end(),
+                               out.tokens[0]) != options_.eos_token_ids.end();
+    const bool stop_id =
+        std::find(seq.params.stop_token_ids.begin(), seq.params.stop_token_ids.end(),
+                  out.tokens[0]) != seq.params.stop_token_ids.end();
+    if (eos || stop_id) {
+      out.finish = FinishReason::kStop;
+      out.matched_stop_token = out.tokens[0];
+    } else if (static_cast<int>(seq.output.size()) >= seq.params.max_tokens ||
+               seq.num_tokens() >= options_.max_model_len) {
+      out.finish = FinishReason::kLength;
+    }
+    out.prompt_tokens = static_cast<int>(seq.prompt.size());
+    out.completion_tokens = static_cast<int>(seq.output.size());
+    OutputCallback callback;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = callbacks_.find(seq.request_id);
+      if (it != callbacks_.end()) {
+        callback = it->second;
+        if (out.finish != FinishReason::kNone) callbacks_.erase(it);
+      }
+    }
+    if (callback) callback(out);
+    if (out.finish != FinishReason::kNone) finished.push_back(seq.request_id);
+  }
+  for (const std::string& id : finished) scheduler_->Remove(id);
+
+  absl::MutexLock lock(&mu_);
+  ++stats_.steps;
+  stats_.num_running = scheduler_->num_running();
+  stats_.num_waiting = scheduler_->num_waiting();
+  stats_.outstanding_tokens = scheduler_->outstanding_tokens();
+  PagedKvCache& kv = *model_.kv_cache();
+  stats_.kv_cache_usage = kv.num_blocks() ? 1.0f - float(kv.free_blocks()) / kv.num_blocks() : 0.0f;
+  StateSlotPool& slots = *model_.state_slots();
+  stats_.state_slot_usage =
+      slots.num_slots() ? 1.0f - float(slots.free_slots()) / slots.num_slots() : 0.0f;
+  return true;
+}
+
+}  // namespace mobius::worker

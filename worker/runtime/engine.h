@@ -1,0 +1,107 @@
+// The worker's engine seam: requests in, token streams out. One engine thread runs the loop
+// schedule -> forward -> sample -> emit; servers call Enqueue / Cancel from any thread and get
+// outputs through a callback (run on the engine thread: keep it short and non-blocking).
+#ifndef MOBIUS_WORKER_RUNTIME_ENGINE_H_
+#define MOBIUS_WORKER_RUNTIME_ENGINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "worker/model/hybrid_model.h"
+#include "worker/runtime/sampler.h"
+#include "worker/runtime/scheduler.h"
+
+namespace mobius::worker {
+
+enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
+
+struct GenerationRequest {
+  std::string request_id;
+  std::vector<int32_t> prompt;
+  SamplingParams params;
+  int priority = 0;
+};
+
+// One message of a request's stream. The last one has finish != kNone.
+struct GenerationOutput {
+  std::vector<int32_t> tokens;         // new tokens since the previous message
+  std::vector<SampledToken> logprobs;  // per new token when requested
+  FinishReason finish = FinishReason::kNone;
+  std::optional<int32_t> matched_stop_token;
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+  absl::Status error;  // set with kError
+};
+
+using OutputCallback = std::function<void(const GenerationOutput&)>;
+
+struct EngineOptions {
+  SchedulerOptions scheduler;
+  int max_model_len = 4096;  // prompt + output tokens per sequence
+  int kv_block_size = 16;
+  int num_kv_blocks = 0;  // 0: enough for max_num_seqs * max_model_len
+  std::vector<int32_t> eos_token_ids;
+  uint64_t seed = 0;  // seeds requests that bring no seed of their own
+};
+
+struct EngineStats {
+  int num_running = 0;
+  int num_waiting = 0;
+  int64_t outstanding_tokens = 0;
+  float kv_cache_usage = 0;
+  float state_slot_usage = 0;
+  int64_t num_preemptions = 0;
+  int64_t steps = 0;
+};
+
+class Engine {
+ public:
+  // Creates the model's caches and starts the engine thread. The model must outlive the engine.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(HybridModel& model,
+                                                        const EngineOptions& options);
+  ~Engine();
+
+  // Validates and queues a request. InvalidArgument for bad prompts or parameters,
+  // AlreadyExists for a duplicate id, Unavailable after Shutdown.
+  absl::Status Enqueue(GenerationRequest request, OutputCallback callback);
+  // Cancels a request; its slot is freed at the next step and its stream ends with kAbort.
+  // Returns false when the id is unknown (already finished).
+  bool Cancel(const std::string& request_id);
+  // Stops accepting requests; with `drain`, finishes the ones in flight first.
+  void Shutdown(bool drain);
+  [[nodiscard]] EngineStats GetStats();
+
+ private:
+  Engine(HybridModel& model, const EngineOptions& options);
+  void Loop();
+  // Runs one scheduled step; returns false when there was nothing to do.
+  bool Step();
+  void Finish(Sequence& seq, FinishReason reason, std::optional<int32_t> stop,
+              absl::Status error = absl::OkStatus());
+
+  HybridModel& model_;
+  EngineOptions options_;
+  std::unique_ptr<Scheduler> scheduler_;  // engine thread only
+
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<Sequence>> incoming_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> cancelled_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, OutputCallback> callbacks_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool drain_ ABSL_GUARDED_BY(mu_) = false;
+  EngineStats stats_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace mobius::worker
+
+#endif  // MOBIUS_WORKER_RUNTIME_ENGINE_H_

@@ -1,0 +1,107 @@
+// Iteration-level continuous batching: decides, before every model step, which sequences run and
+// how many of their tokens. Decode tokens of running sequences go first; prefill chunks fill the
+// rest of the step's token budget (chunked prefill mixed into decode steps). Admission is FCFS
+// within priority and bounded by the caches: a sequence needs a DeltaNet state slot and enough
+// KV blocks; when the KV cache runs out, the newest, lowest-priority running sequence is
+// preempted by recompute (its caches are freed and it goes back to the queue, to re-prefill its
+// prompt plus what it has generated) rather than failing anyone.
+#ifndef MOBIUS_WORKER_RUNTIME_SCHEDULER_H_
+#define MOBIUS_WORKER_RUNTIME_SCHEDULER_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker/cache/paged_kv_cache.h"
+#include "worker/cache/sequence_cache.h"
+#include "worker/cache/state_slot_pool.h"
+#include "worker/runtime/sampler.h"
+#include "worker/runtime/sampling_params.h"
+
+namespace mobius::worker {
+
+// One request's life inside the worker.
+struct Sequence {
+  std::string request_id;
+  int priority = 0;
+  uint64_t arrival = 0;  // admission order, for FCFS
+  SamplingParams params;
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> output;
+  SequenceCache cache;
+  int num_computed = 0;  // tokens of prompt + output already in the caches
+  int num_preemptions = 0;
+  bool cancelled = false;
+  std::unique_ptr<RequestSampler> sampler;
+  TokenHistory history;
+
+  // Tokens that must be in the caches before the next token can be sampled.
+  [[nodiscard]] int num_tokens() const { return static_cast<int>(prompt.size() + output.size()); }
+  [[nodiscard]] int32_t token_at(int i) const {
+    return i < static_cast<int>(prompt.size()) ? prompt[i] : output[i - prompt.size()];
+  }
+};
+
+struct SchedulerOptions {
+  int max_num_seqs = 64;           // running sequences (each holds a state slot)
+  int max_tokens_per_step = 2048;  // token budget of one step, decode + prefill chunks
+};
+
+// What one step runs: per sequence, tokens [begin, begin + count) of prompt + output.
+struct ScheduledChunk {
+  Sequence* sequence = nullptr;
+  int begin = 0;
+  int count = 0;
+  [[nodiscard]] bool completes_prefill() const { return begin + count == sequence->num_tokens(); }
+};
+
+struct StepPlan {
+  std::vector<ScheduledChunk> chunks;
+  std::vector<Sequence*> preempted;                 // went back to the queue this step
+  std::vector<std::unique_ptr<Sequence>> rejected;  // can never fit; fail them
+  [[nodiscard]] bool empty() const { return chunks.empty(); }
+  [[nodiscard]] int num_tokens() const;
+};
+
+class Scheduler {
+ public:
+  // The caches must outlive the scheduler; it acquires and releases their slots and blocks.
+  Scheduler(const SchedulerOptions& options, PagedKvCache& kv_cache, StateSlotPool& state_slots);
+
+  void Add(std::unique_ptr<Sequence> sequence);
+  // Plans the next step and reserves what it needs: every planned sequence holds a state slot
+  // and KV blocks for its chunk when this returns. Sequences that can never fit (a prompt longer
+  // than the whole KV cache) are returned in `plan.rejected`.
+  StepPlan Schedule();
+  // Removes a finished or cancelled sequence (running or waiting), frees its caches and returns
+  // it; null when unknown.
+  std::unique_ptr<Sequence> Remove(const std::string& request_id);
+  // Removes every sequence, freeing caches (shutdown without drain).
+  std::vector<std::unique_ptr<Sequence>> RemoveAll();
+
+  [[nodiscard]] Sequence* Find(const std::string& request_id);
+  [[nodiscard]] int num_running() const { return static_cast<int>(running_.size()); }
+  [[nodiscard]] int num_waiting() const { return static_cast<int>(waiting_.size()); }
+  [[nodiscard]] const SchedulerOptions& options() const { return options_; }
+  [[nodiscard]] int64_t outstanding_tokens() const;
+  [[nodiscard]] const std::vector<std::unique_ptr<Sequence>>& running() const { return running_; }
+
+ private:
+  // Frees the caches of running_[index] and puts it back at the head of its priority.
+  void Preempt(size_t index, StepPlan& plan);
+  void InsertWaiting(std::unique_ptr<Sequence> sequence);
+  void ReleaseCaches(Sequence& sequence);
+
+  SchedulerOptions options_;
+  PagedKvCache& kv_cache_;
+  StateSlotPool& state_slots_;
+  uint64_t next_arrival_ = 0;
+  std::vector<std::unique_ptr<Sequence>> running_;  // in admission order
+  std::deque<std::unique_ptr<Sequence>> waiting_;   // sorted: priority desc, arrival asc
+};
+
+}  // namespace mobius::worker
+
+#endif  // MOBIUS_WORKER_RUNTIME_SCHEDULER_H_
