@@ -2,7 +2,6 @@
 // {"prompt_ids": [...], "token_ids": [...]}; optionally dumps the prompt's logits.
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -16,6 +15,7 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "worker/checkpoint/checkpoint.h"
+#include "worker/model/generation_defaults.h"
 
 ABSL_FLAG(std::string, prompt_ids, "", "Comma-separated prompt token ids, e.g. 1,2,3 (required).");
 ABSL_FLAG(int, max_tokens, 16, "Number of tokens to generate after the prompt (>= 0).");
@@ -47,24 +47,6 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
   }
   if (ids.empty()) return absl::InvalidArgumentError("--prompt-ids is required and non-empty");
   return ids;
-}
-
-// eos_token_id of generation_config.json (an id or a list), if any.
-std::vector<int32_t> ReadEosIds(const std::string& model_dir) {
-  std::vector<int32_t> eos;
-  if (model_dir.empty()) return eos;
-  std::ifstream in(model_dir + "/generation_config.json");
-  if (!in) return eos;
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("eos_token_id")) return eos;
-  const nlohmann::json& v = j["eos_token_id"];
-  if (v.is_number_integer()) eos.push_back(v.get<int32_t>());
-  if (v.is_array()) {
-    for (const auto& e : v) {
-      if (e.is_number_integer()) eos.push_back(e.get<int32_t>());
-    }
-  }
-  return eos;
 }
 
 int32_t ChooseToken(const float* logits, int vocab, double temperature, std::mt19937_64& rng) {
@@ -125,8 +107,9 @@ absl::Status Generate() {
   }
 
   // Decode token by token.
-  const std::vector<int32_t> eos =
-      absl::GetFlag(FLAGS_ignore_eos) ? std::vector<int32_t>{} : ReadEosIds(source.model_dir);
+  const std::vector<int32_t> eos = absl::GetFlag(FLAGS_ignore_eos)
+                                       ? std::vector<int32_t>{}
+                                       : worker::ReadEosTokenIds(source.model_dir);
   std::mt19937_64 rng(absl::GetFlag(FLAGS_sample_seed));
   std::vector<int32_t> generated;
   options.logits = worker::LogitsMode::kLastToken;

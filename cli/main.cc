@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
+#include "common/flag_spelling.h"
 
 namespace {
 
@@ -75,26 +76,7 @@ int main(int argc, char** argv) {
 
   // Flags are documented with dashes (--max-tokens, as vLLM spells them); absl names them with
   // underscores. Both spellings are accepted.
-  std::vector<std::string> normalized;
-  for (int i = 2; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--") {
-      for (; i < argc; ++i) normalized.push_back(argv[i]);
-      break;
-    }
-    // Only rewrite what names a known flag, so values such as "-a-b" pass through unchanged.
-    if (absl::StartsWith(arg, "-")) {
-      const size_t begin = std::min(arg.find_first_not_of('-'), arg.size());
-      const size_t end = std::min(arg.find('='), arg.size());
-      std::string flag_name = arg.substr(begin, end - begin);
-      std::replace(flag_name.begin(), flag_name.end(), '-', '_');
-      const bool known = absl::FindCommandLineFlag(flag_name) != nullptr ||
-                         (absl::StartsWith(flag_name, "no") &&
-                          absl::FindCommandLineFlag(flag_name.substr(2)) != nullptr);
-      if (known) arg = arg.substr(0, begin) + flag_name + arg.substr(end);
-    }
-    normalized.push_back(std::move(arg));
-  }
+  std::vector<std::string> normalized = mobius::NormalizeFlagSpelling(argc, argv, 2);
 
   // Reject flags that belong to another command before absl parses them.
   for (const std::string& a : normalized) {

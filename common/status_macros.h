@@ -18,8 +18,8 @@
 // `ASSIGN_OR_RETURN(auto x, MakeX());` declares x from an OK StatusOr or returns its error.
 #define ASSIGN_OR_RETURN(lhs, rexpr) \
   ASSIGN_OR_RETURN_IMPL_(MOBIUS_CONCAT_(mobius_statusor_, __LINE__), lhs, rexpr)
-#define ASSIGN_OR_RETURN_IMPL_(tmp, lhs, rexpr) \
-  auto tmp = (rexpr);                           \
+#define ASSIGN_OR_RETURN_IMPL_(tmp, lhs, rexpr)  \
+  auto tmp = (rexpr);                            \
   if (!tmp.ok()) return std::move(tmp).status(); \
   lhs = std::move(tmp).value()
 

@@ -1,0 +1,46 @@
+#include "worker/server/proto_convert.h"
+
+namespace mobius::worker {
+
+SamplingParams FromProto(const v1::SamplingParams& p) {
+  SamplingParams s;
+  if (p.has_temperature()) s.temperature = p.temperature();
+  if (p.has_top_k()) s.top_k = p.top_k();
+  if (p.has_top_p()) s.top_p = p.top_p();
+  if (p.has_min_p()) s.min_p = p.min_p();
+  if (p.has_repetition_penalty()) s.repetition_penalty = p.repetition_penalty();
+  if (p.has_presence_penalty()) s.presence_penalty = p.presence_penalty();
+  if (p.has_frequency_penalty()) s.frequency_penalty = p.frequency_penalty();
+  if (p.has_seed()) s.seed = p.seed();
+  if (p.has_max_tokens()) s.max_tokens = p.max_tokens();
+  s.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
+  if (p.has_ignore_eos()) s.ignore_eos = p.ignore_eos();
+  if (p.has_logprobs()) s.logprobs = p.logprobs();
+  return s;
+}
+
+v1::FinishReason ToProto(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop:
+      return v1::FINISH_REASON_STOP;
+    case FinishReason::kLength:
+      return v1::FINISH_REASON_LENGTH;
+    case FinishReason::kAbort:
+      return v1::FINISH_REASON_ABORT;
+    case FinishReason::kNone:
+    case FinishReason::kError:
+      break;
+  }
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+void ToProto(const SampledToken& token, v1::OutputLogprobs* out) {
+  out->set_logprob(token.logprob);
+  for (const TokenLogprob& t : token.top) {
+    v1::TokenLogprob* p = out->add_top();
+    p->set_token_id(t.token);
+    p->set_logprob(t.logprob);
+  }
+}
+
+}  // namespace mobius::worker

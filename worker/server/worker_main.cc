@@ -1,0 +1,130 @@
+// mobius-worker: one engine process serving mobius.v1.Worker and grpc.health.v1.Health.
+// SIGTERM drains: health turns NOT_SERVING, no new requests are accepted, in-flight ones finish,
+// and the process exits 0.
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "cli/model_flags.h"
+#include "common/flag_spelling.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/server_builder.h"
+#include "worker/model/generation_defaults.h"
+#include "worker/runtime/engine.h"
+#include "worker/server/worker_service.h"
+
+ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on.");
+ABSL_FLAG(int, port, 50051, "gRPC port of mobius.v1.Worker and grpc.health.v1.Health.");
+ABSL_FLAG(std::string, served_model_name, "",
+          "Model name reported by GetModelInfo (default: the model directory's name).");
+ABSL_FLAG(int, max_num_seqs, 64, "Sequences running at once (each holds a DeltaNet state slot).");
+ABSL_FLAG(int, max_tokens_per_step, 2048,
+          "Token budget of one engine step: decode tokens plus prefill chunks.");
+ABSL_FLAG(int, max_model_len, 8192, "Longest sequence, prompt plus output, in tokens.");
+ABSL_FLAG(int, kv_block_size, 16, "Positions per paged KV-cache block.");
+ABSL_FLAG(int, num_kv_blocks, 0,
+          "KV-cache blocks; 0 sizes the cache for max_num_seqs sequences of max_model_len.");
+ABSL_FLAG(uint64_t, sampling_seed, 0, "Seed for requests that bring no seed of their own.");
+ABSL_FLAG(int, drain_timeout_s, 600,
+          "On SIGTERM, how long in-flight requests may take to finish before the process exits.");
+
+namespace mobius::worker {
+namespace {
+
+absl::Status Run() {
+  ASSIGN_OR_RETURN(ModelSource source, cli::ModelSourceFromFlags());
+  ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, cli::BackendFromFlags());
+  MOBIUS_LOG(INFO, "worker", "") << "loading model " << source.model_dir << source.config_path;
+  ASSIGN_OR_RETURN(std::unique_ptr<HybridModel> model, LoadHybridModel(source, *backend));
+
+  EngineOptions options;
+  options.scheduler.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
+  options.scheduler.max_tokens_per_step = absl::GetFlag(FLAGS_max_tokens_per_step);
+  options.max_model_len = absl::GetFlag(FLAGS_max_model_len);
+  options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
+  options.num_kv_blocks = absl::GetFlag(FLAGS_num_kv_blocks);
+  options.seed = absl::GetFlag(FLAGS_sampling_seed);
+  options.eos_token_ids = ReadEosTokenIds(source.model_dir);
+  ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(*model, options));
+
+  std::string name = absl::GetFlag(FLAGS_served_model_name);
+  if (name.empty()) {
+    std::string dir = source.model_dir.empty() ? source.config_path : source.model_dir;
+    while (!dir.empty() && dir.back() == '/') dir.pop_back();
+    name = dir.substr(dir.find_last_of('/') + 1);
+  }
+  WorkerService service(
+      *engine, model->config(), name, options.eos_token_ids,
+      std::min<int64_t>(options.max_model_len, model->config().max_position_embeddings));
+
+  // Block the termination signals in every thread; main waits for them with sigwait.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  const std::string address =
+      absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
+  int bound_port = 0;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &bound_port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || bound_port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+  }
+  server->GetHealthCheckService()->SetServingStatus(true);
+  MOBIUS_LOG(INFO, "worker", "") << "serving " << name << " on port " << bound_port;
+
+  int signal = 0;
+  sigwait(&signals, &signal);
+  MOBIUS_LOG(INFO, "worker", "") << "signal " << signal << ": draining";
+  server->GetHealthCheckService()->SetServingStatus(false);
+  engine->Shutdown(/*drain=*/true);
+  server->Shutdown(
+      absl::ToChronoTime(absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s))));
+  MOBIUS_LOG(INFO, "worker", "") << "drained; exiting";
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace mobius::worker
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "mobius-worker: serves one model replica over gRPC (mobius.v1.Worker, "
+      "grpc.health.v1.Health).\n\nusage: mobius-worker --model DIR [flags]");
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "worker_main.cc") || absl::EndsWith(file, "model_flags.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
+  std::vector<std::string> args = mobius::NormalizeFlagSpelling(argc, argv, 1);
+  std::vector<char*> arg_ptrs = {argv[0]};
+  for (std::string& a : args) arg_ptrs.push_back(a.data());
+  std::vector<char*> positional =
+      absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  if (positional.size() > 1) {
+    std::fprintf(stderr, "mobius-worker: unexpected argument \"%s\"\n", positional[1]);
+    return 2;
+  }
+  absl::Status status = mobius::worker::Run();
+  if (!status.ok()) {
+    std::fprintf(stderr, "mobius-worker: %s\n", std::string(status.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
