@@ -1,0 +1,97 @@
+#include "worker/checkpoint/json_parse.h"
+
+#include <cstddef>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace mobius::worker::checkpoint_internal {
+namespace {
+
+using Json = nlohmann::json;
+
+// Safetensors headers nest three levels deep and index files three; anything far deeper is not
+// one of ours.
+constexpr size_t kMaxDepth = 64;
+
+// Forwards SAX events to nlohmann's DOM builder (exceptions off) and adds the checks above.
+class CheckingSax {
+ public:
+  explicit CheckingSax(Json& root) : dom_(root, /*allow_exceptions_=*/false) {}
+
+  bool null() { return dom_.null(); }
+  bool boolean(bool v) { return dom_.boolean(v); }
+  bool number_integer(Json::number_integer_t v) { return dom_.number_integer(v); }
+  bool number_unsigned(Json::number_unsigned_t v) { return dom_.number_unsigned(v); }
+  bool number_float(Json::number_float_t v, const Json::string_t& s) {
+    return dom_.number_float(v, s);
+  }
+  bool string(Json::string_t& v) { return dom_.string(v); }
+  bool binary(Json::binary_t& v) { return dom_.binary(v); }
+
+  bool start_object(size_t len) {
+    if (!Enter()) return false;
+    keys_.emplace_back();
+    return dom_.start_object(len);
+  }
+  bool key(Json::string_t& k) {
+    if (!keys_.back().insert(k).second) {
+      error_ = absl::StrCat("duplicate key \"", k, "\"");
+      return false;
+    }
+    return dom_.key(k);
+  }
+  bool end_object() {
+    keys_.pop_back();
+    --depth_;
+    return dom_.end_object();
+  }
+  bool start_array(size_t len) {
+    if (!Enter()) return false;
+    return dom_.start_array(len);
+  }
+  bool end_array() {
+    --depth_;
+    return dom_.end_array();
+  }
+
+  template <class Exception>
+  bool parse_error(size_t /*position*/, const std::string& /*last_token*/, const Exception& ex) {
+    error_ = ex.what();
+    return false;
+  }
+
+  [[nodiscard]] const std::string& error() const { return error_; }
+
+ private:
+  bool Enter() {
+    if (++depth_ > kMaxDepth) {
+      error_ = absl::StrCat("nesting deeper than ", kMaxDepth, " levels");
+      return false;
+    }
+    return true;
+  }
+
+  nlohmann::detail::json_sax_dom_parser<Json> dom_;
+  std::vector<std::set<std::string>> keys_;
+  size_t depth_ = 0;
+  std::string error_;
+};
+
+}  // namespace
+
+absl::StatusOr<Json> ParseJson(absl::string_view text, absl::string_view what) {
+  Json root;
+  CheckingSax sax(root);
+  const bool ok = Json::sax_parse(text.begin(), text.end(), &sax);
+  if (!ok || !sax.error().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " is not valid JSON: ", sax.error().empty() ? "parse failed" : sax.error()));
+  }
+  return root;
+}
+
+}  // namespace mobius::worker::checkpoint_internal
