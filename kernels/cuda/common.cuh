@@ -1,0 +1,88 @@
+// Device helpers shared by the CUDA kernels: bf16 <-> fp32, mixed-dtype loads, block reductions,
+// and the launch check.
+#ifndef MOBIUS_KERNELS_CUDA_COMMON_CUH_
+#define MOBIUS_KERNELS_CUDA_COMMON_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#include "kernels/cuda/launch.h"
+
+namespace mobius::kernels::cuda {
+
+// Aborts with the kernel's name when a launch failed (bad configuration, missing image, ...).
+inline void CheckLaunch(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "mobius cuda: launch of %s failed: %s\n", what, cudaGetErrorString(err));
+    std::abort();
+  }
+}
+
+__device__ __forceinline__ float Bf16ToF32(uint16_t bits) {
+  return __uint_as_float(static_cast<uint32_t>(bits) << 16);
+}
+// Round to nearest even (the hardware conversion), NaN preserved.
+__device__ __forceinline__ uint16_t F32ToBf16(float v) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+__device__ __forceinline__ float Load(AnyPtr p, int64_t i) {
+  return p.f32 ? static_cast<const float*>(p.data)[i]
+               : Bf16ToF32(static_cast<const uint16_t*>(p.data)[i]);
+}
+__device__ __forceinline__ void Store(AnyMutPtr p, int64_t i, float v) {
+  if (p.f32) {
+    static_cast<float*>(p.data)[i] = v;
+  } else {
+    static_cast<uint16_t*>(p.data)[i] = F32ToBf16(v);
+  }
+}
+
+__device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
+__device__ __forceinline__ float Silu(float x) { return x / (1.0f + __expf(-x)); }
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+// `shared` holds 32 floats. Contains __syncthreads: call from uniform control flow.
+__device__ __forceinline__ float BlockSum(float v, float* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = WarpSum(v);
+  __syncthreads();  // `shared` may still be read by a previous call
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int num_warps = blockDim.x >> 5;
+  v = lane < num_warps ? shared[lane] : 0.0f;
+  return WarpSum(v);
+}
+__device__ __forceinline__ float BlockMax(float v, float* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = WarpMax(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  const int num_warps = blockDim.x >> 5;
+  v = lane < num_warps ? shared[lane] : -INFINITY;
+  return WarpMax(v);
+}
+
+inline unsigned GridFor(int64_t n, int threads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return static_cast<unsigned>(blocks < 65535 * 16 ? blocks : 65535 * 16);
+}
+
+}  // namespace mobius::kernels::cuda
+
+#endif  // MOBIUS_KERNELS_CUDA_COMMON_CUH_

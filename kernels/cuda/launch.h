@@ -1,0 +1,101 @@
+// Host-side entry points of the CUDA kernels: plain pointers, sizes and dtype flags, launched
+// asynchronously on `stream`. CudaBackend validates shapes and dtypes before calling these; the
+// launchers only check the launch itself (a failed launch aborts: ops have no error channel).
+#ifndef MOBIUS_KERNELS_CUDA_LAUNCH_H_
+#define MOBIUS_KERNELS_CUDA_LAUNCH_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace mobius::kernels::cuda {
+
+// A device array whose elements are either fp32 or bf16 (raw 16-bit patterns).
+struct AnyPtr {
+  const void* data = nullptr;
+  bool f32 = false;
+};
+struct AnyMutPtr {
+  void* data = nullptr;
+  bool f32 = false;
+};
+
+// Per-token metadata of a ragged step, uploaded by the backend. All arrays live on the device.
+struct TokenMeta {
+  const int32_t* token_segment = nullptr;   // [T] segment index of each token
+  const int32_t* token_position = nullptr;  // [T] cached_tokens + index within its segment
+};
+struct SegmentMeta {
+  int num_segments = 0;
+  const int32_t* token_begin = nullptr;        // [S]
+  const int32_t* num_tokens = nullptr;         // [S]
+  const int32_t* cached_tokens = nullptr;      // [S]
+  const int32_t* state_slot = nullptr;         // [S]
+  const int32_t* block_table_begin = nullptr;  // [S] offset of the segment's kv_blocks in
+  const int32_t* block_tables = nullptr;       //     the concatenated block tables
+};
+
+// ---- dense (elementwise_kernels.cu) ----
+void LaunchGatherRows(AnyPtr src, const int32_t* rows, int64_t num_rows, int64_t width,
+                      AnyMutPtr dst, cudaStream_t stream);
+void LaunchRmsNorm1p(const uint16_t* x, AnyPtr w, float eps, int64_t rows, int64_t dim,
+                     uint16_t* out, cudaStream_t stream);
+void LaunchAddRmsNorm1p(uint16_t* residual, const uint16_t* delta, AnyPtr w, float eps,
+                        int64_t rows, int64_t dim, uint16_t* out, cudaStream_t stream);
+void LaunchAdd(uint16_t* x, const uint16_t* y, int64_t n, cudaStream_t stream);
+void LaunchSiluAndMul(const uint16_t* gate_up, int64_t rows, int64_t inter, uint16_t* out,
+                      cudaStream_t stream);
+void LaunchAddSigmoidScaled(uint16_t* x, const uint16_t* y, AnyPtr gate_logits, int64_t rows,
+                            int64_t dim, cudaStream_t stream);
+void LaunchGatedRmsNorm(const uint16_t* x, const uint16_t* z, AnyPtr w, float eps, int64_t rows,
+                        int64_t dim, uint16_t* out, cudaStream_t stream);
+void LaunchMulSigmoid(uint16_t* x, const uint16_t* gate, int64_t n, cudaStream_t stream);
+
+// Fallback GEMM (CUDA cores): c[m, n] = a[m, k] @ w[n, k]^T. Used when cuBLASLt has no algorithm
+// for a shape (or rejects the pointers' alignment).
+void LaunchGemmFallback(const uint16_t* a, const uint16_t* w, int64_t m, int64_t n, int64_t k,
+                        AnyMutPtr c, cudaStream_t stream);
+
+// ---- gated DeltaNet (deltanet_kernels.cu) ----
+void LaunchCausalConv1dSilu(const uint16_t* x, AnyPtr w, float* conv_states, int64_t num_tokens,
+                            int64_t channels, int kernel_size, const TokenMeta& tokens,
+                            const SegmentMeta& segments, uint16_t* out, cudaStream_t stream);
+void LaunchDeltaRuleGates(const uint16_t* a, const uint16_t* b, AnyPtr a_log, AnyPtr dt_bias,
+                          int64_t num_tokens, int num_v_heads, float* g, float* beta,
+                          cudaStream_t stream);
+void LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, const float* g, const float* beta,
+                                   int num_k_heads, int num_v_heads, int k_head_dim, int v_head_dim,
+                                   float* states, const SegmentMeta& segments, uint16_t* out,
+                                   cudaStream_t stream);
+
+// ---- gated attention (attention_kernels.cu) ----
+void LaunchQkNormRope(const uint16_t* q_gate, uint16_t* k, AnyPtr q_norm, AnyPtr k_norm, float eps,
+                      int rotary_dim, float theta, int64_t num_tokens, int num_heads,
+                      int num_kv_heads, int head_dim, const int32_t* token_position, uint16_t* q,
+                      uint16_t* gate, cudaStream_t stream);
+// slots[t] = physical row (block * block_size + offset) of token t's position.
+void LaunchWriteKvCache(const uint16_t* k, const uint16_t* v, const int32_t* slots,
+                        int64_t num_tokens, int64_t row_elems, uint16_t* k_cache, uint16_t* v_cache,
+                        cudaStream_t stream);
+void LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
+                          int64_t num_tokens, int num_heads, int num_kv_heads, int head_dim,
+                          int block_size, const TokenMeta& tokens, const SegmentMeta& segments,
+                          float scale, uint16_t* out, cudaStream_t stream);
+
+// ---- mixture of experts (moe_kernels.cu) ----
+void LaunchTopKSoftmax(AnyPtr logits, int64_t num_tokens, int num_experts, int k, bool renormalize,
+                       int32_t* ids, float* weights, cudaStream_t stream);
+
+// Device scratch needed by LaunchMoeExperts, in bytes.
+size_t MoeScratchBytes(int64_t num_tokens, int k, int num_local_experts, int64_t hidden,
+                       int64_t inter);
+// Returns the device array (inside `scratch`, [E_local] int32) holding the number of
+// (token, expert) pairs routed to each local expert, valid once the stream reaches it.
+const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const float* weights,
+                                const uint16_t* gate_up, const uint16_t* down, int64_t num_tokens,
+                                int k, int num_local_experts, int first_expert, int64_t hidden,
+                                int64_t inter, void* scratch, uint16_t* out, cudaStream_t stream);
+
+}  // namespace mobius::kernels::cuda
+
+#endif  // MOBIUS_KERNELS_CUDA_LAUNCH_H_

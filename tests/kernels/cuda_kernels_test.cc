@@ -1,0 +1,811 @@
+// CUDA backend tests: every op against a naive double-precision host reference computed on the
+// same bf16-rounded inputs. Outputs are poisoned (NaN) before each op so unwritten elements
+// fail. Every test skips when no CUDA device is present (CI has none).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/dtype.h"
+
+namespace mobius::kernels {
+namespace {
+
+constexpr double kBf16Tol = 1e-2;
+
+bool HaveCudaDevice() {
+  int count = 0;
+  const bool ok = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  cudaGetLastError();
+  return ok;
+}
+
+float RoundBf16(float v) { return BF16ToFloat(FloatToBF16(v)); }
+
+// max |a - b| / max |b|; infinite when a has a NaN (an unwritten, poisoned element).
+double RelErr(const std::vector<float>& a, const std::vector<double>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double diff = 0.0, ref = 0.0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    if (!std::isfinite(a[i])) return std::numeric_limits<double>::infinity();
+    diff = std::max(diff, std::abs(a[i] - b[i]));
+    ref = std::max(ref, std::abs(b[i]));
+  }
+  return ref == 0.0 ? diff : diff / ref;
+}
+
+class CudaKernelsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
+    auto backend = CreateCudaBackend(0);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    backend_ = *std::move(backend);
+  }
+
+  // Random values (never zero) rounded to bf16, so host and device see the same numbers.
+  std::vector<float> Rand(int64_t n, float lo = -1.0f, float hi = 1.0f) {
+    std::uniform_real_distribution<float> dist(lo, hi);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) {
+      do {
+        x = RoundBf16(dist(rng_));
+      } while (x == 0.0f);
+    }
+    return v;
+  }
+
+  Tensor Make(DType dtype, std::vector<int64_t> shape, const std::vector<float>& values) {
+    auto t = backend_->Allocate(dtype, std::move(shape));
+    EXPECT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ(t->numel(), static_cast<int64_t>(values.size()));
+    backend_->CopyFromHost(values.data(), DType::kF32, *t);
+    return *t;
+  }
+  Tensor MakeI32(std::vector<int64_t> shape, const std::vector<int32_t>& values) {
+    auto t = backend_->Allocate(DType::kI32, std::move(shape));
+    EXPECT_TRUE(t.ok()) << t.status();
+    backend_->CopyFromHost(values.data(), DType::kI32, *t);
+    return *t;
+  }
+  // A tensor full of NaN (I32: -12345).
+  Tensor Poisoned(DType dtype, std::vector<int64_t> shape) {
+    auto t = backend_->Allocate(dtype, std::move(shape));
+    EXPECT_TRUE(t.ok()) << t.status();
+    if (dtype == DType::kI32) {
+      std::vector<int32_t> v(static_cast<size_t>(t->numel()), -12345);
+      backend_->CopyFromHost(v.data(), DType::kI32, *t);
+    } else {
+      std::vector<float> v(static_cast<size_t>(t->numel()), std::nanf(""));
+      backend_->CopyFromHost(v.data(), DType::kF32, *t);
+    }
+    return *t;
+  }
+  std::vector<float> Host(const Tensor& t) {
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    backend_->CopyToHostF32(t, v.data());
+    return v;
+  }
+  std::vector<int32_t> HostI32(const Tensor& t) {
+    std::vector<int32_t> v(static_cast<size_t>(t.numel()));
+    backend_->CopyToHostI32(t, v.data());
+    return v;
+  }
+
+  // Runs the delta rule over ragged segments with every algorithm, against RefDeltaRule.
+  void RunDeltaRuleCase(const DeltaRuleDims& dims, const std::vector<int>& lengths,
+                        const std::vector<int>& slot_of, int slots);
+
+  std::mt19937 rng_{1234};
+  std::unique_ptr<Backend> backend_;
+};
+
+std::vector<SequenceSegment> MakeSegments(const std::vector<int>& lengths,
+                                          const std::vector<int>& cached,
+                                          const std::vector<int>& slots) {
+  std::vector<SequenceSegment> segs;
+  int begin = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    SequenceSegment s;
+    s.token_begin = begin;
+    s.num_tokens = lengths[i];
+    s.cached_tokens = cached[i];
+    s.state_slot = slots[i];
+    segs.push_back(s);
+    begin += lengths[i];
+  }
+  return segs;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory and copies
+
+TEST_F(CudaKernelsTest, AllocateCopyAndConvert) {
+  EXPECT_EQ(backend_->activation_dtype(), DType::kBF16);
+  EXPECT_EQ(backend_->device(), Device::kCuda);
+  auto zeros = backend_->Allocate(DType::kBF16, {3, 5});
+  ASSERT_TRUE(zeros.ok());
+  for (float v : Host(*zeros)) EXPECT_EQ(v, 0.0f);
+
+  // F32 -> BF16 rounds to nearest even, exactly like FloatToBF16.
+  std::vector<float> src = {1.0f, 1.00390625f, 1.01171875f, -3.3f, 1e-3f, 65504.f, 3.14159f};
+  Tensor t = Poisoned(DType::kBF16, {static_cast<int64_t>(src.size())});
+  backend_->CopyFromHost(src.data(), DType::kF32, t);
+  std::vector<float> back = Host(t);
+  for (size_t i = 0; i < src.size(); ++i) EXPECT_EQ(back[i], RoundBf16(src[i])) << i;
+
+  // F16 and BF16 sources.
+  std::vector<uint16_t> f16 = {0x3c00, 0xc000, 0x3555, 0x0001};
+  Tensor head = t.Rows(0, 4);
+  backend_->CopyFromHost(f16.data(), DType::kF16, head);
+  back = Host(t);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(back[i], RoundBf16(F16ToFloat(f16[i]))) << i;
+  std::vector<uint16_t> bf = {0x3f80, 0xc040, 0x1234};
+  Tensor view = t.Rows(4, 3);
+  backend_->CopyFromHost(bf.data(), DType::kBF16, view);
+  back = Host(t);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(back[4 + i], BF16ToFloat(bf[i])) << i;
+
+  // F32 tensors keep full precision; I32 round-trips; ZeroFill clears.
+  Tensor f = Poisoned(DType::kF32, {7});
+  backend_->CopyFromHost(src.data(), DType::kF32, f);
+  EXPECT_EQ(Host(f), src);
+  std::vector<int32_t> ids = {5, -1, 1 << 30};
+  Tensor i32 = MakeI32({3}, ids);
+  EXPECT_EQ(HostI32(i32), ids);
+  backend_->ZeroFill(t);
+  for (float v : Host(t)) EXPECT_EQ(v, 0.0f);
+
+  // Too large: ResourceExhausted with sizes, not a crash.
+  auto huge = backend_->Allocate(DType::kF32, {int64_t{1} << 46});
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
+  // The backend still works afterwards.
+  Tensor again = Make(DType::kBF16, {2}, {1.0f, 2.0f});
+  EXPECT_EQ(Host(again), (std::vector<float>{1.0f, 2.0f}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dense
+
+void RefLinear(const std::vector<float>& x, const std::vector<float>& w, int64_t m, int64_t n,
+               int64_t k, std::vector<double>& y) {
+  y.assign(static_cast<size_t>(m * n), 0.0);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0.0;
+      for (int64_t l = 0; l < k; ++l) acc += double{x[i * k + l]} * w[j * k + l];
+      y[i * n + j] = acc;
+    }
+  }
+}
+
+TEST_F(CudaKernelsTest, Linear) {
+  struct Shape {
+    int64_t m, n, k;
+  };
+  for (const Shape s : {Shape{37, 97, 200}, Shape{1, 2560, 256}, Shape{5, 1, 64},
+                        Shape{130, 96, 77}, Shape{3, 33, 17}}) {
+    const std::vector<float> x = Rand(s.m * s.k), w = Rand(s.n * s.k);
+    Tensor xt = Make(DType::kBF16, {s.m, s.k}, x), wt = Make(DType::kBF16, {s.n, s.k}, w);
+    std::vector<double> ref;
+    RefLinear(x, w, s.m, s.n, s.k, ref);
+    for (DType out : {DType::kBF16, DType::kF32}) {
+      Tensor y = Poisoned(out, {s.m, s.n});
+      backend_->Linear(xt, wt, y);
+      EXPECT_LT(RelErr(Host(y), ref), out == DType::kF32 ? 1e-4 : kBf16Tol)
+          << s.m << "x" << s.n << "x" << s.k << " " << DTypeName(out);
+    }
+  }
+  // A row view starting at an odd row: x is only 2-byte aligned when K is odd.
+  {
+    const int64_t m = 9, n = 40, k = 31;
+    const std::vector<float> x = Rand((m + 1) * k), w = Rand(n * k);
+    Tensor xt = Make(DType::kBF16, {m + 1, k}, x), wt = Make(DType::kBF16, {n, k}, w);
+    std::vector<float> x_tail(x.begin() + k, x.end());
+    std::vector<double> ref;
+    RefLinear(x_tail, w, m, n, k, ref);
+    Tensor y = Poisoned(DType::kBF16, {m, n});
+    backend_->Linear(xt.Rows(1, m), wt, y);
+    EXPECT_LT(RelErr(Host(y), ref), kBf16Tol);
+  }
+  // T == 0 is a no-op.
+  Tensor x0 = Poisoned(DType::kBF16, {0, 64});
+  Tensor w0 = Make(DType::kBF16, {8, 64}, Rand(8 * 64));
+  Tensor y0 = Poisoned(DType::kBF16, {0, 8});
+  backend_->Linear(x0, w0, y0);
+  backend_->Synchronize();
+}
+
+TEST_F(CudaKernelsTest, EmbeddingLookupAndGatherRows) {
+  const int64_t vocab = 1000, h = 136;
+  const std::vector<float> table = Rand(vocab * h);
+  Tensor tt = Make(DType::kBF16, {vocab, h}, table);
+  const std::vector<int32_t> ids = {999, 0, 17, 17, 512};
+  Tensor out = Poisoned(DType::kBF16, {5, h});
+  backend_->EmbeddingLookup(ids, tt, out);
+  std::vector<double> ref;
+  for (int32_t id : ids) {
+    for (int64_t c = 0; c < h; ++c) ref.push_back(table[id * h + c]);
+  }
+  EXPECT_EQ(RelErr(Host(out), ref), 0.0);
+
+  const std::vector<int32_t> rows = {4, 1};
+  Tensor picked = Poisoned(DType::kBF16, {2, h});
+  backend_->GatherRows(out, rows, picked);
+  std::vector<double> ref2(ref.begin() + 4 * h, ref.begin() + 5 * h);
+  ref2.insert(ref2.end(), ref.begin() + h, ref.begin() + 2 * h);
+  EXPECT_EQ(RelErr(Host(picked), ref2), 0.0);
+}
+
+std::vector<double> RefRmsNorm(const std::vector<float>& x, const std::vector<float>& w,
+                               int64_t rows, int64_t d, float eps, bool one_plus) {
+  std::vector<double> out(x.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0.0;
+    for (int64_t c = 0; c < d; ++c) ss += double{x[r * d + c]} * x[r * d + c];
+    const double inv = 1.0 / std::sqrt(ss / d + eps);
+    for (int64_t c = 0; c < d; ++c) {
+      out[r * d + c] = x[r * d + c] * inv * (one_plus ? 1.0 + w[c] : double{w[c]});
+    }
+  }
+  return out;
+}
+
+double Silu(double x) { return x / (1.0 + std::exp(-x)); }
+double Sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+TEST_F(CudaKernelsTest, NormsAndElementwise) {
+  const int64_t rows = 19, d = 2048 + 24;
+  const float eps = 1e-6f;
+  const std::vector<float> x = Rand(rows * d, -3, 3), w = Rand(d, -0.5f, 0.5f), y = Rand(rows * d);
+  Tensor xt = Make(DType::kBF16, {rows, d}, x), wt = Make(DType::kBF16, {d}, w),
+         yt = Make(DType::kBF16, {rows, d}, y);
+
+  Tensor out = Poisoned(DType::kBF16, {rows, d});
+  backend_->RmsNorm1p(xt, wt, eps, out);
+  EXPECT_LT(RelErr(Host(out), RefRmsNorm(x, w, rows, d, eps, true)), kBf16Tol);
+  // F32 norm weights are accepted too.
+  Tensor wf = Make(DType::kF32, {d}, w);
+  backend_->RmsNorm1p(xt, wf, eps, out);
+  EXPECT_LT(RelErr(Host(out), RefRmsNorm(x, w, rows, d, eps, true)), kBf16Tol);
+
+  // AddRmsNorm1p: residual += delta (stored in bf16), then the norm.
+  Tensor residual = Make(DType::kBF16, {rows, d}, x);
+  backend_->AddRmsNorm1p(residual, yt, wt, eps, out);
+  std::vector<float> sum(x.size());
+  std::vector<double> sum_d(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    sum[i] = RoundBf16(x[i] + y[i]);
+    sum_d[i] = double{x[i]} + y[i];
+  }
+  EXPECT_LT(RelErr(Host(residual), sum_d), kBf16Tol);
+  EXPECT_LT(RelErr(Host(out), RefRmsNorm(sum, w, rows, d, eps, true)), kBf16Tol);
+
+  // Add.
+  Tensor a = Make(DType::kBF16, {rows, d}, x);
+  backend_->Add(a, yt);
+  EXPECT_LT(RelErr(Host(a), sum_d), kBf16Tol);
+
+  // MulSigmoid.
+  Tensor m = Make(DType::kBF16, {rows, d}, x);
+  backend_->MulSigmoid(m, yt);
+  std::vector<double> ref(x.size());
+  for (size_t i = 0; i < x.size(); ++i) ref[i] = x[i] * Sigmoid(y[i]);
+  EXPECT_LT(RelErr(Host(m), ref), kBf16Tol);
+
+  // SiluAndMul over [T, 2I].
+  const int64_t t = 7, inter = 517;
+  const std::vector<float> gu = Rand(t * 2 * inter, -4, 4);
+  Tensor gut = Make(DType::kBF16, {t, 2 * inter}, gu);
+  Tensor act = Poisoned(DType::kBF16, {t, inter});
+  backend_->SiluAndMul(gut, act);
+  ref.assign(t * inter, 0.0);
+  for (int64_t r = 0; r < t; ++r) {
+    for (int64_t c = 0; c < inter; ++c) {
+      ref[r * inter + c] = Silu(gu[r * 2 * inter + c]) * gu[r * 2 * inter + inter + c];
+    }
+  }
+  EXPECT_LT(RelErr(Host(act), ref), kBf16Tol);
+
+  // AddSigmoidScaled.
+  const std::vector<float> gl = Rand(rows, -3, 3);
+  Tensor glt = Make(DType::kBF16, {rows, 1}, gl);
+  Tensor acc = Make(DType::kBF16, {rows, d}, x);
+  backend_->AddSigmoidScaled(acc, yt, glt);
+  ref.assign(x.size(), 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < d; ++c) ref[r * d + c] = x[r * d + c] + Sigmoid(gl[r]) * y[r * d + c];
+  }
+  EXPECT_LT(RelErr(Host(acc), ref), kBf16Tol);
+
+  // GatedRmsNorm over heads of 128 (plain weight).
+  const int64_t hr = 4 * 6, hd = 128;
+  const std::vector<float> gx = Rand(hr * hd, -2, 2), gz = Rand(hr * hd, -3, 3),
+                           gw = Rand(hd, 0.5f, 1.5f);
+  Tensor gxt = Make(DType::kBF16, {hr, hd}, gx), gzt = Make(DType::kBF16, {hr, hd}, gz),
+         gwt = Make(DType::kBF16, {hd}, gw);
+  Tensor gout = Poisoned(DType::kBF16, {hr, hd});
+  backend_->GatedRmsNorm(gxt, gzt, gwt, eps, gout);
+  ref = RefRmsNorm(gx, gw, hr, hd, eps, false);
+  for (size_t i = 0; i < ref.size(); ++i) ref[i] *= Silu(gz[i]);
+  EXPECT_LT(RelErr(Host(gout), ref), kBf16Tol);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gated DeltaNet
+
+TEST_F(CudaKernelsTest, CausalConv1dSiluRaggedWithState) {
+  const int64_t c = 203, kk = 4, slots = 5;
+  const std::vector<int> lengths = {6, 1, 11, 2};
+  const std::vector<int> slot_of = {3, 0, 4, 1};
+  const int64_t t = std::accumulate(lengths.begin(), lengths.end(), 0);
+  const std::vector<float> x = Rand(t * c, -2, 2), w = Rand(c * kk);
+  std::vector<float> state = Rand(slots * c * (kk - 1));
+  Tensor xt = Make(DType::kBF16, {t, c}, x), wt = Make(DType::kBF16, {c, kk}, w);
+  Tensor st = Make(DType::kF32, {slots, c, kk - 1}, state);
+  const auto segs = MakeSegments(lengths, {9, 30, 0, 4}, slot_of);
+  Tensor out = Poisoned(DType::kBF16, {t, c});
+  backend_->CausalConv1dSilu(xt, wt, st, segs, out);
+
+  std::vector<double> ref(t * c);
+  std::vector<float> new_state = state;
+  for (size_t s = 0; s < segs.size(); ++s) {
+    const int b = segs[s].token_begin, n = segs[s].num_tokens, slot = slot_of[s];
+    for (int64_t ch = 0; ch < c; ++ch) {
+      // history = old state (oldest first) then the segment's inputs
+      std::vector<double> hist;
+      for (int j = 0; j < kk - 1; ++j) hist.push_back(state[(slot * c + ch) * (kk - 1) + j]);
+      for (int i = 0; i < n; ++i) hist.push_back(x[(b + i) * c + ch]);
+      for (int i = 0; i < n; ++i) {
+        double acc = 0.0;
+        for (int j = 0; j < kk; ++j) acc += w[ch * kk + j] * hist[i + j];
+        ref[(b + i) * c + ch] = Silu(acc);
+      }
+      for (int j = 0; j < kk - 1; ++j) {
+        new_state[(slot * c + ch) * (kk - 1) + j] = static_cast<float>(hist[n + j]);
+      }
+    }
+  }
+  EXPECT_LT(RelErr(Host(out), ref), kBf16Tol);
+  const std::vector<double> state_ref(new_state.begin(), new_state.end());
+  EXPECT_EQ(RelErr(Host(st), state_ref), 0.0);  // untouched slot 2 included
+}
+
+TEST_F(CudaKernelsTest, DeltaRuleGates) {
+  const int64_t t = 33, hv = 32;
+  const std::vector<float> a = Rand(t * hv, -30, 30), b = Rand(t * hv, -5, 5),
+                           a_log = Rand(hv, -2, 1), dt = Rand(hv, -1, 1);
+  Tensor at = Make(DType::kBF16, {t, hv}, a), bt = Make(DType::kBF16, {t, hv}, b),
+         alt = Make(DType::kBF16, {hv}, a_log), dtt = Make(DType::kBF16, {hv}, dt);
+  Tensor g = Poisoned(DType::kF32, {t, hv}), beta = Poisoned(DType::kF32, {t, hv});
+  backend_->DeltaRuleGates(at, bt, alt, dtt, g, beta);
+  std::vector<double> gref(t * hv), bref(t * hv);
+  for (int64_t i = 0; i < t * hv; ++i) {
+    const double v = double{a[i]} + dt[i % hv];
+    const double sp = v > 20.0 ? v : std::log1p(std::exp(v));
+    gref[i] = -std::exp(double{a_log[i % hv]}) * sp;
+    bref[i] = Sigmoid(b[i]);
+  }
+  EXPECT_LT(RelErr(Host(g), gref), 1e-5);
+  EXPECT_LT(RelErr(Host(beta), bref), 1e-5);
+}
+
+// The delta rule in double, updating `state` [slots, Hv, Dk, Dv].
+void RefDeltaRule(const std::vector<float>& qkv, const std::vector<float>& g,
+                  const std::vector<float>& beta, const DeltaRuleDims& d,
+                  const std::vector<SequenceSegment>& segs, std::vector<double>& state,
+                  std::vector<double>& out) {
+  const int hk = d.num_k_heads, hv = d.num_v_heads, dk = d.k_head_dim, dv = d.v_head_dim;
+  const int64_t row = 2LL * hk * dk + int64_t{hv} * dv;
+  int64_t t_total = 0;
+  for (const auto& s : segs) t_total += s.num_tokens;
+  out.assign(t_total * hv * dv, 0.0);
+  for (const auto& s : segs) {
+    for (int h = 0; h < hv; ++h) {
+      double* S = &state[(int64_t{s.state_slot} * hv + h) * dk * dv];
+      const int kh = h / (hv / hk);
+      for (int i = 0; i < s.num_tokens; ++i) {
+        const int64_t t = s.token_begin + i;
+        std::vector<double> q(dk), k(dk), v(dv);
+        double qs = 0, ks = 0;
+        for (int a = 0; a < dk; ++a) {
+          q[a] = qkv[t * row + kh * dk + a];
+          k[a] = qkv[t * row + hk * dk + kh * dk + a];
+          qs += q[a] * q[a];
+          ks += k[a] * k[a];
+        }
+        for (int a = 0; a < dk; ++a) {
+          q[a] = q[a] / std::sqrt(qs + 1e-6) / std::sqrt(double(dk));
+          k[a] = k[a] / std::sqrt(ks + 1e-6);
+        }
+        for (int b = 0; b < dv; ++b) v[b] = qkv[t * row + 2 * hk * dk + h * dv + b];
+        const double decay = std::exp(double{g[t * hv + h]}), bt = beta[t * hv + h];
+        for (int64_t e = 0; e < int64_t{dk} * dv; ++e) S[e] *= decay;
+        for (int b = 0; b < dv; ++b) {
+          double u = 0;
+          for (int a = 0; a < dk; ++a) u += S[a * dv + b] * k[a];
+          const double delta = bt * (v[b] - u);
+          for (int a = 0; a < dk; ++a) S[a * dv + b] += k[a] * delta;
+          double o = 0;
+          for (int a = 0; a < dk; ++a) o += S[a * dv + b] * q[a];
+          out[(t * hv + h) * dv + b] = o;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaKernelsTest, GatedDeltaRuleRaggedRealisticDims) {
+  DeltaRuleDims d{2, 4, 128, 128};  // Hv / Hk = 2
+  RunDeltaRuleCase(d, {7, 1, 23, 1}, {2, 0, 3, 5}, 6);
+}
+
+TEST_F(CudaKernelsTest, GatedDeltaRuleOddDims) {
+  DeltaRuleDims d{1, 2, 72, 40};
+  RunDeltaRuleCase(d, {1, 5}, {1, 0}, 2);
+}
+
+void CudaKernelsTest::RunDeltaRuleCase(const DeltaRuleDims& dims, const std::vector<int>& lengths,
+                                       const std::vector<int>& slot_of, int slots) {
+  CudaKernelsTest* test = this;
+  Backend& be = *backend_;
+  const int hk = dims.num_k_heads, hv = dims.num_v_heads, dk = dims.k_head_dim,
+            dv = dims.v_head_dim;
+  const int64_t row = 2LL * hk * dk + int64_t{hv} * dv;
+  const int64_t t = std::accumulate(lengths.begin(), lengths.end(), 0);
+  const std::vector<float> qkv = test->Rand(t * row, -1, 1);
+  std::vector<float> g = test->Rand(t * hv, -0.5f, -0.01f), beta = test->Rand(t * hv, 0.05f, 1);
+  const std::vector<float> state0 = test->Rand(int64_t{slots} * hv * dk * dv, -0.3f, 0.3f);
+  std::vector<int> cached(lengths.size(), 3);
+  const auto segs = MakeSegments(lengths, cached, slot_of);
+
+  std::vector<double> state_ref(state0.begin(), state0.end()), out_ref;
+  RefDeltaRule(qkv, g, beta, dims, segs, state_ref, out_ref);
+
+  Tensor qkvt = test->Make(DType::kBF16, {t, row}, qkv);
+  Tensor gt = test->Make(DType::kF32, {t, hv}, g), bt = test->Make(DType::kF32, {t, hv}, beta);
+  std::vector<std::vector<float>> outs;
+  for (DeltaRuleAlgorithm alg :
+       {DeltaRuleAlgorithm::kRecurrent, DeltaRuleAlgorithm::kChunked, DeltaRuleAlgorithm::kAuto}) {
+    Tensor st = test->Make(DType::kF32, {slots, hv, dk, dv}, state0);
+    Tensor out = test->Poisoned(DType::kBF16, {t, int64_t{hv} * dv});
+    be.GatedDeltaRule(qkvt, gt, bt, dims, st, segs, alg, out);
+    outs.push_back(test->Host(out));
+    EXPECT_LT(RelErr(outs.back(), out_ref), kBf16Tol) << static_cast<int>(alg);
+    EXPECT_LT(RelErr(test->Host(st), state_ref), 1e-4) << static_cast<int>(alg);
+  }
+  // Chunked and recurrent agree (to bf16 rounding of the output).
+  std::vector<double> rec(outs[0].begin(), outs[0].end());
+  EXPECT_LT(RelErr(outs[1], rec), kBf16Tol);
+
+  // Continuing one token at a time from the updated state matches one long segment.
+  Tensor st = test->Make(DType::kF32, {slots, hv, dk, dv}, state0);
+  const int n = lengths[0];
+  std::vector<float> first(qkv.begin(), qkv.begin() + n * row);
+  std::vector<double> step_ref_state(state0.begin(), state0.end()), step_ref_out;
+  RefDeltaRule(first, g, beta, dims, MakeSegments({n}, {0}, {slot_of[0]}), step_ref_state,
+               step_ref_out);
+  std::vector<float> got;
+  for (int i = 0; i < n; ++i) {
+    Tensor row_t = qkvt.Rows(i, 1), g_t = gt.Rows(i, 1), b_t = bt.Rows(i, 1);
+    Tensor out = test->Poisoned(DType::kBF16, {1, int64_t{hv} * dv});
+    be.GatedDeltaRule(row_t, g_t, b_t, dims, st, MakeSegments({1}, {i}, {slot_of[0]}),
+                      DeltaRuleAlgorithm::kAuto, out);
+    const std::vector<float> o = test->Host(out);
+    got.insert(got.end(), o.begin(), o.end());
+  }
+  EXPECT_LT(RelErr(got, step_ref_out), kBf16Tol);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gated attention
+
+struct AttnShape {
+  int nh, nkv, hd, rotary, block_size;
+};
+
+class CudaAttentionTest : public CudaKernelsTest,
+                          public ::testing::WithParamInterface<AttnShape> {};
+
+TEST_P(CudaAttentionTest, QkNormRopeWriteKvCacheAndPagedAttention) {
+  const AttnShape p = GetParam();
+  const int nh = p.nh, nkv = p.nkv, hd = p.hd, bs = p.block_size;
+  const float eps = 1e-6f, theta = 1e7f;
+  const std::vector<int> lengths = {5, 1, 1, 17};
+  const std::vector<int> cached = {0, 40, 3, 21};
+  const int64_t t = std::accumulate(lengths.begin(), lengths.end(), 0);
+  const int num_blocks = 40;
+  auto segs = MakeSegments(lengths, cached, {0, 1, 2, 3});
+  // Block tables: a random permutation of the blocks, dealt out to the segments.
+  std::vector<int32_t> perm(num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng_);
+  std::vector<std::vector<int32_t>> tables(segs.size());
+  int next = 0;
+  for (size_t s = 0; s < segs.size(); ++s) {
+    const int need = (cached[s] + lengths[s] + bs - 1) / bs;
+    tables[s].assign(perm.begin() + next, perm.begin() + next + need);
+    next += need;
+    segs[s].kv_blocks = tables[s];
+  }
+  ASSERT_LE(next, num_blocks);
+
+  // QkNormRope.
+  const std::vector<float> qg = Rand(t * nh * 2 * hd, -2, 2), k = Rand(t * nkv * hd, -2, 2),
+                           v = Rand(t * nkv * hd, -2, 2), qn = Rand(hd, -0.3f, 0.3f),
+                           kn = Rand(hd, -0.3f, 0.3f);
+  Tensor qgt = Make(DType::kBF16, {t, nh, 2 * hd}, qg), kt = Make(DType::kBF16, {t, nkv, hd}, k),
+         vt = Make(DType::kBF16, {t, nkv, hd}, v), qnt = Make(DType::kBF16, {hd}, qn),
+         knt = Make(DType::kBF16, {hd}, kn);
+  Tensor q = Poisoned(DType::kBF16, {t, nh, hd}), gate = Poisoned(DType::kBF16, {t, nh, hd});
+  RopeParams rope{p.rotary, theta};
+  backend_->QkNormRope(qgt, kt, qnt, knt, eps, rope, segs, q, gate);
+
+  auto norm_rope = [&](const float* x, const std::vector<float>& w, int pos, double* y) {
+    double ss = 0;
+    for (int d = 0; d < hd; ++d) ss += double{x[d]} * x[d];
+    const double inv = 1.0 / std::sqrt(ss / hd + eps);
+    std::vector<double> n(hd);
+    for (int d = 0; d < hd; ++d) n[d] = x[d] * inv * (1.0 + w[d]);
+    const int half = p.rotary / 2;
+    for (int d = 0; d < hd; ++d) {
+      if (d >= p.rotary) {
+        y[d] = n[d];
+        continue;
+      }
+      const int j = d < half ? d : d - half;
+      const double angle = pos * std::pow(double{theta}, -2.0 * j / p.rotary);
+      y[d] = d < half ? n[d] * std::cos(angle) - n[d + half] * std::sin(angle)
+                      : n[d] * std::cos(angle) + n[d - half] * std::sin(angle);
+    }
+  };
+  std::vector<double> q_ref(t * nh * hd), k_ref(t * nkv * hd), gate_ref(t * nh * hd);
+  for (const auto& s : segs) {
+    for (int i = 0; i < s.num_tokens; ++i) {
+      const int64_t tok = s.token_begin + i;
+      for (int h = 0; h < nh; ++h) {
+        norm_rope(&qg[(tok * nh + h) * 2 * hd], qn, s.cached_tokens + i,
+                  &q_ref[(tok * nh + h) * hd]);
+        for (int d = 0; d < hd; ++d) {
+          gate_ref[(tok * nh + h) * hd + d] = qg[(tok * nh + h) * 2 * hd + hd + d];
+        }
+      }
+      for (int h = 0; h < nkv; ++h) {
+        norm_rope(&k[(tok * nkv + h) * hd], kn, s.cached_tokens + i, &k_ref[(tok * nkv + h) * hd]);
+      }
+    }
+  }
+  const std::vector<float> q_host = Host(q), k_host = Host(kt);
+  EXPECT_LT(RelErr(q_host, q_ref), kBf16Tol);
+  EXPECT_LT(RelErr(k_host, k_ref), kBf16Tol);
+  EXPECT_EQ(RelErr(Host(gate), gate_ref), 0.0);
+
+  // WriteKvCache into caches pre-filled with random history.
+  const int64_t cache_elems = int64_t{num_blocks} * bs * nkv * hd;
+  std::vector<float> kc = Rand(cache_elems, -2, 2), vc = Rand(cache_elems, -2, 2);
+  Tensor kct = Make(DType::kBF16, {num_blocks, bs, nkv, hd}, kc);
+  Tensor vct = Make(DType::kBF16, {num_blocks, bs, nkv, hd}, vc);
+  backend_->WriteKvCache(kt, vt, segs, kct, vct);
+  for (const auto& s : segs) {
+    for (int i = 0; i < s.num_tokens; ++i) {
+      const int pos = s.cached_tokens + i;
+      const int64_t base = (int64_t{s.kv_blocks[pos / bs]} * bs + pos % bs) * nkv * hd;
+      for (int64_t e = 0; e < int64_t{nkv} * hd; ++e) {
+        kc[base + e] = k_host[(s.token_begin + i) * nkv * hd + e];
+        vc[base + e] = v[(s.token_begin + i) * nkv * hd + e];
+      }
+    }
+  }
+  EXPECT_EQ(RelErr(Host(kct), std::vector<double>(kc.begin(), kc.end())), 0.0);
+  EXPECT_EQ(RelErr(Host(vct), std::vector<double>(vc.begin(), vc.end())), 0.0);
+
+  // PagedAttention over the caches.
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  Tensor out = Poisoned(DType::kBF16, {t, nh, hd});
+  backend_->PagedAttention(q, kct, vct, segs, scale, out);
+  std::vector<double> ref(t * nh * hd, 0.0);
+  for (const auto& s : segs) {
+    for (int i = 0; i < s.num_tokens; ++i) {
+      const int64_t tok = s.token_begin + i;
+      const int n = s.cached_tokens + i + 1;
+      for (int h = 0; h < nh; ++h) {
+        const int kvh = h / (nh / nkv);
+        std::vector<double> sc(n);
+        double mx = -1e300;
+        for (int pos = 0; pos < n; ++pos) {
+          const int64_t base = ((int64_t{s.kv_blocks[pos / bs]} * bs + pos % bs) * nkv + kvh) * hd;
+          double dot = 0;
+          for (int d = 0; d < hd; ++d)
+            dot += double{q_host[(tok * nh + h) * hd + d]} * kc[base + d];
+          sc[pos] = dot * scale;
+          mx = std::max(mx, sc[pos]);
+        }
+        double sum = 0;
+        for (double& x : sc) sum += (x = std::exp(x - mx));
+        for (int pos = 0; pos < n; ++pos) {
+          const int64_t base = ((int64_t{s.kv_blocks[pos / bs]} * bs + pos % bs) * nkv + kvh) * hd;
+          for (int d = 0; d < hd; ++d) ref[(tok * nh + h) * hd + d] += sc[pos] / sum * vc[base + d];
+        }
+      }
+    }
+  }
+  EXPECT_LT(RelErr(Host(out), ref), kBf16Tol);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionTest,
+                         ::testing::Values(AttnShape{8, 2, 256, 64, 16},  // GQA 4, release dims
+                                           AttnShape{4, 2, 256, 256, 8},  // GQA 2, full rotary
+                                           AttnShape{6, 3, 96, 32, 5}));  // odd head dim
+
+// ---------------------------------------------------------------------------------------------
+// Mixture of experts
+
+// Reference top-k on the same (bf16) logits: by logit descending, ties to the lower id.
+void RefTopK(const std::vector<float>& logits, int64_t t, int e, int k, bool renorm,
+             std::vector<int32_t>& ids, std::vector<double>& w) {
+  ids.clear();
+  w.clear();
+  for (int64_t r = 0; r < t; ++r) {
+    const float* l = &logits[r * e];
+    std::vector<int> order(e);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return l[a] > l[b]; });
+    const double mx = l[order[0]];
+    double sum = 0;
+    for (int i = 0; i < e; ++i) sum += std::exp(l[i] - mx);
+    double sel = 0;
+    for (int j = 0; j < k; ++j) sel += std::exp(l[order[j]] - mx) / sum;
+    for (int j = 0; j < k; ++j) {
+      ids.push_back(order[j]);
+      const double p = std::exp(l[order[j]] - mx) / sum;
+      w.push_back(renorm ? p / sel : p);
+    }
+  }
+}
+
+TEST_F(CudaKernelsTest, TopKSoftmaxManyExpertsWithTies) {
+  const int64_t t = 13;
+  const int e = 2560, k = 8;
+  // bf16 logits in a narrow range: many exact ties, resolved by the lower id.
+  std::vector<float> logits = Rand(t * e, -2, 2);
+  for (int64_t r = 0; r < t; ++r) {  // force a tie at the very top of some rows
+    logits[r * e + 2500] = 3.0f;
+    logits[r * e + 7 + r] = 3.0f;
+  }
+  Tensor lt = Make(DType::kBF16, {t, e}, logits);
+  for (bool renorm : {true, false}) {
+    Tensor ids = Poisoned(DType::kI32, {t, k}), w = Poisoned(DType::kF32, {t, k});
+    backend_->TopKSoftmax(lt, k, renorm, ids, w);
+    std::vector<int32_t> ref_ids;
+    std::vector<double> ref_w;
+    RefTopK(logits, t, e, k, renorm, ref_ids, ref_w);
+    EXPECT_EQ(HostI32(ids), ref_ids) << renorm;
+    EXPECT_LT(RelErr(Host(w), ref_w), 1e-5) << renorm;
+  }
+}
+
+void RefMoe(const std::vector<float>& x, const std::vector<int32_t>& ids,
+            const std::vector<float>& w, const std::vector<float>& gate_up,
+            const std::vector<float>& down, int64_t t, int k, int experts, int first, int64_t h,
+            int64_t inter, std::vector<double>& out, std::vector<int64_t>& counts) {
+  for (int64_t r = 0; r < t; ++r) {
+    for (int j = 0; j < k; ++j) {
+      const int e = ids[r * k + j] - first;
+      if (e < 0 || e >= experts) continue;
+      ++counts[e];
+      std::vector<double> act(inter);
+      for (int64_t i = 0; i < inter; ++i) {
+        double g = 0, u = 0;
+        for (int64_t c = 0; c < h; ++c) {
+          g += double{x[r * h + c]} * gate_up[(e * 2 * inter + i) * h + c];
+          u += double{x[r * h + c]} * gate_up[(e * 2 * inter + inter + i) * h + c];
+        }
+        act[i] = Silu(g) * u;
+      }
+      for (int64_t c = 0; c < h; ++c) {
+        double y = 0;
+        for (int64_t i = 0; i < inter; ++i) y += act[i] * down[(e * h + c) * inter + i];
+        out[r * h + c] += w[r * k + j] * y;
+      }
+    }
+  }
+}
+
+TEST_F(CudaKernelsTest, MoeExpertsExpertParallelSlice) {
+  const int64_t t = 21, h = 96, inter = 40;
+  const int k = 4, experts = 12, first = 100;
+  // Global ids in [90, 124): some outside this rank's [100, 112), some local experts untouched.
+  std::vector<int32_t> ids(t * k);
+  std::uniform_int_distribution<int> pick(90, 123);
+  for (int64_t r = 0; r < t; ++r) {
+    for (int j = 0; j < k; ++j) {
+      int e;
+      do {
+        e = pick(rng_);
+      } while (e == 103 || e == 108 ||  // never routed: untouched experts
+               std::find(&ids[r * k], &ids[r * k] + j, e) != &ids[r * k] + j);
+      ids[r * k + j] = e;
+    }
+  }
+  ids[0] = 111;  // the last local expert is used
+  const std::vector<float> x = Rand(t * h), w = Rand(t * k, 0.05f, 1.0f),
+                           gu = Rand(experts * 2 * inter * h, -0.3f, 0.3f),
+                           dn = Rand(experts * h * inter, -0.3f, 0.3f), out0 = Rand(t * h);
+  Tensor xt = Make(DType::kBF16, {t, h}, x), idt = MakeI32({t, k}, ids),
+         wt = Make(DType::kF32, {t, k}, w), gut = Make(DType::kBF16, {experts, 2 * inter, h}, gu),
+         dnt = Make(DType::kBF16, {experts, h, inter}, dn), out = Make(DType::kBF16, {t, h}, out0);
+  std::vector<int64_t> counts(experts, 5);  // added to, not overwritten
+  backend_->MoeExperts(xt, idt, wt, gut, dnt, first, out, counts);
+
+  std::vector<double> ref(out0.begin(), out0.end());
+  std::vector<int64_t> ref_counts(experts, 5);
+  RefMoe(x, ids, w, gu, dn, t, k, experts, first, h, inter, ref, ref_counts);
+  EXPECT_LT(RelErr(Host(out), ref), kBf16Tol);
+  EXPECT_EQ(counts, ref_counts);
+  EXPECT_EQ(counts[3], 5);
+  EXPECT_EQ(counts[8], 5);
+}
+
+TEST_F(CudaKernelsTest, RoutingOver2560ExpertsThroughMoeExperts) {
+  const int64_t t = 150, h = 64, inter = 32;
+  const int k = 8, experts = 2560;
+  const std::vector<float> logits = Rand(t * experts, -3, 3);
+  Tensor lt = Make(DType::kBF16, {t, experts}, logits);
+  Tensor ids = Poisoned(DType::kI32, {t, k}), w = Poisoned(DType::kF32, {t, k});
+  backend_->TopKSoftmax(lt, k, true, ids, w);
+  std::vector<int32_t> ref_ids;
+  std::vector<double> ref_w;
+  RefTopK(logits, t, experts, k, true, ref_ids, ref_w);
+  ASSERT_EQ(HostI32(ids), ref_ids);
+
+  const std::vector<float> x = Rand(t * h),
+                           gu = Rand(int64_t{experts} * 2 * inter * h, -0.3f, 0.3f),
+                           dn = Rand(int64_t{experts} * h * inter, -0.3f, 0.3f);
+  Tensor xt = Make(DType::kBF16, {t, h}, x), gut = Make(DType::kBF16, {experts, 2 * inter, h}, gu),
+         dnt = Make(DType::kBF16, {experts, h, inter}, dn);
+  Tensor out = Make(DType::kBF16, {t, h}, std::vector<float>(t * h, 0.0f));
+  std::vector<int64_t> counts(experts, 0);
+  backend_->MoeExperts(xt, ids, w, gut, dnt, 0, out, counts);
+  const std::vector<float> host_w = Host(w);
+  std::vector<double> ref(t * h, 0.0);
+  std::vector<int64_t> ref_counts(experts, 0);
+  RefMoe(x, ref_ids, host_w, gu, dn, t, k, experts, 0, h, inter, ref, ref_counts);
+  EXPECT_LT(RelErr(Host(out), ref), kBf16Tol);
+  EXPECT_EQ(counts, ref_counts);
+  EXPECT_EQ(std::accumulate(counts.begin(), counts.end(), int64_t{0}), t * k);
+}
+
+TEST_F(CudaKernelsTest, MoeExpertsSkewedRoutingManyTilesPerExpert) {
+  // Every token routes to the same two experts: several 32-row tiles per expert.
+  const int64_t t = 77, h = 48, inter = 24;
+  const int k = 2, experts = 4;
+  std::vector<int32_t> ids;
+  for (int64_t r = 0; r < t; ++r) {
+    ids.push_back(2);
+    ids.push_back(r % 3 == 0 ? 0 : 3);
+  }
+  const std::vector<float> x = Rand(t * h), w = Rand(t * k, 0.1f, 1.0f),
+                           gu = Rand(experts * 2 * inter * h, -0.3f, 0.3f),
+                           dn = Rand(experts * h * inter, -0.3f, 0.3f), out0 = Rand(t * h);
+  Tensor xt = Make(DType::kBF16, {t, h}, x), idt = MakeI32({t, k}, ids),
+         wt = Make(DType::kF32, {t, k}, w), gut = Make(DType::kBF16, {experts, 2 * inter, h}, gu),
+         dnt = Make(DType::kBF16, {experts, h, inter}, dn), out = Make(DType::kBF16, {t, h}, out0);
+  backend_->MoeExperts(xt, idt, wt, gut, dnt, 0, out, {});
+  std::vector<double> ref(out0.begin(), out0.end());
+  std::vector<int64_t> ref_counts(experts, 0);
+  RefMoe(x, ids, w, gu, dn, t, k, experts, 0, h, inter, ref, ref_counts);
+  EXPECT_LT(RelErr(Host(out), ref), kBf16Tol);
+}
+
+}  // namespace
+}  // namespace mobius::kernels
