@@ -152,10 +152,24 @@ void Engine::Loop() {
       return;
     }
     const bool worked = Step();
+    PublishStats();
     if (stopping && !worked && scheduler_->num_running() + scheduler_->num_waiting() == 0) {
       return;
     }
   }
+}
+
+void Engine::PublishStats() {
+  absl::MutexLock lock(&mu_);
+  stats_.num_running = scheduler_->num_running();
+  stats_.num_waiting = scheduler_->num_waiting();
+  stats_.outstanding_tokens = scheduler_->outstanding_tokens();
+  PagedKvCache& kv = *model_.kv_cache();
+  stats_.kv_cache_usage =
+      kv.num_blocks() ? 1.0f - float(kv.free_blocks()) / kv.num_blocks() : 0.0f;
+  StateSlotPool& slots = *model_.state_slots();
+  stats_.state_slot_usage =
+      slots.num_slots() ? 1.0f - float(slots.free_slots()) / slots.num_slots() : 0.0f;
 }
 
 bool Engine::Step() {
@@ -236,14 +250,6 @@ bool Engine::Step() {
 
   absl::MutexLock lock(&mu_);
   ++stats_.steps;
-  stats_.num_running = scheduler_->num_running();
-  stats_.num_waiting = scheduler_->num_waiting();
-  stats_.outstanding_tokens = scheduler_->outstanding_tokens();
-  PagedKvCache& kv = *model_.kv_cache();
-  stats_.kv_cache_usage = kv.num_blocks() ? 1.0f - float(kv.free_blocks()) / kv.num_blocks() : 0.0f;
-  StateSlotPool& slots = *model_.state_slots();
-  stats_.state_slot_usage =
-      slots.num_slots() ? 1.0f - float(slots.free_slots()) / slots.num_slots() : 0.0f;
   return true;
 }
 

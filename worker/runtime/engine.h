@@ -85,6 +85,8 @@ class Engine {
   void Loop();
   // Runs one scheduled step; returns false when there was nothing to do.
   bool Step();
+  // Copies the scheduler's and caches' state into stats_ for GetStats.
+  void PublishStats();
   void Finish(Sequence& seq, FinishReason reason, std::optional<int32_t> stop,
               absl::Status error = absl::OkStatus());
 
