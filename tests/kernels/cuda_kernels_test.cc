@@ -5,8 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -41,6 +44,12 @@ double RelErr(const std::vector<float>& a, const std::vector<double>& b) {
     ref = std::max(ref, std::abs(b[i]));
   }
   return ref == 0.0 ? diff : diff / ref;
+}
+
+// Prints an error next to the test's output, for the design notes.
+double Reported(const char* what, double err) {
+  std::printf("  rel err %-40s %.3g\n", what, err);
+  return err;
 }
 
 class CudaKernelsTest : public ::testing::Test {
@@ -202,7 +211,8 @@ TEST_F(CudaKernelsTest, Linear) {
     for (DType out : {DType::kBF16, DType::kF32}) {
       Tensor y = Poisoned(out, {s.m, s.n});
       backend_->Linear(xt, wt, y);
-      EXPECT_LT(RelErr(Host(y), ref), out == DType::kF32 ? 1e-4 : kBf16Tol)
+      EXPECT_LT(Reported(out == DType::kF32 ? "linear (f32 out)" : "linear", RelErr(Host(y), ref)),
+                out == DType::kF32 ? 1e-4 : kBf16Tol)
           << s.m << "x" << s.n << "x" << s.k << " " << DTypeName(out);
     }
   }
@@ -273,7 +283,8 @@ TEST_F(CudaKernelsTest, NormsAndElementwise) {
 
   Tensor out = Poisoned(DType::kBF16, {rows, d});
   backend_->RmsNorm1p(xt, wt, eps, out);
-  EXPECT_LT(RelErr(Host(out), RefRmsNorm(x, w, rows, d, eps, true)), kBf16Tol);
+  EXPECT_LT(Reported("rmsnorm1p", RelErr(Host(out), RefRmsNorm(x, w, rows, d, eps, true))),
+            kBf16Tol);
   // F32 norm weights are accepted too.
   Tensor wf = Make(DType::kF32, {d}, w);
   backend_->RmsNorm1p(xt, wf, eps, out);
@@ -376,7 +387,7 @@ TEST_F(CudaKernelsTest, CausalConv1dSiluRaggedWithState) {
       }
     }
   }
-  EXPECT_LT(RelErr(Host(out), ref), kBf16Tol);
+  EXPECT_LT(Reported("causal conv", RelErr(Host(out), ref)), kBf16Tol);
   const std::vector<double> state_ref(new_state.begin(), new_state.end());
   EXPECT_EQ(RelErr(Host(st), state_ref), 0.0);  // untouched slot 2 included
 }
@@ -481,8 +492,10 @@ void CudaKernelsTest::RunDeltaRuleCase(const DeltaRuleDims& dims, const std::vec
     Tensor out = test->Poisoned(DType::kBF16, {t, int64_t{hv} * dv});
     be.GatedDeltaRule(qkvt, gt, bt, dims, st, segs, alg, out);
     outs.push_back(test->Host(out));
-    EXPECT_LT(RelErr(outs.back(), out_ref), kBf16Tol) << static_cast<int>(alg);
-    EXPECT_LT(RelErr(test->Host(st), state_ref), 1e-4) << static_cast<int>(alg);
+    EXPECT_LT(Reported("delta rule out", RelErr(outs.back(), out_ref)), kBf16Tol)
+        << static_cast<int>(alg);
+    EXPECT_LT(Reported("delta rule state", RelErr(test->Host(st), state_ref)), 1e-4)
+        << static_cast<int>(alg);
   }
   // Chunked and recurrent agree (to bf16 rounding of the output).
   std::vector<double> rec(outs[0].begin(), outs[0].end());
@@ -586,7 +599,7 @@ TEST_P(CudaAttentionTest, QkNormRopeWriteKvCacheAndPagedAttention) {
     }
   }
   const std::vector<float> q_host = Host(q), k_host = Host(kt);
-  EXPECT_LT(RelErr(q_host, q_ref), kBf16Tol);
+  EXPECT_LT(Reported("qk norm rope (q)", RelErr(q_host, q_ref)), kBf16Tol);
   EXPECT_LT(RelErr(k_host, k_ref), kBf16Tol);
   EXPECT_EQ(RelErr(Host(gate), gate_ref), 0.0);
 
@@ -639,7 +652,7 @@ TEST_P(CudaAttentionTest, QkNormRopeWriteKvCacheAndPagedAttention) {
       }
     }
   }
-  EXPECT_LT(RelErr(Host(out), ref), kBf16Tol);
+  EXPECT_LT(Reported("paged attention", RelErr(Host(out), ref)), kBf16Tol);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionTest,
@@ -750,7 +763,7 @@ TEST_F(CudaKernelsTest, MoeExpertsExpertParallelSlice) {
   std::vector<double> ref(out0.begin(), out0.end());
   std::vector<int64_t> ref_counts(experts, 5);
   RefMoe(x, ids, w, gu, dn, t, k, experts, first, h, inter, ref, ref_counts);
-  EXPECT_LT(RelErr(Host(out), ref), kBf16Tol);
+  EXPECT_LT(Reported("moe (EP slice)", RelErr(Host(out), ref)), kBf16Tol);
   EXPECT_EQ(counts, ref_counts);
   EXPECT_EQ(counts[3], 5);
   EXPECT_EQ(counts[8], 5);
@@ -780,7 +793,7 @@ TEST_F(CudaKernelsTest, RoutingOver2560ExpertsThroughMoeExperts) {
   std::vector<double> ref(t * h, 0.0);
   std::vector<int64_t> ref_counts(experts, 0);
   RefMoe(x, ref_ids, host_w, gu, dn, t, k, experts, 0, h, inter, ref, ref_counts);
-  EXPECT_LT(RelErr(Host(out), ref), kBf16Tol);
+  EXPECT_LT(Reported("moe (2560 experts)", RelErr(Host(out), ref)), kBf16Tol);
   EXPECT_EQ(counts, ref_counts);
   EXPECT_EQ(std::accumulate(counts.begin(), counts.end(), int64_t{0}), t * k);
 }
@@ -805,6 +818,190 @@ TEST_F(CudaKernelsTest, MoeExpertsSkewedRoutingManyTilesPerExpert) {
   std::vector<int64_t> ref_counts(experts, 0);
   RefMoe(x, ids, w, gu, dn, t, k, experts, 0, h, inter, ref, ref_counts);
   EXPECT_LT(RelErr(Host(out), ref), kBf16Tol);
+}
+
+TEST_F(CudaKernelsTest, SegmentWithoutStateSlotStartsFromZero) {
+  // state_slot < 0 (as the CPU backend treats it): zero history, and no state is written.
+  const int64_t c = 24, kk = 4;
+  const DeltaRuleDims dims{1, 2, 32, 16};
+  const int64_t row = 2 * 32 + 2 * 16;
+  const std::vector<float> x = Rand(3 * c), w = Rand(c * kk), qkv = Rand(3 * row);
+  const std::vector<float> conv0 = Rand(c * (kk - 1)), rec0 = Rand(2 * 32 * 16);
+  Tensor xt = Make(DType::kBF16, {3, c}, x), wt = Make(DType::kBF16, {c, kk}, w);
+  Tensor cs = Make(DType::kF32, {1, c, kk - 1}, conv0),
+         rs = Make(DType::kF32, {1, 2, 32, 16}, rec0);
+  const auto segs = MakeSegments({3}, {0}, {-1});
+  Tensor out = Poisoned(DType::kBF16, {3, c});
+  backend_->CausalConv1dSilu(xt, wt, cs, segs, out);
+  std::vector<double> ref(3 * c);
+  for (int i = 0; i < 3; ++i) {
+    for (int64_t ch = 0; ch < c; ++ch) {
+      double acc = 0;
+      for (int j = 0; j < kk; ++j) {
+        const int p = i - (kk - 1) + j;
+        if (p >= 0) acc += double{w[ch * kk + j]} * x[p * c + ch];
+      }
+      ref[i * c + ch] = Silu(acc);
+    }
+  }
+  EXPECT_LT(RelErr(Host(out), ref), kBf16Tol);
+  EXPECT_EQ(Host(cs), conv0);
+
+  Tensor qt = Make(DType::kBF16, {3, row}, qkv);
+  Tensor g = Make(DType::kF32, {3, 2}, Rand(6, -0.5f, -0.1f)),
+         beta = Make(DType::kF32, {3, 2}, Rand(6, 0.1f, 0.9f));
+  Tensor o = Poisoned(DType::kBF16, {3, 32});
+  backend_->GatedDeltaRule(qt, g, beta, dims, rs, segs, DeltaRuleAlgorithm::kAuto, o);
+  std::vector<double> zero_state(2 * 32 * 16, 0.0), o_ref;
+  RefDeltaRule(qkv, Host(g), Host(beta), dims, MakeSegments({3}, {0}, {0}), zero_state, o_ref);
+  EXPECT_LT(RelErr(Host(o), o_ref), kBf16Tol);
+  EXPECT_EQ(Host(rs), rec0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timings at release dimensions (not a correctness test): MOBIUS_CUDA_BENCH=1 to run.
+
+class CudaTimingTest : public CudaKernelsTest {
+ protected:
+  void SetUp() override {
+    const char* env = std::getenv("MOBIUS_CUDA_BENCH");
+    if (env == nullptr || std::string(env) != "1") GTEST_SKIP() << "set MOBIUS_CUDA_BENCH=1";
+    CudaKernelsTest::SetUp();
+  }
+  // Fills a large bf16/f32 tensor with random data by repeating a random 16 MiB chunk.
+  void FillRandom(Tensor& t) {
+    const int64_t n = t.numel();
+    const int64_t chunk = std::min<int64_t>(n, int64_t{8} << 20);
+    Tensor head = t.Rows(0, t.dim(0)).Reshape({n}).Rows(0, chunk);
+    std::vector<float> v = Rand(chunk, -0.5f, 0.5f);
+    backend_->CopyFromHost(v.data(), DType::kF32, head);
+    const size_t elem = DTypeSize(t.dtype());
+    for (int64_t off = chunk; off < n; off += chunk) {
+      const int64_t len = std::min(chunk, n - off);
+      ASSERT_EQ(cudaMemcpy(static_cast<char*>(t.raw()) + off * elem, t.raw(), len * elem,
+                           cudaMemcpyDeviceToDevice),
+                cudaSuccess);
+    }
+  }
+  template <typename F>
+  double TimeUs(F&& f, int iters = 20) {
+    f();
+    f();
+    backend_->Synchronize();
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) f();
+    backend_->Synchronize();
+    const auto end = std::chrono::steady_clock::now();
+    return std::chrono::duration<double, std::micro>(end - start).count() / iters;
+  }
+  Tensor Alloc(DType dtype, std::vector<int64_t> shape) {
+    auto t = backend_->Allocate(dtype, std::move(shape));
+    EXPECT_TRUE(t.ok()) << t.status();
+    return *t;
+  }
+};
+
+TEST_F(CudaTimingTest, ReleaseDims) {
+  // Gated delta rule, decode: 64 sequences x 1 token, Hk 16, Hv 32, Dk = Dv = 128.
+  {
+    const int batch = 64;
+    const DeltaRuleDims d{16, 32, 128, 128};
+    const int64_t row = 2 * 16 * 128 + 32 * 128;
+    Tensor qkv = Alloc(DType::kBF16, {batch, row}), g = Alloc(DType::kF32, {batch, 32}),
+           beta = Alloc(DType::kF32, {batch, 32}), st = Alloc(DType::kF32, {batch, 32, 128, 128}),
+           out = Alloc(DType::kBF16, {batch, 32 * 128});
+    FillRandom(qkv);
+    backend_->CopyFromHost(Rand(batch * 32, -0.3f, -0.01f).data(), DType::kF32, g);
+    backend_->CopyFromHost(Rand(batch * 32, 0.1f, 0.9f).data(), DType::kF32, beta);
+    FillRandom(st);
+    std::vector<int> ones(batch, 1), cached(batch, 100), slots(batch);
+    std::iota(slots.begin(), slots.end(), 0);
+    const auto segs = MakeSegments(ones, cached, slots);
+    const double us = TimeUs([&] {
+      backend_->GatedDeltaRule(qkv, g, beta, d, st, segs, DeltaRuleAlgorithm::kAuto, out);
+    });
+    const double bytes = 2.0 * st.nbytes();
+    std::printf("TIMING delta rule decode 64x1 tok: %.1f us (%.0f GB/s of state traffic)\n", us,
+                bytes / us * 1e-3);
+    // Prefill: one 4096-token segment (recurrent form; the chunked kernel is a TODO).
+    Tensor qkv_p = Alloc(DType::kBF16, {4096, row}), g_p = Alloc(DType::kF32, {4096, 32}),
+           b_p = Alloc(DType::kF32, {4096, 32}), out_p = Alloc(DType::kBF16, {4096, 32 * 128});
+    FillRandom(qkv_p);
+    backend_->CopyFromHost(Rand(4096 * 32, -0.3f, -0.01f).data(), DType::kF32, g_p);
+    backend_->CopyFromHost(Rand(4096 * 32, 0.1f, 0.9f).data(), DType::kF32, b_p);
+    const auto seg1 = MakeSegments({4096}, {0}, {0});
+    const double us_p = TimeUs(
+        [&] {
+          backend_->GatedDeltaRule(qkv_p, g_p, b_p, d, st, seg1, DeltaRuleAlgorithm::kAuto, out_p);
+        },
+        3);
+    std::printf("TIMING delta rule prefill 1x4096 tok (recurrent): %.1f us\n", us_p);
+  }
+  // Paged attention, decode: 64 sequences at 4096 cached tokens, 16 q / 2 kv heads of 256.
+  {
+    const int batch = 64, ctx = 4096, bs = 16, nh = 16, nkv = 2, hd = 256;
+    const int blocks_per = (ctx + 1 + bs - 1) / bs;
+    Tensor kc = Alloc(DType::kBF16, {batch * blocks_per, bs, nkv, hd}),
+           vc = Alloc(DType::kBF16, {batch * blocks_per, bs, nkv, hd}),
+           q = Alloc(DType::kBF16, {batch, nh, hd}), out = Alloc(DType::kBF16, {batch, nh, hd});
+    FillRandom(kc);
+    FillRandom(vc);
+    FillRandom(q);
+    std::vector<std::vector<int32_t>> tables(batch);
+    std::vector<int> ones(batch, 1), cached(batch, ctx), slots(batch, 0);
+    auto segs = MakeSegments(ones, cached, slots);
+    for (int b = 0; b < batch; ++b) {
+      for (int i = 0; i < blocks_per; ++i) tables[b].push_back(b * blocks_per + i);
+      segs[b].kv_blocks = tables[b];
+    }
+    const double us = TimeUs([&] { backend_->PagedAttention(q, kc, vc, segs, 0.0625f, out); });
+    const double bytes = 2.0 * batch * (ctx + 1) * nkv * hd * 2;
+    std::printf("TIMING paged attention decode 64 x ctx %d: %.1f us (%.0f GB/s of KV)\n", ctx, us,
+                bytes / us * 1e-3);
+  }
+  // MoE, decode batch of 64 tokens over a 2560-expert bank (H 2048, I 512, top-8).
+  {
+    const int64_t t = 64, h = 2048, inter = 512;
+    const int e = 2560, k = 8;
+    Tensor gu = Alloc(DType::kBF16, {e, 2 * inter, h}), dn = Alloc(DType::kBF16, {e, h, inter});
+    FillRandom(gu);
+    FillRandom(dn);
+    Tensor x = Alloc(DType::kBF16, {t, h}), out = Alloc(DType::kBF16, {t, h});
+    FillRandom(x);
+    Tensor logits = Make(DType::kBF16, {t, e}, Rand(t * e, -3, 3));
+    Tensor ids = Alloc(DType::kI32, {t, k}), w = Alloc(DType::kF32, {t, k});
+    const double us_topk = TimeUs([&] { backend_->TopKSoftmax(logits, k, true, ids, w); });
+    std::printf("TIMING topk softmax 64 x 2560, k 8: %.1f us\n", us_topk);
+    std::vector<int32_t> host_ids = std::vector<int32_t>(t * k);
+    backend_->CopyToHostI32(ids, host_ids.data());
+    std::sort(host_ids.begin(), host_ids.end());
+    const int64_t touched = std::unique(host_ids.begin(), host_ids.end()) - host_ids.begin();
+    const double us = TimeUs([&] { backend_->MoeExperts(x, ids, w, gu, dn, 0, out, {}); });
+    const double bytes = touched * 3.0 * h * inter * 2;
+    std::printf("TIMING moe decode 64 tok, %lld experts touched: %.1f us (%.0f GB/s of weights)\n",
+                static_cast<long long>(touched), us, bytes / us * 1e-3);
+    Tensor xp = Alloc(DType::kBF16, {4096, h}), outp = Alloc(DType::kBF16, {4096, h});
+    FillRandom(xp);
+    Tensor lp = Alloc(DType::kBF16, {4096, e});
+    FillRandom(lp);
+    Tensor idp = Alloc(DType::kI32, {4096, k}), wp = Alloc(DType::kF32, {4096, k});
+    backend_->TopKSoftmax(lp, k, true, idp, wp);
+    const double us_p = TimeUs([&] { backend_->MoeExperts(xp, idp, wp, gu, dn, 0, outp, {}); }, 3);
+    const double flops = 4096.0 * k * 3 * 2 * h * inter;
+    std::printf("TIMING moe prefill 4096 tok: %.1f us (%.1f TFLOP/s)\n", us_p, flops / us_p * 1e-6);
+  }
+  // Linear through cuBLASLt: decode and prefill shapes of a 2048 -> 8192 projection.
+  {
+    Tensor w = Alloc(DType::kBF16, {8192, 2048});
+    FillRandom(w);
+    for (int64_t t : {64, 4096}) {
+      Tensor x = Alloc(DType::kBF16, {t, 2048}), y = Alloc(DType::kBF16, {t, 8192});
+      FillRandom(x);
+      const double us = TimeUs([&] { backend_->Linear(x, w, y); });
+      std::printf("TIMING linear %lld x 2048 -> 8192: %.1f us (%.1f TFLOP/s)\n",
+                  static_cast<long long>(t), us, 2.0 * t * 2048 * 8192 / us * 1e-6);
+    }
+  }
 }
 
 }  // namespace
