@@ -133,7 +133,7 @@ TEST(MoeExpertsTest, MatchesNaiveWithExpertParallelism) {
   }
   EXPECT_EQ(counts, expected_counts);
   EXPECT_EQ(counts[4], 100);
-  EXPECT_GE(counts[2], 100 + (T + 1) / 2);
+  EXPECT_GE(counts[2], 100 + (T + 1) / 2);  // enough rows for the sgemm path
   ExpectAllClose(ToHost(*backend, out), expected, 1e-4, 1e-4, "moe out");
 
   // No counters requested: the same result, nothing else written.
