@@ -1,0 +1,111 @@
+// The mobius-worker binary as a process: it serves, reports health, and on SIGTERM turns
+// NOT_SERVING, finishes the request in flight and exits 0.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/create_channel.h"
+#include "gtest/gtest.h"
+#include "worker.grpc.pb.h"
+
+namespace {
+
+using grpc::health::v1::HealthCheckRequest;
+using grpc::health::v1::HealthCheckResponse;
+
+int FreePort() {
+  // Ports handed out sequentially per test process; collisions with other tests are unlikely in
+  // this range and the worker fails loudly if the port is taken.
+  return 41000 + (getpid() % 2000);
+}
+
+class WorkerProcess {
+ public:
+  explicit WorkerProcess(int port) {
+    pid_ = fork();
+    if (pid_ == 0) {
+      const std::string port_flag = "--port=" + std::to_string(port);
+      const std::string model = std::string(MOBIUS_FIXTURES_DIR) + "/qwen3next-tiny";
+      execl(MOBIUS_WORKER_BINARY, "mobius-worker", "--model", model.c_str(), port_flag.c_str(),
+            "--host=127.0.0.1", "--max-num-seqs=2", "--threads=1", nullptr);
+      _exit(127);
+    }
+  }
+  ~WorkerProcess() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  int Terminate() {
+    kill(pid_, SIGTERM);
+    return Wait();
+  }
+  int Wait() {
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    exited_ = true;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+ private:
+  pid_t pid_ = -1;
+  bool exited_ = false;
+};
+
+HealthCheckResponse::ServingStatus Health(grpc::health::v1::Health::Stub& stub) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  HealthCheckResponse response;
+  if (!stub.Check(&context, HealthCheckRequest(), &response).ok()) {
+    return HealthCheckResponse::UNKNOWN;
+  }
+  return response.status();
+}
+
+TEST(WorkerProcessTest, ServesAndDrainsOnSigterm) {
+  const int port = FreePort();
+  WorkerProcess worker(port);
+  auto channel =
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  auto stub = mobius::v1::Worker::NewStub(channel);
+  bool serving = false;
+  for (int i = 0; i < 300 && !serving; ++i) {
+    serving = Health(*health) == HealthCheckResponse::SERVING;
+    if (!serving) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(serving) << "worker never became SERVING";
+
+  // A request in flight when SIGTERM arrives still completes.
+  mobius::v1::WorkerGenerateRequest request;
+  request.add_input_ids(7);
+  request.mutable_sampling_params()->set_max_tokens(200);
+  request.mutable_sampling_params()->set_ignore_eos(true);
+  grpc::ClientContext context;
+  auto reader = stub->Generate(&context, request);
+  mobius::v1::WorkerGenerateResponse response;
+  ASSERT_TRUE(reader->Read(&response));
+  ASSERT_TRUE(response.has_chunk());
+
+  std::thread terminator([&] { EXPECT_EQ(worker.Terminate(), 0); });
+  int tokens = response.chunk().token_ids_size();
+  bool completed = false;
+  while (reader->Read(&response)) {
+    if (response.has_chunk()) tokens += response.chunk().token_ids_size();
+    if (response.has_complete()) {
+      completed = true;
+      EXPECT_EQ(response.complete().finish_reason(), mobius::v1::FINISH_REASON_LENGTH);
+    }
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_TRUE(completed);
+  EXPECT_EQ(tokens, 200);
+  terminator.join();
+}
+
+}  // namespace
