@@ -1,5 +1,6 @@
 // Gated full-attention kernels: q/k RMS norm + partial rotate-half RoPE, the paged KV write, and
 // paged causal GQA attention with an online softmax.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -159,6 +160,157 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   }
 }
 
+// GQA-grouped, split (flash-decoding) attention for head_dim % 8 == 0, head_dim <= 256 and at
+// most kMaxGroup query heads per kv head. Block (t, kv head, split) walks its share of the
+// token's positions with 8 warps; lane l holds dims 8l .. 8l+7 (one 16-byte load of K and of V
+// per position) and the scores of every query head of the group, so K/V are read once per kv
+// head. With one split the block writes the output; otherwise it writes (m, l, acc) partials
+// that CombineSplitsKernel merges.
+constexpr int kMaxGroup = 8;
+
+__device__ __forceinline__ void Unpack8Bf16(uint4 v, float* out) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = __uint_as_float(words[i] << 16);
+    out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+  }
+}
+
+__device__ __forceinline__ float ScaleFor(float m, float m_all) {
+  return m == -INFINITY ? 0.0f : __expf(m - m_all);
+}
+
+__global__ void __launch_bounds__(kAttnWarps * 32)
+    PagedAttentionGqaKernel(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
+                            int num_heads, int num_kv_heads, int head_dim, int block_size,
+                            TokenMeta tokens, SegmentMeta segs, float scale, int splits,
+                            float* partial, uint16_t* out) {
+  __shared__ float acc_s[kMaxGroup][256];
+  __shared__ float m_s[kMaxGroup], l_s[kMaxGroup];
+  const int64_t t = blockIdx.x;
+  const int kvh = blockIdx.y, split = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int group = num_heads / num_kv_heads;
+  const int seg = tokens.token_segment[t];
+  const int num_pos = tokens.token_position[t] + 1;
+  const int chunk = (num_pos + splits - 1) / splits;
+  const int begin = split * chunk, end = min(num_pos, begin + chunk);
+  const int32_t* table = segs.block_tables + segs.block_table_begin[seg];
+  const int d0 = lane * 8;
+  const bool lane_active = d0 < head_dim;
+
+  float qv[kMaxGroup][8], acc[kMaxGroup][8], m[kMaxGroup], l[kMaxGroup];
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      qv[g][i] = 0.0f;
+      acc[g][i] = 0.0f;
+    }
+    if (g < group && lane_active) {
+      const uint16_t* qp = q + (t * num_heads + kvh * group + g) * head_dim + d0;
+      Unpack8Bf16(*reinterpret_cast<const uint4*>(qp), qv[g]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) qv[g][i] *= scale;
+    }
+  }
+  for (int p = begin + warp; p < end; p += kAttnWarps) {
+    const int64_t row =
+        (static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size) * num_kv_heads +
+        kvh;
+    float kv[8] = {}, vv[8] = {};
+    if (lane_active) {
+      Unpack8Bf16(*reinterpret_cast<const uint4*>(k_cache + row * head_dim + d0), kv);
+      Unpack8Bf16(*reinterpret_cast<const uint4*>(v_cache + row * head_dim + d0), vv);
+    }
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      if (g >= group) break;
+      float s = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s += qv[g][i] * kv[i];
+      s = WarpSum(s);
+      const float m_new = fmaxf(m[g], s);
+      const float corr = __expf(m[g] - m_new);
+      const float e = __expf(s - m_new);
+      l[g] = l[g] * corr + e;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[g][i] = acc[g][i] * corr + e * vv[i];
+      m[g] = m_new;
+    }
+  }
+  // Merge the warps' partial softmaxes one warp at a time.
+  for (int w = 0; w < kAttnWarps; ++w) {
+    if (warp == w) {
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g) {
+        if (g >= group) break;
+        const float m_old = w == 0 ? -INFINITY : m_s[g];
+        const float l_old = w == 0 ? 0.0f : l_s[g];
+        const float m_all = fmaxf(m_old, m[g]);
+        const float a = ScaleFor(m_old, m_all), b = ScaleFor(m[g], m_all);
+        if (lane_active) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const float prev = w == 0 ? 0.0f : acc_s[g][d0 + i];
+            acc_s[g][d0 + i] = prev * a + acc[g][i] * b;
+          }
+        }
+        __syncwarp();
+        if (lane == 0) {
+          m_s[g] = m_all;
+          l_s[g] = l_old * a + l[g] * b;
+        }
+        __syncwarp();
+      }
+    }
+    __syncthreads();
+  }
+  for (int e = threadIdx.x; e < group * head_dim; e += blockDim.x) {
+    const int g = e / head_dim, d = e % head_dim;
+    const int h = kvh * group + g;
+    if (splits == 1) {
+      out[(t * num_heads + h) * head_dim + d] = F32ToBf16(acc_s[g][d] / l_s[g]);
+    } else {
+      float* part = partial + ((t * num_heads + h) * splits + split) * (head_dim + 2);
+      if (d == 0) {
+        part[0] = m_s[g];
+        part[1] = l_s[g];
+      }
+      part[2 + d] = acc_s[g][d];
+    }
+  }
+}
+
+__global__ void CombineSplitsKernel(const float* partial, int num_heads, int head_dim, int splits,
+                                    uint16_t* out) {
+  const int64_t t = blockIdx.x;
+  const int h = blockIdx.y;
+  const float* base = partial + (t * num_heads + h) * splits * (head_dim + 2);
+  float m_all = -INFINITY;
+  for (int s = 0; s < splits; ++s) m_all = fmaxf(m_all, base[s * (head_dim + 2)]);
+  float l_all = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    l_all += base[s * (head_dim + 2) + 1] * ScaleFor(base[s * (head_dim + 2)], m_all);
+  }
+  const float inv = 1.0f / l_all;
+  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
+    float o = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      const float* part = base + s * (head_dim + 2);
+      o += part[2 + d] * ScaleFor(part[0], m_all);
+    }
+    out[(t * num_heads + h) * head_dim + d] = F32ToBf16(o * inv);
+  }
+}
+
+bool GqaEligible(int num_heads, int num_kv_heads, int head_dim) {
+  return head_dim % 8 == 0 && head_dim <= 256 && num_heads / num_kv_heads <= kMaxGroup;
+}
+
 template <int kPerLane>
 void LaunchAttention(dim3 grid, size_t smem, cudaStream_t stream, const uint16_t* q,
                      const uint16_t* k_cache, const uint16_t* v_cache, int nh, int nkv, int hd,
@@ -191,11 +343,43 @@ void LaunchWriteKvCache(const uint16_t* k, const uint16_t* v, const int32_t* slo
   CheckLaunch("WriteKvCache");
 }
 
+int PagedAttentionSplits(int64_t num_tokens, int num_heads, int num_kv_heads, int head_dim,
+                         int max_positions, int num_sms) {
+  if (!GqaEligible(num_heads, num_kv_heads, head_dim) || num_tokens == 0) return 1;
+  // Enough blocks for two waves, each split keeping at least 128 positions (16 per warp).
+  const int64_t blocks = num_tokens * num_kv_heads;
+  int64_t splits = (2LL * num_sms + blocks - 1) / blocks;
+  splits = std::min<int64_t>(splits, (max_positions + 127) / 128);
+  return static_cast<int>(std::clamp<int64_t>(splits, 1, 64));
+}
+
+size_t PagedAttentionScratchBytes(int64_t num_tokens, int num_heads, int head_dim, int splits) {
+  return sizeof(float) * num_tokens * num_heads * splits * (head_dim + 2);
+}
+
 void LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
                           int64_t num_tokens, int num_heads, int num_kv_heads, int head_dim,
                           int block_size, const TokenMeta& tokens, const SegmentMeta& segments,
-                          float scale, uint16_t* out, cudaStream_t stream) {
+                          float scale, int splits, void* scratch, uint16_t* out,
+                          cudaStream_t stream) {
   if (num_tokens == 0) return;
+  const bool aligned = reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(v_cache) % 16 == 0;
+  if (GqaEligible(num_heads, num_kv_heads, head_dim) && aligned) {
+    const dim3 grid(static_cast<unsigned>(num_tokens), num_kv_heads, splits);
+    float* partial = static_cast<float*>(scratch);
+    PagedAttentionGqaKernel<<<grid, kAttnWarps * 32, 0, stream>>>(
+        q, k_cache, v_cache, num_heads, num_kv_heads, head_dim, block_size, tokens, segments, scale,
+        splits, partial, out);
+    CheckLaunch("PagedAttentionGqa");
+    if (splits > 1) {
+      CombineSplitsKernel<<<dim3(static_cast<unsigned>(num_tokens), num_heads), 128, 0, stream>>>(
+          partial, num_heads, head_dim, splits, out);
+      CheckLaunch("PagedAttentionCombine");
+    }
+    return;
+  }
   const dim3 grid(static_cast<unsigned>(num_tokens), num_heads);
   const size_t smem = sizeof(float) * kAttnWarps * head_dim;
   if (head_dim <= 128) {

@@ -66,11 +66,12 @@ struct PackedSegments {
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, cudaStream_t stream, std::unique_ptr<cuda::LtGemm> gemm,
-              std::string device_name)
+              std::string device_name, int num_sms)
       : device_(device),
         stream_(stream),
         gemm_(std::move(gemm)),
-        device_name_(std::move(device_name)) {}
+        device_name_(std::move(device_name)),
+        num_sms_(num_sms) {}
 
   ~CudaBackend() override {
     cudaSetDevice(device_);
@@ -283,6 +284,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_;
   std::unique_ptr<cuda::LtGemm> gemm_;
   const std::string device_name_;
+  const int num_sms_;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   void* meta_ = nullptr;
@@ -700,13 +702,21 @@ void CudaBackend::PagedAttention(const Tensor& q, const Tensor& k_cache, const T
   }
   if (t == 0) return;
   Enter();
+  int max_positions = 0;
+  for (const SequenceSegment& seg : segments) {
+    max_positions = std::max(max_positions, seg.cached_tokens + seg.num_tokens);
+  }
+  const int nh = static_cast<int>(q.dim(1)), nkv = static_cast<int>(k_cache.dim(2)),
+            hd = static_cast<int>(q.dim(2));
+  const int splits = cuda::PagedAttentionSplits(t, nh, nkv, hd, max_positions, num_sms_);
+  void* scratch =
+      splits > 1 ? Scratch(cuda::PagedAttentionScratchBytes(t, nh, hd, splits)) : nullptr;
   const PackedSegments packed = PackSegments("PagedAttention", segments, t, true);
   cuda::TokenMeta tokens;
   cuda::SegmentMeta segs;
   UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs);
-  cuda::LaunchPagedAttention(Bf16(q), Bf16(k_cache), Bf16(v_cache), t, static_cast<int>(q.dim(1)),
-                             static_cast<int>(k_cache.dim(2)), static_cast<int>(q.dim(2)),
-                             block_size, tokens, segs, scale, MutBf16(out), stream_);
+  cuda::LaunchPagedAttention(Bf16(q), Bf16(k_cache), Bf16(v_cache), t, nh, nkv, hd, block_size,
+                             tokens, segs, scale, splits, scratch, MutBf16(out), stream_);
 }
 
 void CudaBackend::MulSigmoid(Tensor& x, const Tensor& gate) {
@@ -814,8 +824,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device_ordinal) {
     cudaStreamDestroy(stream);
     return gemm.status();
   }
-  return std::unique_ptr<Backend>(
-      new CudaBackend(device_ordinal, stream, *std::move(gemm), prop.name));
+  return std::unique_ptr<Backend>(new CudaBackend(device_ordinal, stream, *std::move(gemm),
+                                                  prop.name, prop.multiProcessorCount));
 }
 
 }  // namespace mobius::kernels

@@ -77,10 +77,16 @@ void LaunchQkNormRope(const uint16_t* q_gate, uint16_t* k, AnyPtr q_norm, AnyPtr
 void LaunchWriteKvCache(const uint16_t* k, const uint16_t* v, const int32_t* slots,
                         int64_t num_tokens, int64_t row_elems, uint16_t* k_cache, uint16_t* v_cache,
                         cudaStream_t stream);
+// Number of position splits (flash-decoding) for a step whose longest attention span is
+// `max_positions`, and the device scratch they need.
+int PagedAttentionSplits(int64_t num_tokens, int num_heads, int num_kv_heads, int head_dim,
+                         int max_positions, int num_sms);
+size_t PagedAttentionScratchBytes(int64_t num_tokens, int num_heads, int head_dim, int splits);
 void LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
                           int64_t num_tokens, int num_heads, int num_kv_heads, int head_dim,
                           int block_size, const TokenMeta& tokens, const SegmentMeta& segments,
-                          float scale, uint16_t* out, cudaStream_t stream);
+                          float scale, int splits, void* scratch, uint16_t* out,
+                          cudaStream_t stream);
 
 // ---- mixture of experts (moe_kernels.cu) ----
 void LaunchTopKSoftmax(AnyPtr logits, int64_t num_tokens, int num_experts, int k, bool renormalize,

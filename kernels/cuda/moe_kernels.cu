@@ -91,7 +91,10 @@ __global__ void TopKSoftmaxKernel(AnyPtr logits, int num_experts, int k, bool re
 // W_g holds 2N rows [gate; up] and C = silu(A W_gate^T) * (A W_up^T).
 // TODO(perf): CUDA-core FMA tiles; move to wgmma / a CUTLASS-style grouped GEMM.
 
-constexpr int kBM = 32, kBN = 64, kBK = 32, kGemmThreads = 256;
+constexpr int kBN = 64, kBK = 32, kGemmThreads = 256;
+
+// Rows per tile: 8 when experts see few rows each (decode), 32 otherwise.
+int TileRows(int64_t pairs, int64_t num_local) { return pairs >= 16 * num_local ? 32 : 8; }
 
 struct GemmArgs {
   const uint16_t* a = nullptr;
@@ -108,12 +111,26 @@ struct GemmArgs {
   int64_t m = 0;
   AnyMutPtr c;
   int64_t ldc = 0;
+  bool vec =
+      false;  // 16-byte loads: k, lda and the group stride are multiples of 8, a and w aligned
 };
 
-template <bool kGateUp>
+__device__ __forceinline__ void Unpack8(uint4 v, float* out) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = __uint_as_float(words[i] << 16);
+    out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+  }
+}
+
+// Thread (tx, ty) computes rows ty + kTY * ri and columns tx + kTX * ci of the tile.
+template <bool kGateUp, int kBM>
 __global__ void __launch_bounds__(kGemmThreads) GroupedGemmKernel(GemmArgs args) {
+  constexpr int kTY = kBM < 16 ? kBM : 16, kTX = kGemmThreads / kTY;
+  constexpr int kRM = kBM / kTY, kCN = kBN / kTX, kParts = kGateUp ? 2 : 1;
   __shared__ float a_s[kBK][kBM + 1];
-  __shared__ float w_s[kGateUp ? 2 : 1][kBK][kBN + 1];
+  __shared__ float w_s[kParts][kBK][kBN + 1];
   const int64_t tile = blockIdx.x;
   int64_t group = 0, row0, row_end;
   if (args.tile_group != nullptr) {
@@ -127,61 +144,100 @@ __global__ void __launch_bounds__(kGemmThreads) GroupedGemmKernel(GemmArgs args)
   }
   const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kBN;
   const uint16_t* w = args.w + group * args.w_group_stride;
-  const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+  const int tid = threadIdx.x, tx = tid % kTX, ty = tid / kTX;
 
-  float acc[kGateUp ? 2 : 1][2][4] = {};
+  float acc[kParts][kRM][kCN] = {};
   for (int64_t k0 = 0; k0 < args.k; k0 += kBK) {
-    for (int e = tid; e < kBM * kBK; e += kGemmThreads) {
-      const int r = e / kBK, kk = e % kBK;
-      const int64_t row = row0 + r, col = k0 + kk;
-      float v = 0.0f;
-      if (row < row_end && col < args.k) {
-        const int64_t src_row = args.a_rows != nullptr ? args.a_rows[row] : row;
-        v = Bf16ToF32(args.a[src_row * args.lda + col]);
-      }
-      a_s[kk][r] = v;
-    }
-    for (int part = 0; part < (kGateUp ? 2 : 1); ++part) {
-      for (int e = tid; e < kBN * kBK; e += kGemmThreads) {
-        const int c = e / kBK, kk = e % kBK;
-        const int64_t n = n0 + c, col = k0 + kk;
-        float v = 0.0f;
-        if (n < args.n && col < args.k) {
-          v = Bf16ToF32(w[(part * args.n + n) * args.k + col]);
+    if (args.vec) {
+      for (int e = tid; e < kBM * (kBK / 8); e += kGemmThreads) {
+        const int r = e / (kBK / 8), kk = (e % (kBK / 8)) * 8;
+        const int64_t row = row0 + r, col = k0 + kk;
+        float v[8] = {};
+        if (row < row_end && col < args.k) {
+          const int64_t src_row = args.a_rows != nullptr ? args.a_rows[row] : row;
+          Unpack8(*reinterpret_cast<const uint4*>(args.a + src_row * args.lda + col), v);
         }
-        w_s[part][kk][c] = v;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) a_s[kk + i][r] = v[i];
+      }
+#pragma unroll
+      for (int part = 0; part < kParts; ++part) {
+        for (int e = tid; e < kBN * (kBK / 8); e += kGemmThreads) {
+          const int c = e / (kBK / 8), kk = (e % (kBK / 8)) * 8;
+          const int64_t n = n0 + c, col = k0 + kk;
+          float v[8] = {};
+          if (n < args.n && col < args.k) {
+            Unpack8(*reinterpret_cast<const uint4*>(w + (part * args.n + n) * args.k + col), v);
+          }
+#pragma unroll
+          for (int i = 0; i < 8; ++i) w_s[part][kk + i][c] = v[i];
+        }
+      }
+    } else {
+      for (int e = tid; e < kBM * kBK; e += kGemmThreads) {
+        const int r = e / kBK, kk = e % kBK;
+        const int64_t row = row0 + r, col = k0 + kk;
+        float v = 0.0f;
+        if (row < row_end && col < args.k) {
+          const int64_t src_row = args.a_rows != nullptr ? args.a_rows[row] : row;
+          v = Bf16ToF32(args.a[src_row * args.lda + col]);
+        }
+        a_s[kk][r] = v;
+      }
+      for (int part = 0; part < kParts; ++part) {
+        for (int e = tid; e < kBN * kBK; e += kGemmThreads) {
+          const int c = e / kBK, kk = e % kBK;
+          const int64_t n = n0 + c, col = k0 + kk;
+          float v = 0.0f;
+          if (n < args.n && col < args.k) v = Bf16ToF32(w[(part * args.n + n) * args.k + col]);
+          w_s[part][kk][c] = v;
+        }
       }
     }
     __syncthreads();
 #pragma unroll 8
     for (int kk = 0; kk < kBK; ++kk) {
-      float av[2];
+      float av[kRM];
 #pragma unroll
-      for (int ri = 0; ri < 2; ++ri) av[ri] = a_s[kk][ty + 16 * ri];
+      for (int ri = 0; ri < kRM; ++ri) av[ri] = a_s[kk][ty + kTY * ri];
 #pragma unroll
-      for (int part = 0; part < (kGateUp ? 2 : 1); ++part) {
+      for (int part = 0; part < kParts; ++part) {
 #pragma unroll
-        for (int ci = 0; ci < 4; ++ci) {
-          const float wv = w_s[part][kk][tx + 16 * ci];
+        for (int ci = 0; ci < kCN; ++ci) {
+          const float wv = w_s[part][kk][tx + kTX * ci];
 #pragma unroll
-          for (int ri = 0; ri < 2; ++ri) acc[part][ri][ci] += av[ri] * wv;
+          for (int ri = 0; ri < kRM; ++ri) acc[part][ri][ci] += av[ri] * wv;
         }
       }
     }
     __syncthreads();
   }
 #pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    const int64_t row = row0 + ty + 16 * ri;
+  for (int ri = 0; ri < kRM; ++ri) {
+    const int64_t row = row0 + ty + kTY * ri;
     if (row >= row_end) continue;
 #pragma unroll
-    for (int ci = 0; ci < 4; ++ci) {
-      const int64_t n = n0 + tx + 16 * ci;
+    for (int ci = 0; ci < kCN; ++ci) {
+      const int64_t n = n0 + tx + kTX * ci;
       if (n >= args.n) continue;
       float v = acc[0][ri][ci];
-      if constexpr (kGateUp) v = Silu(v) * acc[1][ri][ci];
+      if constexpr (kGateUp) v = Silu(v) * acc[kParts - 1][ri][ci];
       Store(args.c, row * args.ldc + n, v);
     }
+  }
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+template <bool kGateUp>
+void LaunchGroupedGemm(GemmArgs args, int bm, int64_t tiles, cudaStream_t stream) {
+  args.vec = args.k % 8 == 0 && args.lda % 8 == 0 && args.w_group_stride % 8 == 0 &&
+             Aligned16(args.a) && Aligned16(args.w);
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>((args.n + kBN - 1) / kBN));
+  if (bm == 8) {
+    GroupedGemmKernel<kGateUp, 8><<<grid, kGemmThreads, 0, stream>>>(args);
+  } else {
+    GroupedGemmKernel<kGateUp, 32><<<grid, kGemmThreads, 0, stream>>>(args);
   }
 }
 
@@ -224,14 +280,14 @@ __device__ int BlockInclusiveScan(int v, int* warp_sums, int* total) {
 // One block loops over the experts in chunks of kScanThreads (any E): offsets[e] = first row of
 // expert e in the sorted order (offsets[E] = pairs routed locally), and the GEMM tile table.
 __global__ void __launch_bounds__(kScanThreads)
-    ScanExpertsKernel(const int32_t* counts, int num_local, int32_t* offsets, int32_t* tile_group,
-                      int32_t* tile_row0, int32_t* num_tiles) {
+    ScanExpertsKernel(const int32_t* counts, int num_local, int bm, int32_t* offsets,
+                      int32_t* tile_group, int32_t* tile_row0, int32_t* num_tiles) {
   __shared__ int warp_sums[32];
   int row_carry = 0, tile_carry = 0;
   for (int base = 0; base < num_local; base += kScanThreads) {
     const int e = base + threadIdx.x;
     const int count = e < num_local ? counts[e] : 0;
-    const int tiles = (count + kBM - 1) / kBM;
+    const int tiles = (count + bm - 1) / bm;
     int row_total, tile_total;
     const int row_incl = BlockInclusiveScan(count, warp_sums, &row_total);
     const int tile_incl = BlockInclusiveScan(tiles, warp_sums, &tile_total);
@@ -241,7 +297,7 @@ __global__ void __launch_bounds__(kScanThreads)
       offsets[e] = row_start;
       for (int i = 0; i < tiles; ++i) {
         tile_group[tile_start + i] = e;
-        tile_row0[tile_start + i] = row_start + i * kBM;
+        tile_row0[tile_start + i] = row_start + i * bm;
       }
     }
     row_carry += row_total;
@@ -298,6 +354,7 @@ struct MoeScratch {
   uint16_t* act;
   float* pair_out;
   int64_t max_tiles;
+  int bm;
   size_t bytes;
 };
 
@@ -305,7 +362,8 @@ MoeScratch CarveMoeScratch(char* base, int64_t num_tokens, int k, int num_local,
                            int64_t inter) {
   const int64_t pairs = num_tokens * k;
   MoeScratch s;
-  s.max_tiles = (pairs + kBM - 1) / kBM + (num_local < pairs ? num_local : pairs);
+  s.bm = TileRows(pairs, num_local);
+  s.max_tiles = (pairs + s.bm - 1) / s.bm + (num_local < pairs ? num_local : pairs);
   size_t off = 0;
   auto take = [&](size_t bytes) {
     char* p = base == nullptr ? nullptr : base + off;
@@ -348,9 +406,7 @@ void LaunchGemmFallback(const uint16_t* a, const uint16_t* w, int64_t m, int64_t
   args.m = m;
   args.c = c;
   args.ldc = n;
-  const dim3 grid(static_cast<unsigned>((m + kBM - 1) / kBM),
-                  static_cast<unsigned>((n + kBN - 1) / kBN));
-  GroupedGemmKernel<false><<<grid, kGemmThreads, 0, stream>>>(args);
+  LaunchGroupedGemm<false>(args, 32, (m + 31) / 32, stream);
   CheckLaunch("GemmFallback");
 }
 
@@ -377,7 +433,7 @@ const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const flo
   CountPairsKernel<<<GridFor(pairs, 256), 256, 0, stream>>>(ids, pairs, first_expert,
                                                             num_local_experts, s.counts);
   CheckLaunch("MoeCountPairs");
-  ScanExpertsKernel<<<1, kScanThreads, 0, stream>>>(s.counts, num_local_experts, s.offsets,
+  ScanExpertsKernel<<<1, kScanThreads, 0, stream>>>(s.counts, num_local_experts, s.bm, s.offsets,
                                                     s.tile_group, s.tile_row0, s.num_tiles);
   CheckLaunch("MoeScanExperts");
   ScatterPairsKernel<<<GridFor(pairs, 256), 256, 0, stream>>>(ids, pairs, k, first_expert,
@@ -400,9 +456,7 @@ const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const flo
   gu.num_tiles = s.num_tiles;
   gu.c = AnyMutPtr{s.act, false};
   gu.ldc = inter;
-  GroupedGemmKernel<true>
-      <<<dim3(static_cast<unsigned>(s.max_tiles), static_cast<unsigned>((inter + kBN - 1) / kBN)),
-         kGemmThreads, 0, stream>>>(gu);
+  LaunchGroupedGemm<true>(gu, s.bm, s.max_tiles, stream);
   CheckLaunch("MoeGateUp");
 
   GemmArgs dn = gu;
@@ -415,9 +469,7 @@ const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const flo
   dn.k = inter;
   dn.c = AnyMutPtr{s.pair_out, true};
   dn.ldc = hidden;
-  GroupedGemmKernel<false>
-      <<<dim3(static_cast<unsigned>(s.max_tiles), static_cast<unsigned>((hidden + kBN - 1) / kBN)),
-         kGemmThreads, 0, stream>>>(dn);
+  LaunchGroupedGemm<false>(dn, s.bm, s.max_tiles, stream);
   CheckLaunch("MoeDown");
 
   CombineKernel<<<static_cast<unsigned>(num_tokens), 256, 0, stream>>>(s.pair_out, s.pair_pos,

@@ -12,10 +12,12 @@
 #include <cstdlib>
 #include <limits>
 #include <numeric>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/dtype.h"
@@ -525,7 +527,12 @@ void CudaKernelsTest::RunDeltaRuleCase(const DeltaRuleDims& dims, const std::vec
 
 struct AttnShape {
   int nh, nkv, hd, rotary, block_size;
+  bool long_context = false;  // hundreds of cached tokens: the split (flash-decoding) path
 };
+void PrintTo(const AttnShape& p, std::ostream* os) {
+  *os << absl::StrCat("nh ", p.nh, " nkv ", p.nkv, " hd ", p.hd, " rotary ", p.rotary, " block ",
+                      p.block_size, p.long_context ? " long" : "");
+}
 
 class CudaAttentionTest : public CudaKernelsTest,
                           public ::testing::WithParamInterface<AttnShape> {};
@@ -535,9 +542,11 @@ TEST_P(CudaAttentionTest, QkNormRopeWriteKvCacheAndPagedAttention) {
   const int nh = p.nh, nkv = p.nkv, hd = p.hd, bs = p.block_size;
   const float eps = 1e-6f, theta = 1e7f;
   const std::vector<int> lengths = {5, 1, 1, 17};
-  const std::vector<int> cached = {0, 40, 3, 21};
+  const std::vector<int> cached =
+      p.long_context ? std::vector<int>{0, 1500, 3, 700} : std::vector<int>{0, 40, 3, 21};
   const int64_t t = std::accumulate(lengths.begin(), lengths.end(), 0);
-  const int num_blocks = 40;
+  int num_blocks = 3;
+  for (size_t s = 0; s < lengths.size(); ++s) num_blocks += (cached[s] + lengths[s] + bs - 1) / bs;
   auto segs = MakeSegments(lengths, cached, {0, 1, 2, 3});
   // Block tables: a random permutation of the blocks, dealt out to the segments.
   std::vector<int32_t> perm(num_blocks);
@@ -658,7 +667,16 @@ TEST_P(CudaAttentionTest, QkNormRopeWriteKvCacheAndPagedAttention) {
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionTest,
                          ::testing::Values(AttnShape{8, 2, 256, 64, 16},  // GQA 4, release dims
                                            AttnShape{4, 2, 256, 256, 8},  // GQA 2, full rotary
-                                           AttnShape{6, 3, 96, 32, 5}));  // odd head dim
+                                           AttnShape{6, 3, 96, 32, 5},    // head dim 96
+                                           AttnShape{16, 2, 256, 64, 16, true},  // GQA 8, split
+                                           AttnShape{4, 2, 256, 64, 32, true},
+                                           AttnShape{4, 2, 36, 12, 4, true}),  // generic kernel
+                         [](const ::testing::TestParamInfo<AttnShape>& info) {
+                           const AttnShape& p = info.param;
+                           return absl::StrCat("nh", p.nh, "_nkv", p.nkv, "_hd", p.hd, "_rot",
+                                               p.rotary, "_bs", p.block_size,
+                                               p.long_context ? "_long" : "");
+                         });
 
 // ---------------------------------------------------------------------------------------------
 // Mixture of experts
@@ -798,9 +816,13 @@ TEST_F(CudaKernelsTest, RoutingOver2560ExpertsThroughMoeExperts) {
   EXPECT_EQ(std::accumulate(counts.begin(), counts.end(), int64_t{0}), t * k);
 }
 
-TEST_F(CudaKernelsTest, MoeExpertsSkewedRoutingManyTilesPerExpert) {
-  // Every token routes to the same two experts: several 32-row tiles per expert.
-  const int64_t t = 77, h = 48, inter = 24;
+class CudaMoeSkewTest : public CudaKernelsTest,
+                        public ::testing::WithParamInterface<std::pair<int, int>> {};
+
+TEST_P(CudaMoeSkewTest, SkewedRoutingManyTilesPerExpert) {
+  // Every token routes to the same two experts: several 32-row tiles per expert. Odd sizes take
+  // the scalar-load path of the grouped GEMM.
+  const int64_t t = 77, h = GetParam().first, inter = GetParam().second;
   const int k = 2, experts = 4;
   std::vector<int32_t> ids;
   for (int64_t r = 0; r < t; ++r) {
@@ -817,8 +839,15 @@ TEST_F(CudaKernelsTest, MoeExpertsSkewedRoutingManyTilesPerExpert) {
   std::vector<double> ref(out0.begin(), out0.end());
   std::vector<int64_t> ref_counts(experts, 0);
   RefMoe(x, ids, w, gu, dn, t, k, experts, 0, h, inter, ref, ref_counts);
-  EXPECT_LT(RelErr(Host(out), ref), kBf16Tol);
+  EXPECT_LT(Reported("moe (skewed)", RelErr(Host(out), ref)), kBf16Tol);
 }
+
+INSTANTIATE_TEST_SUITE_P(Sizes, CudaMoeSkewTest,
+                         ::testing::Values(std::pair<int, int>{48, 24},
+                                           std::pair<int, int>{45, 21}),
+                         [](const ::testing::TestParamInfo<std::pair<int, int>>& info) {
+                           return absl::StrCat("h", info.param.first, "_i", info.param.second);
+                         });
 
 TEST_F(CudaKernelsTest, SegmentWithoutStateSlotStartsFromZero) {
   // state_slot < 0 (as the CPU backend treats it): zero history, and no state is written.
