@@ -1,0 +1,70 @@
+// Tokenizer files this library cannot reproduce exactly must fail to load with an error that
+// names the unsupported component, instead of silently producing different ids.
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tests/tokenizer/test_util.h"
+#include "tokenizer/tokenizer.h"
+
+namespace mobius::tokenizer {
+namespace {
+
+std::string LoadError(const nlohmann::json& json) {
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromJsonString(json.dump());
+  if (tokenizer.ok()) return "loaded";
+  EXPECT_EQ(tokenizer.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(tokenizer.status().message());
+}
+
+TEST(LoadErrorsTest, TinyTokenizerLoads) {
+  EXPECT_EQ(LoadError(testing::TinyTokenizerJson({{"a", "b"}})), "loaded");
+}
+
+TEST(LoadErrorsTest, UnsupportedComponentsAreNamed) {
+  nlohmann::json json = testing::TinyTokenizerJson({});
+  json["normalizer"] = {{"type", "Lowercase"}};
+  EXPECT_NE(LoadError(json).find("Lowercase"), std::string::npos);
+
+  json = testing::TinyTokenizerJson({});
+  json["pre_tokenizer"] = {{"type", "Metaspace"}};
+  EXPECT_NE(LoadError(json).find("Metaspace"), std::string::npos);
+
+  json = testing::TinyTokenizerJson({});
+  json["decoder"] = {{"type", "WordPiece"}};
+  EXPECT_NE(LoadError(json).find("WordPiece"), std::string::npos);
+
+  json = testing::TinyTokenizerJson({});
+  json["decoder"] = nullptr;
+  EXPECT_NE(LoadError(json).find("decoder"), std::string::npos);
+
+  json = testing::TinyTokenizerJson({});
+  json["post_processor"] = {{"type", "TemplateProcessing"}};
+  EXPECT_NE(LoadError(json).find("TemplateProcessing"), std::string::npos);
+
+  json = testing::TinyTokenizerJson({});
+  json["model"]["type"] = "Unigram";
+  EXPECT_NE(LoadError(json).find("Unigram"), std::string::npos);
+
+  json = testing::TinyTokenizerJson({});
+  json["truncation"] = {{"max_length", 8}};
+  EXPECT_NE(LoadError(json).find("truncation"), std::string::npos);
+
+  json = testing::TinyTokenizerJson({});
+  json["pre_tokenizer"]["pretokenizers"] = {json["pre_tokenizer"]["pretokenizers"][1],
+                                            json["pre_tokenizer"]["pretokenizers"][0]};
+  EXPECT_NE(LoadError(json).find("after ByteLevel"), std::string::npos);
+}
+
+TEST(LoadErrorsTest, MalformedFiles) {
+  EXPECT_FALSE(Tokenizer::FromJsonString("{ not json").ok());
+  EXPECT_FALSE(Tokenizer::FromJsonString("[]").ok());
+  absl::StatusOr<std::unique_ptr<Tokenizer>> missing =
+      Tokenizer::FromDirectory("/nonexistent/tokenizer/dir");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("/nonexistent/tokenizer/dir/tokenizer.json"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace mobius::tokenizer
