@@ -3,8 +3,13 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#ifdef MOBIUS_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 ABSL_FLAG(std::string, model, "",
           "Model directory: config.json plus model.safetensors or sharded "
@@ -17,7 +22,8 @@ ABSL_FLAG(std::string, load_format, "safetensors",
           "(seeded random weights for any config, for benchmarks).");
 ABSL_FLAG(uint64_t, seed, 0, "Seed of dummy weights (--load-format=dummy).");
 ABSL_FLAG(std::string, device, "cpu",
-          "Compute backend: \"cpu\" (fp32 reference). \"cuda\" is not built yet.");
+          "Compute backend: \"cpu\" (fp32 reference, OpenBLAS) or \"cuda\" (bf16 on an sm_90a "
+          "GPU; \"cuda:N\" picks device N).");
 ABSL_FLAG(int, threads, 0, "CPU backend threads; 0 uses every core.");
 
 namespace mobius::cli {
@@ -37,8 +43,17 @@ absl::StatusOr<worker::ModelSource> ModelSourceFromFlags() {
 absl::StatusOr<std::unique_ptr<kernels::Backend>> BackendFromFlags() {
   const std::string device = absl::GetFlag(FLAGS_device);
   if (device == "cpu") return kernels::CreateCpuBackend(absl::GetFlag(FLAGS_threads));
-  if (device == "cuda") {
-    return absl::UnimplementedError("--device=cuda: the CUDA backend is not built yet");
+  if (device == "cuda" || absl::StartsWith(device, "cuda:")) {
+#ifdef MOBIUS_HAVE_CUDA
+    int ordinal = 0;
+    if (device.size() > 5 && !absl::SimpleAtoi(device.substr(5), &ordinal)) {
+      return absl::InvalidArgumentError(absl::StrCat("--device \"", device, "\": bad ordinal"));
+    }
+    return kernels::CreateCudaBackend(ordinal);
+#else
+    return absl::UnimplementedError(
+        "--device=cuda: this build has no CUDA backend (configure where nvcc is available)");
+#endif
   }
   return absl::InvalidArgumentError(
       absl::StrCat("--device \"", device, "\" is not supported (use \"cpu\" or \"cuda\")"));

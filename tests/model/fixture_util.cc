@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 
 #include "gtest/gtest.h"
@@ -11,7 +12,11 @@
 
 namespace mobius::testing {
 
-std::string FixturesDir() { return MOBIUS_FIXTURES_DIR; }
+// The environment variable lets a test binary built here run on another machine (the GPU host).
+std::string FixturesDir() {
+  const char* env = std::getenv("MOBIUS_FIXTURES_DIR");
+  return env != nullptr && *env != '\0' ? env : MOBIUS_FIXTURES_DIR;
+}
 std::string FixtureModelDir(const std::string& name) { return FixturesDir() + "/" + name; }
 
 ModelReference LoadReference(const std::string& model_dir) {

@@ -1,0 +1,281 @@
+// Every op of the CUDA backend against the CPU backend (the fp32 reference that matches the
+// fixtures), on the same bf16-representable random inputs with the fixture models' shapes.
+// Skipped without a GPU.
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend.h"
+
+namespace mobius::kernels {
+namespace {
+
+bool HaveGpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+// Host values rounded to bf16 so both backends see identical inputs.
+std::vector<float> Random(std::mt19937& rng, int64_t n, float lo = -1.f, float hi = 1.f) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = BF16ToFloat(FloatToBF16(d(rng)));
+  return v;
+}
+
+class Pair {
+ public:
+  Pair() : cpu_(CreateCpuBackend(2)) {
+    auto cuda = CreateCudaBackend(0);
+    EXPECT_TRUE(cuda.ok()) << cuda.status();
+    cuda_ = std::move(*cuda);
+  }
+  // The same values on both backends, in each one's activation dtype (or `dtype`).
+  std::pair<Tensor, Tensor> Make(std::vector<int64_t> shape, const std::vector<float>& v,
+                                 std::optional<DType> dtype = std::nullopt) {
+    Tensor a = *cpu_->Allocate(dtype.value_or(cpu_->activation_dtype()), shape);
+    Tensor b = *cuda_->Allocate(dtype.value_or(cuda_->activation_dtype()), shape);
+    if (a.dtype() != DType::kI32) {  // I32 outputs start as the allocation's zeros
+      cpu_->CopyFromHost(v.data(), DType::kF32, a);
+      cuda_->CopyFromHost(v.data(), DType::kF32, b);
+    }
+    return {a, b};
+  }
+  double Compare(const char* what, const Tensor& a, const Tensor& b) {
+    std::vector<float> x(a.numel()), y(b.numel());
+    cpu_->CopyToHostF32(a, x.data());
+    cuda_->CopyToHostF32(b, y.data());
+    double diff = 0, ref = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      diff = std::max(diff, double(std::fabs(x[i] - y[i])));
+      ref = std::max(ref, double(std::fabs(x[i])));
+    }
+    const double err = ref > 0 ? diff / ref : diff;
+    std::printf("[cuda-vs-cpu] %-28s rel err %.3e\n", what, err);
+    return err;
+  }
+  Backend& cpu() { return *cpu_; }
+  Backend& cuda() { return *cuda_; }
+
+ private:
+  std::unique_ptr<Backend> cpu_, cuda_;
+};
+
+constexpr double kTol = 2e-2;
+
+TEST(CudaVsCpuTest, EveryOpAgrees) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  Pair p;
+  std::mt19937 rng(3);
+  const int T = 40, H = 128;
+  // Two sequences: one continuing from 9 cached tokens, one fresh.
+  std::vector<int32_t> blocks0 = {3, 0, 5, 1}, blocks1 = {2, 4, 6};
+  std::vector<SequenceSegment> segs(2);
+  segs[0] = {0, 25, 9, 1, blocks0};
+  segs[1] = {25, 15, 0, 0, blocks1};
+
+  {  // dense
+    auto x = p.Make({T, H}, Random(rng, T * H));
+    auto w = p.Make({96, H}, Random(rng, 96 * H, -0.1f, 0.1f));
+    auto y = p.Make({T, 96}, std::vector<float>(T * 96));
+    p.cpu().Linear(x.first, w.first, y.first);
+    p.cuda().Linear(x.second, w.second, y.second);
+    EXPECT_LT(p.Compare("Linear", y.first, y.second), kTol);
+    auto nw = p.Make({H}, Random(rng, H, -0.3f, 0.3f));
+    auto out = p.Make({T, H}, std::vector<float>(T * H));
+    p.cpu().RmsNorm1p(x.first, nw.first, 1e-6f, out.first);
+    p.cuda().RmsNorm1p(x.second, nw.second, 1e-6f, out.second);
+    EXPECT_LT(p.Compare("RmsNorm1p", out.first, out.second), kTol);
+    auto d = p.Make({T, H}, Random(rng, T * H));
+    p.cpu().AddRmsNorm1p(x.first, d.first, nw.first, 1e-6f, out.first);
+    p.cuda().AddRmsNorm1p(x.second, d.second, nw.second, 1e-6f, out.second);
+    EXPECT_LT(p.Compare("AddRmsNorm1p (residual)", x.first, x.second), kTol);
+    EXPECT_LT(p.Compare("AddRmsNorm1p (normed)", out.first, out.second), kTol);
+    auto gu = p.Make({T, 64}, Random(rng, T * 64, -3, 3));
+    auto act = p.Make({T, 32}, std::vector<float>(T * 32));
+    p.cpu().SiluAndMul(gu.first, act.first);
+    p.cuda().SiluAndMul(gu.second, act.second);
+    EXPECT_LT(p.Compare("SiluAndMul", act.first, act.second), kTol);
+    auto gl = p.Make({T, 1}, Random(rng, T, -3, 3));
+    p.cpu().AddSigmoidScaled(x.first, d.first, gl.first);
+    p.cuda().AddSigmoidScaled(x.second, d.second, gl.second);
+    EXPECT_LT(p.Compare("AddSigmoidScaled", x.first, x.second), kTol);
+    p.cpu().MulSigmoid(x.first, d.first);
+    p.cuda().MulSigmoid(x.second, d.second);
+    EXPECT_LT(p.Compare("MulSigmoid", x.first, x.second), kTol);
+  }
+  // Projections of every shape the fixture models use, including the thin ones (N = 1 for the
+  // shared-expert gate, N = Hv for b and a).
+  for (int rows : {1, 7, 130}) {
+    for (int n : {1, 4, 8, 64, 2048}) {
+      auto x = p.Make({rows, H}, Random(rng, rows * H));
+      auto w = p.Make({n, H}, Random(rng, n * H, -0.1f, 0.1f));
+      auto y = p.Make({rows, n}, std::vector<float>(rows * n));
+      p.cpu().Linear(x.first, w.first, y.first);
+      p.cuda().Linear(x.second, w.second, y.second);
+      const std::string what = "Linear T=" + std::to_string(rows) + " N=" + std::to_string(n);
+      EXPECT_LT(p.Compare(what.c_str(), y.first, y.second), kTol);
+    }
+  }
+  {  // DeltaNet with the fixture's dims: Hk 2, Hv 4, Dk = Dv = 32, K = 4
+    const int Hk = 2, Hv = 4, D = 32, K = 4, C = 2 * Hk * D + Hv * D;
+    auto x = p.Make({T, C}, Random(rng, T * C));
+    auto w = p.Make({C, K}, Random(rng, C * K, -0.5f, 0.5f));
+    auto conv_state = p.Make({3, C, K - 1}, Random(rng, 3 * C * (K - 1)), DType::kF32);
+    auto conv_out = p.Make({T, C}, std::vector<float>(T * C));
+    p.cpu().CausalConv1dSilu(x.first, w.first, conv_state.first, segs, conv_out.first);
+    p.cuda().CausalConv1dSilu(x.second, w.second, conv_state.second, segs, conv_out.second);
+    EXPECT_LT(p.Compare("CausalConv1dSilu", conv_out.first, conv_out.second), kTol);
+    EXPECT_LT(p.Compare("CausalConv1dSilu (state)", conv_state.first, conv_state.second), kTol);
+    auto a = p.Make({T, Hv}, Random(rng, T * Hv, -3, 3));
+    auto b = p.Make({T, Hv}, Random(rng, T * Hv, -3, 3));
+    auto a_log = p.Make({Hv}, Random(rng, Hv, 0, 2.5f));
+    auto dt = p.Make({Hv}, Random(rng, Hv, -1, 1));
+    auto g = p.Make({T, Hv}, std::vector<float>(T * Hv), DType::kF32);
+    auto beta = p.Make({T, Hv}, std::vector<float>(T * Hv), DType::kF32);
+    p.cpu().DeltaRuleGates(a.first, b.first, a_log.first, dt.first, g.first, beta.first);
+    p.cuda().DeltaRuleGates(a.second, b.second, a_log.second, dt.second, g.second, beta.second);
+    EXPECT_LT(p.Compare("DeltaRuleGates (g)", g.first, g.second), kTol);
+    EXPECT_LT(p.Compare("DeltaRuleGates (beta)", beta.first, beta.second), kTol);
+    DeltaRuleDims dims{Hk, Hv, D, D};
+    auto state = p.Make({3, Hv, D, D}, Random(rng, 3 * Hv * D * D, -0.2f, 0.2f), DType::kF32);
+    auto o = p.Make({T, Hv * D}, std::vector<float>(T * Hv * D));
+    p.cpu().GatedDeltaRule(conv_out.first, g.first, beta.first, dims, state.first, segs,
+                           DeltaRuleAlgorithm::kAuto, o.first);
+    p.cuda().GatedDeltaRule(conv_out.second, g.second, beta.second, dims, state.second, segs,
+                            DeltaRuleAlgorithm::kAuto, o.second);
+    EXPECT_LT(p.Compare("GatedDeltaRule (out)", o.first, o.second), kTol);
+    EXPECT_LT(p.Compare("GatedDeltaRule (state)", state.first, state.second), kTol);
+    auto z = p.Make({T * Hv, D}, Random(rng, T * Hv * D, -3, 3));
+    auto nw = p.Make({D}, Random(rng, D, 0.5f, 1.5f));
+    auto y = p.Make({T * Hv, D}, std::vector<float>(T * Hv * D));
+    p.cpu().GatedRmsNorm(o.first.Reshape({T * Hv, D}), z.first, nw.first, 1e-6f, y.first);
+    p.cuda().GatedRmsNorm(o.second.Reshape({T * Hv, D}), z.second, nw.second, 1e-6f, y.second);
+    EXPECT_LT(p.Compare("GatedRmsNorm", y.first, y.second), kTol);
+  }
+  {  // attention with the qwen fixture's dims: 4 q heads, 2 kv heads, head dim 64, rotary 16
+    const int nh = 4, nkv = 2, hd = 64;
+    auto qg = p.Make({T, nh, 2 * hd}, Random(rng, T * nh * 2 * hd));
+    auto k = p.Make({T, nkv, hd}, Random(rng, T * nkv * hd));
+    auto v = p.Make({T, nkv, hd}, Random(rng, T * nkv * hd));
+    auto qn = p.Make({hd}, Random(rng, hd, -0.3f, 0.3f));
+    auto kn = p.Make({hd}, Random(rng, hd, -0.3f, 0.3f));
+    auto q = p.Make({T, nh, hd}, std::vector<float>(T * nh * hd));
+    auto gate = p.Make({T, nh, hd}, std::vector<float>(T * nh * hd));
+    RopeParams rope{16, 10000.f};
+    p.cpu().QkNormRope(qg.first, k.first, qn.first, kn.first, 1e-6f, rope, segs, q.first,
+                       gate.first);
+    p.cuda().QkNormRope(qg.second, k.second, qn.second, kn.second, 1e-6f, rope, segs, q.second,
+                        gate.second);
+    EXPECT_LT(p.Compare("QkNormRope (q)", q.first, q.second), kTol);
+    EXPECT_LT(p.Compare("QkNormRope (k)", k.first, k.second), kTol);
+    EXPECT_LT(p.Compare("QkNormRope (gate)", gate.first, gate.second), kTol);
+    // Caches pre-filled with random history for the 9 cached tokens of sequence 0.
+    const int blocks = 8, bs = 16;
+    auto kc = p.Make({blocks, bs, nkv, hd}, Random(rng, blocks * bs * nkv * hd));
+    auto vc = p.Make({blocks, bs, nkv, hd}, Random(rng, blocks * bs * nkv * hd));
+    p.cpu().WriteKvCache(k.first, v.first, segs, kc.first, vc.first);
+    p.cuda().WriteKvCache(k.second, v.second, segs, kc.second, vc.second);
+    EXPECT_LT(p.Compare("WriteKvCache (k)", kc.first, kc.second), kTol);
+    auto out = p.Make({T, nh, hd}, std::vector<float>(T * nh * hd));
+    p.cpu().PagedAttention(q.first, kc.first, vc.first, segs, 0.125f, out.first);
+    p.cuda().PagedAttention(q.second, kc.second, vc.second, segs, 0.125f, out.second);
+    EXPECT_LT(p.Compare("PagedAttention", out.first, out.second), kTol);
+  }
+  {  // MoE with the mobius fixture's dims: 40 experts, top 4, I = 32
+    const int E = 40, k = 4, I = 32;
+    auto x = p.Make({T, H}, Random(rng, T * H));
+    auto logits = p.Make({T, E}, Random(rng, T * E, -2, 2));
+    auto ids = p.Make({T, k}, std::vector<float>(T * k), DType::kI32);
+    auto wts = p.Make({T, k}, std::vector<float>(T * k), DType::kF32);
+    p.cpu().TopKSoftmax(logits.first, k, true, ids.first, wts.first);
+    p.cuda().TopKSoftmax(logits.second, k, true, ids.second, wts.second);
+    std::vector<int32_t> ia(T * k), ib(T * k);
+    p.cpu().CopyToHostI32(ids.first, ia.data());
+    p.cuda().CopyToHostI32(ids.second, ib.data());
+    EXPECT_EQ(ia, ib) << "TopKSoftmax ids";
+    EXPECT_LT(p.Compare("TopKSoftmax (weights)", wts.first, wts.second), kTol);
+    auto gu = p.Make({E, 2 * I, H}, Random(rng, E * 2 * I * H, -0.1f, 0.1f));
+    auto dn = p.Make({E, H, I}, Random(rng, E * H * I, -0.1f, 0.1f));
+    auto out = p.Make({T, H}, Random(rng, T * H));
+    p.cpu().MoeExperts(x.first, ids.first, wts.first, gu.first, dn.first, 0, out.first, {});
+    p.cuda().MoeExperts(x.second, ids.second, wts.second, gu.second, dn.second, 0, out.second, {});
+    EXPECT_LT(p.Compare("MoeExperts", out.first, out.second), kTol);
+  }
+}
+
+// MoE with many tokens per expert (several row tiles per expert), as in a 130-token prefill of
+// the Qwen3-Next fixture (16 experts, top 4).
+TEST(CudaVsCpuTest, MoeManyTokensPerExpert) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  Pair p;
+  std::mt19937 rng(11);
+  for (int T : {40, 130, 300}) {
+    const int H = 128, E = 16, k = 4, I = 32;
+    auto x = p.Make({T, H}, Random(rng, T * H));
+    auto logits = p.Make({T, E}, Random(rng, T * E, -2, 2));
+    auto ids = p.Make({T, k}, std::vector<float>(T * k), DType::kI32);
+    auto wts = p.Make({T, k}, std::vector<float>(T * k), DType::kF32);
+    p.cpu().TopKSoftmax(logits.first, k, true, ids.first, wts.first);
+    p.cuda().TopKSoftmax(logits.second, k, true, ids.second, wts.second);
+    auto gu = p.Make({E, 2 * I, H}, Random(rng, E * 2 * I * H, -0.1f, 0.1f));
+    auto dn = p.Make({E, H, I}, Random(rng, E * H * I, -0.1f, 0.1f));
+    auto out = p.Make({T, H}, std::vector<float>(T * H));
+    p.cpu().MoeExperts(x.first, ids.first, wts.first, gu.first, dn.first, 0, out.first, {});
+    p.cuda().MoeExperts(x.second, ids.second, wts.second, gu.second, dn.second, 0, out.second, {});
+    const std::string what = "MoeExperts T=" + std::to_string(T);
+    EXPECT_LT(p.Compare(what.c_str(), out.first, out.second), kTol);
+  }
+}
+
+// Long prefill segments and decode tokens deep into the context, where attention splits its
+// work over several blocks and the delta rule runs many steps.
+TEST(CudaVsCpuTest, LongSegmentsAgree) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  Pair p;
+  std::mt19937 rng(5);
+  const int nh = 4, nkv = 2, hd = 64, bs = 16, blocks = 96;
+  for (int cached : {0, 200, 600}) {
+    std::vector<int32_t> table0(blocks / 2), table1(blocks / 2);
+    for (int i = 0; i < blocks / 2; ++i) {
+      table0[i] = 2 * i + 1;
+      table1[i] = 2 * i;
+    }
+    std::vector<SequenceSegment> segs = {{0, 130, cached, 0, table0}, {130, 1, 700, 1, table1}};
+    const int T = 131;
+    auto q = p.Make({T, nh, hd}, Random(rng, T * nh * hd));
+    auto k = p.Make({T, nkv, hd}, Random(rng, T * nkv * hd));
+    auto v = p.Make({T, nkv, hd}, Random(rng, T * nkv * hd));
+    auto kc = p.Make({blocks, bs, nkv, hd}, Random(rng, blocks * bs * nkv * hd));
+    auto vc = p.Make({blocks, bs, nkv, hd}, Random(rng, blocks * bs * nkv * hd));
+    p.cpu().WriteKvCache(k.first, v.first, segs, kc.first, vc.first);
+    p.cuda().WriteKvCache(k.second, v.second, segs, kc.second, vc.second);
+    auto out = p.Make({T, nh, hd}, std::vector<float>(T * nh * hd));
+    p.cpu().PagedAttention(q.first, kc.first, vc.first, segs, 0.125f, out.first);
+    p.cuda().PagedAttention(q.second, kc.second, vc.second, segs, 0.125f, out.second);
+    const std::string what = "PagedAttention cached=" + std::to_string(cached);
+    EXPECT_LT(p.Compare(what.c_str(), out.first, out.second), kTol);
+
+    const int Hk = 2, Hv = 4, D = 32, C = 2 * Hk * D + Hv * D;
+    auto qkv = p.Make({T, C}, Random(rng, T * C));
+    auto g = p.Make({T, Hv}, Random(rng, T * Hv, -0.3f, 0.0f), DType::kF32);
+    auto beta = p.Make({T, Hv}, Random(rng, T * Hv, 0.0f, 1.0f), DType::kF32);
+    auto state = p.Make({2, Hv, D, D}, Random(rng, 2 * Hv * D * D, -0.2f, 0.2f), DType::kF32);
+    auto o = p.Make({T, Hv * D}, std::vector<float>(T * Hv * D));
+    DeltaRuleDims dims{Hk, Hv, D, D};
+    p.cpu().GatedDeltaRule(qkv.first, g.first, beta.first, dims, state.first, segs,
+                           DeltaRuleAlgorithm::kAuto, o.first);
+    p.cuda().GatedDeltaRule(qkv.second, g.second, beta.second, dims, state.second, segs,
+                            DeltaRuleAlgorithm::kAuto, o.second);
+    EXPECT_LT(p.Compare("GatedDeltaRule T=130 (out)", o.first, o.second), kTol);
+    EXPECT_LT(p.Compare("GatedDeltaRule T=130 (state)", state.first, state.second), kTol);
+  }
+}
+
+}  // namespace
+}  // namespace mobius::kernels

@@ -1,0 +1,79 @@
+// The CUDA backend (bf16) against the reference fixtures: logits within 2e-2 relative error and
+// the reference's argmax wherever its top-2 gap exceeds that error. Skipped without a GPU.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "tests/model/fixture_util.h"
+
+namespace mobius::testing {
+namespace {
+
+bool HaveGpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+class CudaFixtureTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaFixtureTest, PromptLogitsMatchReferenceInBf16) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  auto backend = kernels::CreateCudaBackend(0);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  const std::string dir = FixtureModelDir(GetParam());
+  auto model = LoadFixtureModel(dir, **backend);
+  ASSERT_NE(model, nullptr);
+  ModelReference ref = LoadReference(dir);
+  ASSERT_TRUE(model->CreateCaches(4, 256).ok());
+  const int vocab = model->config().vocab_size;
+  for (size_t p = 0; p < ref.prompts.size(); ++p) {
+    for (size_t chunk : {ref.prompts[p].size(), size_t{5}}) {
+      worker::SequenceCache seq;
+      ASSERT_TRUE(model->StartSequence(seq).ok());
+      worker::ForwardOptions options;
+      options.logits = worker::LogitsMode::kAllTokens;
+      std::vector<float> all, logits;
+      const auto& prompt = ref.prompts[p];
+      for (size_t b = 0; b < prompt.size(); b += chunk) {
+        worker::SequenceStep step{std::span(prompt).subspan(b, std::min(chunk, prompt.size() - b)),
+                                  &seq};
+        ASSERT_TRUE(model->Forward(std::span(&step, 1), options, logits).ok());
+        all.insert(all.end(), logits.begin(), logits.end());
+      }
+      model->ReleaseSequence(seq);
+      ASSERT_EQ(all.size(), ref.logits[p].size());
+      const double err = RelativeError(all.data(), ref.logits[p].data(), all.size());
+      EXPECT_LT(err, 2e-2) << "prompt " << p << " chunk " << chunk;
+      // Argmax agreement where the reference is decisive.
+      double max_ref = 0;
+      for (float x : ref.logits[p]) max_ref = std::max(max_ref, double(std::fabs(x)));
+      int checked = 0, agreed = 0;
+      for (size_t t = 0; t < prompt.size(); ++t) {
+        const float* r = ref.logits[p].data() + t * vocab;
+        const float* a = all.data() + t * vocab;
+        std::vector<float> sorted(r, r + vocab);
+        std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+        if (sorted[0] - sorted[1] <= 2e-2 * max_ref) continue;
+        ++checked;
+        agreed += (std::max_element(a, a + vocab) - a) == (std::max_element(r, r + vocab) - r);
+      }
+      EXPECT_EQ(agreed, checked) << "prompt " << p << " chunk " << chunk;
+      std::printf("[cuda] %s prompt %zu chunk %zu: rel err %.2e, argmax %d/%d decisive\n",
+                  GetParam().c_str(), p, chunk, err, agreed, checked);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFixtureTest,
+                         ::testing::Values("qwen3next-tiny", "intern-s2-mobius-tiny"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+}  // namespace
+}  // namespace mobius::testing
