@@ -157,7 +157,7 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
     ASSIGN_OR_RETURN(selected, Alloc({R, H}));
     backend_.GatherRows(normed, rows, selected);
   }
-  ASSIGN_OR_RETURN(Tensor out, Alloc({R, V}));
+  ASSIGN_OR_RETURN(Tensor out, Alloc(DType::kF32, {R, V}));
   backend_.Linear(selected, weights_.lm_head, out);
   logits.resize(static_cast<size_t>(R) * V);
   backend_.CopyToHostF32(out, logits.data());
@@ -258,7 +258,9 @@ absl::Status HybridModel::FeedForward(StepContext& ctx, int layer, const Tensor&
   // Routed experts of this layer's bank.
   const ExpertBankWeights& bank = weights_.banks[config_.BankOfLayer(layer)];
   const int E = config_.num_experts, k = config_.num_experts_per_tok;
-  ASSIGN_OR_RETURN(Tensor router_logits, Alloc({T, E}));
+  // Router logits stay fp32 (MODEL.md section 5): rounding them to bf16 flips near-tied top-k
+  // choices, which then changes the token's whole expert mix.
+  ASSIGN_OR_RETURN(Tensor router_logits, Alloc(DType::kF32, {T, E}));
   backend_.Linear(x, bank.router, router_logits);
   ASSIGN_OR_RETURN(Tensor ids, Alloc(DType::kI32, {T, k}));
   ASSIGN_OR_RETURN(Tensor weights, Alloc(DType::kF32, {T, k}));
