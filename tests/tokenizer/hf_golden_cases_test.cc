@@ -2,6 +2,7 @@
 // hundreds of hand-picked and random strings: whitespace runs, digits, contractions, scripts,
 // emoji, combining marks, Unicode spaces, special tokens, invalid UTF-8 and random id sequences.
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/escaping.h"
@@ -63,6 +64,34 @@ TEST(HfGoldenCasesTest, DecodeAndStreamingMatchReference) {
     streamed += stream.Finish();
     EXPECT_EQ(streamed, expected);
   }
+}
+
+TEST(HfGoldenCasesTest, ConcurrentEncodesAgreeWithReference) {
+  // The router shares one Tokenizer between threads; the shared word cache must not change ids.
+  const Tokenizer* tokenizer = QwenTokenizerOrFail();
+  ASSERT_NE(tokenizer, nullptr);
+  const nlohmann::json golden = LoadGolden();
+  ASSERT_TRUE(golden.contains("encode"));
+  std::vector<std::pair<std::string, std::vector<int32_t>>> cases;
+  for (const nlohmann::json& c : golden["encode"]) {
+    cases.emplace_back(c["text"].get<std::string>(), c["ids"].get<std::vector<int32_t>>());
+  }
+  constexpr int kThreads = 4;
+  std::vector<int> mismatches(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 3; ++round) {
+        for (size_t i = t; i < cases.size() * 2; i += kThreads) {
+          const auto& [text, ids] = cases[i % cases.size()];
+          absl::StatusOr<std::vector<int32_t>> encoded = tokenizer->Encode(text);
+          if (!encoded.ok() || *encoded != ids) ++mismatches[t];
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(mismatches[t], 0) << "thread " << t;
 }
 
 TEST(HfGoldenCasesTest, InvalidUtf8IsReplacedBeforeEncoding) {
