@@ -332,7 +332,10 @@ void BpeModel::EncodeWord(std::string_view word, std::vector<int32_t>& ids) cons
       return;
     }
   }
-  std::vector<int32_t> symbols;
+  // Reused by all words of a thread, which saves an allocation per word.
+  thread_local std::vector<int32_t> scratch;
+  std::vector<int32_t>& symbols = scratch;
+  symbols.clear();
   bool whole_word = false;
   if (ignore_merges_) {
     if (const auto it = vocab_.find(BytesToAlphabet(word)); it != vocab_.end()) {
@@ -351,12 +354,13 @@ void BpeModel::EncodeWord(std::string_view word, std::vector<int32_t>& ids) cons
     }
   }
   ids.insert(ids.end(), symbols.begin(), symbols.end());
-  if (cacheable) {
+  if (cacheable && !cache_full_.load(std::memory_order_relaxed)) {
     absl::MutexLock lock(&cache_mutex_);
-    if (cache_.size() < kMaxCacheEntries) {
-      cache_.try_emplace(std::string(word), CachedIds(symbols.begin(), symbols.end()));
-    }
+    cache_.try_emplace(std::string(word), CachedIds(symbols.begin(), symbols.end()));
+    if (cache_.size() >= kMaxCacheEntries) cache_full_.store(true, std::memory_order_relaxed);
   }
+  // Do not keep the memory of a giant word alive for the rest of the thread.
+  if (symbols.capacity() > kVeryLongWordSymbols) std::vector<int32_t>().swap(symbols);
 }
 
 }  // namespace mobius::tokenizer

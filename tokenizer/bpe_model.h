@@ -4,6 +4,7 @@
 #define MOBIUS_TOKENIZER_BPE_MODEL_H_
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -70,6 +71,8 @@ class BpeModel {
   // Natural text repeats words constantly; remembering their ids skips the merge loop.
   mutable absl::Mutex cache_mutex_;
   mutable absl::flat_hash_map<std::string, CachedIds> cache_ ABSL_GUARDED_BY(cache_mutex_);
+  // Once the cache holds kMaxCacheEntries words, misses stop taking the writer lock.
+  mutable std::atomic<bool> cache_full_{false};
 };
 
 }  // namespace mobius::tokenizer
