@@ -29,6 +29,9 @@ ABSL_FLAG(std::string, dump_logits, "",
 ABSL_FLAG(int, prefill_chunk, 0,
           "Prefill the prompt in chunks of this many tokens, each continuing from the cached "
           "state (0: the whole prompt in one step).");
+ABSL_FLAG(std::string, delta_rule, "auto",
+          "DeltaNet algorithm for prefill: \"auto\" (chunked for prompts, recurrent for decode), "
+          "\"chunked\" or \"recurrent\" (token by token; a reference for the chunked form).");
 ABSL_FLAG(bool, ignore_eos, false,
           "Keep generating after an end-of-sequence token from <model>/generation_config.json.");
 
@@ -87,6 +90,15 @@ absl::Status Generate() {
 
   // Prefill. With --dump-logits every prompt position's logits are kept.
   worker::ForwardOptions options;
+  const std::string algorithm = absl::GetFlag(FLAGS_delta_rule);
+  if (algorithm == "recurrent") {
+    options.delta_rule = kernels::DeltaRuleAlgorithm::kRecurrent;
+  } else if (algorithm == "chunked") {
+    options.delta_rule = kernels::DeltaRuleAlgorithm::kChunked;
+  } else if (algorithm != "auto") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--delta-rule \"", algorithm, "\" is not one of auto, chunked, recurrent"));
+  }
   options.logits =
       dump_path.empty() ? worker::LogitsMode::kLastToken : worker::LogitsMode::kAllTokens;
   std::vector<float> logits, prompt_logits;

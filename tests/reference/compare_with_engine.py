@@ -13,6 +13,9 @@ import sys
 import tempfile
 
 
+EXTRA = [a for a in sys.argv[2:] if a.startswith("--")]  # passed through to mobius generate
+
+
 def read_logits(path):
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
@@ -34,7 +37,7 @@ def main(binary, dirs):
             out = subprocess.run(
                 [binary, "generate", "--model", d, "--prompt-ids",
                  ",".join(map(str, ref["prompt"])), "--max-tokens", str(len(ref["greedy"])),
-                 "--dump-logits", dump], check=True, capture_output=True, text=True).stdout
+                 "--dump-logits", dump] + EXTRA, check=True, capture_output=True, text=True).stdout
             logits = read_logits(dump)
         tokens = json.loads(out)["token_ids"]
         max_ref = max(abs(x) for x in ref["logits"])
@@ -47,4 +50,4 @@ def main(binary, dirs):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2:]))
+    sys.exit(main(sys.argv[1], [a for a in sys.argv[2:] if not a.startswith("--")]))

@@ -39,6 +39,21 @@ CASES = {
 }
 
 
+# One-factor variations of the first case, to localise a disagreement.
+_BASE = CASES["ratio3_gqa4_tied"]
+VARIANTS = {
+    "a_ratio2": dict(_BASE, linear_num_value_heads=4),
+    "a_kernel4": dict(_BASE, linear_conv_kernel_dim=4),
+    "a_gqa2": dict(_BASE, num_key_value_heads=4),
+    "a_rope025": dict(_BASE, partial_rotary_factor=0.25),
+    "a_renorm": dict(_BASE, norm_topk_prob=True),
+    "a_untied": dict(_BASE, tie_word_embeddings=False),
+    "a_nodense": dict(_BASE, mlp_only_layers=[]),
+    "a_allattn": dict(_BASE, layer_types=["full_attention"] * 6),
+    "a_alllinear": dict(_BASE, layer_types=["linear_attention"] * 6),
+}
+
+
 def randomize(model, seed):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -56,8 +71,9 @@ def randomize(model, seed):
                 p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(fan_in))
 
 
-def main(out_dir):
-    for i, (name, kwargs) in enumerate(CASES.items()):
+def main(out_dir, which="cases"):
+    cases = CASES if which == "cases" else VARIANTS
+    for i, (name, kwargs) in enumerate(cases.items()):
         config = Qwen3NextConfig(**kwargs)
         torch.manual_seed(i)
         model = Qwen3NextForCausalLM(config)
@@ -88,4 +104,4 @@ def main(out_dir):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "cases")
