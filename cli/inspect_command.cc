@@ -91,8 +91,9 @@ absl::Status Inspect() {
     if (s.group == worker::ParameterGroup::kRoutedExperts) experts += n;
   }
   std::printf(
-      "\nparameters: %.3f B (%s in bf16), of which routed experts %.3f B; MTP head %.3f B\n",
-      total / 1e9, Gb(total * 2).c_str(), experts / 1e9, mtp / 1e9);
+      "\nparameters: %.3f B with the MTP head (%s in bf16); main model %.3f B, of which routed "
+      "experts %.3f B; MTP head %.3f B (a vision tower is not counted)\n",
+      (total + mtp) / 1e9, Gb((total + mtp) * 2).c_str(), total / 1e9, experts / 1e9, mtp / 1e9);
 
   if (!model_dir.empty()) {
     auto checkpoint = worker::Checkpoint::Open(model_dir);
