@@ -87,7 +87,10 @@ def main(out_dir, which="cases"):
             cfg.pop("layer_types", None)
             with open(os.path.join(case_dir, "config.json"), "w") as f:
                 json.dump(cfg, f, indent=1)
-        model = model.float().eval()
+        # Reload from the saved bf16 checkpoint in fp32, as a user would: calling .float() on
+        # the bf16 model instead would keep the rotary inv_freq buffer rounded to bf16, which
+        # is not what the checkpoint means (angles drift by ~0.2% per position).
+        model = Qwen3NextForCausalLM.from_pretrained(case_dir, dtype=torch.float32).eval()
         g = torch.Generator().manual_seed(7 + i)
         prompt = torch.randint(0, config.vocab_size, (1, 37), generator=g)
         with torch.no_grad():
