@@ -1,0 +1,125 @@
+// The `mobius` binary end to end: its JSON output and its errors on bad input.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Result {
+  int exit_code = -1;
+  std::string out;  // stdout and stderr together
+};
+
+Result RunMobius(const std::string& args) {
+  const std::string command = std::string(MOBIUS_BINARY) + " " + args + " 2>&1";
+  Result r;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buffer;
+  size_t n;
+  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) r.out.append(buffer.data(), n);
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+std::string Fixture(const std::string& name) {
+  return std::string(MOBIUS_FIXTURES_DIR) + "/" + name;
+}
+
+TEST(CliTest, GenerateMatchesReferenceGreedy) {
+  for (const char* model : {"qwen3next-tiny", "intern-s2-mobius-tiny"}) {
+    std::ifstream in(Fixture(model) + "/reference.json");
+    ASSERT_TRUE(in) << model;
+    nlohmann::json ref = nlohmann::json::parse(in);
+    const auto& g = ref["greedy"][1];
+    std::string ids;
+    for (int id : ref["prompts"][g["prompt_index"].get<int>()]) {
+      ids += (ids.empty() ? "" : ",") + std::to_string(id);
+    }
+    Result r =
+        RunMobius("generate --model " + Fixture(model) + " --prompt-ids " + ids + " --max-tokens " +
+                  std::to_string(g["tokens"].size()) + " --prefill-chunk 5 --threads 1");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    nlohmann::json out = nlohmann::json::parse(r.out);
+    EXPECT_EQ(out["token_ids"], g["tokens"]) << model;
+  }
+}
+
+TEST(CliTest, DumpLogitsWritesPromptByVocab) {
+  const std::string path = ::testing::TempDir() + "/cli_logits.safetensors";
+  Result r = RunMobius("generate --model " + Fixture("qwen3next-tiny") +
+                       " --prompt-ids 5,6,7 --max-tokens 0 --dump-logits " + path);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  std::ifstream in(path, std::ios::binary);
+  uint64_t n = 0;
+  in.read(reinterpret_cast<char*>(&n), 8);
+  std::string header(n, '\0');
+  in.read(header.data(), n);
+  nlohmann::json h = nlohmann::json::parse(header);
+  EXPECT_EQ(h["logits"]["dtype"], "F32");
+  EXPECT_EQ(h["logits"]["shape"], nlohmann::json({3, 2048}));
+}
+
+TEST(CliTest, PromptIdOutsideVocabularyIsAClearError) {
+  Result r = RunMobius("generate --model " + Fixture("qwen3next-tiny") +
+                       " --prompt-ids 1,2048 --max-tokens 2");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.out, HasSubstr("2048"));
+  EXPECT_THAT(r.out, HasSubstr("vocabulary"));
+}
+
+TEST(CliTest, BadUsageIsReported) {
+  Result missing = RunMobius("generate --model /nonexistent --prompt-ids 1");
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_THAT(missing.out, HasSubstr("/nonexistent"));
+  Result bad_ids = RunMobius("generate --model " + Fixture("qwen3next-tiny") + " --prompt-ids 1,x");
+  EXPECT_NE(bad_ids.exit_code, 0);
+  EXPECT_THAT(bad_ids.out, HasSubstr("\"x\""));
+  Result foreign = RunMobius("tokenize --max-tokens 3");
+  EXPECT_EQ(foreign.exit_code, 2);
+  EXPECT_THAT(foreign.out, HasSubstr("max_tokens"));
+  Result unknown = RunMobius("frobnicate");
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_THAT(unknown.out, HasSubstr("frobnicate"));
+}
+
+TEST(CliTest, HelpListsTheFlagsOfTheCommand) {
+  Result r = RunMobius("generate --help");
+  EXPECT_THAT(r.out, HasSubstr("--prompt_ids"));
+  EXPECT_THAT(r.out, HasSubstr("--dump_logits"));
+  EXPECT_THAT(r.out, HasSubstr("--load_format"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("--tokenizer ")));
+}
+
+TEST(CliTest, InspectReleaseConfigReportsAbout36BParameters) {
+  Result r = RunMobius("inspect --config " + std::string(MOBIUS_CONFIGS_DIR) +
+                       "/intern-s2-mobius-35b/config.json --notensors");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("parameters: 35.5"));
+  EXPECT_THAT(r.out, HasSubstr("4 banks x 2560 experts"));
+}
+
+TEST(CliTest, TokenizeAndDecode) {
+  const std::string dir = Fixture("tokenizer-qwen3");
+  Result enc = RunMobius("tokenize --tokenizer " + dir + " --text 'Hello world'");
+  ASSERT_EQ(enc.exit_code, 0) << enc.out;
+  nlohmann::json ids = nlohmann::json::parse(enc.out)["ids"];
+  ASSERT_FALSE(ids.empty());
+  std::string list;
+  for (int id : ids) list += (list.empty() ? "" : ",") + std::to_string(id);
+  Result dec = RunMobius("tokenize --tokenizer " + dir + " --decode " + list);
+  ASSERT_EQ(dec.exit_code, 0) << dec.out;
+  EXPECT_EQ(nlohmann::json::parse(dec.out)["text"], "Hello world");
+}
+
+}  // namespace
