@@ -1,0 +1,43 @@
+// OpenAI-compatible HTTP front end of the router: POST /v1/completions, POST
+// /v1/chat/completions (both with `stream: true` as server-sent events ending in
+// `data: [DONE]`), GET /v1/models, GET /health, GET /metrics. It translates JSON to and from the
+// mobius.v1 protos and calls InferenceService; it owns no inference logic.
+#ifndef MOBIUS_ROUTER_HTTP_OPENAI_HTTP_SERVER_H_
+#define MOBIUS_ROUTER_HTTP_OPENAI_HTTP_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "router/inference_service.h"
+
+namespace prometheus {
+class Registry;
+}
+
+namespace mobius::router {
+
+struct HttpServerOptions {
+  std::string host = "0.0.0.0";
+  int port = 8000;                      // 0 picks a free port (see OpenAiHttpServer::port)
+  std::string served_model_name;        // the only name `model` may take; listed by /v1/models
+  int num_threads = 4;                  // I/O threads
+  size_t max_body_bytes = 8 << 20;      // larger bodies get 413
+  prometheus::Registry* metrics = nullptr;  // served at /metrics when set
+};
+
+class OpenAiHttpServer {
+ public:
+  // Binds and starts serving. `service` must outlive the server.
+  static absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> Start(InferenceService& service,
+                                                                  const HttpServerOptions& options);
+  virtual ~OpenAiHttpServer() = default;
+  [[nodiscard]] virtual int port() const = 0;
+  // Stops accepting connections; streams in flight may finish until `grace` has passed.
+  virtual void Shutdown(absl::Duration grace) = 0;
+};
+
+}  // namespace mobius::router
+
+#endif  // MOBIUS_ROUTER_HTTP_OPENAI_HTTP_SERVER_H_
