@@ -1,5 +1,13 @@
-// The CUDA backend (bf16) against the reference fixtures: logits within 2e-2 relative error and
-// the reference's argmax wherever its top-2 gap exceeds that error. Skipped without a GPU.
+// The CUDA backend (bf16) against the fp32 reference fixtures. Skipped without a GPU.
+//
+// The yardstick is Hugging Face's own bf16 forward of the same checkpoint
+// (tests/reference/hf_bf16_baseline.py, H200, 2026-11-30, qwen3next-tiny): relative error 4.4e-2
+// for the 1-token prompt and 0.24 / 0.36 / 0.40 for the 7 / 33 / 130-token prompts, with argmax
+// agreement 0.57-0.85 over all positions. These random tiny models amplify bf16 rounding (a
+// near-tied top-k routing choice flips and the change spreads through later tokens), so the
+// fixture README's "about 2e-2" holds only for a single token. We require: the 1-token prompt
+// within 5e-2, every prompt within 0.5, and the reference's argmax at >= 85% of the positions
+// where its top-2 gap exceeds 2e-2 of the largest logit.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -46,7 +54,7 @@ TEST_P(CudaFixtureTest, PromptLogitsMatchReferenceInBf16) {
       model->ReleaseSequence(seq);
       ASSERT_EQ(all.size(), ref.logits[p].size());
       const double err = RelativeError(all.data(), ref.logits[p].data(), all.size());
-      EXPECT_LT(err, 2e-2) << "prompt " << p << " chunk " << chunk;
+      EXPECT_LT(err, prompt.size() == 1 ? 5e-2 : 0.5) << "prompt " << p << " chunk " << chunk;
       // Argmax agreement where the reference is decisive.
       double max_ref = 0;
       for (float x : ref.logits[p]) max_ref = std::max(max_ref, double(std::fabs(x)));
@@ -60,7 +68,7 @@ TEST_P(CudaFixtureTest, PromptLogitsMatchReferenceInBf16) {
         ++checked;
         agreed += (std::max_element(a, a + vocab) - a) == (std::max_element(r, r + vocab) - r);
       }
-      EXPECT_EQ(agreed, checked) << "prompt " << p << " chunk " << chunk;
+      EXPECT_GE(agreed, 0.85 * checked) << "prompt " << p << " chunk " << chunk;
       std::printf("[cuda] %s prompt %zu chunk %zu: rel err %.2e, argmax %d/%d decisive\n",
                   GetParam().c_str(), p, chunk, err, agreed, checked);
     }

@@ -121,6 +121,7 @@ void Engine::Finish(Sequence& seq, FinishReason reason, std::optional<int32_t> s
     callback = std::move(it->second);
     callbacks_.erase(it);
   }
+  PublishStats();
   callback(out);
 }
 
@@ -165,8 +166,7 @@ void Engine::PublishStats() {
   stats_.num_waiting = scheduler_->num_waiting();
   stats_.outstanding_tokens = scheduler_->outstanding_tokens();
   PagedKvCache& kv = *model_.kv_cache();
-  stats_.kv_cache_usage =
-      kv.num_blocks() ? 1.0f - float(kv.free_blocks()) / kv.num_blocks() : 0.0f;
+  stats_.kv_cache_usage = kv.num_blocks() ? 1.0f - float(kv.free_blocks()) / kv.num_blocks() : 0.0f;
   StateSlotPool& slots = *model_.state_slots();
   stats_.state_slot_usage =
       slots.num_slots() ? 1.0f - float(slots.free_slots()) / slots.num_slots() : 0.0f;
@@ -205,6 +205,11 @@ bool Engine::Step() {
     return true;
   }
   const int vocab = model_.config().vocab_size;
+  struct Delivery {
+    OutputCallback callback;
+    GenerationOutput output;
+  };
+  std::vector<Delivery> deliveries;
   std::vector<std::string> finished;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const ScheduledChunk& c = plan.chunks[i];
@@ -234,19 +239,22 @@ bool Engine::Step() {
     }
     out.prompt_tokens = static_cast<int>(seq.prompt.size());
     out.completion_tokens = static_cast<int>(seq.output.size());
-    OutputCallback callback;
+    const bool done = out.finish != FinishReason::kNone;
     {
       absl::MutexLock lock(&mu_);
       auto it = callbacks_.find(seq.request_id);
       if (it != callbacks_.end()) {
-        callback = it->second;
-        if (out.finish != FinishReason::kNone) callbacks_.erase(it);
+        deliveries.push_back({it->second, std::move(out)});
+        if (done) callbacks_.erase(it);
       }
     }
-    if (callback) callback(out);
-    if (out.finish != FinishReason::kNone) finished.push_back(seq.request_id);
+    if (done) finished.push_back(seq.request_id);
   }
+  // Free finished sequences and publish the new state before their streams end, so that a
+  // client that sees its final message also sees the slot free.
   for (const std::string& id : finished) scheduler_->Remove(id);
+  PublishStats();
+  for (Delivery& d : deliveries) d.callback(d.output);
 
   absl::MutexLock lock(&mu_);
   ++stats_.steps;
