@@ -8,6 +8,7 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "prometheus/text_serializer.h"
 #include "tests/model/fixture_util.h"
 
 namespace mobius::worker {
@@ -227,6 +228,39 @@ TEST_F(EngineTest, InvalidRequestsAreRejectedWithReasons) {
   EXPECT_EQ(streams.Wait("e").tokens.size(), 62u);  // stopped by max_model_len 64
   EXPECT_EQ(engine->Enqueue(Greedy("f", {1}, 1), streams.For("f")).code(),
             absl::StatusCode::kUnavailable);
+}
+
+TEST_F(EngineTest, MetricsMoveAsRequestsAreServed) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  EngineMetrics metrics(registry, "tiny", model_->num_banks());
+  EngineOptions options;
+  options.metrics = &metrics;
+  options.expert_load_sample_every = 1;
+  auto engine = Start(options);
+  ASSERT_NE(engine, nullptr);
+  Streams streams;
+  int generated = 0, prompt_tokens = 0;
+  for (const auto& [p, expected] : ref_.greedy) {
+    const std::string id = "m" + std::to_string(p);
+    ASSERT_TRUE(engine->Enqueue(Greedy(id, ref_.prompts[p], 5), streams.For(id)).ok());
+    generated += 5;
+    prompt_tokens += ref_.prompts[p].size();
+  }
+  for (const auto& [p, expected] : ref_.greedy) streams.Wait("m" + std::to_string(p));
+  EXPECT_EQ(metrics.generation_tokens.Value(), generated);
+  EXPECT_EQ(metrics.prompt_tokens.Value(), prompt_tokens);
+  EXPECT_EQ(metrics.RequestsFinished("length").Value(), 3);
+  EXPECT_EQ(metrics.running.Value(), 0);
+  double routed = 0;
+  for (auto* c : metrics.bank_routed_tokens) routed += c->Value();
+  // Every token of every step is routed to top-k experts in each of the 8 MoE layers.
+  const int k = model_->config().num_experts_per_tok;
+  EXPECT_EQ(routed, double(prompt_tokens + generated - 3) * k * model_->config().num_hidden_layers);
+  const std::string text = prometheus::TextSerializer().Serialize(registry->Collect());
+  EXPECT_THAT(text, HasSubstr("vllm:num_requests_running{model_name=\"tiny\"} 0"));
+  EXPECT_THAT(text, HasSubstr("vllm:time_to_first_token_seconds_count{model_name=\"tiny\"} 3"));
+  EXPECT_THAT(text, HasSubstr("vllm:inter_token_latency_seconds_count{model_name=\"tiny\"} 12"));
+  EXPECT_THAT(text, HasSubstr("mobius_bank_routed_tokens_total{"));
 }
 
 }  // namespace

@@ -266,7 +266,13 @@ absl::Status HybridModel::FeedForward(StepContext& ctx, int layer, const Tensor&
   ASSIGN_OR_RETURN(Tensor weights, Alloc(DType::kF32, {T, k}));
   backend_.TopKSoftmax(router_logits, k, config_.norm_topk_prob, ids, weights);
   backend_.ZeroFill(out);
-  backend_.MoeExperts(x, ids, weights, bank.gate_up, bank.down, /*first_expert=*/0, out, {});
+  std::span<int64_t> counts;
+  if (ctx.options.expert_tokens != nullptr) {
+    std::vector<int64_t>& bank_counts = (*ctx.options.expert_tokens)[config_.BankOfLayer(layer)];
+    bank_counts.resize(E, 0);
+    counts = bank_counts;
+  }
+  backend_.MoeExperts(x, ids, weights, bank.gate_up, bank.down, /*first_expert=*/0, out, counts);
   backend_.AddSigmoidScaled(out, shared, shared_gate);
   return absl::OkStatus();
 }

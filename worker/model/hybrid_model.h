@@ -33,6 +33,10 @@ enum class LogitsMode {
 struct ForwardOptions {
   LogitsMode logits = LogitsMode::kLastToken;
   kernels::DeltaRuleAlgorithm delta_rule = kernels::DeltaRuleAlgorithm::kAuto;
+  // When set ([banks][num_experts], see HybridModel::num_banks), the (token, expert)
+  // assignments of every MoE layer are added to its bank's counts. On a GPU this costs a device
+  // synchronisation per layer, so callers sample it.
+  std::vector<std::vector<int64_t>>* expert_tokens = nullptr;
 };
 
 class HybridModel {
@@ -57,6 +61,7 @@ class HybridModel {
                        std::vector<float>& logits);
 
   [[nodiscard]] const ModelConfig& config() const { return config_; }
+  [[nodiscard]] int num_banks() const { return static_cast<int>(weights_.banks.size()); }
   [[nodiscard]] const ModelWeights& weights() const { return weights_; }
   [[nodiscard]] kernels::Backend& backend() { return backend_; }
   [[nodiscard]] PagedKvCache* kv_cache() { return kv_cache_.get(); }

@@ -61,6 +61,7 @@ absl::Status Engine::Enqueue(GenerationRequest request, OutputCallback callback)
   seq->params = request.params;
   seq->prompt = std::move(request.prompt);
   seq->history.AddPrompt(seq->prompt);
+  seq->arrival_time = absl::Now();
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("the engine is shutting down");
@@ -105,8 +106,30 @@ EngineStats Engine::GetStats() {
   return stats_;
 }
 
+void Engine::RecordFinish(const Sequence& seq, FinishReason reason) {
+  if (options_.metrics == nullptr) return;
+  const char* name = "error";
+  switch (reason) {
+    case FinishReason::kStop:
+      name = "stop";
+      break;
+    case FinishReason::kLength:
+      name = "length";
+      break;
+    case FinishReason::kAbort:
+      name = "abort";
+      break;
+    case FinishReason::kNone:
+    case FinishReason::kError:
+      break;
+  }
+  options_.metrics->RequestsFinished(name).Increment();
+  options_.metrics->e2e_latency.Observe(absl::ToDoubleSeconds(absl::Now() - seq.arrival_time));
+}
+
 void Engine::Finish(Sequence& seq, FinishReason reason, std::optional<int32_t> stop,
                     absl::Status error) {
+  RecordFinish(seq, reason);
   GenerationOutput out;
   out.finish = reason;
   out.matched_stop_token = stop;
@@ -170,6 +193,12 @@ void Engine::PublishStats() {
   StateSlotPool& slots = *model_.state_slots();
   stats_.state_slot_usage =
       slots.num_slots() ? 1.0f - float(slots.free_slots()) / slots.num_slots() : 0.0f;
+  if (EngineMetrics* m = options_.metrics) {
+    m->running.Set(stats_.num_running);
+    m->waiting.Set(stats_.num_waiting);
+    m->kv_cache_usage.Set(stats_.kv_cache_usage);
+    m->state_slot_usage.Set(stats_.state_slot_usage);
+  }
 }
 
 bool Engine::Step() {
@@ -184,6 +213,7 @@ bool Engine::Step() {
     absl::MutexLock lock(&mu_);
     stats_.num_preemptions += plan.preempted.size();
   }
+  if (options_.metrics) options_.metrics->preemptions.Increment(plan.preempted.size());
   if (plan.empty()) return !plan.rejected.empty();
 
   // Token spans of every chunk (prompt and output are stored apart).
@@ -194,8 +224,41 @@ bool Engine::Step() {
     for (int t = c.begin; t < c.begin + c.count; ++t) tokens[i].push_back(c.sequence->token_at(t));
     steps.push_back({tokens[i], &c.sequence->cache});
   }
+  const absl::Time now = absl::Now();
+  for (const ScheduledChunk& c : plan.chunks) {
+    Sequence& seq = *c.sequence;
+    if (seq.first_scheduled_time == absl::InfinitePast()) {
+      seq.first_scheduled_time = now;
+      if (options_.metrics) {
+        options_.metrics->queue_time.Observe(absl::ToDoubleSeconds(now - seq.arrival_time));
+        options_.metrics->prompt_tokens.Increment(seq.prompt.size());
+      }
+    }
+  }
+  ForwardOptions forward;
+  std::vector<std::vector<int64_t>> expert_tokens;
+  const bool sample_experts = options_.metrics != nullptr &&
+                              options_.expert_load_sample_every > 0 &&
+                              step_index_ % options_.expert_load_sample_every == 0;
+  if (sample_experts) {
+    expert_tokens.resize(model_.num_banks());
+    forward.expert_tokens = &expert_tokens;
+  }
+  ++step_index_;
   std::vector<float> logits;
-  absl::Status status = model_.Forward(steps, ForwardOptions{}, logits);
+  absl::Status status = model_.Forward(steps, forward, logits);
+  if (status.ok() && sample_experts) {
+    for (size_t b = 0; b < expert_tokens.size(); ++b) {
+      int64_t routed = 0, touched = 0;
+      for (int64_t n : expert_tokens[b]) {
+        routed += n;
+        touched += n > 0;
+      }
+      options_.metrics->bank_routed_tokens[b]->Increment(static_cast<double>(routed));
+      options_.metrics->bank_experts_touched[b]->Set(static_cast<double>(touched));
+    }
+  }
+  if (options_.metrics) options_.metrics->steps.Increment();
   if (!status.ok()) {
     for (const ScheduledChunk& c : plan.chunks) {
       if (auto seq = scheduler_->Remove(c.sequence->request_id)) {
@@ -220,6 +283,16 @@ bool Engine::Step() {
         seq.sampler->Sample(std::span<float>(logits.data() + i * vocab, vocab), seq.history);
     seq.output.push_back(s.token);
     seq.history.AddOutput(s.token);
+    const absl::Time token_time = absl::Now();
+    if (EngineMetrics* m = options_.metrics) {
+      m->generation_tokens.Increment();
+      if (seq.output.size() == 1) {
+        m->time_to_first_token.Observe(absl::ToDoubleSeconds(token_time - seq.arrival_time));
+      } else {
+        m->inter_token_latency.Observe(absl::ToDoubleSeconds(token_time - seq.last_token_time));
+      }
+    }
+    seq.last_token_time = token_time;
 
     GenerationOutput out;
     out.tokens = {s.token};
@@ -240,6 +313,7 @@ bool Engine::Step() {
     out.prompt_tokens = static_cast<int>(seq.prompt.size());
     out.completion_tokens = static_cast<int>(seq.output.size());
     const bool done = out.finish != FinishReason::kNone;
+    if (done) RecordFinish(seq, out.finish);
     {
       absl::MutexLock lock(&mu_);
       auto it = callbacks_.find(seq.request_id);

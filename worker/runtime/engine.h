@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "worker/model/hybrid_model.h"
+#include "worker/runtime/engine_metrics.h"
 #include "worker/runtime/sampler.h"
 #include "worker/runtime/scheduler.h"
 
@@ -50,7 +51,9 @@ struct EngineOptions {
   int kv_block_size = 16;
   int num_kv_blocks = 0;  // 0: enough for max_num_seqs * max_model_len
   std::vector<int32_t> eos_token_ids;
-  uint64_t seed = 0;  // seeds requests that bring no seed of their own
+  uint64_t seed = 0;                  // seeds requests that bring no seed of their own
+  EngineMetrics* metrics = nullptr;   // optional; must outlive the engine
+  int expert_load_sample_every = 16;  // count expert load every N steps (0: never)
 };
 
 struct EngineStats {
@@ -89,10 +92,12 @@ class Engine {
   void PublishStats();
   void Finish(Sequence& seq, FinishReason reason, std::optional<int32_t> stop,
               absl::Status error = absl::OkStatus());
+  void RecordFinish(const Sequence& seq, FinishReason reason);
 
   HybridModel& model_;
   EngineOptions options_;
   std::unique_ptr<Scheduler> scheduler_;  // engine thread only
+  int64_t step_index_ = 0;                // engine thread only
 
   absl::Mutex mu_;
   std::vector<std::unique_ptr<Sequence>> incoming_ ABSL_GUARDED_BY(mu_);

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "worker/cache/paged_kv_cache.h"
 #include "worker/cache/sequence_cache.h"
 #include "worker/cache/state_slot_pool.h"
@@ -33,6 +34,10 @@ struct Sequence {
   SequenceCache cache;
   int num_computed = 0;  // tokens of prompt + output already in the caches
   int num_preemptions = 0;
+  // Request timeline, for latency metrics.
+  absl::Time arrival_time;
+  absl::Time first_scheduled_time = absl::InfinitePast();
+  absl::Time last_token_time;
   bool cancelled = false;
   std::unique_ptr<RequestSampler> sampler;
   TokenHistory history;

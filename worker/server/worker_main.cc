@@ -19,6 +19,8 @@
 #include "common/status_macros.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_builder.h"
+#include "prometheus/exposer.h"
+#include "prometheus/registry.h"
 #include "worker/model/generation_defaults.h"
 #include "worker/runtime/engine.h"
 #include "worker/server/worker_service.h"
@@ -35,6 +37,10 @@ ABSL_FLAG(int, kv_block_size, 16, "Positions per paged KV-cache block.");
 ABSL_FLAG(int, num_kv_blocks, 0,
           "KV-cache blocks; 0 sizes the cache for max_num_seqs sequences of max_model_len.");
 ABSL_FLAG(uint64_t, sampling_seed, 0, "Seed for requests that bring no seed of their own.");
+ABSL_FLAG(int, metrics_port, 0,
+          "Port serving Prometheus metrics at /metrics (0: off). vLLM-compatible names "
+          "(vllm:num_requests_running, vllm:kv_cache_usage_perc, TTFT/ITL histograms, ...) "
+          "plus mobius_* series.");
 ABSL_FLAG(int, drain_timeout_s, 600,
           "On SIGTERM, how long in-flight requests may take to finish before the process exits.");
 
@@ -55,7 +61,6 @@ absl::Status Run() {
   options.num_kv_blocks = absl::GetFlag(FLAGS_num_kv_blocks);
   options.seed = absl::GetFlag(FLAGS_sampling_seed);
   options.eos_token_ids = ReadEosTokenIds(source.model_dir);
-  ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(*model, options));
 
   std::string name = absl::GetFlag(FLAGS_served_model_name);
   if (name.empty()) {
@@ -63,6 +68,18 @@ absl::Status Run() {
     while (!dir.empty() && dir.back() == '/') dir.pop_back();
     name = dir.substr(dir.find_last_of('/') + 1);
   }
+  auto registry = std::make_shared<prometheus::Registry>();
+  EngineMetrics metrics(registry, name, model->num_banks());
+  options.metrics = &metrics;
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (absl::GetFlag(FLAGS_metrics_port) > 0) {
+    const std::string metrics_address =
+        absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_metrics_port));
+    exposer = std::make_unique<prometheus::Exposer>(metrics_address);
+    exposer->RegisterCollectable(registry);
+    MOBIUS_LOG(INFO, "worker", "") << "metrics on http://" << metrics_address << "/metrics";
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(*model, options));
   WorkerService service(
       *engine, model->config(), name, options.eos_token_ids,
       std::min<int64_t>(options.max_model_len, model->config().max_position_embeddings));

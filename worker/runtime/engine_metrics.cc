@@ -1,0 +1,109 @@
+#include "worker/runtime/engine_metrics.h"
+
+namespace mobius::worker {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+using prometheus::Histogram;
+
+Histogram::BucketBoundaries LatencyBuckets() {
+  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25, 0.5,
+          0.75,  1.0,   2.5,  5.0,  7.5,  10.0, 20.0, 40.0, 80.0};
+}
+
+}  // namespace
+
+EngineMetrics::EngineMetrics(std::shared_ptr<prometheus::Registry> registry,
+                             const std::string& model_name, int num_banks)
+    : running(BuildGauge()
+                  .Name("vllm:num_requests_running")
+                  .Help("Requests in the running batch.")
+                  .Register(*registry)
+                  .Add({{"model_name", model_name}})),
+      waiting(BuildGauge()
+                  .Name("vllm:num_requests_waiting")
+                  .Help("Requests queued, waiting for a slot.")
+                  .Register(*registry)
+                  .Add({{"model_name", model_name}})),
+      kv_cache_usage(BuildGauge()
+                         .Name("vllm:kv_cache_usage_perc")
+                         .Help("Fraction of paged KV-cache blocks in use (1 = full).")
+                         .Register(*registry)
+                         .Add({{"model_name", model_name}})),
+      state_slot_usage(BuildGauge()
+                           .Name("mobius_state_slot_usage_perc")
+                           .Help("Fraction of DeltaNet state slots in use (1 = full).")
+                           .Register(*registry)
+                           .Add({{"model_name", model_name}})),
+      time_to_first_token(BuildHistogram()
+                              .Name("vllm:time_to_first_token_seconds")
+                              .Help("Time from arrival to the first generated token.")
+                              .Register(*registry)
+                              .Add({{"model_name", model_name}}, LatencyBuckets())),
+      inter_token_latency(BuildHistogram()
+                              .Name("vllm:inter_token_latency_seconds")
+                              .Help("Time between consecutive generated tokens of a request.")
+                              .Register(*registry)
+                              .Add({{"model_name", model_name}}, LatencyBuckets())),
+      e2e_latency(BuildHistogram()
+                      .Name("vllm:e2e_request_latency_seconds")
+                      .Help("Time from arrival to the last token of a request.")
+                      .Register(*registry)
+                      .Add({{"model_name", model_name}}, LatencyBuckets())),
+      queue_time(BuildHistogram()
+                     .Name("vllm:request_queue_time_seconds")
+                     .Help("Time a request waited before its first scheduled step.")
+                     .Register(*registry)
+                     .Add({{"model_name", model_name}}, LatencyBuckets())),
+      prompt_tokens(BuildCounter()
+                        .Name("vllm:prompt_tokens_total")
+                        .Help("Prompt tokens of admitted requests.")
+                        .Register(*registry)
+                        .Add({{"model_name", model_name}})),
+      generation_tokens(BuildCounter()
+                            .Name("vllm:generation_tokens_total")
+                            .Help("Generated tokens.")
+                            .Register(*registry)
+                            .Add({{"model_name", model_name}})),
+      preemptions(BuildCounter()
+                      .Name("mobius_preemptions_total")
+                      .Help("Sequences preempted (by recompute) under KV-cache pressure.")
+                      .Register(*registry)
+                      .Add({{"model_name", model_name}})),
+      steps(BuildCounter()
+                .Name("mobius_engine_steps_total")
+                .Help("Model steps the engine ran.")
+                .Register(*registry)
+                .Add({{"model_name", model_name}})),
+      registry_(std::move(registry)),
+      model_name_(model_name) {
+  finished_family_ = &BuildCounter()
+                          .Name("vllm:request_success_total")
+                          .Help("Finished requests by finish reason.")
+                          .Register(*registry_);
+  auto& routed = BuildCounter()
+                     .Name("mobius_bank_routed_tokens_total")
+                     .Help(
+                         "(token, expert) assignments routed to each expert bank, summed over "
+                         "the layers that share the bank (sampled steps only).")
+                     .Register(*registry_);
+  auto& touched = BuildGauge()
+                      .Name("mobius_bank_experts_touched")
+                      .Help(
+                          "Distinct experts of each bank touched by the last sampled step, "
+                          "over the layers that share the bank.")
+                      .Register(*registry_);
+  for (int b = 0; b < num_banks; ++b) {
+    const std::string bank = std::to_string(b);
+    bank_routed_tokens.push_back(&routed.Add({{"model_name", model_name}, {"bank", bank}}));
+    bank_experts_touched.push_back(&touched.Add({{"model_name", model_name}, {"bank", bank}}));
+  }
+}
+
+prometheus::Counter& EngineMetrics::RequestsFinished(const std::string& reason) {
+  return finished_family_->Add({{"model_name", model_name_}, {"finished_reason", reason}});
+}
+
+}  // namespace mobius::worker
