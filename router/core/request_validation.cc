@@ -1,0 +1,100 @@
+#include "router/core/request_validation.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_format.h"
+
+namespace mobius::router {
+namespace {
+
+absl::Status Bad(std::string_view field, double value, std::string_view requirement) {
+  return absl::InvalidArgumentError(
+      absl::StrFormat("sampling_params.%s = %g is invalid: must be %s", field, value, requirement));
+}
+
+}  // namespace
+
+absl::Status ValidateSamplingParams(const v1::SamplingParams& p, const v1::ModelInfo& model) {
+  if (p.has_temperature() && !(std::isfinite(p.temperature()) && p.temperature() >= 0)) {
+    return Bad("temperature", p.temperature(), "a finite number >= 0 (0 is greedy)");
+  }
+  if (p.has_top_k() && p.top_k() < -1) {
+    return Bad("top_k", p.top_k(), "-1 or 0 (all tokens) or positive");
+  }
+  if (p.has_top_p() && !(p.top_p() > 0 && p.top_p() <= 1)) {
+    return Bad("top_p", p.top_p(), "in (0, 1]");
+  }
+  if (p.has_min_p() && !(p.min_p() >= 0 && p.min_p() <= 1)) {
+    return Bad("min_p", p.min_p(), "in [0, 1]");
+  }
+  if (p.has_repetition_penalty() &&
+      !(std::isfinite(p.repetition_penalty()) && p.repetition_penalty() > 0)) {
+    return Bad("repetition_penalty", p.repetition_penalty(), "a finite number > 0");
+  }
+  if (p.has_presence_penalty() && !(p.presence_penalty() >= -2 && p.presence_penalty() <= 2)) {
+    return Bad("presence_penalty", p.presence_penalty(), "in [-2, 2]");
+  }
+  if (p.has_frequency_penalty() && !(p.frequency_penalty() >= -2 && p.frequency_penalty() <= 2)) {
+    return Bad("frequency_penalty", p.frequency_penalty(), "in [-2, 2]");
+  }
+  if (p.has_max_tokens()) {
+    if (p.max_tokens() < 0) return Bad("max_tokens", p.max_tokens(), ">= 0");
+    if (p.max_tokens() > model.max_context_length()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sampling_params.max_tokens = %d is invalid: it exceeds the model's context length %d",
+          p.max_tokens(), model.max_context_length()));
+    }
+  }
+  if (p.has_logprobs() && (p.logprobs() < 0 || p.logprobs() > 20)) {
+    return Bad("logprobs", p.logprobs(), "in [0, 20]");
+  }
+  for (int i = 0; i < p.stop_token_ids_size(); ++i) {
+    const int32_t id = p.stop_token_ids(i);
+    if (id < 0 || id >= model.vocab_size()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sampling_params.stop_token_ids[%d] = %d is outside the model's vocabulary [0, %d)", i,
+          id, model.vocab_size()));
+    }
+  }
+  for (int i = 0; i < p.stop_size(); ++i) {
+    if (p.stop(i).empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("sampling_params.stop[%d] is empty; stop strings need a character", i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidatePrompt(absl::Span<const int32_t> ids, std::string_view field,
+                            const v1::ModelInfo& model) {
+  if (ids.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s is empty: the prompt needs a token", field));
+  }
+  const bool from_text = field == "text";
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= model.vocab_size()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: token %d at position %d is outside the model's vocabulary [0, %d)%s", field, ids[i],
+          i, model.vocab_size(),
+          from_text ? " (the router's --tokenizer does not match the served model)" : ""));
+    }
+  }
+  const int64_t context = model.max_context_length();
+  if (static_cast<int64_t>(ids.size()) >= context) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s has %d tokens; the model's context length is %d, so a prompt may have at most %d "
+        "(one position is left for the first generated token)",
+        field, ids.size(), context, context - 1));
+  }
+  return absl::OkStatus();
+}
+
+int EffectiveMaxTokens(const v1::SamplingParams& params, int prompt_tokens,
+                       const v1::ModelInfo& model) {
+  const int requested = params.has_max_tokens() ? params.max_tokens() : kDefaultMaxTokens;
+  return std::max(0, std::min(requested, model.max_context_length() - prompt_tokens));
+}
+
+}  // namespace mobius::router

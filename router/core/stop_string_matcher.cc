@@ -1,0 +1,66 @@
+#include "router/core/stop_string_matcher.h"
+
+#include <algorithm>
+#include <string_view>
+#include <utility>
+
+namespace mobius::router {
+
+StopStringMatcher::StopStringMatcher(std::vector<std::string> stop_strings) {
+  for (std::string& s : stop_strings) {
+    if (s.empty()) continue;
+    max_length_ = std::max(max_length_, s.size());
+    stop_strings_.push_back(std::move(s));
+  }
+}
+
+StopStringMatcher::Result StopStringMatcher::Push(const std::string& text) {
+  Result result;
+  if (matched_) return result;
+  if (stop_strings_.empty()) {
+    result.text = text;
+    return result;
+  }
+  held_ += text;
+  // The earliest match wins; among matches at the same position, the longest.
+  size_t best_pos = std::string::npos;
+  const std::string* best = nullptr;
+  for (const std::string& s : stop_strings_) {
+    const size_t pos = held_.find(s);
+    if (pos == std::string::npos) continue;
+    if (pos < best_pos || (pos == best_pos && s.size() > best->size())) {
+      best_pos = pos;
+      best = &s;
+    }
+  }
+  if (best != nullptr) {
+    matched_ = true;
+    result.text = held_.substr(0, best_pos);
+    result.matched = *best;
+    held_.clear();
+    return result;
+  }
+  // Hold back the longest suffix that is a proper prefix of some stop string. It is shorter than
+  // the longest stop string, so held_ stays small and the search above stays cheap.
+  size_t keep = 0;
+  const size_t longest = std::min(held_.size(), max_length_ - 1);
+  for (size_t len = longest; len > 0 && keep == 0; --len) {
+    const std::string_view suffix(held_.data() + held_.size() - len, len);
+    for (const std::string& s : stop_strings_) {
+      if (s.size() > len && std::string_view(s).substr(0, len) == suffix) {
+        keep = len;
+        break;
+      }
+    }
+  }
+  result.text = held_.substr(0, held_.size() - keep);
+  held_.erase(0, held_.size() - keep);
+  return result;
+}
+
+std::string StopStringMatcher::Flush() {
+  if (matched_) return {};
+  return std::exchange(held_, {});
+}
+
+}  // namespace mobius::router
