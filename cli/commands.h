@@ -4,12 +4,16 @@
 #ifndef MOBIUS_CLI_COMMANDS_H_
 #define MOBIUS_CLI_COMMANDS_H_
 
+#include <string>
+#include <vector>
+
 namespace mobius::cli {
 
 // Each returns the process exit code: 0 on success, 1 on a runtime error, 2 on bad usage.
 int RunGenerateCommand();
 int RunInspectCommand();
 int RunTokenizeCommand();
+int RunBenchCommand(const std::vector<std::string>& args);  // args: {"engine"}
 
 }  // namespace mobius::cli
 

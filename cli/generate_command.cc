@@ -96,8 +96,8 @@ absl::Status Generate() {
   } else if (algorithm == "chunked") {
     options.delta_rule = kernels::DeltaRuleAlgorithm::kChunked;
   } else if (algorithm != "auto") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--delta-rule \"", algorithm, "\" is not one of auto, chunked, recurrent"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--delta-rule \"", algorithm, "\" is not one of auto, chunked, recurrent"));
   }
   options.logits =
       dump_path.empty() ? worker::LogitsMode::kLastToken : worker::LogitsMode::kAllTokens;

@@ -20,16 +20,30 @@ namespace {
 struct Command {
   const char* name;
   const char* summary;
-  int (*run)();
+  int (*run)(const std::vector<std::string>& args);  // positional arguments after the command
 };
+
+template <int (*F)()>
+int NoArgs(const std::vector<std::string>& args) {
+  if (!args.empty()) {
+    std::fprintf(stderr, "mobius: unexpected argument \"%s\" (flags take the form --name=value)\n",
+                 args[0].c_str());
+    return 2;
+  }
+  return F();
+}
 
 constexpr Command kCommands[] = {
     {"generate", "run a prompt of token ids through the model and generate tokens",
-     mobius::cli::RunGenerateCommand},
+     NoArgs<mobius::cli::RunGenerateCommand>},
     {"inspect", "summarise a model: config, parameters, bytes read per decode step",
-     mobius::cli::RunInspectCommand},
+     NoArgs<mobius::cli::RunInspectCommand>},
     {"tokenize", "encode text to token ids or decode ids to text with a tokenizer.json",
-     mobius::cli::RunTokenizeCommand},
+     NoArgs<mobius::cli::RunTokenizeCommand>},
+    {"bench",
+     "benchmarks: `mobius bench engine` times decode steps and prefill against the "
+     "bandwidth bound",
+     mobius::cli::RunBenchCommand},
 };
 
 void PrintTopLevelUsage(FILE* out) {
@@ -100,16 +114,10 @@ int main(int argc, char** argv) {
 
   // absl sees "mobius <command>" as the program and the rest as its arguments.
   std::string program = absl::StrCat(argv[0], " ", name);
-  std::vector<char*> args;
-  args.push_back(program.data());
-  for (std::string& a : normalized) args.push_back(a.data());
+  std::vector<char*> absl_args;
+  absl_args.push_back(program.data());
+  for (std::string& a : normalized) absl_args.push_back(a.data());
   std::vector<char*> positional =
-      absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
-  if (positional.size() > 1) {
-    std::fprintf(stderr,
-                 "mobius %s: unexpected argument \"%s\" (flags take the form --name=value)\n",
-                 name.c_str(), positional[1]);
-    return 2;
-  }
-  return command->run();
+      absl::ParseCommandLine(static_cast<int>(absl_args.size()), absl_args.data());
+  return command->run(std::vector<std::string>(positional.begin() + 1, positional.end()));
 }

@@ -24,7 +24,10 @@ ABSL_FLAG(uint64_t, seed, 0, "Seed of dummy weights (--load-format=dummy).");
 ABSL_FLAG(std::string, device, "cpu",
           "Compute backend: \"cpu\" (fp32 reference, OpenBLAS) or \"cuda\" (bf16 on an sm_90a "
           "GPU; \"cuda:N\" picks device N).");
-ABSL_FLAG(int, threads, 0, "CPU backend threads; 0 uses every core.");
+ABSL_FLAG(int, threads, 1,
+          "CPU backend threads (OpenMP + OpenBLAS); 0 uses every core. More than one only pays on "
+          "an otherwise idle machine: OpenMP threads spin while they wait, and on busy cores "
+          "that made a tiny-model decode step 100x slower here.");
 
 namespace mobius::cli {
 

@@ -73,6 +73,12 @@ class Backend {
   virtual void CopyToHostI32(const Tensor& src, int32_t* dst) = 0;
   // Waits for queued work (no-op on the CPU).
   virtual void Synchronize() = 0;
+  // Measures device-memory bandwidth with a large device-to-device copy, in bytes per second
+  // counting bytes read plus bytes written: the roofline that benchmarks report against.
+  // Unimplemented where it means nothing (the CPU backend).
+  virtual absl::StatusOr<double> MeasureCopyBandwidth(size_t bytes) {
+    return absl::UnimplementedError("no device memory to measure");
+  }
   // Sets every byte of `t` to zero. The default goes through CopyFromHost; backends with a
   // device memset override it.
   virtual void ZeroFill(Tensor& t);
@@ -81,8 +87,7 @@ class Backend {
   // y[T, N] = x[T, K] @ w[N, K]^T.
   virtual void Linear(const Tensor& x, const Tensor& w, Tensor& y) = 0;
   // out[i, :] = table[ids[i], :]. ids are host values, already validated against the table.
-  virtual void EmbeddingLookup(std::span<const int32_t> ids, const Tensor& table,
-                               Tensor& out) = 0;
+  virtual void EmbeddingLookup(std::span<const int32_t> ids, const Tensor& table, Tensor& out) = 0;
   // out[i, :] = x[rows[i], :] (rows are host values).
   virtual void GatherRows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) = 0;
   // out = x / sqrt(mean(x^2) + eps) * (1 + w) per row, computed in fp32. x [R, D], w [D].
@@ -131,12 +136,12 @@ class Backend {
   // at position cached_tokens + i of each segment's i-th token.
   virtual void QkNormRope(const Tensor& q_gate, Tensor& k, const Tensor& q_norm,
                           const Tensor& k_norm, float eps, const RopeParams& rope,
-                          std::span<const SequenceSegment> segments, Tensor& q,
-                          Tensor& gate) = 0;
+                          std::span<const SequenceSegment> segments, Tensor& q, Tensor& gate) = 0;
   // Stores k, v [T, nkv, hd] at positions cached_tokens + i into the paged caches
   // [num_blocks, block_size, nkv, hd] through each segment's block table.
-  virtual void WriteKvCache(const Tensor& k, const Tensor& v, std::span<const SequenceSegment> segments,
-                            Tensor& k_cache, Tensor& v_cache) = 0;
+  virtual void WriteKvCache(const Tensor& k, const Tensor& v,
+                            std::span<const SequenceSegment> segments, Tensor& k_cache,
+                            Tensor& v_cache) = 0;
   // Causal GQA attention of q [T, nh, hd] over the paged caches (which already hold this step's
   // keys and values): token i of a segment attends to positions 0 .. cached_tokens + i. Query
   // head h reads kv head h / (nh / nkv). out [T, nh, hd].
@@ -160,8 +165,8 @@ class Backend {
   // non-empty (size E_local) the number of (token, expert) pairs routed to each local expert is
   // added to it.
   virtual void MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weights,
-                          const Tensor& gate_up, const Tensor& down, int first_expert,
-                          Tensor& out, std::span<int64_t> expert_tokens) = 0;
+                          const Tensor& gate_up, const Tensor& down, int first_expert, Tensor& out,
+                          std::span<int64_t> expert_tokens) = 0;
 };
 
 inline void Backend::ZeroFill(Tensor& t) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "kernels/cuda/device_block_cache.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/lt_gemm.h"
 
@@ -100,28 +101,42 @@ class CudaBackend final : public Backend {
     }
     const size_t bytes = static_cast<size_t>(numel) * DTypeSize(dtype);
     CheckCuda(cudaSetDevice(device_), "cudaSetDevice");
-    void* ptr = nullptr;
     // Zero-sized tensors still get a (tiny) allocation so that they are not empty().
-    const cudaError_t err = cudaMalloc(&ptr, std::max<size_t>(bytes, 16));
-    if (err != cudaSuccess) {
-      cudaGetLastError();  // clear the sticky-free error state of the failed allocation
+    std::shared_ptr<void> storage = blocks_->Get(std::max<size_t>(bytes, 16));
+    if (storage == nullptr) {
       size_t free_bytes = 0, total_bytes = 0;
       cudaMemGetInfo(&free_bytes, &total_bytes);
       return absl::ResourceExhaustedError(absl::StrFormat(
-          "cuda:%d: cannot allocate %d bytes for %s %s (%s); %d of %d bytes free", device_, bytes,
+          "cuda:%d: cannot allocate %d bytes for %s %s; %d of %d bytes free", device_, bytes,
           DTypeName(dtype), Tensor({}, nullptr, dtype, shape, Device::kCuda).ShapeString(),
-          cudaGetErrorString(err), free_bytes, total_bytes));
+          free_bytes, total_bytes));
     }
+    void* ptr = storage.get();
     CheckCuda(cudaMemsetAsync(ptr, 0, std::max<size_t>(bytes, 16), stream_), "Allocate memset");
-    const int device = device_;
-    std::shared_ptr<void> storage(ptr, [device](void* p) {
-      int previous = 0;
-      cudaGetDevice(&previous);
-      cudaSetDevice(device);
-      cudaFree(p);
-      cudaSetDevice(previous);
-    });
     return Tensor(std::move(storage), ptr, dtype, std::move(shape), Device::kCuda);
+  }
+
+  absl::StatusOr<double> MeasureCopyBandwidth(size_t bytes) override {
+    CheckCuda(cudaSetDevice(device_), "cudaSetDevice");
+    std::shared_ptr<void> a = blocks_->Get(bytes), b = blocks_->Get(bytes);
+    if (!a || !b) return absl::ResourceExhaustedError("no memory for the bandwidth probe");
+    CheckCuda(cudaMemsetAsync(a.get(), 1, bytes, stream_), "probe memset");
+    cudaEvent_t start, stop;
+    cudaEventCreate(&start);
+    cudaEventCreate(&stop);
+    float best_ms = 1e30f;
+    for (int i = 0; i < 8; ++i) {
+      cudaEventRecord(start, stream_);
+      cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice, stream_);
+      cudaEventRecord(stop, stream_);
+      CheckCuda(cudaEventSynchronize(stop), "probe copy");
+      float ms = 0;
+      cudaEventElapsedTime(&ms, start, stop);
+      if (i >= 2) best_ms = std::min(best_ms, ms);  // the first copies warm up
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    return 2.0 * static_cast<double>(bytes) / (best_ms * 1e-3);
   }
 
   void CopyFromHost(const void* src, DType src_dtype, Tensor& dst) override {
@@ -285,6 +300,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::LtGemm> gemm_;
   const std::string device_name_;
   const int num_sms_;
+  std::shared_ptr<cuda::DeviceBlockCache> blocks_ =
+      std::make_shared<cuda::DeviceBlockCache>(device_);
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   void* meta_ = nullptr;

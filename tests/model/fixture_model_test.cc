@@ -23,7 +23,7 @@ class FixtureModelTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     dir_ = FixtureModelDir(GetParam());
-    backend_ = kernels::CreateCpuBackend(2);
+    backend_ = kernels::CreateCpuBackend(1);
     model_ = LoadFixtureModel(dir_, *backend_);
     ASSERT_NE(model_, nullptr);
     ref_ = LoadReference(dir_);

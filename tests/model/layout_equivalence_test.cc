@@ -70,7 +70,7 @@ class LayoutEquivalenceTest : public ::testing::Test {
   void SetUp() override {
     root_ = fs::path(::testing::TempDir()) / "layout_equivalence";
     fs::remove_all(root_);
-    backend_ = kernels::CreateCpuBackend(2);
+    backend_ = kernels::CreateCpuBackend(1);
 
     // Mobius checkpoint with random bf16 values for every tensor the engine reads.
     nlohmann::json mobius = {{"model_type", "interns2_mobius"}, {"text_config", TextConfig()}};

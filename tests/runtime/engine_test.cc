@@ -67,7 +67,7 @@ class EngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = testing::FixtureModelDir("intern-s2-mobius-tiny");
-    backend_ = kernels::CreateCpuBackend(2);
+    backend_ = kernels::CreateCpuBackend(1);
     model_ = testing::LoadFixtureModel(dir_, *backend_);
     ASSERT_NE(model_, nullptr);
     ref_ = testing::LoadReference(dir_);

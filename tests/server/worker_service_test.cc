@@ -14,7 +14,7 @@ class WorkerServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
     const std::string dir = testing::FixtureModelDir("qwen3next-tiny");
-    backend_ = kernels::CreateCpuBackend(2);
+    backend_ = kernels::CreateCpuBackend(1);
     model_ = testing::LoadFixtureModel(dir, *backend_);
     ASSERT_NE(model_, nullptr);
     ref_ = testing::LoadReference(dir);

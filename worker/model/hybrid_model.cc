@@ -268,9 +268,9 @@ absl::Status HybridModel::FeedForward(StepContext& ctx, int layer, const Tensor&
   backend_.ZeroFill(out);
   std::span<int64_t> counts;
   if (ctx.options.expert_tokens != nullptr) {
-    std::vector<int64_t>& bank_counts = (*ctx.options.expert_tokens)[config_.BankOfLayer(layer)];
-    bank_counts.resize(E, 0);
-    counts = bank_counts;
+    std::vector<int64_t>& layer_counts = (*ctx.options.expert_tokens)[layer];
+    layer_counts.resize(E, 0);
+    counts = layer_counts;
   }
   backend_.MoeExperts(x, ids, weights, bank.gate_up, bank.down, /*first_expert=*/0, out, counts);
   backend_.AddSigmoidScaled(out, shared, shared_gate);

@@ -33,9 +33,9 @@ enum class LogitsMode {
 struct ForwardOptions {
   LogitsMode logits = LogitsMode::kLastToken;
   kernels::DeltaRuleAlgorithm delta_rule = kernels::DeltaRuleAlgorithm::kAuto;
-  // When set ([banks][num_experts], see HybridModel::num_banks), the (token, expert)
-  // assignments of every MoE layer are added to its bank's counts. On a GPU this costs a device
-  // synchronisation per layer, so callers sample it.
+  // When set ([num_hidden_layers][num_experts]), the (token, expert) assignments of every MoE
+  // layer are added to that layer's counts (bank of layer i: ModelConfig::BankOfLayer). On a GPU
+  // this costs a device synchronisation per layer, so callers sample it.
   std::vector<std::vector<int64_t>>* expert_tokens = nullptr;
 };
 

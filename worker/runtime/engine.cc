@@ -241,16 +241,24 @@ bool Engine::Step() {
                               options_.expert_load_sample_every > 0 &&
                               step_index_ % options_.expert_load_sample_every == 0;
   if (sample_experts) {
-    expert_tokens.resize(model_.num_banks());
+    expert_tokens.resize(model_.config().num_hidden_layers);
     forward.expert_tokens = &expert_tokens;
   }
   ++step_index_;
   std::vector<float> logits;
   absl::Status status = model_.Forward(steps, forward, logits);
   if (status.ok() && sample_experts) {
-    for (size_t b = 0; b < expert_tokens.size(); ++b) {
+    // A bank's load aggregates the layers that share it.
+    std::vector<std::vector<int64_t>> bank_tokens(model_.num_banks());
+    for (size_t l = 0; l < expert_tokens.size(); ++l) {
+      if (expert_tokens[l].empty()) continue;
+      auto& bank = bank_tokens[model_.config().BankOfLayer(static_cast<int>(l))];
+      bank.resize(expert_tokens[l].size(), 0);
+      for (size_t e = 0; e < bank.size(); ++e) bank[e] += expert_tokens[l][e];
+    }
+    for (size_t b = 0; b < bank_tokens.size(); ++b) {
       int64_t routed = 0, touched = 0;
-      for (int64_t n : expert_tokens[b]) {
+      for (int64_t n : bank_tokens[b]) {
         routed += n;
         touched += n > 0;
       }

@@ -1,0 +1,211 @@
+// `mobius bench engine`: decode-step time and prefill throughput of the engine at release
+// shapes (dummy weights work), each beside its bound from the performance model
+// (docs/performance-model.md): bytes per step over the memory bandwidth measured in the same run.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "cli/commands.h"
+#include "cli/model_flags.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "worker/model/decode_cost.h"
+
+ABSL_FLAG(std::string, batches, "1,8,64,256", "Decode batch sizes to time (comma-separated).");
+ABSL_FLAG(std::string, contexts, "1024,8192",
+          "Context lengths (tokens already cached per sequence) for the decode timings.");
+ABSL_FLAG(std::string, prefill_lengths, "1024,8192", "Prompt lengths for prefill throughput.");
+ABSL_FLAG(int, steps, 10, "Timed decode steps per configuration (after 3 warm-up steps).");
+ABSL_FLAG(double, hbm_bandwidth_override, 0,
+          "Bytes/s to use for the bound instead of measuring (CPU backend: required for a "
+          "bound; otherwise 4.27e12, the H200 figure, is assumed).");
+ABSL_FLAG(std::string, json_out, "", "Also write the results as JSON to this file.");
+
+namespace mobius::cli {
+namespace {
+
+absl::StatusOr<std::vector<int>> ParseList(const std::string& flag, const std::string& text) {
+  std::vector<int> out;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    int v;
+    if (!absl::SimpleAtoi(part, &v) || v <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": \"", part, "\" is not a positive integer"));
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+absl::Status BenchEngine() {
+  ASSIGN_OR_RETURN(std::vector<int> batches, ParseList("batches", absl::GetFlag(FLAGS_batches)));
+  ASSIGN_OR_RETURN(std::vector<int> contexts, ParseList("contexts", absl::GetFlag(FLAGS_contexts)));
+  ASSIGN_OR_RETURN(std::vector<int> prefills,
+                   ParseList("prefill_lengths", absl::GetFlag(FLAGS_prefill_lengths)));
+  const int steps = std::max(1, absl::GetFlag(FLAGS_steps));
+  ASSIGN_OR_RETURN(worker::ModelSource source, ModelSourceFromFlags());
+  ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, BackendFromFlags());
+
+  double bandwidth = absl::GetFlag(FLAGS_hbm_bandwidth_override);
+  std::string bandwidth_source = "given";
+  if (bandwidth <= 0) {
+    auto measured = backend->MeasureCopyBandwidth(size_t{2} << 30);
+    if (measured.ok()) {
+      bandwidth = *measured;
+      bandwidth_source = "measured (2 GiB device copy)";
+    } else {
+      bandwidth = 4.27e12;
+      bandwidth_source = "assumed (H200)";
+    }
+  }
+  std::fprintf(stderr, "bench: backend %s, memory bandwidth %.2f TB/s %s\n",
+               backend->name().c_str(), bandwidth / 1e12, bandwidth_source.c_str());
+  std::fprintf(stderr, "bench: loading the model...\n");
+  const auto t_load = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(std::unique_ptr<worker::HybridModel> model,
+                   worker::LoadHybridModel(source, *backend));
+  std::fprintf(stderr, "bench: model ready in %.1f s\n",
+               Seconds(t_load, std::chrono::steady_clock::now()));
+  const worker::ModelConfig& config = model->config();
+
+  nlohmann::json results = nlohmann::json::array();
+  std::printf("%-8s %6s %8s %12s %12s %14s %10s %10s\n", "phase", "batch", "context", "time/step",
+              "bound", "experts/layer", "tokens/s", "of bound");
+  for (int context : contexts) {
+    for (int batch : batches) {
+      absl::Status caches = model->CreateCaches(batch, context + steps + 4);
+      if (!caches.ok()) {
+        std::printf("%-8s %6d %8d   skipped: %s\n", "decode", batch, context,
+                    std::string(caches.message()).c_str());
+        continue;
+      }
+      // Sequences start as if `context` tokens were already cached: the KV blocks are reserved
+      // (their contents do not change the time), the DeltaNet state is a fresh slot.
+      std::vector<worker::SequenceCache> seqs(batch);
+      bool ok = true;
+      for (auto& s : seqs) {
+        ok = ok && model->StartSequence(s).ok() && model->kv_cache()->Reserve(s, context).ok();
+        s.num_tokens = context;
+      }
+      if (!ok) {
+        std::printf("%-8s %6d %8d   skipped: caches too small\n", "decode", batch, context);
+        continue;
+      }
+      std::vector<int32_t> tokens(batch);
+      for (int i = 0; i < batch; ++i) tokens[i] = (i * 7919 + 13) % config.vocab_size;
+      std::vector<worker::SequenceStep> step;
+      for (int i = 0; i < batch; ++i) step.push_back({std::span(&tokens[i], 1), &seqs[i]});
+      std::vector<float> logits;
+      // Count the experts this batch actually touches (one counted step), then time.
+      std::vector<std::vector<int64_t>> expert_tokens(config.num_hidden_layers);
+      worker::ForwardOptions counted;
+      counted.expert_tokens = &expert_tokens;
+      RETURN_IF_ERROR(model->Forward(step, counted, logits));
+      double touched = 0;
+      int moe_layers = 0;
+      for (const auto& layer : expert_tokens) {
+        if (layer.empty()) continue;
+        ++moe_layers;
+        for (int64_t n : layer) touched += n > 0;
+      }
+      const double touched_per_layer = moe_layers > 0 ? touched / moe_layers : 0;
+      for (int w = 0; w < 2; ++w) RETURN_IF_ERROR(model->Forward(step, {}, logits));
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int s = 0; s < steps; ++s) RETURN_IF_ERROR(model->Forward(step, {}, logits));
+      const double per_step = Seconds(t0, std::chrono::steady_clock::now()) / steps;
+      worker::DecodeCostOptions cost;
+      cost.batch = batch;
+      cost.context = context;
+      cost.weight_bytes = backend->activation_dtype() == kernels::DType::kF32 ? 4 : 2;
+      cost.kv_bytes = cost.weight_bytes;
+      cost.distinct_experts = touched_per_layer;
+      const double bytes = worker::EstimateDecodeStepBytes(config, cost).total();
+      const double bound = bytes / bandwidth;
+      std::printf("%-8s %6d %8d %9.3f ms %9.3f ms %14.1f %10.0f %9.0f%%\n", "decode", batch,
+                  context, per_step * 1e3, bound * 1e3, touched_per_layer, batch / per_step,
+                  100 * bound / per_step);
+      results.push_back({{"phase", "decode"},
+                         {"batch", batch},
+                         {"context", context},
+                         {"step_ms", per_step * 1e3},
+                         {"bound_ms", bound * 1e3},
+                         {"bytes", bytes},
+                         {"experts_touched_per_layer", touched_per_layer}});
+      for (auto& s : seqs) model->ReleaseSequence(s);
+    }
+  }
+  for (int length : prefills) {
+    absl::Status caches = model->CreateCaches(1, length + 1);
+    if (!caches.ok()) {
+      std::printf("%-8s %6d %8d   skipped: %s\n", "prefill", 1, length,
+                  std::string(caches.message()).c_str());
+      continue;
+    }
+    std::vector<int32_t> prompt(length);
+    for (int i = 0; i < length; ++i) prompt[i] = (i * 104729 + 7) % config.vocab_size;
+    double best = 1e30;
+    for (int r = 0; r < 3; ++r) {
+      worker::SequenceCache seq;
+      RETURN_IF_ERROR(model->StartSequence(seq));
+      worker::SequenceStep step{prompt, &seq};
+      std::vector<float> logits;
+      const auto t0 = std::chrono::steady_clock::now();
+      RETURN_IF_ERROR(model->Forward(std::span(&step, 1), {}, logits));
+      if (r > 0) best = std::min(best, Seconds(t0, std::chrono::steady_clock::now()));
+      model->ReleaseSequence(seq);
+    }
+    // A long prefill touches (nearly) every expert of every bank in every MoE layer.
+    worker::DecodeCostOptions cost;
+    cost.batch = length;
+    cost.weight_bytes = backend->activation_dtype() == kernels::DType::kF32 ? 4 : 2;
+    const double bytes = worker::EstimateDecodeStepBytes(config, cost).total();
+    std::printf("%-8s %6d %8d %9.3f ms %9.3f ms %14s %10.0f %9.0f%%\n", "prefill", 1, length,
+                best * 1e3, bytes / bandwidth * 1e3, "-", length / best,
+                100 * (bytes / bandwidth) / best);
+    results.push_back({{"phase", "prefill"},
+                       {"tokens", length},
+                       {"time_ms", best * 1e3},
+                       {"bytes_bound_ms", bytes / bandwidth * 1e3},
+                       {"tokens_per_s", length / best}});
+  }
+  const std::string json_path = absl::GetFlag(FLAGS_json_out);
+  if (!json_path.empty()) {
+    FILE* f = std::fopen(json_path.c_str(), "w");
+    if (f == nullptr) return absl::InternalError(absl::StrCat("cannot write ", json_path));
+    const std::string text = nlohmann::json({{"bandwidth", bandwidth},
+                                             {"bandwidth_source", bandwidth_source},
+                                             {"backend", backend->name()},
+                                             {"results", results}})
+                                 .dump(1);
+    std::fwrite(text.data(), 1, text.size(), f);
+    std::fclose(f);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunBenchCommand(const std::vector<std::string>& args) {
+  if (args.size() != 1 || args[0] != "engine") {
+    std::fprintf(stderr, "usage: mobius bench engine [flags]  (see mobius bench --help)\n");
+    return 2;
+  }
+  absl::Status status = BenchEngine();
+  if (!status.ok()) {
+    std::fprintf(stderr, "mobius bench engine: %s\n", std::string(status.message()).c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace mobius::cli
