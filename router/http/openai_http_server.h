@@ -20,10 +20,10 @@ namespace mobius::router {
 
 struct HttpServerOptions {
   std::string host = "0.0.0.0";
-  int port = 8000;                      // 0 picks a free port (see OpenAiHttpServer::port)
-  std::string served_model_name;        // the only name `model` may take; listed by /v1/models
-  int num_threads = 4;                  // I/O threads
-  size_t max_body_bytes = 8 << 20;      // larger bodies get 413
+  int port = 8000;                          // 0 picks a free port (see OpenAiHttpServer::port)
+  std::string served_model_name;            // the only name `model` may take; listed by /v1/models
+  int num_threads = 4;                      // I/O threads
+  size_t max_body_bytes = 8 << 20;          // larger bodies get 413
   prometheus::Registry* metrics = nullptr;  // served at /metrics when set
 };
 
@@ -31,7 +31,7 @@ class OpenAiHttpServer {
  public:
   // Binds and starts serving. `service` must outlive the server.
   static absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> Start(InferenceService& service,
-                                                                  const HttpServerOptions& options);
+                                                                 const HttpServerOptions& options);
   virtual ~OpenAiHttpServer() = default;
   [[nodiscard]] virtual int port() const = 0;
   // Stops accepting connections; streams in flight may finish until `grace` has passed.

@@ -1,0 +1,339 @@
+#include "router/http/openai_handlers.h"
+
+#include <cmath>
+#include <optional>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "router/http/openai_request.h"
+
+namespace mobius::router::openai {
+namespace {
+
+namespace http = boost::beast::http;
+using Json = nlohmann::ordered_json;
+
+constexpr char kRequestIdHeader[] = "X-Request-Id";
+constexpr char kRequestTimeoutHeader[] = "X-Request-Timeout";
+constexpr size_t kMaxRequestIdLength = 256;
+
+absl::string_view View(boost::beast::string_view s) {
+  return absl::string_view(s.data(), s.size());
+}
+
+HttpResponse MakeResponse(const HttpRequest& request, http::status status, std::string body,
+                          absl::string_view content_type) {
+  HttpResponse response(status, request.version());
+  response.set(http::field::content_type,
+               boost::beast::string_view(content_type.data(), content_type.size()));
+  response.keep_alive(request.keep_alive());
+  response.body() = std::move(body);
+  response.prepare_payload();
+  return response;
+}
+
+HttpResponse JsonResponse(const HttpRequest& request, const Json& body) {
+  return MakeResponse(request, http::status::ok,
+                      body.dump(-1, ' ', false, Json::error_handler_t::replace),
+                      "application/json");
+}
+
+HttpResponse PlainError(const HttpRequest& request, http::status status, absl::string_view message,
+                        absl::string_view type) {
+  return MakeResponse(request, status, ErrorBody(message, type), "application/json");
+}
+
+void SetRequestId(HttpResponseHeader& header, const std::string& id) {
+  if (!id.empty()) header.set(kRequestIdHeader, id);
+}
+
+// X-Request-Id: echoed in the response and used as the service's request id.
+absl::StatusOr<std::string> RequestIdHeader(const HttpRequest& request) {
+  auto it = request.find(kRequestIdHeader);
+  if (it == request.end()) return std::string();
+  const absl::string_view id = View(it->value());
+  const bool printable =
+      std::all_of(id.begin(), id.end(), [](char c) { return c > 0x20 && c < 0x7f; });
+  if (id.empty() || id.size() > kMaxRequestIdLength || !printable) {
+    return FieldError(kRequestIdHeader,
+                      absl::StrCat(kRequestIdHeader, " must be 1 to ", kMaxRequestIdLength,
+                                   " printable ASCII characters without spaces"));
+  }
+  return std::string(id);
+}
+
+// X-Request-Timeout: seconds (decimal) the client will wait; becomes the call's deadline.
+absl::StatusOr<absl::Time> DeadlineHeader(const HttpRequest& request) {
+  auto it = request.find(kRequestTimeoutHeader);
+  if (it == request.end()) return absl::InfiniteFuture();
+  double seconds = 0;
+  if (!absl::SimpleAtod(View(it->value()), &seconds) || !std::isfinite(seconds) || seconds <= 0) {
+    return FieldError(
+        kRequestTimeoutHeader,
+        absl::StrCat(kRequestTimeoutHeader, " must be a positive number of seconds, got \"",
+                     View(it->value()), "\""));
+  }
+  return absl::Now() + absl::Seconds(seconds);
+}
+
+// A request body must be JSON; a request without Content-Type is read as JSON too (curl -d
+// without -H sends form encoding, which is refused, but scripts that send none are not).
+bool IsJsonContentType(const HttpRequest& request) {
+  auto it = request.find(http::field::content_type);
+  if (it == request.end()) return true;
+  absl::string_view type = View(it->value());
+  type = type.substr(0, type.find(';'));
+  return absl::EqualsIgnoreCase(absl::StripAsciiWhitespace(type), "application/json");
+}
+
+}  // namespace
+
+HttpResponse ErrorResponse(const HttpRequest& request, const absl::Status& status) {
+  HttpResponse response =
+      MakeResponse(request, static_cast<http::status>(HttpStatusFor(status.code())),
+                   ErrorBody(status), "application/json");
+  if (status.code() == absl::StatusCode::kResourceExhausted) {
+    response.set(http::field::retry_after, absl::StrCat(RetryAfterSeconds(status.message())));
+  }
+  return response;
+}
+
+OpenAiApi::OpenAiApi(InferenceService& service, HttpServerOptions options)
+    : service_(service), options_(std::move(options)), created_(absl::ToUnixSeconds(absl::Now())) {}
+
+void OpenAiApi::Handle(const HttpRequest& request, ResponseSink& sink) {
+  absl::string_view path = View(request.target());
+  path = path.substr(0, path.find('?'));
+  const http::verb method = request.method();
+
+  auto allow_only = [&](http::verb allowed) {
+    if (method == allowed) return true;
+    HttpResponse response =
+        PlainError(request, http::status::method_not_allowed,
+                   absl::StrCat("method ", View(request.method_string()), " is not allowed on ",
+                                path, "; use ", View(http::to_string(allowed))),
+                   "invalid_request_error");
+    response.set(http::field::allow, http::to_string(allowed));
+    sink.Send(std::move(response));
+    return false;
+  };
+
+  if (path == "/v1/completions") {
+    if (allow_only(http::verb::post)) Generate(request, Endpoint::kCompletions, sink);
+  } else if (path == "/v1/chat/completions") {
+    if (allow_only(http::verb::post)) Generate(request, Endpoint::kChat, sink);
+  } else if (path == "/v1/models") {
+    if (allow_only(http::verb::get)) ListModels(request, sink);
+  } else if (absl::StartsWith(path, "/v1/models/")) {
+    if (allow_only(http::verb::get)) {
+      GetModel(request, std::string(path.substr(sizeof("/v1/models/") - 1)), sink);
+    }
+  } else if (path == "/health") {
+    if (allow_only(http::verb::get)) Health(request, sink);
+  } else if (path == "/metrics") {
+    if (allow_only(http::verb::get)) Metrics(request, sink);
+  } else {
+    sink.Send(PlainError(request, http::status::not_found, absl::StrCat("no route for ", path),
+                         "not_found_error"));
+  }
+}
+
+void OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint, ResponseSink& sink) {
+  const int64_t created = absl::ToUnixSeconds(absl::Now());
+  absl::StatusOr<std::string> request_id = RequestIdHeader(request);
+  if (!request_id.ok()) return sink.Send(ErrorResponse(request, request_id.status()));
+  auto fail = [&](const absl::Status& status) {
+    HttpResponse response = ErrorResponse(request, status);
+    SetRequestId(response.base(), *request_id);
+    sink.Send(std::move(response));
+  };
+  if (!IsJsonContentType(request)) {
+    HttpResponse response = PlainError(request, http::status::unsupported_media_type,
+                                       absl::StrCat("Content-Type must be application/json, got \"",
+                                                    View(request[http::field::content_type]), "\""),
+                                       "invalid_request_error");
+    SetRequestId(response.base(), *request_id);
+    return sink.Send(std::move(response));
+  }
+  absl::StatusOr<absl::Time> deadline = DeadlineHeader(request);
+  if (!deadline.ok()) return fail(deadline.status());
+  absl::StatusOr<nlohmann::json> body = ParseJsonBody(request.body());
+  if (!body.ok()) return fail(body.status());
+
+  v1::GenerateRequest generate;
+  ResponseContext context;
+  context.endpoint = endpoint;
+  context.created = created;
+  context.model = ModelName();
+  bool stream = false;
+  if (endpoint == Endpoint::kCompletions) {
+    absl::StatusOr<CompletionParams> params =
+        ParseCompletionRequest(*body, options_.served_model_name);
+    if (!params.ok()) return fail(params.status());
+    generate = std::move(params->request);
+    stream = params->stream;
+    context.include_usage = params->include_usage;
+    context.logprobs = params->logprobs;
+  } else {
+    absl::StatusOr<ChatParams> params = ParseChatRequest(*body, options_.served_model_name);
+    if (!params.ok()) return fail(params.status());
+    absl::StatusOr<std::string> prompt = service_.RenderChat(params->messages, true);
+    if (!prompt.ok()) return fail(prompt.status());
+    if (!params->sampling.has_max_tokens()) DefaultChatMaxTokens(*prompt, &params->sampling);
+    generate.set_text(*std::move(prompt));
+    *generate.mutable_sampling_params() = std::move(params->sampling);
+    stream = params->stream;
+    context.include_usage = params->include_usage;
+    context.logprobs = params->logprobs;
+  }
+  generate.set_request_id(*request_id);
+
+  const char* id_prefix = endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-";
+  CompletionFormatter formatter(std::move(context));
+  std::string service_id = *request_id;
+  // The service assigns an id when the client gave none; its messages carry it.
+  auto learn_id = [&](const v1::GenerateResponse& response) {
+    if (service_id.empty()) service_id = response.request_id();
+    if (formatter.id().empty()) formatter.set_id(absl::StrCat(id_prefix, service_id));
+  };
+  CallContext call;
+  call.deadline = *deadline;
+  call.cancelled = &sink.cancelled();
+
+  if (!stream) {
+    absl::Status status = service_.Generate(generate, call, [&](const v1::GenerateResponse& r) {
+      learn_id(r);
+      formatter.Append(r);
+      return !sink.cancelled().load();
+    });
+    if (status.ok() && !formatter.complete()) {
+      status = absl::InternalError("the service ended the request without a final message");
+    }
+    if (!status.ok()) {
+      HttpResponse response = ErrorResponse(request, status);
+      SetRequestId(response.base(), service_id);
+      return sink.Send(std::move(response));
+    }
+    HttpResponse response =
+        MakeResponse(request, http::status::ok, formatter.Body(), "application/json");
+    SetRequestId(response.base(), service_id);
+    return sink.Send(std::move(response));
+  }
+
+  // Streams start at the first message, so that errors found before it (invalid request, queue
+  // full) still get their own HTTP status.
+  bool started = false;
+  bool client_gone = false;
+  absl::Status status = service_.Generate(generate, call, [&](const v1::GenerateResponse& r) {
+    if (client_gone) return false;
+    learn_id(r);
+    std::string events;
+    if (!started) {
+      HttpResponseHeader header;
+      header.version(request.version());
+      header.result(http::status::ok);
+      header.set(http::field::content_type, "text/event-stream");
+      header.set(http::field::cache_control, "no-cache");
+      SetRequestId(header, service_id);
+      started = true;
+      if (!sink.StartStream(std::move(header))) {
+        client_gone = true;
+        return false;
+      }
+      events = formatter.StreamStart();
+    }
+    events += formatter.StreamEvents(r);
+    if (!events.empty() && !sink.Write(std::move(events))) client_gone = true;
+    return !client_gone;
+  });
+  if (!started) {
+    if (status.ok()) {
+      status = absl::InternalError("the service ended the request without a final message");
+    }
+    HttpResponse response = ErrorResponse(request, status);
+    SetRequestId(response.base(), service_id);
+    return sink.Send(std::move(response));
+  }
+  if (status.ok() && !formatter.complete()) {
+    status = absl::InternalError("the service ended the stream without a final message");
+  }
+  if (!status.ok()) {
+    // As vLLM does: the error as an event, then [DONE]; the connection is not reused.
+    if (!client_gone) sink.Write(CompletionFormatter::StreamError(status));
+    return sink.EndStream(/*close=*/true);
+  }
+  sink.EndStream(/*close=*/client_gone);
+}
+
+void OpenAiApi::DefaultChatMaxTokens(const std::string& prompt, v1::SamplingParams* sampling) {
+  const int32_t context_length = MaxContextLength();
+  if (context_length <= 0) return;
+  v1::TokenizeRequest tokenize;
+  tokenize.set_text(prompt);
+  absl::StatusOr<v1::TokenizeResponse> ids = service_.Tokenize(tokenize);
+  if (!ids.ok()) return;
+  // A prompt that already fills the context is left for the service to reject.
+  if (ids->ids_size() < context_length) sampling->set_max_tokens(context_length - ids->ids_size());
+}
+
+int32_t OpenAiApi::MaxContextLength() {
+  int32_t cached = max_context_length_.load();
+  if (cached >= 0) return cached;
+  absl::StatusOr<v1::ModelInfo> info = service_.GetModelInfo();
+  if (!info.ok()) return 0;  // asked again next time: the replicas may not be up yet
+  cached = std::max(info->max_context_length(), 0);
+  max_context_length_.store(cached);
+  return cached;
+}
+
+std::string OpenAiApi::ModelName() {
+  if (!options_.served_model_name.empty()) return options_.served_model_name;
+  absl::StatusOr<v1::ModelInfo> info = service_.GetModelInfo();
+  return info.ok() ? info->model_name() : std::string();
+}
+
+void OpenAiApi::ListModels(const HttpRequest& request, ResponseSink& sink) {
+  Json model{
+      {"id", ModelName()}, {"object", "model"}, {"created", created_}, {"owned_by", "mobius"}};
+  if (const int32_t length = MaxContextLength(); length > 0) model["max_model_len"] = length;
+  sink.Send(JsonResponse(request, Json{{"object", "list"}, {"data", Json::array({model})}}));
+}
+
+void OpenAiApi::GetModel(const HttpRequest& request, const std::string& id, ResponseSink& sink) {
+  if (id != ModelName()) return sink.Send(ErrorResponse(request, ModelNotFoundError(id)));
+  Json model{{"id", id}, {"object", "model"}, {"created", created_}, {"owned_by", "mobius"}};
+  if (const int32_t length = MaxContextLength(); length > 0) model["max_model_len"] = length;
+  sink.Send(JsonResponse(request, model));
+}
+
+void OpenAiApi::Health(const HttpRequest& request, ResponseSink& sink) {
+  if (service_.Ready()) {
+    return sink.Send(MakeResponse(request, http::status::ok, "", "text/plain"));
+  }
+  sink.Send(PlainError(request, http::status::service_unavailable,
+                       "no healthy replica, or the router is draining",
+                       "service_unavailable_error"));
+}
+
+void OpenAiApi::Metrics(const HttpRequest& request, ResponseSink& sink) {
+  if (options_.metrics == nullptr) {
+    return sink.Send(PlainError(request, http::status::not_found, "this server exports no metrics",
+                                "not_found_error"));
+  }
+  std::ostringstream text;
+  prometheus::TextSerializer().Serialize(text, options_.metrics->Collect());
+  sink.Send(MakeResponse(request, http::status::ok, text.str(),
+                         "text/plain; version=0.0.4; charset=utf-8"));
+}
+
+}  // namespace mobius::router::openai

@@ -1,0 +1,499 @@
+#include "router/http/openai_request.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/optional.h"
+
+namespace mobius::router::openai {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr char kParamPayload[] = "type.mobius.dev/openai.param";
+constexpr char kCodePayload[] = "type.mobius.dev/openai.code";
+// Requests nest three levels deep (messages[i].content[j]); anything far deeper is not a request.
+constexpr size_t kMaxDepth = 32;
+// OpenAI's limit on stop sequences.
+constexpr size_t kMaxStopStrings = 4;
+// OpenAI's default for the legacy completions endpoint.
+constexpr int kDefaultCompletionMaxTokens = 16;
+
+constexpr int64_t kInt32Min = std::numeric_limits<int32_t>::min();
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+
+// Forwards SAX events to nlohmann's DOM builder (exceptions off), capping the nesting depth and
+// remembering where parsing failed.
+class BodySax {
+ public:
+  explicit BodySax(Json& root) : dom_(root, /*allow_exceptions_=*/false) {}
+
+  bool null() { return dom_.null(); }
+  bool boolean(bool v) { return dom_.boolean(v); }
+  bool number_integer(Json::number_integer_t v) { return dom_.number_integer(v); }
+  bool number_unsigned(Json::number_unsigned_t v) { return dom_.number_unsigned(v); }
+  bool number_float(Json::number_float_t v, const Json::string_t& s) {
+    return dom_.number_float(v, s);
+  }
+  bool string(Json::string_t& v) { return dom_.string(v); }
+  bool binary(Json::binary_t& v) { return dom_.binary(v); }
+  bool start_object(size_t len) { return Enter() && dom_.start_object(len); }
+  bool key(Json::string_t& k) { return dom_.key(k); }
+  bool end_object() {
+    --depth_;
+    return dom_.end_object();
+  }
+  bool start_array(size_t len) { return Enter() && dom_.start_array(len); }
+  bool end_array() {
+    --depth_;
+    return dom_.end_array();
+  }
+
+  template <class Exception>
+  bool parse_error(size_t position, const std::string& /*last_token*/, const Exception& ex) {
+    error_ = absl::StrCat("invalid JSON at byte ", position, ": ", ex.what());
+    return false;
+  }
+
+  [[nodiscard]] const std::string& error() const { return error_; }
+
+ private:
+  bool Enter() {
+    if (++depth_ > kMaxDepth) {
+      error_ = absl::StrCat("request body nests deeper than ", kMaxDepth, " levels");
+      return false;
+    }
+    return true;
+  }
+
+  nlohmann::detail::json_sax_dom_parser<Json> dom_;
+  size_t depth_ = 0;
+  std::string error_;
+};
+
+// A short rendering of a value for error messages: scalars as JSON, containers by kind.
+std::string Describe(const Json& value) {
+  if (value.is_array()) return "an array";
+  if (value.is_object()) return "an object";
+  std::string text = value.dump(-1, ' ', false, Json::error_handler_t::replace);
+  constexpr size_t kMaxShown = 64;
+  if (text.size() > kMaxShown) text = absl::StrCat(text.substr(0, kMaxShown - 3), "...");
+  return text;
+}
+
+absl::Status TypeError(absl::string_view field, absl::string_view expected, const Json& value) {
+  return FieldError(field, absl::StrCat(field, " must be ", expected, ", got ", Describe(value)));
+}
+
+// The member `field` of `object`, or nullptr when absent or null (OpenAI clients send null for
+// "unset").
+const Json* Member(const Json& object, const char* field) {
+  auto it = object.find(field);
+  if (it == object.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+// An integral JSON number (integers, or floats with no fractional part such as 40.0).
+bool AsInt64(const Json& value, int64_t* out) {
+  if (value.is_number_unsigned()) {
+    const uint64_t v = value.get<uint64_t>();
+    if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return false;
+    *out = static_cast<int64_t>(v);
+    return true;
+  }
+  if (value.is_number_integer()) {
+    *out = value.get<int64_t>();
+    return true;
+  }
+  if (value.is_number_float()) {
+    const double v = value.get<double>();
+    if (!std::isfinite(v) || std::floor(v) != v || std::fabs(v) >= 9.2e18) return false;
+    *out = static_cast<int64_t>(v);
+    return true;
+  }
+  return false;
+}
+
+absl::StatusOr<int64_t> ToInteger(const Json& value, absl::string_view field, int64_t min,
+                                  int64_t max) {
+  int64_t v = 0;
+  if (!AsInt64(value, &v)) return TypeError(field, "an integer", value);
+  if (v < min || v > max) {
+    return FieldError(field, absl::StrCat(field, " must be an integer in [", min, ", ", max,
+                                          "], got ", Describe(value)));
+  }
+  return v;
+}
+
+absl::StatusOr<std::optional<int64_t>> ReadInteger(const Json& object, const char* field,
+                                                   int64_t min = kInt32Min,
+                                                   int64_t max = kInt32Max) {
+  const Json* value = Member(object, field);
+  if (value == nullptr) return std::nullopt;
+  absl::StatusOr<int64_t> v = ToInteger(*value, field, min, max);
+  if (!v.ok()) return v.status();
+  return std::optional<int64_t>(*v);
+}
+
+absl::StatusOr<std::optional<float>> ReadFloat(const Json& object, const char* field) {
+  const Json* value = Member(object, field);
+  if (value == nullptr) return std::nullopt;
+  if (!value->is_number()) return TypeError(field, "a number", *value);
+  return std::optional<float>(value->get<float>());
+}
+
+absl::StatusOr<std::optional<bool>> ReadBool(const Json& object, const char* field) {
+  const Json* value = Member(object, field);
+  if (value == nullptr) return std::nullopt;
+  if (!value->is_boolean()) return TypeError(field, "a boolean", *value);
+  return std::optional<bool>(value->get<bool>());
+}
+
+absl::StatusOr<std::optional<std::string>> ReadString(const Json& object, const char* field) {
+  const Json* value = Member(object, field);
+  if (value == nullptr) return std::nullopt;
+  if (!value->is_string()) return TypeError(field, "a string", *value);
+  return std::optional<std::string>(value->get<std::string>());
+}
+
+#define MOBIUS_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
+  auto tmp = (expr);                                 \
+  if (!tmp.ok()) return tmp.status();                \
+  lhs = *std::move(tmp)
+#define MOBIUS_CONCAT_INNER(a, b) a##b
+#define MOBIUS_CONCAT(a, b) MOBIUS_CONCAT_INNER(a, b)
+#define ASSIGN_OR_RETURN(lhs, expr) \
+  MOBIUS_ASSIGN_OR_RETURN_IMPL(MOBIUS_CONCAT(status_or_, __LINE__), lhs, expr)
+#define RETURN_IF_ERROR(expr)          \
+  do {                                 \
+    absl::Status status_ = (expr);     \
+    if (!status_.ok()) return status_; \
+  } while (false)
+
+absl::Status CheckBody(const Json& body) {
+  if (!body.is_object()) {
+    return FieldError("", absl::StrCat("request body must be a JSON object, got ", Describe(body)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckModel(const Json& body, const std::string& served_model_name) {
+  std::optional<std::string> model;
+  ASSIGN_OR_RETURN(model, ReadString(body, "model"));
+  if (model.has_value() && !served_model_name.empty() && *model != served_model_name) {
+    return ModelNotFoundError(*model);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseStop(const Json& body, v1::SamplingParams* sampling) {
+  const Json* stop = Member(body, "stop");
+  if (stop == nullptr) return absl::OkStatus();
+  if (stop->is_string()) {
+    if (stop->get_ref<const std::string&>().empty()) {
+      return FieldError("stop", "stop must not be an empty string");
+    }
+    sampling->add_stop(stop->get<std::string>());
+    return absl::OkStatus();
+  }
+  if (!stop->is_array()) return TypeError("stop", "a string or an array of strings", *stop);
+  if (stop->size() > kMaxStopStrings) {
+    return FieldError("stop", absl::StrCat("stop takes at most ", kMaxStopStrings, " strings, got ",
+                                           stop->size()));
+  }
+  for (size_t i = 0; i < stop->size(); ++i) {
+    const std::string field = absl::StrCat("stop[", i, "]");
+    const Json& s = (*stop)[i];
+    if (!s.is_string()) return TypeError(field, "a string", s);
+    if (s.get_ref<const std::string&>().empty()) {
+      return FieldError(field, absl::StrCat(field, " must not be an empty string"));
+    }
+    sampling->add_stop(s.get<std::string>());
+  }
+  return absl::OkStatus();
+}
+
+// Fields both endpoints share; max_tokens and logprobs differ between them and are left out.
+absl::Status ParseSampling(const Json& body, v1::SamplingParams* sampling) {
+  std::optional<float> f;
+  ASSIGN_OR_RETURN(f, ReadFloat(body, "temperature"));
+  if (f) sampling->set_temperature(*f);
+  ASSIGN_OR_RETURN(f, ReadFloat(body, "top_p"));
+  if (f) sampling->set_top_p(*f);
+  ASSIGN_OR_RETURN(f, ReadFloat(body, "min_p"));
+  if (f) sampling->set_min_p(*f);
+  ASSIGN_OR_RETURN(f, ReadFloat(body, "presence_penalty"));
+  if (f) sampling->set_presence_penalty(*f);
+  ASSIGN_OR_RETURN(f, ReadFloat(body, "frequency_penalty"));
+  if (f) sampling->set_frequency_penalty(*f);
+  ASSIGN_OR_RETURN(f, ReadFloat(body, "repetition_penalty"));
+  if (f) sampling->set_repetition_penalty(*f);
+
+  std::optional<int64_t> i;
+  ASSIGN_OR_RETURN(i, ReadInteger(body, "top_k"));
+  if (i) sampling->set_top_k(static_cast<int32_t>(*i));
+  // Any 64-bit integer: negative seeds keep their two's-complement bits.
+  if (const Json* seed = Member(body, "seed"); seed != nullptr) {
+    if (seed->is_number_unsigned()) {
+      sampling->set_seed(seed->get<uint64_t>());
+    } else {
+      int64_t v = 0;
+      if (!AsInt64(*seed, &v)) return TypeError("seed", "an integer", *seed);
+      sampling->set_seed(static_cast<uint64_t>(v));
+    }
+  }
+  ASSIGN_OR_RETURN(i, ReadInteger(body, "n"));
+  if (i && *i != 1) {
+    return FieldError("n", absl::StrCat("n must be 1 (one choice per request), got ", *i));
+  }
+
+  RETURN_IF_ERROR(ParseStop(body, sampling));
+  if (const Json* ids = Member(body, "stop_token_ids"); ids != nullptr) {
+    if (!ids->is_array()) return TypeError("stop_token_ids", "an array of integers", *ids);
+    for (size_t k = 0; k < ids->size(); ++k) {
+      int64_t id = 0;
+      ASSIGN_OR_RETURN(id,
+                       ToInteger((*ids)[k], absl::StrCat("stop_token_ids[", k, "]"), 0, kInt32Max));
+      sampling->add_stop_token_ids(static_cast<int32_t>(id));
+    }
+  }
+  std::optional<bool> b;
+  ASSIGN_OR_RETURN(b, ReadBool(body, "ignore_eos"));
+  if (b) sampling->set_ignore_eos(*b);
+  ASSIGN_OR_RETURN(b, ReadBool(body, "skip_special_tokens"));
+  if (b) sampling->set_skip_special_tokens(*b);
+  return absl::OkStatus();
+}
+
+// `stream` and `stream_options.include_usage` (ignored unless streaming, as OpenAI's clients
+// send it regardless).
+absl::Status ParseStreaming(const Json& body, bool* stream, bool* include_usage) {
+  std::optional<bool> b;
+  ASSIGN_OR_RETURN(b, ReadBool(body, "stream"));
+  *stream = b.value_or(false);
+  const Json* options = Member(body, "stream_options");
+  if (options == nullptr) return absl::OkStatus();
+  if (!options->is_object()) return TypeError("stream_options", "an object", *options);
+  if (const Json* usage = Member(*options, "include_usage"); usage != nullptr) {
+    if (!usage->is_boolean()) {
+      return TypeError("stream_options.include_usage", "a boolean", *usage);
+    }
+    *include_usage = *stream && usage->get<bool>();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseTokenIds(const Json& ids, absl::string_view field, v1::TokenIds* out) {
+  if (ids.empty()) return FieldError(field, absl::StrCat(field, " must not be empty"));
+  for (size_t k = 0; k < ids.size(); ++k) {
+    int64_t id = 0;
+    ASSIGN_OR_RETURN(id, ToInteger(ids[k], absl::StrCat(field, "[", k, "]"), 0, kInt32Max));
+    out->add_ids(static_cast<int32_t>(id));
+  }
+  return absl::OkStatus();
+}
+
+// A prompt is a string, an array of token ids, or a batch of one of those.
+absl::Status ParsePrompt(const Json& body, v1::GenerateRequest* request) {
+  const Json* prompt = Member(body, "prompt");
+  if (prompt == nullptr) return FieldError("prompt", "prompt is required");
+  constexpr char kShape[] = "a string or an array of token ids";
+  if (prompt->is_string()) {
+    request->set_text(prompt->get<std::string>());
+    return absl::OkStatus();
+  }
+  if (!prompt->is_array()) return TypeError("prompt", kShape, *prompt);
+  if (prompt->empty()) return FieldError("prompt", "prompt must not be empty");
+  const Json& first = prompt->front();
+  if (first.is_string() || first.is_array()) {
+    if (prompt->size() > 1) {
+      return FieldError("prompt", absl::StrCat("batch prompts not supported: prompt holds ",
+                                               prompt->size(), " prompts; send one per request"));
+    }
+    if (first.is_string()) {
+      request->set_text(first.get<std::string>());
+      return absl::OkStatus();
+    }
+    return ParseTokenIds(first, "prompt[0]", request->mutable_input_ids());
+  }
+  return ParseTokenIds(*prompt, "prompt", request->mutable_input_ids());
+}
+
+absl::StatusOr<std::string> ParseMessageContent(const Json& message, const std::string& field) {
+  const Json* content = Member(message, "content");
+  if (content == nullptr) return std::string();  // assistant turns may carry no content
+  if (content->is_string()) return content->get<std::string>();
+  if (!content->is_array()) {
+    return TypeError(field, "a string or an array of content parts", *content);
+  }
+  // Text parts are joined with newlines, as vLLM does.
+  std::string text;
+  for (size_t k = 0; k < content->size(); ++k) {
+    const std::string part_field = absl::StrCat(field, "[", k, "]");
+    const Json& part = (*content)[k];
+    if (!part.is_object()) return TypeError(part_field, "an object", part);
+    const std::string type_field = absl::StrCat(part_field, ".type");
+    const Json* type = Member(part, "type");
+    if (type == nullptr || !type->is_string()) {
+      return FieldError(type_field, absl::StrCat(type_field, " must be \"text\""));
+    }
+    if (type->get_ref<const std::string&>() != "text") {
+      return FieldError(type_field, absl::StrCat(type_field, " ", Describe(*type),
+                                                 " is not supported; only \"text\" parts are"));
+    }
+    const std::string text_field = absl::StrCat(part_field, ".text");
+    const Json* part_text = Member(part, "text");
+    if (part_text == nullptr || !part_text->is_string()) {
+      return part_text == nullptr ? FieldError(text_field, absl::StrCat(text_field, " is required"))
+                                  : TypeError(text_field, "a string", *part_text);
+    }
+    if (k > 0) text += '\n';
+    text += part_text->get_ref<const std::string&>();
+  }
+  return text;
+}
+
+absl::Status ParseMessages(const Json& body, std::vector<tokenizer::ChatMessage>* messages) {
+  const Json* list = Member(body, "messages");
+  if (list == nullptr) return FieldError("messages", "messages is required");
+  if (!list->is_array()) return TypeError("messages", "an array of messages", *list);
+  if (list->empty()) return FieldError("messages", "messages must not be empty");
+  for (size_t k = 0; k < list->size(); ++k) {
+    const std::string field = absl::StrCat("messages[", k, "]");
+    const Json& message = (*list)[k];
+    if (!message.is_object()) return TypeError(field, "an object", message);
+    const std::string role_field = absl::StrCat(field, ".role");
+    const Json* role = Member(message, "role");
+    if (role == nullptr) return FieldError(role_field, absl::StrCat(role_field, " is required"));
+    if (!role->is_string()) return TypeError(role_field, "a string", *role);
+    tokenizer::ChatMessage out;
+    out.role = role->get<std::string>();
+    ASSIGN_OR_RETURN(out.content, ParseMessageContent(message, absl::StrCat(field, ".content")));
+    messages->push_back(std::move(out));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status FieldError(absl::string_view field, absl::string_view message) {
+  absl::Status status = absl::InvalidArgumentError(message);
+  if (!field.empty()) status.SetPayload(kParamPayload, absl::Cord(field));
+  return status;
+}
+
+std::string ErrorParam(const absl::Status& status) {
+  absl::optional<absl::Cord> param = status.GetPayload(kParamPayload);
+  return param.has_value() ? std::string(*param) : std::string();
+}
+
+std::string ErrorCode(const absl::Status& status) {
+  absl::optional<absl::Cord> code = status.GetPayload(kCodePayload);
+  return code.has_value() ? std::string(*code) : std::string();
+}
+
+absl::Status ModelNotFoundError(absl::string_view model) {
+  absl::Status status =
+      absl::NotFoundError(absl::StrCat("The model `", model, "` does not exist."));
+  status.SetPayload(kParamPayload, absl::Cord("model"));
+  status.SetPayload(kCodePayload, absl::Cord("model_not_found"));
+  return status;
+}
+
+absl::StatusOr<Json> ParseJsonBody(absl::string_view body) {
+  if (body.empty()) return FieldError("", "request body is empty; expected a JSON object");
+  Json root;
+  BodySax sax(root);
+  const bool ok = Json::sax_parse(body.begin(), body.end(), &sax);
+  if (!ok || !sax.error().empty()) {
+    return FieldError("", sax.error().empty() ? "invalid JSON" : sax.error());
+  }
+  return root;
+}
+
+absl::StatusOr<CompletionParams> ParseCompletionRequest(const Json& body,
+                                                        const std::string& served_model_name) {
+  RETURN_IF_ERROR(CheckBody(body));
+  RETURN_IF_ERROR(CheckModel(body, served_model_name));
+  CompletionParams params;
+  RETURN_IF_ERROR(ParsePrompt(body, &params.request));
+  v1::SamplingParams* sampling = params.request.mutable_sampling_params();
+  RETURN_IF_ERROR(ParseSampling(body, sampling));
+  std::optional<int64_t> i;
+  ASSIGN_OR_RETURN(i, ReadInteger(body, "max_tokens"));
+  sampling->set_max_tokens(i ? static_cast<int32_t>(*i) : kDefaultCompletionMaxTokens);
+  ASSIGN_OR_RETURN(i, ReadInteger(body, "logprobs", 0, kInt32Max));
+  if (i) {
+    sampling->set_logprobs(static_cast<int32_t>(*i));
+    params.logprobs = true;
+  }
+  RETURN_IF_ERROR(ParseStreaming(body, &params.stream, &params.include_usage));
+
+  std::optional<bool> echo;
+  ASSIGN_OR_RETURN(echo, ReadBool(body, "echo"));
+  if (echo.value_or(false)) return FieldError("echo", "echo is not supported");
+  ASSIGN_OR_RETURN(i, ReadInteger(body, "best_of"));
+  if (i && *i != 1) {
+    return FieldError("best_of", absl::StrCat("best_of must be 1, got ", *i));
+  }
+  std::optional<std::string> suffix;
+  ASSIGN_OR_RETURN(suffix, ReadString(body, "suffix"));
+  if (suffix.has_value() && !suffix->empty()) {
+    return FieldError("suffix", "suffix is not supported");
+  }
+  return params;
+}
+
+absl::StatusOr<ChatParams> ParseChatRequest(const Json& body,
+                                            const std::string& served_model_name) {
+  RETURN_IF_ERROR(CheckBody(body));
+  RETURN_IF_ERROR(CheckModel(body, served_model_name));
+  ChatParams params;
+  RETURN_IF_ERROR(ParseMessages(body, &params.messages));
+  RETURN_IF_ERROR(ParseSampling(body, &params.sampling));
+  // max_completion_tokens replaces the deprecated max_tokens and wins when both are set.
+  std::optional<int64_t> max_tokens;
+  ASSIGN_OR_RETURN(max_tokens, ReadInteger(body, "max_completion_tokens"));
+  if (!max_tokens) {
+    ASSIGN_OR_RETURN(max_tokens, ReadInteger(body, "max_tokens"));
+  }
+  if (max_tokens) params.sampling.set_max_tokens(static_cast<int32_t>(*max_tokens));
+
+  std::optional<bool> logprobs;
+  ASSIGN_OR_RETURN(logprobs, ReadBool(body, "logprobs"));
+  params.logprobs = logprobs.value_or(false);
+  std::optional<int64_t> top;
+  ASSIGN_OR_RETURN(top, ReadInteger(body, "top_logprobs", 0, kInt32Max));
+  if (top && !params.logprobs) {
+    return FieldError("top_logprobs", "top_logprobs requires logprobs to be true");
+  }
+  if (params.logprobs) params.sampling.set_logprobs(top ? static_cast<int32_t>(*top) : 0);
+  RETURN_IF_ERROR(ParseStreaming(body, &params.stream, &params.include_usage));
+
+  if (const Json* tools = Member(body, "tools");
+      tools != nullptr && !(tools->is_array() && tools->empty())) {
+    return FieldError("tools", "tools are not supported");
+  }
+  if (const Json* format = Member(body, "response_format"); format != nullptr) {
+    const Json* type = format->is_object() ? Member(*format, "type") : nullptr;
+    if (type == nullptr || *type != "text") {
+      return FieldError(
+          "response_format.type",
+          "response_format.type must be \"text\"; structured output is not supported");
+    }
+  }
+  return params;
+}
+
+#undef RETURN_IF_ERROR
+#undef ASSIGN_OR_RETURN
+#undef MOBIUS_CONCAT
+#undef MOBIUS_CONCAT_INNER
+#undef MOBIUS_ASSIGN_OR_RETURN_IMPL
+
+}  // namespace mobius::router::openai

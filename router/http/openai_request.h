@@ -1,0 +1,55 @@
+// Turns OpenAI request bodies (/v1/completions, /v1/chat/completions) into mobius.v1 requests.
+// Only shapes and types are checked here; value ranges (temperature < 0, top_p outside (0, 1],
+// ...) are the service's to judge. Every error is INVALID_ARGUMENT naming the field, with the
+// field attached as the error's `param` (see ErrorParam), except an unknown model (NOT_FOUND).
+#ifndef MOBIUS_ROUTER_HTTP_OPENAI_REQUEST_H_
+#define MOBIUS_ROUTER_HTTP_OPENAI_REQUEST_H_
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "inference.pb.h"
+#include "tokenizer/chat_template.h"
+
+namespace mobius::router::openai {
+
+struct CompletionParams {
+  v1::GenerateRequest request;  // input and sampling params; request_id left to the caller
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool logprobs = false;       // `logprobs` was given (sampling_params.logprobs holds n)
+};
+
+struct ChatParams {
+  std::vector<tokenizer::ChatMessage> messages;
+  v1::SamplingParams sampling;  // max_tokens unset when the client gave neither alias
+  bool stream = false;
+  bool include_usage = false;
+  bool logprobs = false;  // `logprobs: true` (sampling.logprobs holds top_logprobs)
+};
+
+// Parses a request body. Malformed JSON names the byte offset; nesting is capped.
+absl::StatusOr<nlohmann::json> ParseJsonBody(absl::string_view body);
+
+// `served_model_name` empty accepts any `model`.
+absl::StatusOr<CompletionParams> ParseCompletionRequest(const nlohmann::json& body,
+                                                        const std::string& served_model_name);
+absl::StatusOr<ChatParams> ParseChatRequest(const nlohmann::json& body,
+                                            const std::string& served_model_name);
+
+// INVALID_ARGUMENT "<message>" carrying `field` as its OpenAI `param`.
+absl::Status FieldError(absl::string_view field, absl::string_view message);
+// The OpenAI error `param` / `code` attached to a status, or "" when none.
+std::string ErrorParam(const absl::Status& status);
+std::string ErrorCode(const absl::Status& status);
+// NOT_FOUND for a model other than the served one (OpenAI's `model_not_found`).
+absl::Status ModelNotFoundError(absl::string_view model);
+
+}  // namespace mobius::router::openai
+
+#endif  // MOBIUS_ROUTER_HTTP_OPENAI_REQUEST_H_

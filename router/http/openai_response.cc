@@ -1,0 +1,333 @@
+#include "router/http/openai_response.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "router/http/openai_request.h"
+
+namespace mobius::router::openai {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// Longest Retry-After we pass on; a larger hint is more likely a misparse than advice.
+constexpr double kMaxRetryAfterSeconds = 3600;
+
+Json NullOr(const std::string& value) { return value.empty() ? Json(nullptr) : Json(value); }
+
+const char* ErrorType(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition:
+      return "invalid_request_error";
+    case absl::StatusCode::kNotFound:
+      return "not_found_error";
+    case absl::StatusCode::kResourceExhausted:
+      return "rate_limit_error";
+    case absl::StatusCode::kUnavailable:
+      return "service_unavailable_error";
+    case absl::StatusCode::kDeadlineExceeded:
+      return "timeout_error";
+    case absl::StatusCode::kCancelled:
+      return "cancelled_error";
+    default:
+      return "internal_server_error";
+  }
+}
+
+const char* FinishReason(v1::FinishReason reason) {
+  switch (reason) {
+    case v1::FINISH_REASON_LENGTH:
+      return "length";
+    case v1::FINISH_REASON_ABORT:
+      return "abort";
+    case v1::FINISH_REASON_STOP:
+    case v1::FINISH_REASON_UNSPECIFIED:
+    default:
+      return "stop";
+  }
+}
+
+std::string TokenLabel(int32_t id) { return absl::StrCat("token_id:", id); }
+
+size_t CountCodePoints(const std::string& text) {
+  return static_cast<size_t>(std::count_if(text.begin(), text.end(), [](char c) {
+    return (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  }));
+}
+
+}  // namespace
+
+int HttpStatusFor(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk:
+      return 200;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition:
+      return 400;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kResourceExhausted:
+      return 429;
+    case absl::StatusCode::kUnavailable:
+      return 503;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 504;
+    case absl::StatusCode::kCancelled:
+      return 499;
+    default:
+      return 500;
+  }
+}
+
+Json ErrorJson(const absl::Status& status) {
+  std::string code = ErrorCode(status);
+  if (code.empty() && status.code() == absl::StatusCode::kResourceExhausted) {
+    code = "rate_limit_exceeded";
+  }
+  // OpenAI reports an unknown model as an invalid request with code model_not_found.
+  const char* type = code == "model_not_found" ? "invalid_request_error" : ErrorType(status.code());
+  Json error;
+  error["message"] = std::string(status.message());
+  error["type"] = type;
+  error["param"] = NullOr(ErrorParam(status));
+  error["code"] = NullOr(code);
+  Json body;
+  body["error"] = std::move(error);
+  return body;
+}
+
+std::string ErrorBody(const absl::Status& status) {
+  return ErrorJson(status).dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+std::string ErrorBody(absl::string_view message, absl::string_view type) {
+  Json body;
+  body["error"] = Json{{"message", std::string(message)},
+                       {"type", std::string(type)},
+                       {"param", nullptr},
+                       {"code", nullptr}};
+  return body.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+int RetryAfterSeconds(absl::string_view message) {
+  const std::string lower = absl::AsciiStrToLower(message);
+  size_t pos = lower.find("retry");
+  if (pos == std::string::npos) return 1;
+  while (pos < lower.size() && !std::isdigit(static_cast<unsigned char>(lower[pos]))) ++pos;
+  if (pos == lower.size()) return 1;
+  const char* begin = lower.c_str() + pos;
+  char* end = nullptr;
+  double value = std::strtod(begin, &end);
+  absl::string_view unit = absl::StripLeadingAsciiWhitespace(absl::string_view(end));
+  if (absl::StartsWith(unit, "ms") || absl::StartsWith(unit, "milli")) {
+    value /= 1000;
+  } else if (absl::StartsWith(unit, "min")) {
+    value *= 60;
+  }
+  if (!std::isfinite(value)) return 1;
+  value = std::clamp(std::ceil(value), 1.0, kMaxRetryAfterSeconds);
+  return static_cast<int>(value);
+}
+
+std::string SseEvent(const Json& data) {
+  return absl::StrCat("data: ", data.dump(-1, ' ', false, Json::error_handler_t::replace), "\n\n");
+}
+
+void CompletionFormatter::set_id(std::string id) { context_.id = std::move(id); }
+
+CompletionFormatter::CompletionFormatter(ResponseContext context) : context_(std::move(context)) {
+  if (context_.endpoint == Endpoint::kCompletions) {
+    logprobs_ = Json{{"tokens", Json::array()},
+                     {"token_logprobs", Json::array()},
+                     {"top_logprobs", Json::array()},
+                     {"text_offset", Json::array()}};
+  } else {
+    logprobs_ = Json{{"content", Json::array()}};
+  }
+}
+
+Json CompletionFormatter::ChunkEnvelope() const {
+  Json chunk;
+  chunk["id"] = context_.id;
+  chunk["object"] =
+      context_.endpoint == Endpoint::kChat ? "chat.completion.chunk" : "text_completion";
+  chunk["created"] = context_.created;
+  chunk["model"] = context_.model;
+  return chunk;
+}
+
+Json CompletionFormatter::Logprobs(const v1::TextChunk& chunk, size_t text_offset) const {
+  if (!context_.logprobs) return nullptr;
+  const int n = chunk.token_ids_size();
+  auto entry_logprob = [&](int k) -> Json {
+    return k < chunk.logprobs_size() ? Json(chunk.logprobs(k).logprob()) : Json(nullptr);
+  };
+  if (context_.endpoint == Endpoint::kCompletions) {
+    Json out{{"tokens", Json::array()},
+             {"token_logprobs", Json::array()},
+             {"top_logprobs", Json::array()},
+             {"text_offset", Json::array()}};
+    for (int k = 0; k < n; ++k) {
+      out["tokens"].push_back(TokenLabel(chunk.token_ids(k)));
+      out["token_logprobs"].push_back(entry_logprob(k));
+      Json top = Json::object();
+      if (k < chunk.logprobs_size()) {
+        for (const v1::TokenLogprob& t : chunk.logprobs(k).top()) {
+          top[TokenLabel(t.token_id())] = t.logprob();
+        }
+        top[TokenLabel(chunk.token_ids(k))] = chunk.logprobs(k).logprob();
+      }
+      out["top_logprobs"].push_back(std::move(top));
+      // Token strings are unknown here, so every token of a chunk starts where its text does.
+      out["text_offset"].push_back(text_offset);
+    }
+    return out;
+  }
+  Json content = Json::array();
+  for (int k = 0; k < n; ++k) {
+    Json top = Json::array();
+    if (k < chunk.logprobs_size()) {
+      for (const v1::TokenLogprob& t : chunk.logprobs(k).top()) {
+        top.push_back(Json{
+            {"token", TokenLabel(t.token_id())}, {"logprob", t.logprob()}, {"bytes", nullptr}});
+      }
+    }
+    content.push_back(Json{{"token", TokenLabel(chunk.token_ids(k))},
+                           {"logprob", entry_logprob(k)},
+                           {"bytes", nullptr},
+                           {"top_logprobs", std::move(top)}});
+  }
+  return Json{{"content", std::move(content)}};
+}
+
+Json CompletionFormatter::Usage() const {
+  const v1::Usage& usage = final_.usage();
+  return Json{{"prompt_tokens", usage.prompt_tokens()},
+              {"completion_tokens", usage.completion_tokens()},
+              {"total_tokens", usage.prompt_tokens() + usage.completion_tokens()},
+              {"prompt_tokens_details", Json{{"cached_tokens", usage.cached_tokens()}}}};
+}
+
+Json CompletionFormatter::StopReason() const {
+  switch (final_.matched_stop_case()) {
+    case v1::TextComplete::kMatchedTokenId:
+      return final_.matched_token_id();
+    case v1::TextComplete::kMatchedString:
+      return final_.matched_string();
+    case v1::TextComplete::MATCHED_STOP_NOT_SET:
+      break;
+  }
+  return nullptr;
+}
+
+std::string CompletionFormatter::StreamStart() const {
+  if (context_.endpoint != Endpoint::kChat) return "";
+  Json chunk = ChunkEnvelope();
+  chunk["choices"] = Json::array({Json{{"index", 0},
+                                       {"delta", Json{{"role", "assistant"}, {"content", ""}}},
+                                       {"logprobs", nullptr},
+                                       {"finish_reason", nullptr}}});
+  if (context_.include_usage) chunk["usage"] = nullptr;
+  return SseEvent(chunk);
+}
+
+std::string CompletionFormatter::StreamEvents(const v1::GenerateResponse& response) {
+  const bool chat = context_.endpoint == Endpoint::kChat;
+  if (response.has_chunk()) {
+    const v1::TextChunk& piece = response.chunk();
+    if (piece.text().empty() && !(context_.logprobs && piece.token_ids_size() > 0)) return "";
+    Json choice;
+    choice["index"] = 0;
+    if (chat) {
+      choice["delta"] = Json{{"content", piece.text()}};
+    } else {
+      choice["text"] = piece.text();
+    }
+    choice["logprobs"] = Logprobs(piece, text_chars_);
+    choice["finish_reason"] = nullptr;
+    text_chars_ += CountCodePoints(piece.text());
+    Json chunk = ChunkEnvelope();
+    chunk["choices"] = Json::array({std::move(choice)});
+    if (context_.include_usage) chunk["usage"] = nullptr;
+    return SseEvent(chunk);
+  }
+  if (!response.has_complete()) return "";
+  complete_ = true;
+  final_ = response.complete();
+  Json choice;
+  choice["index"] = 0;
+  if (chat) {
+    choice["delta"] = Json::object();
+  } else {
+    choice["text"] = "";
+  }
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = FinishReason(final_.finish_reason());
+  choice["stop_reason"] = StopReason();
+  Json chunk = ChunkEnvelope();
+  chunk["choices"] = Json::array({std::move(choice)});
+  if (context_.include_usage) chunk["usage"] = nullptr;
+  std::string events = SseEvent(chunk);
+  if (context_.include_usage) {
+    Json usage_chunk = ChunkEnvelope();
+    usage_chunk["choices"] = Json::array();
+    usage_chunk["usage"] = Usage();
+    events += SseEvent(usage_chunk);
+  }
+  events += kSseDone;
+  return events;
+}
+
+std::string CompletionFormatter::StreamError(const absl::Status& status) {
+  return absl::StrCat(SseEvent(ErrorJson(status)), kSseDone);
+}
+
+void CompletionFormatter::Append(const v1::GenerateResponse& response) {
+  if (response.has_chunk()) {
+    const v1::TextChunk& piece = response.chunk();
+    if (context_.logprobs) {
+      Json lp = Logprobs(piece, text_chars_);
+      for (auto& [key, values] : lp.items()) {
+        for (Json& v : values) logprobs_[key].push_back(std::move(v));
+      }
+    }
+    text_ += piece.text();
+    text_chars_ += CountCodePoints(piece.text());
+  } else if (response.has_complete()) {
+    complete_ = true;
+    final_ = response.complete();
+  }
+}
+
+std::string CompletionFormatter::Body() const {
+  const bool chat = context_.endpoint == Endpoint::kChat;
+  Json choice;
+  choice["index"] = 0;
+  if (chat) {
+    choice["message"] = Json{{"role", "assistant"}, {"content", text_}};
+  } else {
+    choice["text"] = text_;
+  }
+  choice["logprobs"] = context_.logprobs ? logprobs_ : Json(nullptr);
+  choice["finish_reason"] = FinishReason(final_.finish_reason());
+  choice["stop_reason"] = StopReason();
+  Json body;
+  body["id"] = context_.id;
+  body["object"] = chat ? "chat.completion" : "text_completion";
+  body["created"] = context_.created;
+  body["model"] = context_.model;
+  body["choices"] = Json::array({std::move(choice)});
+  body["usage"] = Usage();
+  return body.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+}  // namespace mobius::router::openai

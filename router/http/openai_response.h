@@ -1,0 +1,88 @@
+// OpenAI response objects built from the service's stream messages: completion and chat
+// completion bodies, their streamed chunks as server-sent events, usage, logprobs, and the error
+// object with the HTTP status each absl code maps to.
+#ifndef MOBIUS_ROUTER_HTTP_OPENAI_RESPONSE_H_
+#define MOBIUS_ROUTER_HTTP_OPENAI_RESPONSE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "inference.pb.h"
+
+namespace mobius::router::openai {
+
+// 400 INVALID_ARGUMENT, 404 NOT_FOUND, 429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE,
+// 504 DEADLINE_EXCEEDED, 499 CANCELLED (nginx's "client closed request"), 500 otherwise.
+int HttpStatusFor(absl::StatusCode code);
+// {"error": {"message", "type", "param", "code"}}; param and code from the status' payloads
+// (openai_request.h) or null.
+nlohmann::ordered_json ErrorJson(const absl::Status& status);
+std::string ErrorBody(const absl::Status& status);
+// An error object for failures outside the API's own (413, 415, 405 ...): param and code null.
+std::string ErrorBody(absl::string_view message, absl::string_view type);
+// The retry hint in a RESOURCE_EXHAUSTED message, in whole seconds rounded up and at least 1:
+// the first number after "retry" ("retry after 2s", "retry in 1500 ms", "retry_after=3");
+// 1 when the message has none.
+int RetryAfterSeconds(absl::string_view message);
+
+// "data: <json>\n\n".
+std::string SseEvent(const nlohmann::ordered_json& data);
+inline constexpr char kSseDone[] = "data: [DONE]\n\n";
+
+enum class Endpoint { kCompletions, kChat };
+
+struct ResponseContext {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string id;       // "cmpl-<request id>" or "chatcmpl-<request id>"
+  int64_t created = 0;  // Unix seconds
+  std::string model;
+  bool logprobs = false;       // the client asked for logprobs
+  bool include_usage = false;  // streaming: a usage chunk before [DONE]
+};
+
+// Turns one request's GenerateResponse messages into OpenAI objects, either chunk by chunk
+// (streaming) or accumulated into one body. Logprob tokens are rendered "token_id:<id>" (vLLM's
+// --return-tokens-as-token-ids form), since the service streams ids, not token strings.
+class CompletionFormatter {
+ public:
+  explicit CompletionFormatter(ResponseContext context);
+  // The id may be learnt from the service's first message; set it before formatting.
+  void set_id(std::string id);
+  [[nodiscard]] const std::string& id() const { return context_.id; }
+
+  // Streaming. The first event: chat's {"role": "assistant"} delta; "" for completions.
+  [[nodiscard]] std::string StreamStart() const;
+  // The events of one message: a text chunk (none when it carries no text and no logprobs
+  // were asked for), or for `complete` the finish chunk, the usage chunk if asked for, and
+  // [DONE].
+  std::string StreamEvents(const v1::GenerateResponse& response);
+  // An error after the stream started: the error object as an event, then [DONE].
+  static std::string StreamError(const absl::Status& status);
+
+  // Non-streaming.
+  void Append(const v1::GenerateResponse& response);
+  [[nodiscard]] bool complete() const { return complete_; }
+  [[nodiscard]] std::string Body() const;
+
+ private:
+  nlohmann::ordered_json ChunkEnvelope() const;
+  nlohmann::ordered_json Logprobs(const v1::TextChunk& chunk, size_t text_offset) const;
+  nlohmann::ordered_json Usage() const;
+  [[nodiscard]] nlohmann::ordered_json StopReason() const;
+
+  ResponseContext context_;
+  std::string text_;                 // accumulated (non-streaming) or streamed so far
+  size_t text_chars_ = 0;            // code points in text_, for completions' text_offset
+  nlohmann::ordered_json logprobs_;  // accumulated (non-streaming)
+  bool complete_ = false;
+  v1::TextComplete final_;
+};
+
+}  // namespace mobius::router::openai
+
+#endif  // MOBIUS_ROUTER_HTTP_OPENAI_RESPONSE_H_
