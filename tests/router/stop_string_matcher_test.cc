@@ -1,0 +1,61 @@
+#include "router/core/stop_string_matcher.h"
+
+#include "gtest/gtest.h"
+
+namespace mobius::router {
+namespace {
+
+TEST(StopStringMatcherTest, WithoutStopStringsTextPassesThrough) {
+  StopStringMatcher m({});
+  EXPECT_EQ(m.Push("abc").text, "abc");
+  EXPECT_EQ(m.Flush(), "");
+}
+
+TEST(StopStringMatcherTest, HoldsBackAPossibleStartAndReleasesItWhenItIsNot) {
+  StopStringMatcher m({"STOP"});
+  StopStringMatcher::Result r = m.Push("hello ST");
+  EXPECT_EQ(r.text, "hello ");
+  EXPECT_FALSE(r.matched);
+  EXPECT_EQ(m.held_bytes(), 2u);
+  r = m.Push("ART");
+  EXPECT_EQ(r.text, "START");
+  EXPECT_EQ(m.Flush(), "");
+}
+
+TEST(StopStringMatcherTest, MatchAcrossPushesTruncatesBeforeIt) {
+  StopStringMatcher m({"STOP"});
+  EXPECT_EQ(m.Push("one S").text, "one ");
+  EXPECT_EQ(m.Push("T").text, "");
+  StopStringMatcher::Result r = m.Push("OP and more");
+  EXPECT_EQ(r.text, "");
+  ASSERT_TRUE(r.matched);
+  EXPECT_EQ(*r.matched, "STOP");
+  EXPECT_TRUE(m.matched());
+  EXPECT_EQ(m.Push("later").text, "");
+  EXPECT_EQ(m.Flush(), "");
+}
+
+TEST(StopStringMatcherTest, EarliestMatchWinsThenLongest) {
+  StopStringMatcher m({"world", "o w", "o"});
+  StopStringMatcher::Result r = m.Push("hello world");
+  ASSERT_TRUE(r.matched);
+  EXPECT_EQ(*r.matched, "o w");
+  EXPECT_EQ(r.text, "hell");
+}
+
+TEST(StopStringMatcherTest, FlushReleasesAnUnfinishedPrefix) {
+  StopStringMatcher m({"\n\n"});
+  EXPECT_EQ(m.Push("line\n").text, "line");
+  EXPECT_EQ(m.Flush(), "\n");
+}
+
+TEST(StopStringMatcherTest, MultiByteCharactersAreHeldWhole) {
+  StopStringMatcher m({"\xe4\xb8\xad\xe6\x96\x87"});  // "中文"
+  StopStringMatcher::Result r = m.Push("a\xe4\xb8\xad");
+  EXPECT_EQ(r.text, "a");
+  r = m.Push("\xe5\x9b\xbd");  // "国": not a match, release both characters
+  EXPECT_EQ(r.text, "\xe4\xb8\xad\xe5\x9b\xbd");
+}
+
+}  // namespace
+}  // namespace mobius::router
