@@ -189,7 +189,7 @@ void OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint, Response
     if (!params.ok()) return fail(params.status());
     absl::StatusOr<std::string> prompt = service_.RenderChat(params->messages, true);
     if (!prompt.ok()) return fail(prompt.status());
-    if (!params->sampling.has_max_tokens()) DefaultChatMaxTokens(*prompt, &params->sampling);
+    if (!params->sampling.has_max_tokens()) DefaultChatMaxTokens(&params->sampling);
     generate.set_text(*std::move(prompt));
     *generate.mutable_sampling_params() = std::move(params->sampling);
     stream = params->stream;
@@ -275,15 +275,12 @@ void OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint, Response
   sink.EndStream(/*close=*/client_gone);
 }
 
-void OpenAiApi::DefaultChatMaxTokens(const std::string& prompt, v1::SamplingParams* sampling) {
-  const int32_t context_length = MaxContextLength();
-  if (context_length <= 0) return;
-  v1::TokenizeRequest tokenize;
-  tokenize.set_text(prompt);
-  absl::StatusOr<v1::TokenizeResponse> ids = service_.Tokenize(tokenize);
-  if (!ids.ok()) return;
-  // A prompt that already fills the context is left for the service to reject.
-  if (ids->ids_size() < context_length) sampling->set_max_tokens(context_length - ids->ids_size());
+void OpenAiApi::DefaultChatMaxTokens(v1::SamplingParams* sampling) {
+  // The service clamps max_tokens to what the context leaves after the prompt, so the whole
+  // context length means "until the context is full" without tokenizing the prompt twice.
+  if (const int32_t context_length = MaxContextLength(); context_length > 0) {
+    sampling->set_max_tokens(context_length);
+  }
 }
 
 int32_t OpenAiApi::MaxContextLength() {

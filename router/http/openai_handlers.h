@@ -53,9 +53,9 @@ class OpenAiApi {
   void GetModel(const HttpRequest& request, const std::string& id, ResponseSink& sink);
   void Health(const HttpRequest& request, ResponseSink& sink);
   void Metrics(const HttpRequest& request, ResponseSink& sink);
-  // Fills in a chat request's max_tokens as what the context has left after the prompt,
-  // OpenAI's default; left unset (the service's default) when that cannot be worked out.
-  void DefaultChatMaxTokens(const std::string& prompt, v1::SamplingParams* sampling);
+  // OpenAI's chat default: generate until the context is full. Left unset (the service's
+  // default) when the context length is unknown.
+  void DefaultChatMaxTokens(v1::SamplingParams* sampling);
   // The model's context length, asked of the service once; 0 when unknown.
   int32_t MaxContextLength();
   std::string ModelName();

@@ -29,6 +29,8 @@ const char* ErrorType(absl::StatusCode code) {
       return "invalid_request_error";
     case absl::StatusCode::kNotFound:
       return "not_found_error";
+    case absl::StatusCode::kAlreadyExists:
+      return "conflict_error";
     case absl::StatusCode::kResourceExhausted:
       return "rate_limit_error";
     case absl::StatusCode::kUnavailable:
@@ -75,6 +77,8 @@ int HttpStatusFor(absl::StatusCode code) {
       return 400;
     case absl::StatusCode::kNotFound:
       return 404;
+    case absl::StatusCode::kAlreadyExists:  // a request id already in flight
+      return 409;
     case absl::StatusCode::kResourceExhausted:
       return 429;
     case absl::StatusCode::kUnavailable:

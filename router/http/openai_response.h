@@ -16,7 +16,8 @@
 
 namespace mobius::router::openai {
 
-// 400 INVALID_ARGUMENT, 404 NOT_FOUND, 429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE,
+// 400 INVALID_ARGUMENT (and OUT_OF_RANGE, FAILED_PRECONDITION), 404 NOT_FOUND, 409 ALREADY_EXISTS,
+// 429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE,
 // 504 DEADLINE_EXCEEDED, 499 CANCELLED (nginx's "client closed request"), 500 otherwise.
 int HttpStatusFor(absl::StatusCode code);
 // {"error": {"message", "type", "param", "code"}}; param and code from the status' payloads

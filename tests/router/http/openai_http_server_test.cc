@@ -1,0 +1,633 @@
+// OpenAiHttpServer over real HTTP on 127.0.0.1, against a fake InferenceService that streams
+// scripted messages and records what it was asked.
+#include "router/http/openai_http_server.h"
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <prometheus/counter.h>
+#include <prometheus/registry.h>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+
+namespace mobius::router {
+namespace {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+using Json = nlohmann::json;
+
+// A flag that may be raised many times and waited on.
+class Event {
+ public:
+  void Notify() {
+    absl::MutexLock lock(&mu_);
+    set_ = true;
+  }
+  bool HasBeenNotified() {
+    absl::MutexLock lock(&mu_);
+    return set_;
+  }
+  bool WaitForNotificationWithTimeout(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(absl::Condition(&set_), timeout);
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool set_ = false;
+};
+
+v1::GenerateResponse Chunk(const std::string& text, std::vector<int> ids = {7}) {
+  v1::GenerateResponse r;
+  r.mutable_chunk()->set_text(text);
+  for (int id : ids) r.mutable_chunk()->add_token_ids(id);
+  return r;
+}
+
+v1::GenerateResponse Complete(v1::FinishReason reason, int prompt_tokens, int completion_tokens) {
+  v1::GenerateResponse r;
+  r.mutable_complete()->set_finish_reason(reason);
+  r.mutable_complete()->mutable_usage()->set_prompt_tokens(prompt_tokens);
+  r.mutable_complete()->mutable_usage()->set_completion_tokens(completion_tokens);
+  return r;
+}
+
+class FakeService : public InferenceService {
+ public:
+  // What the next Generate calls do: stream `responses`, then (if `block`) wait until cancelled
+  // or 5 s, then return `status`.
+  std::vector<v1::GenerateResponse> responses;
+  absl::Status status;
+  bool block = false;
+  absl::Duration delay = absl::ZeroDuration();  // before each message
+  std::string service_request_id = "svc-1";     // stamped on messages when the client gave none
+
+  absl::Status Generate(
+      const v1::GenerateRequest& request, const CallContext& context,
+      const std::function<bool(const v1::GenerateResponse&)>& on_response) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      requests_.push_back(request);
+    }
+    started_.Notify();
+    for (v1::GenerateResponse r : responses) {
+      absl::SleepFor(delay);
+      r.set_request_id(request.request_id().empty() ? service_request_id : request.request_id());
+      if (!on_response(r)) {
+        saw_cancel_.Notify();
+        return absl::CancelledError("client went away");
+      }
+    }
+    if (block) {
+      const absl::Time until = absl::Now() + absl::Seconds(5);
+      while (absl::Now() < until) {
+        if (context.cancelled != nullptr && context.cancelled->load()) {
+          saw_cancel_.Notify();
+          return absl::CancelledError("cancelled");
+        }
+        absl::SleepFor(absl::Milliseconds(2));
+      }
+      return absl::DeadlineExceededError("the test never cancelled");
+    }
+    return status;
+  }
+
+  absl::StatusOr<std::string> RenderChat(const std::vector<tokenizer::ChatMessage>& messages,
+                                         bool add_generation_prompt) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    chat_messages_ = messages;
+    std::string out;
+    for (const auto& m : messages) out += "<" + m.role + ">" + m.content;
+    return out + (add_generation_prompt ? "<assistant>" : "");
+  }
+
+  absl::StatusOr<v1::TokenizeResponse> Tokenize(const v1::TokenizeRequest& request) override {
+    v1::TokenizeResponse out;
+    for (size_t i = 0; i < request.text().size(); ++i) out.add_ids(1);  // one id per byte
+    return out;
+  }
+
+  absl::StatusOr<v1::ModelInfo> GetModelInfo() override {
+    if (!model_info_ok) return absl::UnavailableError("no replica");
+    v1::ModelInfo info;
+    info.set_model_name("qwen-tiny");
+    info.set_max_context_length(100);
+    return info;
+  }
+
+  absl::StatusOr<v1::AbortResponse> Abort(const v1::AbortRequest&) override {
+    return v1::AbortResponse();
+  }
+  bool Ready() override { return ready.load(); }
+
+  std::vector<v1::GenerateRequest> requests() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return requests_;
+  }
+  std::vector<tokenizer::ChatMessage> chat_messages() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return chat_messages_;
+  }
+  Event& started() { return started_; }
+  Event& saw_cancel() { return saw_cancel_; }
+
+  std::atomic<bool> ready{true};
+  std::atomic<bool> model_info_ok{true};
+
+ private:
+  std::mutex mu_;
+  std::vector<v1::GenerateRequest> requests_;
+  std::vector<tokenizer::ChatMessage> chat_messages_;
+  Event started_;
+  Event saw_cancel_;
+};
+
+struct Reply {
+  unsigned status = 0;
+  http::fields headers;
+  std::string body;
+  std::string header(http::field name) const { return std::string(headers[name]); }
+  std::string header(const char* name) const { return std::string(headers[name]); }
+  Json json() const { return Json::parse(body, nullptr, /*allow_exceptions=*/false); }
+};
+
+// The `data:` payloads of a server-sent event stream, in order.
+std::vector<std::string> SseData(const std::string& body) {
+  std::vector<std::string> out;
+  for (absl::string_view event : absl::StrSplit(body, "\n\n", absl::SkipEmpty())) {
+    EXPECT_TRUE(absl::StartsWith(event, "data: ")) << event;
+    out.emplace_back(event.substr(6));
+  }
+  return out;
+}
+
+class HttpServerTest : public ::testing::Test {
+ protected:
+  void StartServer(HttpServerOptions options = {}) {
+    options.host = "127.0.0.1";
+    options.port = 0;
+    if (options.served_model_name.empty()) options.served_model_name = "mobius-test";
+    options.num_threads = 2;
+    absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> server =
+        OpenAiHttpServer::Start(service_, options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+  void SetUp() override { StartServer(); }
+
+  tcp::socket Connect() {
+    tcp::socket socket(ioc_);
+    beast::error_code ec;
+    socket.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), server_->port()), ec);
+    EXPECT_FALSE(ec) << ec.message();
+    return socket;
+  }
+
+  static http::request<http::string_body> MakeRequest(
+      http::verb method, const std::string& target, const std::string& body,
+      const std::vector<std::pair<std::string, std::string>>& headers) {
+    http::request<http::string_body> request(method, target, 11);
+    request.set(http::field::host, "127.0.0.1");
+    if (!body.empty()) request.set(http::field::content_type, "application/json");
+    for (const auto& [name, value] : headers) request.set(name, value);
+    request.body() = body;
+    request.prepare_payload();
+    return request;
+  }
+
+  Reply Send(tcp::socket& socket, http::verb method, const std::string& target,
+             const std::string& body = "",
+             const std::vector<std::pair<std::string, std::string>>& headers = {}) {
+    beast::error_code ec;
+    http::write(socket, MakeRequest(method, target, body, headers), ec);
+    EXPECT_FALSE(ec) << ec.message();
+    beast::flat_buffer buffer;
+    http::response<http::string_body> response;
+    http::read(socket, buffer, response, ec);
+    EXPECT_FALSE(ec) << ec.message();
+    Reply reply;
+    reply.status = response.result_int();
+    reply.headers = response.base();
+    reply.body = response.body();
+    return reply;
+  }
+
+  Reply Send(http::verb method, const std::string& target, const std::string& body = "",
+             const std::vector<std::pair<std::string, std::string>>& headers = {}) {
+    tcp::socket socket = Connect();
+    return Send(socket, method, target, body, headers);
+  }
+
+  Reply Post(const std::string& target, const Json& body,
+             const std::vector<std::pair<std::string, std::string>>& headers = {}) {
+    return Send(http::verb::post, target, body.dump(), headers);
+  }
+
+  void ExpectError(const Reply& reply, unsigned status, const std::string& param,
+                   const std::string& message_part) {
+    EXPECT_EQ(reply.status, status) << reply.body;
+    Json body = reply.json();
+    ASSERT_TRUE(body.contains("error")) << reply.body;
+    const Json& error = body["error"];
+    EXPECT_TRUE(error["type"].is_string()) << reply.body;
+    if (param.empty()) {
+      EXPECT_TRUE(error["param"].is_null()) << reply.body;
+    } else {
+      EXPECT_EQ(error["param"], param) << reply.body;
+    }
+    EXPECT_TRUE(absl::StrContains(error["message"].get<std::string>(), message_part)) << reply.body;
+  }
+
+  FakeService service_;
+  net::io_context ioc_;
+  std::unique_ptr<OpenAiHttpServer> server_;
+};
+
+TEST_F(HttpServerTest, CompletionWholeResponse) {
+  service_.responses = {Chunk("Hello"), Chunk(" world"), Complete(v1::FINISH_REASON_LENGTH, 3, 2)};
+  Reply reply = Post("/v1/completions",
+                     {{"model", "mobius-test"},
+                      {"prompt", "hi"},
+                      {"temperature", 0.5},
+                      {"top_k", 40},
+                      {"seed", 7},
+                      {"stop", "\n"},
+                      {"user", "ignored"}},
+                     {{"X-Request-Id", "abc"}});
+  ASSERT_EQ(reply.status, 200u) << reply.body;
+  EXPECT_EQ(reply.header("X-Request-Id"), "abc");
+  EXPECT_TRUE(absl::StartsWith(reply.header(http::field::content_type), "application/json"));
+  Json body = reply.json();
+  EXPECT_EQ(body["id"], "cmpl-abc");
+  EXPECT_EQ(body["object"], "text_completion");
+  EXPECT_EQ(body["model"], "mobius-test");
+  EXPECT_TRUE(body["created"].is_number_integer());
+  EXPECT_EQ(body["choices"][0]["index"], 0);
+  EXPECT_EQ(body["choices"][0]["text"], "Hello world");
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(body["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(body["usage"]["prompt_tokens"], 3);
+  EXPECT_EQ(body["usage"]["completion_tokens"], 2);
+  EXPECT_EQ(body["usage"]["total_tokens"], 5);
+
+  std::vector<v1::GenerateRequest> requests = service_.requests();
+  ASSERT_EQ(requests.size(), 1u);
+  const v1::GenerateRequest& request = requests[0];
+  EXPECT_EQ(request.request_id(), "abc");
+  EXPECT_EQ(request.text(), "hi");
+  EXPECT_EQ(request.sampling_params().max_tokens(), 16);  // OpenAI's default
+  EXPECT_FLOAT_EQ(request.sampling_params().temperature(), 0.5f);
+  EXPECT_EQ(request.sampling_params().top_k(), 40);
+  EXPECT_EQ(request.sampling_params().seed(), 7u);
+  ASSERT_EQ(request.sampling_params().stop_size(), 1);
+  EXPECT_EQ(request.sampling_params().stop(0), "\n");
+  EXPECT_FALSE(request.sampling_params().has_top_p());
+}
+
+TEST_F(HttpServerTest, ServiceAssignedIdIsReturned) {
+  service_.responses = {Chunk("x"), Complete(v1::FINISH_REASON_STOP, 1, 1)};
+  Reply reply = Post("/v1/completions", {{"prompt", "hi"}});
+  ASSERT_EQ(reply.status, 200u) << reply.body;
+  EXPECT_EQ(reply.header("X-Request-Id"), "svc-1");
+  EXPECT_EQ(reply.json()["id"], "cmpl-svc-1");
+  EXPECT_EQ(reply.json()["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(service_.requests()[0].request_id(), "");
+}
+
+TEST_F(HttpServerTest, CompletionStreamWithUsage) {
+  service_.responses = {Chunk("He"), Chunk("llo"), Complete(v1::FINISH_REASON_STOP, 4, 2)};
+  Reply reply = Post("/v1/completions", {{"prompt", "hi"},
+                                         {"max_tokens", 5},
+                                         {"stream", true},
+                                         {"stream_options", {{"include_usage", true}}}});
+  ASSERT_EQ(reply.status, 200u) << reply.body;
+  EXPECT_EQ(reply.header(http::field::content_type), "text/event-stream");
+  std::vector<std::string> data = SseData(reply.body);
+  ASSERT_EQ(data.size(), 5u) << reply.body;
+  EXPECT_EQ(data.back(), "[DONE]");
+  std::string text;
+  for (int i = 0; i < 2; ++i) {
+    Json chunk = Json::parse(data[i]);
+    EXPECT_EQ(chunk["object"], "text_completion");
+    EXPECT_EQ(chunk["id"], "cmpl-svc-1");
+    EXPECT_TRUE(chunk["choices"][0]["finish_reason"].is_null());
+    EXPECT_TRUE(chunk["usage"].is_null());
+    text += chunk["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(text, "Hello");
+  Json last = Json::parse(data[2]);
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
+  Json usage = Json::parse(data[3]);
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["prompt_tokens"], 4);
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 2);
+  EXPECT_EQ(usage["usage"]["total_tokens"], 6);
+  EXPECT_EQ(service_.requests()[0].sampling_params().max_tokens(), 5);
+}
+
+TEST_F(HttpServerTest, StreamWithoutUsageHasNoUsageField) {
+  service_.responses = {Chunk("a"), Complete(v1::FINISH_REASON_LENGTH, 1, 1)};
+  Reply reply = Post("/v1/completions", {{"prompt", "hi"}, {"stream", true}});
+  std::vector<std::string> data = SseData(reply.body);
+  ASSERT_EQ(data.size(), 3u) << reply.body;
+  EXPECT_EQ(data.back(), "[DONE]");
+  for (int i = 0; i < 2; ++i) EXPECT_FALSE(Json::parse(data[i]).contains("usage")) << data[i];
+  EXPECT_EQ(Json::parse(data[1])["choices"][0]["finish_reason"], "length");
+}
+
+TEST_F(HttpServerTest, ChatStreamSendsRoleFirst) {
+  service_.responses = {Chunk("Hi"), Chunk("!"), Complete(v1::FINISH_REASON_STOP, 9, 2)};
+  Json messages = Json::array({{{"role", "system"}, {"content", "be brief"}},
+                               {{"role", "user"},
+                                {"content", Json::array({{{"type", "text"}, {"text", "a"}},
+                                                         {{"type", "text"}, {"text", "b"}}})}}});
+  Reply reply = Post("/v1/chat/completions",
+                     {{"messages", messages}, {"stream", true}, {"max_completion_tokens", 8}});
+  ASSERT_EQ(reply.status, 200u) << reply.body;
+  std::vector<std::string> data = SseData(reply.body);
+  ASSERT_EQ(data.size(), 5u) << reply.body;
+  Json first = Json::parse(data[0]);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["id"], "chatcmpl-svc-1");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(Json::parse(data[1])["choices"][0]["delta"]["content"], "Hi");
+  EXPECT_EQ(Json::parse(data[2])["choices"][0]["delta"]["content"], "!");
+  EXPECT_EQ(Json::parse(data[3])["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(data[4], "[DONE]");
+
+  std::vector<tokenizer::ChatMessage> got = service_.chat_messages();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[1].role, "user");
+  EXPECT_EQ(got[1].content, "a\nb");
+  const v1::GenerateRequest request = service_.requests()[0];
+  EXPECT_EQ(request.text(), "<system>be brief<user>a\nb<assistant>");
+  EXPECT_EQ(request.sampling_params().max_tokens(), 8);
+}
+
+TEST_F(HttpServerTest, ChatWholeResponseDefaultsMaxTokensToTheContext) {
+  service_.responses = {Chunk("Hi"), Complete(v1::FINISH_REASON_STOP, 5, 1)};
+  Reply reply =
+      Post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "yo"}}}}});
+  ASSERT_EQ(reply.status, 200u) << reply.body;
+  Json body = reply.json();
+  EXPECT_EQ(body["object"], "chat.completion");
+  EXPECT_EQ(body["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(body["choices"][0]["message"]["content"], "Hi");
+  EXPECT_EQ(body["usage"]["total_tokens"], 6);
+  // The whole context; the service clamps it to what the prompt leaves.
+  EXPECT_EQ(service_.requests()[0].sampling_params().max_tokens(), 100);
+}
+
+TEST_F(HttpServerTest, TokenIdPromptsReachTheServiceAsIds) {
+  service_.responses = {Complete(v1::FINISH_REASON_STOP, 3, 0)};
+  ASSERT_EQ(Post("/v1/completions", {{"prompt", {1, 2, 3}}}).status, 200u);
+  ASSERT_EQ(Post("/v1/completions", {{"prompt", {{4, 5}}}}).status, 200u);
+  ASSERT_EQ(Post("/v1/completions", {{"prompt", {"one"}}}).status, 200u);
+  std::vector<v1::GenerateRequest> requests = service_.requests();
+  ASSERT_EQ(requests.size(), 3u);
+  ASSERT_TRUE(requests[0].has_input_ids());
+  EXPECT_EQ(
+      std::vector<int>(requests[0].input_ids().ids().begin(), requests[0].input_ids().ids().end()),
+      (std::vector<int>{1, 2, 3}));
+  EXPECT_EQ(requests[1].input_ids().ids_size(), 2);
+  EXPECT_EQ(requests[2].text(), "one");
+}
+
+TEST_F(HttpServerTest, RequestErrorsNameTheField) {
+  ExpectError(Post("/v1/completions", {{"prompt", {"a", "b"}}}), 400, "prompt",
+              "batch prompts not supported");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"temperature", "hot"}}), 400,
+              "temperature", "temperature must be a number, got \"hot\"");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 1.5}}), 400, "max_tokens",
+              "max_tokens must be an integer");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"n", 2}}), 400, "n", "n must be 1");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"echo", true}}), 400, "echo",
+              "echo is not supported");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"stop", {"a", "b", "c", "d", "e"}}}), 400,
+              "stop", "at most 4");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"stream", "yes"}}), 400, "stream",
+              "stream must be a boolean");
+  ExpectError(Post("/v1/completions", {{"temperature", 1}}), 400, "prompt", "prompt is required");
+  ExpectError(Post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", 5}}}}}),
+              400, "messages[0].content", "messages[0].content must be");
+  ExpectError(Send(http::verb::post, "/v1/completions", "{\"prompt\": "), 400, "",
+              "invalid JSON at byte");
+  ExpectError(Send(http::verb::post, "/v1/completions", "[1]"), 400, "", "must be a JSON object");
+
+  Reply model = Post("/v1/completions", {{"model", "gpt-4"}, {"prompt", "x"}});
+  ExpectError(model, 404, "model", "gpt-4");
+  EXPECT_EQ(model.json()["error"]["code"], "model_not_found");
+
+  Reply media = Send(http::verb::post, "/v1/completions", "{}", {{"Content-Type", "text/plain"}});
+  ExpectError(media, 415, "", "application/json");
+  EXPECT_TRUE(service_.requests().empty());
+}
+
+struct ServiceErrorCase {
+  absl::Status status;
+  unsigned http_status;
+};
+
+class ServiceErrorTest : public HttpServerTest,
+                         public ::testing::WithParamInterface<ServiceErrorCase> {};
+
+TEST_P(ServiceErrorTest, MapsToHttpStatus) {
+  service_.responses = {};
+  service_.status = GetParam().status;
+  for (bool stream : {false, true}) {
+    Reply reply = Post("/v1/completions", {{"prompt", "x"}, {"stream", stream}});
+    ExpectError(reply, GetParam().http_status, "", std::string(GetParam().status.message()));
+    EXPECT_EQ(reply.header(http::field::retry_after).empty(), GetParam().http_status != 429u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Codes, ServiceErrorTest,
+    ::testing::Values(ServiceErrorCase{absl::InvalidArgumentError("top_p must be in (0, 1]"), 400},
+                      ServiceErrorCase{absl::ResourceExhaustedError("queue full"), 429},
+                      ServiceErrorCase{absl::UnavailableError("no healthy replica"), 503},
+                      ServiceErrorCase{absl::DeadlineExceededError("too slow"), 504},
+                      ServiceErrorCase{absl::CancelledError("aborted"), 499},
+                      ServiceErrorCase{absl::InternalError("worker crashed"), 500}));
+
+TEST_F(HttpServerTest, RetryAfterComesFromTheHint) {
+  service_.status = absl::ResourceExhaustedError("128 requests queued; retry after 3s");
+  Reply reply = Post("/v1/completions", {{"prompt", "x"}});
+  EXPECT_EQ(reply.status, 429u);
+  EXPECT_EQ(reply.header(http::field::retry_after), "3");
+  EXPECT_EQ(reply.json()["error"]["code"], "rate_limit_exceeded");
+}
+
+TEST_F(HttpServerTest, ErrorAfterTheStreamStartedIsAnEvent) {
+  service_.responses = {Chunk("partial")};
+  service_.status = absl::UnavailableError("replica lost");
+  Reply reply = Post("/v1/completions", {{"prompt", "x"}, {"stream", true}});
+  ASSERT_EQ(reply.status, 200u);
+  std::vector<std::string> data = SseData(reply.body);
+  ASSERT_EQ(data.size(), 3u) << reply.body;
+  EXPECT_EQ(Json::parse(data[0])["choices"][0]["text"], "partial");
+  EXPECT_EQ(Json::parse(data[1])["error"]["message"], "replica lost");
+  EXPECT_EQ(data[2], "[DONE]");
+}
+
+TEST_F(HttpServerTest, ClientDisconnectMidStreamCancels) {
+  service_.responses = {Chunk("first")};
+  service_.block = true;
+  {
+    tcp::socket socket = Connect();
+    http::write(socket, MakeRequest(http::verb::post, "/v1/completions",
+                                    Json{{"prompt", "x"}, {"stream", true}}.dump(), {}));
+    // Wait for the first event, then go away.
+    std::string seen;
+    char buffer[1024];
+    while (!absl::StrContains(seen, "first")) {
+      beast::error_code ec;
+      size_t n = socket.read_some(net::buffer(buffer), ec);
+      ASSERT_FALSE(ec) << ec.message();
+      seen.append(buffer, n);
+    }
+  }
+  EXPECT_TRUE(service_.saw_cancel().WaitForNotificationWithTimeout(absl::Seconds(3)));
+}
+
+TEST_F(HttpServerTest, ClientDisconnectBeforeAnyOutputCancels) {
+  service_.block = true;
+  {
+    tcp::socket socket = Connect();
+    http::write(socket,
+                MakeRequest(http::verb::post, "/v1/completions", Json{{"prompt", "x"}}.dump(), {}));
+    ASSERT_TRUE(service_.started().WaitForNotificationWithTimeout(absl::Seconds(3)));
+  }
+  EXPECT_TRUE(service_.saw_cancel().WaitForNotificationWithTimeout(absl::Seconds(3)));
+}
+
+TEST_F(HttpServerTest, ModelsHealthAndRouting) {
+  Reply models = Send(http::verb::get, "/v1/models");
+  ASSERT_EQ(models.status, 200u);
+  Json list = models.json();
+  EXPECT_EQ(list["object"], "list");
+  ASSERT_EQ(list["data"].size(), 1u);
+  EXPECT_EQ(list["data"][0]["id"], "mobius-test");
+  EXPECT_EQ(list["data"][0]["object"], "model");
+  EXPECT_EQ(list["data"][0]["owned_by"], "mobius");
+  EXPECT_EQ(list["data"][0]["max_model_len"], 100);
+  EXPECT_EQ(Send(http::verb::get, "/v1/models/mobius-test").status, 200u);
+  EXPECT_EQ(Send(http::verb::get, "/v1/models/other").status, 404u);
+
+  EXPECT_EQ(Send(http::verb::get, "/health").status, 200u);
+  service_.ready = false;
+  EXPECT_EQ(Send(http::verb::get, "/health").status, 503u);
+
+  ExpectError(Send(http::verb::get, "/v2/nothing"), 404, "", "/v2/nothing");
+  Reply wrong_method = Send(http::verb::get, "/v1/completions");
+  ExpectError(wrong_method, 405, "", "GET");
+  EXPECT_EQ(wrong_method.header(http::field::allow), "POST");
+  EXPECT_EQ(Send(http::verb::post, "/health", "{}").status, 405u);
+  EXPECT_EQ(Send(http::verb::get, "/metrics").status, 404u);  // no registry given
+}
+
+TEST_F(HttpServerTest, ModelsWithoutModelInfoOmitsLength) {
+  service_.model_info_ok = false;
+  Reply models = Send(http::verb::get, "/v1/models");
+  ASSERT_EQ(models.status, 200u);
+  EXPECT_FALSE(models.json()["data"][0].contains("max_model_len"));
+}
+
+TEST_F(HttpServerTest, KeepAliveServesSeveralRequestsOnOneConnection) {
+  service_.responses = {Chunk("a"), Complete(v1::FINISH_REASON_STOP, 1, 1)};
+  tcp::socket socket = Connect();
+  EXPECT_EQ(Send(socket, http::verb::get, "/health").status, 200u);
+  Reply stream = Send(socket, http::verb::post, "/v1/completions",
+                      Json{{"prompt", "x"}, {"stream", true}}.dump());
+  EXPECT_EQ(SseData(stream.body).back(), "[DONE]");
+  EXPECT_EQ(Send(socket, http::verb::post, "/v1/completions", Json{{"prompt", "x"}}.dump()).status,
+            200u);
+  EXPECT_EQ(Send(socket, http::verb::get, "/v1/models").status, 200u);
+}
+
+TEST_F(HttpServerTest, ShutdownLetsStreamsFinishWithinGrace) {
+  service_.responses = {Chunk("a"), Chunk("b"), Chunk("c"), Complete(v1::FINISH_REASON_STOP, 1, 3)};
+  service_.delay = absl::Milliseconds(50);
+  Reply reply;
+  std::thread client([&] {
+    reply = Post("/v1/completions", Json{{"prompt", "x"}, {"stream", true}});
+  });
+  ASSERT_TRUE(service_.started().WaitForNotificationWithTimeout(absl::Seconds(3)));
+  server_->Shutdown(absl::Seconds(5));
+  client.join();
+  EXPECT_EQ(reply.status, 200u);
+  EXPECT_EQ(SseData(reply.body).back(), "[DONE]");
+  // No longer accepting.
+  tcp::socket socket(ioc_);
+  beast::error_code ec;
+  socket.connect(tcp::endpoint(net::ip::make_address("127.0.0.1"), server_->port()), ec);
+  EXPECT_TRUE(ec);
+}
+
+TEST_F(HttpServerTest, ShutdownAfterGraceCancelsRequests) {
+  service_.block = true;
+  std::thread client([&] {
+    tcp::socket socket = Connect();
+    http::write(socket,
+                MakeRequest(http::verb::post, "/v1/completions", Json{{"prompt", "x"}}.dump(), {}));
+    beast::flat_buffer buffer;
+    http::response<http::string_body> response;
+    beast::error_code ec;
+    http::read(socket, buffer, response, ec);  // the connection is closed under it
+  });
+  ASSERT_TRUE(service_.started().WaitForNotificationWithTimeout(absl::Seconds(3)));
+  const absl::Time start = absl::Now();
+  server_->Shutdown(absl::Milliseconds(50));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(4));
+  EXPECT_TRUE(service_.saw_cancel().HasBeenNotified());
+  client.join();
+}
+
+class SmallBodyTest : public HttpServerTest {
+ protected:
+  void SetUp() override {
+    HttpServerOptions options;
+    options.max_body_bytes = 1024;
+    options.metrics = &registry_;
+    prometheus::BuildCounter()
+        .Name("mobius_test_total")
+        .Help("A test counter.")
+        .Register(registry_)
+        .Add({{"kind", "x"}})
+        .Increment(3);
+    StartServer(options);
+  }
+  prometheus::Registry registry_;
+};
+
+TEST_F(SmallBodyTest, BodyOverTheLimitIs413) {
+  Reply reply = Post("/v1/completions", {{"prompt", std::string(4096, 'a')}});
+  ExpectError(reply, 413, "", "1024 bytes");
+  EXPECT_TRUE(service_.requests().empty());
+}
+
+TEST_F(SmallBodyTest, MetricsServesTheRegistry) {
+  Reply reply = Send(http::verb::get, "/metrics");
+  ASSERT_EQ(reply.status, 200u);
+  EXPECT_TRUE(absl::StartsWith(reply.header(http::field::content_type), "text/plain"));
+  EXPECT_TRUE(absl::StrContains(reply.body, "mobius_test_total{kind=\"x\"} 3")) << reply.body;
+}
+
+}  // namespace
+}  // namespace mobius::router

@@ -1,0 +1,252 @@
+// Request translation, response formatting and error mapping of the OpenAI front end, without
+// sockets.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/match.h"
+#include "router/http/openai_request.h"
+#include "router/http/openai_response.h"
+
+namespace mobius::router::openai {
+namespace {
+
+using Json = nlohmann::json;
+
+TEST(ParseCompletion, SamplingFields) {
+  absl::StatusOr<CompletionParams> params =
+      ParseCompletionRequest(Json{{"prompt", "p"},
+                                  {"top_p", 0.9},
+                                  {"top_k", 40.0},  // integral floats are integers
+                                  {"min_p", 0.1},
+                                  {"presence_penalty", 0.5},
+                                  {"frequency_penalty", -0.5},
+                                  {"repetition_penalty", 1.1},
+                                  {"seed", -1},
+                                  {"stop", {"a", "b"}},
+                                  {"stop_token_ids", {2, 3}},
+                                  {"ignore_eos", true},
+                                  {"logprobs", 2},
+                                  {"max_tokens", nullptr},  // null is unset
+                                  {"n", 1},
+                                  {"best_of", 1},
+                                  {"suffix", ""}},
+                             "m");
+  ASSERT_TRUE(params.ok()) << params.status();
+  const v1::SamplingParams& s = params->request.sampling_params();
+  EXPECT_FLOAT_EQ(s.top_p(), 0.9f);
+  EXPECT_EQ(s.top_k(), 40);
+  EXPECT_FLOAT_EQ(s.min_p(), 0.1f);
+  EXPECT_FLOAT_EQ(s.presence_penalty(), 0.5f);
+  EXPECT_FLOAT_EQ(s.frequency_penalty(), -0.5f);
+  EXPECT_FLOAT_EQ(s.repetition_penalty(), 1.1f);
+  EXPECT_EQ(s.seed(), ~uint64_t{0});
+  EXPECT_EQ(s.stop_size(), 2);
+  EXPECT_EQ(s.stop_token_ids_size(), 2);
+  EXPECT_TRUE(s.ignore_eos());
+  EXPECT_EQ(s.logprobs(), 2);
+  EXPECT_TRUE(params->logprobs);
+  EXPECT_EQ(s.max_tokens(), 16);
+  EXPECT_FALSE(s.has_temperature());
+  EXPECT_FALSE(params->stream);
+}
+
+TEST(ParseCompletion, IncludeUsageOnlyWhenStreaming) {
+  Json body{{"prompt", "p"}, {"stream_options", {{"include_usage", true}}}};
+  EXPECT_FALSE(ParseCompletionRequest(body, "")->include_usage);
+  body["stream"] = true;
+  EXPECT_TRUE(ParseCompletionRequest(body, "")->include_usage);
+}
+
+TEST(ParseCompletion, EmptyServedNameAcceptsAnyModel) {
+  EXPECT_TRUE(ParseCompletionRequest(Json{{"model", "x"}, {"prompt", "p"}}, "").ok());
+  absl::Status wrong = ParseCompletionRequest(Json{{"model", "x"}, {"prompt", "p"}}, "y").status();
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ErrorParam(wrong), "model");
+  EXPECT_EQ(ErrorCode(wrong), "model_not_found");
+}
+
+TEST(ParseCompletion, FieldErrors) {
+  struct Case {
+    Json body;
+    std::string param;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{{"prompt", 5}}, "prompt", "prompt must be a string or an array of token ids, got 5"},
+      {{{"prompt", Json::array()}}, "prompt", "prompt must not be empty"},
+      {{{"prompt", {1, -2}}}, "prompt[1]", "prompt[1] must be an integer in [0, 2147483647]"},
+      {{{"prompt", {1, "a"}}}, "prompt[1]", "prompt[1] must be an integer, got \"a\""},
+      {{{"prompt", "p"}, {"top_k", "40"}}, "top_k", "top_k must be an integer, got \"40\""},
+      {{{"prompt", "p"}, {"max_tokens", 1e12}}, "max_tokens", "max_tokens must be an integer in"},
+      {{{"prompt", "p"}, {"stop", {"ok", 3}}}, "stop[1]", "stop[1] must be a string, got 3"},
+      {{{"prompt", "p"}, {"stop", ""}}, "stop", "stop must not be an empty string"},
+      {{{"prompt", "p"}, {"stop_token_ids", 3}}, "stop_token_ids", "stop_token_ids must be"},
+      {{{"prompt", "p"}, {"logprobs", true}}, "logprobs", "logprobs must be an integer, got true"},
+      {{{"prompt", "p"}, {"ignore_eos", 1}}, "ignore_eos", "ignore_eos must be a boolean, got 1"},
+      {{{"prompt", "p"}, {"seed", 1.5}}, "seed", "seed must be an integer, got 1.5"},
+      {{{"prompt", "p"}, {"stream_options", {{"include_usage", "y"}}}},
+       "stream_options.include_usage",
+       "stream_options.include_usage must be a boolean"},
+      {{{"prompt", "p"}, {"temperature", {1}}},
+       "temperature",
+       "temperature must be a number, got an array"},
+      {{{"prompt", "p"}, {"best_of", 3}}, "best_of", "best_of must be 1"},
+      {{{"prompt", "p"}, {"suffix", "x"}}, "suffix", "suffix is not supported"},
+      {{{"prompt", "p"}, {"model", 3}}, "model", "model must be a string"},
+  };
+  for (const Case& c : cases) {
+    absl::Status status = ParseCompletionRequest(c.body, "").status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.body;
+    EXPECT_EQ(ErrorParam(status), c.param) << c.body;
+    EXPECT_TRUE(absl::StartsWith(status.message(), c.message)) << c.body << ": " << status;
+  }
+}
+
+TEST(ParseChat, MessagesAndLogprobs) {
+  absl::StatusOr<ChatParams> params = ParseChatRequest(
+      Json{{"messages",
+            {{{"role", "system"}, {"content", "s"}},
+             {{"role", "assistant"}, {"content", nullptr}},
+             {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "u"}}}}}}},
+           {"max_tokens", 5},
+           {"max_completion_tokens", 7},
+           {"logprobs", true},
+           {"top_logprobs", 3},
+           {"tools", Json::array()},
+           {"response_format", {{"type", "text"}}}},
+      "");
+  ASSERT_TRUE(params.ok()) << params.status();
+  ASSERT_EQ(params->messages.size(), 3u);
+  EXPECT_EQ(params->messages[1].content, "");
+  EXPECT_EQ(params->messages[2].content, "u");
+  EXPECT_EQ(params->sampling.max_tokens(), 7);
+  EXPECT_EQ(params->sampling.logprobs(), 3);
+  EXPECT_TRUE(params->logprobs);
+
+  absl::StatusOr<ChatParams> plain =
+      ParseChatRequest(Json{{"messages", {{{"role", "user"}, {"content", "x"}}}}}, "");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->sampling.has_max_tokens());
+  EXPECT_FALSE(plain->sampling.has_logprobs());
+}
+
+TEST(ParseChat, FieldErrors) {
+  const Json user = {{"role", "user"}, {"content", "x"}};
+  struct Case {
+    Json body;
+    std::string param;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {Json::object(), "messages", "messages is required"},
+      {{{"messages", Json::array()}}, "messages", "messages must not be empty"},
+      {{{"messages", {{{"content", "x"}}}}}, "messages[0].role", "messages[0].role is required"},
+      {{{"messages", {user, {{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}}},
+       "messages[1].content[0].type",
+       "messages[1].content[0].type \"image_url\" is not supported"},
+      {{{"messages", {{{"role", "user"}, {"content", {{{"type", "text"}}}}}}}},
+       "messages[0].content[0].text",
+       "messages[0].content[0].text is required"},
+      {{{"messages", {user}}, {"top_logprobs", 2}}, "top_logprobs", "top_logprobs requires"},
+      {{{"messages", {user}}, {"logprobs", 2}}, "logprobs", "logprobs must be a boolean"},
+      {{{"messages", {user}}, {"tools", {{{"type", "function"}}}}}, "tools", "tools are not"},
+      {{{"messages", {user}}, {"response_format", {{"type", "json_object"}}}},
+       "response_format.type",
+       "response_format.type must be \"text\""},
+  };
+  for (const Case& c : cases) {
+    absl::Status status = ParseChatRequest(c.body, "").status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.body;
+    EXPECT_EQ(ErrorParam(status), c.param) << c.body;
+    EXPECT_TRUE(absl::StartsWith(status.message(), c.message)) << c.body << ": " << status;
+  }
+}
+
+TEST(ParseJsonBody, MalformedAndDeep) {
+  absl::Status status = ParseJsonBody("{\"a\": tru}").status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(status.message(), "invalid JSON at byte")) << status;
+  EXPECT_FALSE(ParseJsonBody("").ok());
+  EXPECT_FALSE(ParseJsonBody(std::string(100000, '[')).ok());
+  EXPECT_TRUE(ParseJsonBody("{\"a\": [1, 2]}").ok());
+}
+
+TEST(Errors, RetryAfterHints) {
+  EXPECT_EQ(RetryAfterSeconds("queue full"), 1);
+  EXPECT_EQ(RetryAfterSeconds("queue full; retry after 3s"), 3);
+  EXPECT_EQ(RetryAfterSeconds("Retry in 2.5 seconds"), 3);
+  EXPECT_EQ(RetryAfterSeconds("retry_after=1500ms"), 2);
+  EXPECT_EQ(RetryAfterSeconds("retry after 10 ms"), 1);
+  EXPECT_EQ(RetryAfterSeconds("retry after 2 minutes"), 120);
+  EXPECT_EQ(RetryAfterSeconds("retry later"), 1);
+}
+
+TEST(Errors, ObjectShape) {
+  nlohmann::ordered_json e = ErrorJson(FieldError("top_p", "top_p must be a number"));
+  EXPECT_EQ(e["error"]["message"], "top_p must be a number");
+  EXPECT_EQ(e["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(e["error"]["param"], "top_p");
+  EXPECT_TRUE(e["error"]["code"].is_null());
+  EXPECT_EQ(HttpStatusFor(absl::StatusCode::kCancelled), 499);
+  EXPECT_EQ(HttpStatusFor(absl::StatusCode::kUnknown), 500);
+}
+
+v1::GenerateResponse LogprobChunk() {
+  v1::GenerateResponse r;
+  v1::TextChunk* chunk = r.mutable_chunk();
+  chunk->set_text("hé");
+  chunk->add_token_ids(11);
+  chunk->add_token_ids(12);
+  for (int k = 0; k < 2; ++k) {
+    v1::OutputLogprobs* lp = chunk->add_logprobs();
+    lp->set_logprob(-0.5f * (k + 1));
+    v1::TokenLogprob* top = lp->add_top();
+    top->set_token_id(99);
+    top->set_logprob(-0.25f);
+  }
+  return r;
+}
+
+TEST(Formatter, CompletionLogprobsAccumulate) {
+  CompletionFormatter f({Endpoint::kCompletions, "cmpl-1", 5, "m", /*logprobs=*/true, false});
+  f.Append(LogprobChunk());
+  f.Append(LogprobChunk());
+  v1::GenerateResponse done;
+  done.mutable_complete()->set_finish_reason(v1::FINISH_REASON_ABORT);
+  done.mutable_complete()->set_matched_string("###");
+  f.Append(done);
+  ASSERT_TRUE(f.complete());
+  Json body = Json::parse(f.Body());
+  const Json& lp = body["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"], Json({"token_id:11", "token_id:12", "token_id:11", "token_id:12"}));
+  EXPECT_EQ(lp["token_logprobs"][1], -1.0);
+  EXPECT_EQ(lp["top_logprobs"][0]["token_id:99"], -0.25);
+  EXPECT_EQ(lp["top_logprobs"][0]["token_id:11"], -0.5);
+  EXPECT_EQ(lp["text_offset"], Json({0, 0, 2, 2}));  // code points, per chunk
+  EXPECT_EQ(body["choices"][0]["text"], "héhé");
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "abort");
+  EXPECT_EQ(body["choices"][0]["stop_reason"], "###");
+}
+
+TEST(Formatter, ChatLogprobsStream) {
+  CompletionFormatter f({Endpoint::kChat, "chatcmpl-1", 5, "m", /*logprobs=*/true, false});
+  std::string event = f.StreamEvents(LogprobChunk());
+  ASSERT_TRUE(absl::StartsWith(event, "data: "));
+  Json chunk = Json::parse(event.substr(6));
+  const Json& content = chunk["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 2u);
+  EXPECT_EQ(content[0]["token"], "token_id:11");
+  EXPECT_EQ(content[0]["logprob"], -0.5);
+  EXPECT_EQ(content[0]["top_logprobs"][0]["token"], "token_id:99");
+}
+
+TEST(Formatter, EmptyChunksAreSkippedInStreams) {
+  CompletionFormatter f({Endpoint::kCompletions, "cmpl-1", 5, "m", false, false});
+  v1::GenerateResponse r;
+  r.mutable_chunk()->add_token_ids(3);
+  EXPECT_EQ(f.StreamEvents(r), "");
+  EXPECT_EQ(f.StreamStart(), "");
+}
+
+}  // namespace
+}  // namespace mobius::router::openai
