@@ -83,6 +83,7 @@ absl::Status BenchEngine() {
               "bound", "experts/layer", "tokens/s", "of bound");
   for (int context : contexts) {
     for (int batch : batches) {
+      model->DropCaches();
       absl::Status caches = model->CreateCaches(batch, context + steps + 4);
       if (!caches.ok()) {
         std::printf("%-8s %6d %8d   skipped: %s\n", "decode", batch, context,
@@ -145,6 +146,7 @@ absl::Status BenchEngine() {
     }
   }
   for (int length : prefills) {
+    model->DropCaches();
     absl::Status caches = model->CreateCaches(1, length + 1);
     if (!caches.ok()) {
       std::printf("%-8s %6d %8d   skipped: %s\n", "prefill", 1, length,

@@ -49,6 +49,12 @@ class HybridModel {
   absl::Status CreateCaches(int max_sequences, int max_tokens, int block_size = 16,
                             int num_kv_blocks = 0);
 
+  // Frees the caches (every sequence's state is lost), e.g. before re-creating them larger.
+  void DropCaches() {
+    kv_cache_.reset();
+    state_slots_.reset();
+  }
+
   // Gives `seq` a fresh state slot. Free with ReleaseSequence.
   absl::Status StartSequence(SequenceCache& seq);
   void ReleaseSequence(SequenceCache& seq);
