@@ -75,13 +75,8 @@ TEST_P(CudaFixtureTest, PromptLogitsMatchReferenceInBf16) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFixtureTest,
-                         ::testing::Values("qwen3next-tiny", "intern-s2-mobius-tiny"),
-                         [](const auto& info) {
-                           std::string name = info.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFixtureTest, ::testing::ValuesIn(kFixtureModels),
+                         FixtureParamName);
 
 }  // namespace
 }  // namespace mobius::testing

@@ -202,13 +202,8 @@ TEST_P(FixtureModelTest, TokenOutsideVocabularyIsRejectedWithoutChangingState) {
             absl::StatusCode::kInvalidArgument);
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureModelTest,
-                         ::testing::Values("qwen3next-tiny", "intern-s2-mobius-tiny"),
-                         [](const auto& info) {
-                           std::string name = info.param;
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(Fixtures, FixtureModelTest, ::testing::ValuesIn(kFixtureModels),
+                         FixtureParamName);
 
 }  // namespace
 }  // namespace mobius::testing

@@ -17,6 +17,12 @@ std::string FixturesDir() {
   const char* env = std::getenv("MOBIUS_FIXTURES_DIR");
   return env != nullptr && *env != '\0' ? env : MOBIUS_FIXTURES_DIR;
 }
+std::string FixtureParamName(const ::testing::TestParamInfo<std::string>& info) {
+  std::string name = info.param;
+  std::replace(name.begin(), name.end(), '-', '_');
+  return name;
+}
+
 std::string FixtureModelDir(const std::string& name) { return FixturesDir() + "/" + name; }
 
 ModelReference LoadReference(const std::string& model_dir) {

@@ -8,12 +8,17 @@
 #include <string>
 #include <vector>
 
+#include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "worker/model/hybrid_model.h"
 
 namespace mobius::testing {
 
 std::string FixturesDir();
+
+// The reference models, for parameterised tests, and a test-name printer for them.
+inline const std::vector<std::string> kFixtureModels = {"qwen3next-tiny", "intern-s2-mobius-tiny"};
+std::string FixtureParamName(const ::testing::TestParamInfo<std::string>& info);
 std::string FixtureModelDir(const std::string& name);
 
 struct ModelReference {
