@@ -561,6 +561,64 @@ TEST_F(HttpServerTest, KeepAliveServesSeveralRequestsOnOneConnection) {
   EXPECT_EQ(Send(socket, http::verb::get, "/v1/models").status, 200u);
 }
 
+TEST_F(HttpServerTest, PipelinedRequestsAreAnsweredInOrder) {
+  service_.responses = {Chunk("a"), Complete(v1::FINISH_REASON_STOP, 1, 1)};
+  service_.delay = absl::Milliseconds(20);  // the second request arrives while the first runs
+  tcp::socket socket = Connect();
+  http::write(socket, MakeRequest(http::verb::post, "/v1/completions",
+                                  Json{{"prompt", "x"}, {"stream", true}}.dump(),
+                                  {{"X-Request-Id", "one"}}));
+  http::write(socket, MakeRequest(http::verb::post, "/v1/completions", Json{{"prompt", "y"}}.dump(),
+                                  {{"X-Request-Id", "two"}}));
+  beast::flat_buffer buffer;
+  for (const char* id : {"one", "two"}) {
+    http::response<http::string_body> response;
+    beast::error_code ec;
+    http::read(socket, buffer, response, ec);
+    ASSERT_FALSE(ec) << ec.message();
+    EXPECT_EQ(response.result_int(), 200u);
+    EXPECT_EQ(std::string(response["X-Request-Id"]), id);
+  }
+}
+
+TEST_F(HttpServerTest, ExpectContinueGetsAnInterimResponse) {
+  service_.responses = {Chunk("a"), Complete(v1::FINISH_REASON_STOP, 1, 1)};
+  tcp::socket socket = Connect();
+  const std::string body = Json{{"prompt", "x"}}.dump();
+  http::request<http::string_body> request =
+      MakeRequest(http::verb::post, "/v1/completions", body, {{"Expect", "100-continue"}});
+  http::request_serializer<http::string_body> serializer(request);
+  http::write_header(socket, serializer);
+  beast::flat_buffer buffer;
+  http::response<http::empty_body> interim;
+  http::read(socket, buffer, interim);
+  EXPECT_EQ(interim.result(), http::status::continue_);
+  net::write(socket, net::buffer(body));
+  http::response<http::string_body> response;
+  http::read(socket, buffer, response);
+  EXPECT_EQ(response.result_int(), 200u) << response.body();
+}
+
+TEST_F(HttpServerTest, Http10StreamEndsWithTheConnection) {
+  service_.responses = {Chunk("a"), Complete(v1::FINISH_REASON_STOP, 1, 1)};
+  tcp::socket socket = Connect();
+  http::request<http::string_body> request = MakeRequest(
+      http::verb::post, "/v1/completions", Json{{"prompt", "x"}, {"stream", true}}.dump(), {});
+  request.version(10);
+  http::write(socket, request);
+  std::string all;
+  char chunk[1024];
+  beast::error_code ec;
+  while (!ec) {
+    size_t n = socket.read_some(net::buffer(chunk), ec);
+    all.append(chunk, n);
+  }
+  EXPECT_EQ(ec, net::error::eof);
+  EXPECT_TRUE(absl::StartsWith(all, "HTTP/1.0 200")) << all;
+  EXPECT_FALSE(absl::StrContains(all, "chunked")) << all;
+  EXPECT_TRUE(absl::EndsWith(all, "data: [DONE]\n\n")) << all;
+}
+
 TEST_F(HttpServerTest, ShutdownLetsStreamsFinishWithinGrace) {
   service_.responses = {Chunk("a"), Chunk("b"), Chunk("c"), Complete(v1::FINISH_REASON_STOP, 1, 3)};
   service_.delay = absl::Milliseconds(50);
