@@ -3,6 +3,7 @@
 #include "router/http/openai_http_server.h"
 
 #include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -20,7 +21,6 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 
 namespace mobius::router {
@@ -32,24 +32,27 @@ namespace net = boost::asio;
 using tcp = net::ip::tcp;
 using Json = nlohmann::json;
 
-// A flag that may be raised many times and waited on.
+// A flag that may be raised many times and waited on. (std::mutex rather than absl::Mutex: the
+// system absl is not built for ThreadSanitizer, which then reports its users' accesses.)
 class Event {
  public:
   void Notify() {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     set_ = true;
+    cv_.notify_all();
   }
   bool HasBeenNotified() {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return set_;
   }
   bool WaitForNotificationWithTimeout(absl::Duration timeout) {
-    absl::MutexLock lock(&mu_);
-    return mu_.AwaitWithTimeout(absl::Condition(&set_), timeout);
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [this] { return set_; });
   }
 
  private:
-  absl::Mutex mu_;
+  std::mutex mu_;
+  std::condition_variable cv_;
   bool set_ = false;
 };
 
