@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -93,8 +94,9 @@ class ServerImpl final : public OpenAiHttpServer {
 
   [[nodiscard]] const HttpServerOptions& options() const { return options_; }
   [[nodiscard]] bool stopping() const { return stopping_.load(); }
-  // Runs `request` through the API on a thread of its own; false (nothing run) when stopping.
-  bool Dispatch(std::shared_ptr<Exchange> exchange, openai::HttpRequest request);
+  // Runs `request` through the API on a thread of its own; UNAVAILABLE (nothing run) when
+  // stopping or out of threads.
+  absl::Status Dispatch(std::shared_ptr<Exchange> exchange, openai::HttpRequest request);
   void Unregister(Connection* connection);
 
  private:
@@ -245,12 +247,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
     exchange_ = exchange;
     stream_.expires_never();
     Watch();
-    if (!server_.Dispatch(exchange, request)) {
-      auto response = std::make_shared<openai::HttpResponse>(http::status::service_unavailable,
-                                                             request.version());
+    const unsigned version = request.version();
+    if (absl::Status status = server_.Dispatch(exchange, std::move(request)); !status.ok()) {
+      auto response =
+          std::make_shared<openai::HttpResponse>(http::status::service_unavailable, version);
       response->set(http::field::content_type, "application/json");
-      response->body() =
-          openai::ErrorBody("the server is shutting down", "service_unavailable_error");
+      response->body() = openai::ErrorBody(status.message(), "service_unavailable_error");
       response->keep_alive(false);
       response->prepare_payload();
       WriteResponse(response);
@@ -457,20 +459,29 @@ void ServerImpl::Unregister(Connection* connection) {
   connections_.erase(connection);
 }
 
-bool ServerImpl::Dispatch(std::shared_ptr<Exchange> exchange, openai::HttpRequest request) {
+absl::Status ServerImpl::Dispatch(std::shared_ptr<Exchange> exchange, openai::HttpRequest request) {
   {
     absl::MutexLock lock(&mu_);
-    if (stopping_.load()) return false;
+    if (stopping_.load()) return absl::UnavailableError("the server is shutting down");
     ++handlers_in_flight_;
   }
-  std::thread([this, exchange = std::move(exchange), request = std::move(request)]() mutable {
+  auto handle = [this, exchange = std::move(exchange), request = std::move(request)]() mutable {
     api_.Handle(request, *exchange);
     // Nothing that refers to the server may outlive the count below: Shutdown waits for it.
     exchange.reset();
     absl::MutexLock lock(&mu_);
     --handlers_in_flight_;
-  }).detach();
-  return true;
+  };
+  // std::thread reports a failure to start one (a thread limit reached) only by throwing.
+  try {
+    std::thread(std::move(handle)).detach();
+  } catch (const std::system_error& e) {
+    absl::MutexLock lock(&mu_);
+    --handlers_in_flight_;
+    return absl::UnavailableError(
+        absl::StrCat("cannot start a thread for the request: ", e.what()));
+  }
+  return absl::OkStatus();
 }
 
 void ServerImpl::ForEachConnection(const std::function<void(Connection&)>& fn) {
