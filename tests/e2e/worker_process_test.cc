@@ -4,6 +4,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <chrono>
 #include <thread>
 
@@ -30,8 +34,9 @@ class WorkerProcess {
     if (pid_ == 0) {
       const std::string port_flag = "--port=" + std::to_string(port);
       const std::string model = std::string(MOBIUS_FIXTURES_DIR) + "/qwen3next-tiny";
+      const std::string metrics_flag = "--metrics-port=" + std::to_string(port + 1);
       execl(MOBIUS_WORKER_BINARY, "mobius-worker", "--model", model.c_str(), port_flag.c_str(),
-            "--host=127.0.0.1", "--max-num-seqs=2", "--threads=1", nullptr);
+            metrics_flag.c_str(), "--host=127.0.0.1", "--max-num-seqs=2", "--threads=1", nullptr);
       _exit(127);
     }
   }
@@ -56,6 +61,26 @@ class WorkerProcess {
   pid_t pid_ = -1;
   bool exited_ = false;
 };
+
+// GET http://127.0.0.1:port/metrics with a plain socket; the response, or "" on failure.
+std::string FetchMetrics(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+      char buffer[4096];
+      ssize_t n;
+      while ((n = read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, n);
+    }
+  }
+  close(fd);
+  return response;
+}
 
 HealthCheckResponse::ServingStatus Health(grpc::health::v1::Health::Stub& stub) {
   grpc::ClientContext context;
@@ -91,6 +116,14 @@ TEST(WorkerProcessTest, ServesAndDrainsOnSigterm) {
   mobius::v1::WorkerGenerateResponse response;
   ASSERT_TRUE(reader->Read(&response));
   ASSERT_TRUE(response.has_chunk());
+
+  // The metrics endpoint shows the request running and tokens counted.
+  const std::string metrics = FetchMetrics(port + 1);
+  EXPECT_NE(metrics.find("200 OK"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("vllm:num_requests_running{model_name=\"qwen3next-tiny\"} 1"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("vllm:generation_tokens_total"), std::string::npos);
 
   std::thread terminator([&] { EXPECT_EQ(worker.Terminate(), 0); });
   int tokens = response.chunk().token_ids_size();

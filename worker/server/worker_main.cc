@@ -16,10 +16,10 @@
 #include "cli/model_flags.h"
 #include "common/flag_spelling.h"
 #include "common/logging.h"
+#include "common/metrics_http_server.h"
 #include "common/status_macros.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_builder.h"
-#include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 #include "worker/model/generation_defaults.h"
 #include "worker/runtime/engine.h"
@@ -71,13 +71,12 @@ absl::Status Run() {
   auto registry = std::make_shared<prometheus::Registry>();
   EngineMetrics metrics(registry, name, model->num_banks());
   options.metrics = &metrics;
-  std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<MetricsHttpServer> metrics_server;
   if (absl::GetFlag(FLAGS_metrics_port) > 0) {
-    const std::string metrics_address =
-        absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_metrics_port));
-    exposer = std::make_unique<prometheus::Exposer>(metrics_address);
-    exposer->RegisterCollectable(registry);
-    MOBIUS_LOG(INFO, "worker", "") << "metrics on http://" << metrics_address << "/metrics";
+    ASSIGN_OR_RETURN(metrics_server,
+                     MetricsHttpServer::Start(absl::GetFlag(FLAGS_host),
+                                              absl::GetFlag(FLAGS_metrics_port), registry));
+    MOBIUS_LOG(INFO, "worker", "") << "metrics on port " << metrics_server->port() << " /metrics";
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(*model, options));
   WorkerService service(

@@ -1,0 +1,26 @@
+// A minimal HTTP endpoint serving a Prometheus registry at GET /metrics (text format 0.0.4),
+// for processes that have no HTTP server of their own (the worker). One connection at a time:
+// scrapes are rare and small.
+#ifndef MOBIUS_COMMON_METRICS_HTTP_SERVER_H_
+#define MOBIUS_COMMON_METRICS_HTTP_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "prometheus/registry.h"
+
+namespace mobius {
+
+class MetricsHttpServer {
+ public:
+  // Binds host:port (0 picks a free port) and serves until destroyed.
+  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
+      const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry);
+  virtual ~MetricsHttpServer() = default;
+  [[nodiscard]] virtual int port() const = 0;
+};
+
+}  // namespace mobius
+
+#endif  // MOBIUS_COMMON_METRICS_HTTP_SERVER_H_
