@@ -9,6 +9,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/optional.h"
+#include "common/json_parse.h"
 
 namespace mobius::router::openai {
 namespace {
@@ -26,55 +27,6 @@ constexpr int kDefaultCompletionMaxTokens = 16;
 
 constexpr int64_t kInt32Min = std::numeric_limits<int32_t>::min();
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-
-// Forwards SAX events to nlohmann's DOM builder (exceptions off), capping the nesting depth and
-// remembering where parsing failed.
-class BodySax {
- public:
-  explicit BodySax(Json& root) : dom_(root, /*allow_exceptions_=*/false) {}
-
-  bool null() { return dom_.null(); }
-  bool boolean(bool v) { return dom_.boolean(v); }
-  bool number_integer(Json::number_integer_t v) { return dom_.number_integer(v); }
-  bool number_unsigned(Json::number_unsigned_t v) { return dom_.number_unsigned(v); }
-  bool number_float(Json::number_float_t v, const Json::string_t& s) {
-    return dom_.number_float(v, s);
-  }
-  bool string(Json::string_t& v) { return dom_.string(v); }
-  bool binary(Json::binary_t& v) { return dom_.binary(v); }
-  bool start_object(size_t len) { return Enter() && dom_.start_object(len); }
-  bool key(Json::string_t& k) { return dom_.key(k); }
-  bool end_object() {
-    --depth_;
-    return dom_.end_object();
-  }
-  bool start_array(size_t len) { return Enter() && dom_.start_array(len); }
-  bool end_array() {
-    --depth_;
-    return dom_.end_array();
-  }
-
-  template <class Exception>
-  bool parse_error(size_t position, const std::string& /*last_token*/, const Exception& ex) {
-    error_ = absl::StrCat("invalid JSON at byte ", position, ": ", ex.what());
-    return false;
-  }
-
-  [[nodiscard]] const std::string& error() const { return error_; }
-
- private:
-  bool Enter() {
-    if (++depth_ > kMaxDepth) {
-      error_ = absl::StrCat("request body nests deeper than ", kMaxDepth, " levels");
-      return false;
-    }
-    return true;
-  }
-
-  nlohmann::detail::json_sax_dom_parser<Json> dom_;
-  size_t depth_ = 0;
-  std::string error_;
-};
 
 // A short rendering of a value for error messages: scalars as JSON, containers by kind.
 std::string Describe(const Json& value) {
@@ -407,12 +359,8 @@ absl::Status ModelNotFoundError(absl::string_view model) {
 
 absl::StatusOr<Json> ParseJsonBody(absl::string_view body) {
   if (body.empty()) return FieldError("", "request body is empty; expected a JSON object");
-  Json root;
-  BodySax sax(root);
-  const bool ok = Json::sax_parse(body.begin(), body.end(), &sax);
-  if (!ok || !sax.error().empty()) {
-    return FieldError("", sax.error().empty() ? "invalid JSON" : sax.error());
-  }
+  absl::StatusOr<Json> root = ParseJson(body, JsonParseOptions{.max_depth = kMaxDepth});
+  if (!root.ok()) return FieldError("", absl::StrCat("request body: ", root.status().message()));
   return root;
 }
 

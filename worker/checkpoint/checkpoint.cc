@@ -1,6 +1,7 @@
 // Checkpoint: one model.safetensors or the shards of model.safetensors.index.json, merged into
 // one name -> TensorRecord index. Also ConvertToFloat.
 #include "worker/checkpoint/checkpoint.h"
+#include "worker/checkpoint/safetensors_format.h"
 
 #include <cstring>
 #include <filesystem>
@@ -15,7 +16,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "worker/checkpoint/json_parse.h"
 
 namespace mobius::worker {
 namespace {
@@ -56,7 +56,7 @@ struct ShardIndex {
 
 absl::StatusOr<ShardIndex> ReadIndex(const std::string& index_path) {
   ASSIGN_OR_RETURN(std::string text, ReadWholeFile(index_path));
-  ASSIGN_OR_RETURN(Json index, checkpoint_internal::ParseJson(text, index_path));
+  ASSIGN_OR_RETURN(Json index, checkpoint_internal::ParseCheckpointJson(text, index_path));
   if (!index.is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat(index_path, ": is a JSON ", index.type_name(), ", expected an object"));

@@ -19,7 +19,6 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "worker/checkpoint/checkpoint.h"
-#include "worker/checkpoint/json_parse.h"
 #include "worker/checkpoint/safetensors_format.h"
 
 namespace mobius::worker {
@@ -137,8 +136,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   }
   const absl::string_view header_text(reinterpret_cast<const char*>(bytes + kHeaderLengthBytes),
                                       header_length);
-  ASSIGN_OR_RETURN(Json header,
-                   checkpoint_internal::ParseJson(header_text, absl::StrCat(path, ": header")));
+  ASSIGN_OR_RETURN(Json header, checkpoint_internal::ParseCheckpointJson(
+                                    header_text, absl::StrCat(path, ": header")));
   if (!header.is_object()) {
     return FileError(path, absl::StrCat("header is a JSON ", header.type_name(),
                                         ", expected an object of tensor entries"));

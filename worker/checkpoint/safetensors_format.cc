@@ -1,6 +1,9 @@
 #include "worker/checkpoint/safetensors_format.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/json_parse.h"
+
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace mobius::worker::checkpoint_internal {
@@ -22,6 +25,17 @@ std::optional<uint64_t> CheckedByteSize(std::span<const int64_t> shape, kernels:
 
 std::string ShapeString(std::span<const int64_t> shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
+}
+
+absl::StatusOr<nlohmann::json> ParseCheckpointJson(absl::string_view text, absl::string_view what) {
+  // Safetensors headers and index files nest three levels deep; anything far deeper is not ours.
+  absl::StatusOr<nlohmann::json> json =
+      ParseJson(text, JsonParseOptions{.max_depth = 64, .reject_duplicate_keys = true});
+  if (!json.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " is not valid JSON: ", json.status().message()));
+  }
+  return json;
 }
 
 }  // namespace mobius::worker::checkpoint_internal

@@ -11,6 +11,10 @@
 
 #include "kernels/dtype.h"
 
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
+
 namespace mobius::worker::checkpoint_internal {
 
 inline constexpr size_t kHeaderLengthBytes = 8;
@@ -24,6 +28,10 @@ std::optional<uint64_t> CheckedByteSize(std::span<const int64_t> shape, kernels:
 
 // "[2048,128]" for messages.
 std::string ShapeString(std::span<const int64_t> shape);
+
+// Parses a header or index file strictly (duplicate keys rejected, nesting capped); `what`
+// prefixes the error, e.g. "model.safetensors: header".
+absl::StatusOr<nlohmann::json> ParseCheckpointJson(absl::string_view text, absl::string_view what);
 
 }  // namespace mobius::worker::checkpoint_internal
 

@@ -1,26 +1,22 @@
-#include "worker/checkpoint/json_parse.h"
+#include "common/json_parse.h"
 
-#include <cstddef>
 #include <set>
-#include <utility>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
-namespace mobius::worker::checkpoint_internal {
+namespace mobius {
 namespace {
 
 using Json = nlohmann::json;
 
-// Safetensors headers nest three levels deep and index files three; anything far deeper is not
-// one of ours.
-constexpr size_t kMaxDepth = 64;
-
-// Forwards SAX events to nlohmann's DOM builder (exceptions off) and adds the checks above.
+// Forwards SAX events to nlohmann's DOM builder (exceptions off) and adds the checks.
 class CheckingSax {
  public:
-  explicit CheckingSax(Json& root) : dom_(root, /*allow_exceptions_=*/false) {}
+  CheckingSax(Json& root, const JsonParseOptions& options)
+      : dom_(root, /*allow_exceptions_=*/false), options_(options) {}
 
   bool null() { return dom_.null(); }
   bool boolean(bool v) { return dom_.boolean(v); }
@@ -38,7 +34,7 @@ class CheckingSax {
     return dom_.start_object(len);
   }
   bool key(Json::string_t& k) {
-    if (!keys_.back().insert(k).second) {
+    if (options_.reject_duplicate_keys && !keys_.back().insert(k).second) {
       error_ = absl::StrCat("duplicate key \"", k, "\"");
       return false;
     }
@@ -49,18 +45,15 @@ class CheckingSax {
     --depth_;
     return dom_.end_object();
   }
-  bool start_array(size_t len) {
-    if (!Enter()) return false;
-    return dom_.start_array(len);
-  }
+  bool start_array(size_t len) { return Enter() && dom_.start_array(len); }
   bool end_array() {
     --depth_;
     return dom_.end_array();
   }
 
   template <class Exception>
-  bool parse_error(size_t /*position*/, const std::string& /*last_token*/, const Exception& ex) {
-    error_ = ex.what();
+  bool parse_error(size_t position, const std::string& /*last_token*/, const Exception& ex) {
+    error_ = absl::StrCat("invalid JSON at byte ", position, ": ", ex.what());
     return false;
   }
 
@@ -68,14 +61,15 @@ class CheckingSax {
 
  private:
   bool Enter() {
-    if (++depth_ > kMaxDepth) {
-      error_ = absl::StrCat("nesting deeper than ", kMaxDepth, " levels");
+    if (++depth_ > options_.max_depth) {
+      error_ = absl::StrCat("nesting deeper than ", options_.max_depth, " levels");
       return false;
     }
     return true;
   }
 
   nlohmann::detail::json_sax_dom_parser<Json> dom_;
+  const JsonParseOptions& options_;
   std::vector<std::set<std::string>> keys_;
   size_t depth_ = 0;
   std::string error_;
@@ -83,15 +77,14 @@ class CheckingSax {
 
 }  // namespace
 
-absl::StatusOr<Json> ParseJson(absl::string_view text, absl::string_view what) {
+absl::StatusOr<Json> ParseJson(absl::string_view text, const JsonParseOptions& options) {
   Json root;
-  CheckingSax sax(root);
+  CheckingSax sax(root, options);
   const bool ok = Json::sax_parse(text.begin(), text.end(), &sax);
   if (!ok || !sax.error().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " is not valid JSON: ", sax.error().empty() ? "parse failed" : sax.error()));
+    return absl::InvalidArgumentError(sax.error().empty() ? "invalid JSON" : sax.error());
   }
   return root;
 }
 
-}  // namespace mobius::worker::checkpoint_internal
+}  // namespace mobius
