@@ -9,6 +9,9 @@
 #include <sys/socket.h>
 
 #include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -124,6 +127,28 @@ TEST(WorkerProcessTest, ServesAndDrainsOnSigterm) {
             std::string::npos)
       << metrics;
   EXPECT_NE(metrics.find("vllm:generation_tokens_total"), std::string::npos);
+  // The exposition is valid Prometheus text format (promtool ships in Debian's `prometheus`,
+  // which .ci/run installs). promtool exits 1 on a parse error and 3 on lint findings; the only
+  // lint finding allowed is the ':' in the vllm:* names, which vLLM-compatible dashboards and
+  // autoscalers expect.
+  const size_t body = metrics.find("\r\n\r\n");
+  ASSERT_NE(body, std::string::npos);
+  const std::string path = ::testing::TempDir() + "/worker_metrics.txt";
+  std::ofstream(path) << metrics.substr(body + 4);
+  FILE* pipe = popen(("promtool check metrics < " + path + " 2>&1").c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string findings;
+  char line[512];
+  while (fgets(line, sizeof(line), pipe) != nullptr) findings += line;
+  const int status = pclose(pipe);
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  EXPECT_TRUE(code == 0 || code == 3) << "promtool exit " << code << " (is the prometheus "
+                                      << "package installed?):\n"
+                                      << findings;
+  std::istringstream lines(findings);
+  for (std::string f; std::getline(lines, f);) {
+    EXPECT_NE(f.find("metric names should not contain ':'"), std::string::npos) << f;
+  }
 
   std::thread terminator([&] { EXPECT_EQ(worker.Terminate(), 0); });
   int tokens = response.chunk().token_ids_size();
