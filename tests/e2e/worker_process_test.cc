@@ -17,53 +17,16 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
+#include "tests/util/child_process.h"
 #include "worker.grpc.pb.h"
 
 namespace {
 
 using grpc::health::v1::HealthCheckRequest;
 using grpc::health::v1::HealthCheckResponse;
-
-int FreePort() {
-  // Ports handed out sequentially per test process; collisions with other tests are unlikely in
-  // this range and the worker fails loudly if the port is taken.
-  return 41000 + (getpid() % 2000);
-}
-
-class WorkerProcess {
- public:
-  explicit WorkerProcess(int port) {
-    pid_ = fork();
-    if (pid_ == 0) {
-      const std::string port_flag = "--port=" + std::to_string(port);
-      const std::string model = std::string(MOBIUS_FIXTURES_DIR) + "/qwen3next-tiny";
-      const std::string metrics_flag = "--metrics-port=" + std::to_string(port + 1);
-      execl(MOBIUS_WORKER_BINARY, "mobius-worker", "--model", model.c_str(), port_flag.c_str(),
-            metrics_flag.c_str(), "--host=127.0.0.1", "--max-num-seqs=2", "--threads=1", nullptr);
-      _exit(127);
-    }
-  }
-  ~WorkerProcess() {
-    if (pid_ > 0 && !exited_) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  int Terminate() {
-    kill(pid_, SIGTERM);
-    return Wait();
-  }
-  int Wait() {
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    exited_ = true;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-
- private:
-  pid_t pid_ = -1;
-  bool exited_ = false;
-};
+using mobius::testing::ChildProcess;
+using mobius::testing::FreePort;
+using mobius::testing::Health;
 
 // GET http://127.0.0.1:port/metrics with a plain socket; the response, or "" on failure.
 std::string FetchMetrics(int port) {
@@ -85,19 +48,12 @@ std::string FetchMetrics(int port) {
   return response;
 }
 
-HealthCheckResponse::ServingStatus Health(grpc::health::v1::Health::Stub& stub) {
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  HealthCheckResponse response;
-  if (!stub.Check(&context, HealthCheckRequest(), &response).ok()) {
-    return HealthCheckResponse::UNKNOWN;
-  }
-  return response.status();
-}
-
 TEST(WorkerProcessTest, ServesAndDrainsOnSigterm) {
-  const int port = FreePort();
-  WorkerProcess worker(port);
+  const int port = FreePort(), metrics_port = FreePort();
+  const std::string model = std::string(MOBIUS_FIXTURES_DIR) + "/qwen3next-tiny";
+  ChildProcess worker({MOBIUS_WORKER_BINARY, "--model", model, "--port=" + std::to_string(port),
+                       "--metrics-port=" + std::to_string(metrics_port), "--host=127.0.0.1",
+                       "--max-num-seqs=2", "--threads=1"});
   auto channel =
       grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
   auto health = grpc::health::v1::Health::NewStub(channel);
@@ -121,7 +77,7 @@ TEST(WorkerProcessTest, ServesAndDrainsOnSigterm) {
   ASSERT_TRUE(response.has_chunk());
 
   // The metrics endpoint shows the request running and tokens counted.
-  const std::string metrics = FetchMetrics(port + 1);
+  const std::string metrics = FetchMetrics(metrics_port);
   EXPECT_NE(metrics.find("200 OK"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("vllm:num_requests_running{model_name=\"qwen3next-tiny\"} 1"),
             std::string::npos)

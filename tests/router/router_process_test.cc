@@ -17,77 +17,16 @@
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "inference.grpc.pb.h"
+#include "tests/util/child_process.h"
 
 namespace {
 
 using grpc::health::v1::HealthCheckRequest;
 using grpc::health::v1::HealthCheckResponse;
-
-// A port the kernel considers free right now.
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
-bool Listening(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(port);
-  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-  close(fd);
-  return ok;
-}
-
-class Process {
- public:
-  explicit Process(std::vector<std::string> args) {
-    pid_ = fork();
-    if (pid_ == 0) {
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-  }
-  ~Process() {
-    if (pid_ > 0 && !exited_) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-    }
-  }
-  int Terminate() {
-    kill(pid_, SIGTERM);
-    int status = 0;
-    waitpid(pid_, &status, 0);
-    exited_ = true;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-
- private:
-  pid_t pid_ = -1;
-  bool exited_ = false;
-};
-
-HealthCheckResponse::ServingStatus Health(grpc::health::v1::Health::Stub& stub) {
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  HealthCheckResponse response;
-  if (!stub.Check(&context, HealthCheckRequest(), &response).ok()) {
-    return HealthCheckResponse::UNKNOWN;
-  }
-  return response.status();
-}
+using mobius::testing::ChildProcess;
+using mobius::testing::FreePort;
+using mobius::testing::Health;
+using mobius::testing::Listening;
 
 mobius::v1::GenerateRequest Greedy(std::vector<int32_t> ids, int max_tokens) {
   mobius::v1::GenerateRequest request;
@@ -116,15 +55,16 @@ TEST(RouterProcessTest, ServesThroughAWorkerAndDrainsOnSigterm) {
   const int worker_port = FreePort();
   const int router_port = FreePort();
   const std::string fixtures = MOBIUS_FIXTURES_DIR;
-  Process worker({MOBIUS_WORKER_BINARY, "--model", fixtures + "/intern-s2-mobius-tiny",
-                  "--host=127.0.0.1", "--port=" + std::to_string(worker_port), "--max-num-seqs=4",
-                  "--threads=1"});
+  ChildProcess worker({MOBIUS_WORKER_BINARY, "--model", fixtures + "/intern-s2-mobius-tiny",
+                       "--host=127.0.0.1", "--port=" + std::to_string(worker_port),
+                       "--max-num-seqs=4", "--threads=1"});
   // Dash spelling and a repeated --worker (the second address has no worker: it stays unhealthy
   // and gets no requests).
-  Process router({MOBIUS_ROUTER_BINARY, "--worker", "127.0.0.1:" + std::to_string(worker_port),
-                  "--worker=127.0.0.1:" + std::to_string(FreePort()), "--host=127.0.0.1",
-                  "--grpc-port=" + std::to_string(router_port),
-                  "--tokenizer=" + fixtures + "/tokenizer-qwen3", "--health-check-interval-ms=50"});
+  ChildProcess router({MOBIUS_ROUTER_BINARY, "--worker", "127.0.0.1:" + std::to_string(worker_port),
+                       "--worker=127.0.0.1:" + std::to_string(FreePort()), "--host=127.0.0.1",
+                       "--grpc-port=" + std::to_string(router_port),
+                       "--tokenizer=" + fixtures + "/tokenizer-qwen3",
+                       "--health-check-interval-ms=50"});
   // Connect once the router listens, so that the channel does not sit in reconnect backoff.
   bool listening = false;
   for (int i = 0; i < 300 && !listening; ++i) {

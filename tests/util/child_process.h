@@ -1,0 +1,97 @@
+// Helpers for tests that run the project's binaries as real processes on loopback: a child
+// process that is killed if the test forgets it, a free port, and a grpc.health.v1 probe.
+#ifndef MOBIUS_TESTS_UTIL_CHILD_PROCESS_H_
+#define MOBIUS_TESTS_UTIL_CHILD_PROCESS_H_
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/client_context.h"
+
+namespace mobius::testing {
+
+// A port the kernel considers free right now.
+inline int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// True when something accepts TCP connections on 127.0.0.1:port.
+inline bool Listening(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  const bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+
+// Runs args[0] (a path) with the given arguments; SIGKILLed on destruction unless it exited.
+class ChildProcess {
+ public:
+  explicit ChildProcess(std::vector<std::string> args) {
+    pid_ = fork();
+    if (pid_ == 0) {
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+  }
+  ~ChildProcess() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  // Sends SIGTERM and returns the exit code (128 + signal when killed by one).
+  int Terminate() {
+    kill(pid_, SIGTERM);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    exited_ = true;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+ private:
+  pid_t pid_ = -1;
+  bool exited_ = false;
+};
+
+// The server's overall health, UNKNOWN when it does not answer within a second.
+inline grpc::health::v1::HealthCheckResponse::ServingStatus Health(
+    grpc::health::v1::Health::Stub& stub) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  grpc::health::v1::HealthCheckResponse response;
+  if (!stub.Check(&context, grpc::health::v1::HealthCheckRequest(), &response).ok()) {
+    return grpc::health::v1::HealthCheckResponse::UNKNOWN;
+  }
+  return response.status();
+}
+
+}  // namespace mobius::testing
+
+#endif  // MOBIUS_TESTS_UTIL_CHILD_PROCESS_H_
