@@ -84,6 +84,21 @@ enum class DType { kF32, kBF16, kF16, kI32 };
   return std::bit_cast<float>(bits);
 }
 
+// Element i of a host array of `dtype`, widened to fp32 (I32 converts by value).
+[[nodiscard]] inline float LoadAsFloat(const void* src, DType dtype, int64_t i) {
+  switch (dtype) {
+    case DType::kF32:
+      return static_cast<const float*>(src)[i];
+    case DType::kBF16:
+      return BF16ToFloat(static_cast<const uint16_t*>(src)[i]);
+    case DType::kF16:
+      return F16ToFloat(static_cast<const uint16_t*>(src)[i]);
+    case DType::kI32:
+      return static_cast<float>(static_cast<const int32_t*>(src)[i]);
+  }
+  return 0.0f;
+}
+
 }  // namespace mobius::kernels
 
 #endif  // MOBIUS_KERNELS_DTYPE_H_

@@ -94,19 +94,7 @@ void CpuBackend::CopyFromHost(const void* src, DType src_dtype, Tensor& dst) {
     return;
   }
   // Widen to fp32 first; a BF16 destination then rounds to nearest even.
-  auto load = [src, src_dtype](int64_t i) -> float {
-    switch (src_dtype) {
-      case DType::kF32:
-        return static_cast<const float*>(src)[i];
-      case DType::kBF16:
-        return BF16ToFloat(static_cast<const uint16_t*>(src)[i]);
-      case DType::kF16:
-        return F16ToFloat(static_cast<const uint16_t*>(src)[i]);
-      case DType::kI32:
-        return static_cast<float>(static_cast<const int32_t*>(src)[i]);
-    }
-    return 0.0f;
-  };
+  auto load = [src, src_dtype](int64_t i) { return LoadAsFloat(src, src_dtype, i); };
   switch (dst.dtype()) {
     case DType::kF32: {
       float* d = dst.data<float>();

@@ -147,7 +147,7 @@ class CudaBackend final : public Backend {
     const void* bytes = src;
     auto convert = [&](auto to_dst, size_t elem) {
       staged.resize(static_cast<size_t>(n) * elem);
-      for (int64_t i = 0; i < n; ++i) to_dst(i, SourceAsFloat(src, src_dtype, i));
+      for (int64_t i = 0; i < n; ++i) to_dst(i, LoadAsFloat(src, src_dtype, i));
     };
     switch (dst.dtype()) {
       case DType::kBF16:
@@ -263,20 +263,6 @@ class CudaBackend final : public Backend {
                   std::span<int64_t> expert_tokens) override;
 
  private:
-  static float SourceAsFloat(const void* src, DType dtype, int64_t i) {
-    switch (dtype) {
-      case DType::kF32:
-        return static_cast<const float*>(src)[i];
-      case DType::kBF16:
-        return BF16ToFloat(static_cast<const uint16_t*>(src)[i]);
-      case DType::kF16:
-        return F16ToFloat(static_cast<const uint16_t*>(src)[i]);
-      case DType::kI32:
-        break;
-    }
-    Fail("CopyFromHost: I32 sources convert to I32 only");
-  }
-
   // Makes this backend's device current for the calling thread.
   void Enter() { CheckCuda(cudaSetDevice(device_), "cudaSetDevice"); }
 

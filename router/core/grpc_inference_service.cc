@@ -1,5 +1,7 @@
 #include "router/core/grpc_inference_service.h"
 
+#include "common/grpc_status.h"
+
 #include <utility>
 #include <vector>
 
@@ -10,12 +12,6 @@
 #include "grpcpp/server_builder.h"
 
 namespace mobius::router {
-
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  // absl and gRPC share the canonical code numbers.
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
 
 GrpcInferenceService::GrpcInferenceService(InferenceService& service) : service_(service) {
   watcher_ = std::thread([this] { WatchCancellations(); });

@@ -21,9 +21,6 @@
 
 namespace mobius::router {
 
-// absl::Status -> grpc::Status with the same canonical code and message.
-grpc::Status ToGrpcStatus(const absl::Status& status);
-
 class GrpcInferenceService final : public v1::Inference::Service {
  public:
   // `service` must outlive this object.

@@ -1,5 +1,7 @@
 #include "worker/server/worker_service.h"
 
+#include "common/grpc_status.h"
+
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -7,11 +9,6 @@
 #include "worker/server/proto_convert.h"
 
 namespace mobius::worker {
-
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
 
 WorkerService::WorkerService(Engine& engine, const ModelConfig& config, std::string model_name,
                              std::vector<int32_t> eos_token_ids, int max_model_len)

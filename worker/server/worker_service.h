@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/grpc_status.h"
 #include "worker.grpc.pb.h"
 #include "worker/runtime/engine.h"
 
@@ -30,9 +31,6 @@ class WorkerService final : public v1::Worker::Service {
   v1::ModelInfo info_;
   std::atomic<uint64_t> next_id_{0};
 };
-
-// absl::Status -> grpc::Status with the same canonical code.
-grpc::Status ToGrpcStatus(const absl::Status& status);
 
 }  // namespace mobius::worker
 
