@@ -1,6 +1,6 @@
-// Diagnoses where the bf16 CUDA model departs from the fp32 CPU model: the fixture truncated to
-// its first N layers, both backends, the same prompt; prints the logits error per N and per
-// position range. Skipped without a GPU.
+// Where the bf16 CUDA model departs from the fp32 CPU model: the fixture truncated to its first
+// N layers, both backends, the same prompt; prints the logits error per N and per position range
+// and asserts that one layer agrees on the first tokens. Skipped without a GPU.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -62,6 +62,9 @@ TEST(CudaLayerwiseTest, ErrorPerDepth) {
           name, c.num_hidden_layers,
           c.layer_types.back() == worker::LayerType::kFullAttention ? "..A" : "..D",
           err(0, prompt.size()), err(0, 8), err(60, 70), err(120, prompt.size()));
+      // One layer in bf16 stays close to fp32 on the first tokens (measured on an H200:
+      // 7.5e-3 and 1.4e-2); the error that grows later comes from routing flips.
+      if (layers == 1) EXPECT_LT(err(0, 8), 5e-2) << name;
       if (layers <= 1) {
         std::string bad;
         for (size_t t = 0; t < prompt.size(); ++t) {
