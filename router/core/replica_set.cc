@@ -77,6 +77,9 @@ ReplicaSet::~ReplicaSet() {
     stopping_ = true;
   }
   if (poller_.joinable()) poller_.join();
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](int* in_flight) { return *in_flight == 0; }, &aborts_in_flight_));
 }
 
 void ReplicaSet::PollLoop() {
@@ -214,6 +217,33 @@ void ReplicaSet::ReportFailure(int replica) {
         << "replica " << r.address << " failed a request; skipped until its next health check";
   }
   r.healthy = false;
+}
+
+void ReplicaSet::AbortOnReplica(int replica, const std::string& request_id) {
+  struct Call {
+    grpc::ClientContext context;
+    v1::AbortRequest request;
+    v1::AbortResponse response;
+  };
+  auto* call = new Call;
+  call->request.set_request_id(request_id);
+  call->context.set_deadline(absl::ToChronoTime(absl::Now() + options_.health_check_timeout));
+  {
+    absl::MutexLock lock(&mu_);
+    ++aborts_in_flight_;
+  }
+  Replica& r = *replicas_[replica];
+  r.worker->async()->Abort(&call->context, &call->request, &call->response,
+                           [this, call, address = r.address](grpc::Status status) {
+                             if (!status.ok()) {
+                               MOBIUS_LOG(WARNING, "router", call->request.request_id())
+                                   << "Abort on replica " << address
+                                   << " failed: " << status.error_message();
+                             }
+                             delete call;
+                             absl::MutexLock lock(&mu_);
+                             --aborts_in_flight_;
+                           });
 }
 
 std::optional<v1::ModelInfo> ReplicaSet::model_info() const {

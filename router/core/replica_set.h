@@ -91,6 +91,11 @@ class ReplicaSet {
   // succeeds again.
   void ReportFailure(int replica);
 
+  // Sends Worker.Abort(request_id) to the replica without waiting for the answer, so the worker
+  // frees the request's slot at its next step even while its stream is still being torn down.
+  // Failures are only logged: the stream's cancellation frees the slot too, a little later.
+  void AbortOnReplica(int replica, const std::string& request_id);
+
   // The model served, from the first replica that answered GetModelInfo; max_context_length is
   // the smallest over the compatible replicas. nullopt until a replica answered.
   [[nodiscard]] std::optional<v1::ModelInfo> model_info() const;
@@ -117,6 +122,8 @@ class ReplicaSet {
   std::optional<v1::ModelInfo> model_info_ ABSL_GUARDED_BY(mu_);
   uint64_t round_robin_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Abort calls not answered yet; the destructor waits for them (each has a deadline).
+  int aborts_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread poller_;
 };
 

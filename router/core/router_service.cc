@@ -106,6 +106,7 @@ class RouterService::RequestRun {
         return s;
       }
       if (active_.aborted.load()) {
+        service_.replicas_->AbortOnReplica(lease.replica(), prepared_.request_id);
         stream.Cancel();
         stream.Finish();
         return Complete(v1::FINISH_REASON_ABORT, std::nullopt, 0, /*flush=*/true);
@@ -126,7 +127,9 @@ class RouterService::RequestRun {
                                                  ": the client stopped reading the stream"));
       }
       if (matched_stop_) {
-        // The worker would go on generating: free its slot now.
+        // The worker would go on generating. Abort frees its slot at the worker's next step;
+        // cancelling the stream alone would wait for the worker to notice the cancelled call.
+        service_.replicas_->AbortOnReplica(lease.replica(), prepared_.request_id);
         stream.Cancel();
         stream.Finish();
         return Complete(v1::FINISH_REASON_STOP, std::nullopt, 0, /*flush=*/false);

@@ -284,6 +284,10 @@ TEST_F(RouterServiceTest, OverloadIsResourceExhaustedWithRetryHintAndAbortEndsTh
   EXPECT_EQ(first.complete.finish_reason(), v1::FINISH_REASON_ABORT);
   EXPECT_EQ(first.complete.usage().completion_tokens(), static_cast<int>(first.tokens.size()));
   EXPECT_TRUE(workers_[0]->WaitIdle(1000));
+  for (int i = 0; i < 100 && workers_[0]->abort_calls().empty(); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(workers_[0]->abort_calls(), std::vector<std::string>{"long"});
 
   abort.set_request_id("unknown");
   EXPECT_FALSE(router_->Abort(abort)->found());
@@ -323,6 +327,7 @@ TEST_F(RouterServiceTest, StopStringTruncatesTheTextAndEndsTheRequest) {
   v1::GenerateRequest request = GreedyRequest(Prompt(0), 200);
   request.mutable_sampling_params()->add_stop("never appears \xe2\x9c\x93");
   request.mutable_sampling_params()->add_stop(stop);
+  request.set_request_id("stopped");
   Collected c = RunGenerate(*router_, request);
   ASSERT_TRUE(c.status.ok()) << c.status;
   EXPECT_EQ(c.text, full.substr(0, match)) << "stop \"" << stop << "\"";
@@ -331,6 +336,11 @@ TEST_F(RouterServiceTest, StopStringTruncatesTheTextAndEndsTheRequest) {
   EXPECT_EQ(c.tokens, std::vector<int32_t>(expected.begin(), expected.begin() + k));
   EXPECT_EQ(c.complete.usage().completion_tokens(), static_cast<int>(k));
   EXPECT_TRUE(workers_[0]->WaitIdle(1000));
+  // The router asked the worker to abort the request (not only cancelled its stream).
+  for (int i = 0; i < 100 && workers_[0]->abort_calls().empty(); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(workers_[0]->abort_calls(), std::vector<std::string>{"stopped"});
 }
 
 TEST_F(RouterServiceTest, TokenizeModelInfoAndDrain) {

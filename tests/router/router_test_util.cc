@@ -3,6 +3,9 @@
 #include <chrono>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
 #include "grpcpp/create_channel.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_builder.h"
@@ -10,6 +13,44 @@
 #include "tests/model/fixture_util.h"
 
 namespace mobius::router::testing {
+
+// The real WorkerService, with a record of the Abort calls (so that tests can tell an Abort RPC
+// from a cancelled stream, which end the same way in the engine).
+class InProcessWorker::RecordingService final : public v1::Worker::Service {
+ public:
+  explicit RecordingService(worker::WorkerService& inner) : inner_(inner) {}
+
+  grpc::Status Generate(grpc::ServerContext* context, const v1::WorkerGenerateRequest* request,
+                        grpc::ServerWriter<v1::WorkerGenerateResponse>* writer) override {
+    return inner_.Generate(context, request, writer);
+  }
+  grpc::Status Abort(grpc::ServerContext* context, const v1::AbortRequest* request,
+                     v1::AbortResponse* response) override {
+    {
+      absl::MutexLock lock(&mu_);
+      aborts_.push_back(request->request_id());
+    }
+    return inner_.Abort(context, request, response);
+  }
+  grpc::Status GetLoads(grpc::ServerContext* context, const v1::GetLoadsRequest* request,
+                        v1::GetLoadsResponse* response) override {
+    return inner_.GetLoads(context, request, response);
+  }
+  grpc::Status GetModelInfo(grpc::ServerContext* context, const v1::GetModelInfoRequest* request,
+                            v1::ModelInfo* response) override {
+    return inner_.GetModelInfo(context, request, response);
+  }
+
+  std::vector<std::string> aborts() {
+    absl::MutexLock lock(&mu_);
+    return aborts_;
+  }
+
+ private:
+  worker::WorkerService& inner_;
+  absl::Mutex mu_;
+  std::vector<std::string> aborts_ ABSL_GUARDED_BY(mu_);
+};
 
 InProcessWorker::InProcessWorker(const WorkerOptions& options) {
   const std::string dir = mobius::testing::FixtureModelDir(kModel);
@@ -30,10 +71,11 @@ InProcessWorker::InProcessWorker(const WorkerOptions& options) {
   engine_ = std::move(*engine);
   service_ = std::make_unique<worker::WorkerService>(*engine_, model_->config(), "tiny",
                                                      std::vector<int32_t>{}, options.max_model_len);
+  recording_ = std::make_unique<RecordingService>(*service_);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-  builder.RegisterService(service_.get());
+  builder.RegisterService(recording_.get());
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
     ADD_FAILURE() << "worker server did not start";
@@ -72,6 +114,10 @@ bool InProcessWorker::WaitIdle(int timeout_ms) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return false;
+}
+
+std::vector<std::string> InProcessWorker::abort_calls() {
+  return recording_ ? recording_->aborts() : std::vector<std::string>();
 }
 
 Collected RunGenerate(InferenceService& service, const v1::GenerateRequest& request,

@@ -41,12 +41,17 @@ class InProcessWorker {
   v1::GetLoadsResponse Loads();
   // Polls GetLoads until nothing runs or waits; false after `timeout_ms`.
   bool WaitIdle(int timeout_ms);
+  // Request ids of the Worker.Abort calls received so far, in order.
+  [[nodiscard]] std::vector<std::string> abort_calls();
 
  private:
+  class RecordingService;
+
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<worker::HybridModel> model_;
   std::unique_ptr<worker::Engine> engine_;
   std::unique_ptr<worker::WorkerService> service_;
+  std::unique_ptr<RecordingService> recording_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<v1::Worker::Stub> stub_;
   int port_ = 0;
