@@ -74,6 +74,7 @@ absl::Status BenchEngine() {
   const auto t_load = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(std::unique_ptr<worker::HybridModel> model,
                    worker::LoadHybridModel(source, *backend));
+  ApplyModelRuntimeFlags(*model);
   std::fprintf(stderr, "bench: model ready in %.1f s\n",
                Seconds(t_load, std::chrono::steady_clock::now()));
   const worker::ModelConfig& config = model->config();
@@ -84,7 +85,7 @@ absl::Status BenchEngine() {
   for (int context : contexts) {
     for (int batch : batches) {
       model->DropCaches();
-      absl::Status caches = model->CreateCaches(batch, context + steps + 4);
+      absl::Status caches = model->CreateCaches(batch, context + steps + 8);
       if (!caches.ok()) {
         std::printf("%-8s %6d %8d   skipped: %s\n", "decode", batch, context,
                     std::string(caches.message()).c_str());
@@ -120,9 +121,13 @@ absl::Status BenchEngine() {
         for (int64_t n : layer) touched += n > 0;
       }
       const double touched_per_layer = moe_layers > 0 ? touched / moe_layers : 0;
-      for (int w = 0; w < 2; ++w) RETURN_IF_ERROR(model->Forward(step, {}, logits));
+      // The logits stay on the device: the step is the model's forward pass (what the bound
+      // counts), not the host copy of [batch, vocab] floats.
+      worker::ForwardOptions timed;
+      timed.copy_logits = false;
+      for (int w = 0; w < 3; ++w) RETURN_IF_ERROR(model->Forward(step, timed, logits));
       const auto t0 = std::chrono::steady_clock::now();
-      for (int s = 0; s < steps; ++s) RETURN_IF_ERROR(model->Forward(step, {}, logits));
+      for (int s = 0; s < steps; ++s) RETURN_IF_ERROR(model->Forward(step, timed, logits));
       const double per_step = Seconds(t0, std::chrono::steady_clock::now()) / steps;
       worker::DecodeCostOptions cost;
       cost.batch = batch;
@@ -135,7 +140,13 @@ absl::Status BenchEngine() {
       std::printf("%-8s %6d %8d %9.3f ms %9.3f ms %14.1f %10.0f %9.0f%%\n", "decode", batch,
                   context, per_step * 1e3, bound * 1e3, touched_per_layer, batch / per_step,
                   100 * bound / per_step);
+      const bool graphs = model->num_decode_graphs() > 0;
+      if (!model->capture_error().ok()) {
+        std::fprintf(stderr, "bench: decode steps not recorded: %s\n",
+                     std::string(model->capture_error().message()).c_str());
+      }
       results.push_back({{"phase", "decode"},
+                         {"cuda_graph", graphs},
                          {"batch", batch},
                          {"context", context},
                          {"step_ms", per_step * 1e3},
@@ -161,8 +172,10 @@ absl::Status BenchEngine() {
       RETURN_IF_ERROR(model->StartSequence(seq));
       worker::SequenceStep step{prompt, &seq};
       std::vector<float> logits;
+      worker::ForwardOptions timed;
+      timed.copy_logits = false;
       const auto t0 = std::chrono::steady_clock::now();
-      RETURN_IF_ERROR(model->Forward(std::span(&step, 1), {}, logits));
+      RETURN_IF_ERROR(model->Forward(std::span(&step, 1), timed, logits));
       if (r > 0) best = std::min(best, Seconds(t0, std::chrono::steady_clock::now()));
       model->ReleaseSequence(seq);
     }

@@ -82,6 +82,7 @@ absl::Status Generate() {
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, BackendFromFlags());
   ASSIGN_OR_RETURN(std::unique_ptr<worker::HybridModel> model,
                    worker::LoadHybridModel(source, *backend));
+  ApplyModelRuntimeFlags(*model);
   const int vocab = model->config().vocab_size;
   RETURN_IF_ERROR(
       model->CreateCaches(/*max_sequences=*/1, static_cast<int>(prompt.size()) + max_tokens));

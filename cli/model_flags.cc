@@ -1,5 +1,6 @@
 #include "cli/model_flags.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -29,7 +30,16 @@ ABSL_FLAG(int, threads, 1,
           "an otherwise idle machine: OpenMP threads spin while they wait, and on busy cores "
           "that made a tiny-model decode step 100x slower here.");
 
+ABSL_FLAG(int, cuda_graph_max_batch, 256,
+          "Decode steps of up to this many sequences are recorded as CUDA graphs the first time "
+          "each batch size runs and replayed afterwards (one launch per step instead of "
+          "hundreds); 0 runs every op separately. Only the cuda device records.");
+
 namespace mobius::cli {
+
+void ApplyModelRuntimeFlags(worker::HybridModel& model) {
+  model.SetDecodeCapture(std::max(0, absl::GetFlag(FLAGS_cuda_graph_max_batch)));
+}
 
 absl::StatusOr<worker::ModelSource> ModelSourceFromFlags() {
   worker::ModelSource source;

@@ -9,6 +9,7 @@
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "worker/model/hybrid_model.h"
 #include "worker/model/model_factory.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
@@ -18,6 +19,8 @@ namespace mobius::cli {
 
 absl::StatusOr<worker::ModelSource> ModelSourceFromFlags();
 absl::StatusOr<std::unique_ptr<kernels::Backend>> BackendFromFlags();
+// Applies the flags that tune a loaded model's execution (--cuda-graph-max-batch).
+void ApplyModelRuntimeFlags(worker::HybridModel& model);
 
 }  // namespace mobius::cli
 

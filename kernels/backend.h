@@ -53,6 +53,13 @@ struct RopeParams {
   float theta = 10000.f;
 };
 
+// A recorded step (a CUDA graph): the ops queued between Backend::BeginCapture and EndCapture,
+// replayed by Backend::Replay with whatever the tensors they read hold at that time.
+class CapturedStep {
+ public:
+  virtual ~CapturedStep() = default;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -82,6 +89,34 @@ class Backend {
   // Sets every byte of `t` to zero. The default goes through CopyFromHost; backends with a
   // device memset override it.
   virtual void ZeroFill(Tensor& t);
+
+  // ---- step staging and capture (CUDA graphs) ----
+  // Per-step host inputs, staged once: until ClearStep, ops handed these same spans (same data
+  // pointers and sizes) read the staged device copy instead of uploading their own. The staged
+  // layout depends only on the numbers of tokens and segments (block tables are data in it), so
+  // a step captured while one step was staged can be replayed after StageStep has staged another
+  // step of the same shape. `max_positions` bounds cached_tokens + num_tokens of the segments of
+  // every step a capture will replay (attention sizes its work split from it). The default does
+  // nothing.
+  virtual void StageStep(std::span<const int32_t> ids, std::span<const SequenceSegment> segments,
+                         int max_positions) {}
+  virtual void ClearStep() {}
+  // True when BeginCapture/EndCapture/Replay work (the CUDA backend).
+  [[nodiscard]] virtual bool SupportsCapture() const { return false; }
+  // Ops queued from here to EndCapture are recorded, not run. Needs a staged step: ops must not
+  // upload other host data (GatherRows, MoeExperts with expert_tokens) or read back to the host.
+  // Allocate() returns memory of a capture pool that every capture reuses from its start, so a
+  // tensor allocated while capturing is valid until the next capture or the replay of any other
+  // captured step.
+  virtual absl::Status BeginCapture() { return absl::UnimplementedError("no step capture"); }
+  virtual absl::StatusOr<std::unique_ptr<CapturedStep>> EndCapture() {
+    return absl::UnimplementedError("no step capture");
+  }
+  // Queues a replay. FailedPrecondition when the step was captured against buffers that have
+  // since been reallocated (capture it again).
+  virtual absl::Status Replay(CapturedStep& step) {
+    return absl::UnimplementedError("no step capture");
+  }
 
   // ---- dense ----
   // y[T, N] = x[T, K] @ w[N, K]^T.

@@ -68,14 +68,20 @@ __global__ void QkNormRopeKernel(const uint16_t* q_gate, uint16_t* k, AnyPtr q_n
   }
 }
 
-__global__ void WriteKvCacheKernel(const uint16_t* k, const uint16_t* v, const int32_t* slots,
-                                   int64_t num_tokens, int64_t row_elems, uint16_t* k_cache,
-                                   uint16_t* v_cache) {
+// The physical row of token t's position comes from its segment's block table, so that the
+// kernel reads only staged device metadata (a recorded step replays with new tables).
+__global__ void WriteKvCacheKernel(const uint16_t* k, const uint16_t* v, TokenMeta tokens,
+                                   SegmentMeta segs, int block_size, int64_t num_tokens,
+                                   int64_t row_elems, uint16_t* k_cache, uint16_t* v_cache) {
   const int64_t n = num_tokens * row_elems;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / row_elems, e = i % row_elems;
-    const int64_t dst = static_cast<int64_t>(slots[t]) * row_elems + e;
+    const int pos = tokens.token_position[t];
+    const int32_t* table = segs.block_tables + segs.block_table_begin[tokens.token_segment[t]];
+    const int64_t slot = static_cast<int64_t>(table[pos / block_size]) * block_size +
+                         pos % block_size;
+    const int64_t dst = slot * row_elems + e;
     k_cache[dst] = k[i];
     v_cache[dst] = v[i];
   }
@@ -334,12 +340,13 @@ void LaunchQkNormRope(const uint16_t* q_gate, uint16_t* k, AnyPtr q_norm, AnyPtr
   CheckLaunch("QkNormRope");
 }
 
-void LaunchWriteKvCache(const uint16_t* k, const uint16_t* v, const int32_t* slots,
-                        int64_t num_tokens, int64_t row_elems, uint16_t* k_cache, uint16_t* v_cache,
+void LaunchWriteKvCache(const uint16_t* k, const uint16_t* v, const TokenMeta& tokens,
+                        const SegmentMeta& segs, int block_size, int64_t num_tokens,
+                        int64_t row_elems, uint16_t* k_cache, uint16_t* v_cache,
                         cudaStream_t stream) {
   if (num_tokens * row_elems == 0) return;
   WriteKvCacheKernel<<<GridFor(num_tokens * row_elems, 256), 256, 0, stream>>>(
-      k, v, slots, num_tokens, row_elems, k_cache, v_cache);
+      k, v, tokens, segs, block_size, num_tokens, row_elems, k_cache, v_cache);
   CheckLaunch("WriteKvCache");
 }
 

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/device_block_cache.h"
 #include "kernels/cuda/launch.h"
@@ -60,8 +61,23 @@ uint16_t* MutBf16(const Tensor& t) { return static_cast<uint16_t*>(t.raw()); }
 // Host-side layout of the segment metadata uploaded for one op (int32 offsets into one buffer).
 struct PackedSegments {
   std::vector<int32_t> data;
+  bool staged = false;  // the step's staged copy (StageStep) holds these; `data` is empty
   size_t token_segment = 0, token_position = 0, token_begin = 0, num_tokens = 0, cached_tokens = 0,
          state_slot = 0, block_table_begin = 0, block_tables = 0;
+};
+
+// A CUDA graph of one recorded step and the buffer generation it was recorded against.
+class CudaCapturedStep final : public CapturedStep {
+ public:
+  CudaCapturedStep(cudaGraphExec_t exec, uint64_t generation)
+      : exec_(exec), generation_(generation) {}
+  ~CudaCapturedStep() override { cudaGraphExecDestroy(exec_); }
+  [[nodiscard]] cudaGraphExec_t exec() const { return exec_; }
+  [[nodiscard]] uint64_t generation() const { return generation_; }
+
+ private:
+  cudaGraphExec_t exec_;
+  uint64_t generation_;
 };
 
 class CudaBackend final : public Backend {
@@ -80,6 +96,10 @@ class CudaBackend final : public Backend {
     gemm_.reset();
     if (scratch_ != nullptr) cudaFree(scratch_);
     if (meta_ != nullptr) cudaFree(meta_);
+    if (step_meta_ != nullptr) cudaFree(step_meta_);
+    if (step_host_ != nullptr) cudaFreeHost(step_host_);
+    if (step_copied_ != nullptr) cudaEventDestroy(step_copied_);
+    for (const PoolChunk& chunk : pool_) cudaFree(chunk.ptr);
     cudaStreamDestroy(stream_);
   }
 
@@ -102,7 +122,9 @@ class CudaBackend final : public Backend {
     const size_t bytes = static_cast<size_t>(numel) * DTypeSize(dtype);
     CheckCuda(cudaSetDevice(device_), "cudaSetDevice");
     // Zero-sized tensors still get a (tiny) allocation so that they are not empty().
-    std::shared_ptr<void> storage = blocks_->Get(std::max<size_t>(bytes, 16));
+    std::shared_ptr<void> storage =
+        capturing_ ? std::shared_ptr<void>(PoolGet(std::max<size_t>(bytes, 16)), [](void*) {})
+                   : blocks_->Get(std::max<size_t>(bytes, 16));
     if (storage == nullptr) {
       size_t free_bytes = 0, total_bytes = 0;
       cudaMemGetInfo(&free_bytes, &total_bytes);
@@ -141,6 +163,7 @@ class CudaBackend final : public Backend {
 
   void CopyFromHost(const void* src, DType src_dtype, Tensor& dst) override {
     Check(!dst.empty() && dst.device() == Device::kCuda, "CopyFromHost", "dst must be on CUDA");
+    Check(!capturing_, "capture", "host copies cannot be recorded in a step capture");
     const int64_t n = dst.numel();
     if (n == 0) return;
     std::vector<char> staged;
@@ -182,6 +205,7 @@ class CudaBackend final : public Backend {
 
   void CopyToHostF32(const Tensor& src, float* dst) override {
     Check(!src.empty() && src.device() == Device::kCuda, "CopyToHostF32", "src must be on CUDA");
+    Check(!capturing_, "capture", "host copies cannot be recorded in a step capture");
     const int64_t n = src.numel();
     if (n == 0) return;
     CheckCuda(cudaSetDevice(device_), "cudaSetDevice");
@@ -203,6 +227,7 @@ class CudaBackend final : public Backend {
 
   void CopyToHostI32(const Tensor& src, int32_t* dst) override {
     CheckTensor(src, DType::kI32, "CopyToHostI32", "src");
+    Check(!capturing_, "capture", "host copies cannot be recorded in a step capture");
     if (src.numel() == 0) return;
     CheckCuda(cudaSetDevice(device_), "cudaSetDevice");
     CheckCuda(cudaMemcpyAsync(dst, src.raw(), src.nbytes(), cudaMemcpyDeviceToHost, stream_),
@@ -211,6 +236,7 @@ class CudaBackend final : public Backend {
   }
 
   void Synchronize() override {
+    Check(!capturing_, "capture", "Synchronize cannot be recorded in a step capture");
     CheckCuda(cudaSetDevice(device_), "cudaSetDevice");
     CheckCuda(cudaStreamSynchronize(stream_), "Synchronize (an earlier kernel failed)");
   }
@@ -221,6 +247,15 @@ class CudaBackend final : public Backend {
     CheckCuda(cudaSetDevice(device_), "cudaSetDevice");
     CheckCuda(cudaMemsetAsync(t.raw(), 0, t.nbytes(), stream_), "ZeroFill");
   }
+
+  // ---- step staging and capture ----
+  void StageStep(std::span<const int32_t> ids, std::span<const SequenceSegment> segments,
+                 int max_positions) override;
+  void ClearStep() override { staged_ = StagedStep{}; }
+  [[nodiscard]] bool SupportsCapture() const override { return true; }
+  absl::Status BeginCapture() override;
+  absl::StatusOr<std::unique_ptr<CapturedStep>> EndCapture() override;
+  absl::Status Replay(CapturedStep& step) override;
 
   // ---- dense ----
   void Linear(const Tensor& x, const Tensor& w, Tensor& y) override;
@@ -292,9 +327,42 @@ class CudaBackend final : public Backend {
   size_t scratch_bytes_ = 0;
   void* meta_ = nullptr;
   size_t meta_bytes_ = 0;
+
+  // The staged step (StageStep): its host spans identify it; its metadata lives in step_meta_
+  // ([ids][packed segments]), copied there from the pinned step_host_.
+  struct StagedStep {
+    bool active = false;
+    const int32_t* ids = nullptr;
+    size_t num_ids = 0;
+    const SequenceSegment* segments = nullptr;
+    size_t num_segments = 0;
+    int max_positions = 0;
+    PackedSegments packed;  // offsets relative to segments_offset; data cleared
+    size_t segments_offset = 0;
+  };
+  StagedStep staged_;
+  int32_t* step_meta_ = nullptr;
+  int32_t* step_host_ = nullptr;
+  size_t step_capacity_ = 0;  // int32 elements of both
+  cudaEvent_t step_copied_ = nullptr;
+
+  // Capture: allocations come from pool_ (chunks never freed while the backend lives; every
+  // capture starts again at the first chunk). `generation_` changes whenever a buffer that a
+  // captured step may point at (step_meta_) is reallocated.
+  struct PoolChunk {
+    void* ptr;
+    size_t bytes;
+  };
+  void* PoolGet(size_t bytes);
+  bool capturing_ = false;
+  std::vector<PoolChunk> pool_;
+  size_t pool_chunk_ = 0, pool_offset_ = 0;
+  uint64_t generation_ = 0;
 };
 
 void* CudaBackend::Scratch(size_t bytes) {
+  // A captured step keeps its own scratch: the shared buffer may be reallocated later.
+  if (capturing_) return PoolGet(bytes);
   if (bytes > scratch_bytes_) {
     if (scratch_ != nullptr) {
       CheckCuda(cudaStreamSynchronize(stream_), "Scratch");
@@ -309,6 +377,8 @@ void* CudaBackend::Scratch(size_t bytes) {
 }
 
 const int32_t* CudaBackend::Upload(const std::vector<int32_t>& data) {
+  Check(!capturing_, "capture",
+        "an op uploads host metadata that StageStep did not stage; it cannot be recorded");
   const size_t bytes = data.size() * sizeof(int32_t);
   if (bytes > meta_bytes_) {
     if (meta_ != nullptr) {
@@ -330,6 +400,10 @@ const int32_t* CudaBackend::Upload(const std::vector<int32_t>& data) {
 
 PackedSegments CudaBackend::PackSegments(const char* op, std::span<const SequenceSegment> segments,
                                          int64_t num_tokens, bool block_tables) const {
+  if (staged_.active && segments.data() == staged_.segments &&
+      segments.size() == staged_.num_segments && num_tokens == staged_.packed.token_position) {
+    return staged_.packed;  // staged with block tables, which ops without them ignore
+  }
   PackedSegments p;
   const size_t s = segments.size();
   const size_t t = static_cast<size_t>(num_tokens);
@@ -369,7 +443,7 @@ PackedSegments CudaBackend::PackSegments(const char* op, std::span<const Sequenc
 
 void CudaBackend::UploadSegments(const PackedSegments& packed, int num_segments,
                                  cuda::TokenMeta* tokens, cuda::SegmentMeta* segs) {
-  const int32_t* d = Upload(packed.data);
+  const int32_t* d = packed.staged ? step_meta_ + staged_.segments_offset : Upload(packed.data);
   tokens->token_segment = d + packed.token_segment;
   tokens->token_position = d + packed.token_position;
   segs->num_segments = num_segments;
@@ -379,6 +453,119 @@ void CudaBackend::UploadSegments(const PackedSegments& packed, int num_segments,
   segs->state_slot = d + packed.state_slot;
   segs->block_table_begin = d + packed.block_table_begin;
   segs->block_tables = d + packed.block_tables;
+}
+
+// ---- step staging and capture ----
+
+void CudaBackend::StageStep(std::span<const int32_t> ids, std::span<const SequenceSegment> segments,
+                            int max_positions) {
+  Check(!capturing_, "StageStep", "cannot stage a step while capturing");
+  staged_ = StagedStep{};
+  PackedSegments packed = PackSegments("StageStep", segments, ids.size(), /*block_tables=*/true);
+  const size_t total = ids.size() + packed.data.size();
+  Enter();
+  if (step_copied_ == nullptr) {
+    CheckCuda(cudaEventCreateWithFlags(&step_copied_, cudaEventDisableTiming), "StageStep event");
+  }
+  // The previous step's copy must have left the pinned buffer before it is rewritten.
+  CheckCuda(cudaEventSynchronize(step_copied_), "StageStep");
+  if (total > step_capacity_) {
+    // Captured steps point into step_meta_: a new buffer retires them (generation_).
+    CheckCuda(cudaStreamSynchronize(stream_), "StageStep");
+    if (step_meta_ != nullptr) cudaFree(step_meta_);
+    if (step_host_ != nullptr) cudaFreeHost(step_host_);
+    step_meta_ = nullptr;
+    step_host_ = nullptr;
+    const size_t grown = std::max<size_t>({total, 2 * step_capacity_, size_t{1} << 20});
+    CheckCuda(cudaMalloc(&step_meta_, grown * sizeof(int32_t)), "step metadata allocation");
+    CheckCuda(cudaMallocHost(&step_host_, grown * sizeof(int32_t)), "pinned step metadata");
+    step_capacity_ = grown;
+    ++generation_;
+  }
+  std::copy(ids.begin(), ids.end(), step_host_);
+  std::copy(packed.data.begin(), packed.data.end(), step_host_ + ids.size());
+  CheckCuda(cudaMemcpyAsync(step_meta_, step_host_, total * sizeof(int32_t),
+                            cudaMemcpyHostToDevice, stream_),
+            "StageStep upload");
+  CheckCuda(cudaEventRecord(step_copied_, stream_), "StageStep event");
+  staged_.active = true;
+  staged_.ids = ids.data();
+  staged_.num_ids = ids.size();
+  staged_.segments = segments.data();
+  staged_.num_segments = segments.size();
+  staged_.max_positions = max_positions;
+  staged_.segments_offset = ids.size();
+  packed.data.clear();
+  packed.staged = true;
+  staged_.packed = std::move(packed);
+}
+
+void* CudaBackend::PoolGet(size_t bytes) {
+  bytes = (bytes + 255) / 256 * 256;
+  while (pool_chunk_ < pool_.size() && pool_offset_ + bytes > pool_[pool_chunk_].bytes) {
+    ++pool_chunk_;
+    pool_offset_ = 0;
+  }
+  if (pool_chunk_ == pool_.size()) {
+    PoolChunk chunk{nullptr, std::max<size_t>(bytes, size_t{256} << 20)};
+    CheckCuda(cudaMalloc(&chunk.ptr, chunk.bytes), "capture pool allocation");
+    pool_.push_back(chunk);
+    pool_offset_ = 0;
+  }
+  void* ptr = static_cast<char*>(pool_[pool_chunk_].ptr) + pool_offset_;
+  pool_offset_ += bytes;
+  return ptr;
+}
+
+absl::Status CudaBackend::BeginCapture() {
+  if (capturing_) return absl::FailedPreconditionError("BeginCapture: already capturing");
+  if (!staged_.active) {
+    return absl::FailedPreconditionError("BeginCapture: no staged step (call StageStep first)");
+  }
+  Enter();
+  pool_chunk_ = 0;
+  pool_offset_ = 0;
+  const cudaError_t err = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed);
+  if (err != cudaSuccess) {
+    return absl::InternalError(
+        absl::StrCat("cudaStreamBeginCapture: ", cudaGetErrorString(err)));
+  }
+  capturing_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CapturedStep>> CudaBackend::EndCapture() {
+  if (!capturing_) return absl::FailedPreconditionError("EndCapture: not capturing");
+  Enter();
+  capturing_ = false;
+  cudaGraph_t graph = nullptr;
+  cudaError_t err = cudaStreamEndCapture(stream_, &graph);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InternalError(absl::StrCat("cudaStreamEndCapture: ", cudaGetErrorString(err)));
+  }
+  cudaGraphExec_t exec = nullptr;
+  err = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InternalError(absl::StrCat("cudaGraphInstantiate: ", cudaGetErrorString(err)));
+  }
+  return std::make_unique<CudaCapturedStep>(exec, generation_);
+}
+
+absl::Status CudaBackend::Replay(CapturedStep& step) {
+  auto* captured = dynamic_cast<CudaCapturedStep*>(&step);
+  if (captured == nullptr) return absl::InvalidArgumentError("Replay: not a CUDA captured step");
+  if (captured->generation() != generation_) {
+    return absl::FailedPreconditionError("Replay: the step's buffers were reallocated");
+  }
+  Enter();
+  const cudaError_t err = cudaGraphLaunch(captured->exec(), stream_);
+  if (err != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("cudaGraphLaunch: ", cudaGetErrorString(err)));
+  }
+  return absl::OkStatus();
 }
 
 // ---- dense ----
@@ -421,7 +608,9 @@ void CudaBackend::Gather(const char* op, const Tensor& src, std::span<const int3
   }
   if (rows.empty()) return;
   Enter();
-  const int32_t* d_rows = Upload(std::vector<int32_t>(rows.begin(), rows.end()));
+  const bool staged = staged_.active && rows.data() == staged_.ids && rows.size() == staged_.num_ids;
+  const int32_t* d_rows =
+      staged ? step_meta_ : Upload(std::vector<int32_t>(rows.begin(), rows.end()));
   cuda::LaunchGatherRows(s, d_rows, static_cast<int64_t>(rows.size()), width,
                          AnyMutPtr{out.raw(), out.dtype() == DType::kF32}, stream_);
 }
@@ -651,7 +840,6 @@ void CudaBackend::WriteKvCache(const Tensor& k, const Tensor& v,
   Check(row > 0 && k.numel() % row == 0, "WriteKvCache",
         absl::StrFormat("k %s does not match cache rows of %d", k.ShapeString(), row));
   const int64_t t = k.numel() / row;
-  std::vector<int32_t> slots(static_cast<size_t>(t));
   int64_t covered = 0;
   for (const SequenceSegment& seg : segments) {
     Check(seg.token_begin == covered && seg.token_begin + seg.num_tokens <= t, "WriteKvCache",
@@ -665,7 +853,6 @@ void CudaBackend::WriteKvCache(const Tensor& k, const Tensor& v,
       const int32_t block = seg.kv_blocks[b];
       Check(block >= 0 && block < num_blocks, "WriteKvCache",
             absl::StrFormat("block %d outside [0, %d)", block, num_blocks));
-      slots[seg.token_begin + i] = static_cast<int32_t>(block * block_size + pos % block_size);
     }
     covered += seg.num_tokens;
   }
@@ -673,8 +860,12 @@ void CudaBackend::WriteKvCache(const Tensor& k, const Tensor& v,
         absl::StrFormat("segments cover %d of %d tokens", covered, t));
   if (t == 0) return;
   Enter();
-  cuda::LaunchWriteKvCache(Bf16(k), Bf16(v), Upload(slots), t, row, MutBf16(k_cache),
-                           MutBf16(v_cache), stream_);
+  const PackedSegments packed = PackSegments("WriteKvCache", segments, t, true);
+  cuda::TokenMeta tokens;
+  cuda::SegmentMeta segs;
+  UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs);
+  cuda::LaunchWriteKvCache(Bf16(k), Bf16(v), tokens, segs, static_cast<int>(block_size), t, row,
+                           MutBf16(k_cache), MutBf16(v_cache), stream_);
 }
 
 void CudaBackend::PagedAttention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
@@ -709,6 +900,8 @@ void CudaBackend::PagedAttention(const Tensor& q, const Tensor& k_cache, const T
   for (const SequenceSegment& seg : segments) {
     max_positions = std::max(max_positions, seg.cached_tokens + seg.num_tokens);
   }
+  // A recorded step is replayed at longer contexts: split for the longest it will see.
+  if (capturing_) max_positions = std::max(max_positions, staged_.max_positions);
   const int nh = static_cast<int>(q.dim(1)), nkv = static_cast<int>(k_cache.dim(2)),
             hd = static_cast<int>(q.dim(2));
   const int splits = cuda::PagedAttentionSplits(t, nh, nkv, hd, max_positions, num_sms_);
@@ -772,6 +965,8 @@ void CudaBackend::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& w
   Check(
       expert_tokens.empty() || static_cast<int64_t>(expert_tokens.size()) == experts, "MoeExperts",
       absl::StrFormat("expert_tokens has %d entries, expected %d", expert_tokens.size(), experts));
+  Check(expert_tokens.empty() || !capturing_, "MoeExperts",
+        "expert_tokens reads counts back to the host; it cannot be recorded in a step capture");
   const int k = static_cast<int>(ids.dim(1));
   if (t == 0 || k == 0 || experts == 0) return;
   Enter();

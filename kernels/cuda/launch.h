@@ -73,9 +73,11 @@ void LaunchQkNormRope(const uint16_t* q_gate, uint16_t* k, AnyPtr q_norm, AnyPtr
                       int rotary_dim, float theta, int64_t num_tokens, int num_heads,
                       int num_kv_heads, int head_dim, const int32_t* token_position, uint16_t* q,
                       uint16_t* gate, cudaStream_t stream);
-// slots[t] = physical row (block * block_size + offset) of token t's position.
-void LaunchWriteKvCache(const uint16_t* k, const uint16_t* v, const int32_t* slots,
-                        int64_t num_tokens, int64_t row_elems, uint16_t* k_cache, uint16_t* v_cache,
+// Stores token t's k/v row at position tokens.token_position[t] through its segment's block
+// table (rows of `row_elems` = kv heads * head_dim).
+void LaunchWriteKvCache(const uint16_t* k, const uint16_t* v, const TokenMeta& tokens,
+                        const SegmentMeta& segs, int block_size, int64_t num_tokens,
+                        int64_t row_elems, uint16_t* k_cache, uint16_t* v_cache,
                         cudaStream_t stream);
 // Number of position splits (flash-decoding) for a step whose longest attention span is
 // `max_positions`, and the device scratch they need.

@@ -75,6 +75,74 @@ TEST_P(CudaFixtureTest, PromptLogitsMatchReferenceInBf16) {
   }
 }
 
+// Greedy decoding of the reference prompts as one batch, `steps` decode steps after a ragged
+// prefill; sequences leave the batch one by one near the end, so several batch sizes run.
+// Returns every decode step's logits, concatenated.
+std::vector<float> DecodeBatch(worker::HybridModel& model, const ModelReference& ref, int steps) {
+  const size_t n = ref.prompts.size();
+  std::vector<worker::SequenceCache> seqs(n);
+  std::vector<std::vector<int32_t>> tokens(n);
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_TRUE(model.StartSequence(seqs[i]).ok());
+    tokens[i] = ref.prompts[i];
+  }
+  const int vocab = model.config().vocab_size;
+  std::vector<float> logits, out;
+  std::vector<int32_t> next(n);
+  auto argmax = [&](int row) {
+    const float* r = logits.data() + static_cast<size_t>(row) * vocab;
+    return static_cast<int32_t>(std::max_element(r, r + vocab) - r);
+  };
+  {
+    std::vector<worker::SequenceStep> prefill;
+    for (size_t i = 0; i < n; ++i) prefill.push_back({tokens[i], &seqs[i]});
+    EXPECT_TRUE(model.Forward(prefill, {}, logits).ok());
+    for (size_t i = 0; i < n; ++i) next[i] = argmax(static_cast<int>(i));
+  }
+  for (int s = 0; s < steps; ++s) {
+    // The last sequences drop out over the final steps: batch sizes n, n-1, ... 1.
+    const size_t active = std::max<size_t>(1, std::min<size_t>(n, steps - s));
+    std::vector<worker::SequenceStep> step;
+    for (size_t i = 0; i < active; ++i) step.push_back({std::span(&next[i], 1), &seqs[i]});
+    EXPECT_TRUE(model.Forward(step, {}, logits).ok());
+    out.insert(out.end(), logits.begin(), logits.end());
+    for (size_t i = 0; i < active; ++i) next[i] = argmax(static_cast<int>(i));
+  }
+  for (auto& seq : seqs) model.ReleaseSequence(seq);
+  return out;
+}
+
+// Recorded decode steps (CUDA graphs) compute what the op-by-op steps compute, while block
+// tables, positions and the batch size change between replays.
+TEST_P(CudaFixtureTest, RecordedDecodeStepsMatchOpByOpSteps) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  auto backend = kernels::CreateCudaBackend(0);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  const std::string dir = FixtureModelDir(GetParam());
+  auto model = LoadFixtureModel(dir, **backend);
+  ASSERT_NE(model, nullptr);
+  ModelReference ref = LoadReference(dir);
+  // Block size 4: a sequence needs a new block every 4 steps.
+  ASSERT_TRUE(model->CreateCaches(8, 256, /*block_size=*/4).ok());
+  constexpr int kSteps = 24;
+  model->SetDecodeCapture(0);
+  const std::vector<float> eager = DecodeBatch(*model, ref, kSteps);
+  model->SetDecodeCapture(8);
+  const std::vector<float> recorded = DecodeBatch(*model, ref, kSteps);
+  ASSERT_TRUE(model->capture_error().ok()) << model->capture_error();
+  EXPECT_GE(model->num_decode_graphs(), 3);  // batch sizes 4 (or 3), ..., 1
+  ASSERT_EQ(eager.size(), recorded.size());
+  // Attention splits its work for the longest context a recording may replay, so sums are
+  // ordered differently: equal up to float rounding, not bit for bit.
+  EXPECT_LT(RelativeError(recorded.data(), eager.data(), eager.size()), 1e-3);
+  // Dropping the caches drops the recordings (they point into the caches).
+  model->DropCaches();
+  EXPECT_EQ(model->num_decode_graphs(), 0);
+  ASSERT_TRUE(model->CreateCaches(8, 256, 4).ok());
+  const std::vector<float> again = DecodeBatch(*model, ref, kSteps);
+  EXPECT_LT(RelativeError(again.data(), eager.data(), eager.size()), 1e-3);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFixtureTest, ::testing::ValuesIn(kFixtureModels),
                          FixtureParamName);
 

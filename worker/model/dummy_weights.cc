@@ -3,6 +3,7 @@
 // see exactly the same weights for the same seed.
 #include <algorithm>
 #include <cmath>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -68,8 +69,12 @@ absl::StatusOr<ModelWeights> CreateDummyWeights(const ModelConfig& config,
   ModelWeights weights;
   std::vector<ParameterSpec> specs = ListParameters(config, options, &weights);
 
+  // Chunks are generated in parallel (each chunk's generator is seeded from its position, so the
+  // values do not depend on the thread count) and uploaded in order by this thread: a release-scale
+  // model (35 B parameters) took minutes single-threaded.
   constexpr int64_t kChunk = int64_t{1} << 20;
-  std::vector<uint16_t> host(kChunk);
+  const int workers = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 32u));
+  std::vector<std::vector<uint16_t>> host(workers, std::vector<uint16_t>(kChunk));
   for (size_t p = 0; p < specs.size(); ++p) {
     ParameterSpec& spec = specs[p];
     auto tensor = backend.Allocate(backend.activation_dtype(), spec.shape);
@@ -80,14 +85,29 @@ absl::StatusOr<ModelWeights> CreateDummyWeights(const ModelConfig& config,
     }
     *spec.target = *std::move(tensor);
     kernels::Tensor flat = spec.target->Reshape({spec.numel()});
-    for (int64_t begin = 0; begin < spec.numel(); begin += kChunk) {
-      const int64_t count = std::min(kChunk, spec.numel() - begin);
-      SplitMix64 rng(seed ^ (0x100000001b3ull * (p + 1)) ^ (static_cast<uint64_t>(begin) << 1));
-      for (int64_t i = 0; i < count; ++i) {
-        host[i] = kernels::FloatToBF16(SampleFor(spec.role, rng));
+    const int64_t num_chunks = (spec.numel() + kChunk - 1) / kChunk;
+    for (int64_t first = 0; first < num_chunks; first += workers) {
+      const int batch = static_cast<int>(std::min<int64_t>(workers, num_chunks - first));
+      auto fill = [&](int w) {
+        const int64_t begin = (first + w) * kChunk;
+        const int64_t count = std::min(kChunk, spec.numel() - begin);
+        SplitMix64 rng(seed ^ (0x100000001b3ull * (p + 1)) ^ (static_cast<uint64_t>(begin) << 1));
+        for (int64_t i = 0; i < count; ++i) {
+          host[w][i] = kernels::FloatToBF16(SampleFor(spec.role, rng));
+        }
+      };
+      if (batch == 1) {
+        fill(0);
+      } else {
+        std::vector<std::thread> threads;
+        for (int w = 0; w < batch; ++w) threads.emplace_back(fill, w);
+        for (std::thread& t : threads) t.join();
       }
-      kernels::Tensor dst = flat.Rows(begin, count);
-      backend.CopyFromHost(host.data(), kernels::DType::kBF16, dst);
+      for (int w = 0; w < batch; ++w) {
+        const int64_t begin = (first + w) * kChunk;
+        kernels::Tensor dst = flat.Rows(begin, std::min(kChunk, spec.numel() - begin));
+        backend.CopyFromHost(host[w].data(), kernels::DType::kBF16, dst);
+      }
     }
   }
   if (config.tie_word_embeddings) weights.lm_head = weights.embed;

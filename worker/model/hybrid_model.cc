@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 
@@ -38,6 +39,8 @@ absl::Status HybridModel::CreateCaches(int max_sequences, int max_tokens, int bl
   kv.block_size = block_size;
   kv.num_blocks = num_kv_blocks > 0 ? num_kv_blocks
                                     : max_sequences * ((max_tokens + block_size - 1) / block_size);
+  decode_graphs_.clear();
+  max_positions_ = max_tokens;
   ASSIGN_OR_RETURN(kv_cache_, PagedKvCache::Create(kv, backend_));
 
   StateSlotPoolOptions slots;
@@ -122,6 +125,62 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
     logits.clear();
     return absl::OkStatus();
   }
+  // Every op of the step reads these from one staged device copy.
+  backend_.StageStep(ids, ctx.segments, max_positions_);
+  absl::Cleanup clear_step = [this] { backend_.ClearStep(); };
+  bool decode_only = decode_capture_max_batch_ > 0 && backend_.SupportsCapture() &&
+                     options.expert_tokens == nullptr &&
+                     static_cast<int>(batch.size()) <= decode_capture_max_batch_;
+  for (const kernels::SequenceSegment& seg : ctx.segments) decode_only &= seg.num_tokens == 1;
+  Tensor out;
+  if (decode_only) {
+    ASSIGN_OR_RETURN(out, RunDecodeGraph(ctx, ids));
+  } else {
+    ASSIGN_OR_RETURN(out, QueueStep(ctx, ids));
+  }
+  if (options.copy_logits) {
+    logits.resize(static_cast<size_t>(out.numel()));
+    backend_.CopyToHostF32(out, logits.data());
+  } else {
+    logits.clear();
+    backend_.Synchronize();
+  }
+  for (SequenceStep& step : batch) step.cache->num_tokens += step.tokens.size();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> HybridModel::RunDecodeGraph(StepContext& ctx, std::span<const int32_t> ids) {
+  const int batch = static_cast<int>(ctx.segments.size());
+  auto it = decode_graphs_.find(batch);
+  if (it != decode_graphs_.end()) {
+    absl::Status replayed = backend_.Replay(*it->second.step);
+    if (replayed.ok()) return it->second.logits;
+    if (!absl::IsFailedPrecondition(replayed)) return replayed;
+    decode_graphs_.erase(it);  // recorded against buffers that are gone: record it again
+  }
+  // Run this step op by op (which also sizes every lazily grown buffer), then record the same
+  // ops for the next steps of this batch size; recording runs nothing.
+  // A failed recording does not fail the step (it already ran): recording stops and the error
+  // is kept for capture_error().
+  ASSIGN_OR_RETURN(Tensor out, QueueStep(ctx, ids));
+  absl::Status began = backend_.BeginCapture();
+  if (!began.ok()) {
+    capture_error_ = began;
+    decode_capture_max_batch_ = 0;
+    return out;
+  }
+  absl::StatusOr<Tensor> recorded_logits = QueueStep(ctx, ids);
+  absl::StatusOr<std::unique_ptr<kernels::CapturedStep>> recorded = backend_.EndCapture();
+  if (!recorded_logits.ok() || !recorded.ok()) {
+    capture_error_ = !recorded_logits.ok() ? recorded_logits.status() : recorded.status();
+    decode_capture_max_batch_ = 0;
+    return out;
+  }
+  decode_graphs_[batch] = DecodeGraph{*std::move(recorded), *std::move(recorded_logits)};
+  return out;
+}
+
+absl::StatusOr<Tensor> HybridModel::QueueStep(StepContext& ctx, std::span<const int32_t> ids) {
   const int T = ctx.num_tokens, H = config_.hidden_size, L = config_.num_hidden_layers;
   const float eps = config_.rms_norm_eps;
 
@@ -144,7 +203,7 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
   }
 
   std::vector<int32_t> rows;
-  if (options.logits == LogitsMode::kAllTokens) {
+  if (ctx.options.logits == LogitsMode::kAllTokens) {
     for (int t = 0; t < T; ++t) rows.push_back(t);
   } else {
     for (const kernels::SequenceSegment& seg : ctx.segments) {
@@ -159,11 +218,7 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
   }
   ASSIGN_OR_RETURN(Tensor out, Alloc(DType::kF32, {R, V}));
   backend_.Linear(selected, weights_.lm_head, out);
-  logits.resize(static_cast<size_t>(R) * V);
-  backend_.CopyToHostF32(out, logits.data());
-
-  for (SequenceStep& step : batch) step.cache->num_tokens += step.tokens.size();
-  return absl::OkStatus();
+  return out;
 }
 
 absl::Status HybridModel::DeltaNetMixer(StepContext& ctx, int layer, const Tensor& x, Tensor& out) {

@@ -5,6 +5,7 @@
 #define MOBIUS_WORKER_MODEL_HYBRID_MODEL_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <vector>
@@ -37,6 +38,9 @@ struct ForwardOptions {
   // layer are added to that layer's counts (bank of layer i: ModelConfig::BankOfLayer). On a GPU
   // this costs a device synchronisation per layer, so callers sample it.
   std::vector<std::vector<int64_t>>* expert_tokens = nullptr;
+  // False: the logits stay on the device (`logits` comes back empty); the step is still
+  // finished (synchronised) when Forward returns. Benchmarks time the model alone this way.
+  bool copy_logits = true;
 };
 
 class HybridModel {
@@ -50,10 +54,26 @@ class HybridModel {
                             int num_kv_blocks = 0);
 
   // Frees the caches (every sequence's state is lost), e.g. before re-creating them larger.
+  // Recorded decode steps point at them, so they go too.
   void DropCaches() {
+    decode_graphs_.clear();
     kv_cache_.reset();
     state_slots_.reset();
   }
+
+  // Records decode-only steps of up to `max_batch` sequences (one token each) the first time
+  // each batch size is seen, and replays the recording afterwards (CUDA graphs: one launch
+  // instead of hundreds). 0 turns it off; backends that cannot record ignore it. Steps that
+  // count expert tokens, or that prefill, always run op by op.
+  void SetDecodeCapture(int max_batch) {
+    decode_capture_max_batch_ = max_batch;
+    decode_graphs_.clear();
+  }
+  [[nodiscard]] int decode_capture_max_batch() const { return decode_capture_max_batch_; }
+  // Why recording stopped, if it failed (OK otherwise).
+  [[nodiscard]] const absl::Status& capture_error() const { return capture_error_; }
+  // Batch sizes with a recorded decode step.
+  [[nodiscard]] int num_decode_graphs() const { return static_cast<int>(decode_graphs_.size()); }
 
   // Gives `seq` a fresh state slot. Free with ReleaseSequence.
   absl::Status StartSequence(SequenceCache& seq);
@@ -75,6 +95,17 @@ class HybridModel {
 
  private:
   struct StepContext;
+  // A recorded decode step and the (capture-pool) tensor its replay leaves the logits in.
+  struct DecodeGraph {
+    std::unique_ptr<kernels::CapturedStep> step;
+    kernels::Tensor logits;
+  };
+
+  // Queues the whole step (embedding to lm_head) and returns the logits tensor [rows, vocab].
+  absl::StatusOr<kernels::Tensor> QueueStep(StepContext& ctx, std::span<const int32_t> ids);
+  // Runs a decode step through its recording (recording it after running it op by op the first
+  // time). Returns the logits tensor.
+  absl::StatusOr<kernels::Tensor> RunDecodeGraph(StepContext& ctx, std::span<const int32_t> ids);
 
   absl::Status DeltaNetMixer(StepContext& ctx, int layer, const kernels::Tensor& x,
                              kernels::Tensor& out);
@@ -93,6 +124,10 @@ class HybridModel {
   std::vector<int> cache_index_;
   std::unique_ptr<PagedKvCache> kv_cache_;
   std::unique_ptr<StateSlotPool> state_slots_;
+  int max_positions_ = 0;  // the caches' per-sequence capacity (CreateCaches max_tokens)
+  int decode_capture_max_batch_ = 0;
+  absl::Status capture_error_;
+  std::map<int, DecodeGraph> decode_graphs_;  // by batch size
 };
 
 }  // namespace mobius::worker

@@ -52,6 +52,7 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, cli::BackendFromFlags());
   MOBIUS_LOG(INFO, "worker", "") << "loading model " << source.model_dir << source.config_path;
   ASSIGN_OR_RETURN(std::unique_ptr<HybridModel> model, LoadHybridModel(source, *backend));
+  cli::ApplyModelRuntimeFlags(*model);
 
   EngineOptions options;
   options.scheduler.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);

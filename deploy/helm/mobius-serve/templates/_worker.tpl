@@ -77,7 +77,9 @@ metadata:
     {{- end }}
   annotations:
     checksum/config: {{ include (print $.Template.BasePath "/configmap.yaml") $ | sha256sum }}
-    {{- include "mobius.scrapeAnnotations" (list $ $v.metricsPort) | nindent 4 }}
+    {{- with (include "mobius.scrapeAnnotations" (list $ $v.metricsPort)) }}
+    {{- . | nindent 4 }}
+    {{- end }}
     {{- with $v.podAnnotations }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
