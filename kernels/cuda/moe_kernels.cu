@@ -1,7 +1,10 @@
 // Mixture-of-experts kernels: router top-k softmax, the device-side grouping of (token, expert)
 // pairs by expert (counting sort), a grouped GEMM over the groups, and the weighted combine.
 // The grouped GEMM also serves as Linear's fallback when cuBLASLt offers no algorithm.
+#include <atomic>
 #include <climits>
+#include <cstdlib>
+#include <string_view>
 
 #include "kernels/cuda/common.cuh"
 
@@ -242,6 +245,343 @@ void LaunchGroupedGemm(GemmArgs args, int bm, int64_t tiles, cudaStream_t stream
 }
 
 // ---------------------------------------------------------------------------------------------
+// Tensor-core grouped GEMM for the experts (bf16 mma.sync m16n8k16, fp32 accumulate).
+//
+// The weights are the big operand and go on the mma M dimension (16 weight rows per fragment);
+// the tile's tokens go on N (8 per fragment), so a tile of one token wastes columns of cheap
+// arithmetic, not rows of expensive weight traffic. A block owns one (expert, token tile) from
+// the tile table (blockIdx.x) and one slice of weight rows (blockIdx.y), streams its weight rows
+// over the whole K through a kStages-deep cp.async pipeline of 64-wide K slices (16-byte copies,
+// 128-byte shared rows with an XOR swizzle so ldmatrix is conflict-free), and holds the
+// accumulators in registers. Each warp owns 32 weight rows (two m16 fragments: for gate_up the
+// 16 gate rows and the matching 16 up rows, so SiLU(gate) * up fuses into the epilogue) and all
+// kBN tokens; kWarpsK warps split each K slice and are summed through shared memory at the end.
+// Blocks beyond the routing's tile count exit at once: the grid depends on the shapes only.
+
+constexpr int kTcBK = 64;  // K per pipeline stage (128-byte shared rows)
+constexpr int kTcRowBytes = kTcBK * 2;
+
+struct TcArgs {
+  const uint16_t* a = nullptr;  // activations: x (gathered through a_rows) or act
+  int64_t lda = 0;
+  const int32_t* a_rows = nullptr;  // sorted position -> row of a; null: identity
+  const uint16_t* w = nullptr;
+  int64_t w_group_stride = 0;  // elements
+  int64_t n_out = 0;           // output features: I (gate_up) or H (down)
+  int64_t k = 0;               // multiple of 8
+  const int32_t* tile_group = nullptr;
+  const int32_t* tile_row0 = nullptr;
+  const int32_t* group_end = nullptr;
+  const int32_t* num_tiles = nullptr;
+  void* c = nullptr;  // bf16 act [pairs, I] (gate_up) or f32 pair_out [pairs, H] (down)
+  int64_t ldc = 0;
+};
+
+__device__ __forceinline__ uint32_t SharedAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+__device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void LdMatrixX2(uint32_t addr, uint32_t& r0, uint32_t& r1) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r0), "=r"(r1)
+               : "r"(addr));
+}
+// d += a (16x16, row) * b (16x8, col), bf16 in, fp32 accumulate.
+__device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Byte offset of 16-byte chunk `chunk` (0..7) of shared row `row` (XOR swizzle).
+__device__ __forceinline__ uint32_t Swizzle(int row, int chunk) {
+  return static_cast<uint32_t>(row * kTcRowBytes + ((chunk ^ (row & 7)) << 4));
+}
+
+template <int kBN, int kWarpsM, int kWarpsK, int kStages>
+struct TcConfig {
+  static constexpr int kThreads = 32 * kWarpsM * kWarpsK;
+  static constexpr int kRowsA = 32 * kWarpsM;  // weight rows of one block
+  static constexpr int kStageA = kRowsA * kTcRowBytes;
+  static constexpr int kStageBytes = kStageA + kBN * kTcRowBytes;
+  static constexpr int kReduceBytes = (kWarpsK - 1) * kWarpsM * 32 * 2 * kBN / 8 * 4 * 4;
+  static constexpr int kSmem =
+      kStages * kStageBytes > kReduceBytes ? kStages* kStageBytes : kReduceBytes;
+  static constexpr int kChunksA = kRowsA * 8 / kThreads;  // 16-byte copies per thread per stage
+  static constexpr int kChunksB = (kBN * 8 + kThreads - 1) / kThreads;
+  static_assert(kRowsA * 8 % kThreads == 0 && 4 % kWarpsK == 0);
+};
+
+template <bool kGateUp, int kBN, int kWarpsM, int kWarpsK, int kStages>
+__global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(const TcArgs args) {
+  using Cfg = TcConfig<kBN, kWarpsM, kWarpsK, kStages>;
+  constexpr int kNT = kBN / 8;          // n8 fragments
+  constexpr int kKSteps = 4 / kWarpsK;  // k16 steps per warp per stage
+  extern __shared__ __align__(128) char smem[];
+  __shared__ int32_t src_row[kBN];  // row of `a` for each token of the tile, -1: past the group
+
+  const int tile = blockIdx.x;
+  if (tile >= *args.num_tiles) return;
+  const int64_t group = args.tile_group[tile];
+  const int64_t row0 = args.tile_row0[tile];
+  const int64_t row_end = args.group_end[group];
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * (kGateUp ? 16 : 32) * kWarpsM;
+  const uint16_t* w = args.w + group * args.w_group_stride;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wm = warp % kWarpsM, wk = warp / kWarpsM;
+
+  if (tid < kBN) {
+    const int64_t r = row0 + tid;
+    src_row[tid] =
+        r < row_end ? (args.a_rows != nullptr ? args.a_rows[r] : static_cast<int>(r)) : -1;
+  }
+  __syncthreads();
+
+  // Each thread copies the same 16-byte column `chunk` of kChunksA weight rows per stage.
+  const int chunk = tid & 7;
+  const uint16_t* a_src[Cfg::kChunksA];
+  uint32_t a_dst[Cfg::kChunksA];
+#pragma unroll
+  for (int i = 0; i < Cfg::kChunksA; ++i) {
+    const int r = (tid >> 3) + i * (Cfg::kThreads / 8);
+    int64_t grow;
+    bool valid;
+    if constexpr (kGateUp) {
+      const int wr = r >> 5, part = (r >> 4) & 1;
+      const int64_t feature = m0 + wr * 16 + (r & 15);
+      valid = feature < args.n_out;
+      grow = part * args.n_out + feature;
+    } else {
+      grow = m0 + r;
+      valid = grow < args.n_out;
+    }
+    a_src[i] = valid ? w + grow * args.k + chunk * 8 : nullptr;
+    a_dst[i] = Swizzle(r, chunk);
+  }
+  const uint16_t* b_src[Cfg::kChunksB];
+  uint32_t b_dst[Cfg::kChunksB];
+#pragma unroll
+  for (int i = 0; i < Cfg::kChunksB; ++i) {
+    const int r = (tid >> 3) + i * (Cfg::kThreads / 8);
+    const int sr = r < kBN ? src_row[r] : -1;
+    b_src[i] = sr >= 0 ? args.a + sr * args.lda + chunk * 8 : nullptr;
+    b_dst[i] = r < kBN ? Cfg::kStageA + Swizzle(r, chunk) : 0xffffffffu;
+  }
+
+  const uint32_t smem_base = SharedAddr(smem);
+  const int num_k = static_cast<int>((args.k + kTcBK - 1) / kTcBK);
+  auto load_stage = [&](int kt) {
+    const uint32_t base = smem_base + (kt % kStages) * Cfg::kStageBytes;
+    const int64_t k0 = static_cast<int64_t>(kt) * kTcBK;
+    const bool k_ok = k0 + chunk * 8 < args.k;
+#pragma unroll
+    for (int i = 0; i < Cfg::kChunksA; ++i) {
+      const bool ok = k_ok && a_src[i] != nullptr;
+      CpAsync16(base + a_dst[i], ok ? a_src[i] + k0 : w, ok);
+    }
+#pragma unroll
+    for (int i = 0; i < Cfg::kChunksB; ++i) {
+      if (b_dst[i] == 0xffffffffu) continue;
+      const bool ok = k_ok && b_src[i] != nullptr;
+      CpAsync16(base + b_dst[i], ok ? b_src[i] + k0 : args.a, ok);
+    }
+  };
+
+  float acc[2][kNT][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < num_k) load_stage(s);
+    CpAsyncCommit();
+  }
+  for (int kt = 0; kt < num_k; ++kt) {
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();  // stage kt landed for every thread; stage kt - 1 is free for reuse
+    if (kt + kStages - 1 < num_k) load_stage(kt + kStages - 1);
+    CpAsyncCommit();
+    const uint32_t base = smem_base + (kt % kStages) * Cfg::kStageBytes;
+#pragma unroll
+    for (int s = 0; s < kKSteps; ++s) {
+      const int kc = (wk * kKSteps + s) * 2;  // first 16-byte chunk of this k16 step
+      uint32_t a[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const int r = wm * 32 + mt * 16 + (lane & 15);
+        LdMatrixX4(base + Swizzle(r, kc + (lane >> 4)), a[mt]);
+      }
+      uint32_t b[kNT][2];
+      if constexpr (kNT == 1) {
+        const int r = lane & 7;
+        LdMatrixX2(base + Cfg::kStageA + Swizzle(r, kc + ((lane >> 3) & 1)), b[0][0], b[0][1]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kNT; j += 2) {
+          const int r = j * 8 + (lane & 7) + ((lane >> 4) << 3);
+          uint32_t t[4];
+          LdMatrixX4(base + Cfg::kStageA + Swizzle(r, kc + ((lane >> 3) & 1)), t);
+          b[j][0] = t[0];
+          b[j][1] = t[1];
+          b[j + 1][0] = t[2];
+          b[j + 1][1] = t[3];
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) MmaBf16(acc[mt][j], a[mt], b[j][0], b[j][1]);
+    }
+  }
+  CpAsyncWait<0>();
+
+  if constexpr (kWarpsK > 1) {
+    __syncthreads();  // every warp is done with the pipeline buffers
+    float* red = reinterpret_cast<float*>(smem);
+    constexpr int kPer = 2 * kNT * 4;
+    if (wk > 0) {
+      float* dst = red + ((wk - 1) * kWarpsM + wm) * kPer * 32;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dst[((mt * kNT + j) * 4 + e) * 32 + lane] = acc[mt][j][e];
+    }
+    __syncthreads();
+    if (wk > 0) return;
+#pragma unroll
+    for (int o = 1; o < kWarpsK; ++o) {
+      const float* src = red + ((o - 1) * kWarpsM + wm) * kPer * 32;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[mt][j][e] += src[((mt * kNT + j) * 4 + e) * 32 + lane];
+    }
+  }
+
+  // Fragment element e of n8 tile j: weight row (lane / 4) + 8 * (e / 2), token 8j + 2(lane % 4)
+  // + e % 2.
+  const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int n = j * 8 + tq * 2 + (e & 1);
+      if (row0 + n >= row_end) continue;
+      const int64_t pos = row0 + n;
+      if constexpr (kGateUp) {
+        const int64_t feature = m0 + wm * 16 + g + 8 * (e >> 1);
+        if (feature < args.n_out) {
+          static_cast<uint16_t*>(args.c)[pos * args.ldc + feature] =
+              F32ToBf16(Silu(acc[0][j][e]) * acc[1][j][e]);
+        }
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          const int64_t feature = m0 + wm * 32 + mt * 16 + g + 8 * (e >> 1);
+          if (feature < args.n_out) {
+            static_cast<float*>(args.c)[pos * args.ldc + feature] = acc[mt][j][e];
+          }
+        }
+      }
+    }
+  }
+}
+
+template <bool kGateUp, int kBN, int kWarpsM, int kWarpsK, int kStages>
+void LaunchTc(const TcArgs& args, int64_t max_tiles, cudaStream_t stream) {
+  using Cfg = TcConfig<kBN, kWarpsM, kWarpsK, kStages>;
+  auto* kernel = TcGroupedGemmKernel<kGateUp, kBN, kWarpsM, kWarpsK, kStages>;
+  // The dynamic shared-memory limit is raised once per device (a per-device attribute).
+  static std::atomic<uint64_t> raised{0};
+  int device = 0;
+  cudaGetDevice(&device);
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if ((raised.load(std::memory_order_relaxed) & bit) == 0) {
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmem);
+    if (err != cudaSuccess) {
+      std::fprintf(stderr, "mobius cuda: MoE GEMM shared memory (%d bytes): %s\n", Cfg::kSmem,
+                   cudaGetErrorString(err));
+      std::abort();
+    }
+    raised.fetch_or(bit, std::memory_order_relaxed);
+  }
+  const int64_t rows = kGateUp ? 16 * kWarpsM : 32 * kWarpsM;
+  const dim3 grid(static_cast<unsigned>(max_tiles),
+                  static_cast<unsigned>((args.n_out + rows - 1) / rows));
+  kernel<<<grid, Cfg::kThreads, Cfg::kSmem, stream>>>(args);
+}
+
+// Token-tile widths of the tensor-core path, chosen from the mean number of pairs per local
+// expert (shapes only, so the launch does not depend on the routing).
+// Benchmark knobs (read once): MOBIUS_MOE_TILE_N=8|16|32|64 forces the token-tile width;
+// MOBIUS_MOE_GEMM=fma forces the CUDA-core path with the multi-launch grouping (the old kernel).
+int ForcedTileTokens() {
+  static const int forced = [] {
+    const char* env = std::getenv("MOBIUS_MOE_TILE_N");
+    return env != nullptr ? std::atoi(env) : 0;
+  }();
+  return forced;
+}
+bool ForcedFma() {
+  static const bool forced = [] {
+    const char* env = std::getenv("MOBIUS_MOE_GEMM");
+    return env != nullptr && std::string_view(env) == "fma";
+  }();
+  return forced;
+}
+
+int TcTileTokens(int64_t pairs, int64_t num_local) {
+  const int forced = ForcedTileTokens();
+  if (forced == 8 || forced == 16 || forced == 32 || forced == 64) return forced;
+  if (pairs < 2 * num_local) return 8;
+  if (pairs < 6 * num_local) return 16;
+  if (pairs < 40 * num_local) return 32;
+  return 64;
+}
+
+template <bool kGateUp>
+void LaunchTcGroupedGemm(const TcArgs& args, int bn, int64_t max_tiles, cudaStream_t stream) {
+  switch (bn) {
+    case 8:
+      LaunchTc<kGateUp, 8, 2, 2, 6>(args, max_tiles, stream);
+      break;
+    case 16:
+      LaunchTc<kGateUp, 16, 2, 2, 6>(args, max_tiles, stream);
+      break;
+    case 32:
+      LaunchTc<kGateUp, 32, 4, 1, 4>(args, max_tiles, stream);
+      break;
+    default:
+      LaunchTc<kGateUp, 64, 4, 2, 4>(args, max_tiles, stream);
+      break;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Grouping (token, expert) pairs by local expert: count, scan, scatter.
 
 __global__ void CountPairsKernel(const int32_t* ids, int64_t num_pairs, int first_expert,
@@ -279,9 +619,8 @@ __device__ int BlockInclusiveScan(int v, int* warp_sums, int* total) {
 
 // One block loops over the experts in chunks of kScanThreads (any E): offsets[e] = first row of
 // expert e in the sorted order (offsets[E] = pairs routed locally), and the GEMM tile table.
-__global__ void __launch_bounds__(kScanThreads)
-    ScanExpertsKernel(const int32_t* counts, int num_local, int bm, int32_t* offsets,
-                      int32_t* tile_group, int32_t* tile_row0, int32_t* num_tiles) {
+__device__ void ScanExperts(const int32_t* counts, int num_local, int bm, int32_t* offsets,
+                            int32_t* tile_group, int32_t* tile_row0, int32_t* num_tiles) {
   __shared__ int warp_sums[32];
   int row_carry = 0, tile_carry = 0;
   for (int base = 0; base < num_local; base += kScanThreads) {
@@ -306,6 +645,46 @@ __global__ void __launch_bounds__(kScanThreads)
   if (threadIdx.x == 0) {
     offsets[num_local] = row_carry;
     *num_tiles = tile_carry;
+  }
+}
+
+__global__ void __launch_bounds__(kScanThreads)
+    ScanExpertsKernel(const int32_t* counts, int num_local, int bm, int32_t* offsets,
+                      int32_t* tile_group, int32_t* tile_row0, int32_t* num_tiles) {
+  ScanExperts(counts, num_local, bm, offsets, tile_group, tile_row0, num_tiles);
+}
+
+// Decode-sized routings (few pairs) in one launch instead of memset + count + scan + scatter:
+// one block clears the counters, counts, scans (looping over any E) and scatters. Global
+// memory written by the block is visible to the whole block after __syncthreads.
+constexpr int64_t kFusedRoutePairs = 4096;
+
+__global__ void __launch_bounds__(kScanThreads)
+    RouteSmallKernel(const int32_t* ids, int num_pairs, int k, int first_expert, int num_local,
+                     int bm, int32_t* counts, int32_t* cursor, int32_t* offsets,
+                     int32_t* tile_group, int32_t* tile_row0, int32_t* num_tiles,
+                     int32_t* sorted_token, int32_t* pair_pos) {
+  for (int e = threadIdx.x; e < num_local; e += kScanThreads) {
+    counts[e] = 0;
+    cursor[e] = 0;
+  }
+  __syncthreads();
+  for (int p = threadIdx.x; p < num_pairs; p += kScanThreads) {
+    const int e = ids[p] - first_expert;
+    if (e >= 0 && e < num_local) atomicAdd(&counts[e], 1);
+  }
+  __syncthreads();
+  ScanExperts(counts, num_local, bm, offsets, tile_group, tile_row0, num_tiles);
+  __syncthreads();
+  for (int p = threadIdx.x; p < num_pairs; p += kScanThreads) {
+    const int e = ids[p] - first_expert;
+    if (e >= 0 && e < num_local) {
+      const int pos = offsets[e] + atomicAdd(&cursor[e], 1);
+      sorted_token[pos] = p / k;
+      pair_pos[p] = pos;
+    } else {
+      pair_pos[p] = -1;
+    }
   }
 }
 
@@ -358,12 +737,18 @@ struct MoeScratch {
   size_t bytes;
 };
 
+// Tiles of `bm` rows any routing of `pairs` pairs over `num_local` experts can need.
+int64_t MaxTiles(int64_t pairs, int64_t num_local, int bm) {
+  return (pairs + bm - 1) / bm + (num_local < pairs ? num_local : pairs);
+}
+
+// The tile table is sized for the narrowest tile (8 rows); the launch picks the width.
 MoeScratch CarveMoeScratch(char* base, int64_t num_tokens, int k, int num_local, int64_t hidden,
                            int64_t inter) {
   const int64_t pairs = num_tokens * k;
   MoeScratch s;
-  s.bm = TileRows(pairs, num_local);
-  s.max_tiles = (pairs + s.bm - 1) / s.bm + (num_local < pairs ? num_local : pairs);
+  s.bm = 8;
+  s.max_tiles = MaxTiles(pairs, num_local, 8);
   size_t off = 0;
   auto take = [&](size_t bytes) {
     char* p = base == nullptr ? nullptr : base + off;
@@ -419,58 +804,110 @@ const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const flo
                                 const uint16_t* gate_up, const uint16_t* down, int64_t num_tokens,
                                 int k, int num_local_experts, int first_expert, int64_t hidden,
                                 int64_t inter, void* scratch, uint16_t* out, cudaStream_t stream) {
-  const MoeScratch s =
+  MoeScratch s =
       CarveMoeScratch(static_cast<char*>(scratch), num_tokens, k, num_local_experts, hidden, inter);
   const int64_t pairs = num_tokens * k;
-  // counts and cursor are adjacent: one memset clears both.
-  const cudaError_t err = cudaMemsetAsync(
-      s.counts, 0, reinterpret_cast<char*>(s.offsets) - reinterpret_cast<char*>(s.counts), stream);
-  if (err != cudaSuccess) {
-    std::fprintf(stderr, "mobius cuda: MoeExperts memset failed: %s\n", cudaGetErrorString(err));
-    std::abort();
+  // Tensor cores need 16-byte rows: H and I multiples of 8 and 16-byte aligned operands.
+  const bool tc = hidden % 8 == 0 && inter % 8 == 0 && Aligned16(x) && Aligned16(gate_up) &&
+                  Aligned16(down) && !ForcedFma();
+  s.bm = tc ? TcTileTokens(pairs, num_local_experts) : TileRows(pairs, num_local_experts);
+  s.max_tiles = MaxTiles(pairs, num_local_experts, s.bm);
+  if (pairs == 0 || num_local_experts == 0) {
+    const cudaError_t err =
+        cudaMemsetAsync(s.counts, 0, sizeof(int32_t) * num_local_experts, stream);
+    if (err != cudaSuccess) {
+      std::fprintf(stderr, "mobius cuda: MoeExperts memset failed: %s\n", cudaGetErrorString(err));
+      std::abort();
+    }
+    return s.counts;
   }
-  if (pairs == 0 || num_local_experts == 0) return s.counts;
-  CountPairsKernel<<<GridFor(pairs, 256), 256, 0, stream>>>(ids, pairs, first_expert,
-                                                            num_local_experts, s.counts);
-  CheckLaunch("MoeCountPairs");
-  ScanExpertsKernel<<<1, kScanThreads, 0, stream>>>(s.counts, num_local_experts, s.bm, s.offsets,
-                                                    s.tile_group, s.tile_row0, s.num_tiles);
-  CheckLaunch("MoeScanExperts");
-  ScatterPairsKernel<<<GridFor(pairs, 256), 256, 0, stream>>>(ids, pairs, k, first_expert,
-                                                              num_local_experts, s.offsets,
-                                                              s.cursor, s.sorted_token, s.pair_pos);
-  CheckLaunch("MoeScatterPairs");
+  if (pairs <= kFusedRoutePairs && !ForcedFma()) {
+    RouteSmallKernel<<<1, kScanThreads, 0, stream>>>(
+        ids, static_cast<int>(pairs), k, first_expert, num_local_experts, s.bm, s.counts, s.cursor,
+        s.offsets, s.tile_group, s.tile_row0, s.num_tiles, s.sorted_token, s.pair_pos);
+    CheckLaunch("MoeRouteSmall");
+  } else {
+    // counts and cursor are adjacent: one memset clears both.
+    const cudaError_t err = cudaMemsetAsync(
+        s.counts, 0, reinterpret_cast<char*>(s.offsets) - reinterpret_cast<char*>(s.counts),
+        stream);
+    if (err != cudaSuccess) {
+      std::fprintf(stderr, "mobius cuda: MoeExperts memset failed: %s\n", cudaGetErrorString(err));
+      std::abort();
+    }
+    CountPairsKernel<<<GridFor(pairs, 256), 256, 0, stream>>>(ids, pairs, first_expert,
+                                                              num_local_experts, s.counts);
+    CheckLaunch("MoeCountPairs");
+    ScanExpertsKernel<<<1, kScanThreads, 0, stream>>>(s.counts, num_local_experts, s.bm, s.offsets,
+                                                      s.tile_group, s.tile_row0, s.num_tiles);
+    CheckLaunch("MoeScanExperts");
+    ScatterPairsKernel<<<GridFor(pairs, 256), 256, 0, stream>>>(
+        ids, pairs, k, first_expert, num_local_experts, s.offsets, s.cursor, s.sorted_token,
+        s.pair_pos);
+    CheckLaunch("MoeScatterPairs");
+  }
 
   // The grid covers the most tiles any routing can need; surplus blocks exit at once.
-  GemmArgs gu;
-  gu.a = x;
-  gu.lda = hidden;
-  gu.a_rows = s.sorted_token;
-  gu.w = gate_up;
-  gu.w_group_stride = 2 * inter * hidden;
-  gu.n = inter;
-  gu.k = hidden;
-  gu.tile_group = s.tile_group;
-  gu.tile_row0 = s.tile_row0;
-  gu.group_end = s.offsets + 1;
-  gu.num_tiles = s.num_tiles;
-  gu.c = AnyMutPtr{s.act, false};
-  gu.ldc = inter;
-  LaunchGroupedGemm<true>(gu, s.bm, s.max_tiles, stream);
-  CheckLaunch("MoeGateUp");
+  if (tc) {
+    TcArgs gu;
+    gu.a = x;
+    gu.lda = hidden;
+    gu.a_rows = s.sorted_token;
+    gu.w = gate_up;
+    gu.w_group_stride = 2 * inter * hidden;
+    gu.n_out = inter;
+    gu.k = hidden;
+    gu.tile_group = s.tile_group;
+    gu.tile_row0 = s.tile_row0;
+    gu.group_end = s.offsets + 1;
+    gu.num_tiles = s.num_tiles;
+    gu.c = s.act;
+    gu.ldc = inter;
+    LaunchTcGroupedGemm<true>(gu, s.bm, s.max_tiles, stream);
+    CheckLaunch("MoeGateUp (tensor cores)");
+    TcArgs dn = gu;
+    dn.a = s.act;
+    dn.lda = inter;
+    dn.a_rows = nullptr;
+    dn.w = down;
+    dn.w_group_stride = hidden * inter;
+    dn.n_out = hidden;
+    dn.k = inter;
+    dn.c = s.pair_out;
+    dn.ldc = hidden;
+    LaunchTcGroupedGemm<false>(dn, s.bm, s.max_tiles, stream);
+    CheckLaunch("MoeDown (tensor cores)");
+  } else {
+    GemmArgs gu;
+    gu.a = x;
+    gu.lda = hidden;
+    gu.a_rows = s.sorted_token;
+    gu.w = gate_up;
+    gu.w_group_stride = 2 * inter * hidden;
+    gu.n = inter;
+    gu.k = hidden;
+    gu.tile_group = s.tile_group;
+    gu.tile_row0 = s.tile_row0;
+    gu.group_end = s.offsets + 1;
+    gu.num_tiles = s.num_tiles;
+    gu.c = AnyMutPtr{s.act, false};
+    gu.ldc = inter;
+    LaunchGroupedGemm<true>(gu, s.bm, s.max_tiles, stream);
+    CheckLaunch("MoeGateUp");
 
-  GemmArgs dn = gu;
-  dn.a = s.act;
-  dn.lda = inter;
-  dn.a_rows = nullptr;
-  dn.w = down;
-  dn.w_group_stride = hidden * inter;
-  dn.n = hidden;
-  dn.k = inter;
-  dn.c = AnyMutPtr{s.pair_out, true};
-  dn.ldc = hidden;
-  LaunchGroupedGemm<false>(dn, s.bm, s.max_tiles, stream);
-  CheckLaunch("MoeDown");
+    GemmArgs dn = gu;
+    dn.a = s.act;
+    dn.lda = inter;
+    dn.a_rows = nullptr;
+    dn.w = down;
+    dn.w_group_stride = hidden * inter;
+    dn.n = hidden;
+    dn.k = inter;
+    dn.c = AnyMutPtr{s.pair_out, true};
+    dn.ldc = hidden;
+    LaunchGroupedGemm<false>(dn, s.bm, s.max_tiles, stream);
+    CheckLaunch("MoeDown");
+  }
 
   CombineKernel<<<static_cast<unsigned>(num_tokens), 256, 0, stream>>>(s.pair_out, s.pair_pos,
                                                                        weights, k, hidden, out);

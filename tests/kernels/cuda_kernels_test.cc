@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/launch.h"
 #include "kernels/dtype.h"
 
 namespace mobius::kernels {
@@ -496,7 +497,9 @@ void CudaKernelsTest::RunDeltaRuleCase(const DeltaRuleDims& dims, const std::vec
     outs.push_back(test->Host(out));
     EXPECT_LT(Reported("delta rule out", RelErr(outs.back(), out_ref)), kBf16Tol)
         << static_cast<int>(alg);
-    EXPECT_LT(Reported("delta rule state", RelErr(test->Host(st), state_ref)), 1e-4)
+    // The chunked kernels multiply the state in bf16 (fp32 accumulation).
+    EXPECT_LT(Reported("delta rule state", RelErr(test->Host(st), state_ref)),
+              alg == DeltaRuleAlgorithm::kRecurrent ? 1e-4 : 1e-2)
         << static_cast<int>(alg);
   }
   // Chunked and recurrent agree (to bf16 rounding of the output).
@@ -887,6 +890,67 @@ TEST_F(CudaKernelsTest, SegmentWithoutStateSlotStartsFromZero) {
   EXPECT_EQ(Host(rs), rec0);
 }
 
+// The grouping and the grouped GEMM launch a grid fixed by the shapes and never read the
+// routing on the host: the whole op captures into a CUDA graph, and replays with new routings
+// and inputs give the direct launch's results bit for bit (the combine is deterministic).
+TEST_F(CudaKernelsTest, MoeExpertsCapturedInGraphMatchesDirectLaunch) {
+  const int64_t h = 256, inter = 128;
+  const int t = 200, k = 8, experts = 300;
+  const std::vector<float> gu = Rand(int64_t{experts} * 2 * inter * h, -0.2f, 0.2f),
+                           dn = Rand(int64_t{experts} * h * inter, -0.2f, 0.2f);
+  Tensor gut = Make(DType::kBF16, {experts, 2 * inter, h}, gu),
+         dnt = Make(DType::kBF16, {experts, h, inter}, dn);
+  Tensor xt = Make(DType::kBF16, {t, h}, Rand(t * h)), wt = Make(DType::kF32, {t, k}, Rand(t * k));
+  Tensor idt = MakeI32({t, k}, std::vector<int32_t>(t * k, 0));
+  Tensor out_graph = Make(DType::kBF16, {t, h}, std::vector<float>(t * h, 0.0f));
+  Tensor out_direct = Make(DType::kBF16, {t, h}, std::vector<float>(t * h, 0.0f));
+  backend_->Synchronize();
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  void* scratch = nullptr;
+  ASSERT_EQ(cudaMalloc(&scratch, cuda::MoeScratchBytes(t, k, experts, h, inter)), cudaSuccess);
+  auto launch = [&](Tensor& out) {
+    cuda::LaunchMoeExperts(
+        static_cast<const uint16_t*>(xt.raw()), static_cast<const int32_t*>(idt.raw()),
+        static_cast<const float*>(wt.raw()), static_cast<const uint16_t*>(gut.raw()),
+        static_cast<const uint16_t*>(dnt.raw()), t, k, experts, 0, h, inter, scratch,
+        static_cast<uint16_t*>(out.raw()), stream);
+  };
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  launch(out_graph);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int round = 0; round < 3; ++round) {
+    // Round 1 sends every token to expert 7 first (skewed); others are uniform.
+    std::vector<int32_t> ids;
+    std::uniform_int_distribution<int> pick(0, experts - 1);
+    for (int r = 0; r < t; ++r) {
+      for (int j = 0; j < k; ++j) {
+        int e;
+        do {
+          e = round == 1 && j == 0 ? 7 : pick(rng_);
+        } while (std::find(ids.end() - j, ids.end(), e) != ids.end());
+        ids.push_back(e);
+      }
+    }
+    backend_->CopyFromHost(ids.data(), DType::kI32, idt);
+    backend_->CopyFromHost(Rand(t * h).data(), DType::kF32, xt);
+    backend_->Synchronize();
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    launch(out_direct);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    const std::vector<float> a = Host(out_graph), b = Host(out_direct);
+    EXPECT_EQ(a, b) << "round " << round;
+    EXPECT_TRUE(std::all_of(a.begin(), a.end(), [](float v) { return std::isfinite(v); }));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaFree(scratch);
+  cudaStreamDestroy(stream);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Timings at release dimensions (not a correctness test): MOBIUS_CUDA_BENCH=1 to run.
 
@@ -1031,6 +1095,108 @@ TEST_F(CudaTimingTest, ReleaseDims) {
                   static_cast<long long>(t), us, 2.0 * t * 2048 * 8192 / us * 1e-6);
     }
   }
+}
+
+// MoE grouped GEMM at release dims (H 2048, I 512, top 8 over a 2560-expert bank) for T = 1 ..
+// 4096, timed with CUDA events on a stream of our own (median of per-call times; routings
+// rotate over 4 sets so repeated calls do not hit L2 for the same experts), and as graph
+// replays. Bound: bytes of the touched experts' weights over 4.3 TB/s; FLOPs over 790 TFLOP/s.
+TEST_F(CudaTimingTest, MoeGroupedGemmReleaseDims) {
+  const int64_t h = 2048, inter = 512;
+  const int e = 2560, k = 8, sets = 4;
+  Tensor gu = Alloc(DType::kBF16, {e, 2 * inter, h}), dn = Alloc(DType::kBF16, {e, h, inter});
+  FillRandom(gu);
+  FillRandom(dn);
+  backend_->Synchronize();
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  void* scratch = nullptr;
+  ASSERT_EQ(cudaMalloc(&scratch, cuda::MoeScratchBytes(4096, k, e, h, inter)), cudaSuccess);
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  const char* tile = std::getenv("MOBIUS_MOE_TILE_N");
+  const char* gemm = std::getenv("MOBIUS_MOE_GEMM");
+  std::printf("MOE GEMM=%s TILE_N=%s\n", gemm != nullptr ? gemm : "tc",
+              tile != nullptr ? tile : "auto");
+  for (int64_t t : {1, 8, 64, 256, 4096}) {
+    Tensor x = Alloc(DType::kBF16, {t, h}), out = Alloc(DType::kBF16, {t, h});
+    FillRandom(x);
+    FillRandom(out);
+    std::vector<Tensor> ids, w;
+    double touched_sum = 0;
+    for (int s = 0; s < sets; ++s) {
+      Tensor logits = Alloc(DType::kBF16, {t, e});
+      FillRandom(logits);
+      ids.push_back(Alloc(DType::kI32, {t, k}));
+      w.push_back(Alloc(DType::kF32, {t, k}));
+      backend_->TopKSoftmax(logits, k, true, ids.back(), w.back());
+      std::vector<int32_t> host(t * k);
+      backend_->CopyToHostI32(ids.back(), host.data());
+      std::sort(host.begin(), host.end());
+      touched_sum += std::unique(host.begin(), host.end()) - host.begin();
+    }
+    backend_->Synchronize();
+    auto launch = [&](int s) {
+      cuda::LaunchMoeExperts(
+          static_cast<const uint16_t*>(x.raw()), static_cast<const int32_t*>(ids[s].raw()),
+          static_cast<const float*>(w[s].raw()), static_cast<const uint16_t*>(gu.raw()),
+          static_cast<const uint16_t*>(dn.raw()), t, k, e, 0, h, inter, scratch,
+          static_cast<uint16_t*>(out.raw()), stream);
+    };
+    const int iters = t >= 4096 ? 12 : 40;
+    for (int i = 0; i < 2 * sets; ++i) launch(i % sets);
+    std::vector<float> ms;
+    for (int i = 0; i < iters; ++i) {
+      cudaEventRecord(start, stream);
+      launch(i % sets);
+      cudaEventRecord(stop, stream);
+      cudaEventSynchronize(stop);
+      float v = 0;
+      cudaEventElapsedTime(&v, start, stop);
+      ms.push_back(v);
+    }
+    std::sort(ms.begin(), ms.end());
+    const double us = ms[ms.size() / 2] * 1e3;
+    // Graph replays: one graph per routing set, replayed in rotation, 10 per event pair.
+    std::vector<cudaGraphExec_t> execs;
+    for (int s = 0; s < sets; ++s) {
+      cudaGraph_t g;
+      ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+      launch(s);
+      ASSERT_EQ(cudaStreamEndCapture(stream, &g), cudaSuccess);
+      cudaGraphExec_t exec;
+      ASSERT_EQ(cudaGraphInstantiate(&exec, g, 0), cudaSuccess);
+      cudaGraphDestroy(g);
+      execs.push_back(exec);
+    }
+    std::vector<float> gms;
+    for (int i = 0; i < 5; ++i) {
+      cudaEventRecord(start, stream);
+      for (int r = 0; r < 8; ++r) cudaGraphLaunch(execs[r % sets], stream);
+      cudaEventRecord(stop, stream);
+      cudaEventSynchronize(stop);
+      float v = 0;
+      cudaEventElapsedTime(&v, start, stop);
+      gms.push_back(v / 8);
+    }
+    for (auto exec : execs) cudaGraphExecDestroy(exec);
+    std::sort(gms.begin(), gms.end());
+    const double gus = gms[gms.size() / 2] * 1e3;
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    const double touched = touched_sum / sets;
+    const double bytes = touched * 3.0 * h * inter * 2, flops = 2.0 * t * k * 3 * h * inter;
+    const double bound_us = std::max(bytes / 4.3e6, flops / 790e6);
+    std::printf(
+        "MOE T=%5lld touched %6.0f: %9.1f us (graph %9.1f us) | %6.0f GB/s | %6.1f TFLOP/s | "
+        "bound %7.1f us | graph/bound %5.2fx\n",
+        static_cast<long long>(t), touched, us, gus, bytes / gus * 1e-3, flops / gus * 1e-6,
+        bound_us, gus / bound_us);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(scratch);
+  cudaStreamDestroy(stream);
 }
 
 }  // namespace

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <numeric>
 #include <random>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
@@ -30,7 +32,7 @@ std::vector<float> Random(std::mt19937& rng, int64_t n, float lo = -1.f, float h
 
 class Pair {
  public:
-  Pair() : cpu_(CreateCpuBackend(2)) {
+  explicit Pair(int cpu_threads = 2) : cpu_(CreateCpuBackend(cpu_threads)) {
     auto cuda = CreateCudaBackend(0);
     EXPECT_TRUE(cuda.ok()) << cuda.status();
     cuda_ = std::move(*cuda);
@@ -230,6 +232,72 @@ TEST(CudaVsCpuTest, MoeManyTokensPerExpert) {
     p.cuda().MoeExperts(x.second, ids.second, wts.second, gu.second, dn.second, 0, out.second, {});
     const std::string what = "MoeExperts T=" + std::to_string(T);
     EXPECT_LT(p.Compare(what.c_str(), out.first, out.second), kTol);
+  }
+}
+
+// MoE at the release dims (H 2048, I 512, top 8 of a 2560-expert bank) as one expert-parallel
+// rank holding 64 experts (first_expert 1024): T = 1 .. 4096 covers every token-tile width of
+// the tensor-core grouped GEMM (8 at decode up to 64 with hundreds of pairs per expert); a
+// quarter of the picks land in the local slice, the rest anywhere in the bank (mostly on other
+// ranks, contributing nothing). The skewed case routes every token to one expert first.
+TEST(CudaVsCpuTest, MoeReleaseDims) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  Pair p(0);  // every core: the CPU reference does up to ~60 GFLOP here
+  std::mt19937 rng(17);
+  const int H = 2048, I = 512, k = 8, bank = 2560, E = 64, first = 1024;
+  auto gu = p.Make({E, 2 * I, H}, Random(rng, int64_t{E} * 2 * I * H, -0.05f, 0.05f));
+  auto dn = p.Make({E, H, I}, Random(rng, int64_t{E} * H * I, -0.05f, 0.05f));
+  struct Case {
+    int T;
+    bool skewed;
+  };
+  for (const Case c : {Case{1, false}, Case{8, false}, Case{32, false}, Case{64, false},
+                       Case{256, false}, Case{4096, false}, Case{1024, true}}) {
+    const int T = c.T;
+    std::vector<float> ids_f(static_cast<size_t>(T) * k);
+    std::vector<int64_t> ref_counts(E, 0);
+    std::uniform_int_distribution<int> local(first, first + E - 1), any(0, bank - 1);
+    std::uniform_real_distribution<float> coin(0.0f, 1.0f);
+    for (int t = 0; t < T; ++t) {
+      for (int j = 0; j < k; ++j) {
+        int e;
+        bool dup;
+        do {
+          e = c.skewed && j == 0 ? first + 5 : (coin(rng) < 0.25f ? local(rng) : any(rng));
+          dup = false;
+          for (int i = 0; i < j; ++i) dup |= ids_f[t * k + i] == static_cast<float>(e);
+        } while (dup);
+        ids_f[t * k + j] = static_cast<float>(e);
+        if (e >= first && e < first + E) ++ref_counts[e - first];
+      }
+    }
+    auto x = p.Make({T, H}, Random(rng, int64_t{T} * H));
+    auto ids = p.Make({T, k}, std::vector<float>(T * k), DType::kI32);
+    std::vector<int32_t> ids_i(ids_f.begin(), ids_f.end());
+    // I32 tensors: upload through the I32 path on both backends.
+    p.cpu().CopyFromHost(ids_i.data(), DType::kI32, ids.first);
+    p.cuda().CopyFromHost(ids_i.data(), DType::kI32, ids.second);
+    auto wts = p.Make({T, k}, Random(rng, int64_t{T} * k, 0.05f, 0.5f), DType::kF32);
+    const std::vector<float> out0 = Random(rng, int64_t{T} * H, -0.01f, 0.01f);
+    auto out = p.Make({T, H}, out0);
+    std::vector<int64_t> cpu_counts(E, 0), gpu_counts(E, 0);
+    p.cpu().MoeExperts(x.first, ids.first, wts.first, gu.first, dn.first, first, out.first,
+                       cpu_counts);
+    p.cuda().MoeExperts(x.second, ids.second, wts.second, gu.second, dn.second, first, out.second,
+                        gpu_counts);
+    const std::string what =
+        "MoeExperts release T=" + std::to_string(T) + (c.skewed ? " skewed" : "");
+    EXPECT_LT(p.Compare(what.c_str(), out.first, out.second), 1e-2);
+    EXPECT_EQ(gpu_counts, ref_counts) << what;
+    EXPECT_EQ(cpu_counts, ref_counts) << what;
+    // Nothing routed locally must leave out untouched (T = 1 may route nowhere local).
+    if (std::accumulate(ref_counts.begin(), ref_counts.end(), int64_t{0}) == 0) {
+      std::vector<float> y(out0.size());
+      p.cuda().CopyToHostF32(out.second, y.data());
+      for (size_t i = 0; i < y.size(); ++i) {
+        ASSERT_EQ(y[i], BF16ToFloat(FloatToBF16(out0[i]))) << i;
+      }
+    }
   }
 }
 
