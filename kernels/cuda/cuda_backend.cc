@@ -484,8 +484,8 @@ void CudaBackend::StageStep(std::span<const int32_t> ids, std::span<const Sequen
   }
   std::copy(ids.begin(), ids.end(), step_host_);
   std::copy(packed.data.begin(), packed.data.end(), step_host_ + ids.size());
-  CheckCuda(cudaMemcpyAsync(step_meta_, step_host_, total * sizeof(int32_t),
-                            cudaMemcpyHostToDevice, stream_),
+  CheckCuda(cudaMemcpyAsync(step_meta_, step_host_, total * sizeof(int32_t), cudaMemcpyHostToDevice,
+                            stream_),
             "StageStep upload");
   CheckCuda(cudaEventRecord(step_copied_, stream_), "StageStep event");
   staged_.active = true;
@@ -527,8 +527,7 @@ absl::Status CudaBackend::BeginCapture() {
   pool_offset_ = 0;
   const cudaError_t err = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed);
   if (err != cudaSuccess) {
-    return absl::InternalError(
-        absl::StrCat("cudaStreamBeginCapture: ", cudaGetErrorString(err)));
+    return absl::InternalError(absl::StrCat("cudaStreamBeginCapture: ", cudaGetErrorString(err)));
   }
   capturing_ = true;
   return absl::OkStatus();
@@ -608,7 +607,8 @@ void CudaBackend::Gather(const char* op, const Tensor& src, std::span<const int3
   }
   if (rows.empty()) return;
   Enter();
-  const bool staged = staged_.active && rows.data() == staged_.ids && rows.size() == staged_.num_ids;
+  const bool staged =
+      staged_.active && rows.data() == staged_.ids && rows.size() == staged_.num_ids;
   const int32_t* d_rows =
       staged ? step_meta_ : Upload(std::vector<int32_t>(rows.begin(), rows.end()));
   cuda::LaunchGatherRows(s, d_rows, static_cast<int64_t>(rows.size()), width,
@@ -765,17 +765,40 @@ void CudaBackend::GatedDeltaRule(const Tensor& qkv, const Tensor& g, const Tenso
   }
   if (t == 0) return;
   Enter();
-  // TODO(chunked): every algorithm (kAuto, kRecurrent, kChunked) runs the recurrent kernel,
-  // which is exact but serial in the tokens of a segment; a chunked WY/UT kernel for long
-  // prefill segments is still to be written.
-  (void)algorithm;
+  // kAuto: segments of at least kChunkedMinTokens tokens take the chunked (WY/UT) kernels and
+  // shorter ones the recurrent kernel; dims the chunked kernels do not take (see
+  // ChunkedDeltaRuleSupports) and misaligned views always run the recurrent one.
+  constexpr int kChunkedMinTokens = 64;
+  const bool chunk_ok = cuda::ChunkedDeltaRuleSupports(dk, dv) &&
+                        reinterpret_cast<uintptr_t>(qkv.raw()) % 16 == 0 &&
+                        reinterpret_cast<uintptr_t>(out.raw()) % 16 == 0;
+  int min_chunked = INT32_MAX;
+  if (chunk_ok && algorithm == DeltaRuleAlgorithm::kChunked) min_chunked = 1;
+  if (chunk_ok && algorithm == DeltaRuleAlgorithm::kAuto) min_chunked = kChunkedMinTokens;
+  int64_t num_chunks = 0;
+  bool any_recurrent = false;
+  for (const SequenceSegment& seg : segments) {
+    if (seg.num_tokens >= min_chunked) {
+      num_chunks += (seg.num_tokens + 63) / 64;
+    } else if (seg.num_tokens > 0) {
+      any_recurrent = true;
+    }
+  }
   const PackedSegments packed = PackSegments("GatedDeltaRule", segments, t, false);
   cuda::TokenMeta tokens;
   cuda::SegmentMeta segs;
   UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs);
-  cuda::LaunchGatedDeltaRuleRecurrent(Bf16(qkv), g.data<float>(), beta.data<float>(), hk, hv, dk,
-                                      dv, recurrent_states.data<float>(), segs, MutBf16(out),
-                                      stream_);
+  if (any_recurrent) {
+    cuda::LaunchGatedDeltaRuleRecurrent(Bf16(qkv), g.data<float>(), beta.data<float>(), hk, hv, dk,
+                                        dv, recurrent_states.data<float>(), segs, min_chunked - 1,
+                                        MutBf16(out), stream_);
+  }
+  if (num_chunks > 0) {
+    void* scratch = Scratch(cuda::ChunkedDeltaRuleScratchBytes(num_chunks, hv, dk, dv));
+    cuda::LaunchGatedDeltaRuleChunked(Bf16(qkv), g.data<float>(), beta.data<float>(), hk, hv, dk,
+                                      dv, recurrent_states.data<float>(), segs, min_chunked,
+                                      num_chunks, scratch, MutBf16(out), stream_);
+  }
 }
 
 void CudaBackend::GatedRmsNorm(const Tensor& x, const Tensor& z, const Tensor& w, float eps,

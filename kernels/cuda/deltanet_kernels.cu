@@ -78,14 +78,13 @@ __global__ void DeltaRuleGatesKernel(const uint16_t* a, const uint16_t* b, AnyPt
 // column j, k, q and v_j), so one block handles kDeltaCols columns of one value head of one
 // segment: grid (Hv, segments, Dv / kDeltaCols). Thread (j, s) = (tid / 4, tid % 4) owns rows
 // i = s, s + 4, s + 8, ... of column j of the state S [Dk, Dv], kept in registers for the whole
-// segment; the reductions over i are two shuffles inside each group of 4 lanes.
-// TODO(chunked): prefill runs this token-by-token form for every segment length; a chunked
-// WY/UT kernel (tensor cores over chunks of 64 tokens) should replace it for long segments.
+// segment; the reductions over i are two shuffles inside each group of 4 lanes. Generic fallback
+// for dims the warp kernel below does not take (Dv % 4 != 0 or Dk > 256).
 template <int kRows>
 __global__ void __launch_bounds__(kDeltaThreads)
     GatedDeltaRuleKernel(const uint16_t* qkv, const float* g, const float* beta, int num_k_heads,
                          int num_v_heads, int dk, int dv, float* states, SegmentMeta segs,
-                         uint16_t* out) {
+                         int max_tokens, uint16_t* out) {
   extern __shared__ float smem[];
   float* q_s = smem;
   float* k_s = smem + dk;
@@ -94,7 +93,7 @@ __global__ void __launch_bounds__(kDeltaThreads)
   const int h = blockIdx.x, seg = blockIdx.y;
   const int slot = segs.state_slot[seg];
   const int begin = segs.token_begin[seg], len = segs.num_tokens[seg];
-  if (len == 0) return;
+  if (len == 0 || len > max_tokens) return;
   const int kh = h / (num_v_heads / num_k_heads);
   const int64_t row_elems = 2LL * num_k_heads * dk + static_cast<int64_t>(num_v_heads) * dv;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -169,12 +168,184 @@ __global__ void __launch_bounds__(kDeltaThreads)
   }
 }
 
+// The recurrent form for Dv % 4 == 0 and Dk <= 16 * kPasses: every warp is independent and owns
+// kWarpCols = 8 value columns of one value head of one segment (no block barriers at all).
+// Lane l holds rows r = l / 2 + 16 p (p < kPasses) of columns c0 + 4 (l % 2) .. + 3 as float4,
+// so each state row slice is one 16-byte load. Per token the two reductions over rows
+// (S^T k and S^T q of the decayed old state) run together, since
+//   o = S'^T q = decay S^T q + delta (k . q),  delta = beta (v - decay S^T k),
+// and need 4 shuffle rounds; the next token's q, k, v, g, beta are loaded before the current
+// token's arithmetic. Grid (Hv, segments, ceil(Dv / (kWarpCols * kWarpsPerBlock))).
+constexpr int kWarpCols = 8;
+constexpr int kWarpsPerBlock = 4;
+
+template <int kPasses>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+    GatedDeltaRuleWarpKernel(const uint16_t* __restrict__ qkv, const float* __restrict__ g,
+                             const float* __restrict__ beta, int num_k_heads, int num_v_heads,
+                             int dk, int dv, float* states, SegmentMeta segs, int max_tokens,
+                             uint16_t* __restrict__ out) {
+  constexpr int kMaxDk = 16 * kPasses;
+  __shared__ float qk_s[kWarpsPerBlock][2][kMaxDk];
+  const int h = blockIdx.x, seg = blockIdx.y;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int c0 = (blockIdx.z * kWarpsPerBlock + warp) * kWarpCols;
+  if (c0 >= dv) return;
+  const int len = segs.num_tokens[seg];
+  if (len == 0 || len > max_tokens) return;
+  const int begin = segs.token_begin[seg], slot = segs.state_slot[seg];
+  const int kh = h / (num_v_heads / num_k_heads);
+  const int64_t row_elems = 2LL * num_k_heads * dk + static_cast<int64_t>(num_v_heads) * dv;
+  const int col = c0 + 4 * (lane & 1);  // first of this lane's 4 columns
+  const bool col_ok = col < dv;         // dv % 4 == 0: all 4 or none
+  const int r0 = lane >> 1;
+
+  float* state =
+      slot < 0 ? nullptr : states + (static_cast<int64_t>(slot) * num_v_heads + h) * dk * dv;
+  float4 S[kPasses];
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    const int r = r0 + 16 * p;
+    S[p] = (state != nullptr && col_ok && r < dk)
+               ? *reinterpret_cast<const float4*>(state + static_cast<int64_t>(r) * dv + col)
+               : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  const float q_scale = rsqrtf(static_cast<float>(dk));
+  float* q_s = qk_s[warp][0];
+  float* k_s = qk_s[warp][1];
+
+  // Lane l loads q and k elements l, l + 32, ... (kPasses / 2 of each) and 4 values of v.
+  constexpr int kPer = (kMaxDk + 31) / 32;
+  float qn[kPer], kn[kPer];
+  float4 vn = make_float4(0.f, 0.f, 0.f, 0.f);
+  float gn = 0.f, bn = 0.f;
+  auto load = [&](int64_t t) {
+    const uint16_t* row = qkv + t * row_elems;
+    const uint16_t* qsrc = row + kh * dk;
+    const uint16_t* ksrc = row + num_k_heads * dk + kh * dk;
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+      const int d = lane + 32 * e;
+      qn[e] = d < dk ? Bf16ToF32(qsrc[d]) : 0.f;
+      kn[e] = d < dk ? Bf16ToF32(ksrc[d]) : 0.f;
+    }
+    if (col_ok) {
+      const uint2 raw =
+          *reinterpret_cast<const uint2*>(row + 2LL * num_k_heads * dk + int64_t{h} * dv + col);
+      vn = make_float4(__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u),
+                       __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u));
+    }
+    gn = g[t * num_v_heads + h];
+    bn = beta[t * num_v_heads + h];
+  };
+  load(begin);
+
+  for (int step = 0; step < len; ++step) {
+    const int64_t t = begin + step;
+    float qss = 0.f, kss = 0.f, qk = 0.f;
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+      qss += qn[e] * qn[e];
+      kss += kn[e] * kn[e];
+      qk += qn[e] * kn[e];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      qss += __shfl_xor_sync(0xffffffffu, qss, o);
+      kss += __shfl_xor_sync(0xffffffffu, kss, o);
+      qk += __shfl_xor_sync(0xffffffffu, qk, o);
+    }
+    const float qinv = rsqrtf(qss + 1e-6f) * q_scale, kinv = rsqrtf(kss + 1e-6f);
+    __syncwarp();  // the previous token's reads of q_s / k_s are done
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+      const int d = lane + 32 * e;
+      if (d < kMaxDk) {
+        q_s[d] = qn[e] * qinv;
+        k_s[d] = kn[e] * kinv;
+      }
+    }
+    const float kq = qk * qinv * kinv;
+    const float4 v = vn;
+    const float decay = __expf(gn), b = bn;
+    __syncwarp();
+    if (step + 1 < len) load(t + 1);
+
+    float4 u = make_float4(0.f, 0.f, 0.f, 0.f), sq = u;
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      const int r = r0 + 16 * p;
+      const float kr = k_s[r], qr = q_s[r];  // zero beyond dk
+      u.x += S[p].x * kr;
+      u.y += S[p].y * kr;
+      u.z += S[p].z * kr;
+      u.w += S[p].w * kr;
+      sq.x += S[p].x * qr;
+      sq.y += S[p].y * qr;
+      sq.z += S[p].z * qr;
+      sq.w += S[p].w * qr;
+    }
+#pragma unroll
+    for (int o = 2; o < 32; o <<= 1) {
+      u.x += __shfl_xor_sync(0xffffffffu, u.x, o);
+      u.y += __shfl_xor_sync(0xffffffffu, u.y, o);
+      u.z += __shfl_xor_sync(0xffffffffu, u.z, o);
+      u.w += __shfl_xor_sync(0xffffffffu, u.w, o);
+      sq.x += __shfl_xor_sync(0xffffffffu, sq.x, o);
+      sq.y += __shfl_xor_sync(0xffffffffu, sq.y, o);
+      sq.z += __shfl_xor_sync(0xffffffffu, sq.z, o);
+      sq.w += __shfl_xor_sync(0xffffffffu, sq.w, o);
+    }
+    float4 delta;
+    delta.x = b * (v.x - decay * u.x);
+    delta.y = b * (v.y - decay * u.y);
+    delta.z = b * (v.z - decay * u.z);
+    delta.w = b * (v.w - decay * u.w);
+    if (lane < 2 && col_ok) {
+      const float o0 = decay * sq.x + delta.x * kq, o1 = decay * sq.y + delta.y * kq;
+      const float o2 = decay * sq.z + delta.z * kq, o3 = decay * sq.w + delta.w * kq;
+      uint2 packed;
+      packed.x =
+          static_cast<uint32_t>(F32ToBf16(o0)) | (static_cast<uint32_t>(F32ToBf16(o1)) << 16);
+      packed.y =
+          static_cast<uint32_t>(F32ToBf16(o2)) | (static_cast<uint32_t>(F32ToBf16(o3)) << 16);
+      *reinterpret_cast<uint2*>(out + t * num_v_heads * dv + int64_t{h} * dv + col) = packed;
+    }
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      const float kr = k_s[r0 + 16 * p];
+      S[p].x = decay * S[p].x + kr * delta.x;
+      S[p].y = decay * S[p].y + kr * delta.y;
+      S[p].z = decay * S[p].z + kr * delta.z;
+      S[p].w = decay * S[p].w + kr * delta.w;
+    }
+  }
+
+  if (state != nullptr && col_ok) {
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      const int r = r0 + 16 * p;
+      if (r < dk) *reinterpret_cast<float4*>(state + static_cast<int64_t>(r) * dv + col) = S[p];
+    }
+  }
+}
+
 template <int kRows>
 void LaunchDeltaRule(dim3 grid, int threads, size_t smem, cudaStream_t stream, const uint16_t* qkv,
                      const float* g, const float* beta, int hk, int hv, int dk, int dv,
-                     float* states, const SegmentMeta& segs, uint16_t* out) {
-  GatedDeltaRuleKernel<kRows>
-      <<<grid, threads, smem, stream>>>(qkv, g, beta, hk, hv, dk, dv, states, segs, out);
+                     float* states, const SegmentMeta& segs, int max_tokens, uint16_t* out) {
+  GatedDeltaRuleKernel<kRows><<<grid, threads, smem, stream>>>(qkv, g, beta, hk, hv, dk, dv, states,
+                                                               segs, max_tokens, out);
+}
+
+template <int kPasses>
+void LaunchDeltaRuleWarp(const uint16_t* qkv, const float* g, const float* beta, int hk, int hv,
+                         int dk, int dv, float* states, const SegmentMeta& segs, int max_tokens,
+                         uint16_t* out, cudaStream_t stream) {
+  const int cols_per_block = kWarpCols * kWarpsPerBlock;
+  const dim3 grid(hv, segs.num_segments, (dv + cols_per_block - 1) / cols_per_block);
+  GatedDeltaRuleWarpKernel<kPasses><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(
+      qkv, g, beta, hk, hv, dk, dv, states, segs, max_tokens, out);
 }
 
 }  // namespace
@@ -210,26 +381,52 @@ void LaunchDeltaRuleGates(const uint16_t* a, const uint16_t* b, AnyPtr a_log, An
 
 void LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, const float* g, const float* beta,
                                    int num_k_heads, int num_v_heads, int k_head_dim, int v_head_dim,
-                                   float* states, const SegmentMeta& segments, uint16_t* out,
-                                   cudaStream_t stream) {
+                                   float* states, const SegmentMeta& segments, int max_tokens,
+                                   uint16_t* out, cudaStream_t stream) {
   if (segments.num_segments == 0 || num_v_heads == 0) return;
   if (k_head_dim > 256 || k_head_dim < 1 || v_head_dim < 1) {
     std::fprintf(stderr, "mobius cuda: delta rule key head dim %d outside [1, 256]\n", k_head_dim);
     std::abort();
   }
+  const int hk = num_k_heads, hv = num_v_heads, dk = k_head_dim, dv = v_head_dim;
+  const bool aligned = reinterpret_cast<uintptr_t>(qkv) % 8 == 0 &&
+                       reinterpret_cast<uintptr_t>(out) % 8 == 0 &&
+                       reinterpret_cast<uintptr_t>(states) % 16 == 0 && (hk * dk) % 2 == 0;
+  // MOBIUS_DELTA_RULE_GENERIC=1 forces the generic block kernel (for before/after timings).
+  static const bool force_generic = [] {
+    const char* env = std::getenv("MOBIUS_DELTA_RULE_GENERIC");
+    return env != nullptr && env[0] == '1';
+  }();
+  if (dv % 4 == 0 && aligned && !force_generic) {
+    if (dk <= 32) {
+      LaunchDeltaRuleWarp<2>(qkv, g, beta, hk, hv, dk, dv, states, segments, max_tokens, out,
+                             stream);
+    } else if (dk <= 64) {
+      LaunchDeltaRuleWarp<4>(qkv, g, beta, hk, hv, dk, dv, states, segments, max_tokens, out,
+                             stream);
+    } else if (dk <= 128) {
+      LaunchDeltaRuleWarp<8>(qkv, g, beta, hk, hv, dk, dv, states, segments, max_tokens, out,
+                             stream);
+    } else {
+      LaunchDeltaRuleWarp<16>(qkv, g, beta, hk, hv, dk, dv, states, segments, max_tokens, out,
+                              stream);
+    }
+    CheckLaunch("GatedDeltaRule (warp)");
+    return;
+  }
   const int threads = kDeltaThreads;
-  const size_t smem = sizeof(float) * (2 * k_head_dim + kDeltaCols);
-  const dim3 grid(num_v_heads, segments.num_segments, (v_head_dim + kDeltaCols - 1) / kDeltaCols);
-  const int rows = (k_head_dim + 3) / 4;
+  const size_t smem = sizeof(float) * (2 * dk + kDeltaCols);
+  const dim3 grid(hv, segments.num_segments, (dv + kDeltaCols - 1) / kDeltaCols);
+  const int rows = (dk + 3) / 4;
   if (rows <= 16) {
-    LaunchDeltaRule<16>(grid, threads, smem, stream, qkv, g, beta, num_k_heads, num_v_heads,
-                        k_head_dim, v_head_dim, states, segments, out);
+    LaunchDeltaRule<16>(grid, threads, smem, stream, qkv, g, beta, hk, hv, dk, dv, states, segments,
+                        max_tokens, out);
   } else if (rows <= 32) {
-    LaunchDeltaRule<32>(grid, threads, smem, stream, qkv, g, beta, num_k_heads, num_v_heads,
-                        k_head_dim, v_head_dim, states, segments, out);
+    LaunchDeltaRule<32>(grid, threads, smem, stream, qkv, g, beta, hk, hv, dk, dv, states, segments,
+                        max_tokens, out);
   } else {
-    LaunchDeltaRule<64>(grid, threads, smem, stream, qkv, g, beta, num_k_heads, num_v_heads,
-                        k_head_dim, v_head_dim, states, segments, out);
+    LaunchDeltaRule<64>(grid, threads, smem, stream, qkv, g, beta, hk, hv, dk, dv, states, segments,
+                        max_tokens, out);
   }
   CheckLaunch("GatedDeltaRule");
 }

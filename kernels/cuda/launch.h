@@ -63,10 +63,23 @@ void LaunchCausalConv1dSilu(const uint16_t* x, AnyPtr w, float* conv_states, int
 void LaunchDeltaRuleGates(const uint16_t* a, const uint16_t* b, AnyPtr a_log, AnyPtr dt_bias,
                           int64_t num_tokens, int num_v_heads, float* g, float* beta,
                           cudaStream_t stream);
+// Token by token; segments longer than `max_tokens` are skipped (left to the chunked form).
 void LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, const float* g, const float* beta,
                                    int num_k_heads, int num_v_heads, int k_head_dim, int v_head_dim,
-                                   float* states, const SegmentMeta& segments, uint16_t* out,
-                                   cudaStream_t stream);
+                                   float* states, const SegmentMeta& segments, int max_tokens,
+                                   uint16_t* out, cudaStream_t stream);
+// Chunked (WY/UT) form over the segments of at least `min_tokens` tokens (chunked_delta_rule.cu).
+// Supported: Dk 64 or 128, Dv a multiple of 32 up to 128 (ChunkedDeltaRuleSupports).
+// `num_chunks` = sum over those segments of ceil(tokens / 64); `scratch` holds
+// ChunkedDeltaRuleScratchBytes(num_chunks, ...) bytes.
+bool ChunkedDeltaRuleSupports(int k_head_dim, int v_head_dim);
+size_t ChunkedDeltaRuleScratchBytes(int64_t num_chunks, int num_v_heads, int k_head_dim,
+                                    int v_head_dim);
+void LaunchGatedDeltaRuleChunked(const uint16_t* qkv, const float* g, const float* beta,
+                                 int num_k_heads, int num_v_heads, int k_head_dim, int v_head_dim,
+                                 float* states, const SegmentMeta& segments, int min_tokens,
+                                 int64_t num_chunks, void* scratch, uint16_t* out,
+                                 cudaStream_t stream);
 
 // ---- gated attention (attention_kernels.cu) ----
 void LaunchQkNormRope(const uint16_t* q_gate, uint16_t* k, AnyPtr q_norm, AnyPtr k_norm, float eps,
