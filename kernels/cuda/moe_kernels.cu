@@ -5,6 +5,7 @@
 #include <climits>
 #include <cstdlib>
 #include <string_view>
+#include <utility>
 
 #include "kernels/cuda/common.cuh"
 
@@ -308,6 +309,16 @@ __device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], u
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// Programmatic dependent launch (sm_90): a kernel launched with the programmatic-serialization
+// attribute may start while its predecessor finishes; it must wait before reading what the
+// predecessor wrote. Both are no-ops for kernels launched the ordinary way.
+__device__ __forceinline__ void GridDependencyWait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+__device__ __forceinline__ void LaunchDependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
 // Byte offset of 16-byte chunk `chunk` (0..7) of shared row `row` (XOR swizzle).
 __device__ __forceinline__ uint32_t Swizzle(int row, int chunk) {
   return static_cast<uint32_t>(row * kTcRowBytes + ((chunk ^ (row & 7)) << 4));
@@ -335,6 +346,13 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
   extern __shared__ __align__(128) char smem[];
   __shared__ int32_t src_row[kBN];  // row of `a` for each token of the tile, -1: past the group
 
+  // gate_up follows the grouping kernel, whose outputs it needs at once. down follows gate_up:
+  // the tile table is older (gate_up only starts its dependents after its own wait), so down
+  // streams its first weight stages before waiting for gate_up's activations.
+  if constexpr (kGateUp) {
+    GridDependencyWait();
+    LaunchDependents();
+  }
   const int tile = blockIdx.x;
   if (tile >= *args.num_tiles) return;
   const int64_t group = args.tile_group[tile];
@@ -385,7 +403,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
 
   const uint32_t smem_base = SharedAddr(smem);
   const int num_k = static_cast<int>((args.k + kTcBK - 1) / kTcBK);
-  auto load_stage = [&](int kt) {
+  auto load_weights = [&](int kt) {
     const uint32_t base = smem_base + (kt % kStages) * Cfg::kStageBytes;
     const int64_t k0 = static_cast<int64_t>(kt) * kTcBK;
     const bool k_ok = k0 + chunk * 8 < args.k;
@@ -394,6 +412,11 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
       const bool ok = k_ok && a_src[i] != nullptr;
       CpAsync16(base + a_dst[i], ok ? a_src[i] + k0 : w, ok);
     }
+  };
+  auto load_tokens = [&](int kt) {
+    const uint32_t base = smem_base + (kt % kStages) * Cfg::kStageBytes;
+    const int64_t k0 = static_cast<int64_t>(kt) * kTcBK;
+    const bool k_ok = k0 + chunk * 8 < args.k;
 #pragma unroll
     for (int i = 0; i < Cfg::kChunksB; ++i) {
       if (b_dst[i] == 0xffffffffu) continue;
@@ -410,15 +433,37 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
 
+  // Prologue: kStages - 1 stages, one cp.async group each. down issues the weights of all of
+  // them before waiting for gate_up (uncommitted, they join the first group), then the tokens.
+  if constexpr (kGateUp) {
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < num_k) load_stage(s);
-    CpAsyncCommit();
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < num_k) {
+        load_weights(s);
+        load_tokens(s);
+      }
+      CpAsyncCommit();
+    }
+  } else {
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < num_k) load_weights(s);
+    }
+    GridDependencyWait();
+    LaunchDependents();
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < num_k) load_tokens(s);
+      CpAsyncCommit();
+    }
   }
   for (int kt = 0; kt < num_k; ++kt) {
     CpAsyncWait<kStages - 2>();
     __syncthreads();  // stage kt landed for every thread; stage kt - 1 is free for reuse
-    if (kt + kStages - 1 < num_k) load_stage(kt + kStages - 1);
+    if (kt + kStages - 1 < num_k) {
+      load_weights(kt + kStages - 1);
+      load_tokens(kt + kStages - 1);
+    }
     CpAsyncCommit();
     const uint32_t base = smem_base + (kt % kStages) * Cfg::kStageBytes;
 #pragma unroll
@@ -510,6 +555,38 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
   }
 }
 
+// Benchmark knob (read once): MOBIUS_MOE_PDL=0 launches the GEMMs and the combine without
+// programmatic dependent launch.
+bool UsePdl() {
+  static const bool use = [] {
+    const char* env = std::getenv("MOBIUS_MOE_PDL");
+    return env == nullptr || std::string_view(env) != "0";
+  }();
+  return use;
+}
+
+// Launches `kernel` so that it may start while the previous kernel on the stream finishes (the
+// kernel calls GridDependencyWait before reading that kernel's outputs).
+template <typename... Params, typename... Args>
+void LaunchAfterPrevious(const char* what, void (*kernel)(Params...), dim3 grid, int threads,
+                         size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attr;
+  config.numAttrs = UsePdl() ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "mobius cuda: launch of %s failed: %s\n", what, cudaGetErrorString(err));
+    std::abort();
+  }
+}
+
 template <bool kGateUp, int kBN, int kWarpsM, int kWarpsK, int kStages>
 void LaunchTc(const TcArgs& args, int64_t max_tiles, cudaStream_t stream) {
   using Cfg = TcConfig<kBN, kWarpsM, kWarpsK, kStages>;
@@ -532,7 +609,8 @@ void LaunchTc(const TcArgs& args, int64_t max_tiles, cudaStream_t stream) {
   const int64_t rows = kGateUp ? 16 * kWarpsM : 32 * kWarpsM;
   const dim3 grid(static_cast<unsigned>(max_tiles),
                   static_cast<unsigned>((args.n_out + rows - 1) / rows));
-  kernel<<<grid, Cfg::kThreads, Cfg::kSmem, stream>>>(args);
+  LaunchAfterPrevious(kGateUp ? "MoeGateUp" : "MoeDown", kernel, grid, Cfg::kThreads, Cfg::kSmem,
+                      stream, args);
 }
 
 // Token-tile widths of the tensor-core path, chosen from the mean number of pairs per local
@@ -567,10 +645,10 @@ template <bool kGateUp>
 void LaunchTcGroupedGemm(const TcArgs& args, int bn, int64_t max_tiles, cudaStream_t stream) {
   switch (bn) {
     case 8:
-      LaunchTc<kGateUp, 8, 2, 2, 6>(args, max_tiles, stream);
+      LaunchTc<kGateUp, 8, 2, 2, 10>(args, max_tiles, stream);
       break;
     case 16:
-      LaunchTc<kGateUp, 16, 2, 2, 6>(args, max_tiles, stream);
+      LaunchTc<kGateUp, 16, 2, 2, 10>(args, max_tiles, stream);
       break;
     case 32:
       LaunchTc<kGateUp, 32, 4, 1, 4>(args, max_tiles, stream);
@@ -654,32 +732,36 @@ __global__ void __launch_bounds__(kScanThreads)
   ScanExperts(counts, num_local, bm, offsets, tile_group, tile_row0, num_tiles);
 }
 
-// Decode-sized routings (few pairs) in one launch instead of memset + count + scan + scatter:
-// one block clears the counters, counts, scans (looping over any E) and scatters. Global
-// memory written by the block is visible to the whole block after __syncthreads.
+// Decode-sized routings (few pairs, at most kRouteSharedExperts local experts) in one launch
+// instead of memset + count + scan + scatter: one block counts in shared memory, scans (looping
+// over any E), and scatters with shared-memory cursors. Global memory written by the block is
+// visible to the whole block after __syncthreads.
 constexpr int64_t kFusedRoutePairs = 4096;
+constexpr int kRouteSharedExperts = 8192;
 
 __global__ void __launch_bounds__(kScanThreads)
     RouteSmallKernel(const int32_t* ids, int num_pairs, int k, int first_expert, int num_local,
-                     int bm, int32_t* counts, int32_t* cursor, int32_t* offsets,
-                     int32_t* tile_group, int32_t* tile_row0, int32_t* num_tiles,
-                     int32_t* sorted_token, int32_t* pair_pos) {
-  for (int e = threadIdx.x; e < num_local; e += kScanThreads) {
-    counts[e] = 0;
-    cursor[e] = 0;
-  }
+                     int bm, int32_t* counts, int32_t* offsets, int32_t* tile_group,
+                     int32_t* tile_row0, int32_t* num_tiles, int32_t* sorted_token,
+                     int32_t* pair_pos) {
+  __shared__ int32_t slot[kRouteSharedExperts];  // count, then the next free row of each expert
+  LaunchDependents();  // gate_up's blocks may start; they wait for this grid to finish
+  for (int e = threadIdx.x; e < num_local; e += kScanThreads) slot[e] = 0;
   __syncthreads();
   for (int p = threadIdx.x; p < num_pairs; p += kScanThreads) {
     const int e = ids[p] - first_expert;
-    if (e >= 0 && e < num_local) atomicAdd(&counts[e], 1);
+    if (e >= 0 && e < num_local) atomicAdd(&slot[e], 1);
   }
   __syncthreads();
-  ScanExperts(counts, num_local, bm, offsets, tile_group, tile_row0, num_tiles);
+  for (int e = threadIdx.x; e < num_local; e += kScanThreads) counts[e] = slot[e];
+  ScanExperts(slot, num_local, bm, offsets, tile_group, tile_row0, num_tiles);
+  __syncthreads();
+  for (int e = threadIdx.x; e < num_local; e += kScanThreads) slot[e] = offsets[e];
   __syncthreads();
   for (int p = threadIdx.x; p < num_pairs; p += kScanThreads) {
     const int e = ids[p] - first_expert;
     if (e >= 0 && e < num_local) {
-      const int pos = offsets[e] + atomicAdd(&cursor[e], 1);
+      const int pos = atomicAdd(&slot[e], 1);
       sorted_token[pos] = p / k;
       pair_pos[p] = pos;
     } else {
@@ -707,17 +789,44 @@ __global__ void ScatterPairsKernel(const int32_t* ids, int64_t num_pairs, int k,
   }
 }
 
-// out[t, :] += sum_j weights[t, j] * pair_out[pair_pos[t, j], :], in a fixed order.
-__global__ void CombineKernel(const float* pair_out, const int32_t* pair_pos, const float* weights,
-                              int k, int64_t hidden, uint16_t* out) {
-  const int64_t t = blockIdx.x;
-  for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
-    float acc = 0.0f;
-    for (int j = 0; j < k; ++j) {
-      const int pos = pair_pos[t * k + j];
-      if (pos >= 0) acc += weights[t * k + j] * pair_out[pos * hidden + h];
+// out[t, :] += sum_j weights[t, j] * pair_out[pair_pos[t, j], :], adding j in order (so the
+// result does not depend on the grouping). Grid (hidden chunks, tokens): with kVec each thread
+// owns 4 adjacent features (16-byte loads of pair_out, 8-byte bf16 read-modify-write of out).
+constexpr int kCombineThreads = 128;
+
+template <bool kVec>
+__global__ void __launch_bounds__(kCombineThreads)
+    CombineKernel(const float* pair_out, const int32_t* pair_pos, const float* weights, int k,
+                  int64_t hidden, uint16_t* out) {
+  GridDependencyWait();  // pair_out comes from the down GEMM
+  const int64_t t = blockIdx.y;
+  constexpr int kPer = kVec ? 4 : 1;
+  const int64_t h = (static_cast<int64_t>(blockIdx.x) * kCombineThreads + threadIdx.x) * kPer;
+  if (h >= hidden) return;
+  float acc[kPer] = {};
+  for (int j = 0; j < k; ++j) {
+    const int pos = pair_pos[t * k + j];
+    if (pos < 0) continue;
+    const float wj = weights[t * k + j];
+    if constexpr (kVec) {
+      const float4 v = *reinterpret_cast<const float4*>(pair_out + pos * hidden + h);
+      acc[0] += wj * v.x;
+      acc[1] += wj * v.y;
+      acc[2] += wj * v.z;
+      acc[3] += wj * v.w;
+    } else {
+      acc[0] += wj * pair_out[pos * hidden + h];
     }
-    out[t * hidden + h] = F32ToBf16(Bf16ToF32(out[t * hidden + h]) + acc);
+  }
+  if constexpr (kVec) {
+    uint2 o = *reinterpret_cast<const uint2*>(out + t * hidden + h);
+    const float r0 = Bf16ToF32(o.x & 0xffffu) + acc[0], r1 = Bf16ToF32(o.x >> 16) + acc[1];
+    const float r2 = Bf16ToF32(o.y & 0xffffu) + acc[2], r3 = Bf16ToF32(o.y >> 16) + acc[3];
+    o.x = F32ToBf16(r0) | (static_cast<uint32_t>(F32ToBf16(r1)) << 16);
+    o.y = F32ToBf16(r2) | (static_cast<uint32_t>(F32ToBf16(r3)) << 16);
+    *reinterpret_cast<uint2*>(out + t * hidden + h) = o;
+  } else {
+    out[t * hidden + h] = F32ToBf16(Bf16ToF32(out[t * hidden + h]) + acc[0]);
   }
 }
 
@@ -821,10 +930,10 @@ const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const flo
     }
     return s.counts;
   }
-  if (pairs <= kFusedRoutePairs && !ForcedFma()) {
+  if (pairs <= kFusedRoutePairs && num_local_experts <= kRouteSharedExperts && !ForcedFma()) {
     RouteSmallKernel<<<1, kScanThreads, 0, stream>>>(
-        ids, static_cast<int>(pairs), k, first_expert, num_local_experts, s.bm, s.counts, s.cursor,
-        s.offsets, s.tile_group, s.tile_row0, s.num_tiles, s.sorted_token, s.pair_pos);
+        ids, static_cast<int>(pairs), k, first_expert, num_local_experts, s.bm, s.counts, s.offsets,
+        s.tile_group, s.tile_row0, s.num_tiles, s.sorted_token, s.pair_pos);
     CheckLaunch("MoeRouteSmall");
   } else {
     // counts and cursor are adjacent: one memset clears both.
@@ -909,8 +1018,14 @@ const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const flo
     CheckLaunch("MoeDown");
   }
 
-  CombineKernel<<<static_cast<unsigned>(num_tokens), 256, 0, stream>>>(s.pair_out, s.pair_pos,
-                                                                       weights, k, hidden, out);
+  const bool vec = hidden % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0;
+  const int64_t per_block = kCombineThreads * (vec ? 4 : 1);
+  const dim3 grid(static_cast<unsigned>((hidden + per_block - 1) / per_block),
+                  static_cast<unsigned>(num_tokens));
+  const float* pair_out = s.pair_out;
+  const int32_t* pair_pos = s.pair_pos;
+  LaunchAfterPrevious("MoeCombine", vec ? CombineKernel<true> : CombineKernel<false>, grid,
+                      kCombineThreads, 0, stream, pair_out, pair_pos, weights, k, hidden, out);
   CheckLaunch("MoeCombine");
   return s.counts;
 }
