@@ -733,9 +733,11 @@ __global__ void __launch_bounds__(kScanThreads)
 }
 
 // Decode-sized routings (few pairs, at most kRouteSharedExperts local experts) in one launch
-// instead of memset + count + scan + scatter: one block counts in shared memory, scans (looping
-// over any E), and scatters with shared-memory cursors. Global memory written by the block is
-// visible to the whole block after __syncthreads.
+// instead of memset + count + scan + scatter: one block counts in shared memory, then each
+// thread takes a run of consecutive experts and one block scan of (rows << 16 | tiles) (both
+// at most kFusedRoutePairs < 2^16) gives every expert's first row and first tile; the scatter
+// uses shared-memory cursors. Global memory written by the block is visible to the whole block
+// after __syncthreads.
 constexpr int64_t kFusedRoutePairs = 4096;
 constexpr int kRouteSharedExperts = 8192;
 
@@ -745,6 +747,7 @@ __global__ void __launch_bounds__(kScanThreads)
                      int32_t* tile_row0, int32_t* num_tiles, int32_t* sorted_token,
                      int32_t* pair_pos) {
   __shared__ int32_t slot[kRouteSharedExperts];  // count, then the next free row of each expert
+  __shared__ int warp_sums[32];
   LaunchDependents();  // gate_up's blocks may start; they wait for this grid to finish
   for (int e = threadIdx.x; e < num_local; e += kScanThreads) slot[e] = 0;
   __syncthreads();
@@ -753,10 +756,29 @@ __global__ void __launch_bounds__(kScanThreads)
     if (e >= 0 && e < num_local) atomicAdd(&slot[e], 1);
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < num_local; e += kScanThreads) counts[e] = slot[e];
-  ScanExperts(slot, num_local, bm, offsets, tile_group, tile_row0, num_tiles);
-  __syncthreads();
-  for (int e = threadIdx.x; e < num_local; e += kScanThreads) slot[e] = offsets[e];
+  const int per = (num_local + kScanThreads - 1) / kScanThreads;
+  const int e0 = threadIdx.x * per, e1 = min(e0 + per, num_local);
+  int packed = 0;
+  for (int e = e0; e < e1; ++e) packed += (slot[e] << 16) + (slot[e] + bm - 1) / bm;
+  int total;
+  const int incl = BlockInclusiveScan(packed, warp_sums, &total);
+  int row = (incl - packed) >> 16, tile = (incl - packed) & 0xffff;
+  for (int e = e0; e < e1; ++e) {
+    const int count = slot[e], tiles = (count + bm - 1) / bm;
+    counts[e] = count;
+    offsets[e] = row;
+    for (int i = 0; i < tiles; ++i) {
+      tile_group[tile + i] = e;
+      tile_row0[tile + i] = row + i * bm;
+    }
+    slot[e] = row;
+    row += count;
+    tile += tiles;
+  }
+  if (threadIdx.x == 0) {
+    offsets[num_local] = total >> 16;
+    *num_tiles = total & 0xffff;
+  }
   __syncthreads();
   for (int p = threadIdx.x; p < num_pairs; p += kScanThreads) {
     const int e = ids[p] - first_expert;
