@@ -165,23 +165,34 @@ def main():
         wait_for("router healthy", lambda: http(f"{router}/health")[0] == 200, 30)
 
         model = "tiny"
-        for i in range(4):
-            for stream in (False, True):
-                status, body = http(f"{router}/v1/completions", {
-                    "model": model, "prompt": [1, 2, 3 + i], "max_tokens": 8, "stream": stream,
-                    "temperature": 0})
-                chart.check(status == 200 and ("data:" in body) == stream, f"completion: {body[:200]}", failures)
+
+        def completions(rounds):
+            for i in range(rounds):
+                for stream in (False, True):
+                    status, body = http(f"{router}/v1/completions", {
+                        "model": model, "prompt": [1, 2, 3 + i], "max_tokens": 8,
+                        "stream": stream, "temperature": 0})
+                    chart.check(status == 200 and ("data:" in body) == stream,
+                                f"completion: {body[:200]}", failures)
+
+        def targets_up():
+            _, body = http(f"{prom}/api/v1/targets")
+            active = json.loads(body)["data"]["activeTargets"]
+            return len(active) == 2 and all(t["health"] == "up" for t in active)
+
+        # As in production, every series has been scraped before the traffic the queries look
+        # at: rate() cannot see the increase of a series whose first sample already counts it
+        # (the router creates its per-model series at the first request).
+        wait_for("both targets up", targets_up, 20)
+        completions(1)
+        wait_for("the router's per-model series scraped", lambda: query(
+            prom, f'vllm:e2e_request_latency_seconds_count{{container="router",model_name="{model}"}}'), 20)
+        completions(3)
         status, body = http(f"{router}/v1/chat/completions", {
             "model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8,
             "stream": True})
         chart.check(status == 200 and "[DONE]" in body, f"chat: {body[:200]}", failures)
 
-        # Every target up, then every dashboard query answered.
-        def targets_up():
-            _, body = http(f"{prom}/api/v1/targets")
-            active = json.loads(body)["data"]["activeTargets"]
-            return len(active) == 2 and all(t["health"] == "up" for t in active)
-        wait_for("both targets up", targets_up, 20)
         dashboard = json.load(open(DASHBOARD))
         variables = {"namespace": NAMESPACE, "model_name": model}
         for var in dashboard["templating"]["list"]:
