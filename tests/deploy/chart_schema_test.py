@@ -1,6 +1,7 @@
 """Validates the manifests rendered from every ci/ values file, and from variants that switch on
 the chart's other branches, against the Kubernetes API schemas (validate_k8s.mjs: npm's
-kubernetes-models, Prometheus Operator and KEDA models, strict field names).
+kubernetes-models, Prometheus Operator and KEDA models, strict field names), and decodes the
+built-in kinds into kubectl's own Go types (`kubectl set env --local`, no API server needed).
 
 usage: chart_schema_test.py NODE"""
 import json
@@ -9,6 +10,11 @@ import subprocess
 import sys
 
 import chart
+import yaml
+
+# Kinds kubectl 1.30 knows (its scheme): core v1 and these API groups.
+BUILTIN_GROUPS = {"v1", "apps", "policy", "autoscaling"}
+KUBECTL = os.path.join(chart.TOOLS, "bin", "kubectl")
 
 VARIANTS = {
     "cpu-values.yaml": [
@@ -38,6 +44,13 @@ for values in chart.CI_VALUES:
         chart.check({"Deployment", "Service"} <= kinds, f"{values} {sets}: no router", failures)
         print(f"rendered {len(docs)} objects: {os.path.basename(values)} {' '.join(sets)}")
         all_docs += docs
+        builtin = [d for d in docs if d["apiVersion"].split("/")[0] in BUILTIN_GROUPS]
+        out = subprocess.run([KUBECTL, "set", "env", "--local", "-f", "-", "--dry-run=client",
+                              "-o", "name", "MOBIUS_DECODE_CHECK=1"],
+                             input=yaml.safe_dump_all(builtin), capture_output=True, text=True)
+        decoded = sum(f"/{d['metadata']['name']}" in out.stdout + out.stderr for d in builtin)
+        chart.check("unable to decode" not in out.stderr and decoded == len(builtin),
+                    f"kubectl decoded {decoded} of {len(builtin)} objects:\n{out.stderr}", failures)
 # One node process for all (loading the schemas takes most of its time).
 out = subprocess.run([sys.argv[1], validator, node_modules], input=json.dumps(all_docs),
                      capture_output=True, text=True, timeout=120)
