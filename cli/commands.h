@@ -14,6 +14,7 @@ int RunGenerateCommand();
 int RunInspectCommand();
 int RunTokenizeCommand();
 int RunBenchCommand(const std::vector<std::string>& args);  // args: {"engine"}
+int RunBenchServeCommand();  // `mobius bench serve` (main.cc routes it; own flags)
 
 }  // namespace mobius::cli
 

@@ -42,7 +42,7 @@ constexpr Command kCommands[] = {
      NoArgs<mobius::cli::RunTokenizeCommand>},
     {"bench",
      "benchmarks: `mobius bench engine` times decode steps and prefill against the "
-     "bandwidth bound",
+     "bandwidth bound; `mobius bench serve` loads a running server",
      mobius::cli::RunBenchCommand},
 };
 
@@ -52,11 +52,25 @@ void PrintTopLevelUsage(FILE* out) {
   std::fprintf(out, "\n`mobius <command> --help` lists the flags of a command.\n");
 }
 
+// `mobius bench serve` loads no model, so it is a command of its own (flags in
+// bench_serve_command.cc) that shares only --model (there: the served model's name) and --seed
+// with the model commands; absl flags are global, so it cannot define flags of those names.
+constexpr const char* kBenchServeSummary =
+    "load a running server through the OpenAI streaming API (or one worker over gRPC) and "
+    "report throughput, TTFT, TPOT, ITL and end-to-end latency as vLLM's `bench serve` does";
+constexpr const char* kBenchServeUsageNote =
+    "\n\nAlso: --model NAME, the model name sent in requests (default: the first of GET "
+    "/v1/models), and --seed N, the seed of the prompts and arrival times (default 0). See "
+    "docs/bench-serve.md.";
+
 // Flags are global in absl; a command accepts only the flags defined in its own file or in
 // the shared ones, so that e.g. `mobius tokenize --max-tokens 3` is an error, not ignored.
-bool FlagBelongsTo(absl::string_view filename, const std::string& command) {
-  return absl::EndsWith(filename, absl::StrCat("cli/", command, "_command.cc")) ||
-         absl::EndsWith(filename, "cli/model_flags.cc");
+// `flag` is empty when only the file is known (the --help filter).
+bool FlagBelongsTo(absl::string_view filename, absl::string_view flag, const std::string& command) {
+  if (absl::EndsWith(filename, absl::StrCat("cli/", command, "_command.cc"))) return true;
+  if (!absl::EndsWith(filename, "cli/model_flags.cc")) return false;
+  if (command == "bench_serve") return flag == "model" || flag == "seed";
+  return true;
 }
 
 }  // namespace
@@ -76,17 +90,25 @@ int main(int argc, char** argv) {
     PrintTopLevelUsage(stderr);
     return 2;
   }
-  const std::string name = command->name;
+  const bool bench_serve =
+      std::strcmp(argv[1], "bench") == 0 && argc > 2 && std::strcmp(argv[2], "serve") == 0;
+  // `name` owns the flags (<name>_command.cc); `title` is how the user typed the command.
+  const std::string name = bench_serve ? "bench_serve" : command->name;
+  const std::string title = bench_serve ? "bench serve" : command->name;
 
   absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [name](absl::string_view file) { return FlagBelongsTo(file, name); };
+  usage.contains_help_flags = [name](absl::string_view file) {
+    return FlagBelongsTo(file, "", name);
+  };
   usage.contains_helpshort_flags = usage.contains_help_flags;
   usage.normalize_filename = [](absl::string_view f) { return std::string(f); };
   absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
-      absl::StrCat("mobius ", name, ": ", command->summary, "\n\nusage: mobius ", name,
-                   " [flags]\n\nFlags may be spelled with dashes or underscores "
-                   "(--max-tokens or --max_tokens)."));
+      absl::StrCat("mobius ", title, ": ", bench_serve ? kBenchServeSummary : command->summary,
+                   "\n\nusage: mobius ", title,
+                   " [flags]\n\nFlags may be spelled with dashes or underscores (--max-tokens or "
+                   "--max_tokens).",
+                   bench_serve ? kBenchServeUsageNote : ""));
 
   // Flags are documented with dashes (--max-tokens, as vLLM spells them); absl names them with
   // underscores. Both spellings are accepted.
@@ -103,21 +125,29 @@ int main(int argc, char** argv) {
     const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(arg);
     if (flag == nullptr && absl::StartsWith(arg, "no"))
       flag = absl::FindCommandLineFlag(arg.substr(2));
-    if (flag != nullptr && !FlagBelongsTo(flag->Filename(), name)) {
+    if (flag != nullptr && !FlagBelongsTo(flag->Filename(), flag->Name(), name)) {
       std::fprintf(stderr,
                    "mobius %s: flag --%s is not a flag of this command (see mobius %s "
                    "--help)\n",
-                   name.c_str(), std::string(arg).c_str(), name.c_str());
+                   title.c_str(), std::string(arg).c_str(), title.c_str());
       return 2;
     }
   }
 
   // absl sees "mobius <command>" as the program and the rest as its arguments.
-  std::string program = absl::StrCat(argv[0], " ", name);
+  std::string program = absl::StrCat(argv[0], " ", title);
   std::vector<char*> absl_args;
   absl_args.push_back(program.data());
   for (std::string& a : normalized) absl_args.push_back(a.data());
   std::vector<char*> positional =
       absl::ParseCommandLine(static_cast<int>(absl_args.size()), absl_args.data());
-  return command->run(std::vector<std::string>(positional.begin() + 1, positional.end()));
+  std::vector<std::string> args(positional.begin() + 1, positional.end());
+  if (bench_serve) {
+    if (args.size() != 1) {
+      std::fprintf(stderr, "mobius bench serve: unexpected argument \"%s\"\n", args[1].c_str());
+      return 2;
+    }
+    return mobius::cli::RunBenchServeCommand();
+  }
+  return command->run(args);
 }
