@@ -13,7 +13,9 @@
 
 namespace mobius::router {
 
-GrpcInferenceService::GrpcInferenceService(InferenceService& service) : service_(service) {
+GrpcInferenceService::GrpcInferenceService(InferenceService& service,
+                                           std::function<void(absl::StatusCode)> on_generate_done)
+    : service_(service), on_generate_done_(std::move(on_generate_done)) {
   watcher_ = std::thread([this] { WatchCancellations(); });
 }
 
@@ -54,6 +56,7 @@ grpc::Status GrpcInferenceService::Generate(grpc::ServerContext* context,
     absl::MutexLock lock(&mu_);
     streams_.erase(context);
   }
+  if (on_generate_done_) on_generate_done_(status.code());
   return ToGrpcStatus(status);
 }
 
@@ -84,7 +87,7 @@ grpc::Status GrpcInferenceService::Abort(grpc::ServerContext*, const v1::AbortRe
 }
 
 GrpcFrontEnd::GrpcFrontEnd(InferenceService& service, const GrpcServerOptions& options)
-    : service_(service), options_(options), adapter_(service) {}
+    : service_(service), options_(options), adapter_(service, options.on_generate_done) {}
 
 absl::StatusOr<std::unique_ptr<GrpcFrontEnd>> GrpcFrontEnd::Start(
     InferenceService& service, const GrpcServerOptions& options) {

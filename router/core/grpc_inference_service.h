@@ -5,6 +5,7 @@
 #define MOBIUS_ROUTER_CORE_GRPC_INFERENCE_SERVICE_H_
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -23,8 +24,10 @@ namespace mobius::router {
 
 class GrpcInferenceService final : public v1::Inference::Service {
  public:
-  // `service` must outlive this object.
-  explicit GrpcInferenceService(InferenceService& service);
+  // `service` must outlive this object. `on_generate_done` (optional) is called once per Generate
+  // call with its final status, e.g. to count requests.
+  explicit GrpcInferenceService(InferenceService& service,
+                                std::function<void(absl::StatusCode)> on_generate_done = nullptr);
   ~GrpcInferenceService() override;
 
   grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
@@ -42,6 +45,7 @@ class GrpcInferenceService final : public v1::Inference::Service {
   void WatchCancellations();
 
   InferenceService& service_;
+  const std::function<void(absl::StatusCode)> on_generate_done_;
   absl::Mutex mu_;
   absl::flat_hash_map<grpc::ServerContext*, std::atomic<bool>*> streams_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
@@ -53,6 +57,8 @@ struct GrpcServerOptions {
   int port = 50050;  // 0 picks a free port
   // How often the health status follows InferenceService::Ready().
   absl::Duration health_update_interval = absl::Milliseconds(200);
+  // Called once per Generate call with its final status (see GrpcInferenceService).
+  std::function<void(absl::StatusCode)> on_generate_done;
 };
 
 // A running gRPC server with the Inference and Health services.

@@ -21,10 +21,10 @@
 #include "common/status_macros.h"
 #include "router/core/grpc_inference_service.h"
 #include "router/core/replica_set.h"
+#include "router/core/router_metrics.h"
 #include "router/core/router_service.h"
 #include "tokenizer/tokenizer.h"
 #ifdef MOBIUS_ROUTER_WITH_HTTP
-#include "prometheus/registry.h"
 #include "router/http/openai_http_server.h"
 #endif
 
@@ -82,11 +82,15 @@ absl::Status Run() {
       std::max(absl::Milliseconds(500), replica_options.health_check_interval);
   ASSIGN_OR_RETURN(std::unique_ptr<ReplicaSet> replicas,
                    ReplicaSet::Create(workers, replica_options));
+  // Declared before the service, which owns the replicas it reads: scrapes stop (the HTTP server
+  // is shut down) before either goes away.
+  RouterMetrics metrics(replicas.get());
 
   RouterOptions options;
   options.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   options.request_timeout = absl::Seconds(absl::GetFlag(FLAGS_request_timeout_s));
   options.served_model_name = absl::GetFlag(FLAGS_served_model_name);
+  options.metrics = &metrics;
   if (options.max_queued_requests <= 0) {
     return absl::InvalidArgumentError("--max-queued-requests must be positive");
   }
@@ -102,20 +106,25 @@ absl::Status Run() {
   GrpcServerOptions grpc_options;
   grpc_options.host = absl::GetFlag(FLAGS_host);
   grpc_options.port = absl::GetFlag(FLAGS_grpc_port);
+  grpc_options.on_generate_done = [&metrics](absl::StatusCode code) {
+    metrics.RequestFinished("grpc", code);
+  };
   ASSIGN_OR_RETURN(std::unique_ptr<GrpcFrontEnd> grpc_server,
                    GrpcFrontEnd::Start(service, grpc_options));
   MOBIUS_LOG(INFO, "router", "") << "gRPC on port " << grpc_server->port() << ", workers "
                                  << absl::StrJoin(workers, ",");
 
 #ifdef MOBIUS_ROUTER_WITH_HTTP
-  auto metrics = std::make_shared<prometheus::Registry>();
   std::unique_ptr<OpenAiHttpServer> http_server;
   if (absl::GetFlag(FLAGS_http_port) > 0) {
     HttpServerOptions http_options;
     http_options.host = absl::GetFlag(FLAGS_host);
     http_options.port = absl::GetFlag(FLAGS_http_port);
     http_options.served_model_name = options.served_model_name;
-    http_options.metrics = metrics.get();
+    http_options.metrics = &metrics;
+    http_options.on_generate_done = [&metrics](absl::StatusCode code) {
+      metrics.RequestFinished("http", code);
+    };
     ASSIGN_OR_RETURN(http_server, OpenAiHttpServer::Start(service, http_options));
     MOBIUS_LOG(INFO, "router", "") << "HTTP on port " << http_server->port();
   }

@@ -30,13 +30,16 @@ struct RouterService::Prepared {
 class RouterService::RequestRun {
  public:
   RequestRun(RouterService& service, const Prepared& prepared, const v1::SamplingParams& params,
-             const CallContext& context, const ActiveRequest& active, absl::Time deadline,
+             const CallContext& context, const ActiveRequest& active, absl::Time start,
+             absl::Time deadline, RouterMetrics::ModelSeries series,
              const std::function<bool(const v1::GenerateResponse&)>& on_response)
       : service_(service),
         prepared_(prepared),
         context_(context),
         active_(active),
+        start_(start),
         deadline_(deadline),
+        series_(series),
         on_response_(on_response),
         matcher_({params.stop().begin(), params.stop().end()}) {
     if (service.tokenizer_ != nullptr) {
@@ -64,6 +67,11 @@ class RouterService::RequestRun {
       }
       tried.push_back(lease->replica());
       replica_ = lease->address();
+      if (attempt == 0) {
+        series_.prompt_tokens->Increment(static_cast<double>(prepared_.prompt.size()));
+      } else {
+        service_.metrics_.Retried();
+      }
       MOBIUS_LOG(DEBUG, "router", prepared_.request_id)
           << "attempt " << attempt + 1 << " on replica " << replica_;
       bool retry = false;
@@ -101,6 +109,7 @@ class RouterService::RequestRun {
     std::optional<v1::GenerateComplete> complete;
     while (true) {
       if (absl::Status s = CheckInterrupted(); !s.ok()) {
+        service_.replicas_->AbortOnReplica(lease.replica(), prepared_.request_id);
         stream.Cancel();
         stream.Finish();
         return s;
@@ -195,6 +204,17 @@ class RouterService::RequestRun {
       if (r.matched) matched_stop_ = std::move(r.matched);
     }
     out->set_text(std::move(text));
+    if (out->token_ids_size() > 0) {
+      // Latencies as the client sees them: from arrival here, per chunk sent.
+      const absl::Time now = absl::Now();
+      if (last_chunk_sent_ == absl::InfinitePast()) {
+        series_.time_to_first_token->Observe(absl::ToDoubleSeconds(now - start_));
+      } else {
+        series_.inter_token_latency->Observe(absl::ToDoubleSeconds(now - last_chunk_sent_));
+      }
+      last_chunk_sent_ = now;
+      series_.generation_tokens->Increment(out->token_ids_size());
+    }
     return on_response_(response);
   }
 
@@ -237,6 +257,7 @@ class RouterService::RequestRun {
       return absl::CancelledError(absl::StrCat("request ", prepared_.request_id,
                                                ": the client stopped reading the stream"));
     }
+    series_.e2e_latency->Observe(absl::ToDoubleSeconds(absl::Now() - start_));
     return absl::OkStatus();
   }
 
@@ -244,7 +265,10 @@ class RouterService::RequestRun {
   const Prepared& prepared_;
   const CallContext& context_;
   const ActiveRequest& active_;
+  const absl::Time start_;
   const absl::Time deadline_;
+  const RouterMetrics::ModelSeries series_;
+  absl::Time last_chunk_sent_ = absl::InfinitePast();
   const std::function<bool(const v1::GenerateResponse&)>& on_response_;
   std::optional<tokenizer::IncrementalDetokenizer> detokenizer_;
   StopStringMatcher matcher_;
@@ -259,7 +283,9 @@ RouterService::RouterService(std::unique_ptr<ReplicaSet> replicas,
                              RouterOptions options)
     : replicas_(std::move(replicas)),
       tokenizer_(std::move(tokenizer)),
-      options_(std::move(options)) {}
+      options_(std::move(options)),
+      owned_metrics_(options_.metrics == nullptr ? std::make_unique<RouterMetrics>() : nullptr),
+      metrics_(options_.metrics != nullptr ? *options_.metrics : *owned_metrics_) {}
 
 RouterService::~RouterService() = default;
 
@@ -342,7 +368,9 @@ absl::Status RouterService::Generate(
           absl::StrFormat("request_id %s is already in flight on this router", id));
     }
   }
+  metrics_.in_flight().Increment();
   absl::Cleanup leave = [&] {
+    metrics_.in_flight().Decrement();
     absl::MutexLock lock(&mu_);
     active_.erase(id);
     mean_request_ms_ =
@@ -364,8 +392,10 @@ absl::Status RouterService::Generate(
   if (options_.request_timeout > absl::ZeroDuration()) {
     deadline = std::min(deadline, start + options_.request_timeout);
   }
-  RequestRun run(*this, prepared, request.sampling_params(), context, active, deadline,
-                 on_response);
+  const std::string& model_name =
+      options_.served_model_name.empty() ? model->model_name() : options_.served_model_name;
+  RequestRun run(*this, prepared, request.sampling_params(), context, active, start, deadline,
+                 metrics_.ForModel(model_name), on_response);
   const absl::Status status = run.Run();
   MOBIUS_LOG(INFO, "router", id) << "finished on " << (run.replica().empty() ? "-" : run.replica())
                                  << ": "

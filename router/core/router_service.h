@@ -15,6 +15,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "router/core/replica_set.h"
+#include "router/core/router_metrics.h"
 #include "router/inference_service.h"
 #include "tokenizer/tokenizer.h"
 
@@ -31,6 +32,8 @@ struct RouterOptions {
   int max_attempts = 3;
   // How often a request waiting for its worker checks for client cancellation and aborts.
   absl::Duration cancel_poll_interval = absl::Milliseconds(10);
+  // Where the service records its series; must outlive it. Null: a private, unexported set.
+  RouterMetrics* metrics = nullptr;
 };
 
 class RouterService final : public InferenceService {
@@ -57,6 +60,7 @@ class RouterService final : public InferenceService {
   bool WaitUntilIdle(absl::Time deadline);
   [[nodiscard]] int in_flight() const;
   [[nodiscard]] ReplicaSet& replicas() { return *replicas_; }
+  [[nodiscard]] RouterMetrics& metrics() { return metrics_; }
 
  private:
   struct ActiveRequest {
@@ -74,6 +78,8 @@ class RouterService final : public InferenceService {
   std::unique_ptr<ReplicaSet> replicas_;
   std::unique_ptr<const tokenizer::Tokenizer> tokenizer_;
   const RouterOptions options_;
+  std::unique_ptr<RouterMetrics> owned_metrics_;  // when options_.metrics is null
+  RouterMetrics& metrics_;
   std::atomic<uint64_t> next_id_{0};
   std::atomic<bool> draining_{false};
 

@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include <prometheus/registry.h>
+#include <prometheus/collectable.h>
 #include <prometheus/text_serializer.h>
 #include <nlohmann/json.hpp>
 
@@ -128,10 +128,11 @@ void OpenAiApi::Handle(const HttpRequest& request, ResponseSink& sink) {
     return false;
   };
 
-  if (path == "/v1/completions") {
-    if (allow_only(http::verb::post)) Generate(request, Endpoint::kCompletions, sink);
-  } else if (path == "/v1/chat/completions") {
-    if (allow_only(http::verb::post)) Generate(request, Endpoint::kChat, sink);
+  if (path == "/v1/completions" || path == "/v1/chat/completions") {
+    if (!allow_only(http::verb::post)) return;
+    const absl::Status status = Generate(
+        request, path == "/v1/chat/completions" ? Endpoint::kChat : Endpoint::kCompletions, sink);
+    if (options_.on_generate_done) options_.on_generate_done(status.code());
   } else if (path == "/v1/models") {
     if (allow_only(http::verb::get)) ListModels(request, sink);
   } else if (absl::StartsWith(path, "/v1/models/")) {
@@ -148,22 +149,28 @@ void OpenAiApi::Handle(const HttpRequest& request, ResponseSink& sink) {
   }
 }
 
-void OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint, ResponseSink& sink) {
+absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
+                                 ResponseSink& sink) {
   const int64_t created = absl::ToUnixSeconds(absl::Now());
   absl::StatusOr<std::string> request_id = RequestIdHeader(request);
-  if (!request_id.ok()) return sink.Send(ErrorResponse(request, request_id.status()));
+  if (!request_id.ok()) {
+    sink.Send(ErrorResponse(request, request_id.status()));
+    return request_id.status();
+  }
   auto fail = [&](const absl::Status& status) {
     HttpResponse response = ErrorResponse(request, status);
     SetRequestId(response.base(), *request_id);
     sink.Send(std::move(response));
+    return status;
   };
   if (!IsJsonContentType(request)) {
-    HttpResponse response = PlainError(request, http::status::unsupported_media_type,
-                                       absl::StrCat("Content-Type must be application/json, got \"",
-                                                    View(request[http::field::content_type]), "\""),
-                                       "invalid_request_error");
+    const std::string message = absl::StrCat("Content-Type must be application/json, got \"",
+                                             View(request[http::field::content_type]), "\"");
+    HttpResponse response =
+        PlainError(request, http::status::unsupported_media_type, message, "invalid_request_error");
     SetRequestId(response.base(), *request_id);
-    return sink.Send(std::move(response));
+    sink.Send(std::move(response));
+    return absl::InvalidArgumentError(message);
   }
   absl::StatusOr<absl::Time> deadline = DeadlineHeader(request);
   if (!deadline.ok()) return fail(deadline.status());
@@ -174,18 +181,19 @@ void OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint, Response
   ResponseContext context;
   context.endpoint = endpoint;
   context.created = created;
+  // The name clients must use: --served-model-name, else the workers' own name (so that an
+  // unknown `model` is refused in both cases, as OpenAI and vLLM do).
   context.model = ModelName();
   bool stream = false;
   if (endpoint == Endpoint::kCompletions) {
-    absl::StatusOr<CompletionParams> params =
-        ParseCompletionRequest(*body, options_.served_model_name);
+    absl::StatusOr<CompletionParams> params = ParseCompletionRequest(*body, context.model);
     if (!params.ok()) return fail(params.status());
     generate = std::move(params->request);
     stream = params->stream;
     context.include_usage = params->include_usage;
     context.logprobs = params->logprobs;
   } else {
-    absl::StatusOr<ChatParams> params = ParseChatRequest(*body, options_.served_model_name);
+    absl::StatusOr<ChatParams> params = ParseChatRequest(*body, context.model);
     if (!params.ok()) return fail(params.status());
     absl::StatusOr<std::string> prompt = service_.RenderChat(params->messages, true);
     if (!prompt.ok()) return fail(prompt.status());
@@ -222,12 +230,14 @@ void OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint, Response
     if (!status.ok()) {
       HttpResponse response = ErrorResponse(request, status);
       SetRequestId(response.base(), service_id);
-      return sink.Send(std::move(response));
+      sink.Send(std::move(response));
+      return status;
     }
     HttpResponse response =
         MakeResponse(request, http::status::ok, formatter.Body(), "application/json");
     SetRequestId(response.base(), service_id);
-    return sink.Send(std::move(response));
+    sink.Send(std::move(response));
+    return status;
   }
 
   // Streams start at the first message, so that errors found before it (invalid request, queue
@@ -262,7 +272,8 @@ void OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint, Response
     }
     HttpResponse response = ErrorResponse(request, status);
     SetRequestId(response.base(), service_id);
-    return sink.Send(std::move(response));
+    sink.Send(std::move(response));
+    return status;
   }
   if (status.ok() && !formatter.complete()) {
     status = absl::InternalError("the service ended the stream without a final message");
@@ -270,9 +281,11 @@ void OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint, Response
   if (!status.ok()) {
     // As vLLM does: the error as an event, then [DONE]; the connection is not reused.
     if (!client_gone) sink.Write(CompletionFormatter::StreamError(status));
-    return sink.EndStream(/*close=*/true);
+    sink.EndStream(/*close=*/true);
+    return status;
   }
   sink.EndStream(/*close=*/client_gone);
+  return status;
 }
 
 void OpenAiApi::DefaultChatMaxTokens(v1::SamplingParams* sampling) {

@@ -48,7 +48,9 @@ class OpenAiApi {
   void Handle(const HttpRequest& request, ResponseSink& sink);
 
  private:
-  void Generate(const HttpRequest& request, Endpoint endpoint, ResponseSink& sink);
+  // Answers a completion or chat request; returns its final status (OK once the response or
+  // stream went out whole), for the request counter.
+  absl::Status Generate(const HttpRequest& request, Endpoint endpoint, ResponseSink& sink);
   void ListModels(const HttpRequest& request, ResponseSink& sink);
   void GetModel(const HttpRequest& request, const std::string& id, ResponseSink& sink);
   void Health(const HttpRequest& request, ResponseSink& sink);

@@ -5,26 +5,32 @@
 #ifndef MOBIUS_ROUTER_HTTP_OPENAI_HTTP_SERVER_H_
 #define MOBIUS_ROUTER_HTTP_OPENAI_HTTP_SERVER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "router/inference_service.h"
 
 namespace prometheus {
-class Registry;
+class Collectable;
 }
 
 namespace mobius::router {
 
 struct HttpServerOptions {
   std::string host = "0.0.0.0";
-  int port = 8000;                          // 0 picks a free port (see OpenAiHttpServer::port)
-  std::string served_model_name;            // the only name `model` may take; listed by /v1/models
-  int num_threads = 4;                      // I/O threads
-  size_t max_body_bytes = 8 << 20;          // larger bodies get 413
-  prometheus::Registry* metrics = nullptr;  // served at /metrics when set
+  int port = 8000;                  // 0 picks a free port (see OpenAiHttpServer::port)
+  std::string served_model_name;    // the only name `model` may take; listed by /v1/models
+  int num_threads = 4;              // I/O threads
+  size_t max_body_bytes = 8 << 20;  // larger bodies get 413
+  // Served at /metrics when set; must outlive the server.
+  const prometheus::Collectable* metrics = nullptr;
+  // Called once per completion or chat request with its final status (the one its HTTP status
+  // or SSE error event came from; CANCELLED when the client went away), e.g. to count requests.
+  std::function<void(absl::StatusCode)> on_generate_done;
 };
 
 class OpenAiHttpServer {

@@ -1,5 +1,7 @@
 #include "worker/runtime/engine_metrics.h"
 
+#include "common/latency_buckets.h"
+
 namespace mobius::worker {
 namespace {
 
@@ -8,10 +10,7 @@ using prometheus::BuildGauge;
 using prometheus::BuildHistogram;
 using prometheus::Histogram;
 
-Histogram::BucketBoundaries LatencyBuckets() {
-  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25, 0.5,
-          0.75,  1.0,   2.5,  5.0,  7.5,  10.0, 20.0, 40.0, 80.0};
-}
+Histogram::BucketBoundaries LatencyBuckets() { return LatencyBucketsSeconds(); }
 
 }  // namespace
 
