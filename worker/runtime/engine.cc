@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 
 namespace mobius::worker {
@@ -177,6 +178,9 @@ void Engine::Loop() {
     }
     const bool worked = Step();
     PublishStats();
+    if (worked && options_.debug_step_delay > absl::ZeroDuration()) {
+      absl::SleepFor(options_.debug_step_delay);
+    }
     if (stopping && !worked && scheduler_->num_running() + scheduler_->num_waiting() == 0) {
       return;
     }

@@ -16,6 +16,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "worker/model/hybrid_model.h"
 #include "worker/runtime/engine_metrics.h"
 #include "worker/runtime/sampler.h"
@@ -54,6 +55,9 @@ struct EngineOptions {
   uint64_t seed = 0;                  // seeds requests that bring no seed of their own
   EngineMetrics* metrics = nullptr;   // optional; must outlive the engine
   int expert_load_sample_every = 16;  // count expert load every N steps (0: never)
+  // Test hook: a pause after every step that did work, so that process tests can make a step
+  // long enough to tell "freed within one step" from "freed a few steps later".
+  absl::Duration debug_step_delay = absl::ZeroDuration();
 };
 
 struct EngineStats {

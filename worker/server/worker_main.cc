@@ -3,6 +3,7 @@
 // and the process exits 0.
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -11,6 +12,7 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cli/model_flags.h"
@@ -62,6 +64,17 @@ absl::Status Run() {
   options.num_kv_blocks = absl::GetFlag(FLAGS_num_kv_blocks);
   options.seed = absl::GetFlag(FLAGS_sampling_seed);
   options.eos_token_ids = ReadEosTokenIds(source.model_dir);
+  // A debug hook for process tests (as Triton's delay variables): every step takes at least this
+  // long, so that cancellation-versus-step races can be asserted deterministically.
+  if (const char* delay = std::getenv("MOBIUS_DEBUG_STEP_DELAY_MS"); delay != nullptr) {
+    int ms = 0;
+    if (!absl::SimpleAtoi(delay, &ms) || ms < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MOBIUS_DEBUG_STEP_DELAY_MS must be a non-negative integer, got \"", delay, "\""));
+    }
+    options.debug_step_delay = absl::Milliseconds(ms);
+    MOBIUS_LOG(WARNING, "worker", "") << "debug: every engine step takes at least " << ms << " ms";
+  }
 
   std::string name = absl::GetFlag(FLAGS_served_model_name);
   if (name.empty()) {
