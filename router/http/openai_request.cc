@@ -256,6 +256,10 @@ absl::Status ParsePrompt(const Json& body, v1::GenerateRequest* request) {
   if (prompt == nullptr) return FieldError("prompt", "prompt is required");
   constexpr char kShape[] = "a string or an array of token ids";
   if (prompt->is_string()) {
+    // Refused here rather than by the service, so that the message names `prompt`.
+    if (prompt->get_ref<const std::string&>().empty()) {
+      return FieldError("prompt", "prompt must not be empty");
+    }
     request->set_text(prompt->get<std::string>());
     return absl::OkStatus();
   }

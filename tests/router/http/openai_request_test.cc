@@ -74,6 +74,7 @@ TEST(ParseCompletion, FieldErrors) {
   const std::vector<Case> cases = {
       {{{"prompt", 5}}, "prompt", "prompt must be a string or an array of token ids, got 5"},
       {{{"prompt", Json::array()}}, "prompt", "prompt must not be empty"},
+      {{{"prompt", ""}}, "prompt", "prompt must not be empty"},
       {{{"prompt", {1, -2}}}, "prompt[1]", "prompt[1] must be an integer in [0, 2147483647]"},
       {{{"prompt", {1, "a"}}}, "prompt[1]", "prompt[1] must be an integer, got \"a\""},
       {{{"prompt", "p"}, {"top_k", "40"}}, "top_k", "top_k must be an integer, got \"40\""},
