@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Merges mobius_kernel_bench JSON files (ours) and a peers.py JSON into one report.
 
-usage: compare.py --ours A.json [B.json ...] [--peers P.json] [--markdown OUT.md] [--json OUT.json]
+usage: compare.py --ours A.json [B.json ...] [--peers P.json ...] [--markdown OUT.md] [--json OUT.json]
 
 Prints (and writes as Markdown) two tables:
   1. every case of ours: median time, bytes, FLOPs, bound = max(bytes / copy bandwidth,
@@ -46,7 +46,7 @@ def family(impl):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ours", nargs="+", required=True)
-    ap.add_argument("--peers", default="")
+    ap.add_argument("--peers", nargs="*", default=[], help="peers.py JSON files (merged)")
     ap.add_argument("--markdown", default="")
     ap.add_argument("--json", default="")
     ap.add_argument("--title", default="")
@@ -63,7 +63,17 @@ def main():
         ours.extend(j["cases"])
     if meta is None:
         sys.exit("compare.py: no readable result of ours: " + "; ".join(failed))
-    peers = load(args.peers) if args.peers else None
+    peers = None
+    for p in args.peers:
+        try:
+            j = load(p)
+        except Exception as e:  # noqa: BLE001
+            failed.append(f"{p}: {e}")
+            continue
+        if peers is None:
+            peers = j
+        else:
+            peers["cases"].extend(j["cases"])
     by_name = {c["name"]: c for c in ours}
 
     out_text, out_md = [], []

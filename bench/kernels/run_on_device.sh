@@ -23,8 +23,9 @@
 # commit in .peers/FLA_COMMIT), or KBENCH_FLA_PATH. fla needs einops and transformers.
 #
 # Environment: KBENCH_ITERS (default 100), KBENCH_MAX_CASE_MS (default 1000), KBENCH_PEERS=0 to
-# skip the peers, KBENCH_PEER_BUDGET_S (default 150: peer cases that would start later are
-# skipped), KBENCH_GROUP_TIMEOUT_S (default 150 per group of our cases).
+# skip the peers, KBENCH_PEER_TIMEOUT_S (default 90 per group of peer cases: the first run
+# compiles and autotunes fla's Triton kernels), KBENCH_GROUP_TIMEOUT_S (default 150 per group of
+# our cases).
 #
 # Our cases run in groups, one process each, so that a kernel that aborts (the CUDA backend aborts
 # on misuse or a failed launch) loses only its group; the ceilings are measured once, in the first
@@ -44,7 +45,8 @@ group_timeout=${KBENCH_GROUP_TIMEOUT_S:-150}
 mkdir -p "$out"
 work=$(mktemp -d /tmp/kbench.XXXXXX)
 
-commit=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || cat "$bundle/COMMIT" 2>/dev/null || echo unknown)
+# The commit the binary was built from: BUNDLE_DIR/COMMIT, else this checkout's HEAD.
+commit=$(cat "$bundle/COMMIT" 2>/dev/null || git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
 note="commit $commit"
 echo "== kernel micro-benchmarks, $note, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw \
@@ -100,10 +102,29 @@ if [ "${KBENCH_PEERS:-1}" != 0 ]; then
   [ -f "$repo/.peers/FLA_COMMIT" ] && export FLA_COMMIT=$(cat "$repo/.peers/FLA_COMMIT")
   ceil_from=()
   [ -f "$work/ours_0_linear.json" ] && ceil_from=(--ceilings-from "$work/ours_0_linear.json")
-  budget=${KBENCH_PEER_BUDGET_S:-150}
-  timeout $((budget + 120)) python3 "$here/peers.py" "${ceil_from[@]}" --budget-s "$budget" \
-    --json "$work/peers.json" || echo "!! peers.py failed or timed out (exit $?); partial results kept"
-  [ -f "$work/peers.json" ] && peers_args=(--peers "$work/peers.json")
+  # fla's tensor cache keeps results keyed by input tensors across calls; with CUDA-graph capture
+  # in the timing loop that is unsafe, so it is off (it only saves host work).
+  export FLA_DISABLE_TENSOR_CACHE=1
+  # One process per group: a kernel fault (illegal address) poisons the CUDA context, so it must
+  # lose only its own group.
+  peer_groups=(
+    'gdr.decode.B(1|8|64) '
+    'gdr.decode.B256 '
+    'gdr.prefill.* fla.fused_recurrent'
+    'gdr.prefill.* fla.chunk'
+    'attn.decode.* '
+    'attn.prefill.* '
+  )
+  peer_timeout=${KBENCH_PEER_TIMEOUT_S:-90}
+  i=0
+  for re in "${peer_groups[@]}"; do
+    echo "== peers: $re"
+    timeout "$peer_timeout" python3 "$here/peers.py" "${ceil_from[@]}" --filter "^$re" \
+      --json "$work/peers_$i.json" || echo "!! peers.py group '$re' failed or timed out (exit $?)"
+    [ -f "$work/peers_$i.json" ] && peers_args+=("$work/peers_$i.json")
+    i=$((i + 1))
+  done
+  [ ${#peers_args[@]} -gt 0 ] && peers_args=(--peers "${peers_args[@]}")
   if [ "${KBENCH_SAVE_TRITON_CACHE:-0}" = 1 ]; then
     tar czf "$out/triton-cache.tgz" -C "$TRITON_CACHE_DIR" . && echo "saved $out/triton-cache.tgz"
   fi
