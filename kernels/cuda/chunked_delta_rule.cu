@@ -20,8 +20,10 @@
 //     (cp.async) into shared memory while the current one is computed.
 // Matrix products use mma.sync m16n8k16 bf16 with fp32 accumulation; S and X enter them as bf16
 // (as in flash-linear-attention), so results carry bf16-level relative error (~1e-3).
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "kernels/cuda/common.cuh"
 
@@ -30,7 +32,7 @@ namespace {
 
 constexpr int kC = 64;         // tokens per chunk
 constexpr int kBV = 32;        // value columns per state block
-constexpr int kThreads = 128;  // 4 warps in both kernels
+constexpr int kThreads = 256;  // 8 warps in both kernels
 
 // ---- mma.sync / ldmatrix helpers ----
 
@@ -152,9 +154,12 @@ struct PrepSmem {
   float t[kC][kC + 1];  // T
   float gcum[kC];
   float beta[kC];
+  float bw[kC];  // beta e^G
   int seg, local;
 };
 
+// 8 warps. Warp w owns token rows 16 (w % 4) .. + 15 in the [C, *] products and the column half
+// w / 4 of their outputs.
 template <int kDk>
 __global__ void __launch_bounds__(kThreads)
     ChunkPrepKernel(const uint16_t* __restrict__ qkv, const float* __restrict__ g,
@@ -168,6 +173,8 @@ __global__ void __launch_bounds__(kThreads)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int kh = h / (num_v_heads / num_k_heads);
   const int64_t row_elems = 2LL * num_k_heads * kDk + static_cast<int64_t>(num_v_heads) * dv;
+  const int gr = lane >> 2, tc = (lane & 3) * 2;
+  const int m0 = 16 * (warp & 3), half_col = warp >> 2;
 
   if (warp == 0) {
     int seg, local;
@@ -183,12 +190,39 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t t0 = segs.token_begin[seg] + static_cast<int64_t>(sm.local) * kC;
   const int len = min(kC, segs.num_tokens[seg] - sm.local * kC);
 
+  // Issue every q, k, v load of the chunk first (one memory latency, not one per row): thread
+  // (row tid / 4, quarter tid % 4) loads a quarter of that row's q, k and v as 16-byte pieces.
+  constexpr int kQkVec = kDk / 32;  // 16-byte pieces per quarter row of q or k
+  const int lrow = tid >> 2, lq = tid & 3;
+  const int vq = dv / 4;  // a multiple of 8
+  uint4 qraw[kQkVec], kraw[kQkVec], vraw[4];
+  {
+    const uint16_t* row = qkv + (t0 + lrow) * row_elems;
+    const bool valid = lrow < len;
+#pragma unroll
+    for (int e = 0; e < kQkVec; ++e) {
+      const int d = lq * (kDk / 4) + e * 8;
+      qraw[e] = valid ? *reinterpret_cast<const uint4*>(row + kh * kDk + d) : make_uint4(0, 0, 0, 0);
+      kraw[e] = valid ? *reinterpret_cast<const uint4*>(row + num_k_heads * kDk + kh * kDk + d)
+                      : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      vraw[e] = (valid && e * 8 < vq)
+                    ? *reinterpret_cast<const uint4*>(row + 2LL * num_k_heads * kDk +
+                                                      int64_t{h} * dv + lq * vq + e * 8)
+                    : make_uint4(0, 0, 0, 0);
+    }
+  }
+
   // Cumulative log-decay (warp 0: pairs, then a shuffle scan) and beta; padding rows get
   // beta 0 and G = G_last.
   if (warp == 0) {
     const int a = 2 * lane, b = 2 * lane + 1;
     const float ga = a < len ? g[(t0 + a) * num_v_heads + h] : 0.f;
     const float gb = b < len ? g[(t0 + b) * num_v_heads + h] : 0.f;
+    const float ba = a < len ? beta[(t0 + a) * num_v_heads + h] : 0.f;
+    const float bb = b < len ? beta[(t0 + b) * num_v_heads + h] : 0.f;
     float incl = ga + gb;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -197,8 +231,10 @@ __global__ void __launch_bounds__(kThreads)
     }
     sm.gcum[a] = incl - gb;
     sm.gcum[b] = incl;
-    sm.beta[a] = a < len ? beta[(t0 + a) * num_v_heads + h] : 0.f;
-    sm.beta[b] = b < len ? beta[(t0 + b) * num_v_heads + h] : 0.f;
+    sm.beta[a] = ba;
+    sm.beta[b] = bb;
+    sm.bw[a] = ba * __expf(incl - gb);
+    sm.bw[b] = bb * __expf(incl);
   }
   __syncthreads();
 
@@ -211,78 +247,95 @@ __global__ void __launch_bounds__(kThreads)
   const float g_last = sm.gcum[kC - 1];
   if (tid == 0) glast[static_cast<int64_t>(chunk) * num_v_heads + h] = __expf(g_last);
 
-  // q, k rows: normalise in fp32, keep bf16 copies in shared memory, write qg and kd.
+  // Normalise q and k in fp32 (a row's quarters are lanes 4i .. 4i + 3), keep bf16 copies in
+  // shared memory, write qg = e^G q and kd = e^{G_last - G} k.
   {
-    constexpr int kPer = kDk / 32;
-    const float q_scale = rsqrtf(static_cast<float>(kDk));
-    for (int r = warp; r < kC; r += 4) {
-      float qv[kPer], kv[kPer];
-      float qs = 0.f, ks = 0.f;
-      const uint16_t* row = qkv + (t0 + r) * row_elems;
+    auto unpack = [](const uint4& v, float(&f)[8]) {
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-      for (int e = 0; e < kPer; ++e) {
-        const int d = lane * kPer + e;
-        qv[e] = r < len ? Bf16ToF32(row[kh * kDk + d]) : 0.f;
-        kv[e] = r < len ? Bf16ToF32(row[num_k_heads * kDk + kh * kDk + d]) : 0.f;
-        qs += qv[e] * qv[e];
-        ks += kv[e] * kv[e];
+      for (int i = 0; i < 4; ++i) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
       }
-      qs = WarpSum(qs);
-      ks = WarpSum(ks);
-      const float qi = rsqrtf(qs + 1e-6f) * q_scale, ki = rsqrtf(ks + 1e-6f);
-      const float eg = __expf(sm.gcum[r]), ed = __expf(g_last - sm.gcum[r]);
+    };
+    float qs = 0.f, ks = 0.f;
 #pragma unroll
-      for (int e = 0; e < kPer; e += 2) {
-        const int d = lane * kPer + e;
-        const float q0 = qv[e] * qi, q1 = qv[e + 1] * qi, k0 = kv[e] * ki, k1 = kv[e + 1] * ki;
-        *reinterpret_cast<uint32_t*>(&sm.q[r][d]) = PackBf16(q0, q1);
-        *reinterpret_cast<uint32_t*>(&sm.k[r][d]) = PackBf16(k0, k1);
-        *reinterpret_cast<uint32_t*>(&qg_out[r * kDk + d]) = PackBf16(q0 * eg, q1 * eg);
-        *reinterpret_cast<uint32_t*>(&kd_out[r * kDk + d]) = PackBf16(k0 * ed, k1 * ed);
+    for (int e = 0; e < kQkVec; ++e) {
+      float fq[8], fk[8];
+      unpack(qraw[e], fq);
+      unpack(kraw[e], fk);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        qs += fq[i] * fq[i];
+        ks += fk[i] * fk[i];
       }
     }
-    // v rows (16-byte pieces; dv % 32 == 0).
-    const int vec_per_row = dv / 8;
-    for (int e = tid; e < kC * vec_per_row; e += kThreads) {
-      const int r = e / vec_per_row, c = (e % vec_per_row) * 8;
-      uint4 val = make_uint4(0, 0, 0, 0);
-      if (r < len) {
-        val = *reinterpret_cast<const uint4*>(qkv + (t0 + r) * row_elems + 2LL * num_k_heads * kDk +
-                                              int64_t{h} * dv + c);
+    qs += __shfl_xor_sync(0xffffffffu, qs, 1);
+    ks += __shfl_xor_sync(0xffffffffu, ks, 1);
+    qs += __shfl_xor_sync(0xffffffffu, qs, 2);
+    ks += __shfl_xor_sync(0xffffffffu, ks, 2);
+    const float qi = rsqrtf(qs + 1e-6f) * rsqrtf(static_cast<float>(kDk)), ki = rsqrtf(ks + 1e-6f);
+    const float eg = __expf(sm.gcum[lrow]), ed = __expf(g_last - sm.gcum[lrow]);
+#pragma unroll
+    for (int e = 0; e < kQkVec; ++e) {
+      const int d = lq * (kDk / 4) + e * 8;
+      float fq[8], fk[8];
+      unpack(qraw[e], fq);
+      unpack(kraw[e], fk);
+      uint4 qn, kn, qgv, kdv;
+      uint32_t* pq = &qn.x;
+      uint32_t* pk = &kn.x;
+      uint32_t* pqg = &qgv.x;
+      uint32_t* pkd = &kdv.x;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float q0 = fq[2 * i] * qi, q1 = fq[2 * i + 1] * qi;
+        const float k0 = fk[2 * i] * ki, k1 = fk[2 * i + 1] * ki;
+        pq[i] = PackBf16(q0, q1);
+        pk[i] = PackBf16(k0, k1);
+        pqg[i] = PackBf16(q0 * eg, q1 * eg);
+        pkd[i] = PackBf16(k0 * ed, k1 * ed);
       }
-      *reinterpret_cast<uint4*>(&sm.v[r][c]) = val;
+      *reinterpret_cast<uint4*>(&sm.q[lrow][d]) = qn;
+      *reinterpret_cast<uint4*>(&sm.k[lrow][d]) = kn;
+      *reinterpret_cast<uint4*>(&qg_out[lrow * kDk + d]) = qgv;
+      *reinterpret_cast<uint4*>(&kd_out[lrow * kDk + d]) = kdv;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if (e * 8 < vq) *reinterpret_cast<uint4*>(&sm.v[lrow][lq * vq + e * 8]) = vraw[e];
     }
   }
   __syncthreads();
 
   // K K^T -> L (fp32, strictly lower, beta_t e^{G_t - G_j}) and Q K^T -> P (bf16, lower incl.
-  // diagonal, e^{G_t - G_j}). Warp w computes rows 16w .. 16w + 15, all 64 columns.
+  // diagonal, e^{G_t - G_j}): warp w computes rows m0 .. m0 + 15, columns 32 half_col .. + 31.
   {
-    float acc_k[8][4], acc_q[8][4];
+    float acc_k[4][4], acc_q[4][4];
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
+    for (int n = 0; n < 4; ++n) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc_k[n][i] = acc_q[n][i] = 0.f;
     }
-    const int m0 = warp * 16;
+    const int nb = 32 * half_col;
 #pragma unroll
     for (int k0 = 0; k0 < kDk; k0 += 16) {
-      uint32_t ak[4], aq[4];
+      uint32_t ak[4], aq[4], b[4], b2[4];
       LoadA(ak, &sm.k[0][0], kLdK, m0, k0, lane);
       LoadA(aq, &sm.q[0][0], kLdK, m0, k0, lane);
-#pragma unroll
-      for (int n = 0; n < 8; n += 2) {
-        uint32_t b[4];
-        LoadBNK(b, &sm.k[0][0], kLdK, n * 8, k0, lane);
-        Mma(acc_k[n], ak, b[0], b[1]);
-        Mma(acc_k[n + 1], ak, b[2], b[3]);
-        Mma(acc_q[n], aq, b[0], b[1]);
-        Mma(acc_q[n + 1], aq, b[2], b[3]);
-      }
+      LoadBNK(b, &sm.k[0][0], kLdK, nb, k0, lane);
+      LoadBNK(b2, &sm.k[0][0], kLdK, nb + 16, k0, lane);
+      Mma(acc_k[0], ak, b[0], b[1]);
+      Mma(acc_k[1], ak, b[2], b[3]);
+      Mma(acc_k[2], ak, b2[0], b2[1]);
+      Mma(acc_k[3], ak, b2[2], b2[3]);
+      Mma(acc_q[0], aq, b[0], b[1]);
+      Mma(acc_q[1], aq, b[2], b[3]);
+      Mma(acc_q[2], aq, b2[0], b2[1]);
+      Mma(acc_q[3], aq, b2[2], b2[3]);
     }
-    const int gr = lane >> 2, tc = (lane & 3) * 2;
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
+    for (int n = 0; n < 4; ++n) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int t = m0 + gr + half * 8;
@@ -290,81 +343,111 @@ __global__ void __launch_bounds__(kThreads)
         float pv[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int j = n * 8 + tc + e;
+          const int j = nb + n * 8 + tc + e;
           const float dec = __expf(fminf(gt - sm.gcum[j], 0.f));
           sm.l[t][j] = j < t ? bt * dec * acc_k[n][half * 2 + e] : 0.f;
           pv[e] = j <= t ? dec * acc_q[n][half * 2 + e] : 0.f;
         }
-        *reinterpret_cast<uint32_t*>(&p_out[t * kC + n * 8 + tc]) = PackBf16(pv[0], pv[1]);
+        *reinterpret_cast<uint32_t*>(&p_out[t * kC + nb + n * 8 + tc]) = PackBf16(pv[0], pv[1]);
       }
     }
   }
   __syncthreads();
 
-  // T = (I + L)^-1 by forward substitution, one column per pair of lanes:
-  //   T[t][c] = [t == c] - sum_{c <= j < t} L[t][j] T[j][c].
-  {
-    const int c = tid >> 1, par = tid & 1;
-    for (int t = 0; t < kC; ++t) {
-      float s = 0.f;
-      if (t > c) {
-        for (int j = c + par; j < t; j += 2) s += sm.l[t][j] * sm.t[j][c];
+  // T = (I + L)^-1, blocked by 16: warps 0-3 invert diagonal block w by forward substitution
+  // (one column per pair of lanes), then the off-diagonal blocks follow level by level:
+  //   T_ij = -T_ii M_ij,  M_ij = sum_{j <= k < i} L_ik T_kj  (i > j, block indices),
+  // with M kept in the unused upper blocks (0, 1 + n) of sm.l.
+  if (warp < 4) {
+    const int cl = lane >> 1, par = lane & 1, base = 16 * warp;
+    for (int t = 0; t < 16; ++t) {
+      float acc = 0.f;
+      for (int j = cl + par; j < t; j += 2) {
+        acc += sm.l[base + t][base + j] * sm.t[base + j][base + cl];
       }
-      s += __shfl_xor_sync(0xffffffffu, s, 1);
-      if (par == 0) sm.t[t][c] = t == c ? 1.f : (t > c ? -s : 0.f);
+      acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+      if (par == 0) sm.t[base + t][base + cl] = t == cl ? 1.f : (t > cl ? -acc : 0.f);
       __syncwarp();
+    }
+  } else {
+    // Zero the blocks right of the diagonal.
+    for (int e = tid - 128; e < kC * kC; e += kThreads - 128) {
+      const int r = e / kC, c = e % kC;
+      if ((c >> 4) > (r >> 4)) sm.t[r][c] = 0.f;
     }
   }
   __syncthreads();
+  for (int level = 1; level < 4; ++level) {
+    const int nblocks = 4 - level;
+    for (int e = tid; e < nblocks * 256; e += kThreads) {
+      const int n = e >> 8, a = (e >> 4) & 15, b = e & 15;
+      const int i = level + n, j = n;
+      float acc = 0.f;
+      for (int k = j; k < i; ++k) {
+#pragma unroll
+        for (int c = 0; c < 16; ++c) {
+          acc += sm.l[16 * i + a][16 * k + c] * sm.t[16 * k + c][16 * j + b];
+        }
+      }
+      sm.l[a][16 * (1 + n) + b] = acc;
+    }
+    __syncthreads();
+    for (int e = tid; e < nblocks * 256; e += kThreads) {
+      const int n = e >> 8, a = (e >> 4) & 15, b = e & 15;
+      const int i = level + n, j = n;
+      float acc = 0.f;
+#pragma unroll
+      for (int c = 0; c < 16; ++c) acc += sm.t[16 * i + a][16 * i + c] * sm.l[c][16 * (1 + n) + b];
+      sm.t[16 * i + a][16 * j + b] = -acc;
+    }
+    __syncthreads();
+  }
 
   // T diag(beta e^G) into the L area and T diag(beta) into the q area, both bf16 [C][kLdC].
   uint16_t* tw = reinterpret_cast<uint16_t*>(&sm.l[0][0]);
   uint16_t* tu = &sm.q[0][0];
   for (int e = tid; e < kC * kC / 2; e += kThreads) {
     const int t = e / (kC / 2), j = (e % (kC / 2)) * 2;
-    const float b0 = sm.beta[j], b1 = sm.beta[j + 1];
     const float x0 = sm.t[t][j], x1 = sm.t[t][j + 1];
-    *reinterpret_cast<uint32_t*>(&tw[t * kLdC + j]) =
-        PackBf16(x0 * b0 * __expf(sm.gcum[j]), x1 * b1 * __expf(sm.gcum[j + 1]));
-    *reinterpret_cast<uint32_t*>(&tu[t * kLdC + j]) = PackBf16(x0 * b0, x1 * b1);
+    *reinterpret_cast<uint32_t*>(&tw[t * kLdC + j]) = PackBf16(x0 * sm.bw[j], x1 * sm.bw[j + 1]);
+    *reinterpret_cast<uint32_t*>(&tu[t * kLdC + j]) =
+        PackBf16(x0 * sm.beta[j], x1 * sm.beta[j + 1]);
   }
   __syncthreads();
 
-  // w = Tw K [C, Dk] and u = Tu V [C, Dv], warp w rows 16w .. 16w + 15, 64 columns at a time.
+  // w = Tw K [C, Dk] and u = Tu V [C, Dv]: warp w rows m0 .. m0 + 15, column half half_col.
   {
-    const int m0 = warp * 16, gr = lane >> 2, tc = (lane & 3) * 2;
     auto product = [&](const uint16_t* a_mat, const uint16_t* b_mat, int ldb, int ncols,
                        uint16_t* dst) {
-      for (int n0 = 0; n0 < ncols; n0 += 64) {
-        float acc[8][4];
+      const int width = ncols / 2, n0 = half_col * width;  // width <= 64, a multiple of 16
+      float acc[8][4];
 #pragma unroll
-        for (int n = 0; n < 8; ++n) {
+      for (int n = 0; n < 8; ++n) {
 #pragma unroll
-          for (int i = 0; i < 4; ++i) acc[n][i] = 0.f;
-        }
+        for (int i = 0; i < 4; ++i) acc[n][i] = 0.f;
+      }
 #pragma unroll
-        for (int k0 = 0; k0 < kC; k0 += 16) {
-          uint32_t a[4];
-          LoadA(a, a_mat, kLdC, m0, k0, lane);
+      for (int k0 = 0; k0 < kC; k0 += 16) {
+        uint32_t a[4];
+        LoadA(a, a_mat, kLdC, m0, k0, lane);
 #pragma unroll
-          for (int n = 0; n < 8; n += 2) {
-            if (n0 + n * 8 < ncols) {
-              uint32_t b[4];
-              LoadBKN(b, b_mat, ldb, n0 + n * 8, k0, lane);
-              Mma(acc[n], a, b[0], b[1]);
-              Mma(acc[n + 1], a, b[2], b[3]);
-            }
+        for (int n = 0; n < 8; n += 2) {
+          if (n * 8 < width) {
+            uint32_t b[4];
+            LoadBKN(b, b_mat, ldb, n0 + n * 8, k0, lane);
+            Mma(acc[n], a, b[0], b[1]);
+            Mma(acc[n + 1], a, b[2], b[3]);
           }
         }
+      }
 #pragma unroll
-        for (int n = 0; n < 8; ++n) {
+      for (int n = 0; n < 8; ++n) {
+        if (n * 8 < width) {
           const int col = n0 + n * 8 + tc;
-          if (col < ncols) {
-            *reinterpret_cast<uint32_t*>(&dst[(m0 + gr) * ncols + col]) =
-                PackBf16(acc[n][0], acc[n][1]);
-            *reinterpret_cast<uint32_t*>(&dst[(m0 + gr + 8) * ncols + col]) =
-                PackBf16(acc[n][2], acc[n][3]);
-          }
+          *reinterpret_cast<uint32_t*>(&dst[(m0 + gr) * ncols + col]) =
+              PackBf16(acc[n][0], acc[n][1]);
+          *reinterpret_cast<uint32_t*>(&dst[(m0 + gr + 8) * ncols + col]) =
+              PackBf16(acc[n][2], acc[n][3]);
         }
       }
     };
@@ -395,10 +478,11 @@ template <int kDk>
 __device__ __forceinline__ void PrefetchChunk(typename StateSmem<kDk>::Stage& st,
                                               const uint16_t* src, int dv, int v0, int tid) {
   constexpr int kRowVec = kDk / 8;  // 16-byte pieces per row of w / qg / kd
+#pragma unroll 4
   for (int e = tid; e < 3 * kC * kRowVec; e += kThreads) {
     const int m = e / (kC * kRowVec), r = (e / kRowVec) % kC, c = (e % kRowVec) * 8;
     uint16_t* dst = m == 0 ? &st.w[r][c] : m == 1 ? &st.qg[r][c] : &st.kd[r][c];
-    CpAsync16(dst, src + (m * kC + r) * kDk + c);
+    CpAsync16(dst, src + e * 8);  // w, qg, kd are consecutive [C][Dk] blocks
   }
   const uint16_t* u = src + 3 * kC * kDk;
   for (int e = tid; e < kC * (kBV / 8); e += kThreads) {
@@ -412,6 +496,9 @@ __device__ __forceinline__ void PrefetchChunk(typename StateSmem<kDk>::Stage& st
   }
 }
 
+// 8 warps. Token side (X, o): warp w owns rows 16 (w % 4) .. + 15 and value columns
+// 16 (w / 4) .. + 15 of the block's 32. State side: Dk = 128: state rows 16 w .. + 15, all 32
+// columns; Dk = 64: rows 16 (w % 4) .. + 15, columns 16 (w / 4) .. + 15.
 template <int kDk>
 __global__ void __launch_bounds__(kThreads)
     ChunkStateKernel(const uint16_t* __restrict__ scratch, const float* __restrict__ glast,
@@ -421,7 +508,7 @@ __global__ void __launch_bounds__(kThreads)
   using Smem = StateSmem<kDk>;
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
   constexpr int kLdK = Smem::kLdK, kLdV = Smem::kLdV, kLdC = Smem::kLdC;
-  constexpr int kMT = kDk / 64;  // 16-row state tiles per warp
+  constexpr int kSN = kDk == 128 ? 4 : 2;  // state n-tiles (of 8 columns) per warp
   const int seg = blockIdx.x, h = blockIdx.y, v0 = blockIdx.z * kBV;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int len = segs.num_tokens[seg];
@@ -434,26 +521,26 @@ __global__ void __launch_bounds__(kThreads)
   const int begin = segs.token_begin[seg], slot = segs.state_slot[seg];
   const int gr = lane >> 2, tc = (lane & 3) * 2;
   const int64_t chunk_elems = ChunkElems(kDk, dv);
+  const int s_row0 = kDk == 128 ? 16 * warp : 16 * (warp & 3);
+  const int s_col0 = kDk == 128 ? 0 : 16 * (warp >> 2);
+  const int m0 = 16 * (warp & 3), c0 = 16 * (warp >> 2);
 
-  // State rows d = 16 (kMT warp + mt) + gr (+8), columns v0 + 8 n + tc (+1).
+  // State element (s_row0 + gr + 8 half, v0 + s_col0 + 8 n + tc (+1)).
   float* state =
       slot < 0 ? nullptr : states + (static_cast<int64_t>(slot) * num_v_heads + h) * kDk * dv;
-  float acc_s[kMT][4][4];
+  float acc_s[kSN][4];
 #pragma unroll
-  for (int mt = 0; mt < kMT; ++mt) {
+  for (int n = 0; n < kSN; ++n) {
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int d = 16 * (kMT * warp + mt) + gr + 8 * half;
-        float2 v = make_float2(0.f, 0.f);
-        if (state != nullptr) {
-          v = *reinterpret_cast<const float2*>(state + static_cast<int64_t>(d) * dv + v0 + n * 8 +
-                                               tc);
-        }
-        acc_s[mt][n][2 * half] = v.x;
-        acc_s[mt][n][2 * half + 1] = v.y;
+    for (int half = 0; half < 2; ++half) {
+      const int d = s_row0 + gr + 8 * half;
+      float2 v = make_float2(0.f, 0.f);
+      if (state != nullptr) {
+        v = *reinterpret_cast<const float2*>(state + static_cast<int64_t>(d) * dv + v0 + s_col0 +
+                                             n * 8 + tc);
       }
+      acc_s[n][2 * half] = v.x;
+      acc_s[n][2 * half + 1] = v.y;
     }
   }
   __syncthreads();
@@ -465,54 +552,45 @@ __global__ void __launch_bounds__(kThreads)
 
   for (int c = 0; c < nchunks; ++c) {
     typename Smem::Stage& st = sm.stage[c & 1];
+    // Read early: its latency then hides behind this chunk's products.
+    const float decay = glast[(static_cast<int64_t>(first) + c) * num_v_heads + h];
     if (c + 1 < nchunks) {
       PrefetchChunk<kDk>(sm.stage[(c + 1) & 1], src0 + (c + 1) * chunk_stride, dv, v0, tid);
     }
     CpAsyncCommit();
     // S as bf16 into shared memory.
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-      for (int n = 0; n < 4; ++n) {
-        const int d = 16 * (kMT * warp + mt) + gr;
-        *reinterpret_cast<uint32_t*>(&sm.s[d][n * 8 + tc]) =
-            PackBf16(acc_s[mt][n][0], acc_s[mt][n][1]);
-        *reinterpret_cast<uint32_t*>(&sm.s[d + 8][n * 8 + tc]) =
-            PackBf16(acc_s[mt][n][2], acc_s[mt][n][3]);
-      }
+    for (int n = 0; n < kSN; ++n) {
+      const int d = s_row0 + gr, col = s_col0 + n * 8 + tc;
+      *reinterpret_cast<uint32_t*>(&sm.s[d][col]) = PackBf16(acc_s[n][0], acc_s[n][1]);
+      *reinterpret_cast<uint32_t*>(&sm.s[d + 8][col]) = PackBf16(acc_s[n][2], acc_s[n][3]);
     }
     CpAsyncWait<1>();  // this chunk's stage has landed (the next one may still be in flight)
     __syncthreads();
 
-    // X = u - w S and o = qg S for token rows 16 warp .. + 15.
-    const int m0 = 16 * warp;
-    float acc_x[4][4], acc_o[4][4];
+    // X = u - w S and o = qg S for token rows m0 .. + 15, columns c0 .. + 15.
+    float acc_x[2][4], acc_o[2][4];
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
+    for (int n = 0; n < 2; ++n) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc_x[n][i] = acc_o[n][i] = 0.f;
     }
 #pragma unroll
     for (int k0 = 0; k0 < kDk; k0 += 16) {
-      uint32_t aw[4], aq[4], b[4], b2[4];
+      uint32_t aw[4], aq[4], b[4];
       LoadA(aw, &st.w[0][0], kLdK, m0, k0, lane);
       LoadA(aq, &st.qg[0][0], kLdK, m0, k0, lane);
-      LoadBKN(b, &sm.s[0][0], kLdV, 0, k0, lane);
-      LoadBKN(b2, &sm.s[0][0], kLdV, 16, k0, lane);
+      LoadBKN(b, &sm.s[0][0], kLdV, c0, k0, lane);
       Mma(acc_x[0], aw, b[0], b[1]);
       Mma(acc_x[1], aw, b[2], b[3]);
-      Mma(acc_x[2], aw, b2[0], b2[1]);
-      Mma(acc_x[3], aw, b2[2], b2[3]);
       Mma(acc_o[0], aq, b[0], b[1]);
       Mma(acc_o[1], aq, b[2], b[3]);
-      Mma(acc_o[2], aq, b2[0], b2[1]);
-      Mma(acc_o[3], aq, b2[2], b2[3]);
     }
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
+    for (int n = 0; n < 2; ++n) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int r = m0 + gr + 8 * half, col = n * 8 + tc;
+        const int r = m0 + gr + 8 * half, col = c0 + n * 8 + tc;
         const uint32_t uu = *reinterpret_cast<const uint32_t*>(&st.u[r][col]);
         const float x0 = __uint_as_float(uu << 16) - acc_x[n][2 * half];
         const float x1 = __uint_as_float(uu & 0xffff0000u) - acc_x[n][2 * half + 1];
@@ -524,14 +602,11 @@ __global__ void __launch_bounds__(kThreads)
     // o += P X, then store the chunk's valid rows.
 #pragma unroll
     for (int k0 = 0; k0 < kC; k0 += 16) {
-      uint32_t a[4], b[4], b2[4];
+      uint32_t a[4], b[4];
       LoadA(a, &st.p[0][0], kLdC, m0, k0, lane);
-      LoadBKN(b, &sm.x[0][0], kLdV, 0, k0, lane);
-      LoadBKN(b2, &sm.x[0][0], kLdV, 16, k0, lane);
+      LoadBKN(b, &sm.x[0][0], kLdV, c0, k0, lane);
       Mma(acc_o[0], a, b[0], b[1]);
       Mma(acc_o[1], a, b[2], b[3]);
-      Mma(acc_o[2], a, b2[0], b2[1]);
-      Mma(acc_o[3], a, b2[2], b2[3]);
     }
     const int valid = min(kC, len - c * kC);
 #pragma unroll
@@ -539,9 +614,9 @@ __global__ void __launch_bounds__(kThreads)
       const int r = m0 + gr + 8 * half;
       if (r < valid) {
         uint16_t* dst = out + (static_cast<int64_t>(begin) + c * kC + r) * num_v_heads * dv +
-                        int64_t{h} * dv + v0;
+                        int64_t{h} * dv + v0 + c0;
 #pragma unroll
-        for (int n = 0; n < 4; ++n) {
+        for (int n = 0; n < 2; ++n) {
           *reinterpret_cast<uint32_t*>(dst + n * 8 + tc) =
               PackBf16(acc_o[n][2 * half], acc_o[n][2 * half + 1]);
         }
@@ -549,28 +624,23 @@ __global__ void __launch_bounds__(kThreads)
     }
 
     // S = e^{G_last} S + kd^T X.
-    const float decay = glast[(static_cast<int64_t>(first) + c) * num_v_heads + h];
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
+    for (int n = 0; n < kSN; ++n) {
 #pragma unroll
-      for (int n = 0; n < 4; ++n) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc_s[mt][n][i] *= decay;
-      }
+      for (int i = 0; i < 4; ++i) acc_s[n][i] *= decay;
     }
 #pragma unroll
     for (int k0 = 0; k0 < kC; k0 += 16) {
-      uint32_t b[4], b2[4];
-      LoadBKN(b, &sm.x[0][0], kLdV, 0, k0, lane);
-      LoadBKN(b2, &sm.x[0][0], kLdV, 16, k0, lane);
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        uint32_t a[4];
-        LoadAT(a, &st.kd[0][0], kLdK, 16 * (kMT * warp + mt), k0, lane);
-        Mma(acc_s[mt][0], a, b[0], b[1]);
-        Mma(acc_s[mt][1], a, b[2], b[3]);
-        Mma(acc_s[mt][2], a, b2[0], b2[1]);
-        Mma(acc_s[mt][3], a, b2[2], b2[3]);
+      uint32_t a[4], b[4];
+      LoadAT(a, &st.kd[0][0], kLdK, s_row0, k0, lane);
+      LoadBKN(b, &sm.x[0][0], kLdV, s_col0, k0, lane);
+      Mma(acc_s[0], a, b[0], b[1]);
+      Mma(acc_s[1], a, b[2], b[3]);
+      if constexpr (kSN == 4) {
+        uint32_t b2[4];
+        LoadBKN(b2, &sm.x[0][0], kLdV, s_col0 + 16, k0, lane);
+        Mma(acc_s[2], a, b2[0], b2[1]);
+        Mma(acc_s[3], a, b2[2], b2[3]);
       }
     }
     __syncthreads();  // sm.s, sm.x and this stage are rewritten next
@@ -579,15 +649,12 @@ __global__ void __launch_bounds__(kThreads)
 
   if (state != nullptr) {
 #pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
+    for (int n = 0; n < kSN; ++n) {
 #pragma unroll
-      for (int n = 0; n < 4; ++n) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int d = 16 * (kMT * warp + mt) + gr + 8 * half;
-          *reinterpret_cast<float2*>(state + static_cast<int64_t>(d) * dv + v0 + n * 8 + tc) =
-              make_float2(acc_s[mt][n][2 * half], acc_s[mt][n][2 * half + 1]);
-        }
+      for (int half = 0; half < 2; ++half) {
+        const int d = s_row0 + gr + 8 * half;
+        *reinterpret_cast<float2*>(state + static_cast<int64_t>(d) * dv + v0 + s_col0 + n * 8 +
+                                   tc) = make_float2(acc_s[n][2 * half], acc_s[n][2 * half + 1]);
       }
     }
   }
@@ -601,18 +668,34 @@ void LaunchChunked(const uint16_t* qkv, const float* g, const float* beta, int h
   float* glast = reinterpret_cast<float*>(chunks + num_chunks * hv * ChunkElems(kDk, dv));
   const size_t prep_smem = sizeof(PrepSmem<kDk>);
   const size_t state_smem = sizeof(StateSmem<kDk>);
-  // Set on every call: the attribute belongs to the current device's context.
-  cudaFuncSetAttribute(ChunkPrepKernel<kDk>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                       static_cast<int>(prep_smem));
-  cudaFuncSetAttribute(ChunkStateKernel<kDk>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                       static_cast<int>(state_smem));
-  ChunkPrepKernel<kDk>
-      <<<dim3(static_cast<unsigned>(num_chunks), hv), kThreads, prep_smem, stream>>>(
-          qkv, g, beta, hk, hv, dv, segs, min_tokens, chunks, glast);
-  CheckLaunch("GatedDeltaRule chunk prep");
-  ChunkStateKernel<kDk><<<dim3(segs.num_segments, hv, dv / kBV), kThreads, state_smem, stream>>>(
-      chunks, glast, hv, dv, states, segs, min_tokens, out);
-  CheckLaunch("GatedDeltaRule chunk state");
+  // The shared-memory limit is an attribute of the function in the current device's context:
+  // set once per device.
+  static std::atomic<uint64_t> configured{0};
+  int device = 0;
+  cudaGetDevice(&device);
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if ((configured.load(std::memory_order_acquire) & bit) == 0) {
+    cudaFuncSetAttribute(ChunkPrepKernel<kDk>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(prep_smem));
+    cudaFuncSetAttribute(ChunkStateKernel<kDk>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(state_smem));
+    configured.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  // MOBIUS_CHUNKED_STAGE=prep|state runs one of the two kernels (profiling only).
+  const char* stage = std::getenv("MOBIUS_CHUNKED_STAGE");
+  const bool prep = stage == nullptr || std::strcmp(stage, "state") != 0;
+  const bool state = stage == nullptr || std::strcmp(stage, "prep") != 0;
+  if (prep) {
+    ChunkPrepKernel<kDk>
+        <<<dim3(static_cast<unsigned>(num_chunks), hv), kThreads, prep_smem, stream>>>(
+            qkv, g, beta, hk, hv, dv, segs, min_tokens, chunks, glast);
+    CheckLaunch("GatedDeltaRule chunk prep");
+  }
+  if (state) {
+    ChunkStateKernel<kDk><<<dim3(segs.num_segments, hv, dv / kBV), kThreads, state_smem,
+                            stream>>>(chunks, glast, hv, dv, states, segs, min_tokens, out);
+    CheckLaunch("GatedDeltaRule chunk state");
+  }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // activations, and the gated delta rule in its recurrent form.
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 
@@ -168,44 +169,45 @@ __global__ void __launch_bounds__(kDeltaThreads)
   }
 }
 
-// The recurrent form for Dv % 4 == 0 and Dk <= 16 * kPasses: every warp is independent and owns
-// kWarpCols = 8 value columns of one value head of one segment (no block barriers at all).
-// Lane l holds rows r = l / 2 + 16 p (p < kPasses) of columns c0 + 4 (l % 2) .. + 3 as float4,
-// so each state row slice is one 16-byte load. Per token the two reductions over rows
+// The recurrent form for Dv % 4 == 0 and Dk <= kMaxDk: every warp is independent and owns
+// kCols (8 or 16) value columns of one value head of one segment (no block barriers at all).
+// With kLpr = kCols / 4 lanes per state row, lane l holds rows r = l / kLpr + (32 / kLpr) p of
+// columns c0 + 4 (l % kLpr) .. + 3 as float4, so each state row slice is kLpr 16-byte loads. Per token the two reductions over rows
 // (S^T k and S^T q of the decayed old state) run together, since
 //   o = S'^T q = decay S^T q + delta (k . q),  delta = beta (v - decay S^T k),
-// and need 4 shuffle rounds; the next token's q, k, v, g, beta are loaded before the current
-// token's arithmetic. Grid (Hv, segments, ceil(Dv / (kWarpCols * kWarpsPerBlock))).
-constexpr int kWarpCols = 8;
+// and need log2(32 / kLpr) shuffle rounds; the next token's q, k, v, g, beta are loaded before
+// the current token's arithmetic. Grid (Hv, segments, ceil(Dv / (kCols * kWarpsPerBlock))).
 constexpr int kWarpsPerBlock = 4;
 
-template <int kPasses>
+template <int kMaxDk, int kCols>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     GatedDeltaRuleWarpKernel(const uint16_t* __restrict__ qkv, const float* __restrict__ g,
                              const float* __restrict__ beta, int num_k_heads, int num_v_heads,
                              int dk, int dv, float* states, SegmentMeta segs, int max_tokens,
                              uint16_t* __restrict__ out) {
-  constexpr int kMaxDk = 16 * kPasses;
+  constexpr int kLpr = kCols / 4;
+  constexpr int kRowsPerPass = 32 / kLpr;
+  constexpr int kPasses = kMaxDk / kRowsPerPass;
   __shared__ float qk_s[kWarpsPerBlock][2][kMaxDk];
   const int h = blockIdx.x, seg = blockIdx.y;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int c0 = (blockIdx.z * kWarpsPerBlock + warp) * kWarpCols;
+  const int c0 = (blockIdx.z * kWarpsPerBlock + warp) * kCols;
   if (c0 >= dv) return;
   const int len = segs.num_tokens[seg];
   if (len == 0 || len > max_tokens) return;
   const int begin = segs.token_begin[seg], slot = segs.state_slot[seg];
   const int kh = h / (num_v_heads / num_k_heads);
   const int64_t row_elems = 2LL * num_k_heads * dk + static_cast<int64_t>(num_v_heads) * dv;
-  const int col = c0 + 4 * (lane & 1);  // first of this lane's 4 columns
-  const bool col_ok = col < dv;         // dv % 4 == 0: all 4 or none
-  const int r0 = lane >> 1;
+  const int col = c0 + 4 * (lane % kLpr);  // first of this lane's 4 columns
+  const bool col_ok = col < dv;            // dv % 4 == 0: all 4 or none
+  const int r0 = lane / kLpr;
 
   float* state =
       slot < 0 ? nullptr : states + (static_cast<int64_t>(slot) * num_v_heads + h) * dk * dv;
   float4 S[kPasses];
 #pragma unroll
   for (int p = 0; p < kPasses; ++p) {
-    const int r = r0 + 16 * p;
+    const int r = r0 + kRowsPerPass * p;
     S[p] = (state != nullptr && col_ok && r < dk)
                ? *reinterpret_cast<const float4*>(state + static_cast<int64_t>(r) * dv + col)
                : make_float4(0.f, 0.f, 0.f, 0.f);
@@ -274,7 +276,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     float4 u = make_float4(0.f, 0.f, 0.f, 0.f), sq = u;
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
-      const int r = r0 + 16 * p;
+      const int r = r0 + kRowsPerPass * p;
       const float kr = k_s[r], qr = q_s[r];  // zero beyond dk
       u.x += S[p].x * kr;
       u.y += S[p].y * kr;
@@ -286,7 +288,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
       sq.w += S[p].w * qr;
     }
 #pragma unroll
-    for (int o = 2; o < 32; o <<= 1) {
+    for (int o = kLpr; o < 32; o <<= 1) {
       u.x += __shfl_xor_sync(0xffffffffu, u.x, o);
       u.y += __shfl_xor_sync(0xffffffffu, u.y, o);
       u.z += __shfl_xor_sync(0xffffffffu, u.z, o);
@@ -301,7 +303,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     delta.y = b * (v.y - decay * u.y);
     delta.z = b * (v.z - decay * u.z);
     delta.w = b * (v.w - decay * u.w);
-    if (lane < 2 && col_ok) {
+    if (lane < kLpr && col_ok) {
       const float o0 = decay * sq.x + delta.x * kq, o1 = decay * sq.y + delta.y * kq;
       const float o2 = decay * sq.z + delta.z * kq, o3 = decay * sq.w + delta.w * kq;
       uint2 packed;
@@ -313,7 +315,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     }
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
-      const float kr = k_s[r0 + 16 * p];
+      const float kr = k_s[r0 + kRowsPerPass * p];
       S[p].x = decay * S[p].x + kr * delta.x;
       S[p].y = decay * S[p].y + kr * delta.y;
       S[p].z = decay * S[p].z + kr * delta.z;
@@ -324,7 +326,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   if (state != nullptr && col_ok) {
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
-      const int r = r0 + 16 * p;
+      const int r = r0 + kRowsPerPass * p;
       if (r < dk) *reinterpret_cast<float4*>(state + static_cast<int64_t>(r) * dv + col) = S[p];
     }
   }
@@ -338,13 +340,13 @@ void LaunchDeltaRule(dim3 grid, int threads, size_t smem, cudaStream_t stream, c
                                                                segs, max_tokens, out);
 }
 
-template <int kPasses>
+template <int kMaxDk, int kCols>
 void LaunchDeltaRuleWarp(const uint16_t* qkv, const float* g, const float* beta, int hk, int hv,
                          int dk, int dv, float* states, const SegmentMeta& segs, int max_tokens,
                          uint16_t* out, cudaStream_t stream) {
-  const int cols_per_block = kWarpCols * kWarpsPerBlock;
+  const int cols_per_block = kCols * kWarpsPerBlock;
   const dim3 grid(hv, segs.num_segments, (dv + cols_per_block - 1) / cols_per_block);
-  GatedDeltaRuleWarpKernel<kPasses><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(
+  GatedDeltaRuleWarpKernel<kMaxDk, kCols><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(
       qkv, g, beta, hk, hv, dk, dv, states, segs, max_tokens, out);
 }
 
@@ -397,19 +399,35 @@ void LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, const float* g, const fl
     const char* env = std::getenv("MOBIUS_DELTA_RULE_GENERIC");
     return env != nullptr && env[0] == '1';
   }();
+  // Value columns per warp: 8 keeps more warps busy for a few sequences, 16 (64-byte state row
+  // pieces) moves the state faster once there are several (measured on the H200, see
+  // docs/cuda-backend.md). MOBIUS_DELTA_RULE_COLS=8|16 forces one (timing).
+  static const int forced_cols = [] {
+    const char* env = std::getenv("MOBIUS_DELTA_RULE_COLS");
+    return env == nullptr ? 0 : std::atoi(env);
+  }();
+  const int warp_cols = forced_cols == 8 || forced_cols == 16 ? forced_cols
+                        : segments.num_segments >= 4         ? 16
+                                                             : 8;
   if (dv % 4 == 0 && aligned && !force_generic) {
+    auto launch = [&](auto max_dk) {
+      constexpr int kMaxDk = decltype(max_dk)::value;
+      if (warp_cols == 16) {
+        LaunchDeltaRuleWarp<kMaxDk, 16>(qkv, g, beta, hk, hv, dk, dv, states, segments, max_tokens,
+                                        out, stream);
+      } else {
+        LaunchDeltaRuleWarp<kMaxDk, 8>(qkv, g, beta, hk, hv, dk, dv, states, segments, max_tokens,
+                                       out, stream);
+      }
+    };
     if (dk <= 32) {
-      LaunchDeltaRuleWarp<2>(qkv, g, beta, hk, hv, dk, dv, states, segments, max_tokens, out,
-                             stream);
+      launch(std::integral_constant<int, 32>());
     } else if (dk <= 64) {
-      LaunchDeltaRuleWarp<4>(qkv, g, beta, hk, hv, dk, dv, states, segments, max_tokens, out,
-                             stream);
+      launch(std::integral_constant<int, 64>());
     } else if (dk <= 128) {
-      LaunchDeltaRuleWarp<8>(qkv, g, beta, hk, hv, dk, dv, states, segments, max_tokens, out,
-                             stream);
+      launch(std::integral_constant<int, 128>());
     } else {
-      LaunchDeltaRuleWarp<16>(qkv, g, beta, hk, hv, dk, dv, states, segments, max_tokens, out,
-                              stream);
+      launch(std::integral_constant<int, 256>());
     }
     CheckLaunch("GatedDeltaRule (warp)");
     return;

@@ -265,25 +265,39 @@ class CudaDeltaRuleBench : public ::testing::Test {
     for (int64_t i = 0; i < n; ++i) h[i] = v[i % v.size()];
     cudaMemcpy(d, h.data(), n * 4, cudaMemcpyHostToDevice);
   }
-  // Median over `reps` of the mean time of `iters` back-to-back launches, in microseconds.
+  // Median over `reps` replays of a CUDA graph of `iters` launches (f(0) .. f(iters - 1)): the
+  // kernel time without host launch overhead, in microseconds per launch.
   template <typename F>
   double TimeUs(F&& f, int iters, int reps = 5) {
-    for (int i = 0; i < 3; ++i) f(i);
+    for (int i = 0; i < 2; ++i) f(i);  // warm-up outside the capture (function attributes)
+    EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    EXPECT_EQ(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    for (int i = 0; i < iters; ++i) f(i);
+    EXPECT_EQ(cudaStreamEndCapture(stream_, &graph), cudaSuccess);
+    EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    cudaGraphLaunch(exec, stream_);
     cudaStreamSynchronize(stream_);
     std::vector<double> times;
-    int call = 0;
     for (int r = 0; r < reps; ++r) {
       cudaEventRecord(e0_, stream_);
-      for (int i = 0; i < iters; ++i) f(call++);
+      cudaGraphLaunch(exec, stream_);
       cudaEventRecord(e1_, stream_);
       cudaEventSynchronize(e1_);
       float ms = 0;
       cudaEventElapsedTime(&ms, e0_, e1_);
       times.push_back(1e3 * ms / iters);
     }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
     std::sort(times.begin(), times.end());
     return times[times.size() / 2];
+  }
+  bool Part(const char* name) {
+    const char* env = std::getenv("MOBIUS_DR_BENCH");
+    return env == nullptr || std::string(env) == "all" || std::string(env) == name;
   }
 
   std::mt19937 rng_{7};
@@ -313,6 +327,7 @@ TEST_F(CudaDeltaRuleBench, ReleaseDims) {
 
   // Decode: B sequences x 1 token; bytes = state read + written, plus q/k/v/out rows.
   for (int batch : {1, 8, 64, 256}) {
+    if (!Part("decode")) break;
     const int sets = kSlots / batch;
     std::vector<std::unique_ptr<DeviceSegments>> metas;
     for (int s = 0; s < sets; ++s) {
@@ -336,6 +351,7 @@ TEST_F(CudaDeltaRuleBench, ReleaseDims) {
   for (const Case c : {Case{1, 4096}, Case{8, 1024}, Case{1, 16}, Case{1, 32}, Case{1, 64},
                        Case{1, 128}, Case{1, 256}, Case{8, 16}, Case{8, 32}, Case{8, 64},
                        Case{8, 128}, Case{8, 256}, Case{64, 64}}) {
+    if (!Part("prefill") && !(Part("long") && c.len >= 1024)) continue;
     DeviceSegments meta(std::vector<int>(c.segs, c.len), 0);
     const int64_t tokens = int64_t{c.segs} * c.len;
     const int64_t chunks = int64_t{c.segs} * ((c.len + 63) / 64);
@@ -347,7 +363,7 @@ TEST_F(CudaDeltaRuleBench, ReleaseDims) {
         },
         c.len >= 1024 ? 5 : 20);
     const int rec_iters = tokens >= 4096 ? 1 : 5;
-    const double us_r = TimeUs(
+    const double us_r = std::getenv("MOBIUS_DR_NO_RECURRENT") != nullptr ? 0.0 : TimeUs(
         [&](int) {
           cuda::LaunchGatedDeltaRuleRecurrent(qkv, g, beta, hk, hv, dk, dv, states, meta.meta,
                                               INT32_MAX, out, stream_);
@@ -363,6 +379,34 @@ TEST_F(CudaDeltaRuleBench, ReleaseDims) {
         "(chunked %.1fx)\n",
         c.segs, c.len, us_c, rec_name, us_r, bound, us_c / bound);
   }
+}
+
+// One launch of each kernel at release dims, for a profiler (ncu): MOBIUS_CUDA_BENCH=1.
+TEST_F(CudaDeltaRuleBench, ProfileOnce) {
+  const int hk = 16, hv = 32, dk = 128, dv = 128;
+  const int64_t row = 2LL * hk * dk + hv * dv, t = 8192;
+  float* states = static_cast<float*>(Alloc(int64_t{256} * hv * dk * dv * 4));
+  FillF32(states, int64_t{256} * hv * dk * dv, -0.3f, 0.3f);
+  uint16_t* qkv = static_cast<uint16_t*>(Alloc(t * row * 2));
+  float* g = static_cast<float*>(Alloc(t * hv * 4));
+  float* beta = static_cast<float*>(Alloc(t * hv * 4));
+  uint16_t* out = static_cast<uint16_t*>(Alloc(t * hv * dv * 2));
+  FillBf16(qkv, t * row, -1, 1);
+  FillF32(g, t * hv, -0.3f, -0.01f);
+  FillF32(beta, t * hv, 0.1f, 0.9f);
+  for (int batch : {1, 64}) {
+    DeviceSegments meta(std::vector<int>(batch, 1), 0);
+    cuda::LaunchGatedDeltaRuleRecurrent(qkv, g, beta, hk, hv, dk, dv, states, meta.meta,
+                                        INT32_MAX, out, stream_);
+  }
+  for (const std::vector<int>& lengths : {std::vector<int>{4096}, std::vector<int>(8, 1024)}) {
+    DeviceSegments meta(lengths, 0);
+    const int64_t chunks = 4096 / 64 * (lengths.size() == 1 ? 1 : 2);
+    void* scratch = Alloc(cuda::ChunkedDeltaRuleScratchBytes(chunks, hv, dk, dv));
+    cuda::LaunchGatedDeltaRuleChunked(qkv, g, beta, hk, hv, dk, dv, states, meta.meta, 1, chunks,
+                                      scratch, out, stream_);
+  }
+  EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
 }
 
 }  // namespace
