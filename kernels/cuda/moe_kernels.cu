@@ -93,7 +93,8 @@ __global__ void TopKSoftmaxKernel(AnyPtr logits, int num_experts, int k, bool re
 // Grouped GEMM: C[row, n] = A[a_row(row), :] @ W_g[n, :]^T for the rows of each group g, with
 // groups described by a tile table (tile -> group, first row; group -> end row). With kGateUp,
 // W_g holds 2N rows [gate; up] and C = silu(A W_gate^T) * (A W_up^T).
-// TODO(perf): CUDA-core FMA tiles; move to wgmma / a CUTLASS-style grouped GEMM.
+// CUDA-core FMA tiles: the fallback for what the tensor-core kernel below does not take (H or I
+// not a multiple of 8, operands not 16-byte aligned) and for Linear without a cuBLASLt algorithm.
 
 constexpr int kBN = 64, kBK = 32, kGemmThreads = 256;
 
