@@ -77,9 +77,10 @@ ReplicaSet::~ReplicaSet() {
     stopping_ = true;
   }
   if (poller_.joinable()) poller_.join();
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](int* in_flight) { return *in_flight == 0; }, &aborts_in_flight_));
+  PendingAborts& aborts = *pending_aborts_;
+  absl::MutexLock lock(&aborts.mu);
+  aborts.mu.Await(absl::Condition(
+      +[](int* count) { return *count == 0; }, &aborts.count));
 }
 
 void ReplicaSet::PollLoop() {
@@ -229,21 +230,21 @@ void ReplicaSet::AbortOnReplica(int replica, const std::string& request_id) {
   call->request.set_request_id(request_id);
   call->context.set_deadline(absl::ToChronoTime(absl::Now() + options_.health_check_timeout));
   {
-    absl::MutexLock lock(&mu_);
-    ++aborts_in_flight_;
+    absl::MutexLock lock(&pending_aborts_->mu);
+    ++pending_aborts_->count;
   }
   Replica& r = *replicas_[replica];
-  r.worker->async()->Abort(&call->context, &call->request, &call->response,
-                           [this, call, address = r.address](grpc::Status status) {
-                             if (!status.ok()) {
-                               MOBIUS_LOG(WARNING, "router", call->request.request_id())
-                                   << "Abort on replica " << address
-                                   << " failed: " << status.error_message();
-                             }
-                             delete call;
-                             absl::MutexLock lock(&mu_);
-                             --aborts_in_flight_;
-                           });
+  r.worker->async()->Abort(
+      &call->context, &call->request, &call->response,
+      [call, address = r.address, pending = pending_aborts_](grpc::Status status) {
+        if (!status.ok()) {
+          MOBIUS_LOG(WARNING, "router", call->request.request_id())
+              << "Abort on replica " << address << " failed: " << status.error_message();
+        }
+        delete call;
+        absl::MutexLock lock(&pending->mu);
+        --pending->count;
+      });
 }
 
 std::optional<v1::ModelInfo> ReplicaSet::model_info() const {

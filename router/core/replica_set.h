@@ -122,8 +122,13 @@ class ReplicaSet {
   std::optional<v1::ModelInfo> model_info_ ABSL_GUARDED_BY(mu_);
   uint64_t round_robin_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // Abort calls not answered yet; the destructor waits for them (each has a deadline).
-  int aborts_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Abort calls not answered yet; the destructor waits for them (each has a deadline). Shared
+  // with the calls' callbacks, which may still be unlocking it when the destructor returns.
+  struct PendingAborts {
+    absl::Mutex mu;
+    int count ABSL_GUARDED_BY(mu) = 0;
+  };
+  std::shared_ptr<PendingAborts> pending_aborts_ = std::make_shared<PendingAborts>();
   std::thread poller_;
 };
 

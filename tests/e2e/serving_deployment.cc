@@ -71,7 +71,7 @@ Deployment::Deployment(DeploymentOptions options) : options_(std::move(options))
   router_ = std::make_unique<ChildProcess>(args);
 
   // Connect once the router listens, so that the channel does not sit in reconnect backoff.
-  if (!PollUntil(15000, 10, [&] { return Listening(grpc_port_); })) {
+  if (!PollUntil(30000, 10, [&] { return Listening(grpc_port_); })) {
     ADD_FAILURE() << "the router never listened on " << grpc_port_;
     return;
   }

@@ -65,9 +65,10 @@ TEST(RouterProcessTest, ServesThroughAWorkerAndDrainsOnSigterm) {
                        "--grpc-port=" + std::to_string(router_port),
                        "--tokenizer=" + fixtures + "/tokenizer-qwen3",
                        "--health-check-interval-ms=50"});
-  // Connect once the router listens, so that the channel does not sit in reconnect backoff.
+  // Connect once the router listens, so that the channel does not sit in reconnect backoff. It
+  // listens after loading the tokenizer, which takes seconds on a loaded 2-core CI machine.
   bool listening = false;
-  for (int i = 0; i < 300 && !listening; ++i) {
+  for (int i = 0; i < 1500 && !listening; ++i) {
     listening = Listening(router_port);
     if (!listening) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
