@@ -55,4 +55,7 @@ for i in 0 1; do
   curl -s "http://127.0.0.1:$((base + 10 + i))/metrics" |
     grep -E '^vllm:(generation_tokens_total|num_requests_running|time_to_first_token_seconds_count)'
 done
+echo "== and of the router's"
+curl -s "$http/metrics" |
+  grep -E '^(mobius_router_(requests_total|replica_healthy)|vllm:time_to_first_token_seconds_count)'
 echo "== shutting down (SIGTERM drains)"
