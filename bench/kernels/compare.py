@@ -2,6 +2,7 @@
 """Merges mobius_kernel_bench JSON files (ours) and a peers.py JSON into one report.
 
 usage: compare.py --ours A.json [B.json ...] [--peers P.json ...] [--markdown OUT.md] [--json OUT.json]
+       compare.py --merged kbench.json [--markdown OUT.md]
 
 Prints (and writes as Markdown) two tables:
   1. every case of ours: median time, bytes, FLOPs, bound = max(bytes / copy bandwidth,
@@ -45,7 +46,8 @@ def family(impl):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ours", nargs="+", required=True)
+    ap.add_argument("--ours", nargs="+", default=[])
+    ap.add_argument("--merged", default="", help="a kbench.json written by --json (re-renders it)")
     ap.add_argument("--peers", nargs="*", default=[], help="peers.py JSON files (merged)")
     ap.add_argument("--markdown", default="")
     ap.add_argument("--json", default="")
@@ -53,6 +55,10 @@ def main():
     args = ap.parse_args()
 
     ours, meta, failed = [], None, []
+    if args.merged:  # re-render an earlier report's kbench.json
+        j = load(args.merged)
+        args.ours, args.peers = [], []
+        meta, ours = j["ours"], j["ours"]["cases"]
     for p in args.ours:
         try:
             j = load(p)
@@ -63,7 +69,7 @@ def main():
         ours.extend(j["cases"])
     if meta is None:
         sys.exit("compare.py: no readable result of ours: " + "; ".join(failed))
-    peers = None
+    peers = load(args.merged)["peers"] if args.merged else None
     for p in args.peers:
         try:
             j = load(p)
@@ -93,10 +99,12 @@ def main():
     for c in ours:
         gaps = " (host gaps)" if c.get("gap_batches") else ""
         timing = " (host-timed)" if c.get("timing") == "host" else ""
-        rows.append([c["name"], c["op"], f"{c['time_us']:.2f}{gaps}{timing}", fmt_bytes(c["bytes"]),
+        rows.append([c["name"], c["op"], f"{c['time_us']:.2f}{gaps}{timing}", f"{c['min_us']:.2f}",
+                     f"{c['host_us']:.1f}", fmt_bytes(c["bytes"]),
                      f"{c['flops'] / 1e9:.3g}", f"{c['bound_us']:.2f} ({c['bound_by']})",
                      f"{c['ratio']:.2f}", f"{c['bytes'] / (c['time_us'] * 1e-6) / 1e9:.0f}"])
-    t, m = table(["case", "op", "ours us", "bytes", "GFLOP", "bound us", "x bound", "GB/s"], rows)
+    t, m = table(["case", "op", "ours us", "min us", "host us", "bytes", "GFLOP", "bound us",
+                  "x bound", "GB/s"], rows)
     out_text.append("\n1. Our ops (median per call, back to back on the device)\n" + t)
     out_md.append("\n**Our ops** (median per call, back to back on the device)\n\n" + m)
 
