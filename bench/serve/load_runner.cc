@@ -20,6 +20,7 @@ struct Counters {
   int done ABSL_GUARDED_BY(mu) = 0;
   int failed ABSL_GUARDED_BY(mu) = 0;
   bool finished ABSL_GUARDED_BY(mu) = false;
+  std::vector<size_t> exited ABSL_GUARDED_BY(mu);  // requests whose thread is ready to join
 };
 
 }  // namespace
@@ -55,8 +56,18 @@ absl::StatusOr<LoadResult> RunLoad(RequestBackend& backend, std::span<const Benc
     });
   }
 
-  std::vector<std::thread> threads;
-  threads.reserve(requests.size());
+  // Threads are joined as their requests end, so that a long run holds only the stacks of the
+  // requests in flight.
+  std::vector<std::thread> threads(requests.size());
+  std::vector<size_t> exited;
+  auto join_exited = [&] {
+    {
+      absl::MutexLock lock(&counters.mu);
+      exited.swap(counters.exited);
+    }
+    for (size_t j : exited) threads[j].join();
+    exited.clear();
+  };
   for (size_t i = 0; i < requests.size(); ++i) {
     std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
                                               std::chrono::duration<double>((*offsets)[i])));
@@ -76,9 +87,11 @@ absl::StatusOr<LoadResult> RunLoad(RequestBackend& backend, std::span<const Benc
       --counters.in_flight;
       ++counters.done;
       counters.failed += failed;
+      counters.exited.push_back(i);
     };
+    join_exited();
     try {
-      threads.emplace_back(run);
+      threads[i] = std::thread(run);
     } catch (const std::system_error& e) {
       // Out of threads is a failed request, not a crashed benchmark.
       result.outcomes[i].error = absl::StrCat("cannot start a request thread: ", e.what());
@@ -88,7 +101,9 @@ absl::StatusOr<LoadResult> RunLoad(RequestBackend& backend, std::span<const Benc
       ++counters.failed;
     }
   }
-  for (std::thread& t : threads) t.join();
+  for (std::thread& t : threads) {
+    if (t.joinable()) t.join();
+  }
   result.duration_s = std::chrono::duration<double>(Clock::now() - start).count();
   {
     absl::MutexLock lock(&counters.mu);
