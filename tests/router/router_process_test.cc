@@ -27,6 +27,7 @@ using mobius::testing::ChildProcess;
 using mobius::testing::FreePort;
 using mobius::testing::Health;
 using mobius::testing::Listening;
+using mobius::testing::ReservedPort;
 
 mobius::v1::GenerateRequest Greedy(std::vector<int32_t> ids, int max_tokens) {
   mobius::v1::GenerateRequest request;
@@ -59,9 +60,10 @@ TEST(RouterProcessTest, ServesThroughAWorkerAndDrainsOnSigterm) {
                        "--host=127.0.0.1", "--port=" + std::to_string(worker_port),
                        "--max-num-seqs=4", "--threads=1"});
   // Dash spelling and a repeated --worker (the second address has no worker: it stays unhealthy
-  // and gets no requests).
+  // and gets no requests; reserved, so that no worker of a test running in parallel takes it).
+  const ReservedPort down;
   ChildProcess router({MOBIUS_ROUTER_BINARY, "--worker", "127.0.0.1:" + std::to_string(worker_port),
-                       "--worker=127.0.0.1:" + std::to_string(FreePort()), "--host=127.0.0.1",
+                       "--worker=127.0.0.1:" + std::to_string(down.port()), "--host=127.0.0.1",
                        "--grpc-port=" + std::to_string(router_port),
                        "--tokenizer=" + fixtures + "/tokenizer-qwen3",
                        "--health-check-interval-ms=50"});
@@ -94,7 +96,8 @@ TEST(RouterProcessTest, ServesThroughAWorkerAndDrainsOnSigterm) {
       tokens += response.chunk().token_ids_size();
       completed |= response.has_complete();
     }
-    ASSERT_TRUE(reader->Finish().ok());
+    const grpc::Status status = reader->Finish();
+    ASSERT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
     EXPECT_EQ(tokens, 8);
     EXPECT_TRUE(completed);
   }

@@ -32,6 +32,31 @@ inline int FreePort() {
   return ntohs(addr.sin_port);
 }
 
+// A port that stays taken and refuses connections while this object lives: bound, never
+// listening, and without SO_REUSEPORT, so no server of a test running in parallel can bind it
+// (gRPC servers set SO_REUSEPORT and would otherwise share a port FreePort handed out twice).
+// For "a replica that is down".
+class ReservedPort {
+ public:
+  ReservedPort() : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    socklen_t len = sizeof(addr);
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+  }
+  ~ReservedPort() { close(fd_); }
+  ReservedPort(const ReservedPort&) = delete;
+  ReservedPort& operator=(const ReservedPort&) = delete;
+  [[nodiscard]] int port() const { return port_; }
+
+ private:
+  int fd_;
+  int port_ = 0;
+};
+
 // True when something accepts TCP connections on 127.0.0.1:port.
 inline bool Listening(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
