@@ -117,7 +117,11 @@ def main():
             if key not in best or p["time_us"] < best[key]["time_us"]:
                 best[key] = p
         rows = []
-        for (name, fam), p in sorted(best.items()):
+        order = {}
+        for i, c in enumerate(ours):
+            base = c["name"].rsplit(".", 1)[0] if c["name"].endswith((".auto", ".recurrent", ".chunked")) else c["name"]
+            order.setdefault(base, i)
+        for (name, fam), p in sorted(best.items(), key=lambda kv: (order.get(kv[0][0], 1e9), kv[0])):
             o = by_name.get(name + ".auto") or by_name.get(name)
             variants = [by_name[name + s] for s in (".recurrent", ".chunked") if name + s in by_name]
             ours_us = f"{o['time_us']:.2f}" if o else "-"
@@ -137,10 +141,14 @@ def main():
         out_md.append("\n**Ours vs peers** (same shapes and bounds; peer us = CUDA-graph replay per "
                       "call, eager = `triton.testing.do_bench` median incl. Python overhead; "
                       "peer / ours > 1: ours is faster)\n\n" + m)
-        errors = [f"{p['name']} {p['impl']}: {p['error']}" for p in peers["cases"] if "error" in p]
+        grouped = {}
+        for p in peers["cases"]:
+            if "error" in p:
+                grouped.setdefault(f"{p['impl']}: {p['error']}", []).append(p["name"])
+        errors = [f"{k} ({', '.join(v)})" for k, v in grouped.items()]
         if errors:
             out_text.append("\npeer cases that did not run:\n  " + "\n  ".join(errors))
-            out_md.append("\nPeer cases that did not run: " + "; ".join(e[:160] for e in errors))
+            out_md.append("\nPeer cases that did not run: " + "; ".join(errors))
         out_text.append("\nnotes:\n  " + "\n  ".join(peers.get("notes", [])))
         out_md.append("\nNotes: " + " ".join(peers.get("notes", [])))
 
