@@ -265,6 +265,11 @@ def gdr_bytes_flops(n, t_per):
 
 
 def gdr_cases(run):
+    names = [f"gdr.decode.B{b} fla.fused_recurrent" for b in DECODE_BATCHES]
+    for n, t_per in [(1, PREFILL), MULTI]:
+        names += [f"gdr.prefill.{n}x{k_name(t_per)} {impl}" for impl in ("fla.fused_recurrent", "fla.chunk")]
+    if not any(run.filter.search(n) for n in names):
+        return  # nothing selected: do not import fla
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
     def make(n, t_per, fn):
