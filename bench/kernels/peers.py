@@ -236,7 +236,7 @@ NOTES = [
     "peer time = CUDA-graph replay per call (no Python or launch overhead); eager = "
     "triton.testing.do_bench median, with those overheads.",
     "fla's fused_recurrent kernel faulted (illegal memory access) on the H200 with Triton 3.6 / "
-    "torch 2.11 at T = 4096 every time (3 tries, also with slack after the inputs), and "
+    "torch 2.11 at T = 4096 in both tries (one with slack after the inputs), and "
     "intermittently in the second decode case of a process; run_on_device.sh therefore runs each "
     "fla case in its own process.",
 ]

@@ -107,7 +107,7 @@ if [ "${KBENCH_PEERS:-1}" != 0 ]; then
   export FLA_DISABLE_TENSOR_CACHE=1
   # One process per group: a kernel fault (illegal address) poisons the CUDA context, so it must
   # lose only its own group. fla's fused_recurrent kernel faulted that way here (Triton 3.6): at
-  # T = 4096 always, in a process's second decode case sometimes; so each fla case runs alone.
+  # T = 4096 in both tries, in a process's second decode case in 2 of 3; so each fla case runs alone.
   peer_groups=(
     'gdr.decode.B1 '
     'gdr.decode.B8 '
