@@ -352,7 +352,15 @@ void LaunchWriteKvCache(const uint16_t* k, const uint16_t* v, const TokenMeta& t
 
 int PagedAttentionSplits(int64_t num_tokens, int num_heads, int num_kv_heads, int head_dim,
                          int max_positions, int num_sms) {
-  if (!GqaEligible(num_heads, num_kv_heads, head_dim) || num_tokens == 0) return 1;
+  if (num_tokens == 0) return 1;
+  if (FlashAttentionSupports(num_heads, num_kv_heads, head_dim)) {
+    // Blocks per split: a tile per decode token, fewer for prefill (where one split suffices).
+    const int64_t blocks = num_tokens * num_kv_heads;
+    int64_t splits = (2LL * num_sms + blocks - 1) / blocks;
+    splits = std::min<int64_t>(splits, (max_positions + 63) / 64);
+    return static_cast<int>(std::clamp<int64_t>(splits, 1, 64));
+  }
+  if (!GqaEligible(num_heads, num_kv_heads, head_dim)) return 1;
   // Enough blocks for two waves, each split keeping at least 128 positions (16 per warp).
   const int64_t blocks = num_tokens * num_kv_heads;
   int64_t splits = (2LL * num_sms + blocks - 1) / blocks;
@@ -373,6 +381,17 @@ void LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint
   const bool aligned = reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(v_cache) % 16 == 0;
+  if (FlashAttentionSupports(num_heads, num_kv_heads, head_dim) && aligned) {
+    float* partial = static_cast<float*>(scratch);
+    LaunchFlashPagedAttention(q, k_cache, v_cache, num_tokens, num_heads, num_kv_heads, head_dim,
+                              block_size, tokens, segments, scale, splits, partial, out, stream);
+    if (splits > 1) {
+      CombineSplitsKernel<<<dim3(static_cast<unsigned>(num_tokens), num_heads), 128, 0, stream>>>(
+          partial, num_heads, head_dim, splits, out);
+      CheckLaunch("PagedAttentionCombine");
+    }
+    return;
+  }
   if (GqaEligible(num_heads, num_kv_heads, head_dim) && aligned) {
     const dim3 grid(static_cast<unsigned>(num_tokens), num_kv_heads, splits);
     float* partial = static_cast<float*>(scratch);

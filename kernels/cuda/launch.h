@@ -92,6 +92,14 @@ void LaunchWriteKvCache(const uint16_t* k, const uint16_t* v, const TokenMeta& t
                         const SegmentMeta& segs, int block_size, int64_t num_tokens,
                         int64_t row_elems, uint16_t* k_cache, uint16_t* v_cache,
                         cudaStream_t stream);
+// Tensor-core (mma.sync) paged attention, flash_attention.cu: GQA groups dividing 64 and head
+// dims 32/64/128/256 (MOBIUS_ATTENTION=simt turns it off). PagedAttention dispatches to it.
+bool FlashAttentionSupports(int num_heads, int num_kv_heads, int head_dim);
+void LaunchFlashPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
+                               int64_t num_tokens, int num_heads, int num_kv_heads, int head_dim,
+                               int block_size, const TokenMeta& tokens, const SegmentMeta& segs,
+                               float scale, int splits, float* partial, uint16_t* out,
+                               cudaStream_t stream);
 // Number of position splits (flash-decoding) for a step whose longest attention span is
 // `max_positions`, and the device scratch they need.
 int PagedAttentionSplits(int64_t num_tokens, int num_heads, int num_kv_heads, int head_dim,
