@@ -17,6 +17,7 @@
 #include "bench/serve/arrival_schedule.h"
 #include "bench/serve/load_runner.h"
 #include "bench/serve/openai_backend.h"
+#include "bench/serve/router_grpc_backend.h"
 #include "bench/serve/serve_metrics.h"
 #include "bench/serve/serve_report.h"
 #include "bench/serve/worker_grpc_backend.h"
@@ -32,13 +33,17 @@ ABSL_DECLARE_FLAG(uint64_t, seed);
 
 ABSL_FLAG(std::string, backend, "openai",
           "\"openai\": the OpenAI HTTP API at --base-url --endpoint (through the router); "
-          "\"worker-grpc\": mobius.v1.Worker Generate at --worker, bypassing the router.");
+          "\"worker-grpc\": mobius.v1.Worker Generate at --worker, bypassing the router; "
+          "\"router-grpc\": the router's mobius.v1.Inference Generate at --router (its routing "
+          "without the HTTP front end).");
 ABSL_FLAG(std::string, base_url, "http://127.0.0.1:8000", "http://HOST:PORT of the OpenAI API.");
 ABSL_FLAG(std::string, endpoint, "/v1/completions",
           "\"/v1/completions\" (token-id or text prompts) or \"/v1/chat/completions\" (text "
           "prompts, sent as one user message).");
 ABSL_FLAG(std::string, worker, "",
           "HOST:PORT of a worker's gRPC endpoint (--backend worker-grpc).");
+ABSL_FLAG(std::string, router, "",
+          "HOST:PORT of a router's gRPC endpoint (--backend router-grpc).");
 ABSL_FLAG(int, num_prompts, 100, "Requests to time.");
 ABSL_FLAG(int, random_input_len, 1024, "Prompt tokens of each random request.");
 ABSL_FLAG(int, random_output_len, 128,
@@ -149,12 +154,13 @@ absl::Status MakeWorkloads(bool worker_grpc, bool chat, std::vector<BenchRequest
 absl::Status BenchServe() {
   const std::string backend_name = absl::GetFlag(FLAGS_backend);
   const bool worker_grpc = backend_name == "worker-grpc";
-  if (!worker_grpc && backend_name != "openai") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--backend \"", backend_name, "\" is not one of openai, worker-grpc"));
+  const bool router_grpc = backend_name == "router-grpc";
+  if (!worker_grpc && !router_grpc && backend_name != "openai") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--backend \"", backend_name, "\" is not one of openai, worker-grpc, router-grpc"));
   }
   const std::string endpoint = absl::GetFlag(FLAGS_endpoint);
-  const bool chat = !worker_grpc && endpoint.find("/chat/") != std::string::npos;
+  const bool chat = backend_name == "openai" && endpoint.find("/chat/") != std::string::npos;
   RETURN_IF_ERROR(CheckPositive("num-prompts", absl::GetFlag(FLAGS_num_prompts)));
   RETURN_IF_ERROR(CheckPositive("warmup", absl::GetFlag(FLAGS_warmup), /*zero_ok=*/true));
   RETURN_IF_ERROR(
@@ -177,6 +183,9 @@ absl::Status BenchServe() {
   if (worker_grpc) {
     ASSIGN_OR_RETURN(backend,
                      bench::WorkerGrpcBackend::Create({absl::GetFlag(FLAGS_worker), timeout}));
+  } else if (router_grpc) {
+    ASSIGN_OR_RETURN(backend,
+                     bench::RouterGrpcBackend::Create({absl::GetFlag(FLAGS_router), timeout}));
   } else {
     bench::OpenAiBackendOptions options;
     options.base_url = absl::GetFlag(FLAGS_base_url);
@@ -208,7 +217,9 @@ absl::Status BenchServe() {
   load.seed = absl::GetFlag(FLAGS_seed);
   load.progress_interval_s = progress_interval;
   const std::string target = worker_grpc ? absl::StrCat("worker ", absl::GetFlag(FLAGS_worker))
-                                         : absl::StrCat(absl::GetFlag(FLAGS_base_url), endpoint);
+                             : router_grpc
+                                 ? absl::StrCat("router gRPC ", absl::GetFlag(FLAGS_router))
+                                 : absl::StrCat(absl::GetFlag(FLAGS_base_url), endpoint);
   std::fprintf(stderr,
                "bench serve: %s, model \"%s\", %zu prompts, request rate %g/s, max concurrency "
                "%d, %zu warm-up\n",

@@ -1,5 +1,6 @@
 #include "bench/serve/openai_backend.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -13,6 +14,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr size_t kMaxErrorBodyBytes = 64 << 10;
+constexpr std::chrono::seconds kWaitForBodyEndAfterDone(1);
 
 Clock::time_point DeadlineAfter(absl::Duration timeout) {
   return Clock::now() + absl::ToChronoNanoseconds(timeout);
@@ -117,10 +119,18 @@ RequestOutcome OpenAiBackend::Send(const BenchRequest& request) {
   std::string bytes;
   while (true) {
     bytes.clear();
-    absl::StatusOr<bool> more = connection->ReadBody(bytes, deadline);
+    // After [DONE] the request is complete; the body's end is awaited only briefly, to keep the
+    // connection for the next request, so that a server holding the stream open does not turn
+    // a finished request into a timeout.
+    const Clock::time_point read_deadline =
+        recorder.done() ? std::min(deadline, Clock::now() + kWaitForBodyEndAfterDone) : deadline;
+    absl::StatusOr<bool> more = connection->ReadBody(bytes, read_deadline);
     const Clock::time_point now = Clock::now();
     if (!bytes.empty()) transport = recorder.OnBytes(bytes, now);
-    if (transport.ok() && !more.ok()) transport = more.status();
+    if (!more.ok()) {
+      if (transport.ok() && !recorder.done()) transport = more.status();
+      break;
+    }
     if (!transport.ok() || !*more) break;
   }
   RequestOutcome outcome = recorder.Finish(transport, request.prompt_len);

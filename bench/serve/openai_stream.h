@@ -44,6 +44,9 @@ class OpenAiStreamRecorder {
   // `prompt_len` is used when the server reported no usage.
   RequestOutcome Finish(const absl::Status& transport, int prompt_len) const;
 
+  // "data: [DONE]" has arrived.
+  [[nodiscard]] bool done() const { return done_; }
+
  private:
   absl::Status OnEvent(const std::string& data, Clock::time_point now);
 

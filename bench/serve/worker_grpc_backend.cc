@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "bench/serve/grpc_stream_timing.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "worker.grpc.pb.h"
@@ -14,35 +15,6 @@ namespace mobius::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-
-std::string CodeName(grpc::StatusCode code) {
-  switch (code) {
-    case grpc::StatusCode::CANCELLED:
-      return "CANCELLED";
-    case grpc::StatusCode::INVALID_ARGUMENT:
-      return "INVALID_ARGUMENT";
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
-      return "DEADLINE_EXCEEDED";
-    case grpc::StatusCode::NOT_FOUND:
-      return "NOT_FOUND";
-    case grpc::StatusCode::ALREADY_EXISTS:
-      return "ALREADY_EXISTS";
-    case grpc::StatusCode::RESOURCE_EXHAUSTED:
-      return "RESOURCE_EXHAUSTED";
-    case grpc::StatusCode::FAILED_PRECONDITION:
-      return "FAILED_PRECONDITION";
-    case grpc::StatusCode::ABORTED:
-      return "ABORTED";
-    case grpc::StatusCode::UNAVAILABLE:
-      return "UNAVAILABLE";
-    case grpc::StatusCode::INTERNAL:
-      return "INTERNAL";
-    default:
-      return absl::StrCat("code ", static_cast<int>(code));
-  }
-}
 
 }  // namespace
 
@@ -92,50 +64,18 @@ RequestOutcome WorkerGrpcBackend::Send(const BenchRequest& request) {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +
                        absl::ToChronoNanoseconds(options_.request_timeout));
-  // wait_for_ready off: a worker that is down fails the request at once instead of queueing it.
+  // wait_for_ready stays off: a worker that is down fails the request at once.
   const Clock::time_point sent = Clock::now();
   std::unique_ptr<grpc::ClientReader<v1::WorkerGenerateResponse>> reader =
       stub_->worker->Generate(&context, call);
-  v1::WorkerGenerateResponse response;
-  int chunks = 0;
-  int tokens = 0;
-  bool complete = false;
-  Clock::time_point last = sent;
-  while (reader->Read(&response)) {
-    const Clock::time_point now = Clock::now();
-    const bool has_tokens = response.has_chunk() && response.chunk().token_ids_size() > 0;
-    if (!has_tokens && !response.has_complete()) continue;
-    if (chunks == 0) {
-      outcome.ttft_s = Seconds(now - sent);
-    } else {
-      outcome.itl_s.push_back(Seconds(now - last));
-    }
-    last = now;
-    ++chunks;
-    if (has_tokens) tokens += response.chunk().token_ids_size();
-    if (response.has_complete()) {
-      complete = true;
-      outcome.output_tokens = response.complete().usage().completion_tokens();
-      outcome.prompt_tokens = response.complete().usage().prompt_tokens();
-    }
-  }
-  const grpc::Status status = reader->Finish();
-  if (!status.ok()) {
-    outcome.error = absl::StrCat("gRPC ", CodeName(status.error_code()), ": ",
-                                 status.error_message().substr(0, 200));
-    outcome.itl_s.clear();
-    return outcome;
-  }
-  if (!complete) {
-    outcome.error = "stream ended without a complete message";
-    outcome.itl_s.clear();
-    return outcome;
-  }
-  if (outcome.output_tokens == 0) outcome.output_tokens = tokens;
-  if (outcome.prompt_tokens == 0) outcome.prompt_tokens = request.prompt_len;
-  outcome.latency_s = Seconds(last - sent);
-  outcome.success = true;
-  return outcome;
+  return ReadTimedGrpcStream(
+      *reader, sent, request.prompt_len,
+      [](const v1::WorkerGenerateResponse& r) {
+        return r.has_chunk() ? r.chunk().token_ids_size() : 0;
+      },
+      [](const v1::WorkerGenerateResponse& r) {
+        return r.has_complete() ? &r.complete().usage() : nullptr;
+      });
 }
 
 }  // namespace mobius::bench

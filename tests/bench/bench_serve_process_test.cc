@@ -59,6 +59,7 @@ class BenchServeProcessTest : public ::testing::Test {
                                 fixtures + "/intern-s2-mobius-tiny", "--host=127.0.0.1",
                                 "--port=" + std::to_string(worker_port_), "--threads=1"});
     const int grpc_port = FreePort();
+    router_grpc_port_ = grpc_port;
     router_ = new ChildProcess(
         {MOBIUS_ROUTER_BINARY, "--worker=127.0.0.1:" + std::to_string(worker_port_),
          "--host=127.0.0.1", "--grpc-port=" + std::to_string(grpc_port),
@@ -89,6 +90,7 @@ class BenchServeProcessTest : public ::testing::Test {
   static inline ChildProcess* router_ = nullptr;
   static inline int worker_port_ = 0;
   static inline int http_port_ = 0;
+  static inline int router_grpc_port_ = 0;
   static inline bool serving_ = false;
 };
 
@@ -159,6 +161,17 @@ TEST_F(BenchServeProcessTest, DirectlyToTheWorkerOverGrpc) {
   ExpectAllCompleted(ReadJson(json), 6, 8, 5);
 }
 
+TEST_F(BenchServeProcessTest, ThroughTheRoutersGrpcApi) {
+  const std::string json = Json("router_grpc");
+  Result r = RunMobius(
+      "bench serve --backend router-grpc --router 127.0.0.1:" + std::to_string(router_grpc_port_) +
+      " --num-prompts 6 --random-input-len 8 --random-output-len 5 "
+      "--max-concurrency 3 --seed 3 --output-json " +
+      json);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  ExpectAllCompleted(ReadJson(json), 6, 8, 5);
+}
+
 TEST_F(BenchServeProcessTest, HttpErrorsAreCountedFailuresWithTheirReason) {
   // Text prompts tokenize (Qwen3) to ids beyond the tiny model's 2048-token vocabulary: 400.
   const std::string json = Json("chat");
@@ -205,11 +218,26 @@ TEST_F(BenchServeProcessTest, UnreachableServersAreCountedFailures) {
 TEST(BenchServeCommandTest, HelpListsTheFlags) {
   Result r = RunMobius("bench serve --help");
   EXPECT_EQ(r.exit_code, 1) << r.out;  // absl's --help exit code
-  for (const char* flag :
-       {"--backend", "--base_url", "--endpoint", "--worker", "--num_prompts", "--random_input_len",
-        "--random_output_len", "--random_range_ratio", "--vocab_size", "--dataset",
-        "--request_rate", "--burstiness", "--max_concurrency", "--warmup", "--output_json",
-        "--metric_percentiles", "--request_timeout_s", "--model NAME", "--seed N"}) {
+  for (const char* flag : {"--backend",
+                           "--base_url",
+                           "--endpoint",
+                           "--worker",
+                           "--router",
+                           "--num_prompts",
+                           "--random_input_len",
+                           "--random_output_len",
+                           "--random_range_ratio",
+                           "--vocab_size",
+                           "--dataset",
+                           "--request_rate",
+                           "--burstiness",
+                           "--max_concurrency",
+                           "--warmup",
+                           "--output_json",
+                           "--metric_percentiles",
+                           "--request_timeout_s",
+                           "--model NAME",
+                           "--seed N"}) {
     EXPECT_THAT(r.out, HasSubstr(flag));
   }
   EXPECT_THAT(r.out, Not(HasSubstr("--device")));   // no model is loaded here
@@ -232,6 +260,7 @@ TEST(BenchServeCommandTest, BadFlagsNameTheFlag) {
         Case{"--endpoint /v1/chat/completions --prompt-format ids", "text prompts only"},
         Case{"--backend worker-grpc --worker x:1 --prompt-format text", "token-id prompts only"},
         Case{"--backend worker-grpc", "--worker HOST:PORT is required"},
+        Case{"--backend router-grpc", "--router HOST:PORT is required"},
         Case{"--dataset /nonexistent.jsonl", "--dataset: cannot open"},
         Case{"--steps 3", "--steps is not a flag of this command"},
         Case{"--device cpu", "--device is not a flag of this command"}}) {

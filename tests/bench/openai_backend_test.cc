@@ -25,7 +25,8 @@ namespace {
 using ::testing::HasSubstr;
 
 // Answers every connection with `response` once the request (head and Content-Length body) has
-// arrived, then closes it; with `hang`, sends nothing and holds the connection open.
+// arrived, then closes it; with `hang`, holds the connection open after the response (none, when
+// it is empty).
 class CannedServer {
  public:
   explicit CannedServer(std::string response, bool hang = false)
@@ -77,11 +78,8 @@ class CannedServer {
           }
         }
       }
-      if (!hang_) {
-        (void)!write(client, response_.data(), response_.size());
-      } else {
-        while (!stop_) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
+      if (!response_.empty()) (void)!write(client, response_.data(), response_.size());
+      while (hang_ && !stop_) std::this_thread::sleep_for(std::chrono::milliseconds(10));
       close(client);
     }
   }
@@ -174,6 +172,15 @@ TEST(OpenAiBackendTest, SilentServerTimesOut) {
   RequestOutcome o = SendOne(server.url(), absl::Milliseconds(300));
   EXPECT_FALSE(o.success);
   EXPECT_THAT(o.error, HasSubstr("read response header"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+TEST(OpenAiBackendTest, StreamHeldOpenAfterDoneStillCompletes) {
+  CannedServer server(kSseHead + kChunk + kChunk + "data: [DONE]\n\n", /*hang=*/true);
+  const auto start = std::chrono::steady_clock::now();
+  RequestOutcome o = SendOne(server.url());
+  EXPECT_TRUE(o.success) << o.error;
+  EXPECT_EQ(o.output_tokens, 2);
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
