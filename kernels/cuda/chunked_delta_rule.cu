@@ -150,8 +150,9 @@ struct PrepSmem {
   uint16_t k[kC][kLdK];  // normalised k
   uint16_t q[kC][kLdK];  // normalised, scaled q; then T diag(beta) as bf16 [C][kLdC]
   uint16_t v[kC][128 + 8];
-  float l[kC][kC + 1];  // L; then T diag(beta e^G) as bf16 [C][kLdC]
-  float t[kC][kC + 1];  // T
+  static constexpr int kLdF = kC + 4;  // 16-byte aligned rows
+  float l[kC][kLdF];                   // L; then T diag(beta e^G) as bf16 [C][kLdC]
+  float t[kC][kLdF];                   // T
   float gcum[kC];
   float beta[kC];
   float bw[kC];  // beta e^G
@@ -202,7 +203,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < kQkVec; ++e) {
       const int d = lq * (kDk / 4) + e * 8;
-      qraw[e] = valid ? *reinterpret_cast<const uint4*>(row + kh * kDk + d) : make_uint4(0, 0, 0, 0);
+      qraw[e] =
+          valid ? *reinterpret_cast<const uint4*>(row + kh * kDk + d) : make_uint4(0, 0, 0, 0);
       kraw[e] = valid ? *reinterpret_cast<const uint4*>(row + num_k_heads * kDk + kh * kDk + d)
                       : make_uint4(0, 0, 0, 0);
     }
@@ -354,51 +356,59 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
 
-  // T = (I + L)^-1, blocked by 16: warps 0-3 invert diagonal block w by forward substitution
-  // (one column per pair of lanes), then the off-diagonal blocks follow level by level:
+  // T = (I + L)^-1, blocked by 16. The diagonal blocks by forward substitution: warp w solves
+  // columns 8 (w % 2) .. + 7 of diagonal block w / 2, four lanes per column splitting the sum.
+  // Then the off-diagonal blocks level by level:
   //   T_ij = -T_ii M_ij,  M_ij = sum_{j <= k < i} L_ik T_kj  (i > j, block indices),
-  // with M kept in the unused upper blocks (0, 1 + n) of sm.l.
-  if (warp < 4) {
-    const int cl = lane >> 1, par = lane & 1, base = 16 * warp;
+  // with M kept in the unused upper blocks (0, 1 + n) of sm.l. Blocks above the diagonal of T
+  // are never written: the bf16 conversion below treats them as zero.
+  {
+    const int base = 16 * (warp >> 1), cl = 8 * (warp & 1) + (lane >> 2), q = lane & 3;
     for (int t = 0; t < 16; ++t) {
       float acc = 0.f;
-      for (int j = cl + par; j < t; j += 2) {
+      for (int j = cl + q; j < t; j += 4)
         acc += sm.l[base + t][base + j] * sm.t[base + j][base + cl];
-      }
       acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-      if (par == 0) sm.t[base + t][base + cl] = t == cl ? 1.f : (t > cl ? -acc : 0.f);
+      acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+      if (q == 0) sm.t[base + t][base + cl] = t == cl ? 1.f : (t > cl ? -acc : 0.f);
       __syncwarp();
-    }
-  } else {
-    // Zero the blocks right of the diagonal.
-    for (int e = tid - 128; e < kC * kC; e += kThreads - 128) {
-      const int r = e / kC, c = e % kC;
-      if ((c >> 4) > (r >> 4)) sm.t[r][c] = 0.f;
     }
   }
   __syncthreads();
+  // Each thread computes 4 adjacent columns (n, row a, columns 4 b4 .. + 3) of a level.
   for (int level = 1; level < 4; ++level) {
-    const int nblocks = 4 - level;
-    for (int e = tid; e < nblocks * 256; e += kThreads) {
-      const int n = e >> 8, a = (e >> 4) & 15, b = e & 15;
-      const int i = level + n, j = n;
-      float acc = 0.f;
+    const int items = (4 - level) * 64;
+    const int n = tid >> 6, a = (tid >> 2) & 15, b4 = 4 * (tid & 3);
+    const int i = level + n, j = n;
+    if (tid < items) {
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
       for (int k = j; k < i; ++k) {
 #pragma unroll
         for (int c = 0; c < 16; ++c) {
-          acc += sm.l[16 * i + a][16 * k + c] * sm.t[16 * k + c][16 * j + b];
+          const float l = sm.l[16 * i + a][16 * k + c];
+          const float4 t4 = *reinterpret_cast<const float4*>(&sm.t[16 * k + c][16 * j + b4]);
+          acc.x += l * t4.x;
+          acc.y += l * t4.y;
+          acc.z += l * t4.z;
+          acc.w += l * t4.w;
         }
       }
-      sm.l[a][16 * (1 + n) + b] = acc;
+      *reinterpret_cast<float4*>(&sm.l[a][16 * (1 + n) + b4]) = acc;
     }
     __syncthreads();
-    for (int e = tid; e < nblocks * 256; e += kThreads) {
-      const int n = e >> 8, a = (e >> 4) & 15, b = e & 15;
-      const int i = level + n, j = n;
-      float acc = 0.f;
+    if (tid < items) {
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-      for (int c = 0; c < 16; ++c) acc += sm.t[16 * i + a][16 * i + c] * sm.l[c][16 * (1 + n) + b];
-      sm.t[16 * i + a][16 * j + b] = -acc;
+      for (int c = 0; c < 16; ++c) {
+        const float t = sm.t[16 * i + a][16 * i + c];
+        const float4 m4 = *reinterpret_cast<const float4*>(&sm.l[c][16 * (1 + n) + b4]);
+        acc.x += t * m4.x;
+        acc.y += t * m4.y;
+        acc.z += t * m4.z;
+        acc.w += t * m4.w;
+      }
+      *reinterpret_cast<float4*>(&sm.t[16 * i + a][16 * j + b4]) =
+          make_float4(-acc.x, -acc.y, -acc.z, -acc.w);
     }
     __syncthreads();
   }
@@ -408,7 +418,8 @@ __global__ void __launch_bounds__(kThreads)
   uint16_t* tu = &sm.q[0][0];
   for (int e = tid; e < kC * kC / 2; e += kThreads) {
     const int t = e / (kC / 2), j = (e % (kC / 2)) * 2;
-    const float x0 = sm.t[t][j], x1 = sm.t[t][j + 1];
+    const bool upper = (j >> 4) > (t >> 4);  // j, j + 1 share a 16-block
+    const float x0 = upper ? 0.f : sm.t[t][j], x1 = upper ? 0.f : sm.t[t][j + 1];
     *reinterpret_cast<uint32_t*>(&tw[t * kLdC + j]) = PackBf16(x0 * sm.bw[j], x1 * sm.bw[j + 1]);
     *reinterpret_cast<uint32_t*>(&tu[t * kLdC + j]) =
         PackBf16(x0 * sm.beta[j], x1 * sm.beta[j + 1]);
@@ -456,10 +467,10 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int kDk>
+template <int kDk, int kBVt>
 struct StateSmem {
   static constexpr int kLdK = kDk + 8;
-  static constexpr int kLdV = kBV + 8;
+  static constexpr int kLdV = kBVt + 8;
   static constexpr int kLdC = kC + 8;
   struct Stage {
     uint16_t w[kC][kLdK];
@@ -474,42 +485,54 @@ struct StateSmem {
   int first_chunk;
 };
 
-template <int kDk>
-__device__ __forceinline__ void PrefetchChunk(typename StateSmem<kDk>::Stage& st,
+// w, qg and kd are consecutive [C][Dk] blocks in scratch and consecutive [C][kLdK] arrays in a
+// stage, so piece e (16 bytes) of the 3 C Dk elements lands in row e / (Dk / 8) of the stage's
+// [3 C][kLdK] view: every thread copies pieces tid, tid + kThreads, ... at constant strides.
+template <int kDk, int kBVt>
+__device__ __forceinline__ void PrefetchChunk(typename StateSmem<kDk, kBVt>::Stage& st,
                                               const uint16_t* src, int dv, int v0, int tid) {
-  constexpr int kRowVec = kDk / 8;  // 16-byte pieces per row of w / qg / kd
-#pragma unroll 4
-  for (int e = tid; e < 3 * kC * kRowVec; e += kThreads) {
-    const int m = e / (kC * kRowVec), r = (e / kRowVec) % kC, c = (e % kRowVec) * 8;
-    uint16_t* dst = m == 0 ? &st.w[r][c] : m == 1 ? &st.qg[r][c] : &st.kd[r][c];
-    CpAsync16(dst, src + e * 8);  // w, qg, kd are consecutive [C][Dk] blocks
-  }
+  constexpr int kRowVec = kDk / 8;                     // 16-byte pieces per row
+  constexpr int kIters = 3 * kC * kRowVec / kThreads;  // exact: 12 (Dk 128) or 6 (Dk 64)
+  constexpr int kRowStep = kThreads / kRowVec;         // rows advanced per iteration
+  constexpr int kLdK = StateSmem<kDk, kBVt>::kLdK;
+  static_assert(3 * kC * kRowVec % kThreads == 0, "pieces split evenly");
+  uint16_t* dst = &st.w[0][0] + (tid / kRowVec) * kLdK + (tid % kRowVec) * 8;
+  const uint16_t* from = src + tid * 8;
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) CpAsync16(dst + i * kRowStep * kLdK, from + i * kThreads * 8);
+  // u: C rows x kBVt / 8 pieces; P: C rows x 8 pieces (two per thread).
+  constexpr int kUVec = kBVt / 8;
+  static_assert(kC * kUVec % kThreads == 0, "u pieces split evenly");
   const uint16_t* u = src + 3 * kC * kDk;
-  for (int e = tid; e < kC * (kBV / 8); e += kThreads) {
-    const int r = e / (kBV / 8), c = (e % (kBV / 8)) * 8;
+#pragma unroll
+  for (int i = 0; i < kC * kUVec / kThreads; ++i) {
+    const int e = tid + i * kThreads, r = e / kUVec, c = (e % kUVec) * 8;
     CpAsync16(&st.u[r][c], u + r * dv + v0 + c);
   }
   const uint16_t* p = u + kC * dv;
-  for (int e = tid; e < kC * (kC / 8); e += kThreads) {
-    const int r = e / (kC / 8), c = (e % (kC / 8)) * 8;
-    CpAsync16(&st.p[r][c], p + r * kC + c);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int e = tid + i * kThreads;
+    CpAsync16(&st.p[e >> 3][(e & 7) * 8], p + e * 8);
   }
 }
 
-// 8 warps. Token side (X, o): warp w owns rows 16 (w % 4) .. + 15 and value columns
-// 16 (w / 4) .. + 15 of the block's 32. State side: Dk = 128: state rows 16 w .. + 15, all 32
-// columns; Dk = 64: rows 16 (w % 4) .. + 15, columns 16 (w / 4) .. + 15.
-template <int kDk>
+// 8 warps, kBVt (32 or 64) value columns per block. Token side (X, o): warp w owns rows
+// 16 (w % 4) .. + 15 and value columns (kBVt / 2) (w / 4) .. + kBVt / 2 - 1. State side:
+// Dk = 128: state rows 16 w .. + 15, all kBVt columns; Dk = 64: rows 16 (w % 4) .. + 15, the
+// same column half as the token side.
+template <int kDk, int kBVt>
 __global__ void __launch_bounds__(kThreads)
     ChunkStateKernel(const uint16_t* __restrict__ scratch, const float* __restrict__ glast,
                      int num_v_heads, int dv, float* states, SegmentMeta segs, int min_tokens,
                      uint16_t* __restrict__ out) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  using Smem = StateSmem<kDk>;
+  using Smem = StateSmem<kDk, kBVt>;
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
   constexpr int kLdK = Smem::kLdK, kLdV = Smem::kLdV, kLdC = Smem::kLdC;
-  constexpr int kSN = kDk == 128 ? 4 : 2;  // state n-tiles (of 8 columns) per warp
-  const int seg = blockIdx.x, h = blockIdx.y, v0 = blockIdx.z * kBV;
+  constexpr int kTN = kBVt / 16;                          // token-side n-tiles per warp
+  constexpr int kSN = kDk == 128 ? kBVt / 8 : kBVt / 16;  // state n-tiles per warp
+  const int seg = blockIdx.x, h = blockIdx.y, v0 = blockIdx.z * kBVt;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int len = segs.num_tokens[seg];
   const int nchunks = NumChunks(len, min_tokens);
@@ -521,9 +544,9 @@ __global__ void __launch_bounds__(kThreads)
   const int begin = segs.token_begin[seg], slot = segs.state_slot[seg];
   const int gr = lane >> 2, tc = (lane & 3) * 2;
   const int64_t chunk_elems = ChunkElems(kDk, dv);
+  const int m0 = 16 * (warp & 3), c0 = (kBVt / 2) * (warp >> 2);
   const int s_row0 = kDk == 128 ? 16 * warp : 16 * (warp & 3);
-  const int s_col0 = kDk == 128 ? 0 : 16 * (warp >> 2);
-  const int m0 = 16 * (warp & 3), c0 = 16 * (warp >> 2);
+  const int s_col0 = kDk == 128 ? 0 : c0;
 
   // State element (s_row0 + gr + 8 half, v0 + s_col0 + 8 n + tc (+1)).
   float* state =
@@ -547,7 +570,7 @@ __global__ void __launch_bounds__(kThreads)
   const int first = sm.first_chunk;
   const uint16_t* src0 = scratch + (static_cast<int64_t>(first) * num_v_heads + h) * chunk_elems;
   const int64_t chunk_stride = static_cast<int64_t>(num_v_heads) * chunk_elems;
-  PrefetchChunk<kDk>(sm.stage[0], src0, dv, v0, tid);
+  PrefetchChunk<kDk, kBVt>(sm.stage[0], src0, dv, v0, tid);
   CpAsyncCommit();
 
   for (int c = 0; c < nchunks; ++c) {
@@ -555,7 +578,7 @@ __global__ void __launch_bounds__(kThreads)
     // Read early: its latency then hides behind this chunk's products.
     const float decay = glast[(static_cast<int64_t>(first) + c) * num_v_heads + h];
     if (c + 1 < nchunks) {
-      PrefetchChunk<kDk>(sm.stage[(c + 1) & 1], src0 + (c + 1) * chunk_stride, dv, v0, tid);
+      PrefetchChunk<kDk, kBVt>(sm.stage[(c + 1) & 1], src0 + (c + 1) * chunk_stride, dv, v0, tid);
     }
     CpAsyncCommit();
     // S as bf16 into shared memory.
@@ -568,26 +591,30 @@ __global__ void __launch_bounds__(kThreads)
     CpAsyncWait<1>();  // this chunk's stage has landed (the next one may still be in flight)
     __syncthreads();
 
-    // X = u - w S and o = qg S for token rows m0 .. + 15, columns c0 .. + 15.
-    float acc_x[2][4], acc_o[2][4];
+    // X = u - w S and o = qg S for token rows m0 .. + 15, columns c0 .. + kBVt / 2 - 1.
+    float acc_x[kTN][4], acc_o[kTN][4];
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+    for (int n = 0; n < kTN; ++n) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc_x[n][i] = acc_o[n][i] = 0.f;
     }
 #pragma unroll
     for (int k0 = 0; k0 < kDk; k0 += 16) {
-      uint32_t aw[4], aq[4], b[4];
+      uint32_t aw[4], aq[4];
       LoadA(aw, &st.w[0][0], kLdK, m0, k0, lane);
       LoadA(aq, &st.qg[0][0], kLdK, m0, k0, lane);
-      LoadBKN(b, &sm.s[0][0], kLdV, c0, k0, lane);
-      Mma(acc_x[0], aw, b[0], b[1]);
-      Mma(acc_x[1], aw, b[2], b[3]);
-      Mma(acc_o[0], aq, b[0], b[1]);
-      Mma(acc_o[1], aq, b[2], b[3]);
+#pragma unroll
+      for (int n = 0; n < kTN; n += 2) {
+        uint32_t b[4];
+        LoadBKN(b, &sm.s[0][0], kLdV, c0 + n * 8, k0, lane);
+        Mma(acc_x[n], aw, b[0], b[1]);
+        Mma(acc_x[n + 1], aw, b[2], b[3]);
+        Mma(acc_o[n], aq, b[0], b[1]);
+        Mma(acc_o[n + 1], aq, b[2], b[3]);
+      }
     }
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+    for (int n = 0; n < kTN; ++n) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = m0 + gr + 8 * half, col = c0 + n * 8 + tc;
@@ -602,11 +629,15 @@ __global__ void __launch_bounds__(kThreads)
     // o += P X, then store the chunk's valid rows.
 #pragma unroll
     for (int k0 = 0; k0 < kC; k0 += 16) {
-      uint32_t a[4], b[4];
+      uint32_t a[4];
       LoadA(a, &st.p[0][0], kLdC, m0, k0, lane);
-      LoadBKN(b, &sm.x[0][0], kLdV, c0, k0, lane);
-      Mma(acc_o[0], a, b[0], b[1]);
-      Mma(acc_o[1], a, b[2], b[3]);
+#pragma unroll
+      for (int n = 0; n < kTN; n += 2) {
+        uint32_t b[4];
+        LoadBKN(b, &sm.x[0][0], kLdV, c0 + n * 8, k0, lane);
+        Mma(acc_o[n], a, b[0], b[1]);
+        Mma(acc_o[n + 1], a, b[2], b[3]);
+      }
     }
     const int valid = min(kC, len - c * kC);
 #pragma unroll
@@ -616,7 +647,7 @@ __global__ void __launch_bounds__(kThreads)
         uint16_t* dst = out + (static_cast<int64_t>(begin) + c * kC + r) * num_v_heads * dv +
                         int64_t{h} * dv + v0 + c0;
 #pragma unroll
-        for (int n = 0; n < 2; ++n) {
+        for (int n = 0; n < kTN; ++n) {
           *reinterpret_cast<uint32_t*>(dst + n * 8 + tc) =
               PackBf16(acc_o[n][2 * half], acc_o[n][2 * half + 1]);
         }
@@ -631,16 +662,14 @@ __global__ void __launch_bounds__(kThreads)
     }
 #pragma unroll
     for (int k0 = 0; k0 < kC; k0 += 16) {
-      uint32_t a[4], b[4];
+      uint32_t a[4];
       LoadAT(a, &st.kd[0][0], kLdK, s_row0, k0, lane);
-      LoadBKN(b, &sm.x[0][0], kLdV, s_col0, k0, lane);
-      Mma(acc_s[0], a, b[0], b[1]);
-      Mma(acc_s[1], a, b[2], b[3]);
-      if constexpr (kSN == 4) {
-        uint32_t b2[4];
-        LoadBKN(b2, &sm.x[0][0], kLdV, s_col0 + 16, k0, lane);
-        Mma(acc_s[2], a, b2[0], b2[1]);
-        Mma(acc_s[3], a, b2[2], b2[3]);
+#pragma unroll
+      for (int n = 0; n < kSN; n += 2) {
+        uint32_t b[4];
+        LoadBKN(b, &sm.x[0][0], kLdV, s_col0 + n * 8, k0, lane);
+        Mma(acc_s[n], a, b[0], b[1]);
+        Mma(acc_s[n + 1], a, b[2], b[3]);
       }
     }
     __syncthreads();  // sm.s, sm.x and this stage are rewritten next
@@ -660,14 +689,11 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int kDk>
-void LaunchChunked(const uint16_t* qkv, const float* g, const float* beta, int hk, int hv, int dv,
-                   float* states, const SegmentMeta& segs, int min_tokens, int64_t num_chunks,
-                   void* scratch, uint16_t* out, cudaStream_t stream) {
-  uint16_t* chunks = static_cast<uint16_t*>(scratch);
-  float* glast = reinterpret_cast<float*>(chunks + num_chunks * hv * ChunkElems(kDk, dv));
-  const size_t prep_smem = sizeof(PrepSmem<kDk>);
-  const size_t state_smem = sizeof(StateSmem<kDk>);
+template <int kDk, int kBVt>
+void LaunchStateKernel(const uint16_t* chunks, const float* glast, int hv, int dv, float* states,
+                       const SegmentMeta& segs, int min_tokens, uint16_t* out,
+                       cudaStream_t stream) {
+  const size_t smem = sizeof(StateSmem<kDk, kBVt>);
   // The shared-memory limit is an attribute of the function in the current device's context:
   // set once per device.
   static std::atomic<uint64_t> configured{0};
@@ -675,16 +701,49 @@ void LaunchChunked(const uint16_t* qkv, const float* g, const float* beta, int h
   cudaGetDevice(&device);
   const uint64_t bit = uint64_t{1} << (device & 63);
   if ((configured.load(std::memory_order_acquire) & bit) == 0) {
-    cudaFuncSetAttribute(ChunkPrepKernel<kDk>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(prep_smem));
-    cudaFuncSetAttribute(ChunkStateKernel<kDk>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(state_smem));
+    cudaFuncSetAttribute(ChunkStateKernel<kDk, kBVt>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(smem));
     configured.fetch_or(bit, std::memory_order_acq_rel);
   }
-  // MOBIUS_CHUNKED_STAGE=prep|state runs one of the two kernels (profiling only).
+  ChunkStateKernel<kDk, kBVt><<<dim3(segs.num_segments, hv, dv / kBVt), kThreads, smem, stream>>>(
+      chunks, glast, hv, dv, states, segs, min_tokens, out);
+  CheckLaunch("GatedDeltaRule chunk state");
+}
+
+template <int kDk>
+void LaunchChunked(const uint16_t* qkv, const float* g, const float* beta, int hk, int hv, int dv,
+                   float* states, const SegmentMeta& segs, int min_tokens, int64_t num_chunks,
+                   int num_chunked_segments, void* scratch, uint16_t* out, cudaStream_t stream) {
+  uint16_t* chunks = static_cast<uint16_t*>(scratch);
+  float* glast = reinterpret_cast<float*>(chunks + num_chunks * hv * ChunkElems(kDk, dv));
+  const size_t prep_smem = sizeof(PrepSmem<kDk>);
+  static std::atomic<uint64_t> configured{0};
+  int device = 0;
+  cudaGetDevice(&device);
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if ((configured.load(std::memory_order_acquire) & bit) == 0) {
+    cudaFuncSetAttribute(ChunkPrepKernel<kDk>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(prep_smem));
+    configured.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  // State blocks of 32 value columns while they fit in one wave (a long segment or two: more
+  // SMs on the serial chunk chain), of 64 beyond (each chunk's w / qg / kd then travels from L2
+  // to half as many SMs). Measured on the H200: 1 x 4096 tokens 324 us (32) vs 371 us (64);
+  // 8 x 1024 655 us vs 550 us.
+  // Profiling knobs: MOBIUS_CHUNKED_STAGE=prep|state runs one of the two kernels;
+  // MOBIUS_CHUNKED_BV=32|64 forces the value columns per state block.
   const char* stage = std::getenv("MOBIUS_CHUNKED_STAGE");
   const bool prep = stage == nullptr || std::strcmp(stage, "state") != 0;
   const bool state = stage == nullptr || std::strcmp(stage, "prep") != 0;
+  static const int forced_bv = [] {
+    const char* env = std::getenv("MOBIUS_CHUNKED_BV");
+    return env == nullptr ? 0 : std::atoi(env);
+  }();
+  int num_sms = 132;
+  cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
+  const int64_t blocks32 = int64_t{num_chunked_segments} * hv * (dv / 32);
+  const bool wide = forced_bv == 64 || (forced_bv != 32 && blocks32 > num_sms);
+  const int bv = wide && dv % 64 == 0 ? 64 : 32;
   if (prep) {
     ChunkPrepKernel<kDk>
         <<<dim3(static_cast<unsigned>(num_chunks), hv), kThreads, prep_smem, stream>>>(
@@ -692,9 +751,11 @@ void LaunchChunked(const uint16_t* qkv, const float* g, const float* beta, int h
     CheckLaunch("GatedDeltaRule chunk prep");
   }
   if (state) {
-    ChunkStateKernel<kDk><<<dim3(segs.num_segments, hv, dv / kBV), kThreads, state_smem,
-                            stream>>>(chunks, glast, hv, dv, states, segs, min_tokens, out);
-    CheckLaunch("GatedDeltaRule chunk state");
+    if (bv == 64) {
+      LaunchStateKernel<kDk, 64>(chunks, glast, hv, dv, states, segs, min_tokens, out, stream);
+    } else {
+      LaunchStateKernel<kDk, 32>(chunks, glast, hv, dv, states, segs, min_tokens, out, stream);
+    }
   }
 }
 
@@ -714,8 +775,8 @@ size_t ChunkedDeltaRuleScratchBytes(int64_t num_chunks, int num_v_heads, int k_h
 void LaunchGatedDeltaRuleChunked(const uint16_t* qkv, const float* g, const float* beta,
                                  int num_k_heads, int num_v_heads, int k_head_dim, int v_head_dim,
                                  float* states, const SegmentMeta& segments, int min_tokens,
-                                 int64_t num_chunks, void* scratch, uint16_t* out,
-                                 cudaStream_t stream) {
+                                 int64_t num_chunks, int num_chunked_segments, void* scratch,
+                                 uint16_t* out, cudaStream_t stream) {
   if (num_chunks == 0 || segments.num_segments == 0) return;
   if (!ChunkedDeltaRuleSupports(k_head_dim, v_head_dim)) {
     std::fprintf(stderr, "mobius cuda: chunked delta rule does not take Dk=%d Dv=%d\n", k_head_dim,
@@ -724,10 +785,10 @@ void LaunchGatedDeltaRuleChunked(const uint16_t* qkv, const float* g, const floa
   }
   if (k_head_dim == 128) {
     LaunchChunked<128>(qkv, g, beta, num_k_heads, num_v_heads, v_head_dim, states, segments,
-                       min_tokens, num_chunks, scratch, out, stream);
+                       min_tokens, num_chunks, num_chunked_segments, scratch, out, stream);
   } else {
     LaunchChunked<64>(qkv, g, beta, num_k_heads, num_v_heads, v_head_dim, states, segments,
-                      min_tokens, num_chunks, scratch, out, stream);
+                      min_tokens, num_chunks, num_chunked_segments, scratch, out, stream);
   }
 }
 

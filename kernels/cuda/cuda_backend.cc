@@ -768,7 +768,7 @@ void CudaBackend::GatedDeltaRule(const Tensor& qkv, const Tensor& g, const Tenso
   // kAuto: segments of at least kChunkedMinTokens tokens take the chunked (WY/UT) kernels and
   // shorter ones the recurrent kernel; dims the chunked kernels do not take (see
   // ChunkedDeltaRuleSupports) and misaligned views always run the recurrent one.
-  constexpr int kChunkedMinTokens = 64;
+  constexpr int kChunkedMinTokens = 32;
   const bool chunk_ok = cuda::ChunkedDeltaRuleSupports(dk, dv) &&
                         reinterpret_cast<uintptr_t>(qkv.raw()) % 16 == 0 &&
                         reinterpret_cast<uintptr_t>(out.raw()) % 16 == 0;
@@ -776,10 +776,12 @@ void CudaBackend::GatedDeltaRule(const Tensor& qkv, const Tensor& g, const Tenso
   if (chunk_ok && algorithm == DeltaRuleAlgorithm::kChunked) min_chunked = 1;
   if (chunk_ok && algorithm == DeltaRuleAlgorithm::kAuto) min_chunked = kChunkedMinTokens;
   int64_t num_chunks = 0;
+  int chunked_segments = 0;
   bool any_recurrent = false;
   for (const SequenceSegment& seg : segments) {
     if (seg.num_tokens >= min_chunked) {
       num_chunks += (seg.num_tokens + 63) / 64;
+      ++chunked_segments;
     } else if (seg.num_tokens > 0) {
       any_recurrent = true;
     }
@@ -797,7 +799,7 @@ void CudaBackend::GatedDeltaRule(const Tensor& qkv, const Tensor& g, const Tenso
     void* scratch = Scratch(cuda::ChunkedDeltaRuleScratchBytes(num_chunks, hv, dk, dv));
     cuda::LaunchGatedDeltaRuleChunked(Bf16(qkv), g.data<float>(), beta.data<float>(), hk, hv, dk,
                                       dv, recurrent_states.data<float>(), segs, min_chunked,
-                                      num_chunks, scratch, MutBf16(out), stream_);
+                                      num_chunks, chunked_segments, scratch, MutBf16(out), stream_);
   }
 }
 

@@ -172,8 +172,8 @@ __global__ void __launch_bounds__(kDeltaThreads)
 // The recurrent form for Dv % 4 == 0 and Dk <= kMaxDk: every warp is independent and owns
 // kCols (8 or 16) value columns of one value head of one segment (no block barriers at all).
 // With kLpr = kCols / 4 lanes per state row, lane l holds rows r = l / kLpr + (32 / kLpr) p of
-// columns c0 + 4 (l % kLpr) .. + 3 as float4, so each state row slice is kLpr 16-byte loads. Per token the two reductions over rows
-// (S^T k and S^T q of the decayed old state) run together, since
+// columns c0 + 4 (l % kLpr) .. + 3 as float4, so each state row slice is kLpr 16-byte loads. Per
+// token the two reductions over rows (S^T k and S^T q of the decayed old state) run together, since
 //   o = S'^T q = decay S^T q + delta (k . q),  delta = beta (v - decay S^T k),
 // and need log2(32 / kLpr) shuffle rounds; the next token's q, k, v, g, beta are loaded before
 // the current token's arithmetic. Grid (Hv, segments, ceil(Dv / (kCols * kWarpsPerBlock))).
@@ -407,8 +407,8 @@ void LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, const float* g, const fl
     return env == nullptr ? 0 : std::atoi(env);
   }();
   const int warp_cols = forced_cols == 8 || forced_cols == 16 ? forced_cols
-                        : segments.num_segments >= 4         ? 16
-                                                             : 8;
+                        : segments.num_segments >= 4          ? 16
+                                                              : 8;
   if (dv % 4 == 0 && aligned && !force_generic) {
     auto launch = [&](auto max_dk) {
       constexpr int kMaxDk = decltype(max_dk)::value;

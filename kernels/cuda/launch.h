@@ -70,16 +70,16 @@ void LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, const float* g, const fl
                                    uint16_t* out, cudaStream_t stream);
 // Chunked (WY/UT) form over the segments of at least `min_tokens` tokens (chunked_delta_rule.cu).
 // Supported: Dk 64 or 128, Dv a multiple of 32 up to 128 (ChunkedDeltaRuleSupports).
-// `num_chunks` = sum over those segments of ceil(tokens / 64); `scratch` holds
-// ChunkedDeltaRuleScratchBytes(num_chunks, ...) bytes.
+// `num_chunks` = sum over those segments of ceil(tokens / 64), `num_chunked_segments` their
+// number; `scratch` holds ChunkedDeltaRuleScratchBytes(num_chunks, ...) bytes.
 bool ChunkedDeltaRuleSupports(int k_head_dim, int v_head_dim);
 size_t ChunkedDeltaRuleScratchBytes(int64_t num_chunks, int num_v_heads, int k_head_dim,
                                     int v_head_dim);
 void LaunchGatedDeltaRuleChunked(const uint16_t* qkv, const float* g, const float* beta,
                                  int num_k_heads, int num_v_heads, int k_head_dim, int v_head_dim,
                                  float* states, const SegmentMeta& segments, int min_tokens,
-                                 int64_t num_chunks, void* scratch, uint16_t* out,
-                                 cudaStream_t stream);
+                                 int64_t num_chunks, int num_chunked_segments, void* scratch,
+                                 uint16_t* out, cudaStream_t stream);
 
 // ---- gated attention (attention_kernels.cu) ----
 void LaunchQkNormRope(const uint16_t* q_gate, uint16_t* k, AnyPtr q_norm, AnyPtr k_norm, float eps,

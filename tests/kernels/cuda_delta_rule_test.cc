@@ -137,7 +137,9 @@ class CudaDeltaRuleTest : public ::testing::Test {
 TEST_F(CudaDeltaRuleTest, RaggedReleaseDims) {
   const DeltaRuleDims d{16, 32, 128, 128};
   // Slot 3 starts from the random state like the others; slot -1 starts from zero, writes none.
-  RunCase("release 1,63,64,65,200,1000", d, {1, 63, 64, 65, 200, 1000}, {0, 1, -1, 2, 3, 4}, 5);
+  // kAuto sends the 1- and 20-token segments to the recurrent kernel, the rest to the chunked.
+  RunCase("release 1,20,63,64,65,200,1000", d, {1, 20, 63, 64, 65, 200, 1000},
+          {0, 5, 1, -1, 2, 3, 4}, 6);
 }
 
 TEST_F(CudaDeltaRuleTest, RaggedSmallDims) {
@@ -348,9 +350,9 @@ TEST_F(CudaDeltaRuleBench, ReleaseDims) {
   struct Case {
     int segs, len;
   };
-  for (const Case c : {Case{1, 4096}, Case{8, 1024}, Case{1, 16}, Case{1, 32}, Case{1, 64},
-                       Case{1, 128}, Case{1, 256}, Case{8, 16}, Case{8, 32}, Case{8, 64},
-                       Case{8, 128}, Case{8, 256}, Case{64, 64}}) {
+  for (const Case c : {Case{1, 4096}, Case{8, 1024}, Case{1, 8192}, Case{1, 16}, Case{1, 32},
+                       Case{1, 64}, Case{1, 128}, Case{1, 256}, Case{8, 16}, Case{8, 32},
+                       Case{8, 64}, Case{8, 128}, Case{8, 256}, Case{64, 64}}) {
     if (!Part("prefill") && !(Part("long") && c.len >= 1024)) continue;
     DeviceSegments meta(std::vector<int>(c.segs, c.len), 0);
     const int64_t tokens = int64_t{c.segs} * c.len;
@@ -359,16 +361,19 @@ TEST_F(CudaDeltaRuleBench, ReleaseDims) {
     const double us_c = TimeUs(
         [&](int) {
           cuda::LaunchGatedDeltaRuleChunked(qkv, g, beta, hk, hv, dk, dv, states, meta.meta, 1,
-                                            chunks, scratch, out, stream_);
+                                            chunks, c.segs, scratch, out, stream_);
         },
         c.len >= 1024 ? 5 : 20);
     const int rec_iters = tokens >= 4096 ? 1 : 5;
-    const double us_r = std::getenv("MOBIUS_DR_NO_RECURRENT") != nullptr ? 0.0 : TimeUs(
-        [&](int) {
-          cuda::LaunchGatedDeltaRuleRecurrent(qkv, g, beta, hk, hv, dk, dv, states, meta.meta,
-                                              INT32_MAX, out, stream_);
-        },
-        rec_iters, tokens >= 4096 ? 3 : 5);
+    const double us_r =
+        std::getenv("MOBIUS_DR_NO_RECURRENT") != nullptr
+            ? 0.0
+            : TimeUs(
+                  [&](int) {
+                    cuda::LaunchGatedDeltaRuleRecurrent(qkv, g, beta, hk, hv, dk, dv, states,
+                                                        meta.meta, INT32_MAX, out, stream_);
+                  },
+                  rec_iters, tokens >= 4096 ? 3 : 5);
     // Bound: qkv rows + g/beta read, out written, states read+written once; FLOPs of the
     // chunked form ~ (4 C Dk + 6 Dk Dv + 2 C Dv) * 2 per token and value head.
     const double bytes = tokens * (row * 2.0 + hv * 8 + hv * dv * 2) + c.segs * 2.0 * state_bytes;
@@ -396,15 +401,15 @@ TEST_F(CudaDeltaRuleBench, ProfileOnce) {
   FillF32(beta, t * hv, 0.1f, 0.9f);
   for (int batch : {1, 64}) {
     DeviceSegments meta(std::vector<int>(batch, 1), 0);
-    cuda::LaunchGatedDeltaRuleRecurrent(qkv, g, beta, hk, hv, dk, dv, states, meta.meta,
-                                        INT32_MAX, out, stream_);
+    cuda::LaunchGatedDeltaRuleRecurrent(qkv, g, beta, hk, hv, dk, dv, states, meta.meta, INT32_MAX,
+                                        out, stream_);
   }
   for (const std::vector<int>& lengths : {std::vector<int>{4096}, std::vector<int>(8, 1024)}) {
     DeviceSegments meta(lengths, 0);
     const int64_t chunks = 4096 / 64 * (lengths.size() == 1 ? 1 : 2);
     void* scratch = Alloc(cuda::ChunkedDeltaRuleScratchBytes(chunks, hv, dk, dv));
     cuda::LaunchGatedDeltaRuleChunked(qkv, g, beta, hk, hv, dk, dv, states, meta.meta, 1, chunks,
-                                      scratch, out, stream_);
+                                      static_cast<int>(lengths.size()), scratch, out, stream_);
   }
   EXPECT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
 }
