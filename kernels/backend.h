@@ -60,6 +60,11 @@ class CapturedStep {
   virtual ~CapturedStep() = default;
 };
 
+struct DeviceMemoryInfo {
+  int64_t free_bytes = 0;
+  int64_t total_bytes = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -85,6 +90,11 @@ class Backend {
   // Unimplemented where it means nothing (the CPU backend).
   virtual absl::StatusOr<double> MeasureCopyBandwidth(size_t bytes) {
     return absl::UnimplementedError("no device memory to measure");
+  }
+  // Free and total memory of the backend's device. Unimplemented where there is no device
+  // memory to plan (the CPU backend).
+  virtual absl::StatusOr<DeviceMemoryInfo> MemoryInfo() {
+    return absl::UnimplementedError("no device memory");
   }
   // Sets every byte of `t` to zero. The default goes through CopyFromHost; backends with a
   // device memset override it.

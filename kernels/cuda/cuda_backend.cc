@@ -138,6 +138,18 @@ class CudaBackend final : public Backend {
     return Tensor(std::move(storage), ptr, dtype, std::move(shape), Device::kCuda);
   }
 
+  absl::StatusOr<DeviceMemoryInfo> MemoryInfo() override {
+    CheckCuda(cudaSetDevice(device_), "cudaSetDevice");
+    size_t free_bytes = 0, total_bytes = 0;
+    const cudaError_t err = cudaMemGetInfo(&free_bytes, &total_bytes);
+    if (err != cudaSuccess) {
+      return absl::InternalError(absl::StrCat("cudaMemGetInfo: ", cudaGetErrorString(err)));
+    }
+    // Blocks the cache holds for reuse are free for planning purposes.
+    return DeviceMemoryInfo{static_cast<int64_t>(free_bytes + blocks_->cached_bytes()),
+                            static_cast<int64_t>(total_bytes)};
+  }
+
   absl::StatusOr<double> MeasureCopyBandwidth(size_t bytes) override {
     CheckCuda(cudaSetDevice(device_), "cudaSetDevice");
     std::shared_ptr<void> a = blocks_->Get(bytes), b = blocks_->Get(bytes);

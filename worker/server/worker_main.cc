@@ -24,6 +24,7 @@
 #include "grpcpp/server_builder.h"
 #include "prometheus/registry.h"
 #include "worker/model/generation_defaults.h"
+#include "worker/model/memory_plan.h"
 #include "worker/runtime/engine.h"
 #include "worker/server/worker_service.h"
 
@@ -43,6 +44,10 @@ ABSL_FLAG(int, metrics_port, 0,
           "Port serving Prometheus metrics at /metrics (0: off). vLLM-compatible names "
           "(vllm:num_requests_running, vllm:kv_cache_usage_perc, TTFT/ITL histograms, ...) "
           "plus mobius_* series.");
+ABSL_FLAG(double, gpu_memory_utilization, 0.9,
+          "Share of the GPU's memory this worker may use (weights, KV cache, state slots, "
+          "activations). With --num-kv-blocks 0 the KV cache gets what the weights leave, after "
+          "a reserve for activations; the plan is logged at start. Ignored on the CPU.");
 ABSL_FLAG(int, drain_timeout_s, 600,
           "On SIGTERM, how long in-flight requests may take to finish before the process exits.");
 
@@ -64,6 +69,23 @@ absl::Status Run() {
   options.num_kv_blocks = absl::GetFlag(FLAGS_num_kv_blocks);
   options.seed = absl::GetFlag(FLAGS_sampling_seed);
   options.eos_token_ids = ReadEosTokenIds(source.model_dir);
+  // On a GPU, size the KV cache from the memory the weights left (unless --num-kv-blocks says).
+  if (options.num_kv_blocks == 0) {
+    MemoryPlanOptions plan_options;
+    plan_options.max_num_seqs = options.scheduler.max_num_seqs;
+    plan_options.max_model_len = static_cast<int>(
+        std::min<int64_t>(options.max_model_len, model->config().max_position_embeddings));
+    plan_options.kv_block_size = options.kv_block_size;
+    plan_options.max_tokens_per_step = options.scheduler.max_tokens_per_step;
+    plan_options.memory_utilization = absl::GetFlag(FLAGS_gpu_memory_utilization);
+    absl::StatusOr<MemoryPlan> plan = PlanDeviceMemory(model->config(), *backend, plan_options);
+    if (plan.ok()) {
+      options.num_kv_blocks = static_cast<int>(plan->num_kv_blocks);
+      MOBIUS_LOG(INFO, "worker", "") << "memory plan: " << plan->Summary();
+    } else if (!absl::IsUnimplemented(plan.status())) {
+      return plan.status();
+    }
+  }
   // A debug hook for process tests (as Triton's delay variables): every step takes at least this
   // long, so that cancellation-versus-step races can be asserted deterministically.
   if (const char* delay = std::getenv("MOBIUS_DEBUG_STEP_DELAY_MS"); delay != nullptr) {
