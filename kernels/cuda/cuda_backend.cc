@@ -780,7 +780,7 @@ void CudaBackend::GatedDeltaRule(const Tensor& qkv, const Tensor& g, const Tenso
   // kAuto: segments of at least kChunkedMinTokens tokens take the chunked (WY/UT) kernels and
   // shorter ones the recurrent kernel; dims the chunked kernels do not take (see
   // ChunkedDeltaRuleSupports) and misaligned views always run the recurrent one.
-  constexpr int kChunkedMinTokens = 32;
+  constexpr int kChunkedMinTokens = 16;
   const bool chunk_ok = cuda::ChunkedDeltaRuleSupports(dk, dv) &&
                         reinterpret_cast<uintptr_t>(qkv.raw()) % 16 == 0 &&
                         reinterpret_cast<uintptr_t>(out.raw()) % 16 == 0;

@@ -137,8 +137,8 @@ class CudaDeltaRuleTest : public ::testing::Test {
 TEST_F(CudaDeltaRuleTest, RaggedReleaseDims) {
   const DeltaRuleDims d{16, 32, 128, 128};
   // Slot 3 starts from the random state like the others; slot -1 starts from zero, writes none.
-  // kAuto sends the 1- and 20-token segments to the recurrent kernel, the rest to the chunked.
-  RunCase("release 1,20,63,64,65,200,1000", d, {1, 20, 63, 64, 65, 200, 1000},
+  // kAuto sends the 1- and 10-token segments to the recurrent kernel, the rest to the chunked.
+  RunCase("release 1,10,63,64,65,200,1000", d, {1, 10, 63, 64, 65, 200, 1000},
           {0, 5, 1, -1, 2, 3, 4}, 6);
 }
 
@@ -374,10 +374,11 @@ TEST_F(CudaDeltaRuleBench, ReleaseDims) {
                                                         meta.meta, INT32_MAX, out, stream_);
                   },
                   rec_iters, tokens >= 4096 ? 3 : 5);
-    // Bound: qkv rows + g/beta read, out written, states read+written once; FLOPs of the
-    // chunked form ~ (4 C Dk + 6 Dk Dv + 2 C Dv) * 2 per token and value head.
+    // Bound: qkv rows + g/beta read, out written, states read+written once; multiply-adds of
+    // the chunked form per token and value head: K K^T, Q K^T, T K (3 C Dk), T V, P X (2 C Dv),
+    // w S, qg S, kd^T X (3 Dk Dv).
     const double bytes = tokens * (row * 2.0 + hv * 8 + hv * dv * 2) + c.segs * 2.0 * state_bytes;
-    const double flops = tokens * hv * 2.0 * (4.0 * 64 * dk + 6.0 * dk * dv + 2.0 * 64 * dv);
+    const double flops = tokens * hv * 2.0 * (3.0 * 64 * dk + 2.0 * 64 * dv + 3.0 * dk * dv);
     const double bound = std::max(bytes / 4.3e6, flops / 790e6);
     std::printf(
         "TIMING delta prefill %3d x %4d: chunked %8.1f us, %s %9.1f us; bound %.1f us "

@@ -1016,7 +1016,7 @@ TEST_F(CudaTimingTest, ReleaseDims) {
     const double bytes = 2.0 * st.nbytes();
     std::printf("TIMING delta rule decode 64x1 tok: %.1f us (%.0f GB/s of state traffic)\n", us,
                 bytes / us * 1e-3);
-    // Prefill: one 4096-token segment (recurrent form; the chunked kernel is a TODO).
+    // Prefill: one 4096-token segment (kAuto: the chunked kernels).
     Tensor qkv_p = Alloc(DType::kBF16, {4096, row}), g_p = Alloc(DType::kF32, {4096, 32}),
            b_p = Alloc(DType::kF32, {4096, 32}), out_p = Alloc(DType::kBF16, {4096, 32 * 128});
     FillRandom(qkv_p);
@@ -1028,7 +1028,7 @@ TEST_F(CudaTimingTest, ReleaseDims) {
           backend_->GatedDeltaRule(qkv_p, g_p, b_p, d, st, seg1, DeltaRuleAlgorithm::kAuto, out_p);
         },
         3);
-    std::printf("TIMING delta rule prefill 1x4096 tok (recurrent): %.1f us\n", us_p);
+    std::printf("TIMING delta rule prefill 1x4096 tok (kAuto: chunked): %.1f us\n", us_p);
   }
   // Paged attention, decode: 64 sequences at 4096 cached tokens, 16 q / 2 kv heads of 256.
   {
