@@ -381,7 +381,15 @@ void LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint
   const bool aligned = reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(v_cache) % 16 == 0;
-  if (FlashAttentionSupports(num_heads, num_kv_heads, head_dim) && aligned) {
+  // Split (flash-decoding) launches of the tensor-core kernel disagree with the CUDA-core
+  // kernels on the fixtures' recorded decode steps (cuda_fixture_test, 2026-12-01): until that is
+  // understood they take the CUDA-core GQA kernel, and MOBIUS_FLASH_SPLITS=1 opts back in.
+  static const bool flash_splits = [] {
+    const char* v = std::getenv("MOBIUS_FLASH_SPLITS");
+    return v != nullptr && v[0] == '1';
+  }();
+  if (FlashAttentionSupports(num_heads, num_kv_heads, head_dim) && aligned &&
+      (splits == 1 || flash_splits)) {
     float* partial = static_cast<float*>(scratch);
     LaunchFlashPagedAttention(q, k_cache, v_cache, num_tokens, num_heads, num_kv_heads, head_dim,
                               block_size, tokens, segments, scale, splits, partial, out, stream);
