@@ -182,6 +182,7 @@ absl::Status BenchEngine() {
     // A long prefill touches (nearly) every expert of every bank in every MoE layer.
     worker::DecodeCostOptions cost;
     cost.batch = length;
+    cost.sequences = 1;
     cost.weight_bytes = backend->activation_dtype() == kernels::DType::kF32 ? 4 : 2;
     const double bytes = worker::EstimateDecodeStepBytes(config, cost).total();
     std::printf("%-8s %6d %8d %9.3f ms %9.3f ms %14s %10.0f %9.0f%%\n", "prefill", 1, length,

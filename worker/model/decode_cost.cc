@@ -53,7 +53,8 @@ DecodeStepBytes EstimateDecodeStepBytes(const ModelConfig& c, const DecodeCostOp
   const double state =
       double(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim +
       double(c.conv_dim()) * (c.linear_conv_kernel_dim - 1);
-  bytes.recurrent_state = B * linear_layers * state * o.state_bytes * 2;  // read + write
+  const double sequences = o.sequences > 0 ? o.sequences : B;
+  bytes.recurrent_state = sequences * linear_layers * state * o.state_bytes * 2;  // read + write
   return bytes;
 }
 

@@ -24,7 +24,10 @@ struct DecodeStepBytes {
 };
 
 struct DecodeCostOptions {
-  int batch = 1;         // sequences in the step
+  int batch = 1;         // tokens in the step (one per sequence when decoding)
+  // Sequences the tokens belong to (0: `batch`, the decode case). A prefill step of one
+  // sequence's N tokens has batch N and 1 sequence: its DeltaNet state is read and written once.
+  int sequences = 0;
   int context = 0;       // tokens already cached per sequence
   int weight_bytes = 2;  // bf16
   int kv_bytes = 2;      // bf16 KV cache
