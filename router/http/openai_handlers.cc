@@ -167,7 +167,7 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
     const std::string message = absl::StrCat("Content-Type must be application/json, got \"",
                                              View(request[http::field::content_type]), "\"");
     HttpResponse response =
-        PlainError(request, http::status::unsupported_media_type, message, "invalid_request_error");
+        PlainError(request, http::status::bad_request, message, "invalid_request_error");
     SetRequestId(response.base(), *request_id);
     sink.Send(std::move(response));
     return absl::InvalidArgumentError(message);

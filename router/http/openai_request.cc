@@ -138,7 +138,13 @@ absl::Status CheckModel(const Json& body, const std::string& served_model_name) 
   std::optional<std::string> model;
   ASSIGN_OR_RETURN(model, ReadString(body, "model"));
   if (model.has_value() && !served_model_name.empty() && *model != served_model_name) {
-    return ModelNotFoundError(*model);
+    // A bad field of the request: 400 (the contract), with OpenAI's code kept so
+    // clients that look for model_not_found still find it.
+    absl::Status status = absl::InvalidArgumentError(absl::StrCat(
+        "model: `", *model, "` does not exist; this server serves `", served_model_name, "`"));
+    status.SetPayload(kParamPayload, absl::Cord("model"));
+    status.SetPayload(kCodePayload, absl::Cord("model_not_found"));
+    return status;
   }
   return absl::OkStatus();
 }

@@ -351,10 +351,10 @@ TEST(ServingAcceptanceTest, BadRequestsAndOverloadAreRefusedWithoutDisturbingALo
        "256 tokens"},
       {"token outside the vocabulary", R"({"prompt": [1, 2048]})", "application/json", 400,
        "token 2048"},
-      {"unknown model", R"({"model": "gpt-4", "prompt": [1, 2]})", "application/json", 404,
+      {"unknown model", R"({"model": "gpt-4", "prompt": [1, 2]})", "application/json", 400,
        "gpt-4"},
       {"malformed JSON", R"({"prompt": [1, 2)", "application/json", 400, "invalid JSON"},
-      {"wrong content type", "prompt=1", "application/x-www-form-urlencoded", 415, "Content-Type"},
+      {"wrong content type", "prompt=1", "application/x-www-form-urlencoded", 400, "Content-Type"},
   };
   for (const HttpCase& c : http_cases) {
     const HttpReply reply =

@@ -434,11 +434,11 @@ TEST_F(HttpServerTest, RequestErrorsNameTheField) {
   ExpectError(Send(http::verb::post, "/v1/completions", "[1]"), 400, "", "must be a JSON object");
 
   Reply model = Post("/v1/completions", {{"model", "gpt-4"}, {"prompt", "x"}});
-  ExpectError(model, 404, "model", "gpt-4");
+  ExpectError(model, 400, "model", "gpt-4");
   EXPECT_EQ(model.json()["error"]["code"], "model_not_found");
 
   Reply media = Send(http::verb::post, "/v1/completions", "{}", {{"Content-Type", "text/plain"}});
-  ExpectError(media, 415, "", "application/json");
+  ExpectError(media, 400, "", "application/json");
   EXPECT_TRUE(service_.requests().empty());
 }
 

@@ -60,7 +60,7 @@ TEST(ParseCompletion, IncludeUsageOnlyWhenStreaming) {
 TEST(ParseCompletion, EmptyServedNameAcceptsAnyModel) {
   EXPECT_TRUE(ParseCompletionRequest(Json{{"model", "x"}, {"prompt", "p"}}, "").ok());
   absl::Status wrong = ParseCompletionRequest(Json{{"model", "x"}, {"prompt", "p"}}, "y").status();
-  EXPECT_EQ(wrong.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ErrorParam(wrong), "model");
   EXPECT_EQ(ErrorCode(wrong), "model_not_found");
 }
