@@ -1,10 +1,12 @@
 #include "worker/model/hybrid_model.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "worker/distributed/communicator.h"
 
 namespace mobius::worker {
 
@@ -18,12 +20,40 @@ struct HybridModel::StepContext {
   ForwardOptions options;
 };
 
-HybridModel::HybridModel(ModelConfig config, ModelWeights weights, kernels::Backend& backend)
-    : config_(std::move(config)), weights_(std::move(weights)), backend_(backend) {
+HybridModel::HybridModel(ModelConfig config, ModelWeights weights, kernels::Backend& backend,
+                         ShardSpec shard, Communicator* comm)
+    : config_(std::move(config)),
+      weights_(std::move(weights)),
+      backend_(backend),
+      shard_(shard),
+      comm_(comm),
+      local_(config_) {
+  absl::StatusOr<ShardDims> dims = ComputeShardDims(config_, shard_);
+  if (!dims.ok()) {
+    shard_error_ = dims.status();
+  } else {
+    local_ = LocalModelConfig(config_, *dims);
+    first_expert_ = dims->expert0;
+    if (shard_.sharded() && (comm_ == nullptr || comm_->world_size() != shard_.world_size() ||
+                             comm_->rank() != shard_.rank())) {
+      shard_error_ = absl::FailedPreconditionError(
+          absl::StrFormat("shard rank %d of %d needs a communicator of that rank and size",
+                          shard_.rank(), shard_.world_size()));
+    }
+  }
   int attention = 0, linear = 0;
   for (LayerType type : config_.layer_types) {
     cache_index_.push_back(type == LayerType::kFullAttention ? attention++ : linear++);
   }
+}
+
+absl::Status HybridModel::SetSequenceParallel(bool on) {
+  if (on && shard_.sharded() && shard_.tp_size != shard_.world_size()) {
+    return absl::InvalidArgumentError(
+        "sequence parallel needs the mixers split over every rank (tp = world size)");
+  }
+  sequence_parallel_ = on;
+  return absl::OkStatus();
 }
 
 absl::Status HybridModel::CreateCaches(int max_sequences, int max_tokens, int block_size,
@@ -34,7 +64,7 @@ absl::Status HybridModel::CreateCaches(int max_sequences, int max_tokens, int bl
   }
   PagedKvCacheOptions kv;
   kv.num_layers = config_.num_layers_of(LayerType::kFullAttention);
-  kv.num_kv_heads = config_.num_key_value_heads;
+  kv.num_kv_heads = local_.num_key_value_heads;
   kv.head_dim = config_.head_dim;
   kv.block_size = block_size;
   kv.num_blocks = num_kv_blocks > 0 ? num_kv_blocks
@@ -45,9 +75,9 @@ absl::Status HybridModel::CreateCaches(int max_sequences, int max_tokens, int bl
 
   StateSlotPoolOptions slots;
   slots.num_layers = config_.num_layers_of(LayerType::kLinearAttention);
-  slots.conv_dim = config_.conv_dim();
+  slots.conv_dim = local_.conv_dim();
   slots.conv_kernel = config_.linear_conv_kernel_dim;
-  slots.num_v_heads = config_.linear_num_value_heads;
+  slots.num_v_heads = local_.linear_num_value_heads;
   slots.k_head_dim = config_.linear_key_head_dim;
   slots.v_head_dim = config_.linear_value_head_dim;
   slots.num_slots = max_sequences;
@@ -76,6 +106,7 @@ absl::StatusOr<Tensor> HybridModel::Alloc(DType dtype, std::vector<int64_t> shap
 
 absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOptions& options,
                                   std::vector<float>& logits) {
+  RETURN_IF_ERROR(shard_error_);
   if (!kv_cache_ || !state_slots_) {
     return absl::FailedPreconditionError("CreateCaches was not called");
   }
@@ -128,8 +159,9 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
   // Every op of the step reads these from one staged device copy.
   backend_.StageStep(ids, ctx.segments, max_positions_);
   absl::Cleanup clear_step = [this] { backend_.ClearStep(); };
+  // Collectives are host calls between ranks, so a sharded step is never recorded.
   bool decode_only = decode_capture_max_batch_ > 0 && backend_.SupportsCapture() &&
-                     options.expert_tokens == nullptr &&
+                     options.expert_tokens == nullptr && !shard_.sharded() &&
                      static_cast<int>(batch.size()) <= decode_capture_max_batch_;
   for (const kernels::SequenceSegment& seg : ctx.segments) decode_only &= seg.num_tokens == 1;
   Tensor out;
@@ -180,26 +212,65 @@ absl::StatusOr<Tensor> HybridModel::RunDecodeGraph(StepContext& ctx, std::span<c
   return out;
 }
 
+template <typename Sublayer>
+absl::Status HybridModel::RunSharded(StepContext& ctx, bool partitioned, Sublayer&& sublayer,
+                                     const Tensor& normed, Tensor& gathered, Tensor& partial,
+                                     Tensor& delta) {
+  if (gathered.empty()) {
+    RETURN_IF_ERROR(sublayer(normed, delta));
+    if (partitioned && shard_.sharded()) RETURN_IF_ERROR(comm_->AllReduceSum(delta));
+    return absl::OkStatus();
+  }
+  // Padding rows of `partial` are never written, so they stay zero.
+  RETURN_IF_ERROR(comm_->AllGather(normed, gathered));
+  Tensor out = partial.Rows(0, ctx.num_tokens);
+  RETURN_IF_ERROR(sublayer(gathered.Rows(0, ctx.num_tokens), out));
+  return comm_->ReduceScatterSum(partial, delta);
+}
+
 absl::StatusOr<Tensor> HybridModel::QueueStep(StepContext& ctx, std::span<const int32_t> ids) {
   const int T = ctx.num_tokens, H = config_.hidden_size, L = config_.num_hidden_layers;
   const float eps = config_.rms_norm_eps;
+  // Sequence parallel: this rank's residual rows are [rank * Tl, (rank + 1) * Tl) of the step's
+  // tokens padded to Tp, a multiple of the world size.
+  const bool sp = sequence_parallel_ && shard_.sharded();
+  const int W = shard_.world_size();
+  const int Tp = sp ? (T + W - 1) / W * W : T, Tl = Tp / (sp ? W : 1);
 
-  ASSIGN_OR_RETURN(Tensor hidden, Alloc({T, H}));
-  ASSIGN_OR_RETURN(Tensor normed, Alloc({T, H}));
-  ASSIGN_OR_RETURN(Tensor delta, Alloc({T, H}));
-  backend_.EmbeddingLookup(ids, weights_.embed, hidden);
+  ASSIGN_OR_RETURN(Tensor hidden, Alloc({Tl, H}));
+  ASSIGN_OR_RETURN(Tensor normed, Alloc({Tl, H}));
+  ASSIGN_OR_RETURN(Tensor delta, Alloc({Tl, H}));
+  Tensor gathered, partial;  // [Tp, H], sequence parallel only
+  if (sp) {
+    ASSIGN_OR_RETURN(gathered, Alloc({Tp, H}));
+    ASSIGN_OR_RETURN(partial, Alloc({Tp, H}));
+    const int first = shard_.rank() * Tl, n = std::clamp(T - first, 0, Tl);
+    if (n > 0) {
+      Tensor rows = hidden.Rows(0, n);
+      backend_.EmbeddingLookup(ids.subspan(first, n), weights_.embed, rows);
+    }
+  } else {
+    backend_.EmbeddingLookup(ids, weights_.embed, hidden);
+  }
   backend_.RmsNorm1p(hidden, weights_.layers[0].input_norm, eps, normed);
+  const bool mixer_partitioned = shard_.tp_size > 1;
   for (int i = 0; i < L; ++i) {
     const LayerWeights& lw = weights_.layers[i];
-    if (config_.layer_types[i] == LayerType::kLinearAttention) {
-      RETURN_IF_ERROR(DeltaNetMixer(ctx, i, normed, delta));
-    } else {
-      RETURN_IF_ERROR(AttentionMixer(ctx, i, normed, delta));
-    }
+    auto mixer = [&](const Tensor& x, Tensor& out) {
+      return config_.layer_types[i] == LayerType::kLinearAttention ? DeltaNetMixer(ctx, i, x, out)
+                                                                   : AttentionMixer(ctx, i, x, out);
+    };
+    RETURN_IF_ERROR(RunSharded(ctx, mixer_partitioned, mixer, normed, gathered, partial, delta));
     backend_.AddRmsNorm1p(hidden, delta, lw.post_norm, eps, normed);
-    RETURN_IF_ERROR(FeedForward(ctx, i, normed, delta));
+    auto ffn = [&](const Tensor& x, Tensor& out) { return FeedForward(ctx, i, x, out); };
+    RETURN_IF_ERROR(RunSharded(ctx, /*partitioned=*/true, ffn, normed, gathered, partial, delta));
     const Tensor& next_norm = i + 1 < L ? weights_.layers[i + 1].input_norm : weights_.final_norm;
     backend_.AddRmsNorm1p(hidden, delta, next_norm, eps, normed);
+  }
+  Tensor final_normed = normed;  // [T, H]
+  if (sp) {
+    RETURN_IF_ERROR(comm_->AllGather(normed, gathered));
+    final_normed = gathered.Rows(0, T);
   }
 
   std::vector<int32_t> rows;
@@ -211,10 +282,10 @@ absl::StatusOr<Tensor> HybridModel::QueueStep(StepContext& ctx, std::span<const 
     }
   }
   const int R = static_cast<int>(rows.size()), V = config_.vocab_size;
-  Tensor selected = normed;
+  Tensor selected = final_normed;
   if (R != T) {
     ASSIGN_OR_RETURN(selected, Alloc({R, H}));
-    backend_.GatherRows(normed, rows, selected);
+    backend_.GatherRows(final_normed, rows, selected);
   }
   ASSIGN_OR_RETURN(Tensor out, Alloc(DType::kF32, {R, V}));
   backend_.Linear(selected, weights_.lm_head, out);
@@ -223,9 +294,9 @@ absl::StatusOr<Tensor> HybridModel::QueueStep(StepContext& ctx, std::span<const 
 
 absl::Status HybridModel::DeltaNetMixer(StepContext& ctx, int layer, const Tensor& x, Tensor& out) {
   const DeltaNetWeights& w = *weights_.layers[layer].linear;
-  const int T = ctx.num_tokens, Hv = config_.linear_num_value_heads,
+  const int T = ctx.num_tokens, Hv = local_.linear_num_value_heads,
             Dv = config_.linear_value_head_dim;
-  const int cd = config_.conv_dim(), vd = config_.value_dim();
+  const int cd = local_.conv_dim(), vd = local_.value_dim();
   ASSIGN_OR_RETURN(Tensor mixed, Alloc({T, cd}));
   ASSIGN_OR_RETURN(Tensor z, Alloc({T, vd}));
   ASSIGN_OR_RETURN(Tensor b, Alloc({T, Hv}));
@@ -244,7 +315,7 @@ absl::Status HybridModel::DeltaNetMixer(StepContext& ctx, int layer, const Tenso
   backend_.DeltaRuleGates(a, b, w.a_log, w.dt_bias, g, beta);
 
   kernels::DeltaRuleDims dims;
-  dims.num_k_heads = config_.linear_num_key_heads;
+  dims.num_k_heads = local_.linear_num_key_heads;
   dims.num_v_heads = Hv;
   dims.k_head_dim = config_.linear_key_head_dim;
   dims.v_head_dim = Dv;
@@ -262,7 +333,7 @@ absl::Status HybridModel::DeltaNetMixer(StepContext& ctx, int layer, const Tenso
 absl::Status HybridModel::AttentionMixer(StepContext& ctx, int layer, const Tensor& x,
                                          Tensor& out) {
   const AttentionWeights& w = *weights_.layers[layer].attention;
-  const int T = ctx.num_tokens, nh = config_.num_attention_heads, nkv = config_.num_key_value_heads,
+  const int T = ctx.num_tokens, nh = local_.num_attention_heads, nkv = local_.num_key_value_heads,
             hd = config_.head_dim;
   ASSIGN_OR_RETURN(Tensor q_gate, Alloc({T, nh, 2 * hd}));
   ASSIGN_OR_RETURN(Tensor k, Alloc({T, nkv, hd}));
@@ -321,13 +392,15 @@ absl::Status HybridModel::FeedForward(StepContext& ctx, int layer, const Tensor&
   ASSIGN_OR_RETURN(Tensor weights, Alloc(DType::kF32, {T, k}));
   backend_.TopKSoftmax(router_logits, k, config_.norm_topk_prob, ids, weights);
   backend_.ZeroFill(out);
+  // With expert parallelism this rank counts (and computes) only its own experts.
+  const int local_experts = static_cast<int>(bank.gate_up.dim(0));
   std::span<int64_t> counts;
   if (ctx.options.expert_tokens != nullptr) {
     std::vector<int64_t>& layer_counts = (*ctx.options.expert_tokens)[layer];
     layer_counts.resize(E, 0);
-    counts = layer_counts;
+    counts = std::span(layer_counts).subspan(first_expert_, local_experts);
   }
-  backend_.MoeExperts(x, ids, weights, bank.gate_up, bank.down, /*first_expert=*/0, out, counts);
+  backend_.MoeExperts(x, ids, weights, bank.gate_up, bank.down, first_expert_, out, counts);
   backend_.AddSigmoidScaled(out, shared, shared_gate);
   return absl::OkStatus();
 }

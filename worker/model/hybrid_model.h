@@ -17,8 +17,11 @@
 #include "worker/cache/state_slot_pool.h"
 #include "worker/model/model_config.h"
 #include "worker/model/model_weights.h"
+#include "worker/model/shard_spec.h"
 
 namespace mobius::worker {
+
+class Communicator;  // worker/distributed/communicator.h
 
 // One sequence's share of a step.
 struct SequenceStep {
@@ -46,7 +49,20 @@ struct ForwardOptions {
 class HybridModel {
  public:
   // `weights` must have been made for `config` (LoadCheckpointWeights / CreateDummyWeights).
-  HybridModel(ModelConfig config, ModelWeights weights, kernels::Backend& backend);
+  // A rank of a tensor/expert-parallel replica passes its `shard` (the one its weights were made
+  // for) and the replica's communicator (rank() == shard.rank()); every rank then runs the same
+  // Forward calls with the same batches, and each gets the full logits.
+  HybridModel(ModelConfig config, ModelWeights weights, kernels::Backend& backend,
+              ShardSpec shard = {}, Communicator* comm = nullptr);
+
+  // Sequence parallel (sharded models with tp = every rank): the residual stream, norms and
+  // residual adds run on this rank's 1/W of the step's tokens (padded to a multiple of W);
+  // all-gather before each mixer and feed-forward, reduce-scatter after, instead of all-reduce.
+  absl::Status SetSequenceParallel(bool on);
+  [[nodiscard]] bool sequence_parallel() const { return sequence_parallel_; }
+  [[nodiscard]] const ShardSpec& shard() const { return shard_; }
+  // The config as this rank sees it: local head counts and intermediate sizes.
+  [[nodiscard]] const ModelConfig& local_config() const { return local_; }
 
   // Creates caches: `max_sequences` state slots and KV blocks of `block_size` positions, enough
   // for max_sequences sequences of max_tokens tokens unless `num_kv_blocks` > 0 says otherwise.
@@ -113,6 +129,14 @@ class HybridModel {
                               kernels::Tensor& out);
   absl::Status FeedForward(StepContext& ctx, int layer, const kernels::Tensor& x,
                            kernels::Tensor& out);
+  // Runs a mixer or feed-forward (`sublayer`: every token of x in, its partial sum out) and
+  // leaves this rank's rows of the sum over ranks in `delta`: an all-reduce when the sublayer is
+  // `partitioned` across ranks, or, sequence parallel, all-gather of `normed` before and
+  // reduce-scatter after (through the padded [Tp, H] buffers `gathered` and `partial`).
+  template <typename Sublayer>
+  absl::Status RunSharded(StepContext& ctx, bool partitioned, Sublayer&& sublayer,
+                          const kernels::Tensor& normed, kernels::Tensor& gathered,
+                          kernels::Tensor& partial, kernels::Tensor& delta);
   // Scratch in the backend's activation dtype, or in `dtype`.
   absl::StatusOr<kernels::Tensor> Alloc(std::vector<int64_t> shape);
   absl::StatusOr<kernels::Tensor> Alloc(kernels::DType dtype, std::vector<int64_t> shape);
@@ -120,6 +144,12 @@ class HybridModel {
   ModelConfig config_;
   ModelWeights weights_;
   kernels::Backend& backend_;
+  ShardSpec shard_;
+  Communicator* comm_ = nullptr;
+  ModelConfig local_;         // config_ with this rank's head counts and intermediate sizes
+  int first_expert_ = 0;      // of this rank's experts in every bank
+  absl::Status shard_error_;  // why shard_/comm_ cannot run (Forward returns it)
+  bool sequence_parallel_ = false;
   // Index of each layer in the KV cache (attention) or the state pool (DeltaNet).
   std::vector<int> cache_index_;
   std::unique_ptr<PagedKvCache> kv_cache_;

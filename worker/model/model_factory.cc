@@ -26,16 +26,18 @@ absl::StatusOr<std::unique_ptr<HybridModel>> LoadHybridModel(const ModelSource& 
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(config_path));
   ModelWeights weights;
   if (source.load_format == LoadFormat::kDummy) {
-    ASSIGN_OR_RETURN(weights, CreateDummyWeights(config, backend, source.seed, source.load_mtp));
+    ASSIGN_OR_RETURN(
+        weights, CreateDummyWeights(config, backend, source.seed, source.load_mtp, source.shard));
   } else {
     if (source.model_dir.empty()) {
       return absl::InvalidArgumentError(
           "--load-format safetensors needs --model DIR holding the checkpoint");
     }
     ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(source.model_dir));
-    ASSIGN_OR_RETURN(weights, LoadCheckpointWeights(config, *checkpoint, backend));
+    ASSIGN_OR_RETURN(weights, LoadCheckpointWeights(config, *checkpoint, backend, source.shard));
   }
-  return std::make_unique<HybridModel>(std::move(config), std::move(weights), backend);
+  return std::make_unique<HybridModel>(std::move(config), std::move(weights), backend, source.shard,
+                                       source.comm);
 }
 
 }  // namespace mobius::worker

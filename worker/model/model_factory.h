@@ -24,6 +24,10 @@ struct ModelSource {
   LoadFormat load_format = LoadFormat::kSafetensors;
   uint64_t seed = 0;     // dummy weights
   bool load_mtp = true;  // dummy weights: create the MTP head too
+  // A rank of a sharded replica: its shard (only its slices are read) and the replica's
+  // communicator (see HybridModel).
+  ShardSpec shard;
+  Communicator* comm = nullptr;
 };
 
 absl::StatusOr<std::unique_ptr<HybridModel>> LoadHybridModel(const ModelSource& source,

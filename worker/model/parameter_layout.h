@@ -11,6 +11,7 @@
 #include "kernels/tensor.h"
 #include "worker/model/model_config.h"
 #include "worker/model/model_weights.h"
+#include "worker/model/shard_spec.h"
 
 namespace mobius::worker {
 
@@ -29,13 +30,27 @@ enum class ParameterRole {
 // What a parameter's bytes are part of; decode-step byte accounting uses it.
 enum class ParameterGroup { kDense, kEmbedding, kLmHead, kRoutedExperts, kMtp };
 
-// A contiguous run of elements copied from a checkpoint tensor into the parameter.
+// A run of elements copied from a checkpoint tensor into the parameter: `repeat` runs of
+// `count` elements, the j-th from source_offset + j * source_stride to target_offset +
+// j * target_stride (strided runs express a rank's columns of a row-parallel matrix).
 struct CheckpointPiece {
   std::string tensor;                 // checkpoint tensor name
   std::vector<int64_t> tensor_shape;  // the shape that tensor must have
   int64_t source_offset = 0;          // in elements
   int64_t count = 0;                  // elements
   int64_t target_offset = 0;          // in elements of the parameter
+  int64_t repeat = 1;
+  int64_t source_stride = 0;
+  int64_t target_stride = 0;
+};
+
+// Part of the unsharded parameter: `repeat` runs of `count` elements, the j-th starting at
+// full_offset + j * full_stride (flat element offsets of the unsharded parameter).
+struct SliceRun {
+  int64_t full_offset = 0;
+  int64_t count = 0;
+  int64_t repeat = 1;
+  int64_t full_stride = 0;
 };
 
 // One way to assemble the parameter from checkpoint tensors; a parameter may have several
@@ -45,8 +60,12 @@ struct CheckpointLayout {
 };
 
 struct ParameterSpec {
-  std::string name;  // engine name, e.g. "layers.3.attention.q_proj"
-  std::vector<int64_t> shape;
+  std::string name;                 // engine name, e.g. "layers.3.attention.q_proj"
+  std::vector<int64_t> shape;       // what this rank holds
+  std::vector<int64_t> full_shape;  // the unsharded parameter (== shape when not sharded)
+  // The elements of the unsharded parameter this rank holds, back to back in this order;
+  // empty when it holds all of them. Checkpoint layouts already describe only these elements.
+  std::vector<SliceRun> slice;
   ParameterRole role = ParameterRole::kLinear;
   ParameterGroup group = ParameterGroup::kDense;
   int bank = -1;                          // for routed experts: the bank
@@ -60,10 +79,14 @@ struct LayoutOptions {
   bool include_mtp = false;
   // Prefix of language-model tensors: "model.language_model." (Mobius) or "model.".
   std::string prefix;
+  // The rank's shard (shard_spec.h): each spec then describes only this rank's slice. It must be
+  // valid for the config (ComputeShardDims). The MTP head is not sharded.
+  ShardSpec shard;
 };
 
 // Every parameter of `config`. When `weights` is non-null, its layer/bank vectors are sized and
-// each spec's `target` points at the tensor to fill (lm_head is omitted when tied).
+// each spec's `target` points at the tensor to fill (lm_head is omitted when tied). The list has
+// the same parameters in the same order for every shard.
 std::vector<ParameterSpec> ListParameters(const ModelConfig& config, const LayoutOptions& options,
                                           ModelWeights* weights);
 

@@ -1,5 +1,8 @@
 #include "worker/model/weight_loader.h"
 
+#include <cstring>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -79,12 +82,44 @@ void FinishTiedHead(const ModelConfig& config, ModelWeights& weights) {
   if (config.tie_word_embeddings) weights.lm_head = weights.embed;
 }
 
+// Copies one (possibly strided) piece into the parameter `flat`. Strided runs are gathered on the
+// host first so that each piece is one upload.
+void CopyPiece(const CheckpointPiece& piece, const TensorRecord& record, kernels::Tensor& flat,
+               kernels::Backend& backend) {
+  const size_t elem = kernels::DTypeSize(record.dtype);
+  const char* src = static_cast<const char*>(static_cast<const void*>(record.data));
+  if (piece.repeat == 1) {
+    kernels::Tensor dst = flat.Rows(piece.target_offset, piece.count);
+    backend.CopyFromHost(src + piece.source_offset * elem, record.dtype, dst);
+    return;
+  }
+  if (piece.target_stride != piece.count) {
+    for (int64_t j = 0; j < piece.repeat; ++j) {
+      kernels::Tensor dst = flat.Rows(piece.target_offset + j * piece.target_stride, piece.count);
+      backend.CopyFromHost(src + (piece.source_offset + j * piece.source_stride) * elem,
+                           record.dtype, dst);
+    }
+    return;
+  }
+  const size_t run_bytes = static_cast<size_t>(piece.count) * elem;
+  std::vector<char> staged(run_bytes * piece.repeat);
+  for (int64_t j = 0; j < piece.repeat; ++j) {
+    std::memcpy(staged.data() + j * run_bytes,
+                src + (piece.source_offset + j * piece.source_stride) * elem, run_bytes);
+  }
+  kernels::Tensor dst = flat.Rows(piece.target_offset, piece.count * piece.repeat);
+  backend.CopyFromHost(staged.data(), record.dtype, dst);
+}
+
 }  // namespace
 
 absl::StatusOr<ModelWeights> LoadCheckpointWeights(const ModelConfig& config,
                                                    const Checkpoint& checkpoint,
-                                                   kernels::Backend& backend) {
+                                                   kernels::Backend& backend,
+                                                   const ShardSpec& shard) {
+  RETURN_IF_ERROR(ComputeShardDims(config, shard).status());
   LayoutOptions options;
+  options.shard = shard;
   options.prefix = DefaultTensorPrefix(config);
   // Text-only exports of Mobius keep the language model directly under "model.".
   if (!checkpoint.Find(options.prefix + "embed_tokens.weight") &&
@@ -109,10 +144,7 @@ absl::StatusOr<ModelWeights> LoadCheckpointWeights(const ModelConfig& config,
   for (size_t i = 0; i < specs.size(); ++i) {
     kernels::Tensor flat = specs[i].target->Reshape({specs[i].numel()});
     for (const CheckpointPiece& piece : layouts[i]->pieces) {
-      const TensorRecord& record = *checkpoint.Find(piece.tensor);
-      const size_t elem = kernels::DTypeSize(record.dtype);
-      kernels::Tensor dst = flat.Rows(piece.target_offset, piece.count);
-      backend.CopyFromHost(record.data + piece.source_offset * elem, record.dtype, dst);
+      CopyPiece(piece, *checkpoint.Find(piece.tensor), flat, backend);
     }
   }
   FinishTiedHead(config, weights);

@@ -10,22 +10,26 @@
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/model/model_config.h"
 #include "worker/model/model_weights.h"
+#include "worker/model/shard_spec.h"
 
 namespace mobius::worker {
 
 // Loads every parameter of `config` from `checkpoint`. Vision tensors and anything else the
 // engine does not use are ignored; `mtp.*` is loaded when the checkpoint has `mtp.fc.weight`
 // and the config declares an MTP layer. Errors name the checkpoint tensor and what is wrong
-// (missing, wrong shape, unsupported dtype).
+// (missing, wrong shape, unsupported dtype). With a `shard`, only that rank's slices are read
+// (InvalidArgument when the shard does not fit the config).
 absl::StatusOr<ModelWeights> LoadCheckpointWeights(const ModelConfig& config,
                                                    const Checkpoint& checkpoint,
-                                                   kernels::Backend& backend);
+                                                   kernels::Backend& backend,
+                                                   const ShardSpec& shard = {});
 
 // Seeded random weights with magnitudes that keep activations in a sane range (see
-// dummy_weights.cc). The same seed gives the same weights.
+// dummy_weights.cc). The same seed gives the same weights, and a `shard` gets exactly the
+// unsharded values of its slices.
 absl::StatusOr<ModelWeights> CreateDummyWeights(const ModelConfig& config,
                                                 kernels::Backend& backend, uint64_t seed,
-                                                bool include_mtp);
+                                                bool include_mtp, const ShardSpec& shard = {});
 
 }  // namespace mobius::worker
 
