@@ -37,11 +37,12 @@ struct Layout {
 };
 
 // TP and EP run over the same ranks (shard_spec.h): tp, ep in {1, world}.
+// "one" is the unsharded model through the same harness, as a baseline.
 const std::vector<Layout> kLayouts = {
-    {"tp2", 2, 2, 1, false},   {"tp4", 4, 4, 1, false},     {"ep2", 2, 1, 2, false},
-    {"ep4", 4, 1, 4, false},   {"tp2_ep2", 2, 2, 2, false}, {"tp4_ep4", 4, 4, 4, false},
-    {"tp2_sp", 2, 2, 1, true}, {"tp4_sp", 4, 4, 1, true},   {"tp4_ep4_sp", 4, 4, 4, true},
-    {"tp8", 8, 8, 1, false},
+    {"one", 1, 1, 1, false},       {"tp2", 2, 2, 1, false},   {"tp4", 4, 4, 1, false},
+    {"ep2", 2, 1, 2, false},       {"ep4", 4, 1, 4, false},   {"tp2_ep2", 2, 2, 2, false},
+    {"tp4_ep4", 4, 4, 4, false},   {"tp2_sp", 2, 2, 1, true}, {"tp4_sp", 4, 4, 1, true},
+    {"tp4_ep4_sp", 4, 4, 4, true}, {"tp8", 8, 8, 1, false},
 };
 
 // What one rank computed.

@@ -39,7 +39,8 @@ struct ForwardOptions {
   kernels::DeltaRuleAlgorithm delta_rule = kernels::DeltaRuleAlgorithm::kAuto;
   // When set ([num_hidden_layers][num_experts]), the (token, expert) assignments of every MoE
   // layer are added to that layer's counts (bank of layer i: ModelConfig::BankOfLayer). On a GPU
-  // this costs a device synchronisation per layer, so callers sample it.
+  // this costs a device synchronisation per layer, so callers sample it. A rank of an
+  // expert-parallel replica counts only its own experts (the sum over ranks is the total).
   std::vector<std::vector<int64_t>>* expert_tokens = nullptr;
   // False: the logits stay on the device (`logits` comes back empty); the step is still
   // finished (synchronised) when Forward returns. Benchmarks time the model alone this way.
