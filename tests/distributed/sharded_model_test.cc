@@ -36,6 +36,8 @@ struct Layout {
   bool sequence_parallel;
 };
 
+void PrintTo(const Layout& layout, std::ostream* os) { *os << layout.name; }
+
 // TP and EP run over the same ranks (shard_spec.h): tp, ep in {1, world}.
 // "one" is the unsharded model through the same harness, as a baseline.
 const std::vector<Layout> kLayouts = {
