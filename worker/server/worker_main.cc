@@ -78,7 +78,9 @@ absl::Status Run() {
     plan_options.kv_block_size = options.kv_block_size;
     plan_options.max_tokens_per_step = options.scheduler.max_tokens_per_step;
     plan_options.memory_utilization = absl::GetFlag(FLAGS_gpu_memory_utilization);
-    absl::StatusOr<MemoryPlan> plan = PlanDeviceMemory(model->config(), *backend, plan_options);
+    // A rank of a sharded replica holds only its heads' KV and state: plan with its local config.
+    absl::StatusOr<MemoryPlan> plan =
+        PlanDeviceMemory(model->local_config(), *backend, plan_options);
     if (plan.ok()) {
       options.num_kv_blocks = static_cast<int>(plan->num_kv_blocks);
       MOBIUS_LOG(INFO, "worker", "") << "memory plan: " << plan->Summary();
