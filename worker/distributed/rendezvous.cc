@@ -41,14 +41,17 @@ class GroupHealth {
     if (!failed_.ok()) comm_->Abort(failed_);
   }
 
+  // The worker hears first (it reports NOT_SERVING), then the collectives in flight fail.
   void Fail(const absl::Status& reason) {
+    Communicator* comm;
     {
       absl::MutexLock lock(&mu_);
       if (!failed_.ok()) return;
       failed_ = reason;
-      if (comm_ != nullptr) comm_->Abort(reason);
+      comm = comm_;
     }
     if (on_failure_) on_failure_(reason);
+    if (comm != nullptr) comm->Abort(reason);
   }
   absl::Status status() {
     absl::MutexLock lock(&mu_);
