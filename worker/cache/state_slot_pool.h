@@ -35,6 +35,7 @@ class StateSlotPool {
 
   [[nodiscard]] int free_slots() const { return static_cast<int>(free_.size()); }
   [[nodiscard]] int num_slots() const { return options_.num_slots; }
+  [[nodiscard]] int num_layers() const { return options_.num_layers; }
   [[nodiscard]] kernels::Tensor& conv_states(int layer) { return conv_[layer]; }
   [[nodiscard]] kernels::Tensor& recurrent_states(int layer) { return recurrent_[layer]; }
   [[nodiscard]] int64_t bytes_per_slot() const;
