@@ -103,6 +103,7 @@ class CudaBackend final : public Backend {
     cudaStreamDestroy(stream_);
   }
 
+  [[nodiscard]] cudaStream_t stream() const { return stream_; }
   [[nodiscard]] Device device() const override { return Device::kCuda; }
   [[nodiscard]] std::string name() const override {
     return absl::StrFormat("cuda:%d (%s)", device_, device_name_);
@@ -1023,6 +1024,11 @@ void CudaBackend::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& w
 }
 
 }  // namespace
+
+CUstream_st* CudaBackendStream(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  return cuda == nullptr ? nullptr : cuda->stream();
+}
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device_ordinal) {
   int count = 0;

@@ -9,11 +9,17 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 
+struct CUstream_st;  // cudaStream_t, without the CUDA headers
+
 namespace mobius::kernels {
 
 // Creates a backend on CUDA device `device_ordinal`. NotFound when there is no such device,
 // Internal when the CUDA runtime or cuBLASLt cannot be initialised on it.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device_ordinal = 0);
+
+// The stream every op of `backend` is queued on (so that NCCL collectives order with them), or
+// null when `backend` is not a CUDA backend.
+CUstream_st* CudaBackendStream(Backend& backend);
 
 }  // namespace mobius::kernels
 
