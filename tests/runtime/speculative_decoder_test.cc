@@ -141,6 +141,37 @@ TEST_P(SpeculativeDecoderTest, MixedBatchOfSpeculatingAndPlainSequences) {
   EXPECT_GT(spec.stats().verify_steps, 0);
 }
 
+// The MTP head's h_prev: ForwardOptions::hidden_out holds the rows the logits are made from.
+TEST_P(SpeculativeDecoderTest, HiddenOutIsWhatTheLogitsComeFrom) {
+  for (LogitsMode mode : {LogitsMode::kAllTokens, LogitsMode::kLastToken}) {
+    SequenceCache cache;
+    ASSERT_TRUE(model_->StartSequence(cache).ok());
+    std::vector<SequenceStep> batch = {{prompts_[0], &cache}};
+    std::vector<float> logits, hidden;
+    ForwardOptions options;
+    options.logits = mode;
+    options.hidden_out = &hidden;
+    ASSERT_TRUE(model_->Forward(batch, options, logits).ok());
+    model_->ReleaseSequence(cache);
+    const int64_t H = model_->config().hidden_size;
+    const int64_t rows = mode == LogitsMode::kAllTokens ? prompts_[0].size() : 1;
+    ASSERT_EQ(hidden.size(), static_cast<size_t>(rows * H));
+    ASSERT_EQ(logits.size(), static_cast<size_t>(rows * vocab_));
+    const kernels::Tensor& lm_head = model_->weights().lm_head;
+    std::vector<float> w(static_cast<size_t>(lm_head.numel()));
+    backend_->CopyToHostF32(lm_head, w.data());
+    std::vector<float> recomputed(logits.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t v = 0; v < vocab_; ++v) {
+        double acc = 0;
+        for (int64_t h = 0; h < H; ++h) acc += double{hidden[r * H + h]} * w[v * H + h];
+        recomputed[r * vocab_ + v] = static_cast<float>(acc);
+      }
+    }
+    EXPECT_LT(testing::RelativeError(recomputed.data(), logits.data(), logits.size()), 1e-4);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, SpeculativeDecoderTest,
                          ::testing::ValuesIn(testing::kFixtureModels), testing::FixtureParamName);
 

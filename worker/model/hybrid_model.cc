@@ -18,6 +18,7 @@ struct HybridModel::StepContext {
   int num_tokens = 0;
   std::vector<kernels::SequenceSegment> segments;
   ForwardOptions options;
+  Tensor hidden_rows;  // the final post-norm rows the logits come from
 };
 
 HybridModel::HybridModel(ModelConfig config, ModelWeights weights, kernels::Backend& backend,
@@ -161,7 +162,8 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
   absl::Cleanup clear_step = [this] { backend_.ClearStep(); };
   // Collectives are host calls between ranks, so a sharded step is never recorded.
   bool decode_only = decode_capture_max_batch_ > 0 && backend_.SupportsCapture() &&
-                     options.expert_tokens == nullptr && !shard_.sharded() &&
+                     options.expert_tokens == nullptr && options.hidden_out == nullptr &&
+                     !shard_.sharded() &&
                      static_cast<int>(batch.size()) <= decode_capture_max_batch_;
   for (const kernels::SequenceSegment& seg : ctx.segments) decode_only &= seg.num_tokens == 1;
   Tensor out;
@@ -176,6 +178,10 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
   } else {
     logits.clear();
     backend_.Synchronize();
+  }
+  if (options.hidden_out != nullptr) {
+    options.hidden_out->resize(static_cast<size_t>(ctx.hidden_rows.numel()));
+    backend_.CopyToHostF32(ctx.hidden_rows, options.hidden_out->data());
   }
   for (SequenceStep& step : batch) step.cache->num_tokens += step.tokens.size();
   return absl::OkStatus();
@@ -287,6 +293,7 @@ absl::StatusOr<Tensor> HybridModel::QueueStep(StepContext& ctx, std::span<const 
     ASSIGN_OR_RETURN(selected, Alloc({R, H}));
     backend_.GatherRows(final_normed, rows, selected);
   }
+  ctx.hidden_rows = selected;
   ASSIGN_OR_RETURN(Tensor out, Alloc(DType::kF32, {R, V}));
   backend_.Linear(selected, weights_.lm_head, out);
   return out;

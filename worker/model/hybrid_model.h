@@ -45,6 +45,9 @@ struct ForwardOptions {
   // False: the logits stay on the device (`logits` comes back empty); the step is still
   // finished (synchronised) when Forward returns. Benchmarks time the model alone this way.
   bool copy_logits = true;
+  // When set, receives the final post-norm hidden states of the logits rows, float32 [rows, H]
+  // (what the MTP draft head reads as h_prev). Such steps run op by op (never recorded).
+  std::vector<float>* hidden_out = nullptr;
 };
 
 class HybridModel {
