@@ -164,7 +164,7 @@ INSTANTIATE_TEST_SUITE_P(Signals, RankFailureTest,
 
 TEST(Rendezvous, AStaleGenerationIsRefused) {
   Replica replica(2, "collectives",
-                  {{"--generation=5", "--join_timeout_ms=3000"}, {"--generation=4"}});
+                  {{"--generation=5", "--join_timeout_ms=1500"}, {"--generation=4"}});
   ASSERT_TRUE(replica.Wait(1, std::chrono::seconds(10)));
   EXPECT_EQ(WEXITSTATUS(replica.rank(1).status), 2);
   EXPECT_NE(replica.Log(1).find("generation 4; the group is at 5"), std::string::npos)

@@ -260,7 +260,13 @@ class ReplicaCommunicator final : public Communicator {
       endpoints = *std::move(all);
       return absl::OkStatus();
     }
-    channel_ = grpc::CreateChannel(options_.leader, grpc::InsecureChannelCredentials());
+    // Ranks usually start before their leader listens: retry the connection every 100 ms to
+    // 1 s rather than gRPC's default backoff from 1 s up to 2 min.
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    channel_ = grpc::CreateCustomChannel(options_.leader, grpc::InsecureChannelCredentials(), args);
     stub_ = v1::Rendezvous::NewStub(channel_);
     v1::JoinRequest req;
     req.set_generation(options_.generation);
