@@ -130,10 +130,12 @@ TEST_P(CollectivesTest, EveryRankGetsTheExpectedValues) {
         << "rank " << r << ":\n"
         << replica.Log(r);
     EXPECT_NE(replica.Log(r).find("every collective matched"), std::string::npos);
+    // Ranks leave cleanly: no heartbeat watch fires as they exit.
+    EXPECT_EQ(replica.Log(r).find("on_failure"), std::string::npos) << replica.Log(r);
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesTest, ::testing::Values(2, 4));
+INSTANTIATE_TEST_SUITE_P(Ranks, CollectivesTest, ::testing::Values(1, 2, 4));
 
 // A rank dies (SIGKILL) or stalls (SIGSTOP) while the replica runs all-reduces: every other rank
 // reports the group failed (on_failure, exit 3) within 10 s instead of hanging.

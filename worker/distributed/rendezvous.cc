@@ -235,6 +235,10 @@ class ReplicaCommunicator final : public Communicator {
 
   absl::Status Form(const std::string& endpoint, std::vector<std::string>& endpoints) {
     const absl::Time deadline = absl::Now() + options_.join_timeout;
+    if (options_.world_size == 1) {  // a group of one: nobody to meet or watch
+      endpoints = {endpoint};
+      return absl::OkStatus();
+    }
     if (options_.rank == 0) {
       leader_ = std::make_unique<LeaderService>(options_, endpoint);
       std::string listen = options_.listen_address;
@@ -301,6 +305,7 @@ class ReplicaCommunicator final : public Communicator {
   }
 
   void StartWatch() {
+    if (options_.world_size == 1) return;
     watcher_ = std::thread([this] { options_.rank == 0 ? WatchRanks() : Heartbeat(); });
   }
 
