@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/util/child_process.h"
+#include "tests/util/run_command.h"
 
 namespace {
 
@@ -25,22 +26,10 @@ using mobius::testing::FreePort;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-struct Result {
-  int exit_code = -1;
-  std::string out;  // stdout and stderr together
-};
+using Result = mobius::testing::CommandResult;  // stdout and stderr together
 
 Result RunMobius(const std::string& args) {
-  const std::string command = std::string(MOBIUS_BINARY) + " " + args + " 2>&1";
-  Result r;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return r;
-  std::array<char, 4096> buffer;
-  size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) r.out.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
+  return mobius::testing::RunCommand(std::string(MOBIUS_BINARY) + " " + args + " 2>&1");
 }
 
 nlohmann::json ReadJson(const std::string& path) {

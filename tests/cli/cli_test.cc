@@ -9,27 +9,16 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/util/run_command.h"
 
 namespace {
 
 using ::testing::HasSubstr;
 
-struct Result {
-  int exit_code = -1;
-  std::string out;  // stdout and stderr together
-};
+using Result = mobius::testing::CommandResult;  // stdout and stderr together
 
 Result RunMobius(const std::string& args) {
-  const std::string command = std::string(MOBIUS_BINARY) + " " + args + " 2>&1";
-  Result r;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return r;
-  std::array<char, 4096> buffer;
-  size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0) r.out.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
+  return mobius::testing::RunCommand(std::string(MOBIUS_BINARY) + " " + args + " 2>&1");
 }
 
 std::string Fixture(const std::string& name) {

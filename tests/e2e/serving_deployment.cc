@@ -15,6 +15,7 @@
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "tests/util/http_client.h"
+#include "tests/util/run_command.h"
 
 namespace mobius::testing {
 namespace {
@@ -32,20 +33,6 @@ bool PollUntil(int timeout_ms, int interval_ms, Predicate done) {
     if (std::chrono::steady_clock::now() >= end) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(interval_ms));
   }
-}
-
-std::string RunCommand(const std::string& command, int* exit_code) {
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) {
-    *exit_code = -1;
-    return "";
-  }
-  std::string out;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) out.append(buffer, n);
-  const int status = pclose(pipe);
-  *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
 }
 
 }  // namespace
@@ -173,8 +160,7 @@ std::optional<double> SeriesValue(const std::string& exposition, const std::stri
 std::vector<std::string> PromtoolFindings(const std::string& exposition) {
   const std::string path = ::testing::TempDir() + "/metrics_" + std::to_string(getpid()) + ".txt";
   std::ofstream(path) << exposition;
-  int code = 0;
-  const std::string out = RunCommand("promtool check metrics < " + path + " 2>&1", &code);
+  const auto [code, out] = RunCommand("promtool check metrics < " + path + " 2>&1");
   std::vector<std::string> findings;
   // promtool exits 1 on a parse error and 3 on lint findings.
   if (code != 0 && code != 3) {
@@ -195,8 +181,7 @@ std::vector<int32_t> MobiusGenerate(const std::vector<int32_t>& prompt, int max_
       absl::StrCat(MOBIUS_CLI_BINARY, " generate --model ", FixtureModel(), " --prompt-ids ",
                    absl::StrJoin(prompt, ","), " --max-tokens ", max_tokens,
                    " --ignore-eos --threads 1 2>/dev/null");
-  int code = 0;
-  const std::string out = RunCommand(command, &code);
+  const auto [code, out] = RunCommand(command);
   EXPECT_EQ(code, 0) << command << "\n" << out;
   const Json json = Json::parse(out, nullptr, /*allow_exceptions=*/false);
   if (!json.is_object() || !json.contains("token_ids")) {

@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "inference.grpc.pb.h"
 #include "tests/util/child_process.h"
+#include "tests/util/run_command.h"
 
 namespace {
 
@@ -38,13 +39,8 @@ mobius::v1::GenerateRequest Greedy(std::vector<int32_t> ids, int max_tokens) {
 }
 
 TEST(RouterProcessTest, HelpListsTheRouterFlags) {
-  std::string command = std::string(MOBIUS_ROUTER_BINARY) + " --help 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string out;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) out.append(buffer, n);
-  pclose(pipe);
+  const std::string out =
+      mobius::testing::RunCommand(std::string(MOBIUS_ROUTER_BINARY) + " --help 2>&1").out;
   for (const char* flag :
        {"--worker", "--grpc_port", "--http_port", "--tokenizer", "--max_queued_requests",
         "--health_check_interval_ms", "--request_timeout_s", "--served_model_name"}) {
