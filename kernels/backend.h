@@ -131,6 +131,11 @@ class Backend {
   // ---- dense ----
   // y[T, N] = x[T, K] @ w[N, K]^T.
   virtual void Linear(const Tensor& x, const Tensor& w, Tensor& y) = 0;
+  // ys[i] = x @ ws[i]^T for every i (ws.size() == ys.size()), each exactly as Linear: several
+  // projections of one input. The default runs them one by one; a backend may fuse them (the
+  // CUDA backend streams all the weights in one launch when x has a few rows).
+  virtual void LinearFanOut(const Tensor& x, std::span<const Tensor* const> ws,
+                            std::span<Tensor* const> ys);
   // out[i, :] = table[ids[i], :]. ids are host values, already validated against the table.
   virtual void EmbeddingLookup(std::span<const int32_t> ids, const Tensor& table, Tensor& out) = 0;
   // out[i, :] = x[rows[i], :] (rows are host values).
@@ -213,6 +218,11 @@ class Backend {
                           const Tensor& gate_up, const Tensor& down, int first_expert, Tensor& out,
                           std::span<int64_t> expert_tokens) = 0;
 };
+
+inline void Backend::LinearFanOut(const Tensor& x, std::span<const Tensor* const> ws,
+                                  std::span<Tensor* const> ys) {
+  for (size_t i = 0; i < ws.size() && i < ys.size(); ++i) Linear(x, *ws[i], *ys[i]);
+}
 
 inline void Backend::ZeroFill(Tensor& t) {
   std::vector<float> zeros(static_cast<size_t>(t.numel()), 0.0f);  // 4 bytes per element

@@ -68,6 +68,91 @@ __global__ void QkNormRopeKernel(const uint16_t* q_gate, uint16_t* k, AnyPtr q_n
   }
 }
 
+// The same for head_dim % 8 == 0 (<= 256) with 16-byte aligned operands: one block per token,
+// one warp per head (lane l holds dims 8l .. 8l+7), so a head needs no block barrier, and the
+// token's rotation angles are computed once for all its heads instead of once per element.
+constexpr int kRopeWarps = 8;
+
+__global__ void __launch_bounds__(kRopeWarps * 32)
+    QkNormRopeVecKernel(const uint16_t* q_gate, uint16_t* k, AnyPtr q_norm, AnyPtr k_norm,
+                        float eps, int rotary_dim, float theta, int num_heads, int num_kv_heads,
+                        int head_dim, const int32_t* token_position, uint16_t* q, uint16_t* gate) {
+  extern __shared__ float smem[];
+  const int half = rotary_dim / 2;
+  float* cos_s = smem;         // [half]
+  float* sin_s = smem + half;  // [half]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float* vals = smem + rotary_dim + warp * head_dim;  // [head_dim] per warp
+  const int64_t t = blockIdx.x;
+  // Like the reference implementation: inverse frequencies and angles in fp32.
+  const float pos = static_cast<float>(token_position[t]);
+  for (int j = threadIdx.x; j < half; j += blockDim.x) {
+    const float inv_freq =
+        static_cast<float>(1.0 / pow(static_cast<double>(theta), 2.0 * j / rotary_dim));
+    const float angle = pos * inv_freq;
+    double sn, cs;
+    sincos(static_cast<double>(angle), &sn, &cs);
+    cos_s[j] = static_cast<float>(cs);
+    sin_s[j] = static_cast<float>(sn);
+  }
+  __syncthreads();
+  const int d0 = lane * 8;
+  const bool active = d0 < head_dim;
+  for (int head = warp; head < num_heads + num_kv_heads; head += kRopeWarps) {
+    const bool is_q = head < num_heads;
+    const uint16_t* src;
+    uint16_t* dst;
+    AnyPtr w;
+    if (is_q) {
+      src = q_gate + (t * num_heads + head) * 2 * head_dim;
+      dst = q + (t * num_heads + head) * head_dim;
+      w = q_norm;
+    } else {
+      dst = k + (t * num_kv_heads + (head - num_heads)) * head_dim;
+      src = dst;
+      w = k_norm;
+    }
+    float v[8] = {};
+    float sum = 0.0f;
+    if (active) {
+      UnpackBf16x8(*reinterpret_cast<const uint4*>(src + d0), v);
+      if (is_q) {
+        *reinterpret_cast<uint4*>(gate + (t * num_heads + head) * head_dim + d0) =
+            *reinterpret_cast<const uint4*>(src + head_dim + d0);
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sum += v[i] * v[i];
+    }
+    sum = WarpSum(sum);
+    const float inv = rsqrtf(sum / static_cast<float>(head_dim) + eps);
+    if (active) {
+      float wv[8];
+      Load8(w, d0, wv);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        v[i] = v[i] * inv * (1.0f + wv[i]);
+        vals[d0 + i] = v[i];
+      }
+    }
+    __syncwarp();
+    if (active) {
+      float y[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int d = d0 + i;
+        y[i] = v[i];
+        if (d < rotary_dim) {
+          const int j = d < half ? d : d - half;
+          y[i] = d < half ? v[i] * cos_s[j] - vals[d + half] * sin_s[j]
+                          : v[i] * cos_s[j] + vals[d - half] * sin_s[j];
+        }
+      }
+      *reinterpret_cast<uint4*>(dst + d0) = PackBf16x8(y);
+    }
+    __syncwarp();  // vals is rewritten by the warp's next head
+  }
+}
+
 // The physical row of token t's position comes from its segment's block table, so that the
 // kernel reads only staged device metadata (a recorded step replays with new tables).
 __global__ void WriteKvCacheKernel(const uint16_t* k, const uint16_t* v, TokenMeta tokens,
@@ -79,8 +164,8 @@ __global__ void WriteKvCacheKernel(const uint16_t* k, const uint16_t* v, TokenMe
     const int64_t t = i / row_elems, e = i % row_elems;
     const int pos = tokens.token_position[t];
     const int32_t* table = segs.block_tables + segs.block_table_begin[tokens.token_segment[t]];
-    const int64_t slot = static_cast<int64_t>(table[pos / block_size]) * block_size +
-                         pos % block_size;
+    const int64_t slot =
+        static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
     const int64_t dst = slot * row_elems + e;
     k_cache[dst] = k[i];
     v_cache[dst] = v[i];
@@ -174,15 +259,6 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 // that CombineSplitsKernel merges.
 constexpr int kMaxGroup = 8;
 
-__device__ __forceinline__ void Unpack8Bf16(uint4 v, float* out) {
-  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    out[2 * i] = __uint_as_float(words[i] << 16);
-    out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
-  }
-}
-
 __device__ __forceinline__ float ScaleFor(float m, float m_all) {
   return m == -INFINITY ? 0.0f : __expf(m - m_all);
 }
@@ -218,7 +294,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
     }
     if (g < group && lane_active) {
       const uint16_t* qp = q + (t * num_heads + kvh * group + g) * head_dim + d0;
-      Unpack8Bf16(*reinterpret_cast<const uint4*>(qp), qv[g]);
+      UnpackBf16x8(*reinterpret_cast<const uint4*>(qp), qv[g]);
 #pragma unroll
       for (int i = 0; i < 8; ++i) qv[g][i] *= scale;
     }
@@ -229,8 +305,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
         kvh;
     float kv[8] = {}, vv[8] = {};
     if (lane_active) {
-      Unpack8Bf16(*reinterpret_cast<const uint4*>(k_cache + row * head_dim + d0), kv);
-      Unpack8Bf16(*reinterpret_cast<const uint4*>(v_cache + row * head_dim + d0), vv);
+      UnpackBf16x8(*reinterpret_cast<const uint4*>(k_cache + row * head_dim + d0), kv);
+      UnpackBf16x8(*reinterpret_cast<const uint4*>(v_cache + row * head_dim + d0), vv);
     }
 #pragma unroll
     for (int g = 0; g < kMaxGroup; ++g) {
@@ -333,6 +409,16 @@ void LaunchQkNormRope(const uint16_t* q_gate, uint16_t* k, AnyPtr q_norm, AnyPtr
                       int num_kv_heads, int head_dim, const int32_t* token_position, uint16_t* q,
                       uint16_t* gate, cudaStream_t stream) {
   if (num_tokens == 0) return;
+  if (head_dim % 8 == 0 && head_dim <= 256 && rotary_dim % 2 == 0 && rotary_dim <= head_dim &&
+      IsAligned16(q_gate) && IsAligned16(k) && IsAligned16(q) && IsAligned16(gate) &&
+      IsAligned16(q_norm.data) && IsAligned16(k_norm.data)) {
+    const size_t smem = sizeof(float) * (rotary_dim + kRopeWarps * head_dim);
+    QkNormRopeVecKernel<<<static_cast<unsigned>(num_tokens), kRopeWarps * 32, smem, stream>>>(
+        q_gate, k, q_norm, k_norm, eps, rotary_dim, theta, num_heads, num_kv_heads, head_dim,
+        token_position, q, gate);
+    CheckLaunch("QkNormRope");
+    return;
+  }
   const dim3 grid(static_cast<unsigned>(num_tokens), num_heads + num_kv_heads);
   QkNormRopeKernel<<<grid, kNormThreads, sizeof(float) * head_dim, stream>>>(
       q_gate, k, q_norm, k_norm, eps, rotary_dim, theta, num_heads, num_kv_heads, head_dim,
@@ -381,15 +467,7 @@ void LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint
   const bool aligned = reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(v_cache) % 16 == 0;
-  // Split (flash-decoding) launches of the tensor-core kernel disagree with the CUDA-core
-  // kernels on the fixtures' recorded decode steps (cuda_fixture_test, 2026-12-01): until that is
-  // understood they take the CUDA-core GQA kernel, and MOBIUS_FLASH_SPLITS=1 opts back in.
-  static const bool flash_splits = [] {
-    const char* v = std::getenv("MOBIUS_FLASH_SPLITS");
-    return v != nullptr && v[0] == '1';
-  }();
-  if (FlashAttentionSupports(num_heads, num_kv_heads, head_dim) && aligned &&
-      (splits == 1 || flash_splits)) {
+  if (FlashAttentionSupports(num_heads, num_kv_heads, head_dim) && aligned) {
     float* partial = static_cast<float*>(scratch);
     LaunchFlashPagedAttention(q, k_cache, v_cache, num_tokens, num_heads, num_kv_heads, head_dim,
                               block_size, tokens, segments, scale, splits, partial, out, stream);

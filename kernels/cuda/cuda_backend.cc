@@ -272,6 +272,8 @@ class CudaBackend final : public Backend {
 
   // ---- dense ----
   void Linear(const Tensor& x, const Tensor& w, Tensor& y) override;
+  void LinearFanOut(const Tensor& x, std::span<const Tensor* const> ws,
+                    std::span<Tensor* const> ys) override;
   void EmbeddingLookup(std::span<const int32_t> ids, const Tensor& table, Tensor& out) override;
   void GatherRows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) override;
   void RmsNorm1p(const Tensor& x, const Tensor& w, float eps, Tensor& out) override;
@@ -311,6 +313,13 @@ class CudaBackend final : public Backend {
                   std::span<int64_t> expert_tokens) override;
 
  private:
+  struct LinearShape {
+    int64_t m, n, k;
+  };
+  // Validates y[m, n] = x[m, k] @ w[n, k]^T operands (aborting with `op` named) and returns m, n,
+  // k.
+  LinearShape CheckLinear(const char* op, const Tensor& x, const Tensor& w, const Tensor& y);
+
   // Makes this backend's device current for the calling thread.
   void Enter() { CheckCuda(cudaSetDevice(device_), "cudaSetDevice"); }
 
@@ -334,6 +343,11 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::LtGemm> gemm_;
   const std::string device_name_;
   const int num_sms_;
+  // MOBIUS_SKINNY_GEMM=0 sends few-row GEMMs to cuBLASLt too (for before/after timings).
+  const bool skinny_off_ = [] {
+    const char* v = std::getenv("MOBIUS_SKINNY_GEMM");
+    return v != nullptr && v[0] == '0';
+  }();
   std::shared_ptr<cuda::DeviceBlockCache> blocks_ =
       std::make_shared<cuda::DeviceBlockCache>(device_);
   void* scratch_ = nullptr;
@@ -582,24 +596,62 @@ absl::Status CudaBackend::Replay(CapturedStep& step) {
 
 // ---- dense ----
 
-void CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor& y) {
-  CheckTensor(x, DType::kBF16, "Linear", "x");
-  CheckTensor(w, DType::kBF16, "Linear", "w");
+CudaBackend::LinearShape CudaBackend::CheckLinear(const char* op, const Tensor& x, const Tensor& w,
+                                                  const Tensor& y) {
+  CheckTensor(x, DType::kBF16, op, "x");
+  CheckTensor(w, DType::kBF16, op, "w");
   Check(!y.empty() && y.device() == Device::kCuda &&
             (y.dtype() == DType::kBF16 || y.dtype() == DType::kF32),
-        "Linear", "y must be a CUDA BF16 or F32 tensor");
-  Check(w.rank() == 2, "Linear", "w must be [N, K]");
+        op, "y must be a CUDA BF16 or F32 tensor");
+  Check(w.rank() == 2, op, "w must be [N, K]");
   const int64_t n = w.dim(0), k = w.dim(1);
-  Check(k > 0 && x.numel() % k == 0, "Linear",
+  Check(k > 0 && x.numel() % k == 0, op,
         absl::StrFormat("x %s does not have rows of K = %d", x.ShapeString(), k));
   const int64_t m = x.numel() / k;
-  Check(y.numel() == m * n, "Linear",
-        absl::StrFormat("y %s is not [%d, %d]", y.ShapeString(), m, n));
-  if (m == 0 || n == 0) return;
+  Check(y.numel() == m * n, op, absl::StrFormat("y %s is not [%d, %d]", y.ShapeString(), m, n));
+  return {m, n, k};
+}
+
+void CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor& y) {
+  const LinearShape s = CheckLinear("Linear", x, w, y);
+  if (s.m == 0 || s.n == 0) return;
   Enter();
   const bool y_f32 = y.dtype() == DType::kF32;
-  if (!gemm_->Run(Bf16(x), Bf16(w), y.raw(), y_f32, m, n, k, stream_)) {
-    cuda::LaunchGemmFallback(Bf16(x), Bf16(w), m, n, k, AnyMutPtr{y.raw(), y_f32}, stream_);
+  // A few output columns (a gate projection): cuBLASLt would run a GEMV plus a reduction
+  // kernel; otherwise cuBLASLt is at least as fast as the skinny kernel (skinny_gemm.cu).
+  if (s.n < 64 && cuda::SkinnyGemmSupports(s.m, s.k, x.raw(), w.raw()) && !skinny_off_) {
+    const cuda::SkinnyTarget target{Bf16(w), s.n, AnyMutPtr{y.raw(), y_f32}};
+    cuda::LaunchSkinnyGemm(Bf16(x), s.m, s.k, &target, 1, stream_);
+    return;
+  }
+  if (!gemm_->Run(Bf16(x), Bf16(w), y.raw(), y_f32, s.m, s.n, s.k, stream_)) {
+    cuda::LaunchGemmFallback(Bf16(x), Bf16(w), s.m, s.n, s.k, AnyMutPtr{y.raw(), y_f32}, stream_);
+  }
+}
+
+void CudaBackend::LinearFanOut(const Tensor& x, std::span<const Tensor* const> ws,
+                               std::span<Tensor* const> ys) {
+  Check(ws.size() == ys.size(), "LinearFanOut",
+        absl::StrFormat("%d weights but %d outputs", ws.size(), ys.size()));
+  std::vector<cuda::SkinnyTarget> targets;
+  int64_t m = -1, k = -1;
+  bool skinny = !skinny_off_;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const LinearShape s = CheckLinear("LinearFanOut", x, *ws[i], *ys[i]);
+    m = s.m;
+    k = s.k;
+    skinny = skinny && cuda::SkinnyGemmSupports(s.m, s.k, x.raw(), ws[i]->raw());
+    targets.push_back({Bf16(*ws[i]), s.n, AnyMutPtr{ys[i]->raw(), ys[i]->dtype() == DType::kF32}});
+  }
+  if (!skinny || m <= 0) {
+    for (size_t i = 0; i < ws.size(); ++i) Linear(x, *ws[i], *ys[i]);
+    return;
+  }
+  Enter();
+  for (size_t i = 0; i < targets.size(); i += cuda::kMaxSkinnyTargets) {
+    const int count =
+        static_cast<int>(std::min<size_t>(cuda::kMaxSkinnyTargets, targets.size() - i));
+    cuda::LaunchSkinnyGemm(Bf16(x), m, k, targets.data() + i, count, stream_);
   }
 }
 
@@ -938,14 +990,21 @@ void CudaBackend::PagedAttention(const Tensor& q, const Tensor& k_cache, const T
   for (const SequenceSegment& seg : segments) {
     max_positions = std::max(max_positions, seg.cached_tokens + seg.num_tokens);
   }
-  // A recorded step is replayed at longer contexts: split for the longest it will see.
-  if (capturing_) max_positions = std::max(max_positions, staged_.max_positions);
+  const PackedSegments packed = PackSegments("PagedAttention", segments, t, true);
+  // A recorded step is replayed at longer contexts: split for the longest it will see. A staged
+  // decode step run op by op splits the same way, so that it and its recording compute the same
+  // sums: the tensor-core kernel rounds P to bf16 against each split's running max, so its
+  // output moves by ~1 bf16 ulp with the number of splits.
+  const bool decode = std::all_of(segments.begin(), segments.end(),
+                                  [](const SequenceSegment& s) { return s.num_tokens == 1; });
+  if (capturing_ || (packed.staged && decode)) {
+    max_positions = std::max(max_positions, staged_.max_positions);
+  }
   const int nh = static_cast<int>(q.dim(1)), nkv = static_cast<int>(k_cache.dim(2)),
             hd = static_cast<int>(q.dim(2));
   const int splits = cuda::PagedAttentionSplits(t, nh, nkv, hd, max_positions, num_sms_);
   void* scratch =
       splits > 1 ? Scratch(cuda::PagedAttentionScratchBytes(t, nh, hd, splits)) : nullptr;
-  const PackedSegments packed = PackSegments("PagedAttention", segments, t, true);
   cuda::TokenMeta tokens;
   cuda::SegmentMeta segs;
   UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs);
@@ -1009,6 +1068,14 @@ void CudaBackend::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& w
   if (t == 0 || k == 0 || experts == 0) return;
   Enter();
   const int num_local = static_cast<int>(experts);
+  if (expert_tokens.empty() && t * k <= cuda::kMoeFewTokensMaxPairs) {
+    auto* act = static_cast<uint16_t*>(Scratch(sizeof(uint16_t) * t * k * inter));
+    if (cuda::LaunchMoeExpertsFewTokens(Bf16(x), ids.data<int32_t>(), weights.data<float>(),
+                                        Bf16(gate_up), Bf16(down), t, k, num_local, first_expert,
+                                        hidden, inter, act, MutBf16(out), stream_)) {
+      return;
+    }
+  }
   void* scratch = Scratch(cuda::MoeScratchBytes(t, k, num_local, hidden, inter));
   const int32_t* counts = cuda::LaunchMoeExperts(
       Bf16(x), ids.data<int32_t>(), weights.data<float>(), Bf16(gate_up), Bf16(down), t, k,

@@ -62,6 +62,125 @@ __global__ void ConvStateUpdateKernel(const uint16_t* x, float* conv_states, int
   }
 }
 
+// The conv for kernel size kK over eight channels per thread (channels % 8 == 0, x, out and w
+// 16-byte aligned): grid (token chunks of kConvTokens, channel blocks). A thread loads its
+// channels' kK x 8 weights once and slides a window of the last kK - 1 input rows down its chunk,
+// so every input row is read once per thread rather than kK times (the window restarts from the
+// state, or zeros, where a segment starts). With `update_state` every segment has exactly one
+// token (a decode step): the thread that read a channel's state also writes its successor,
+// which saves the separate update kernel; otherwise ConvStateUpdateVecKernel runs after.
+constexpr int kConvTokens = 16;
+constexpr int kConvVecThreads = 64;
+
+template <int kK>
+__global__ void __launch_bounds__(kConvVecThreads)
+    CausalConvVecKernel(const uint16_t* x, AnyPtr w, float* conv_states, int64_t num_tokens,
+                        int64_t channels, TokenMeta tokens, SegmentMeta segs, bool update_state,
+                        uint16_t* out) {
+  constexpr int kHist = kK - 1;
+  // Every thread of the block walks the same tokens: their segment data comes from shared memory.
+  __shared__ int tok_seg[kConvTokens], tok_begin[kConvTokens], tok_slot[kConvTokens];
+  const int64_t t_begin = static_cast<int64_t>(blockIdx.x) * kConvTokens;
+  const int64_t t_end = t_begin + kConvTokens < num_tokens ? t_begin + kConvTokens : num_tokens;
+  if (threadIdx.x < t_end - t_begin) {
+    const int s = tokens.token_segment[t_begin + threadIdx.x];
+    tok_seg[threadIdx.x] = s;
+    tok_begin[threadIdx.x] = segs.token_begin[s];
+    tok_slot[threadIdx.x] = segs.state_slot[s];
+  }
+  __syncthreads();
+  const int64_t c0 = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * 8;
+  if (c0 >= channels) return;
+  float wk[kK][8];  // wk[j][c] = w[c0 + c, j]
+#pragma unroll
+  for (int c = 0; c < 8; c += 2) {
+    if constexpr (kK == 4) {
+      float pair[8];  // w[c0 + c, 0..4) and w[c0 + c + 1, 0..4)
+      Load8(w, (c0 + c) * kK, pair);
+#pragma unroll
+      for (int j = 0; j < kK; ++j) {
+        wk[j][c] = pair[j];
+        wk[j][c + 1] = pair[kK + j];
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kK; ++j) {
+        wk[j][c] = Load(w, (c0 + c) * kK + j);
+        wk[j][c + 1] = Load(w, (c0 + c + 1) * kK + j);
+      }
+    }
+  }
+  float win[kHist + 1][8];  // win[kHist] = row t; win[j] = row t - kHist + j
+  int seg = -1;
+  uint4 next = *reinterpret_cast<const uint4*>(x + t_begin * channels + c0);
+  for (int64_t t = t_begin; t < t_end; ++t) {
+    const uint4 cur = next;
+    if (t + 1 < t_end) next = *reinterpret_cast<const uint4*>(x + (t + 1) * channels + c0);
+    const int local = static_cast<int>(t - t_begin);
+    const int s = tok_seg[local], begin = tok_begin[local], slot = tok_slot[local];
+    const int i = static_cast<int>(t) - begin;
+    if (s != seg) {
+      // A new segment (or the chunk's first token): rebuild the window's history from the
+      // inputs before t in this segment and, before the segment, from the state.
+      seg = s;
+      const float* state = slot < 0 ? nullptr : conv_states + (slot * channels + c0) * kHist;
+#pragma unroll
+      for (int j = 0; j < kHist; ++j) {
+        const int p = i - kHist + j;
+        if (p >= 0) {
+          UnpackBf16x8(*reinterpret_cast<const uint4*>(x + (begin + p) * channels + c0), win[j]);
+        } else {
+#pragma unroll
+          for (int c = 0; c < 8; ++c) {
+            win[j][c] = state != nullptr ? state[c * kHist + kHist + p] : 0.0f;
+          }
+        }
+      }
+    }
+    UnpackBf16x8(cur, win[kHist]);
+    float acc[8] = {};
+#pragma unroll
+    for (int j = 0; j <= kHist; ++j) {
+#pragma unroll
+      for (int c = 0; c < 8; ++c) acc[c] += wk[j][c] * win[j][c];
+    }
+#pragma unroll
+    for (int c = 0; c < 8; ++c) acc[c] = Silu(acc[c]);
+    *reinterpret_cast<uint4*>(out + t * channels + c0) = PackBf16x8(acc);
+    if (update_state && slot >= 0) {
+      float* state = conv_states + (slot * channels + c0) * kHist;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+#pragma unroll
+        for (int j = 0; j < kHist; ++j) state[c * kHist + j] = win[j + 1][c];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kHist; ++j) {
+#pragma unroll
+      for (int c = 0; c < 8; ++c) win[j][c] = win[j + 1][c];
+    }
+  }
+}
+
+// conv_states[slot, c, :] = the last K-1 inputs of (old state ++ segment inputs); grid
+// (segments, channel blocks).
+__global__ void ConvStateUpdateVecKernel(const uint16_t* x, float* conv_states, int64_t channels,
+                                         int kernel_size, SegmentMeta segs) {
+  const int seg = blockIdx.x;
+  const int64_t c = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (c >= channels || segs.state_slot[seg] < 0) return;
+  const int hist = kernel_size - 1;
+  const int begin = segs.token_begin[seg], len = segs.num_tokens[seg];
+  float* state = conv_states + (segs.state_slot[seg] * channels + c) * hist;
+  float old[kMaxConvKernel];
+  for (int j = 0; j < hist; ++j) old[j] = state[j];
+  for (int j = 0; j < hist; ++j) {
+    const int p = len - hist + j;
+    state[j] = p >= 0 ? Bf16ToF32(x[(begin + p) * channels + c]) : old[j + len];
+  }
+}
+
 __global__ void DeltaRuleGatesKernel(const uint16_t* a, const uint16_t* b, AnyPtr a_log,
                                      AnyPtr dt_bias, int64_t n, int num_v_heads, float* g,
                                      float* beta) {
@@ -360,6 +479,23 @@ void LaunchCausalConv1dSilu(const uint16_t* x, AnyPtr w, float* conv_states, int
     std::fprintf(stderr, "mobius cuda: conv kernel size %d outside [1, %d]\n", kernel_size,
                  kMaxConvKernel);
     std::abort();
+  }
+  if (kernel_size == 4 && channels % 8 == 0 && IsAligned16(x) && IsAligned16(out) &&
+      IsAligned16(w.data)) {
+    const bool decode = num_tokens == segments.num_segments;
+    const dim3 grid(static_cast<unsigned>((num_tokens + kConvTokens - 1) / kConvTokens),
+                    static_cast<unsigned>((channels / 8 + kConvVecThreads - 1) / kConvVecThreads));
+    CausalConvVecKernel<4><<<grid, kConvVecThreads, 0, stream>>>(
+        x, w, conv_states, num_tokens, channels, tokens, segments, decode, out);
+    CheckLaunch("CausalConv1dSilu");
+    if (!decode) {
+      const dim3 update_grid(static_cast<unsigned>(segments.num_segments),
+                             static_cast<unsigned>((channels + kThreads - 1) / kThreads));
+      ConvStateUpdateVecKernel<<<update_grid, kThreads, 0, stream>>>(x, conv_states, channels,
+                                                                     kernel_size, segments);
+      CheckLaunch("ConvStateUpdate");
+    }
+    return;
   }
   CausalConvKernel<<<GridFor(num_tokens * channels, kThreads), kThreads, 0, stream>>>(
       x, w, conv_states, num_tokens, channels, kernel_size, tokens, segments, out);

@@ -56,6 +56,21 @@ void LaunchMulSigmoid(uint16_t* x, const uint16_t* gate, int64_t n, cudaStream_t
 void LaunchGemmFallback(const uint16_t* a, const uint16_t* w, int64_t m, int64_t n, int64_t k,
                         AnyMutPtr c, cudaStream_t stream);
 
+// ---- GEMMs with a few rows (skinny_gemm.cu) ----
+// y[M, n] = x[M, K] @ w[n, K]^T for one of the weights of a skinny GEMM; y fp32 or bf16.
+struct SkinnyTarget {
+  const uint16_t* w = nullptr;
+  int64_t n = 0;
+  AnyMutPtr y;
+};
+inline constexpr int kMaxSkinnyTargets = 4;
+inline constexpr int kMaxSkinnyRows = 2;
+// True when LaunchSkinnyGemm takes x [m, k] and a weight at `w` (check every weight).
+bool SkinnyGemmSupports(int64_t m, int64_t k, const void* x, const void* w);
+// All targets in one launch (at most kMaxSkinnyTargets; every weight has K columns).
+void LaunchSkinnyGemm(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* targets,
+                      int num_targets, cudaStream_t stream);
+
 // ---- gated DeltaNet (deltanet_kernels.cu) ----
 void LaunchCausalConv1dSilu(const uint16_t* x, AnyPtr w, float* conv_states, int64_t num_tokens,
                             int64_t channels, int kernel_size, const TokenMeta& tokens,
@@ -124,6 +139,17 @@ const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const flo
                                 const uint16_t* gate_up, const uint16_t* down, int64_t num_tokens,
                                 int k, int num_local_experts, int first_expert, int64_t hidden,
                                 int64_t inter, void* scratch, uint16_t* out, cudaStream_t stream);
+
+inline constexpr int kMoeFewTokensMaxPairs = 64;
+// The same for a few tokens (at most kMoeFewTokensMaxPairs pairs: decode), without routing tiles or
+// a combine pass: returns false, launching nothing, for shapes it does not take. `act_scratch`
+// holds num_tokens * k * inter bf16 values. Counts no pairs (callers that want counts use the
+// above).
+bool LaunchMoeExpertsFewTokens(const uint16_t* x, const int32_t* ids, const float* weights,
+                               const uint16_t* gate_up, const uint16_t* down, int64_t num_tokens,
+                               int k, int num_local_experts, int first_expert, int64_t hidden,
+                               int64_t inter, uint16_t* act_scratch, uint16_t* out,
+                               cudaStream_t stream);
 
 }  // namespace mobius::kernels::cuda
 

@@ -89,6 +89,230 @@ __global__ void TopKSoftmaxKernel(AnyPtr logits, int num_experts, int k, bool re
   }
 }
 
+// The same result from shared memory, for up to kSmemTopKExperts experts and k <= 32: the
+// token's logits are read once; each warp picks the k best of its contiguous share (k rounds of
+// a warp argmax, no block barrier), then warp 0 picks the k best of the warps' candidates. The
+// kernel above re-reads every logit k times from global memory, which made it the slowest op of
+// a batch-1 decode step (23 us per layer for 2560 experts).
+constexpr int kSmemTopKExperts = 8192;
+constexpr int kSmemTopKMaxK = 32;
+
+__device__ __forceinline__ void WarpArgBest(float& v, int& i) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+    if (Better(ov, oi, v, i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+}
+
+__global__ void TopKSoftmaxSmemKernel(AnyPtr logits, int num_experts, int k, bool renormalize,
+                                      int32_t* ids, float* weights) {
+  extern __shared__ float topk_smem[];
+  float* vals = topk_smem;                                               // [E]
+  float* cand_v = vals + num_experts;                                    // [warps * k]
+  int* cand_i = reinterpret_cast<int*>(cand_v + (blockDim.x >> 5) * k);  // [warps * k]
+  unsigned char* taken = reinterpret_cast<unsigned char*>(cand_i + (blockDim.x >> 5) * k);  // [E]
+  __shared__ float red[32];
+  const int64_t t = blockIdx.x;
+  const int64_t base = t * num_experts;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
+
+  float mx = -INFINITY;
+  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) {
+    const float v = Load(logits, base + e);
+    vals[e] = v;
+    taken[e] = 0;
+    mx = fmaxf(mx, v);
+  }
+  mx = BlockMax(mx, red);  // its barriers also publish vals and taken
+  float sum = 0.0f;
+  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) sum += expf(vals[e] - mx);
+  sum = BlockSum(sum, red);
+
+  const int chunk = (num_experts + num_warps - 1) / num_warps;
+  const int begin = warp * chunk, end = min(num_experts, begin + chunk);
+  for (int j = 0; j < k; ++j) {
+    float best_v = -INFINITY;
+    int best_i = INT_MAX;
+    for (int e = begin + lane; e < end; e += 32) {
+      if (!taken[e] && Better(vals[e], e, best_v, best_i)) {
+        best_v = vals[e];
+        best_i = e;
+      }
+    }
+    WarpArgBest(best_v, best_i);
+    if (lane == 0) {
+      cand_v[warp * k + j] = best_v;
+      cand_i[warp * k + j] = best_i;
+      if (best_i != INT_MAX) taken[best_i] = 1;
+    }
+    __syncwarp();
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  const int num_cand = num_warps * k;
+  uint32_t used = 0;  // bit c: candidate lane + 32 c already chosen
+  float selected_sum = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    float best_v = -INFINITY;
+    int best_i = INT_MAX;
+    for (int c = lane, bit = 0; c < num_cand; c += 32, ++bit) {
+      if (!(used >> bit & 1u) && cand_i[c] != INT_MAX &&
+          Better(cand_v[c], cand_i[c], best_v, best_i)) {
+        best_v = cand_v[c];
+        best_i = cand_i[c];
+      }
+    }
+    WarpArgBest(best_v, best_i);
+    for (int c = lane, bit = 0; c < num_cand; c += 32, ++bit) {
+      if (cand_i[c] == best_i) used |= 1u << bit;
+    }
+    const float p = expf(best_v - mx) / sum;
+    if (lane == 0) {
+      ids[t * k + j] = best_i;
+      weights[t * k + j] = p;
+    }
+    selected_sum += p;
+  }
+  if (renormalize && lane < k) {
+    __syncwarp();
+    weights[t * k + lane] /= selected_sum;
+  }
+}
+
+// For k <= kRegTopK (the released configs route each token to 8 experts): each lane keeps
+// a sorted list of its kRegTopK best logits in registers while it streams its share once (with
+// an online softmax for the max and the sum), a warp merges its lanes' lists head by head, and
+// warp 0 merges the warps' lists. No shared-memory scans per round: at one token this is the
+// shortest chain of dependent steps, at 8K tokens the least traffic.
+constexpr int kRegTopK = 8;
+constexpr int kRegTopKThreads = 128;
+
+__device__ __forceinline__ void InsertSorted(float v, int e, float (&lv)[kRegTopK],
+                                             int (&li)[kRegTopK]) {
+  if (!Better(v, e, lv[kRegTopK - 1], li[kRegTopK - 1])) return;
+  lv[kRegTopK - 1] = v;
+  li[kRegTopK - 1] = e;
+#pragma unroll
+  for (int q = kRegTopK - 1; q > 0; --q) {
+    if (Better(lv[q], li[q], lv[q - 1], li[q - 1])) {
+      const float tv = lv[q];
+      lv[q] = lv[q - 1];
+      lv[q - 1] = tv;
+      const int ti = li[q];
+      li[q] = li[q - 1];
+      li[q - 1] = ti;
+    }
+  }
+}
+
+// k rounds of "best head of the warp's lists": the results land in out_v/out_i of every lane.
+__device__ __forceinline__ void WarpMergeLists(float (&lv)[kRegTopK], int (&li)[kRegTopK], int k,
+                                               float (&out_v)[kRegTopK], int (&out_i)[kRegTopK]) {
+#pragma unroll
+  for (int j = 0; j < kRegTopK; ++j) {
+    if (j >= k) break;
+    float bv = lv[0];
+    int bi = li[0];
+    WarpArgBest(bv, bi);
+    out_v[j] = bv;
+    out_i[j] = bi;
+    if (li[0] == bi && bi != INT_MAX) {  // this lane's head was taken: pop it
+#pragma unroll
+      for (int q = 0; q + 1 < kRegTopK; ++q) {
+        lv[q] = lv[q + 1];
+        li[q] = li[q + 1];
+      }
+      lv[kRegTopK - 1] = -INFINITY;
+      li[kRegTopK - 1] = INT_MAX;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kRegTopKThreads)
+    TopKSoftmaxRegKernel(AnyPtr logits, int num_experts, int k, bool renormalize, int32_t* ids,
+                         float* weights) {
+  constexpr int kWarps = kRegTopKThreads / 32;
+  __shared__ float m_s[kWarps], s_s[kWarps];
+  __shared__ float cand_v[kWarps][kRegTopK];
+  __shared__ int cand_i[kWarps][kRegTopK];
+  const int64_t t = blockIdx.x;
+  const int64_t base = t * num_experts;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float lv[kRegTopK];
+  int li[kRegTopK];
+#pragma unroll
+  for (int q = 0; q < kRegTopK; ++q) {
+    lv[q] = -INFINITY;
+    li[q] = INT_MAX;
+  }
+  float m = -INFINITY, sum = 0.0f;
+  for (int e = threadIdx.x; e < num_experts; e += kRegTopKThreads) {
+    const float v = Load(logits, base + e);
+    if (v > m) {
+      sum = sum * expf(m - v) + 1.0f;
+      m = v;
+    } else if (v != -INFINITY) {
+      sum += expf(v - m);
+    }
+    InsertSorted(v, e, lv, li);
+  }
+  // Softmax statistics over the block: combine (max, sum) pairs.
+  for (int o = 16; o > 0; o >>= 1) {
+    const float om = __shfl_xor_sync(0xffffffffu, m, o);
+    const float os = __shfl_xor_sync(0xffffffffu, sum, o);
+    const float nm = fmaxf(m, om);
+    sum = (m == -INFINITY ? 0.0f : sum * expf(m - nm)) +
+          (om == -INFINITY ? 0.0f : os * expf(om - nm));
+    m = nm;
+  }
+  float wv[kRegTopK];
+  int wi[kRegTopK];
+  WarpMergeLists(lv, li, k, wv, wi);
+  if (lane == 0) {
+    m_s[warp] = m;
+    s_s[warp] = sum;
+#pragma unroll
+    for (int j = 0; j < kRegTopK; ++j) {
+      cand_v[warp][j] = j < k ? wv[j] : -INFINITY;
+      cand_i[warp][j] = j < k ? wi[j] : INT_MAX;
+    }
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  float mx = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, m_s[w]);
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) total += m_s[w] == -INFINITY ? 0.0f : s_s[w] * expf(m_s[w] - mx);
+    // Lane w < kWarps holds warp w's (sorted) list; the other lanes hold empty lists.
+#pragma unroll
+  for (int q = 0; q < kRegTopK; ++q) {
+    lv[q] = lane < kWarps ? cand_v[lane][q] : -INFINITY;
+    li[q] = lane < kWarps ? cand_i[lane][q] : INT_MAX;
+  }
+  WarpMergeLists(lv, li, k, wv, wi);
+  float selected = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kRegTopK; ++j) {
+    if (j < k) {
+      wv[j] = expf(wv[j] - mx) / total;
+      selected += wv[j];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kRegTopK; ++j) {
+    if (j < k && lane == j) {
+      ids[t * k + j] = wi[j];
+      weights[t * k + j] = renormalize ? wv[j] / selected : wv[j];
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Grouped GEMM: C[row, n] = A[a_row(row), :] @ W_g[n, :]^T for the rows of each group g, with
 // groups described by a tile table (tile -> group, first row; group -> end row). With kGateUp,
@@ -232,7 +456,7 @@ __global__ void __launch_bounds__(kGemmThreads) GroupedGemmKernel(GemmArgs args)
   }
 }
 
-bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool Aligned16(const void* p) { return IsAligned16(p); }
 
 template <bool kGateUp>
 void LaunchGroupedGemm(GemmArgs args, int bm, int64_t tiles, cudaStream_t stream) {
@@ -901,11 +1125,132 @@ MoeScratch CarveMoeScratch(char* base, int64_t num_tokens, int k, int num_local,
   return s;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Few tokens (decode): every (token, expert) pair streams its expert's rows directly, like the
+// skinny GEMM, with no routing pass, no tiles and no combine pass. At one token the grouped path
+// spent 4.8 us routing, 14 + 9 us in GEMMs with 144-288 blocks of 128-row tiles (2.4 and
+// 1.9 TB/s) and 6 us combining; here a layer is two launches over ~2000 warps each.
+
+constexpr int kFewWarps = 8;
+
+// act[p, i] = silu(x[t] . gate[e, i]) * (x[t] . up[e, i]) for pair p = (t, j), e = ids[p]: a warp
+// computes two columns i (four weight rows). Grid (ceil(I / 16), pairs).
+__global__ void __launch_bounds__(kFewWarps * 32)
+    MoeFewGateUpKernel(const uint16_t* x, const int32_t* ids, const uint16_t* gate_up,
+                       int64_t hidden, int64_t inter, int k, int first_expert, int num_local,
+                       uint16_t* act) {
+  const int lane = threadIdx.x & 31;
+  const int64_t p = blockIdx.y;
+  const int e = ids[p] - first_expert;
+  if (e < 0 || e >= num_local) return;  // another rank's expert: the down kernel skips it too
+  const int64_t i0 = (static_cast<int64_t>(blockIdx.x) * kFewWarps + (threadIdx.x >> 5)) * 2;
+  if (i0 >= inter) return;
+  const bool second = i0 + 1 < inter;
+  const uint16_t* w = gate_up + static_cast<int64_t>(e) * 2 * inter * hidden;
+  const uint4* rows[4] = {
+      reinterpret_cast<const uint4*>(w + i0 * hidden),
+      reinterpret_cast<const uint4*>(w + (second ? i0 + 1 : i0) * hidden),
+      reinterpret_cast<const uint4*>(w + (inter + i0) * hidden),
+      reinterpret_cast<const uint4*>(w + (inter + (second ? i0 + 1 : i0)) * hidden)};
+  const uint4* xr = reinterpret_cast<const uint4*>(x + (p / k) * hidden);
+  const int64_t pieces = hidden / 8;
+  float acc[4] = {};
+  for (int64_t base = lane; base < pieces; base += 64) {
+    uint4 wv[2][4];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int64_t q = base + 32 * u;
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        wv[u][r] = q < pieces ? __ldg(rows[r] + q) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int64_t q = base + 32 * u;
+      if (q >= pieces) break;
+      float xv[8];
+      UnpackBf16x8(__ldg(xr + q), xv);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        float wf[8];
+        UnpackBf16x8(wv[u][r], wf);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[r] += wf[i] * xv[i];
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) acc[r] = WarpSum(acc[r]);
+  if (lane == 0) act[p * inter + i0] = F32ToBf16(Silu(acc[0]) * acc[2]);
+  if (lane == 1 && second) act[p * inter + i0 + 1] = F32ToBf16(Silu(acc[1]) * acc[3]);
+}
+
+// out[t, h] += sum_j weights[t, j] * (act[(t, j)] . down[e_j, h]): a warp computes two rows h of
+// one token over all its k experts. Grid (ceil(H / 16), tokens).
+__global__ void __launch_bounds__(kFewWarps * 32)
+    MoeFewDownKernel(const uint16_t* act, const int32_t* ids, const float* weights,
+                     const uint16_t* down, int64_t hidden, int64_t inter, int k, int first_expert,
+                     int num_local, uint16_t* out) {
+  const int lane = threadIdx.x & 31;
+  const int64_t t = blockIdx.y;
+  const int64_t h0 = (static_cast<int64_t>(blockIdx.x) * kFewWarps + (threadIdx.x >> 5)) * 2;
+  if (h0 >= hidden) return;
+  const bool second = h0 + 1 < hidden;
+  const int64_t pieces = inter / 8;
+  float acc[2] = {};
+#pragma unroll 4
+  for (int j = 0; j < k; ++j) {
+    const int64_t p = t * k + j;
+    const int e = ids[p] - first_expert;
+    if (e < 0 || e >= num_local) continue;
+    const float wj = weights[p];
+    const uint16_t* w = down + static_cast<int64_t>(e) * hidden * inter;
+    const uint4* r0 = reinterpret_cast<const uint4*>(w + h0 * inter);
+    const uint4* r1 = reinterpret_cast<const uint4*>(w + (second ? h0 + 1 : h0) * inter);
+    const uint4* ar = reinterpret_cast<const uint4*>(act + p * inter);
+    float part[2] = {};
+    for (int64_t q = lane; q < pieces; q += 32) {
+      float av[8], w0[8], w1[8];
+      UnpackBf16x8(__ldg(r0 + q), w0);
+      UnpackBf16x8(__ldg(r1 + q), w1);
+      UnpackBf16x8(ar[q], av);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        part[0] += w0[i] * av[i];
+        part[1] += w1[i] * av[i];
+      }
+    }
+    acc[0] += wj * part[0];
+    acc[1] += wj * part[1];
+  }
+  acc[0] = WarpSum(acc[0]);
+  acc[1] = WarpSum(acc[1]);
+  if (lane == 0) out[t * hidden + h0] = F32ToBf16(Bf16ToF32(out[t * hidden + h0]) + acc[0]);
+  if (lane == 1 && second) {
+    out[t * hidden + h0 + 1] = F32ToBf16(Bf16ToF32(out[t * hidden + h0 + 1]) + acc[1]);
+  }
+}
+
 }  // namespace
 
 void LaunchTopKSoftmax(AnyPtr logits, int64_t num_tokens, int num_experts, int k, bool renormalize,
                        int32_t* ids, float* weights, cudaStream_t stream) {
   if (num_tokens == 0 || k == 0) return;
+  if (k <= kRegTopK && k <= num_experts) {
+    TopKSoftmaxRegKernel<<<static_cast<unsigned>(num_tokens), kRegTopKThreads, 0, stream>>>(
+        logits, num_experts, k, renormalize, ids, weights);
+    CheckLaunch("TopKSoftmax");
+    return;
+  }
+  if (num_experts <= kSmemTopKExperts && k <= kSmemTopKMaxK && k <= num_experts) {
+    const int warps = kTopKThreads / 32;
+    const size_t smem =
+        (sizeof(float) + 1) * num_experts + (sizeof(float) + sizeof(int)) * warps * k;
+    TopKSoftmaxSmemKernel<<<static_cast<unsigned>(num_tokens), kTopKThreads, smem, stream>>>(
+        logits, num_experts, k, renormalize, ids, weights);
+    CheckLaunch("TopKSoftmax");
+    return;
+  }
   TopKSoftmaxKernel<<<static_cast<unsigned>(num_tokens), kTopKThreads, sizeof(int) * k, stream>>>(
       logits, num_experts, k, renormalize, ids, weights);
   CheckLaunch("TopKSoftmax");
@@ -1051,6 +1396,35 @@ const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const flo
                       kCombineThreads, 0, stream, pair_out, pair_pos, weights, k, hidden, out);
   CheckLaunch("MoeCombine");
   return s.counts;
+}
+
+bool LaunchMoeExpertsFewTokens(const uint16_t* x, const int32_t* ids, const float* weights,
+                               const uint16_t* gate_up, const uint16_t* down, int64_t num_tokens,
+                               int k, int num_local_experts, int first_expert, int64_t hidden,
+                               int64_t inter, uint16_t* act_scratch, uint16_t* out,
+                               cudaStream_t stream) {
+  static const bool grouped_only = [] {
+    const char* env = std::getenv("MOBIUS_MOE_GEMM");
+    return env != nullptr && std::string_view(env) == "grouped";
+  }();
+  const int64_t pairs = num_tokens * k;
+  if (pairs == 0 || pairs > kMoeFewTokensMaxPairs || hidden % 8 != 0 || inter % 8 != 0 ||
+      !Aligned16(x) || !Aligned16(gate_up) || !Aligned16(down) || !Aligned16(act_scratch) ||
+      ForcedFma() || grouped_only) {
+    return false;
+  }
+  const int64_t cols_per_block = 2 * kFewWarps;
+  MoeFewGateUpKernel<<<dim3(static_cast<unsigned>((inter + cols_per_block - 1) / cols_per_block),
+                            static_cast<unsigned>(pairs)),
+                       kFewWarps * 32, 0, stream>>>(x, ids, gate_up, hidden, inter, k, first_expert,
+                                                    num_local_experts, act_scratch);
+  CheckLaunch("MoeFewGateUp");
+  MoeFewDownKernel<<<dim3(static_cast<unsigned>((hidden + cols_per_block - 1) / cols_per_block),
+                          static_cast<unsigned>(num_tokens)),
+                     kFewWarps * 32, 0, stream>>>(act_scratch, ids, weights, down, hidden, inter, k,
+                                                  first_expert, num_local_experts, out);
+  CheckLaunch("MoeFewDown");
+  return true;
 }
 
 }  // namespace mobius::kernels::cuda

@@ -205,8 +205,12 @@ TEST_F(CudaKernelsTest, Linear) {
   struct Shape {
     int64_t m, n, k;
   };
-  for (const Shape s : {Shape{37, 97, 200}, Shape{1, 2560, 256}, Shape{5, 1, 64},
-                        Shape{130, 96, 77}, Shape{3, 33, 17}}) {
+  // Up to 2 rows with K % 8 == 0 and fewer than 64 columns take the skinny kernel; the rest
+  // cuBLASLt.
+  for (const Shape s :
+       {Shape{37, 97, 200}, Shape{1, 2560, 256}, Shape{5, 1, 64}, Shape{130, 96, 77},
+        Shape{3, 33, 17}, Shape{8, 1030, 2048}, Shape{2, 77, 4096}, Shape{7, 5, 520},
+        Shape{1, 3, 8}, Shape{2, 33, 2048}, Shape{1, 1, 4096}}) {
     const std::vector<float> x = Rand(s.m * s.k), w = Rand(s.n * s.k);
     Tensor xt = Make(DType::kBF16, {s.m, s.k}, x), wt = Make(DType::kBF16, {s.n, s.k}, w);
     std::vector<double> ref;
@@ -237,6 +241,38 @@ TEST_F(CudaKernelsTest, Linear) {
   Tensor y0 = Poisoned(DType::kBF16, {0, 8});
   backend_->Linear(x0, w0, y0);
   backend_->Synchronize();
+}
+
+// Several weights over one input, with mixed output dtypes: one skinny launch for up to 2 rows
+// (more than kMaxSkinnyTargets weights take two), one Linear each otherwise.
+TEST_F(CudaKernelsTest, LinearFanOutMatchesSeparateProjections) {
+  const int64_t k = 2048;
+  const std::vector<int64_t> ns = {8192, 33, 1, 2560, 12};
+  std::vector<std::vector<float>> w_host;
+  std::vector<Tensor> w_dev;
+  for (int64_t n : ns) {
+    w_host.push_back(Rand(n * k));
+    w_dev.push_back(Make(DType::kBF16, {n, k}, w_host.back()));
+  }
+  for (const int64_t m : {1, 2, 3, 8}) {
+    const std::vector<float> x = Rand(m * k);
+    Tensor xt = Make(DType::kBF16, {m, k}, x);
+    std::vector<Tensor> ys;
+    std::vector<const Tensor*> ws;
+    std::vector<Tensor*> y_ptrs;
+    for (size_t i = 0; i < ns.size(); ++i) {
+      ys.push_back(Poisoned(i % 2 == 0 ? DType::kBF16 : DType::kF32, {m, ns[i]}));
+      ws.push_back(&w_dev[i]);
+    }
+    for (Tensor& y : ys) y_ptrs.push_back(&y);
+    backend_->LinearFanOut(xt, ws, y_ptrs);
+    for (size_t i = 0; i < ns.size(); ++i) {
+      std::vector<double> ref;
+      RefLinear(x, w_host[i], m, ns[i], k, ref);
+      EXPECT_LT(Reported("linear fan-out", RelErr(Host(ys[i]), ref)), i % 2 == 0 ? kBf16Tol : 1e-4)
+          << "m " << m << " weight " << i;
+    }
+  }
 }
 
 TEST_F(CudaKernelsTest, EmbeddingLookupAndGatherRows) {
@@ -277,8 +313,13 @@ std::vector<double> RefRmsNorm(const std::vector<float>& x, const std::vector<fl
 double Silu(double x) { return x / (1.0 + std::exp(-x)); }
 double Sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
-TEST_F(CudaKernelsTest, NormsAndElementwise) {
-  const int64_t rows = 19, d = 2048 + 24;
+// Each op once with shapes whose rows are multiples of 8 elements (the 16-byte kernels) and once
+// with odd ones (the scalar kernels).
+class CudaElementwiseTest : public CudaKernelsTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(CudaElementwiseTest, NormsAndElementwise) {
+  const bool vec = GetParam();
+  const int64_t rows = 19, d = vec ? 2048 + 24 : 2048 + 21;
   const float eps = 1e-6f;
   const std::vector<float> x = Rand(rows * d, -3, 3), w = Rand(d, -0.5f, 0.5f), y = Rand(rows * d);
   Tensor xt = Make(DType::kBF16, {rows, d}, x), wt = Make(DType::kBF16, {d}, w),
@@ -318,7 +359,7 @@ TEST_F(CudaKernelsTest, NormsAndElementwise) {
   EXPECT_LT(RelErr(Host(m), ref), kBf16Tol);
 
   // SiluAndMul over [T, 2I].
-  const int64_t t = 7, inter = 517;
+  const int64_t t = 7, inter = vec ? 512 : 517;
   const std::vector<float> gu = Rand(t * 2 * inter, -4, 4);
   Tensor gut = Make(DType::kBF16, {t, 2 * inter}, gu);
   Tensor act = Poisoned(DType::kBF16, {t, inter});
@@ -342,32 +383,50 @@ TEST_F(CudaKernelsTest, NormsAndElementwise) {
   }
   EXPECT_LT(RelErr(Host(acc), ref), kBf16Tol);
 
-  // GatedRmsNorm over heads of 128 (plain weight).
-  const int64_t hr = 4 * 6, hd = 128;
-  const std::vector<float> gx = Rand(hr * hd, -2, 2), gz = Rand(hr * hd, -3, 3),
-                           gw = Rand(hd, 0.5f, 1.5f);
-  Tensor gxt = Make(DType::kBF16, {hr, hd}, gx), gzt = Make(DType::kBF16, {hr, hd}, gz),
-         gwt = Make(DType::kBF16, {hd}, gw);
-  Tensor gout = Poisoned(DType::kBF16, {hr, hd});
-  backend_->GatedRmsNorm(gxt, gzt, gwt, eps, gout);
-  ref = RefRmsNorm(gx, gw, hr, hd, eps, false);
-  for (size_t i = 0; i < ref.size(); ++i) ref[i] *= Silu(gz[i]);
-  EXPECT_LT(RelErr(Host(gout), ref), kBf16Tol);
+  // GatedRmsNorm (plain weight) over heads of 128 and 64 (several rows per warp), 264 (a warp
+  // per row) and odd sizes (scalar); 23 rows leave a partial warp.
+  for (const int64_t hd :
+       vec ? std::vector<int64_t>{128, 64, 264} : std::vector<int64_t>{36, 130}) {
+    const int64_t hr = 23;
+    const std::vector<float> gx = Rand(hr * hd, -2, 2), gz = Rand(hr * hd, -3, 3),
+                             gw = Rand(hd, 0.5f, 1.5f);
+    Tensor gxt = Make(DType::kBF16, {hr, hd}, gx), gzt = Make(DType::kBF16, {hr, hd}, gz),
+           gwt = Make(DType::kBF16, {hd}, gw);
+    Tensor gout = Poisoned(DType::kBF16, {hr, hd});
+    backend_->GatedRmsNorm(gxt, gzt, gwt, eps, gout);
+    ref = RefRmsNorm(gx, gw, hr, hd, eps, false);
+    for (size_t i = 0; i < ref.size(); ++i) ref[i] *= Silu(gz[i]);
+    EXPECT_LT(RelErr(Host(gout), ref), kBf16Tol) << "head dim " << hd;
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(Rows, CudaElementwiseTest, ::testing::Values(true, false),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Vec8" : "Odd";
+                         });
 
 // ---------------------------------------------------------------------------------------------
 // Gated DeltaNet
 
-TEST_F(CudaKernelsTest, CausalConv1dSiluRaggedWithState) {
-  const int64_t c = 203, kk = 4, slots = 5;
-  const std::vector<int> lengths = {6, 1, 11, 2};
-  const std::vector<int> slot_of = {3, 0, 4, 1};
+struct ConvCase {
+  int64_t channels;
+  std::vector<int> lengths, cached, slot_of;
+};
+
+class CudaConvTest : public CudaKernelsTest, public ::testing::WithParamInterface<ConvCase> {};
+
+// Ragged steps (prefill-like) and decode steps (one token per segment, where the state update is
+// fused into the conv), with odd channel counts (scalar kernel) and multiples of 8 (16-byte one).
+TEST_P(CudaConvTest, CausalConv1dSiluRaggedWithState) {
+  const int64_t c = GetParam().channels, kk = 4, slots = 5;
+  const std::vector<int>& lengths = GetParam().lengths;
+  const std::vector<int>& slot_of = GetParam().slot_of;
   const int64_t t = std::accumulate(lengths.begin(), lengths.end(), 0);
   const std::vector<float> x = Rand(t * c, -2, 2), w = Rand(c * kk);
   std::vector<float> state = Rand(slots * c * (kk - 1));
   Tensor xt = Make(DType::kBF16, {t, c}, x), wt = Make(DType::kBF16, {c, kk}, w);
   Tensor st = Make(DType::kF32, {slots, c, kk - 1}, state);
-  const auto segs = MakeSegments(lengths, {9, 30, 0, 4}, slot_of);
+  const auto segs = MakeSegments(lengths, GetParam().cached, slot_of);
   Tensor out = Poisoned(DType::kBF16, {t, c});
   backend_->CausalConv1dSilu(xt, wt, st, segs, out);
 
@@ -392,8 +451,20 @@ TEST_F(CudaKernelsTest, CausalConv1dSiluRaggedWithState) {
   }
   EXPECT_LT(Reported("causal conv", RelErr(Host(out), ref)), kBf16Tol);
   const std::vector<double> state_ref(new_state.begin(), new_state.end());
-  EXPECT_EQ(RelErr(Host(st), state_ref), 0.0);  // untouched slot 2 included
+  EXPECT_EQ(RelErr(Host(st), state_ref), 0.0);  // untouched slots included
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Steps, CudaConvTest,
+    ::testing::Values(ConvCase{203, {6, 1, 11, 2}, {9, 30, 0, 4}, {3, 0, 4, 1}},
+                      ConvCase{264, {6, 1, 11, 2}, {9, 30, 0, 4}, {3, 0, 4, 1}},
+                      ConvCase{264, {1, 1, 1}, {9, 0, 2}, {3, 0, 4}},
+                      ConvCase{8192, {1}, {40}, {2}}, ConvCase{203, {1, 1}, {5, 1}, {1, 2}},
+                      ConvCase{264, {40, 3}, {0, 5}, {1, 2}}),
+    [](const ::testing::TestParamInfo<ConvCase>& info) {
+      return absl::StrCat("c", info.param.channels, "_seqs", info.param.lengths.size(), "_tokens",
+                          std::accumulate(info.param.lengths.begin(), info.param.lengths.end(), 0));
+    });
 
 TEST_F(CudaKernelsTest, DeltaRuleGates) {
   const int64_t t = 33, hv = 32;
@@ -673,7 +744,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionTest,
                                            AttnShape{6, 3, 96, 32, 5},    // head dim 96
                                            AttnShape{16, 2, 256, 64, 16, true},  // GQA 8, split
                                            AttnShape{4, 2, 256, 64, 32, true},
-                                           AttnShape{4, 2, 36, 12, 4, true}),  // generic kernel
+                                           AttnShape{4, 2, 36, 12, 4, true},  // generic kernel
+                                           AttnShape{4, 2, 64, 16, 4, true},  // fixture dims
+                                           AttnShape{4, 2, 32, 8, 4, true}),
                          [](const ::testing::TestParamInfo<AttnShape>& info) {
                            const AttnShape& p = info.param;
                            return absl::StrCat("nh", p.nh, "_nkv", p.nkv, "_hd", p.hd, "_rot",
@@ -704,6 +777,28 @@ void RefTopK(const std::vector<float>& logits, int64_t t, int e, int k, bool ren
       const double p = std::exp(l[order[j]] - mx) / sum;
       w.push_back(renorm ? p / sel : p);
     }
+  }
+}
+
+// Every TopKSoftmax kernel: k <= 8 (registers), k up to 32 with up to 8192 experts (shared
+// memory), more (global memory); few experts (lanes and warps with nothing to offer) and k equal
+// to the expert count.
+TEST_F(CudaKernelsTest, TopKSoftmaxExpertCountsAndK) {
+  struct Case {
+    int64_t t;
+    int e, k;
+  };
+  for (const Case c : {Case{3, 10, 8}, Case{5, 64, 10}, Case{2, 9000, 4}, Case{4, 300, 32},
+                       Case{1, 2560, 1}, Case{2, 9000, 12}, Case{7, 8, 8}}) {
+    const std::vector<float> logits = Rand(c.t * c.e, -4, 4);
+    Tensor lt = Make(DType::kF32, {c.t, c.e}, logits);
+    Tensor ids = Poisoned(DType::kI32, {c.t, c.k}), w = Poisoned(DType::kF32, {c.t, c.k});
+    backend_->TopKSoftmax(lt, c.k, true, ids, w);
+    std::vector<int32_t> ref_ids;
+    std::vector<double> ref_w;
+    RefTopK(logits, c.t, c.e, c.k, true, ref_ids, ref_w);
+    EXPECT_EQ(HostI32(ids), ref_ids) << c.e << " experts, k " << c.k;
+    EXPECT_LT(RelErr(Host(w), ref_w), 1e-5) << c.e << " experts, k " << c.k;
   }
 }
 
@@ -788,6 +883,18 @@ TEST_F(CudaKernelsTest, MoeExpertsExpertParallelSlice) {
   EXPECT_EQ(counts, ref_counts);
   EXPECT_EQ(counts[3], 5);
   EXPECT_EQ(counts[8], 5);
+
+  // The first three tokens alone without counts (12 pairs): the few-token kernels, which must
+  // skip the other ranks' experts just the same; the output accumulates onto what was there.
+  const int64_t tf = 3;
+  Tensor out_few =
+      Make(DType::kBF16, {tf, h}, std::vector<float>(out0.begin(), out0.begin() + tf * h));
+  backend_->MoeExperts(xt.Rows(0, tf), idt.Rows(0, tf), wt.Rows(0, tf), gut, dnt, first, out_few,
+                       {});
+  std::vector<double> ref_few(out0.begin(), out0.begin() + tf * h);
+  std::vector<int64_t> unused(experts, 0);
+  RefMoe(x, ids, w, gu, dn, tf, k, experts, first, h, inter, ref_few, unused);
+  EXPECT_LT(Reported("moe (EP slice, few tokens)", RelErr(Host(out_few), ref_few)), kBf16Tol);
 }
 
 TEST_F(CudaKernelsTest, RoutingOver2560ExpertsThroughMoeExperts) {

@@ -308,10 +308,11 @@ absl::Status HybridModel::DeltaNetMixer(StepContext& ctx, int layer, const Tenso
   ASSIGN_OR_RETURN(Tensor z, Alloc({T, vd}));
   ASSIGN_OR_RETURN(Tensor b, Alloc({T, Hv}));
   ASSIGN_OR_RETURN(Tensor a, Alloc({T, Hv}));
-  backend_.Linear(x, w.in_proj_qkv, mixed);
-  backend_.Linear(x, w.in_proj_z, z);
-  backend_.Linear(x, w.in_proj_b, b);
-  backend_.Linear(x, w.in_proj_a, a);
+  {
+    const Tensor* ws[] = {&w.in_proj_qkv, &w.in_proj_z, &w.in_proj_b, &w.in_proj_a};
+    Tensor* ys[] = {&mixed, &z, &b, &a};
+    backend_.LinearFanOut(x, ws, ys);
+  }
 
   const int slot_layer = cache_index_[layer];
   ASSIGN_OR_RETURN(Tensor conv_out, Alloc({T, cd}));
@@ -348,9 +349,9 @@ absl::Status HybridModel::AttentionMixer(StepContext& ctx, int layer, const Tens
   {
     Tensor q2 = q_gate.Reshape({T, nh * 2 * hd}), k2 = k.Reshape({T, nkv * hd}),
            v2 = v.Reshape({T, nkv * hd});
-    backend_.Linear(x, w.q_proj, q2);
-    backend_.Linear(x, w.k_proj, k2);
-    backend_.Linear(x, w.v_proj, v2);
+    const Tensor* ws[] = {&w.q_proj, &w.k_proj, &w.v_proj};
+    Tensor* ys[] = {&q2, &k2, &v2};
+    backend_.LinearFanOut(x, ws, ys);
   }
   ASSIGN_OR_RETURN(Tensor q, Alloc({T, nh, hd}));
   ASSIGN_OR_RETURN(Tensor gate, Alloc({T, nh, hd}));
@@ -377,24 +378,29 @@ absl::Status HybridModel::FeedForward(StepContext& ctx, int layer, const Tensor&
   // Shared expert (or the dense MLP).
   ASSIGN_OR_RETURN(Tensor gate_up, Alloc({T, I2}));
   ASSIGN_OR_RETURN(Tensor act, Alloc({T, I2 / 2}));
-  backend_.Linear(x, lw.shared_expert.gate_up, gate_up);
-  backend_.SiluAndMul(gate_up, act);
   if (config_.mlp_types[layer] == MlpType::kDense) {
+    backend_.Linear(x, lw.shared_expert.gate_up, gate_up);
+    backend_.SiluAndMul(gate_up, act);
     backend_.Linear(act, lw.shared_expert.down, out);
     return absl::OkStatus();
   }
-  ASSIGN_OR_RETURN(Tensor shared, Alloc({T, config_.hidden_size}));
-  backend_.Linear(act, lw.shared_expert.down, shared);
-  ASSIGN_OR_RETURN(Tensor shared_gate, Alloc({T, 1}));
-  backend_.Linear(x, lw.shared_expert_gate, shared_gate);
-
-  // Routed experts of this layer's bank.
+  // The projections of x (shared expert, its gate, the router) in one fan-out.
   const ExpertBankWeights& bank = weights_.banks[config_.BankOfLayer(layer)];
   const int E = config_.num_experts, k = config_.num_experts_per_tok;
+  ASSIGN_OR_RETURN(Tensor shared_gate, Alloc({T, 1}));
   // Router logits stay fp32 (MODEL.md section 5): rounding them to bf16 flips near-tied top-k
   // choices, which then changes the token's whole expert mix.
   ASSIGN_OR_RETURN(Tensor router_logits, Alloc(DType::kF32, {T, E}));
-  backend_.Linear(x, bank.router, router_logits);
+  {
+    const Tensor* ws[] = {&lw.shared_expert.gate_up, &lw.shared_expert_gate, &bank.router};
+    Tensor* ys[] = {&gate_up, &shared_gate, &router_logits};
+    backend_.LinearFanOut(x, ws, ys);
+  }
+  backend_.SiluAndMul(gate_up, act);
+  ASSIGN_OR_RETURN(Tensor shared, Alloc({T, config_.hidden_size}));
+  backend_.Linear(act, lw.shared_expert.down, shared);
+
+  // Routed experts of this layer's bank.
   ASSIGN_OR_RETURN(Tensor ids, Alloc(DType::kI32, {T, k}));
   ASSIGN_OR_RETURN(Tensor weights, Alloc(DType::kF32, {T, k}));
   backend_.TopKSoftmax(router_logits, k, config_.norm_topk_prob, ids, weights);
