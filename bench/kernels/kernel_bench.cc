@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "bench/kernels/bench_device.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -328,6 +329,7 @@ class Bench {
   Case Attention(int seqs, int ctx, bool prefill);
   Case Moe(int tokens);
   Case Linear(int m, int n, int k);
+  Case LinearFanOut(int m, std::vector<int> ns, int k);
 
   // ---- timing ----
   Result Time(const std::string& name, Case& c);
@@ -592,6 +594,44 @@ Case Bench::Linear(int m, int n, int k) {
     y->push_back(Act({m, n}));
   }
   c.run = [this, x, w, y](int s) { be_->Linear((*x)[s], (*w)[s], (*y)[s]); };
+  return c;
+}
+
+// Several projections of one input through Backend::LinearFanOut (bf16 outputs).
+Case Bench::LinearFanOut(int m, std::vector<int> ns, int k) {
+  Case c;
+  c.op = "LinearFanOut";
+  double n_total = 0;
+  for (int n : ns) n_total += n;
+  c.shape = absl::StrFormat("[%d, %d] x %d weights [%s, %d]^T", m, k, ns.size(),
+                            absl::StrJoin(ns, "|"), k);
+  c.bytes = (static_cast<double>(m) * k + n_total * k + m * n_total) * ActSize();
+  c.flops = 2.0 * m * n_total * k;
+  c.sets = Sets(c.bytes);
+  struct Set {
+    Tensor x;
+    std::vector<Tensor> w, y;
+  };
+  auto v = std::make_shared<std::vector<Set>>();
+  for (int s = 0; s < c.sets; ++s) {
+    Set set;
+    set.x = Rand(act_, {m, k});
+    for (int n : ns) {
+      set.w.push_back(Rand(act_, {n, k}, -0.05f, 0.05f));
+      set.y.push_back(Act({m, n}));
+    }
+    v->push_back(std::move(set));
+  }
+  c.run = [this, v](int s) {
+    Set& set = (*v)[s];
+    std::vector<const Tensor*> ws;
+    std::vector<Tensor*> ys;
+    for (size_t i = 0; i < set.w.size(); ++i) {
+      ws.push_back(&set.w[i]);
+      ys.push_back(&set.y[i]);
+    }
+    be_->LinearFanOut(set.x, ws, ys);
+  };
   return c;
 }
 
@@ -910,6 +950,24 @@ void Bench::BuildSpecs() {
   for (int t : {1, d.rows.front(), d.rows.back()}) {
     Add(absl::StrFormat("linear.%dx%dx%d", t, in_proj, d.hidden),
         [=, this] { return Linear(t, in_proj, d.hidden); });
+  }
+  // The DeltaNet out-projection at decode batches 1 and 8 (K = 4096: split K in the skinny
+  // kernel) and the in-projection at batch 8.
+  for (int t : {1, 8}) {
+    Add(absl::StrFormat("linear.%dx%dx%d", t, d.hidden, d.hv * d.dv),
+        [=, this] { return Linear(t, d.hidden, d.hv * d.dv); });
+  }
+  Add(absl::StrFormat("linear.%dx%dx%d", 8, in_proj, d.hidden),
+      [=, this] { return Linear(8, in_proj, d.hidden); });
+  // The fan-outs of a decode step (issue-8 skinny kernel at 1-2 rows): a DeltaNet layer's four
+  // in-projections, and the shared expert's gate_up + its gate + the router.
+  for (int t : {1, 2}) {
+    Add(absl::StrFormat("fanout.deltanet_in.T%d", t), [=, this] {
+      return LinearFanOut(t, {2 * d.hk * d.dk + d.hv * d.dv, d.hv * d.dv, d.hv, d.hv}, d.hidden);
+    });
+    Add(absl::StrFormat("fanout.ffn_in.T%d", t), [=, this] {
+      return LinearFanOut(t, {2 * d.shared_inter, 1, d.experts}, d.hidden);
+    });
   }
   Add(absl::StrFormat("linear.lm_head.%dx%dx%d", 1, d.vocab, d.hidden),
       [=, this] { return Linear(1, d.vocab, d.hidden); });
