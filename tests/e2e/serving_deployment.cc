@@ -90,6 +90,27 @@ void Deployment::StartWorker(Worker& w) {
                                    "--metrics-port=" + std::to_string(w.metrics_port),
                                    "--threads=1"};
   args.insert(args.end(), options_.worker_flags.begin(), options_.worker_flags.end());
+  if (options_.ranks > 1) {
+    const std::string leader = "--leader=127.0.0.1:" + std::to_string(FreePort());
+    std::vector<std::string> rank_args = {"--world-size=" + std::to_string(options_.ranks), leader,
+                                          "--rendezvous-timeout-s=30"};
+    rank_args.insert(rank_args.end(), options_.rank_flags.begin(), options_.rank_flags.end());
+    w.followers.clear();
+    for (int r = 1; r < options_.ranks; ++r) {
+      std::vector<std::string> follower = {MOBIUS_WORKER_BINARY,
+                                           "--model",
+                                           FixtureModel(),
+                                           "--host=127.0.0.1",
+                                           "--port=" + std::to_string(FreePort()),
+                                           "--threads=1",
+                                           "--rank=" + std::to_string(r)};
+      follower.insert(follower.end(), options_.worker_flags.begin(), options_.worker_flags.end());
+      follower.insert(follower.end(), rank_args.begin(), rank_args.end());
+      w.followers.push_back(std::make_unique<ChildProcess>(follower));
+    }
+    args.push_back("--rank=0");
+    args.insert(args.end(), rank_args.begin(), rank_args.end());
+  }
   // The child inherits the environment at fork.
   if (options_.step_delay_ms > 0) {
     setenv("MOBIUS_DEBUG_STEP_DELAY_MS", std::to_string(options_.step_delay_ms).c_str(), 1);
@@ -129,6 +150,13 @@ std::string Deployment::WorkerMetrics(int i) {
 std::string Deployment::RouterMetrics() { return HttpGet(http_port_, "/metrics").body; }
 
 void Deployment::KillWorker(int i) { workers_[i].process.reset(); }
+
+void Deployment::KillRank(int i, int r) { workers_[i].followers[r - 1].reset(); }
+
+int Deployment::RankExitStatus(int i, int r) {
+  ChildProcess* p = r == 0 ? workers_[i].process.get() : workers_[i].followers[r - 1].get();
+  return p == nullptr ? -1 : p->ExitStatusIfExited();
+}
 
 void Deployment::RestartWorker(int i) { StartWorker(workers_[i]); }
 

@@ -30,6 +30,10 @@ struct DeploymentOptions {
   std::vector<std::string> router_flags;
   // MOBIUS_DEBUG_STEP_DELAY_MS of the workers (0: unset): a slower step makes races observable.
   int step_delay_ms = 0;
+  // Ranks (processes) of each replica (issue 5): rank 0 serves the Worker API, the others follow
+  // it; `rank_flags` (e.g. --tp=2) go to every rank of every replica.
+  int ranks = 1;
+  std::vector<std::string> rank_flags;
 };
 
 class Deployment {
@@ -55,7 +59,10 @@ class Deployment {
   // The router's /metrics text.
   std::string RouterMetrics();
 
-  void KillWorker(int i);      // SIGKILL
+  void KillWorker(int i);       // SIGKILL (rank 0 of a multi-rank replica)
+  void KillRank(int i, int r);  // SIGKILL rank r >= 1 of replica i
+  // Whether the process of rank r of replica i has exited, and its exit status (-1: running).
+  int RankExitStatus(int i, int r);
   void RestartWorker(int i);   // on the same ports
   int TerminateWorker(int i);  // SIGTERM; the exit code
   int TerminateRouter();       // SIGTERM; the exit code
@@ -68,6 +75,7 @@ class Deployment {
     int metrics_port = 0;
     std::unique_ptr<ChildProcess> process;
     std::unique_ptr<v1::Worker::Stub> stub;
+    std::vector<std::unique_ptr<ChildProcess>> followers;  // ranks 1 .. ranks - 1
   };
   void StartWorker(Worker& worker);
 

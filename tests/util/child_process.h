@@ -91,18 +91,32 @@ class ChildProcess {
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;
 
+  // The exit code (128 + signal when killed by one) if the process has exited, else -1; does not
+  // wait.
+  int ExitStatusIfExited() {
+    if (exited_) return exit_code_;
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) != pid_) return -1;
+    exited_ = true;
+    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return exit_code_;
+  }
+
   // Sends SIGTERM and returns the exit code (128 + signal when killed by one).
   int Terminate() {
+    if (exited_) return exit_code_;
     kill(pid_, SIGTERM);
     int status = 0;
     waitpid(pid_, &status, 0);
     exited_ = true;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return exit_code_;
   }
 
  private:
   pid_t pid_ = -1;
   bool exited_ = false;
+  int exit_code_ = -1;
 };
 
 // The server's overall health, UNKNOWN when it does not answer within a second.

@@ -35,13 +35,22 @@ absl::Status StateSlotPool::Acquire(SequenceCache& seq) {
   }
   const int slot = free_.back();
   free_.pop_back();
+  RETURN_IF_ERROR(Reset(slot));
+  seq.state_slot = slot;
+  return absl::OkStatus();
+}
+
+absl::Status StateSlotPool::Reset(int slot) {
+  if (slot < 0 || slot >= options_.num_slots) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("state slot %d outside [0, %d)", slot, options_.num_slots));
+  }
   for (int l = 0; l < options_.num_layers; ++l) {
     kernels::Tensor conv = conv_[l].Rows(slot, 1);
     kernels::Tensor rec = recurrent_[l].Rows(slot, 1);
     backend_.ZeroFill(conv);
     backend_.ZeroFill(rec);
   }
-  seq.state_slot = slot;
   return absl::OkStatus();
 }
 

@@ -32,6 +32,9 @@ class StateSlotPool {
   // Gives `seq` a slot with zeroed state (a fresh sequence). ResourceExhausted when none free.
   absl::Status Acquire(SequenceCache& seq);
   void Release(SequenceCache& seq);
+  // Zeroes `slot` as Acquire does, without taking it from the free list: a follower rank of a
+  // replica repeats the leader's acquisitions this way (the leader owns the bookkeeping).
+  absl::Status Reset(int slot);
 
   [[nodiscard]] int free_slots() const { return static_cast<int>(free_.size()); }
   [[nodiscard]] int num_slots() const { return options_.num_slots; }

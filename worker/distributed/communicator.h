@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "kernels/tensor.h"
 
 namespace mobius::worker {
@@ -26,8 +27,14 @@ class Communicator {
   // in dim0 = world*out dim0; rank r gets rows block r of the sum
   virtual absl::Status ReduceScatterSum(const kernels::Tensor& in, kernels::Tensor& out) = 0;
   virtual absl::Status Broadcast(kernels::Tensor& t, int root) = 0;
-  // host bytes (the leader's per-step batch plan)
-  virtual absl::Status BroadcastBytes(std::string& bytes, int root) = 0;
+  // Host bytes (the leader's per-step batch plan), within the communicator's collective timeout.
+  absl::Status BroadcastBytes(std::string& bytes, int root) {
+    return BroadcastBytesFor(bytes, root, absl::ZeroDuration());
+  }
+  // The same within `timeout` instead (zero: the communicator's; InfiniteDuration: until the
+  // group fails, which is how a follower rank waits for the leader's next step while the replica
+  // is idle — dead peers still end the wait through Abort).
+  virtual absl::Status BroadcastBytesFor(std::string& bytes, int root, absl::Duration timeout) = 0;
 
   // Marks the group failed (called from any thread, e.g. by the rendezvous liveness monitor when
   // a peer died): collectives in flight return `reason` promptly, and so does every later call.

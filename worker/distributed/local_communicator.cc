@@ -130,7 +130,7 @@ class LocalCommunicator final : public Communicator {
     return group_->Barrier();
   }
 
-  absl::Status BroadcastBytes(std::string& bytes, int root) override {
+  absl::Status BroadcastBytesFor(std::string& bytes, int root, absl::Duration) override {
     if (absl::Status s = CheckRoot(root, world_size(), "BroadcastBytes"); !s.ok()) return s;
     Posted& mine = group_->posted(rank_);
     mine = Posted{.bytes = &bytes, .root = root};

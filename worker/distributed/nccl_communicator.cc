@@ -115,10 +115,11 @@ class NcclCommunicator final : public Communicator {
   }
 
   // Host bytes through a device staging buffer: the size first, then the payload.
-  absl::Status BroadcastBytes(std::string& bytes, int root) override {
+  absl::Status BroadcastBytesFor(std::string& bytes, int root, absl::Duration timeout) override {
     if (aborted_) return Failed();  // comm_ is gone
     if (absl::Status s = CheckRoot(root, world_, "BroadcastBytes"); !s.ok()) return s;
-    const absl::Time deadline = absl::Now() + timeout_;
+    const absl::Time deadline =
+        absl::Now() + (timeout == absl::ZeroDuration() ? timeout_ : timeout);
     uint64_t size = bytes.size();
     if (absl::Status s = Stage(sizeof(size)); !s.ok()) return s;
     if (rank_ == root)

@@ -321,8 +321,8 @@ class ReplicaCommunicator final : public Communicator {
   absl::Status Broadcast(kernels::Tensor& t, int root) override {
     return Watched(comm_->Broadcast(t, root));
   }
-  absl::Status BroadcastBytes(std::string& bytes, int root) override {
-    return Watched(comm_->BroadcastBytes(bytes, root));
+  absl::Status BroadcastBytesFor(std::string& bytes, int root, absl::Duration timeout) override {
+    return Watched(comm_->BroadcastBytesFor(bytes, root, timeout));
   }
   void Abort(const absl::Status& reason) override {
     if (leader_ != nullptr) leader_->RecordFailure(reason);

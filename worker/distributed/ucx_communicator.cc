@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_format.h"
@@ -146,13 +147,16 @@ class UcxCommunicatorImpl final : public UcxCommunicator {
     return BroadcastBuffer(t.raw(), t.nbytes(), root, NextSeq(), 0);
   }
 
-  absl::Status BroadcastBytes(std::string& bytes, int root) override {
+  absl::Status BroadcastBytesFor(std::string& bytes, int root, absl::Duration timeout) override {
     if (absl::Status s = CheckRoot(root, world_, "BroadcastBytes"); !s.ok()) return s;
     const uint64_t seq = NextSeq();
     uint64_t size = bytes.size();
-    if (absl::Status s = BroadcastBuffer(&size, sizeof(size), root, seq, 0); !s.ok()) return s;
+    const absl::Duration wait = timeout == absl::ZeroDuration() ? timeout_ : timeout;
+    if (absl::Status s = BroadcastBuffer(&size, sizeof(size), root, seq, 0, wait); !s.ok()) {
+      return s;
+    }
     if (rank_ != root) bytes.resize(size);
-    return BroadcastBuffer(bytes.data(), size, root, seq, 1);
+    return BroadcastBuffer(bytes.data(), size, root, seq, 1, timeout_);
   }
 
   void Abort(const absl::Status& reason) override {
@@ -197,7 +201,9 @@ class UcxCommunicatorImpl final : public UcxCommunicator {
   static int Mod(int a, int m) { return ((a % m) + m) % m; }
 
   // Runs the transfers of one step to completion, or fails them on the timeout or an abort.
-  absl::Status Run(std::initializer_list<Transfer> transfers, uint64_t seq) {
+  // `timeout` overrides the communicator's (a follower waiting for the leader's next plan).
+  absl::Status Run(std::initializer_list<Transfer> transfers, uint64_t seq,
+                   std::optional<absl::Duration> timeout = std::nullopt) {
     if (aborted_.load(std::memory_order_acquire)) return Failed();
     std::vector<void*> pending;
     absl::Status status;
@@ -218,19 +224,20 @@ class UcxCommunicatorImpl final : public UcxCommunicator {
       }
       if (req != nullptr) pending.push_back(req);
     }
-    const absl::Time deadline = absl::Now() + timeout_;
+    const absl::Duration limit = timeout.value_or(timeout_);
+    const absl::Time deadline = absl::Now() + limit;
     int idle = 0;
     while (status.ok() && !pending.empty()) {
       if (ucp_worker_progress(worker_) != 0) {
         idle = 0;
       } else if (++idle > 256) {
         // Nothing moved for a while: give the core to the peer processes (CI runs 4 ranks on
-        // 2 cores) and check the clock.
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
+        // 2 cores) and check the clock; a long wait (an idle replica) polls every millisecond.
+        std::this_thread::sleep_for(std::chrono::microseconds(idle > 100000 ? 1000 : 20));
         if (absl::Now() > deadline) {
           status = absl::DeadlineExceededError(
               absl::StrFormat("UCX collective %d on rank %d: no completion within %s", seq, rank_,
-                              absl::FormatDuration(timeout_)));
+                              absl::FormatDuration(limit)));
         }
       }
       for (size_t i = 0; i < pending.size();) {
@@ -299,11 +306,13 @@ class UcxCommunicatorImpl final : public UcxCommunicator {
   }
 
   // The root sends to every rank along a binary tree rooted at it (log2(world) rounds).
-  absl::Status BroadcastBuffer(void* buf, size_t bytes, int root, uint64_t seq, int step) {
+  absl::Status BroadcastBuffer(void* buf, size_t bytes, int root, uint64_t seq, int step,
+                               std::optional<absl::Duration> receive_timeout = std::nullopt) {
     const int me = Mod(rank_ - root, world_);  // position in the tree
     if (me != 0) {
       const int parent = Mod((me - 1) / 2 + root, world_);
-      if (absl::Status s = Run({Transfer{false, parent, buf, bytes, step}}, seq); !s.ok()) {
+      if (absl::Status s = Run({Transfer{false, parent, buf, bytes, step}}, seq, receive_timeout);
+          !s.ok()) {
         return s;
       }
     }

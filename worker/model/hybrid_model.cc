@@ -74,6 +74,11 @@ absl::Status HybridModel::CreateCaches(int max_sequences, int max_tokens, int bl
   max_positions_ = max_tokens;
   ASSIGN_OR_RETURN(kv_cache_, PagedKvCache::Create(kv, backend_));
 
+  if (followers_ != nullptr) {
+    RETURN_IF_ERROR(followers_->CreateCaches(
+        CacheGeometry{max_sequences, max_tokens, block_size, num_kv_blocks}));
+  }
+
   StateSlotPoolOptions slots;
   slots.num_layers = config_.num_layers_of(LayerType::kLinearAttention);
   slots.conv_dim = local_.conv_dim();
@@ -142,6 +147,17 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
   for (SequenceStep& step : batch) {
     RETURN_IF_ERROR(kv_cache_->Reserve(*step.cache, step.cache->num_tokens + step.tokens.size()));
   }
+  if (followers_ != nullptr) {
+    ReplicaStepPlan plan;
+    plan.logits_mode = static_cast<int>(options.logits);
+    plan.delta_rule = options.delta_rule;
+    for (const SequenceStep& step : batch) {
+      plan.sequences.push_back(
+          PlannedSequence{std::vector<int32_t>(step.tokens.begin(), step.tokens.end()),
+                          step.cache->num_tokens, step.cache->state_slot, step.cache->kv_blocks});
+    }
+    RETURN_IF_ERROR(followers_->Step(plan));
+  }
   for (SequenceStep& step : batch) {
     kernels::SequenceSegment seg;
     seg.token_begin = static_cast<int32_t>(ids.size());
@@ -185,6 +201,33 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
   }
   for (SequenceStep& step : batch) step.cache->num_tokens += step.tokens.size();
   return absl::OkStatus();
+}
+
+absl::Status HybridModel::ExecutePlan(const ReplicaStepPlan& plan) {
+  if (!kv_cache_ || !state_slots_) {
+    return absl::FailedPreconditionError("a step plan arrived before the cache geometry");
+  }
+  // A sequence at position 0 starts from a zero state: the leader's slot was zeroed when it
+  // was acquired (for a new or a preempted sequence), so this rank zeroes its copy now.
+  for (const PlannedSequence& seq : plan.sequences) {
+    if (seq.cached_tokens == 0) RETURN_IF_ERROR(state_slots_->Reset(seq.state_slot));
+  }
+  std::vector<SequenceCache> caches(plan.sequences.size());
+  std::vector<SequenceStep> batch(plan.sequences.size());
+  for (size_t i = 0; i < plan.sequences.size(); ++i) {
+    const PlannedSequence& seq = plan.sequences[i];
+    caches[i].state_slot = seq.state_slot;
+    caches[i].kv_blocks = seq.kv_blocks;
+    caches[i].num_tokens = seq.cached_tokens;
+    batch[i].tokens = seq.tokens;
+    batch[i].cache = &caches[i];
+  }
+  ForwardOptions options;
+  options.logits = static_cast<LogitsMode>(plan.logits_mode);
+  options.delta_rule = plan.delta_rule;
+  options.copy_logits = false;  // the leader samples; a follower only takes part
+  std::vector<float> unused;
+  return Forward(batch, options, unused);
 }
 
 absl::StatusOr<Tensor> HybridModel::RunDecodeGraph(StepContext& ctx, std::span<const int32_t> ids) {

@@ -17,6 +17,7 @@
 #include "worker/cache/state_slot_pool.h"
 #include "worker/model/model_config.h"
 #include "worker/model/model_weights.h"
+#include "worker/model/replica_followers.h"
 #include "worker/model/shard_spec.h"
 
 namespace mobius::worker {
@@ -106,6 +107,15 @@ class HybridModel {
   absl::Status Forward(std::span<SequenceStep> batch, const ForwardOptions& options,
                        std::vector<float>& logits);
 
+  // ---- a replica over several processes (issue 5) ----
+  // Leader rank: every CreateCaches and Forward is first handed to `followers` (not owned; null
+  // detaches), which repeat them on the other ranks. expert_tokens and hidden_out stay the
+  // leader's (they add no collective): with expert parallelism its counts cover its own experts.
+  void SetFollowers(ReplicaFollowers* followers) { followers_ = followers; }
+  // Follower rank: repeats one of the leader's steps on this rank's shard (zeroes the state slots
+  // of sequences at position 0, then runs the sequences with the plan's block tables and slots).
+  absl::Status ExecutePlan(const ReplicaStepPlan& plan);
+
   [[nodiscard]] const ModelConfig& config() const { return config_; }
   [[nodiscard]] int num_banks() const { return static_cast<int>(weights_.banks.size()); }
   [[nodiscard]] const ModelWeights& weights() const { return weights_; }
@@ -160,6 +170,7 @@ class HybridModel {
   std::unique_ptr<StateSlotPool> state_slots_;
   int max_positions_ = 0;  // the caches' per-sequence capacity (CreateCaches max_tokens)
   int decode_capture_max_batch_ = 0;
+  ReplicaFollowers* followers_ = nullptr;
   absl::Status capture_error_;
   std::map<int, DecodeGraph> decode_graphs_;  // by batch size
 };

@@ -45,8 +45,15 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 
 {{/* Ranks of one replica. */}}
+{{/* Ranks of one replica: tensor and expert parallelism run over the same ranks (each degree is
+1 or the world size; mobius-worker --help), so the world is the larger degree. */}}
 {{- define "mobius.worldSize" -}}
-{{- mul (int .Values.worker.parallel.tp) (int .Values.worker.parallel.ep) }}
+{{- $tp := int .Values.worker.parallel.tp }}{{- $ep := int .Values.worker.parallel.ep }}
+{{- $world := max $tp $ep }}
+{{- if or (and (ne $tp 1) (ne $tp $world)) (and (ne $ep 1) (ne $ep $world)) }}
+{{- fail (printf "worker.parallel: tp (%d) and ep (%d) must each be 1 or the larger of the two (they share the ranks)" $tp $ep) }}
+{{- end }}
+{{- $world }}
 {{- end }}
 
 {{/* single: one StatefulSet, a pod per replica; statefulset: a StatefulSet per replica, a pod per

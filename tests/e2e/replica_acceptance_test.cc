@@ -1,0 +1,150 @@
+// The distributed-execution issue's acceptance on CPUs (issue 5): one model replica as several
+// mobius-worker processes (ranks joined by the gRPC rendezvous, collectives over UCX, step plans
+// from the leader), behind mobius-router, serving the intern-s2-mobius-tiny fixture with the
+// same greedy tokens as one process; and a replica that loses a rank fails as a whole while the
+// router routes around it. (Logits of the sharded forward against the fixture's reference are
+// checked in-process by tests/distributed/sharded_model_test.cc.)
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_join.h"
+#include "gtest/gtest.h"
+#include "tests/e2e/serving_deployment.h"
+
+namespace mobius::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<std::vector<int32_t>> Prompts(int n) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < n; ++i) {
+    std::vector<int32_t> p;
+    for (int k = 0; k < 2 + 5 * i; ++k) p.push_back((131 * i + 17 * k + 3) % 2048);
+    prompts.push_back(std::move(p));
+  }
+  return prompts;
+}
+
+struct Layout {
+  int ranks;
+  std::vector<std::string> flags;
+};
+
+class ReplicaLayoutTest : public ::testing::TestWithParam<Layout> {};
+
+// Concurrent gRPC and HTTP streams through the router to one replica of several ranks: every
+// output equals `mobius generate` (one process) token for token, and the replica is idle after.
+TEST_P(ReplicaLayoutTest, ServesTheSameGreedyTokensAsOneProcess) {
+  constexpr int kMaxTokens = 6;
+  const std::vector<std::vector<int32_t>> prompts = Prompts(4);
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& p : prompts) expected.push_back(MobiusGenerate(p, kMaxTokens));
+
+  Deployment d({.workers = 1,
+                .worker_flags = {"--max-model-len=256", "--max-num-seqs=4"},
+                .ranks = GetParam().ranks,
+                .rank_flags = GetParam().flags});
+  ASSERT_TRUE(d.ready());
+  std::vector<GrpcOutcome> grpc_out(prompts.size());
+  std::vector<HttpOutcome> http_out(prompts.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    clients.emplace_back([&, i] {
+      grpc_out[i] = GrpcGenerate(d.inference(), GreedyRequest(prompts[i], kMaxTokens));
+    });
+    clients.emplace_back([&, i] {
+      http_out[i] = HttpStreamCompletion(d.http_port(), CompletionBody(prompts[i], kMaxTokens));
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_TRUE(grpc_out[i].status.ok()) << i << ": " << grpc_out[i].status.error_message();
+    EXPECT_EQ(grpc_out[i].tokens, expected[i]) << "grpc prompt " << i;
+    EXPECT_EQ(http_out[i].status, 200) << i;
+    EXPECT_EQ(http_out[i].tokens, expected[i]) << "http prompt " << i;
+  }
+  // A second wave reuses the state slots and KV blocks the first one released (each rank must
+  // start a recycled slot from zero, as the leader does).
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const GrpcOutcome again = GrpcGenerate(d.inference(), GreedyRequest(prompts[i], kMaxTokens));
+    EXPECT_EQ(again.tokens, expected[i]) << "second wave, prompt " << i;
+  }
+  EXPECT_TRUE(d.WaitWorkerIdle(0, 5000));
+  // Every rank is still up (none failed on a plan).
+  for (int r = 0; r < GetParam().ranks; ++r) EXPECT_EQ(d.RankExitStatus(0, r), -1) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ReplicaLayoutTest,
+                         ::testing::Values(Layout{2, {"--tp=2"}}, Layout{2, {"--ep=2"}},
+                                           Layout{2, {"--tp=2", "--sequence-parallel"}},
+                                           Layout{2, {"--tp=2", "--ep=2"}}, Layout{4, {"--tp=4"}},
+                                           Layout{4, {"--ep=4"}}),
+                         [](const ::testing::TestParamInfo<Layout>& info) {
+                           std::string name = "ranks" + std::to_string(info.param.ranks);
+                           for (std::string f : info.param.flags) {
+                             std::string clean;
+                             for (char c : f) {
+                               if (std::isalnum(static_cast<unsigned char>(c))) clean += c;
+                             }
+                             name += "_" + clean;
+                           }
+                           return name;
+                         });
+
+// SIGKILL of a follower rank of a serving replica: the leader fails the replica and exits
+// non-zero within 10 s, the router stops routing to it, no request hangs (each completes or ends
+// UNAVAILABLE), and new requests complete on the other replica.
+TEST(ReplicaFailureTest, KilledRankFailsTheReplicaAndTheRouterRoutesAround) {
+  constexpr int kMaxTokens = 40;
+  const std::vector<int32_t> prompt = Prompts(2)[1];
+  const std::vector<int32_t> expected = MobiusGenerate(prompt, 6);
+  Deployment d({.workers = 2,
+                .worker_flags = {"--max-model-len=256"},
+                .step_delay_ms = 50,
+                .ranks = 2,
+                .rank_flags = {"--tp=2"}});
+  ASSERT_TRUE(d.ready());
+  // Streams in flight on both replicas.
+  std::vector<GrpcOutcome> out(6);
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < out.size(); ++i) {
+    clients.emplace_back([&, i] {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+      out[i] = GrpcGenerate(d.inference(), GreedyRequest(prompt, kMaxTokens), &context);
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const auto killed = Clock::now();
+  d.KillRank(0, 1);
+  // The leader of replica 0 notices and exits non-zero.
+  int leader_exit = -1;
+  while (Clock::now() - killed < std::chrono::seconds(10)) {
+    leader_exit = d.RankExitStatus(0, 0);
+    if (leader_exit != -1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_NE(leader_exit, -1) << "the leader of the broken replica is still running after 10 s";
+  EXPECT_NE(leader_exit, 0);
+  EXPECT_TRUE(d.WaitReplicaHealth(0, false, 10000)) << "the router still trusts replica 0";
+  for (std::thread& t : clients) t.join();
+  for (size_t i = 0; i < out.size(); ++i) {
+    EXPECT_TRUE(out[i].status.ok() || out[i].status.error_code() == grpc::StatusCode::UNAVAILABLE)
+        << i << ": " << out[i].status.error_code() << " " << out[i].status.error_message();
+  }
+  // New requests go to the surviving replica.
+  for (int i = 0; i < 3; ++i) {
+    GrpcOutcome after = GrpcGenerate(d.inference(), GreedyRequest(prompt, 6));
+    EXPECT_TRUE(after.status.ok()) << after.status.error_message();
+    EXPECT_EQ(after.tokens, expected);
+  }
+  EXPECT_EQ(d.RankExitStatus(1, 0), -1);
+  EXPECT_EQ(d.RankExitStatus(1, 1), -1);
+}
+
+}  // namespace
+}  // namespace mobius::testing

@@ -1,0 +1,108 @@
+#include "worker/distributed/replica_plan.h"
+
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "common/status_macros.h"
+#include "step_plan.pb.h"
+
+namespace mobius::worker {
+namespace {
+
+constexpr int kLeader = 0;
+
+v1::CacheGeometry ToProto(const CacheGeometry& g) {
+  v1::CacheGeometry p;
+  p.set_max_sequences(g.max_sequences);
+  p.set_max_tokens(g.max_tokens);
+  p.set_block_size(g.block_size);
+  p.set_num_kv_blocks(g.num_kv_blocks);
+  return p;
+}
+
+CacheGeometry FromProto(const v1::CacheGeometry& p) {
+  return CacheGeometry{p.max_sequences(), p.max_tokens(), p.block_size(), p.num_kv_blocks()};
+}
+
+v1::StepPlan ToProto(const ReplicaStepPlan& plan) {
+  v1::StepPlan p;
+  for (const PlannedSequence& seq : plan.sequences) {
+    v1::PlannedSequence* s = p.add_sequences();
+    s->mutable_tokens()->Add(seq.tokens.begin(), seq.tokens.end());
+    s->set_cached_tokens(seq.cached_tokens);
+    s->set_state_slot(seq.state_slot);
+    s->mutable_kv_blocks()->Add(seq.kv_blocks.begin(), seq.kv_blocks.end());
+  }
+  p.set_logits_mode(plan.logits_mode);
+  p.set_delta_rule_algorithm(static_cast<int>(plan.delta_rule));
+  return p;
+}
+
+ReplicaStepPlan FromProto(const v1::StepPlan& p) {
+  ReplicaStepPlan plan;
+  for (const v1::PlannedSequence& s : p.sequences()) {
+    plan.sequences.push_back(PlannedSequence{{s.tokens().begin(), s.tokens().end()},
+                                             s.cached_tokens(),
+                                             s.state_slot(),
+                                             {s.kv_blocks().begin(), s.kv_blocks().end()}});
+  }
+  plan.logits_mode = p.logits_mode();
+  plan.delta_rule = static_cast<kernels::DeltaRuleAlgorithm>(p.delta_rule_algorithm());
+  return plan;
+}
+
+}  // namespace
+
+absl::Status LeaderBroadcast::Send(std::string bytes) {
+  return comm_.BroadcastBytes(bytes, kLeader);
+}
+
+absl::Status LeaderBroadcast::CreateCaches(const CacheGeometry& geometry) {
+  v1::ReplicaMessage m;
+  *m.mutable_create_caches() = ToProto(geometry);
+  return Send(m.SerializeAsString());
+}
+
+absl::Status LeaderBroadcast::Step(const ReplicaStepPlan& plan) {
+  v1::ReplicaMessage m;
+  *m.mutable_step() = ToProto(plan);
+  return Send(m.SerializeAsString());
+}
+
+absl::Status LeaderBroadcast::Stop() {
+  v1::ReplicaMessage m;
+  m.mutable_stop();
+  return Send(m.SerializeAsString());
+}
+
+absl::Status FollowLeader(HybridModel& model, Communicator& comm) {
+  for (int64_t received = 0;; ++received) {
+    std::string bytes;
+    RETURN_IF_ERROR(comm.BroadcastBytesFor(bytes, kLeader, absl::InfiniteDuration()));
+    v1::ReplicaMessage m;
+    if (!m.ParseFromString(bytes)) {
+      return absl::DataLossError(
+          absl::StrFormat("rank %d: message %d from the leader (%d bytes) is not a ReplicaMessage",
+                          comm.rank(), received, bytes.size()));
+    }
+    switch (m.kind_case()) {
+      case v1::ReplicaMessage::kCreateCaches: {
+        const CacheGeometry g = FromProto(m.create_caches());
+        RETURN_IF_ERROR(
+            model.CreateCaches(g.max_sequences, g.max_tokens, g.block_size, g.num_kv_blocks));
+        break;
+      }
+      case v1::ReplicaMessage::kStep:
+        RETURN_IF_ERROR(model.ExecutePlan(FromProto(m.step())));
+        break;
+      case v1::ReplicaMessage::kStop:
+        return absl::OkStatus();
+      default:
+        return absl::DataLossError(absl::StrFormat(
+            "rank %d: message %d from the leader has no known kind", comm.rank(), received));
+    }
+  }
+}
+
+}  // namespace mobius::worker

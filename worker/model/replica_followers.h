@@ -1,0 +1,45 @@
+// The other ranks of a replica, as the leader rank's model sees them (issue 5): before the
+// leader's HybridModel changes its caches or runs a step, it hands the same call to its
+// followers, so that every rank runs the step on its shard and takes part in its collectives in
+// the same order. worker/distributed/replica_plan.h sends these over the replica's
+// communicator; HybridModel::ExecutePlan repeats them on a follower.
+#ifndef MOBIUS_WORKER_MODEL_REPLICA_FOLLOWERS_H_
+#define MOBIUS_WORKER_MODEL_REPLICA_FOLLOWERS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/backend.h"
+
+namespace mobius::worker {
+
+// One sequence of a planned step: exactly what HybridModel::Forward needs of it.
+struct PlannedSequence {
+  std::vector<int32_t> tokens;     // the step's new tokens
+  int32_t cached_tokens = 0;       // tokens already in its caches
+  int32_t state_slot = -1;         // its DeltaNet state slot
+  std::vector<int32_t> kv_blocks;  // its KV block table, covering cached_tokens + tokens
+};
+
+struct ReplicaStepPlan {
+  std::vector<PlannedSequence> sequences;
+  int logits_mode = 0;  // LogitsMode
+  kernels::DeltaRuleAlgorithm delta_rule = kernels::DeltaRuleAlgorithm::kAuto;
+};
+
+struct CacheGeometry {
+  int max_sequences = 0, max_tokens = 0, block_size = 0, num_kv_blocks = 0;
+};
+
+class ReplicaFollowers {
+ public:
+  virtual ~ReplicaFollowers() = default;
+  virtual absl::Status CreateCaches(const CacheGeometry& geometry) = 0;
+  // Sent before the leader runs the step; the collectives of the step follow.
+  virtual absl::Status Step(const ReplicaStepPlan& plan) = 0;
+};
+
+}  // namespace mobius::worker
+
+#endif  // MOBIUS_WORKER_MODEL_REPLICA_FOLLOWERS_H_
