@@ -969,6 +969,13 @@ void Bench::BuildSpecs() {
       return LinearFanOut(t, {2 * d.shared_inter, 1, d.experts}, d.hidden);
     });
   }
+  // Single projections through the skinny kernel (a fan-out of one), beside linear.* (cuBLASLt):
+  // the DeltaNet out-projection and the shared expert's down projection at batch 1.
+  Add("fanout.single.1x2048x4096",
+      [=, this] { return LinearFanOut(1, {d.hidden}, d.hv * d.dv); });
+  Add("fanout.single.1x2048x512",
+      [=, this] { return LinearFanOut(1, {d.hidden}, d.shared_inter); });
+  Add("linear.1x2048x512", [=, this] { return Linear(1, d.hidden, d.shared_inter); });
   Add(absl::StrFormat("linear.lm_head.%dx%dx%d", 1, d.vocab, d.hidden),
       [=, this] { return Linear(1, d.vocab, d.hidden); });
   Add(absl::StrFormat("linear.%dx%dx%d", d.gemm, d.gemm, d.gemm),

@@ -205,7 +205,7 @@ TEST_F(CudaKernelsTest, Linear) {
   struct Shape {
     int64_t m, n, k;
   };
-  // Up to 2 rows with K % 8 == 0 and fewer than 64 columns take the skinny kernel; the rest
+  // Up to 2 rows with K % 8 == 0 and at most 16M weights take the skinny kernel; the rest
   // cuBLASLt.
   for (const Shape s :
        {Shape{37, 97, 200}, Shape{1, 2560, 256}, Shape{5, 1, 64}, Shape{130, 96, 77},
