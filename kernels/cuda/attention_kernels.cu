@@ -77,6 +77,8 @@ __global__ void __launch_bounds__(kRopeWarps * 32)
     QkNormRopeVecKernel(const uint16_t* q_gate, uint16_t* k, AnyPtr q_norm, AnyPtr k_norm,
                         float eps, int rotary_dim, float theta, int num_heads, int num_kv_heads,
                         int head_dim, const int32_t* token_position, uint16_t* q, uint16_t* gate) {
+  PdlWait();
+  PdlTrigger();
   extern __shared__ float smem[];
   const int half = rotary_dim / 2;
   float* cos_s = smem;         // [half]
@@ -158,6 +160,8 @@ __global__ void __launch_bounds__(kRopeWarps * 32)
 __global__ void WriteKvCacheKernel(const uint16_t* k, const uint16_t* v, TokenMeta tokens,
                                    SegmentMeta segs, int block_size, int64_t num_tokens,
                                    int64_t row_elems, uint16_t* k_cache, uint16_t* v_cache) {
+  PdlWait();
+  PdlTrigger();
   const int64_t n = num_tokens * row_elems;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -369,6 +373,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 
 __global__ void CombineSplitsKernel(const float* partial, int num_heads, int head_dim, int splits,
                                     uint16_t* out) {
+  PdlWait();
+  PdlTrigger();
   const int64_t t = blockIdx.x;
   const int h = blockIdx.y;
   const float* base = partial + (t * num_heads + h) * splits * (head_dim + 2);
@@ -413,9 +419,9 @@ void LaunchQkNormRope(const uint16_t* q_gate, uint16_t* k, AnyPtr q_norm, AnyPtr
       IsAligned16(q_gate) && IsAligned16(k) && IsAligned16(q) && IsAligned16(gate) &&
       IsAligned16(q_norm.data) && IsAligned16(k_norm.data)) {
     const size_t smem = sizeof(float) * (rotary_dim + kRopeWarps * head_dim);
-    QkNormRopeVecKernel<<<static_cast<unsigned>(num_tokens), kRopeWarps * 32, smem, stream>>>(
-        q_gate, k, q_norm, k_norm, eps, rotary_dim, theta, num_heads, num_kv_heads, head_dim,
-        token_position, q, gate);
+    LaunchPdl("QkNormRopeVecKernel", QkNormRopeVecKernel, static_cast<unsigned>(num_tokens),
+              kRopeWarps * 32, smem, stream, q_gate, k, q_norm, k_norm, eps, rotary_dim, theta,
+              num_heads, num_kv_heads, head_dim, token_position, q, gate);
     CheckLaunch("QkNormRope");
     return;
   }
@@ -431,8 +437,8 @@ void LaunchWriteKvCache(const uint16_t* k, const uint16_t* v, const TokenMeta& t
                         int64_t row_elems, uint16_t* k_cache, uint16_t* v_cache,
                         cudaStream_t stream) {
   if (num_tokens * row_elems == 0) return;
-  WriteKvCacheKernel<<<GridFor(num_tokens * row_elems, 256), 256, 0, stream>>>(
-      k, v, tokens, segs, block_size, num_tokens, row_elems, k_cache, v_cache);
+  LaunchPdl("WriteKvCacheKernel", WriteKvCacheKernel, GridFor(num_tokens * row_elems, 256), 256, 0,
+            stream, k, v, tokens, segs, block_size, num_tokens, row_elems, k_cache, v_cache);
   CheckLaunch("WriteKvCache");
 }
 
@@ -472,8 +478,9 @@ void LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint
     LaunchFlashPagedAttention(q, k_cache, v_cache, num_tokens, num_heads, num_kv_heads, head_dim,
                               block_size, tokens, segments, scale, splits, partial, out, stream);
     if (splits > 1) {
-      CombineSplitsKernel<<<dim3(static_cast<unsigned>(num_tokens), num_heads), 128, 0, stream>>>(
-          partial, num_heads, head_dim, splits, out);
+      LaunchPdl("CombineSplitsKernel", CombineSplitsKernel,
+                dim3(static_cast<unsigned>(num_tokens), num_heads), 128, 0, stream, partial,
+                num_heads, head_dim, splits, out);
       CheckLaunch("PagedAttentionCombine");
     }
     return;
@@ -486,8 +493,9 @@ void LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint
         splits, partial, out);
     CheckLaunch("PagedAttentionGqa");
     if (splits > 1) {
-      CombineSplitsKernel<<<dim3(static_cast<unsigned>(num_tokens), num_heads), 128, 0, stream>>>(
-          partial, num_heads, head_dim, splits, out);
+      LaunchPdl("CombineSplitsKernel", CombineSplitsKernel,
+                dim3(static_cast<unsigned>(num_tokens), num_heads), 128, 0, stream, partial,
+                num_heads, head_dim, splits, out);
       CheckLaunch("PagedAttentionCombine");
     }
     return;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 #include "kernels/cuda/launch.h"
 
@@ -110,6 +111,46 @@ __device__ __forceinline__ float BlockMax(float v, float* shared) {
   const int num_warps = blockDim.x >> 5;
   v = lane < num_warps ? shared[lane] : -INFINITY;
   return WarpMax(v);
+}
+
+// Programmatic dependent launch (sm_90): a kernel launched with LaunchPdl may be scheduled while
+// its predecessor on the stream is still running (hiding the launch gap between the short
+// kernels of a decode step); it calls PdlWait before touching memory the predecessor may write or
+// read, which waits for the predecessor's completion and memory flush. PdlTrigger lets this
+// kernel's own successor be scheduled early. Both are no-ops in kernels launched the ordinary way.
+__device__ __forceinline__ void PdlWait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void PdlTrigger() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+// MOBIUS_PDL=0 launches everything the ordinary way (read once; before/after timings).
+inline bool PdlEnabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("MOBIUS_PDL");
+    const char* moe = std::getenv("MOBIUS_MOE_PDL");  // the older, MoE-only name
+    return !(env != nullptr && env[0] == '0') && !(moe != nullptr && moe[0] == '0');
+  }();
+  return on;
+}
+// Launches `kernel` with the programmatic-serialization attribute (see PdlWait); aborts with
+// `what` named when the launch fails.
+template <typename... Params, typename... Args>
+void LaunchPdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+               cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attr;
+  config.numAttrs = PdlEnabled() ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  if (err != cudaSuccess) {
+    std::fprintf(stderr, "mobius cuda: launch of %s failed: %s\n", what, cudaGetErrorString(err));
+    std::abort();
+  }
 }
 
 inline unsigned GridFor(int64_t n, int threads) {

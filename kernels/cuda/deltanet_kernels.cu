@@ -77,6 +77,8 @@ __global__ void __launch_bounds__(kConvVecThreads)
     CausalConvVecKernel(const uint16_t* x, AnyPtr w, float* conv_states, int64_t num_tokens,
                         int64_t channels, TokenMeta tokens, SegmentMeta segs, bool update_state,
                         uint16_t* out) {
+  PdlWait();
+  PdlTrigger();
   constexpr int kHist = kK - 1;
   // Every thread of the block walks the same tokens: their segment data comes from shared memory.
   __shared__ int tok_seg[kConvTokens], tok_begin[kConvTokens], tok_slot[kConvTokens];
@@ -184,6 +186,8 @@ __global__ void ConvStateUpdateVecKernel(const uint16_t* x, float* conv_states, 
 __global__ void DeltaRuleGatesKernel(const uint16_t* a, const uint16_t* b, AnyPtr a_log,
                                      AnyPtr dt_bias, int64_t n, int num_v_heads, float* g,
                                      float* beta) {
+  PdlWait();
+  PdlTrigger();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int h = static_cast<int>(i % num_v_heads);
@@ -304,6 +308,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
                              const float* __restrict__ beta, int num_k_heads, int num_v_heads,
                              int dk, int dv, float* states, SegmentMeta segs, int max_tokens,
                              uint16_t* __restrict__ out) {
+  PdlWait();
+  PdlTrigger();
   constexpr int kLpr = kCols / 4;
   constexpr int kRowsPerPass = 32 / kLpr;
   constexpr int kPasses = kMaxDk / kRowsPerPass;
@@ -465,8 +471,9 @@ void LaunchDeltaRuleWarp(const uint16_t* qkv, const float* g, const float* beta,
                          uint16_t* out, cudaStream_t stream) {
   const int cols_per_block = kCols * kWarpsPerBlock;
   const dim3 grid(hv, segs.num_segments, (dv + cols_per_block - 1) / cols_per_block);
-  GatedDeltaRuleWarpKernel<kMaxDk, kCols><<<grid, 32 * kWarpsPerBlock, 0, stream>>>(
-      qkv, g, beta, hk, hv, dk, dv, states, segs, max_tokens, out);
+  LaunchPdl("GatedDeltaRuleWarpKernel", GatedDeltaRuleWarpKernel<kMaxDk, kCols>, grid,
+            32 * kWarpsPerBlock, 0, stream, qkv, g, beta, hk, hv, dk, dv, states, segs, max_tokens,
+            out);
 }
 
 }  // namespace
@@ -485,8 +492,8 @@ void LaunchCausalConv1dSilu(const uint16_t* x, AnyPtr w, float* conv_states, int
     const bool decode = num_tokens == segments.num_segments;
     const dim3 grid(static_cast<unsigned>((num_tokens + kConvTokens - 1) / kConvTokens),
                     static_cast<unsigned>((channels / 8 + kConvVecThreads - 1) / kConvVecThreads));
-    CausalConvVecKernel<4><<<grid, kConvVecThreads, 0, stream>>>(
-        x, w, conv_states, num_tokens, channels, tokens, segments, decode, out);
+    LaunchPdl("CausalConvVecKernel", CausalConvVecKernel<4>, grid, kConvVecThreads, 0, stream, x, w,
+              conv_states, num_tokens, channels, tokens, segments, decode, out);
     CheckLaunch("CausalConv1dSilu");
     if (!decode) {
       const dim3 update_grid(static_cast<unsigned>(segments.num_segments),
@@ -512,8 +519,8 @@ void LaunchDeltaRuleGates(const uint16_t* a, const uint16_t* b, AnyPtr a_log, An
                           cudaStream_t stream) {
   const int64_t n = num_tokens * num_v_heads;
   if (n == 0) return;
-  DeltaRuleGatesKernel<<<GridFor(n, kThreads), kThreads, 0, stream>>>(a, b, a_log, dt_bias, n,
-                                                                      num_v_heads, g, beta);
+  LaunchPdl("DeltaRuleGatesKernel", DeltaRuleGatesKernel, GridFor(n, kThreads), kThreads, 0, stream,
+            a, b, a_log, dt_bias, n, num_v_heads, g, beta);
   CheckLaunch("DeltaRuleGates");
 }
 

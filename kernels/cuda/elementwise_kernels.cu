@@ -12,6 +12,8 @@ constexpr int kRowThreads = 256;
 constexpr int kElemThreads = 256;
 
 __global__ void GatherRowsKernel(AnyPtr src, const int32_t* rows, int64_t width, AnyMutPtr dst) {
+  PdlWait();
+  PdlTrigger();
   const int64_t r = blockIdx.x;
   const int64_t src_row = rows[r];
   for (int64_t c = threadIdx.x; c < width; c += blockDim.x) {
@@ -118,6 +120,8 @@ constexpr int kMaxPieces = 4;
 
 __global__ void RmsNorm1pVecKernel(const uint16_t* x, uint16_t* residual, const uint16_t* delta,
                                    AnyPtr w, float eps, int64_t dim, uint16_t* out) {
+  PdlWait();
+  PdlTrigger();
   __shared__ float red[32];
   const int64_t row = blockIdx.x;
   const int64_t pieces = dim / 8;
@@ -195,6 +199,8 @@ __global__ void GatedRmsNormWarpKernel(const uint16_t* x, const uint16_t* z, Any
 // loads are issued before the reduction.
 __global__ void GatedRmsNormSubWarpKernel(const uint16_t* x, const uint16_t* z, AnyPtr w, float eps,
                                           int64_t rows, int64_t dim, uint16_t* out) {
+  PdlWait();
+  PdlTrigger();
   const int lanes = static_cast<int>(dim / 8);  // a power of two dividing 32
   const int lane = threadIdx.x & 31;
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
@@ -223,6 +229,8 @@ __global__ void GatedRmsNormSubWarpKernel(const uint16_t* x, const uint16_t* z, 
 // out = silu(gate) * up, eight columns per thread (inter % 8 == 0).
 __global__ void SiluAndMulVecKernel(const uint16_t* gate_up, int64_t rows, int64_t inter,
                                     uint16_t* out) {
+  PdlWait();
+  PdlTrigger();
   const int64_t per_row = inter / 8, n = rows * per_row;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -239,6 +247,8 @@ __global__ void SiluAndMulVecKernel(const uint16_t* gate_up, int64_t rows, int64
 // x += sigmoid(gate_logits[row]) * y, eight columns per thread (dim % 8 == 0).
 __global__ void AddSigmoidScaledVecKernel(uint16_t* x, const uint16_t* y, AnyPtr gate_logits,
                                           int64_t rows, int64_t dim) {
+  PdlWait();
+  PdlTrigger();
   const int64_t per_row = dim / 8, n = rows * per_row;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -255,6 +265,8 @@ __global__ void AddSigmoidScaledVecKernel(uint16_t* x, const uint16_t* y, AnyPtr
 
 // x *= sigmoid(gate), eight elements per thread (n % 8 == 0).
 __global__ void MulSigmoidVecKernel(uint16_t* x, const uint16_t* gate, int64_t n8) {
+  PdlWait();
+  PdlTrigger();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n8;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float xv[8], gv[8];
@@ -287,8 +299,8 @@ int NormThreads(int64_t dim) {
 void LaunchGatherRows(AnyPtr src, const int32_t* rows, int64_t num_rows, int64_t width,
                       AnyMutPtr dst, cudaStream_t stream) {
   if (num_rows == 0 || width == 0) return;
-  GatherRowsKernel<<<static_cast<unsigned>(num_rows), kRowThreads, 0, stream>>>(src, rows, width,
-                                                                                dst);
+  LaunchPdl("GatherRowsKernel", GatherRowsKernel, static_cast<unsigned>(num_rows), kRowThreads, 0,
+            stream, src, rows, width, dst);
   CheckLaunch("GatherRows");
 }
 
@@ -296,8 +308,8 @@ void LaunchRmsNorm1p(const uint16_t* x, AnyPtr w, float eps, int64_t rows, int64
                      uint16_t* out, cudaStream_t stream) {
   if (rows == 0) return;
   if (Vec8(dim, x, out) && Vec8(w) && dim <= 8 * kMaxPieces * 1024) {
-    RmsNorm1pVecKernel<<<static_cast<unsigned>(rows), NormThreads(dim), 0, stream>>>(
-        x, nullptr, nullptr, w, eps, dim, out);
+    LaunchPdl("RmsNorm1pVecKernel", RmsNorm1pVecKernel, static_cast<unsigned>(rows),
+              NormThreads(dim), 0, stream, x, nullptr, nullptr, w, eps, dim, out);
     CheckLaunch("RmsNorm1p");
     return;
   }
@@ -310,8 +322,8 @@ void LaunchAddRmsNorm1p(uint16_t* residual, const uint16_t* delta, AnyPtr w, flo
                         int64_t rows, int64_t dim, uint16_t* out, cudaStream_t stream) {
   if (rows == 0) return;
   if (Vec8(dim, residual, delta, out) && Vec8(w) && dim <= 8 * kMaxPieces * 1024) {
-    RmsNorm1pVecKernel<<<static_cast<unsigned>(rows), NormThreads(dim), 0, stream>>>(
-        nullptr, residual, delta, w, eps, dim, out);
+    LaunchPdl("RmsNorm1pVecKernel", RmsNorm1pVecKernel, static_cast<unsigned>(rows),
+              NormThreads(dim), 0, stream, nullptr, residual, delta, w, eps, dim, out);
     CheckLaunch("AddRmsNorm1p");
     return;
   }
@@ -331,8 +343,8 @@ void LaunchSiluAndMul(const uint16_t* gate_up, int64_t rows, int64_t inter, uint
   if (rows * inter == 0) return;
   if (Vec8(inter, gate_up, out)) {
     const int64_t n8 = rows * inter / 8;
-    SiluAndMulVecKernel<<<GridFor(n8, kElemThreads), kElemThreads, 0, stream>>>(gate_up, rows,
-                                                                                inter, out);
+    LaunchPdl("SiluAndMulVecKernel", SiluAndMulVecKernel, GridFor(n8, kElemThreads), kElemThreads,
+              0, stream, gate_up, rows, inter, out);
     CheckLaunch("SiluAndMul");
     return;
   }
@@ -345,8 +357,9 @@ void LaunchAddSigmoidScaled(uint16_t* x, const uint16_t* y, AnyPtr gate_logits, 
                             int64_t dim, cudaStream_t stream) {
   if (rows * dim == 0) return;
   if (Vec8(dim, x, y)) {
-    AddSigmoidScaledVecKernel<<<GridFor(rows * dim / 8, kElemThreads), kElemThreads, 0, stream>>>(
-        x, y, gate_logits, rows, dim);
+    LaunchPdl("AddSigmoidScaledVecKernel", AddSigmoidScaledVecKernel,
+              GridFor(rows * dim / 8, kElemThreads), kElemThreads, 0, stream, x, y, gate_logits,
+              rows, dim);
     CheckLaunch("AddSigmoidScaled");
     return;
   }
@@ -361,8 +374,9 @@ void LaunchGatedRmsNorm(const uint16_t* x, const uint16_t* z, AnyPtr w, float ep
   const int64_t pieces = dim / 8;
   if (Vec8(dim, x, z, out) && Vec8(w) && pieces <= 16 && (pieces & (pieces - 1)) == 0) {
     const int64_t rows_per_block = kRowThreads / pieces;
-    GatedRmsNormSubWarpKernel<<<static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block),
-                                kRowThreads, 0, stream>>>(x, z, w, eps, rows, dim, out);
+    LaunchPdl("GatedRmsNormSubWarpKernel", GatedRmsNormSubWarpKernel,
+              static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block), kRowThreads, 0,
+              stream, x, z, w, eps, rows, dim, out);
     CheckLaunch("GatedRmsNorm");
     return;
   }
@@ -381,7 +395,8 @@ void LaunchGatedRmsNorm(const uint16_t* x, const uint16_t* z, AnyPtr w, float ep
 void LaunchMulSigmoid(uint16_t* x, const uint16_t* gate, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   if (Vec8(n, x, gate)) {
-    MulSigmoidVecKernel<<<GridFor(n / 8, kElemThreads), kElemThreads, 0, stream>>>(x, gate, n / 8);
+    LaunchPdl("MulSigmoidVecKernel", MulSigmoidVecKernel, GridFor(n / 8, kElemThreads),
+              kElemThreads, 0, stream, x, gate, n / 8);
     CheckLaunch("MulSigmoid");
     return;
   }

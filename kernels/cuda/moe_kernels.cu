@@ -235,6 +235,8 @@ __device__ __forceinline__ void WarpMergeLists(float (&lv)[kRegTopK], int (&li)[
 __global__ void __launch_bounds__(kRegTopKThreads)
     TopKSoftmaxRegKernel(AnyPtr logits, int num_experts, int k, bool renormalize, int32_t* ids,
                          float* weights) {
+  PdlWait();
+  PdlTrigger();
   constexpr int kWarps = kRegTopKThreads / 32;
   __shared__ float m_s[kWarps], s_s[kWarps];
   __shared__ float cand_v[kWarps][kRegTopK];
@@ -534,16 +536,6 @@ __device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], u
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// Programmatic dependent launch (sm_90): a kernel launched with the programmatic-serialization
-// attribute may start while its predecessor finishes; it must wait before reading what the
-// predecessor wrote. Both are no-ops for kernels launched the ordinary way.
-__device__ __forceinline__ void GridDependencyWait() {
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-}
-__device__ __forceinline__ void LaunchDependents() {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
-
 // Byte offset of 16-byte chunk `chunk` (0..7) of shared row `row` (XOR swizzle).
 __device__ __forceinline__ uint32_t Swizzle(int row, int chunk) {
   return static_cast<uint32_t>(row * kTcRowBytes + ((chunk ^ (row & 7)) << 4));
@@ -575,8 +567,8 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
   // the tile table is older (gate_up only starts its dependents after its own wait), so down
   // streams its first weight stages before waiting for gate_up's activations.
   if constexpr (kGateUp) {
-    GridDependencyWait();
-    LaunchDependents();
+    PdlWait();
+    PdlTrigger();
   }
   const int tile = blockIdx.x;
   if (tile >= *args.num_tiles) return;
@@ -674,8 +666,8 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < num_k) load_weights(s);
     }
-    GridDependencyWait();
-    LaunchDependents();
+    PdlWait();
+    PdlTrigger();
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < num_k) load_tokens(s);
@@ -780,38 +772,8 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
   }
 }
 
-// Benchmark knob (read once): MOBIUS_MOE_PDL=0 launches the GEMMs and the combine without
-// programmatic dependent launch.
-bool UsePdl() {
-  static const bool use = [] {
-    const char* env = std::getenv("MOBIUS_MOE_PDL");
-    return env == nullptr || std::string_view(env) != "0";
-  }();
-  return use;
-}
-
-// Launches `kernel` so that it may start while the previous kernel on the stream finishes (the
-// kernel calls GridDependencyWait before reading that kernel's outputs).
-template <typename... Params, typename... Args>
-void LaunchAfterPrevious(const char* what, void (*kernel)(Params...), dim3 grid, int threads,
-                         size_t smem, cudaStream_t stream, Args&&... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(static_cast<unsigned>(threads));
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attr = {};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attr;
-  config.numAttrs = UsePdl() ? 1 : 0;
-  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-  if (err != cudaSuccess) {
-    std::fprintf(stderr, "mobius cuda: launch of %s failed: %s\n", what, cudaGetErrorString(err));
-    std::abort();
-  }
-}
-
+// Benchmark knob (read once): MOBIUS_PDL=0 (or the older MOBIUS_MOE_PDL=0) launches the GEMMs
+// and the combine without programmatic dependent launch.
 template <bool kGateUp, int kBN, int kWarpsM, int kWarpsK, int kStages>
 void LaunchTc(const TcArgs& args, int64_t max_tiles, cudaStream_t stream) {
   using Cfg = TcConfig<kBN, kWarpsM, kWarpsK, kStages>;
@@ -834,8 +796,8 @@ void LaunchTc(const TcArgs& args, int64_t max_tiles, cudaStream_t stream) {
   const int64_t rows = kGateUp ? 16 * kWarpsM : 32 * kWarpsM;
   const dim3 grid(static_cast<unsigned>(max_tiles),
                   static_cast<unsigned>((args.n_out + rows - 1) / rows));
-  LaunchAfterPrevious(kGateUp ? "MoeGateUp" : "MoeDown", kernel, grid, Cfg::kThreads, Cfg::kSmem,
-                      stream, args);
+  LaunchPdl(kGateUp ? "MoeGateUp" : "MoeDown", kernel, grid, Cfg::kThreads, Cfg::kSmem, stream,
+            args);
 }
 
 // Token-tile widths of the tensor-core path, chosen from the mean number of pairs per local
@@ -973,7 +935,7 @@ __global__ void __launch_bounds__(kScanThreads)
                      int32_t* pair_pos) {
   __shared__ int32_t slot[kRouteSharedExperts];  // count, then the next free row of each expert
   __shared__ int warp_sums[32];
-  LaunchDependents();  // gate_up's blocks may start; they wait for this grid to finish
+  PdlTrigger();  // gate_up's blocks may start; they wait for this grid to finish
   for (int e = threadIdx.x; e < num_local; e += kScanThreads) slot[e] = 0;
   __syncthreads();
   for (int p = threadIdx.x; p < num_pairs; p += kScanThreads) {
@@ -1045,7 +1007,7 @@ template <bool kVec>
 __global__ void __launch_bounds__(kCombineThreads)
     CombineKernel(const float* pair_out, const int32_t* pair_pos, const float* weights, int k,
                   int64_t hidden, uint16_t* out) {
-  GridDependencyWait();  // pair_out comes from the down GEMM
+  PdlWait();  // pair_out comes from the down GEMM
   const int64_t t = blockIdx.y;
   constexpr int kPer = kVec ? 4 : 1;
   const int64_t h = (static_cast<int64_t>(blockIdx.x) * kCombineThreads + threadIdx.x) * kPer;
@@ -1139,6 +1101,8 @@ __global__ void __launch_bounds__(kFewWarps * 32)
     MoeFewGateUpKernel(const uint16_t* x, const int32_t* ids, const uint16_t* gate_up,
                        int64_t hidden, int64_t inter, int k, int first_expert, int num_local,
                        uint16_t* act) {
+  PdlWait();
+  PdlTrigger();
   const int lane = threadIdx.x & 31;
   const int64_t p = blockIdx.y;
   const int e = ids[p] - first_expert;
@@ -1191,6 +1155,8 @@ __global__ void __launch_bounds__(kFewWarps * 32)
     MoeFewDownKernel(const uint16_t* act, const int32_t* ids, const float* weights,
                      const uint16_t* down, int64_t hidden, int64_t inter, int k, int first_expert,
                      int num_local, uint16_t* out) {
+  PdlWait();
+  PdlTrigger();
   const int lane = threadIdx.x & 31;
   const int64_t t = blockIdx.y;
   const int64_t h0 = (static_cast<int64_t>(blockIdx.x) * kFewWarps + (threadIdx.x >> 5)) * 2;
@@ -1237,8 +1203,8 @@ void LaunchTopKSoftmax(AnyPtr logits, int64_t num_tokens, int num_experts, int k
                        int32_t* ids, float* weights, cudaStream_t stream) {
   if (num_tokens == 0 || k == 0) return;
   if (k <= kRegTopK && k <= num_experts) {
-    TopKSoftmaxRegKernel<<<static_cast<unsigned>(num_tokens), kRegTopKThreads, 0, stream>>>(
-        logits, num_experts, k, renormalize, ids, weights);
+    LaunchPdl("TopKSoftmaxRegKernel", TopKSoftmaxRegKernel, static_cast<unsigned>(num_tokens),
+              kRegTopKThreads, 0, stream, logits, num_experts, k, renormalize, ids, weights);
     CheckLaunch("TopKSoftmax");
     return;
   }
@@ -1392,8 +1358,8 @@ const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const flo
                   static_cast<unsigned>(num_tokens));
   const float* pair_out = s.pair_out;
   const int32_t* pair_pos = s.pair_pos;
-  LaunchAfterPrevious("MoeCombine", vec ? CombineKernel<true> : CombineKernel<false>, grid,
-                      kCombineThreads, 0, stream, pair_out, pair_pos, weights, k, hidden, out);
+  LaunchPdl("MoeCombine", vec ? CombineKernel<true> : CombineKernel<false>, grid, kCombineThreads,
+            0, stream, pair_out, pair_pos, weights, k, hidden, out);
   CheckLaunch("MoeCombine");
   return s.counts;
 }
@@ -1414,15 +1380,17 @@ bool LaunchMoeExpertsFewTokens(const uint16_t* x, const int32_t* ids, const floa
     return false;
   }
   const int64_t cols_per_block = 2 * kFewWarps;
-  MoeFewGateUpKernel<<<dim3(static_cast<unsigned>((inter + cols_per_block - 1) / cols_per_block),
-                            static_cast<unsigned>(pairs)),
-                       kFewWarps * 32, 0, stream>>>(x, ids, gate_up, hidden, inter, k, first_expert,
-                                                    num_local_experts, act_scratch);
+  LaunchPdl("MoeFewGateUpKernel", MoeFewGateUpKernel,
+            dim3(static_cast<unsigned>((inter + cols_per_block - 1) / cols_per_block),
+                 static_cast<unsigned>(pairs)),
+            kFewWarps * 32, 0, stream, x, ids, gate_up, hidden, inter, k, first_expert,
+            num_local_experts, act_scratch);
   CheckLaunch("MoeFewGateUp");
-  MoeFewDownKernel<<<dim3(static_cast<unsigned>((hidden + cols_per_block - 1) / cols_per_block),
-                          static_cast<unsigned>(num_tokens)),
-                     kFewWarps * 32, 0, stream>>>(act_scratch, ids, weights, down, hidden, inter, k,
-                                                  first_expert, num_local_experts, out);
+  LaunchPdl("MoeFewDownKernel", MoeFewDownKernel,
+            dim3(static_cast<unsigned>((hidden + cols_per_block - 1) / cols_per_block),
+                 static_cast<unsigned>(num_tokens)),
+            kFewWarps * 32, 0, stream, act_scratch, ids, weights, down, hidden, inter, k,
+            first_expert, num_local_experts, out);
   CheckLaunch("MoeFewDown");
   return true;
 }

@@ -43,6 +43,8 @@ struct SkinnyArgs {
 template <int kM, int kRowsPerWarp, int kUnroll>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, 2)
     SkinnyGemmKernel(SkinnyArgs args, int k_split) {
+  PdlWait();
+  PdlTrigger();
   __shared__ float partial[kWarpsPerBlock][kRowsPerWarp * kM];
   const int lane = threadIdx.x & 31, warp_in_block = threadIdx.x >> 5;
   const int group_in_block = warp_in_block / k_split, part = warp_in_block % k_split;
@@ -146,8 +148,8 @@ void Launch(const SkinnyArgs& args, int64_t total_rows, cudaStream_t stream) {
   const int64_t groups = total_rows / kRowsPerWarp;
   const int64_t groups_per_block = kWarpsPerBlock / k_split;
   const auto blocks = static_cast<unsigned>((groups + groups_per_block - 1) / groups_per_block);
-  SkinnyGemmKernel<kM, kRowsPerWarp, kUnroll>
-      <<<blocks, kWarpsPerBlock * 32, 0, stream>>>(args, k_split);
+  LaunchPdl("SkinnyGemmKernel", SkinnyGemmKernel<kM, kRowsPerWarp, kUnroll>, blocks,
+            kWarpsPerBlock * 32, 0, stream, args, k_split);
 }
 
 template <int kM>
