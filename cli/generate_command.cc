@@ -6,12 +6,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cli/commands.h"
 #include "cli/model_flags.h"
+#include "cli/replica_flags.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "worker/checkpoint/checkpoint.h"
@@ -80,9 +82,23 @@ absl::Status Generate() {
 
   ASSIGN_OR_RETURN(worker::ModelSource source, ModelSourceFromFlags());
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, BackendFromFlags());
+  // With --world-size > 1 this process is one rank of a replica: rank 0 runs the command, the
+  // others follow its steps until it stops them.
+  ASSIGN_OR_RETURN(source.shard, ShardFromFlags());
+  ASSIGN_OR_RETURN(ReplicaRank replica,
+                   JoinReplicaFromFlags(source.shard, *backend, [](const absl::Status& why) {
+                     std::fprintf(stderr, "mobius: replica failed: %s\n",
+                                  std::string(why.message()).c_str());
+                     std::fflush(nullptr);
+                     std::_Exit(3);
+                   }));
+  source.comm = replica.comm.get();
   ASSIGN_OR_RETURN(std::unique_ptr<worker::HybridModel> model,
                    worker::LoadHybridModel(source, *backend));
   ApplyModelRuntimeFlags(*model);
+  RETURN_IF_ERROR(AttachReplica(*model, replica));
+  if (!replica.leader()) return worker::FollowLeader(*model, *replica.comm);
+  absl::Cleanup stop_replica = [&] { StopReplica(*model, replica); };
   const int vocab = model->config().vocab_size;
   RETURN_IF_ERROR(
       model->CreateCaches(/*max_sequences=*/1, static_cast<int>(prompt.size()) + max_tokens));

@@ -68,6 +68,10 @@ constexpr const char* kBenchServeUsageNote =
 // `flag` is empty when only the file is known (the --help filter).
 bool FlagBelongsTo(absl::string_view filename, absl::string_view flag, const std::string& command) {
   if (absl::EndsWith(filename, absl::StrCat("cli/", command, "_command.cc"))) return true;
+  // One rank of a replica over several processes: the commands that run a model.
+  if (absl::EndsWith(filename, "cli/replica_flags.cc")) {
+    return command == "generate" || command == "bench";
+  }
   if (!absl::EndsWith(filename, "cli/model_flags.cc")) return false;
   if (command == "bench_serve") return flag == "model" || flag == "seed";
   return true;

@@ -27,7 +27,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_builder.h"
 #include "prometheus/registry.h"
-#include "worker/distributed/rendezvous.h"
+#include "cli/replica_flags.h"
 #include "worker/distributed/replica_plan.h"
 #include "worker/model/generation_defaults.h"
 #include "worker/model/memory_plan.h"
@@ -57,77 +57,8 @@ ABSL_FLAG(double, gpu_memory_utilization, 0.9,
 ABSL_FLAG(int, drain_timeout_s, 600,
           "On SIGTERM, how long in-flight requests may take to finish before the process exits.");
 
-// A replica over several processes (issue 5; docs/distributed.md).
-ABSL_FLAG(int, tp, 1,
-          "Tensor-parallel degree: 1, or --world-size to split attention and DeltaNet heads over "
-          "every rank of the replica.");
-ABSL_FLAG(int, ep, 1,
-          "Expert-parallel degree: 1 (each expert's intermediate dimension split over the ranks), "
-          "or --world-size (each rank holds a contiguous range of every bank's experts). TP and "
-          "EP run over the same ranks.");
-ABSL_FLAG(int, world_size, 1,
-          "Ranks (processes, one per GPU) of this replica: max(--tp, --ep). 1: a replica of one "
-          "process, no rendezvous.");
-ABSL_FLAG(int, rank, 0,
-          "This process's rank in [0, --world-size). Rank 0, the leader, serves mobius.v1.Worker "
-          "and runs the scheduler; the others follow its step plans and serve only health.");
-ABSL_FLAG(std::string, leader, "",
-          "HOST:PORT of the leader's rendezvous service (the leader listens on that port on every "
-          "interface). Required when --world-size > 1.");
-ABSL_FLAG(uint64_t, rendezvous_generation, 0,
-          "Generation of the group, bumped by the orchestrator at every restart: ranks of another "
-          "generation are refused.");
-ABSL_FLAG(int, rendezvous_timeout_s, 120, "How long the leader waits for every rank to join.");
-ABSL_FLAG(bool, sequence_parallel, false,
-          "Sequence parallel: reduce-scatter after each mixer and feed-forward, all-gather before "
-          "them, instead of all-reduces (needs --tp equal to --world-size).");
-ABSL_FLAG(std::string, expert_placement, "contiguous",
-          "How experts map to ranks with --ep > 1: \"contiguous\" (rank r holds experts "
-          "[r E/W, (r+1) E/W) of every bank). \"load-aware\" is not implemented yet.");
-
 namespace mobius::worker {
 namespace {
-
-// The replica layout from the flags, checked before anything is loaded.
-absl::StatusOr<ShardSpec> ShardFromFlags() {
-  const int world = absl::GetFlag(FLAGS_world_size), rank = absl::GetFlag(FLAGS_rank);
-  const int tp = absl::GetFlag(FLAGS_tp), ep = absl::GetFlag(FLAGS_ep);
-  if (world < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--world-size ", world, " must be at least 1"));
-  }
-  if (rank < 0 || rank >= world) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--rank ", rank, " is outside [0, --world-size ", world, ")"));
-  }
-  for (auto [name, degree] : {std::pair{"--tp", tp}, std::pair{"--ep", ep}}) {
-    if (degree != 1 && degree != world) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, " ", degree, " must be 1 or --world-size (", world,
-                       "): tensor and expert parallelism run over the same ranks"));
-    }
-  }
-  if (std::max(tp, ep) != world) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--world-size ", world, " must equal max(--tp ", tp, ", --ep ", ep, ")"));
-  }
-  if (absl::GetFlag(FLAGS_sequence_parallel) && tp != world) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--sequence-parallel needs --tp equal to --world-size (", world, ")"));
-  }
-  const std::string placement = absl::GetFlag(FLAGS_expert_placement);
-  if (placement == "load-aware") {
-    return absl::UnimplementedError(
-        "--expert-placement load-aware is not implemented yet; use contiguous");
-  }
-  if (placement != "contiguous") {
-    return absl::InvalidArgumentError(absl::StrCat("--expert-placement \"", placement,
-                                                   "\" is not one of contiguous, load-aware"));
-  }
-  if (world > 1 && absl::GetFlag(FLAGS_leader).empty()) {
-    return absl::InvalidArgumentError("--leader HOST:PORT is required when --world-size > 1");
-  }
-  return ShardSpec::ForRank(rank, tp, ep);
-}
 
 // grpc.health.v1.Health of a follower rank, which serves nothing else (a gRPC server needs one
 // registered service; the default health service does not count).
@@ -170,45 +101,28 @@ absl::Status RunFollower(HybridModel& model, Communicator& comm) {
 
 absl::Status Run() {
   ASSIGN_OR_RETURN(ModelSource source, cli::ModelSourceFromFlags());
-  ASSIGN_OR_RETURN(source.shard, ShardFromFlags());
+  ASSIGN_OR_RETURN(source.shard, cli::ShardFromFlags());
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, cli::BackendFromFlags());
 
   // The health service of whichever role this process takes, once it exists: a failed group
   // turns it NOT_SERVING before the process exits non-zero.
   std::atomic<grpc::Server*> health_server{nullptr};
-  std::unique_ptr<Communicator> comm;
-  if (source.shard.sharded()) {
-    RendezvousOptions rv;
-    rv.rank = source.shard.rank();
-    rv.world_size = source.shard.world_size();
-    rv.leader = absl::GetFlag(FLAGS_leader);
-    rv.generation = absl::GetFlag(FLAGS_rendezvous_generation);
-    rv.join_timeout = absl::Seconds(absl::GetFlag(FLAGS_rendezvous_timeout_s));
-    rv.transport = backend->device() == kernels::Device::kCuda ? Transport::kNccl : Transport::kUcx;
-    rv.backend = backend.get();
-    rv.on_failure = [&health_server](const absl::Status& why) {
-      MOBIUS_LOG(ERROR, "worker", "") << "replica failed: " << why << "; exiting";
-      if (grpc::Server* s = health_server.load(); s != nullptr) {
-        s->GetHealthCheckService()->SetServingStatus(false);
-      }
-      std::fflush(nullptr);
-      std::_Exit(3);
-    };
-    MOBIUS_LOG(INFO, "worker", "") << "rank " << rv.rank << " of " << rv.world_size
-                                   << ": joining the replica at " << rv.leader;
-    ASSIGN_OR_RETURN(comm, JoinReplica(rv));
-    source.comm = comm.get();
-  }
+  ASSIGN_OR_RETURN(cli::ReplicaRank replica,
+                   cli::JoinReplicaFromFlags(source.shard, *backend, [&health_server](
+                                                                          const absl::Status& why) {
+                     MOBIUS_LOG(ERROR, "worker", "") << "replica failed: " << why << "; exiting";
+                     if (grpc::Server* s = health_server.load(); s != nullptr) {
+                       s->GetHealthCheckService()->SetServingStatus(false);
+                     }
+                     std::fflush(nullptr);
+                     std::_Exit(3);
+                   }));
+  source.comm = replica.comm.get();
   MOBIUS_LOG(INFO, "worker", "") << "loading model " << source.model_dir << source.config_path;
   ASSIGN_OR_RETURN(std::unique_ptr<HybridModel> model, LoadHybridModel(source, *backend));
   cli::ApplyModelRuntimeFlags(*model);
-  RETURN_IF_ERROR(model->SetSequenceParallel(absl::GetFlag(FLAGS_sequence_parallel)));
-  if (source.shard.sharded() && source.shard.rank() != 0) return RunFollower(*model, *comm);
-  std::unique_ptr<LeaderBroadcast> followers;
-  if (source.shard.sharded()) {
-    followers = std::make_unique<LeaderBroadcast>(*comm);
-    model->SetFollowers(followers.get());
-  }
+  RETURN_IF_ERROR(cli::AttachReplica(*model, replica));
+  if (!replica.leader()) return RunFollower(*model, *replica.comm);
 
   EngineOptions options;
   options.scheduler.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
@@ -300,13 +214,8 @@ absl::Status Run() {
   server->Shutdown(
       absl::ToChronoTime(absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s))));
   health_server.store(nullptr);
-  if (followers != nullptr) {
-    // The engine thread has stopped: nothing else broadcasts now.
-    model->SetFollowers(nullptr);
-    if (absl::Status s = followers->Stop(); !s.ok()) {
-      MOBIUS_LOG(WARNING, "worker", "") << "could not stop the followers: " << s;
-    }
-  }
+  // The engine thread has stopped: nothing else broadcasts now.
+  cli::StopReplica(*model, replica);
   MOBIUS_LOG(INFO, "worker", "") << "drained; exiting";
   return absl::OkStatus();
 }
@@ -320,7 +229,8 @@ int main(int argc, char** argv) {
       "grpc.health.v1.Health).\n\nusage: mobius-worker --model DIR [flags]");
   absl::FlagsUsageConfig usage;
   usage.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "worker_main.cc") || absl::EndsWith(file, "model_flags.cc");
+    return absl::EndsWith(file, "worker_main.cc") || absl::EndsWith(file, "model_flags.cc") ||
+           absl::EndsWith(file, "replica_flags.cc");
   };
   usage.contains_helpshort_flags = usage.contains_help_flags;
   absl::SetFlagsUsageConfig(usage);
