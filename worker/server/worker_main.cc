@@ -95,7 +95,9 @@ absl::Status RunFollower(HybridModel& model, Communicator& comm) {
   absl::Status status = FollowLeader(model, comm);
   health.set_serving(false);
   server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
-  if (status.ok()) MOBIUS_LOG(INFO, "worker", "") << "the leader stopped the replica; exiting";
+  if (status.ok()) {
+    MOBIUS_LOG(INFO, "worker", "") << "the leader stopped the replica; exiting";
+  }
   return status;
 }
 
