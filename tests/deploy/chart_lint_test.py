@@ -23,6 +23,8 @@ refused = [
     (["model.source=pvc"], "model.pvc.claimName is required"),
     (["worker.parallel.tp=2", "autoscaling.worker.enabled=true"], "LeaderWorkerSet"),
     (["metrics.serviceMonitor.interval=fast"], "interval"),
+    # TP and EP share the ranks: each degree is 1 or the larger one (mobius-worker refuses others).
+    (["worker.parallel.tp=2", "worker.parallel.ep=4"], "must each be 1 or the larger"),
 ]
 for sets, words in refused:
     try:
