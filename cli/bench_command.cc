@@ -94,6 +94,13 @@ absl::Status BenchEngine() {
   std::fprintf(stderr, "bench: model ready in %.1f s\n",
                Seconds(t_load, std::chrono::steady_clock::now()));
   const worker::ModelConfig& config = model->config();
+  const int world = source.shard.world_size();
+  if (world > 1) {
+    std::fprintf(stderr,
+                 "bench: rank 0 of a replica of %d ranks; bounds are the replica's bytes "
+                 "over %d GPUs' bandwidth\n",
+                 world, world);
+  }
 
   nlohmann::json results = nlohmann::json::array();
   std::printf("%-8s %6s %8s %12s %12s %14s %10s %10s\n", "phase", "batch", "context", "time/step",
@@ -136,7 +143,10 @@ absl::Status BenchEngine() {
         ++moe_layers;
         for (int64_t n : layer) touched += n > 0;
       }
-      const double touched_per_layer = moe_layers > 0 ? touched / moe_layers : 0;
+      // With expert parallelism rank 0 counts only its own experts: its share times the ranks
+      // estimates the replica's (the routing of dummy weights is close to uniform).
+      const double touched_per_layer =
+          moe_layers > 0 ? touched / moe_layers * source.shard.ep_size : 0;
       // The logits stay on the device: the step is the model's forward pass (what the bound
       // counts), not the host copy of [batch, vocab] floats.
       worker::ForwardOptions timed;
@@ -152,7 +162,9 @@ absl::Status BenchEngine() {
       cost.kv_bytes = cost.weight_bytes;
       cost.distinct_experts = touched_per_layer;
       const double bytes = worker::EstimateDecodeStepBytes(config, cost).total();
-      const double bound = bytes / bandwidth;
+      // A replica of W ranks streams its bytes from W GPUs: the bound assumes a perfect split
+      // (replicated router, norms, embedding and lm_head make the real one a little higher).
+      const double bound = bytes / (bandwidth * world);
       std::printf("%-8s %6d %8d %9.3f ms %9.3f ms %14.1f %10.0f %9.0f%%\n", "decode", batch,
                   context, per_step * 1e3, bound * 1e3, touched_per_layer, batch / per_step,
                   100 * bound / per_step);
@@ -201,13 +213,13 @@ absl::Status BenchEngine() {
     cost.sequences = 1;
     cost.weight_bytes = backend->activation_dtype() == kernels::DType::kF32 ? 4 : 2;
     const double bytes = worker::EstimateDecodeStepBytes(config, cost).total();
+    const double bound = bytes / (bandwidth * world);
     std::printf("%-8s %6d %8d %9.3f ms %9.3f ms %14s %10.0f %9.0f%%\n", "prefill", 1, length,
-                best * 1e3, bytes / bandwidth * 1e3, "-", length / best,
-                100 * (bytes / bandwidth) / best);
+                best * 1e3, bound * 1e3, "-", length / best, 100 * bound / best);
     results.push_back({{"phase", "prefill"},
                        {"tokens", length},
                        {"time_ms", best * 1e3},
-                       {"bytes_bound_ms", bytes / bandwidth * 1e3},
+                       {"bytes_bound_ms", bound * 1e3},
                        {"tokens_per_s", length / best}});
   }
   const std::string json_path = absl::GetFlag(FLAGS_json_out);
@@ -217,6 +229,9 @@ absl::Status BenchEngine() {
     const std::string text = nlohmann::json({{"bandwidth", bandwidth},
                                              {"bandwidth_source", bandwidth_source},
                                              {"backend", backend->name()},
+                                             {"world_size", world},
+                                             {"tp", source.shard.tp_size},
+                                             {"ep", source.shard.ep_size},
                                              {"results", results}})
                                  .dump(1);
     std::fwrite(text.data(), 1, text.size(), f);
