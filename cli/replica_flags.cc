@@ -36,7 +36,12 @@ ABSL_FLAG(bool, sequence_parallel, false,
           "them, instead of all-reduces (needs --tp equal to --world-size).");
 ABSL_FLAG(std::string, expert_placement, "contiguous",
           "How experts map to ranks with --ep > 1: \"contiguous\" (rank r holds experts "
-          "[r E/W, (r+1) E/W) of every bank). \"load-aware\" is not implemented yet.");
+          "[r E/W, (r+1) E/W) of every bank) or \"load-aware\" (each rank's share of the "
+          "measured load in --expert-load as even as equal expert counts allow: hot experts on "
+          "different ranks; same outputs).");
+ABSL_FLAG(std::string, expert_load, "",
+          "With --expert-placement load-aware: a JSON file {\"banks\": [[load of expert 0, 1, "
+          "...], ...]} (one array per bank, e.g. token counts); every rank reads the same file.");
 
 namespace mobius::cli {
 
@@ -69,18 +74,29 @@ absl::StatusOr<ShardSpec> ShardFromFlags() {
         absl::StrCat("--sequence-parallel needs --tp equal to --world-size (", world, ")"));
   }
   const std::string placement = absl::GetFlag(FLAGS_expert_placement);
-  if (placement == "load-aware") {
-    return absl::UnimplementedError(
-        "--expert-placement load-aware is not implemented yet; use contiguous");
-  }
-  if (placement != "contiguous") {
+  const std::string load_file = absl::GetFlag(FLAGS_expert_load);
+  if (placement != "contiguous" && placement != "load-aware") {
     return absl::InvalidArgumentError(absl::StrCat("--expert-placement \"", placement,
                                                    "\" is not one of contiguous, load-aware"));
+  }
+  if (placement == "load-aware" && (ep < 2 || load_file.empty())) {
+    return absl::InvalidArgumentError(
+        "--expert-placement load-aware needs --ep > 1 and --expert-load FILE");
+  }
+  if (placement == "contiguous" && !load_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--expert-load is used only with --expert-placement load-aware");
   }
   if (world > 1 && absl::GetFlag(FLAGS_leader).empty()) {
     return absl::InvalidArgumentError("--leader HOST:PORT is required when --world-size > 1");
   }
-  return ShardSpec::ForRank(rank, tp, ep);
+  ShardSpec shard = ShardSpec::ForRank(rank, tp, ep);
+  if (placement == "load-aware") {
+    ASSIGN_OR_RETURN(worker::ExpertPlacement balanced,
+                     worker::ExpertPlacement::FromLoadFile(load_file, ep));
+    shard.placement = std::make_shared<const worker::ExpertPlacement>(std::move(balanced));
+  }
+  return shard;
 }
 
 absl::StatusOr<ReplicaRank> JoinReplicaFromFlags(

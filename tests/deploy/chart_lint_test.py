@@ -25,6 +25,7 @@ refused = [
     (["metrics.serviceMonitor.interval=fast"], "interval"),
     # TP and EP share the ranks: each degree is 1 or the larger one (mobius-worker refuses others).
     (["worker.parallel.tp=2", "worker.parallel.ep=4"], "must each be 1 or the larger"),
+    (["worker.parallel.ep=2", "worker.parallel.expertPlacement=load-aware"], "expertLoadFile"),
 ]
 for sets, words in refused:
     try:

@@ -3,6 +3,7 @@
 // reference logits and the one-process greedy tokens, and sharded weights (dummy or loaded) must
 // be exactly the slices of the unsharded ones.
 #include <algorithm>
+#include <memory>
 #include <span>
 #include <thread>
 
@@ -10,6 +11,8 @@
 #include "tests/model/fixture_util.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/distributed/local_communicator.h"
+#include "worker/model/expert_placement.h"
+#include "worker/model/model_config.h"
 #include "worker/model/model_factory.h"
 #include "worker/model/parameter_layout.h"
 #include "worker/model/weight_loader.h"
@@ -34,6 +37,7 @@ struct Layout {
   std::string name;
   int world, tp, ep;
   bool sequence_parallel;
+  bool load_aware = false;  // experts placed by SkewedPlacement instead of contiguously
 };
 
 void PrintTo(const Layout& layout, std::ostream* os) { *os << layout.name; }
@@ -41,11 +45,44 @@ void PrintTo(const Layout& layout, std::ostream* os) { *os << layout.name; }
 // TP and EP run over the same ranks (shard_spec.h): tp, ep in {1, world}.
 // "one" is the unsharded model through the same harness, as a baseline.
 const std::vector<Layout> kLayouts = {
-    {"one", 1, 1, 1, false},       {"tp2", 2, 2, 1, false},   {"tp4", 4, 4, 1, false},
-    {"ep2", 2, 1, 2, false},       {"ep4", 4, 1, 4, false},   {"tp2_ep2", 2, 2, 2, false},
-    {"tp4_ep4", 4, 4, 4, false},   {"tp2_sp", 2, 2, 1, true}, {"tp4_sp", 4, 4, 1, true},
-    {"tp4_ep4_sp", 4, 4, 4, true}, {"tp8", 8, 8, 1, false},
+    {"one", 1, 1, 1, false},
+    {"tp2", 2, 2, 1, false},
+    {"tp4", 4, 4, 1, false},
+    {"ep2", 2, 1, 2, false},
+    {"ep4", 4, 1, 4, false},
+    {"tp2_ep2", 2, 2, 2, false},
+    {"tp4_ep4", 4, 4, 4, false},
+    {"tp2_sp", 2, 2, 1, true},
+    {"tp4_sp", 4, 4, 1, true},
+    {"tp4_ep4_sp", 4, 4, 4, true},
+    {"tp8", 8, 8, 1, false},
+    // Load-aware expert placement (expert_placement.h): other experts on each rank, same model.
+    {"ep2_loadaware", 2, 1, 2, false, true},
+    {"ep4_loadaware", 4, 1, 4, false, true},
+    {"tp2_ep2_loadaware", 2, 2, 2, false, true},
 };
+
+// A placement balancing a load that the contiguous placement puts all on rank 0 (its experts
+// are the hot ones), so that the balanced one must move experts between ranks.
+absl::StatusOr<std::shared_ptr<const worker::ExpertPlacement>> SkewedPlacement(
+    const std::string& dir, int world) {
+  absl::StatusOr<worker::ModelConfig> config = worker::LoadModelConfig(dir + "/config.json");
+  if (!config.ok()) return config.status();
+  const int E = config->num_experts;
+  std::vector<std::vector<double>> loads(config->num_blocks, std::vector<double>(E));
+  for (auto& bank : loads) {
+    for (int e = 0; e < E; ++e) bank[e] = e < E / world ? 100.0 + e : 1.0;
+  }
+  absl::StatusOr<worker::ExpertPlacement> p = worker::ExpertPlacement::BalanceLoads(loads, world);
+  if (!p.ok()) return p.status();
+  // The contiguous placement leaves all the load on rank 0; the balanced one spreads it.
+  const worker::ExpertPlacement contiguous =
+      worker::ExpertPlacement::Contiguous(config->num_blocks, E);
+  if (p->identity() || p->Imbalance(loads, world) >= contiguous.Imbalance(loads, world)) {
+    return absl::InternalError("the load-aware placement did not move or balance any expert");
+  }
+  return std::make_shared<const worker::ExpertPlacement>(*std::move(p));
+}
 
 // What one rank computed.
 struct RankResult {
@@ -70,6 +107,11 @@ RankResult RunRank(const std::string& dir, const ModelReference& ref, const Layo
   worker::ModelSource source;
   source.model_dir = dir;
   source.shard = ShardSpec::ForRank(rank, layout.tp, layout.ep);
+  if (layout.load_aware) {
+    auto placement = SkewedPlacement(dir, layout.ep);
+    if (!placement.ok()) return fail(placement.status());
+    source.shard.placement = *placement;
+  }
   source.comm = &comm;
   auto loaded = worker::LoadHybridModel(source, *backend);
   if (!loaded.ok()) return fail(loaded.status());

@@ -3,9 +3,10 @@
 // from the leader), behind mobius-router, serving the intern-s2-mobius-tiny fixture with the
 // same greedy tokens as one process; and a replica that loses a rank fails as a whole while the
 // router routes around it. (Logits of the sharded forward against the fixture's reference are
-// checked in-process by tests/distributed/sharded_model_test.cc.)
+// checked in-process by tests/distributed/sharded_model_test.cc, with load-aware placements too.)
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,6 +35,28 @@ struct Layout {
   std::vector<std::string> flags;
 };
 
+// A measured-load file for --expert-placement load-aware on the fixture (3 banks of 40 experts):
+// the experts the contiguous placement gives rank 0 are the hot ones, so the balanced placement
+// must move experts between ranks.
+std::string ExpertLoadFile() {
+  static const std::string path = [] {
+    const std::string p = ::testing::TempDir() + "/mobius_replica_expert_load.json";
+    std::string json = R"({"banks": [)";
+    for (int b = 0; b < 3; ++b) {
+      json += b ? ",[" : "[";
+      for (int e = 0; e < 40; ++e) {
+        if (e > 0) json += ",";
+        json += std::to_string(e < 10 ? 500 - e : 1);
+      }
+      json += "]";
+    }
+    json += "]}";
+    std::ofstream(p) << json;
+    return p;
+  }();
+  return path;
+}
+
 class ReplicaLayoutTest : public ::testing::TestWithParam<Layout> {};
 
 // Concurrent gRPC and HTTP streams through the router to one replica of several ranks: every
@@ -46,6 +69,7 @@ TEST_P(ReplicaLayoutTest, ServesTheSameGreedyTokensAsOneProcess) {
 
   Deployment d({.workers = 1,
                 .worker_flags = {"--max-model-len=256", "--max-num-seqs=4"},
+                .router_flags = {},
                 .ranks = GetParam().ranks,
                 .rank_flags = GetParam().flags});
   ASSERT_TRUE(d.ready());
@@ -78,22 +102,26 @@ TEST_P(ReplicaLayoutTest, ServesTheSameGreedyTokensAsOneProcess) {
   for (int r = 0; r < GetParam().ranks; ++r) EXPECT_EQ(d.RankExitStatus(0, r), -1) << "rank " << r;
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, ReplicaLayoutTest,
-                         ::testing::Values(Layout{2, {"--tp=2"}}, Layout{2, {"--ep=2"}},
-                                           Layout{2, {"--tp=2", "--sequence-parallel"}},
-                                           Layout{2, {"--tp=2", "--ep=2"}}, Layout{4, {"--tp=4"}},
-                                           Layout{4, {"--ep=4"}}),
-                         [](const ::testing::TestParamInfo<Layout>& info) {
-                           std::string name = "ranks" + std::to_string(info.param.ranks);
-                           for (std::string f : info.param.flags) {
-                             std::string clean;
-                             for (char c : f) {
-                               if (std::isalnum(static_cast<unsigned char>(c))) clean += c;
-                             }
-                             name += "_" + clean;
-                           }
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, ReplicaLayoutTest,
+    ::testing::Values(
+        Layout{2, {"--tp=2"}}, Layout{2, {"--ep=2"}}, Layout{2, {"--tp=2", "--sequence-parallel"}},
+        Layout{2, {"--tp=2", "--ep=2"}}, Layout{4, {"--tp=4"}}, Layout{4, {"--ep=4"}},
+        Layout{2, {"--ep=2", "--expert-placement=load-aware", "--expert-load=" + ExpertLoadFile()}},
+        Layout{4,
+               {"--ep=4", "--expert-placement=load-aware", "--expert-load=" + ExpertLoadFile()}}),
+    [](const ::testing::TestParamInfo<Layout>& info) {
+      std::string name = "ranks" + std::to_string(info.param.ranks);
+      for (std::string f : info.param.flags) {
+        if (f.rfind("--expert-load=", 0) == 0) continue;  // a path
+        std::string clean;
+        for (char c : f) {
+          if (std::isalnum(static_cast<unsigned char>(c))) clean += c;
+        }
+        name += "_" + clean;
+      }
+      return name;
+    });
 
 // SIGKILL of a follower rank of a serving replica: the leader fails the replica and exits
 // non-zero within 10 s, the router stops routing to it, no request hangs (each completes or ends
@@ -104,6 +132,7 @@ TEST(ReplicaFailureTest, KilledRankFailsTheReplicaAndTheRouterRoutesAround) {
   const std::vector<int32_t> expected = MobiusGenerate(prompt, 6);
   Deployment d({.workers = 2,
                 .worker_flags = {"--max-model-len=256"},
+                .router_flags = {},
                 .step_delay_ms = 50,
                 .ranks = 2,
                 .rank_flags = {"--tp=2"}});

@@ -24,7 +24,7 @@ struct DecodeStepBytes {
 };
 
 struct DecodeCostOptions {
-  int batch = 1;         // tokens in the step (one per sequence when decoding)
+  int batch = 1;  // tokens in the step (one per sequence when decoding)
   // Sequences the tokens belong to (0: `batch`, the decode case). A prefill step of one
   // sequence's N tokens has batch N and 1 sequence: its DeltaNet state is read and written once.
   int sequences = 0;

@@ -110,7 +110,13 @@ class LayoutBuilder {
 // Makes `spec` (whose layouts describe the unsharded parameter) hold only the elements `runs`
 // select, as a tensor of `local_shape`. A no-op when that is the whole parameter.
 void Shard(ParameterSpec& spec, std::vector<int64_t> local_shape, std::vector<SliceRun> runs) {
-  if (local_shape == spec.full_shape) return;
+  // The whole parameter in its own order needs no slice (a permutation of rows, e.g. an expert
+  // placement's router, keeps the full shape but still needs its runs).
+  int64_t full = 1;
+  for (int64_t d : spec.full_shape) full *= d;
+  const bool identity =
+      runs.size() == 1 && runs[0].full_offset == 0 && runs[0].repeat == 1 && runs[0].count == full;
+  if (local_shape == spec.full_shape && (runs.empty() || identity)) return;
   for (CheckpointLayout& layout : spec.layouts) layout = SliceLayout(layout, runs);
   spec.shape = std::move(local_shape);
   spec.slice = std::move(runs);
@@ -118,9 +124,12 @@ void Shard(ParameterSpec& spec, std::vector<int64_t> local_shape, std::vector<Sl
 
 // Experts of one bank (or of the MTP layer): fused 3-D tensors, or per-expert matrices.
 // `dims` (null: unsharded) selects the rank's experts and intermediate columns.
+// `order` (null: identity) is the bank's expert placement (expert_placement.h): the router's
+// rows and the experts are taken in that order, and a rank's experts are positions
+// [expert0, expert0 + num_experts) of it.
 void AddExperts(LayoutBuilder& b, const std::string& engine, const std::string& ckpt, int E, int I,
-                int H, ParameterGroup group, int bank, ExpertBankWeights* w,
-                const ShardDims* dims) {
+                int H, ParameterGroup group, int bank, ExpertBankWeights* w, const ShardDims* dims,
+                const std::vector<int32_t>* order = nullptr) {
   ParameterSpec& router = b.AddWhole(engine + ".router", {E, H}, ParameterRole::kRouter, group,
                                      w ? &w->router : nullptr, ckpt + ".gate.weight", {E, H});
   router.bank = bank;
@@ -151,14 +160,26 @@ void AddExperts(LayoutBuilder& b, const std::string& engine, const std::string& 
   }
   down.layouts.push_back(std::move(per_expert_down));
 
-  if (dims == nullptr) return;
-  const int e0 = dims->expert0, El = dims->num_experts, i0 = dims->moe_i0, Il = dims->moe_i;
+  if (order != nullptr) {
+    std::vector<SliceRun> router_runs;
+    for (int j = 0; j < E; ++j) router_runs.push_back(RowRange((*order)[j], 1, H));
+    Shard(router, {E, H}, std::move(router_runs));
+  }
+  if (dims == nullptr && order == nullptr) return;
+  const int e0 = dims ? dims->expert0 : 0, El = dims ? dims->num_experts : E;
+  const int i0 = dims ? dims->moe_i0 : 0, Il = dims ? dims->moe_i : I;
   std::vector<SliceRun> gate_up_runs, down_runs;
-  if (Il == I) {
+  if (Il == I && order == nullptr) {
     gate_up_runs.push_back(RowRange(e0, El, 2 * mat));
     down_runs.push_back(RowRange(e0, El, mat));
   } else {
-    for (int e = e0; e < e0 + El; ++e) {
+    for (int j = e0; j < e0 + El; ++j) {
+      const int e = order != nullptr ? (*order)[j] : j;
+      if (Il == I) {
+        gate_up_runs.push_back(RowRange(e, 1, 2 * mat));
+        down_runs.push_back(RowRange(e, 1, mat));
+        continue;
+      }
       gate_up_runs.push_back(RowRange(int64_t{e} * 2 * I + i0, Il, H));      // gate rows
       gate_up_runs.push_back(RowRange(int64_t{e} * 2 * I + I + i0, Il, H));  // up rows
       down_runs.push_back(ColumnRange(e * mat, H, I, i0, Il));
@@ -306,6 +327,13 @@ std::string DefaultTensorPrefix(const ModelConfig& config) {
   return config.family == ModelFamily::kInternS2Mobius ? "model.language_model." : "model.";
 }
 
+// Bank b's expert order from the shard's placement; null for the contiguous placement.
+static const std::vector<int32_t>* BankOrder(const LayoutOptions& options, int bank) {
+  const ExpertPlacement* p = options.shard.placement.get();
+  if (p == nullptr || bank >= p->num_banks()) return nullptr;
+  return &p->order(bank);
+}
+
 std::vector<ParameterSpec> ListParameters(const ModelConfig& c, const LayoutOptions& options,
                                           ModelWeights* weights) {
   LayoutBuilder b;
@@ -355,7 +383,7 @@ std::vector<ParameterSpec> ListParameters(const ModelConfig& c, const LayoutOpti
       if (c.family == ModelFamily::kQwen3Next) {
         AddExperts(b, absl::StrCat("banks.", i), ckpt + ".mlp", c.num_experts,
                    c.moe_intermediate_size, H, ParameterGroup::kRoutedExperts, i,
-                   weights ? &weights->banks[i] : nullptr, dims);
+                   weights ? &weights->banks[i] : nullptr, dims, BankOrder(options, i));
       }
     } else {
       AddSwiGlu(b, engine + ".mlp", ckpt + ".mlp", c.intermediate_size, H, ParameterGroup::kDense,
@@ -366,7 +394,7 @@ std::vector<ParameterSpec> ListParameters(const ModelConfig& c, const LayoutOpti
     for (int bank = 0; bank < c.num_blocks; ++bank) {
       AddExperts(b, absl::StrCat("banks.", bank), absl::StrCat(p, "meta_mlp.", bank), c.num_experts,
                  c.moe_intermediate_size, H, ParameterGroup::kRoutedExperts, bank,
-                 weights ? &weights->banks[bank] : nullptr, dims);
+                 weights ? &weights->banks[bank] : nullptr, dims, BankOrder(options, bank));
     }
   }
   b.AddWhole("final_norm", {H}, ParameterRole::kNorm1p, ParameterGroup::kDense,

@@ -1,5 +1,8 @@
 #include "worker/model/shard_spec.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "absl/strings/str_format.h"
 
 namespace mobius::worker {
@@ -38,6 +41,23 @@ absl::Status SplitDim(int n, int parts, int index, const char* field, int& first
 
 absl::StatusOr<ShardDims> ComputeShardDims(const ModelConfig& c, const ShardSpec& s) {
   const int W = s.world_size();
+  if (s.placement != nullptr) {
+    if (s.placement->num_banks() != c.num_blocks) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "expert placement has %d banks, the model %d", s.placement->num_banks(), c.num_blocks));
+    }
+    for (int b = 0; b < s.placement->num_banks(); ++b) {
+      std::vector<int32_t> sorted = s.placement->order(b);
+      std::sort(sorted.begin(), sorted.end());
+      for (size_t j = 0; j < sorted.size(); ++j) {
+        if (static_cast<int>(sorted.size()) != c.num_experts || sorted[j] != static_cast<int>(j)) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "expert placement of bank %d is not an order of the bank's %d experts", b,
+              c.num_experts));
+        }
+      }
+    }
+  }
   if (s.tp_size < 1 || s.ep_size < 1 || (s.tp_size != 1 && s.tp_size != W) ||
       (s.ep_size != 1 && s.ep_size != W)) {
     return absl::InvalidArgumentError(absl::StrFormat(

@@ -13,9 +13,11 @@
 #define MOBIUS_WORKER_MODEL_SHARD_SPEC_H_
 
 #include <algorithm>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "worker/model/expert_placement.h"
 #include "worker/model/model_config.h"
 
 namespace mobius::worker {
@@ -23,6 +25,9 @@ namespace mobius::worker {
 struct ShardSpec {
   int tp_rank = 0, tp_size = 1;
   int ep_rank = 0, ep_size = 1;
+  // The order of each routed bank's experts (expert_placement.h); null: contiguous. Rank r of
+  // an expert-parallel replica holds positions [r E / ep_size, (r + 1) E / ep_size) of it.
+  std::shared_ptr<const ExpertPlacement> placement;
 
   // Ranks of the replica, and this rank's index among them.
   [[nodiscard]] int world_size() const { return std::max(tp_size, ep_size); }

@@ -34,6 +34,12 @@
 - --rank=$(MOBIUS_RANK)
 - --leader={{ .leader }}
 - --expert-placement={{ $v.parallel.expertPlacement }}
+{{- if eq $v.parallel.expertPlacement "load-aware" }}
+{{- if not $v.parallel.expertLoadFile }}
+{{- fail "worker.parallel.expertLoadFile is required with expertPlacement load-aware" }}
+{{- end }}
+- --expert-load={{ $v.parallel.expertLoadFile }}
+{{- end }}
 {{- if $v.parallel.sequenceParallel }}
 - --sequence-parallel
 {{- end }}
