@@ -20,8 +20,8 @@ using tcp = asio::ip::tcp;
 
 class BeastMetricsServer final : public MetricsHttpServer {
  public:
-  BeastMetricsServer(std::shared_ptr<prometheus::Registry> registry)
-      : registry_(std::move(registry)), acceptor_(io_) {}
+  BeastMetricsServer(std::shared_ptr<prometheus::Registry> registry, JsonRoutes json_routes)
+      : registry_(std::move(registry)), json_routes_(std::move(json_routes)), acceptor_(io_) {}
 
   ~BeastMetricsServer() override {
     stopping_ = true;
@@ -81,6 +81,11 @@ class BeastMetricsServer final : public MetricsHttpServer {
     if (request.method() != http::verb::get) {
       response.result(http::status::method_not_allowed);
       response.set(http::field::allow, "GET");
+    } else if (auto route = json_routes_.find(std::string(request.target()));
+               route != json_routes_.end()) {
+      response.result(http::status::ok);
+      response.set(http::field::content_type, "application/json");
+      response.body() = route->second();
     } else if (request.target() != "/metrics") {
       response.result(http::status::not_found);
       response.body() = "only /metrics is served here\n";
@@ -95,6 +100,7 @@ class BeastMetricsServer final : public MetricsHttpServer {
   }
 
   std::shared_ptr<prometheus::Registry> registry_;
+  const JsonRoutes json_routes_;
   asio::io_context io_;
   tcp::acceptor acceptor_;
   std::thread thread_;
@@ -105,8 +111,9 @@ class BeastMetricsServer final : public MetricsHttpServer {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
-    const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry) {
-  auto server = std::make_unique<BeastMetricsServer>(std::move(registry));
+    const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry,
+    JsonRoutes json_routes) {
+  auto server = std::make_unique<BeastMetricsServer>(std::move(registry), std::move(json_routes));
   if (absl::Status s = server->Bind(host, port); !s.ok()) return s;
   return server;
 }

@@ -4,6 +4,8 @@
 #ifndef MOBIUS_COMMON_METRICS_HTTP_SERVER_H_
 #define MOBIUS_COMMON_METRICS_HTTP_SERVER_H_
 
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -14,9 +16,12 @@ namespace mobius {
 
 class MetricsHttpServer {
  public:
+  // GET path -> a JSON document, served beside /metrics (e.g. the worker's /expert_load).
+  using JsonRoutes = std::map<std::string, std::function<std::string()>>;
   // Binds host:port (0 picks a free port) and serves until destroyed.
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
-      const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry);
+      const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry,
+      JsonRoutes json_routes = {});
   virtual ~MetricsHttpServer() = default;
   [[nodiscard]] virtual int port() const = 0;
 };

@@ -123,6 +123,49 @@ INSTANTIATE_TEST_SUITE_P(
       return name;
     });
 
+// The loop the issue asks for: a replica measures its per-expert load (/expert_load on the
+// metrics port, in the --expert-load format), and a load-aware expert-parallel replica started
+// from that file serves the same greedy tokens.
+TEST(ExpertLoadTest, MeasuredLoadDrivesALoadAwareReplica) {
+  constexpr int kMaxTokens = 6;
+  const std::vector<std::vector<int32_t>> prompts = Prompts(4);
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& p : prompts) expected.push_back(MobiusGenerate(p, kMaxTokens));
+  const std::string load_file = ::testing::TempDir() + "/mobius_measured_expert_load.json";
+  {
+    Deployment measure({.workers = 1, .worker_flags = {"--max-model-len=256"}});
+    ASSERT_TRUE(measure.ready());
+    for (const auto& p : prompts) {
+      EXPECT_TRUE(GrpcGenerate(measure.inference(), GreedyRequest(p, kMaxTokens)).status.ok());
+    }
+    const nlohmann::json loads =
+        nlohmann::json::parse(measure.WorkerHttp(0, "/expert_load"), nullptr, false);
+    ASSERT_TRUE(loads.is_object() && loads.contains("banks")) << loads.dump();
+    ASSERT_EQ(loads["banks"].size(), 3u);  // the fixture's banks
+    int64_t total = 0;
+    for (const auto& bank : loads["banks"]) {
+      ASSERT_EQ(bank.size(), 40u);
+      for (const auto& n : bank) total += n.get<int64_t>();
+    }
+    EXPECT_GT(total, 0) << "no expert load sampled";
+    EXPECT_GE(loads["sampled_steps"].get<int64_t>(), 1);
+    EXPECT_TRUE(loads["complete"].get<bool>());
+    std::ofstream(load_file) << loads.dump();
+  }
+  Deployment placed(
+      {.workers = 1,
+       .worker_flags = {"--max-model-len=256"},
+       .router_flags = {},
+       .ranks = 2,
+       .rank_flags = {"--ep=2", "--expert-placement=load-aware", "--expert-load=" + load_file}});
+  ASSERT_TRUE(placed.ready());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const GrpcOutcome out = GrpcGenerate(placed.inference(), GreedyRequest(prompts[i], kMaxTokens));
+    EXPECT_TRUE(out.status.ok()) << out.status.error_message();
+    EXPECT_EQ(out.tokens, expected[i]) << "prompt " << i;
+  }
+}
+
 // SIGKILL of a follower rank of a serving replica: the leader fails the replica and exits
 // non-zero within 10 s, the router stops routing to it, no request hangs (each completes or ends
 // UNAVAILABLE), and new requests complete on the other replica.

@@ -143,8 +143,10 @@ bool Deployment::WaitWorkerIdle(int i, int timeout_ms) {
   });
 }
 
-std::string Deployment::WorkerMetrics(int i) {
-  return HttpGet(workers_[i].metrics_port, "/metrics").body;
+std::string Deployment::WorkerMetrics(int i) { return WorkerHttp(i, "/metrics"); }
+
+std::string Deployment::WorkerHttp(int i, const std::string& path) {
+  return HttpGet(workers_[i].metrics_port, path).body;
 }
 
 std::string Deployment::RouterMetrics() { return HttpGet(http_port_, "/metrics").body; }

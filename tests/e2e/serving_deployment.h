@@ -26,14 +26,14 @@ inline constexpr char kServedModel[] = "intern-s2-mobius-tiny";
 struct DeploymentOptions {
   int workers = 2;
   // Extra flags of every worker (each runs --threads=1) and of the router.
-  std::vector<std::string> worker_flags;
-  std::vector<std::string> router_flags;
+  std::vector<std::string> worker_flags = {};
+  std::vector<std::string> router_flags = {};
   // MOBIUS_DEBUG_STEP_DELAY_MS of the workers (0: unset): a slower step makes races observable.
   int step_delay_ms = 0;
   // Ranks (processes) of each replica (issue 5): rank 0 serves the Worker API, the others follow
   // it; `rank_flags` (e.g. --tp=2) go to every rank of every replica.
   int ranks = 1;
-  std::vector<std::string> rank_flags;
+  std::vector<std::string> rank_flags = {};
 };
 
 class Deployment {
@@ -56,6 +56,8 @@ class Deployment {
   bool WaitWorkerIdle(int i, int timeout_ms);
   // Worker i's /metrics text; "" when it does not answer.
   std::string WorkerMetrics(int i);
+  // The body of GET `path` on worker i's metrics port ("" when it does not answer).
+  std::string WorkerHttp(int i, const std::string& path);
   // The router's /metrics text.
   std::string RouterMetrics();
 

@@ -102,6 +102,11 @@ void Engine::Shutdown(bool drain) {
   if (thread_.joinable()) thread_.join();
 }
 
+Engine::ExpertLoads Engine::GetExpertLoads() {
+  absl::MutexLock lock(&mu_);
+  return expert_loads_;
+}
+
 EngineStats Engine::GetStats() {
   absl::MutexLock lock(&mu_);
   return stats_;
@@ -268,6 +273,23 @@ bool Engine::Step() {
       }
       options_.metrics->bank_routed_tokens[b]->Increment(static_cast<double>(routed));
       options_.metrics->bank_experts_touched[b]->Set(static_cast<double>(touched));
+    }
+    // Cumulative per-expert loads, in the checkpoint's expert ids (the router's output j is
+    // expert order[j] under a placement).
+    const ExpertPlacement* placement = model_.shard().placement.get();
+    absl::MutexLock lock(&mu_);
+    expert_loads_.banks.resize(bank_tokens.size());
+    expert_loads_.complete = model_.shard().ep_size == 1;
+    ++expert_loads_.sampled_steps;
+    for (size_t b = 0; b < bank_tokens.size(); ++b) {
+      auto& total = expert_loads_.banks[b];
+      total.resize(bank_tokens[b].size(), 0);
+      for (size_t j = 0; j < bank_tokens[b].size(); ++j) {
+        const size_t e = placement != nullptr && b < static_cast<size_t>(placement->num_banks())
+                             ? static_cast<size_t>(placement->order(static_cast<int>(b))[j])
+                             : j;
+        if (e < total.size()) total[e] += bank_tokens[b][j];
+      }
     }
   }
   if (options_.metrics) options_.metrics->steps.Increment();

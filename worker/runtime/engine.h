@@ -86,6 +86,16 @@ class Engine {
   // Stops accepting requests; with `drain`, finishes the ones in flight first.
   void Shutdown(bool drain);
   [[nodiscard]] EngineStats GetStats();
+  // The sampled (token, expert) counts so far, per bank and expert id of the checkpoint (a
+  // placement's order mapped back), summed over the layers that share a bank: the input of
+  // --expert-placement load-aware. Under expert parallelism this rank counts only its own
+  // experts (`complete` false). Steps sampled so far in `sampled_steps`.
+  struct ExpertLoads {
+    std::vector<std::vector<int64_t>> banks;
+    int64_t sampled_steps = 0;
+    bool complete = true;
+  };
+  [[nodiscard]] ExpertLoads GetExpertLoads();
 
  private:
   Engine(HybridModel& model, const EngineOptions& options);
@@ -110,6 +120,7 @@ class Engine {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool drain_ ABSL_GUARDED_BY(mu_) = false;
   EngineStats stats_ ABSL_GUARDED_BY(mu_);
+  ExpertLoads expert_loads_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

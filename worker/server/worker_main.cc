@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cli/model_flags.h"
+#include "cli/replica_flags.h"
 #include "common/flag_spelling.h"
 #include "common/logging.h"
 #include "common/metrics_http_server.h"
@@ -26,8 +27,8 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_builder.h"
+#include "nlohmann/json.hpp"
 #include "prometheus/registry.h"
-#include "cli/replica_flags.h"
 #include "worker/distributed/replica_plan.h"
 #include "worker/model/generation_defaults.h"
 #include "worker/model/memory_plan.h"
@@ -109,16 +110,16 @@ absl::Status Run() {
   // The health service of whichever role this process takes, once it exists: a failed group
   // turns it NOT_SERVING before the process exits non-zero.
   std::atomic<grpc::Server*> health_server{nullptr};
-  ASSIGN_OR_RETURN(cli::ReplicaRank replica,
-                   cli::JoinReplicaFromFlags(source.shard, *backend, [&health_server](
-                                                                          const absl::Status& why) {
-                     MOBIUS_LOG(ERROR, "worker", "") << "replica failed: " << why << "; exiting";
-                     if (grpc::Server* s = health_server.load(); s != nullptr) {
-                       s->GetHealthCheckService()->SetServingStatus(false);
-                     }
-                     std::fflush(nullptr);
-                     std::_Exit(3);
-                   }));
+  ASSIGN_OR_RETURN(
+      cli::ReplicaRank replica,
+      cli::JoinReplicaFromFlags(source.shard, *backend, [&health_server](const absl::Status& why) {
+        MOBIUS_LOG(ERROR, "worker", "") << "replica failed: " << why << "; exiting";
+        if (grpc::Server* s = health_server.load(); s != nullptr) {
+          s->GetHealthCheckService()->SetServingStatus(false);
+        }
+        std::fflush(nullptr);
+        std::_Exit(3);
+      }));
   source.comm = replica.comm.get();
   MOBIUS_LOG(INFO, "worker", "") << "loading model " << source.model_dir << source.config_path;
   ASSIGN_OR_RETURN(std::unique_ptr<HybridModel> model, LoadHybridModel(source, *backend));
@@ -174,14 +175,32 @@ absl::Status Run() {
   auto registry = std::make_shared<prometheus::Registry>();
   EngineMetrics metrics(registry, name, model->num_banks());
   options.metrics = &metrics;
+  // /expert_load: the engine's sampled per-expert loads in the --expert-load file format, so a
+  // replica can be restarted with --expert-placement load-aware from what it measured.
+  std::atomic<Engine*> engine_for_routes{nullptr};
+  MetricsHttpServer::JsonRoutes routes;
+  routes["/expert_load"] = [&engine_for_routes] {
+    Engine* e = engine_for_routes.load();
+    if (e == nullptr) return std::string(R"({"error": "the engine is not running"})");
+    const Engine::ExpertLoads loads = e->GetExpertLoads();
+    nlohmann::json json = {{"banks", loads.banks},
+                           {"sampled_steps", loads.sampled_steps},
+                           {"complete", loads.complete}};
+    if (!loads.complete) {
+      json["note"] = "expert parallel: rank 0 counts only the experts it holds";
+    }
+    return json.dump();
+  };
   std::unique_ptr<MetricsHttpServer> metrics_server;
   if (absl::GetFlag(FLAGS_metrics_port) > 0) {
-    ASSIGN_OR_RETURN(metrics_server,
-                     MetricsHttpServer::Start(absl::GetFlag(FLAGS_host),
-                                              absl::GetFlag(FLAGS_metrics_port), registry));
-    MOBIUS_LOG(INFO, "worker", "") << "metrics on port " << metrics_server->port() << " /metrics";
+    ASSIGN_OR_RETURN(metrics_server, MetricsHttpServer::Start(absl::GetFlag(FLAGS_host),
+                                                              absl::GetFlag(FLAGS_metrics_port),
+                                                              registry, std::move(routes)));
+    MOBIUS_LOG(INFO, "worker", "")
+        << "metrics on port " << metrics_server->port() << " /metrics, /expert_load";
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(*model, options));
+  engine_for_routes.store(engine.get());
   WorkerService service(
       *engine, model->config(), name, options.eos_token_ids,
       std::min<int64_t>(options.max_model_len, model->config().max_position_embeddings));
@@ -216,6 +235,8 @@ absl::Status Run() {
   server->Shutdown(
       absl::ToChronoTime(absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_drain_timeout_s))));
   health_server.store(nullptr);
+  metrics_server.reset();  // before the engine it reads goes
+  engine_for_routes.store(nullptr);
   // The engine thread has stopped: nothing else broadcasts now.
   cli::StopReplica(*model, replica);
   MOBIUS_LOG(INFO, "worker", "") << "drained; exiting";
