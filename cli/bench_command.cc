@@ -143,10 +143,8 @@ absl::Status BenchEngine() {
         ++moe_layers;
         for (int64_t n : layer) touched += n > 0;
       }
-      // With expert parallelism rank 0 counts only its own experts: its share times the ranks
-      // estimates the replica's (the routing of dummy weights is close to uniform).
-      const double touched_per_layer =
-          moe_layers > 0 ? touched / moe_layers * source.shard.ep_size : 0;
+      // (Under expert parallelism the counts are summed over the ranks by the model.)
+      const double touched_per_layer = moe_layers > 0 ? touched / moe_layers : 0;
       // The logits stay on the device: the step is the model's forward pass (what the bound
       // counts), not the host copy of [batch, vocab] floats.
       worker::ForwardOptions timed;

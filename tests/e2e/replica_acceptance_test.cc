@@ -125,13 +125,15 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The loop the issue asks for: a replica measures its per-expert load (/expert_load on the
 // metrics port, in the --expert-load format), and a load-aware expert-parallel replica started
-// from that file serves the same greedy tokens.
+// from that file serves the same greedy tokens and measures the same load (its ranks' counts
+// summed, in checkpoint expert ids).
 TEST(ExpertLoadTest, MeasuredLoadDrivesALoadAwareReplica) {
   constexpr int kMaxTokens = 6;
   const std::vector<std::vector<int32_t>> prompts = Prompts(4);
   std::vector<std::vector<int32_t>> expected;
   for (const auto& p : prompts) expected.push_back(MobiusGenerate(p, kMaxTokens));
   const std::string load_file = ::testing::TempDir() + "/mobius_measured_expert_load.json";
+  nlohmann::json measured;
   {
     Deployment measure({.workers = 1, .worker_flags = {"--max-model-len=256"}});
     ASSERT_TRUE(measure.ready());
@@ -149,8 +151,8 @@ TEST(ExpertLoadTest, MeasuredLoadDrivesALoadAwareReplica) {
     }
     EXPECT_GT(total, 0) << "no expert load sampled";
     EXPECT_GE(loads["sampled_steps"].get<int64_t>(), 1);
-    EXPECT_TRUE(loads["complete"].get<bool>());
     std::ofstream(load_file) << loads.dump();
+    measured = loads["banks"];
   }
   Deployment placed(
       {.workers = 1,
@@ -164,6 +166,12 @@ TEST(ExpertLoadTest, MeasuredLoadDrivesALoadAwareReplica) {
     EXPECT_TRUE(out.status.ok()) << out.status.error_message();
     EXPECT_EQ(out.tokens, expected[i]) << "prompt " << i;
   }
+  // The same requests one at a time make the same steps: the EP replica's counts, summed over its
+  // ranks and mapped back from its placement to checkpoint ids, equal the one-process ones.
+  const nlohmann::json placed_loads =
+      nlohmann::json::parse(placed.WorkerHttp(0, "/expert_load"), nullptr, false);
+  ASSERT_TRUE(placed_loads.is_object() && placed_loads.contains("banks")) << placed_loads.dump();
+  EXPECT_EQ(placed_loads["banks"], measured);
 }
 
 // SIGKILL of a follower rank of a serving replica: the leader fails the replica and exits

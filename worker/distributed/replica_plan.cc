@@ -36,6 +36,7 @@ v1::StepPlan ToProto(const ReplicaStepPlan& plan) {
   }
   p.set_logits_mode(plan.logits_mode);
   p.set_delta_rule_algorithm(static_cast<int>(plan.delta_rule));
+  p.set_count_experts(plan.count_experts);
   return p;
 }
 
@@ -49,6 +50,7 @@ ReplicaStepPlan FromProto(const v1::StepPlan& p) {
   }
   plan.logits_mode = p.logits_mode();
   plan.delta_rule = static_cast<kernels::DeltaRuleAlgorithm>(p.delta_rule_algorithm());
+  plan.count_experts = p.count_experts();
   return plan;
 }
 

@@ -151,6 +151,7 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
     ReplicaStepPlan plan;
     plan.logits_mode = static_cast<int>(options.logits);
     plan.delta_rule = options.delta_rule;
+    plan.count_experts = options.expert_tokens != nullptr;
     for (const SequenceStep& step : batch) {
       plan.sequences.push_back(
           PlannedSequence{std::vector<int32_t>(step.tokens.begin(), step.tokens.end()),
@@ -199,7 +200,25 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
     options.hidden_out->resize(static_cast<size_t>(ctx.hidden_rows.numel()));
     backend_.CopyToHostF32(ctx.hidden_rows, options.hidden_out->data());
   }
+  if (options.expert_tokens != nullptr && shard_.ep_size > 1) {
+    RETURN_IF_ERROR(SumExpertCounts(*options.expert_tokens));
+  }
   for (SequenceStep& step : batch) step.cache->num_tokens += step.tokens.size();
+  return absl::OkStatus();
+}
+
+absl::Status HybridModel::SumExpertCounts(std::vector<std::vector<int64_t>>& counts) {
+  std::vector<float> flat;
+  for (const auto& layer : counts) flat.insert(flat.end(), layer.begin(), layer.end());
+  if (flat.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(Tensor t, Alloc(DType::kF32, {static_cast<int64_t>(flat.size())}));
+  backend_.CopyFromHost(flat.data(), DType::kF32, t);
+  RETURN_IF_ERROR(comm_->AllReduceSum(t));
+  backend_.CopyToHostF32(t, flat.data());
+  size_t i = 0;
+  for (auto& layer : counts) {
+    for (int64_t& n : layer) n = static_cast<int64_t>(flat[i++] + 0.5f);
+  }
   return absl::OkStatus();
 }
 
@@ -226,6 +245,11 @@ absl::Status HybridModel::ExecutePlan(const ReplicaStepPlan& plan) {
   options.logits = static_cast<LogitsMode>(plan.logits_mode);
   options.delta_rule = plan.delta_rule;
   options.copy_logits = false;  // the leader samples; a follower only takes part
+  std::vector<std::vector<int64_t>> expert_tokens;
+  if (plan.count_experts) {
+    expert_tokens.resize(config_.num_hidden_layers);
+    options.expert_tokens = &expert_tokens;
+  }
   std::vector<float> unused;
   return Forward(batch, options, unused);
 }

@@ -40,8 +40,9 @@ struct ForwardOptions {
   kernels::DeltaRuleAlgorithm delta_rule = kernels::DeltaRuleAlgorithm::kAuto;
   // When set ([num_hidden_layers][num_experts]), the (token, expert) assignments of every MoE
   // layer are added to that layer's counts (bank of layer i: ModelConfig::BankOfLayer). On a GPU
-  // this costs a device synchronisation per layer, so callers sample it. A rank of an
-  // expert-parallel replica counts only its own experts (the sum over ranks is the total).
+  // this costs a device synchronisation per layer, so callers sample it. Under expert
+  // parallelism each rank counts its own experts and Forward sums the counts over the ranks
+  // (every rank must then ask for them in the same step: followers do through the step plan).
   std::vector<std::vector<int64_t>>* expert_tokens = nullptr;
   // False: the logits stay on the device (`logits` comes back empty); the step is still
   // finished (synchronised) when Forward returns. Benchmarks time the model alone this way.
@@ -109,8 +110,8 @@ class HybridModel {
 
   // ---- a replica over several processes (issue 5) ----
   // Leader rank: every CreateCaches and Forward is first handed to `followers` (not owned; null
-  // detaches), which repeat them on the other ranks. expert_tokens and hidden_out stay the
-  // leader's (they add no collective): with expert parallelism its counts cover its own experts.
+  // detaches), which repeat them on the other ranks. hidden_out stays the leader's; with
+  // expert parallelism expert_tokens is counted on every rank and summed over them.
   void SetFollowers(ReplicaFollowers* followers) { followers_ = followers; }
   // Follower rank: repeats one of the leader's steps on this rank's shard (zeroes the state slots
   // of sequences at position 0, then runs the sequences with the plan's block tables and slots).
@@ -135,6 +136,8 @@ class HybridModel {
   absl::StatusOr<kernels::Tensor> QueueStep(StepContext& ctx, std::span<const int32_t> ids);
   // Runs a decode step through its recording (recording it after running it op by op the first
   // time). Returns the logits tensor.
+  // Expert parallelism: sums every rank's (token, expert) counts of the step over the ranks.
+  absl::Status SumExpertCounts(std::vector<std::vector<int64_t>>& counts);
   absl::StatusOr<kernels::Tensor> RunDecodeGraph(StepContext& ctx, std::span<const int32_t> ids);
 
   absl::Status DeltaNetMixer(StepContext& ctx, int layer, const kernels::Tensor& x,

@@ -25,6 +25,9 @@ struct PlannedSequence {
 struct ReplicaStepPlan {
   std::vector<PlannedSequence> sequences;
   int logits_mode = 0;  // LogitsMode
+  // The leader counts (token, expert) assignments this step: under expert parallelism every
+  // rank counts its own experts and the counts are summed over the ranks after the step.
+  bool count_experts = false;
   kernels::DeltaRuleAlgorithm delta_rule = kernels::DeltaRuleAlgorithm::kAuto;
 };
 

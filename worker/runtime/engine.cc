@@ -279,7 +279,6 @@ bool Engine::Step() {
     const ExpertPlacement* placement = model_.shard().placement.get();
     absl::MutexLock lock(&mu_);
     expert_loads_.banks.resize(bank_tokens.size());
-    expert_loads_.complete = model_.shard().ep_size == 1;
     ++expert_loads_.sampled_steps;
     for (size_t b = 0; b < bank_tokens.size(); ++b) {
       auto& total = expert_loads_.banks[b];

@@ -87,13 +87,12 @@ class Engine {
   void Shutdown(bool drain);
   [[nodiscard]] EngineStats GetStats();
   // The sampled (token, expert) counts so far, per bank and expert id of the checkpoint (a
-  // placement's order mapped back), summed over the layers that share a bank: the input of
-  // --expert-placement load-aware. Under expert parallelism this rank counts only its own
-  // experts (`complete` false). Steps sampled so far in `sampled_steps`.
+  // placement's order mapped back), summed over the layers that share a bank and, under expert
+  // parallelism, over the ranks: the input of --expert-placement load-aware. Steps sampled so
+  // far in `sampled_steps`.
   struct ExpertLoads {
     std::vector<std::vector<int64_t>> banks;
     int64_t sampled_steps = 0;
-    bool complete = true;
   };
   [[nodiscard]] ExpertLoads GetExpertLoads();
 

@@ -183,13 +183,7 @@ absl::Status Run() {
     Engine* e = engine_for_routes.load();
     if (e == nullptr) return std::string(R"({"error": "the engine is not running"})");
     const Engine::ExpertLoads loads = e->GetExpertLoads();
-    nlohmann::json json = {{"banks", loads.banks},
-                           {"sampled_steps", loads.sampled_steps},
-                           {"complete", loads.complete}};
-    if (!loads.complete) {
-      json["note"] = "expert parallel: rank 0 counts only the experts it holds";
-    }
-    return json.dump();
+    return nlohmann::json({{"banks", loads.banks}, {"sampled_steps", loads.sampled_steps}}).dump();
   };
   std::unique_ptr<MetricsHttpServer> metrics_server;
   if (absl::GetFlag(FLAGS_metrics_port) > 0) {
