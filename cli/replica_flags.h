@@ -25,7 +25,7 @@ absl::StatusOr<worker::ShardSpec> ShardFromFlags();
 
 // This process's part of a replica of several ranks.
 struct ReplicaRank {
-  std::unique_ptr<worker::Communicator> comm;  // null for a replica of one process
+  std::unique_ptr<worker::Communicator> comm;          // null for a replica of one process
   std::unique_ptr<worker::LeaderBroadcast> followers;  // rank 0 of a sharded replica
   [[nodiscard]] bool sharded() const { return comm != nullptr; }
   [[nodiscard]] bool leader() const { return comm == nullptr || comm->rank() == 0; }

@@ -971,8 +971,7 @@ void Bench::BuildSpecs() {
   }
   // Single projections through the skinny kernel (a fan-out of one), beside linear.* (cuBLASLt):
   // the DeltaNet out-projection and the shared expert's down projection at batch 1.
-  Add("fanout.single.1x2048x4096",
-      [=, this] { return LinearFanOut(1, {d.hidden}, d.hv * d.dv); });
+  Add("fanout.single.1x2048x4096", [=, this] { return LinearFanOut(1, {d.hidden}, d.hv * d.dv); });
   Add("fanout.single.1x2048x512",
       [=, this] { return LinearFanOut(1, {d.hidden}, d.shared_inter); });
   Add("linear.1x2048x512", [=, this] { return Linear(1, d.hidden, d.shared_inter); });
