@@ -84,15 +84,7 @@ absl::Status Generate() {
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, BackendFromFlags());
   // With --world-size > 1 this process is one rank of a replica: rank 0 runs the command, the
   // others follow its steps until it stops them.
-  ASSIGN_OR_RETURN(source.shard, ShardFromFlags());
-  ASSIGN_OR_RETURN(ReplicaRank replica,
-                   JoinReplicaFromFlags(source.shard, *backend, [](const absl::Status& why) {
-                     std::fprintf(stderr, "mobius: replica failed: %s\n",
-                                  std::string(why.message()).c_str());
-                     std::fflush(nullptr);
-                     std::_Exit(3);
-                   }));
-  source.comm = replica.comm.get();
+  ASSIGN_OR_RETURN(ReplicaRank replica, JoinReplicaForCommand(source, *backend));
   ASSIGN_OR_RETURN(std::unique_ptr<worker::HybridModel> model,
                    worker::LoadHybridModel(source, *backend));
   ApplyModelRuntimeFlags(*model);

@@ -1,6 +1,8 @@
 #include "cli/replica_flags.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -117,6 +119,19 @@ absl::StatusOr<ReplicaRank> JoinReplicaFromFlags(
   MOBIUS_LOG(INFO, "replica", "") << "rank " << rv.rank << " of " << rv.world_size
                                   << ": joining the replica at " << rv.leader;
   ASSIGN_OR_RETURN(rank.comm, worker::JoinReplica(rv));
+  return rank;
+}
+
+absl::StatusOr<ReplicaRank> JoinReplicaForCommand(worker::ModelSource& source,
+                                                  kernels::Backend& backend) {
+  ASSIGN_OR_RETURN(source.shard, ShardFromFlags());
+  ASSIGN_OR_RETURN(
+      ReplicaRank rank, JoinReplicaFromFlags(source.shard, backend, [](const absl::Status& why) {
+        std::fprintf(stderr, "mobius: replica failed: %s\n", std::string(why.message()).c_str());
+        std::fflush(nullptr);
+        std::_Exit(3);
+      }));
+  source.comm = rank.comm.get();
   return rank;
 }
 

@@ -15,6 +15,7 @@
 #include "worker/distributed/communicator.h"
 #include "worker/distributed/replica_plan.h"
 #include "worker/model/hybrid_model.h"
+#include "worker/model/model_factory.h"
 #include "worker/model/shard_spec.h"
 
 namespace mobius::cli {
@@ -36,6 +37,11 @@ struct ReplicaRank {
 absl::StatusOr<ReplicaRank> JoinReplicaFromFlags(
     const worker::ShardSpec& shard, kernels::Backend& backend,
     std::function<void(const absl::Status&)> on_failure);
+
+// For the CLI commands: the shard from the flags into `source` (shard and communicator) and the
+// replica joined, a failed group ending the process with status 3.
+absl::StatusOr<ReplicaRank> JoinReplicaForCommand(worker::ModelSource& source,
+                                                  kernels::Backend& backend);
 
 // After loading: sequence parallel from the flags, and on rank 0 the followers attached to the
 // model (every cache creation and step is sent to the other ranks first).

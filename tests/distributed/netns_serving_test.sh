@@ -7,34 +7,8 @@
 # exits 77 (ctest: skipped) when network namespaces cannot be made here.
 set -u
 worker="$1" router="$2" cli="$3" model="$4"
-a="mobius-sa-$$" b="mobius-sb-$$" va="msa$$" vb="msb$$"
-net="10.253.$(($$ % 250)).0"
-ip_a="${net%.0}.1" ip_b="${net%.0}.2"
-dir=$(mktemp -d /tmp/mobius-netns-serving-XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  ip netns del "$a" 2>/dev/null
-  ip netns del "$b" 2>/dev/null
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-
-if ! command -v ip >/dev/null || ! ip netns add "$a" 2>"$dir/err"; then
-  echo "SKIP: cannot create a network namespace (needs root and iproute2): $(cat "$dir/err" 2>/dev/null)"
-  exit 77
-fi
-set -e
-ip netns add "$b"
-ip link add "$va" type veth peer name "$vb"
-ip link set "$va" netns "$a"
-ip link set "$vb" netns "$b"
-ip -n "$a" addr add "$ip_a/24" dev "$va"
-ip -n "$b" addr add "$ip_b/24" dev "$vb"
-for ns in "$a" "$b"; do ip -n "$ns" link set lo up; done
-ip -n "$a" link set "$va" up
-ip -n "$b" link set "$vb" up
-set +e
+# shellcheck source=tests/distributed/netns_lib.sh
+source "$(dirname "$0")/netns_lib.sh" 253
 
 export UCX_TLS=tcp
 common=(--model "$model" --threads=1 --max-model-len=256 --tp=2 --world-size=2
