@@ -41,7 +41,7 @@ int TokenHistory::OutputCount(int32_t token) const {
 RequestSampler::RequestSampler(const SamplingParams& params, uint64_t fallback_seed)
     : params_(params), rng_(params.seed.value_or(fallback_seed)) {}
 
-SampledToken RequestSampler::Sample(std::span<float> logits, const TokenHistory& history) {
+void RequestSampler::ApplyPenalties(std::span<float> logits, const TokenHistory& history) const {
   const int vocab = static_cast<int>(logits.size());
   // Penalties touch only the tokens the sequence has seen.
   for (int32_t t : history.seen()) {
@@ -53,6 +53,48 @@ SampledToken RequestSampler::Sample(std::span<float> logits, const TokenHistory&
     }
     x -= params_.frequency_penalty * count + params_.presence_penalty * (count > 0 ? 1 : 0);
   }
+}
+
+RequestSampler::Candidates RequestSampler::Truncate(std::span<const float> logits, float max_logit,
+                                                    float log_z) const {
+  const int vocab = static_cast<int>(logits.size());
+  const float temperature = params_.temperature > 0 ? params_.temperature : 1.0f;
+  // Candidates sorted by probability, truncated by top-k, top-p and min-p.
+  Candidates c;
+  c.order.resize(vocab);
+  std::iota(c.order.begin(), c.order.end(), 0);
+  auto by_logit = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  if (params_.top_k > 0 && params_.top_k < vocab) {
+    std::nth_element(c.order.begin(), c.order.begin() + params_.top_k, c.order.end(), by_logit);
+    c.order.resize(params_.top_k);
+  }
+  std::sort(c.order.begin(), c.order.end(), by_logit);
+  c.p.resize(c.order.size());
+  double total = 0;
+  for (size_t i = 0; i < c.order.size(); ++i) {
+    c.p[i] = std::exp((logits[c.order[i]] - max_logit) / temperature - log_z);
+    total += c.p[i];
+  }
+  const double p_max = c.p[0];
+  double cumulative = 0;
+  size_t n = 0;
+  for (; n < c.order.size(); ++n) {
+    if (n > 0 && c.p[n] < params_.min_p * p_max) break;
+    cumulative += c.p[n];
+    if (cumulative >= params_.top_p * total) {
+      ++n;
+      break;
+    }
+  }
+  c.kept = std::max<size_t>(n, 1);
+  return c;
+}
+
+SampledToken RequestSampler::Sample(std::span<float> logits, const TokenHistory& history) {
+  const int vocab = static_cast<int>(logits.size());
+  ApplyPenalties(logits, history);
 
   // Log-softmax at the request's temperature (1 for greedy): what logprobs report.
   const float temperature = params_.temperature > 0 ? params_.temperature : 1.0f;
@@ -67,47 +109,17 @@ SampledToken RequestSampler::Sample(std::span<float> logits, const TokenHistory&
     result.token =
         static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   } else {
-    // Candidates sorted by probability, truncated by top-k, top-p and min-p.
-    std::vector<int32_t> order(vocab);
-    std::iota(order.begin(), order.end(), 0);
-    auto by_logit = [&](int32_t a, int32_t b) {
-      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-    };
-    size_t keep = vocab;
-    if (params_.top_k > 0 && params_.top_k < vocab) {
-      keep = params_.top_k;
-      std::nth_element(order.begin(), order.begin() + keep, order.end(), by_logit);
-      order.resize(keep);
-    }
-    std::sort(order.begin(), order.end(), by_logit);
-    std::vector<double> p(order.size());
-    double total = 0;
-    for (size_t i = 0; i < order.size(); ++i) {
-      p[i] = std::exp(logprob(order[i]));
-      total += p[i];
-    }
-    const double p_max = p[0];
-    double cumulative = 0;
-    size_t n = 0;
-    for (; n < order.size(); ++n) {
-      if (n > 0 && p[n] < params_.min_p * p_max) break;
-      cumulative += p[n];
-      if (cumulative >= params_.top_p * total) {
-        ++n;
-        break;
-      }
-    }
-    n = std::max<size_t>(n, 1);
+    const Candidates c = Truncate(logits, max_logit, log_z);
     double kept = 0;
-    for (size_t i = 0; i < n; ++i) kept += p[i];
+    for (size_t i = 0; i < c.kept; ++i) kept += c.p[i];
     std::uniform_real_distribution<double> uniform(0.0, kept);
     const double u = uniform(rng_);
     double acc = 0;
-    result.token = order[n - 1];
-    for (size_t i = 0; i < n; ++i) {
-      acc += p[i];
+    result.token = c.order[c.kept - 1];
+    for (size_t i = 0; i < c.kept; ++i) {
+      acc += c.p[i];
       if (u < acc) {
-        result.token = order[i];
+        result.token = c.order[i];
         break;
       }
     }
@@ -123,6 +135,27 @@ SampledToken RequestSampler::Sample(std::span<float> logits, const TokenHistory&
     for (int i = 0; i < n; ++i) result.top.push_back({top[i], logprob(top[i])});
   }
   return result;
+}
+
+std::vector<double> RequestSampler::Distribution(std::span<float> logits,
+                                                 const TokenHistory& history) const {
+  const int vocab = static_cast<int>(logits.size());
+  std::vector<double> dist(vocab, 0.0);
+  if (vocab == 0) return dist;
+  ApplyPenalties(logits, history);
+  const float max_logit = *std::max_element(logits.begin(), logits.end());
+  if (params_.temperature == 0) {
+    dist[std::max_element(logits.begin(), logits.end()) - logits.begin()] = 1.0;
+    return dist;
+  }
+  const float temperature = params_.temperature;
+  double sum = 0;
+  for (float x : logits) sum += std::exp((x - max_logit) / temperature);
+  const Candidates c = Truncate(logits, max_logit, static_cast<float>(std::log(sum)));
+  double kept = 0;
+  for (size_t i = 0; i < c.kept; ++i) kept += c.p[i];
+  for (size_t i = 0; i < c.kept; ++i) dist[c.order[i]] = c.p[i] / kept;
+  return dist;
 }
 
 }  // namespace mobius::worker

@@ -47,8 +47,24 @@ class RequestSampler {
 
   // Samples from `logits` (one row, vocab entries; modified in place).
   SampledToken Sample(std::span<float> logits, const TokenHistory& history);
+  // The distribution Sample draws from (penalties, temperature, top-k/top-p/min-p; one-hot at the
+  // argmax for greedy requests), as probabilities over the vocabulary; `logits` is modified in
+  // place as Sample does. Speculative decoding accepts drafts against it. Draws nothing.
+  [[nodiscard]] std::vector<double> Distribution(std::span<float> logits,
+                                                 const TokenHistory& history) const;
+  [[nodiscard]] std::mt19937_64& rng() { return rng_; }
 
  private:
+  // Sorted candidates after top-k with their (temperature) probabilities; the first `kept` of
+  // them survive top-p and min-p.
+  struct Candidates {
+    std::vector<int32_t> order;
+    std::vector<double> p;
+    size_t kept = 1;
+  };
+  void ApplyPenalties(std::span<float> logits, const TokenHistory& history) const;
+  Candidates Truncate(std::span<const float> logits, float max_logit, float log_z) const;
+
   SamplingParams params_;
   std::mt19937_64 rng_;
 };

@@ -1,0 +1,54 @@
+#include "worker/runtime/speculative_sampling.h"
+
+#include <algorithm>
+
+namespace mobius::worker {
+namespace {
+
+// A draw from the (unnormalised, non-negative) weights w; the last positive index when rounding
+// leaves u past the end.
+int32_t Draw(const std::vector<double>& w, std::mt19937_64& rng) {
+  double total = 0;
+  for (double x : w) total += x;
+  std::uniform_real_distribution<double> uniform(0.0, total);
+  const double u = uniform(rng);
+  double acc = 0;
+  int32_t last = 0;
+  for (size_t i = 0; i < w.size(); ++i) {
+    if (w[i] <= 0) continue;
+    last = static_cast<int32_t>(i);
+    acc += w[i];
+    if (u < acc) return last;
+  }
+  return last;
+}
+
+}  // namespace
+
+DraftVerdict VerifyDrafts(std::span<const int32_t> drafts, std::span<const std::vector<double>> q,
+                          std::span<const std::vector<double>> p, std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  DraftVerdict verdict;
+  for (size_t i = 0; i < drafts.size(); ++i) {
+    const int32_t x = drafts[i];
+    const double px = p[i][x], qx = q[i][x];
+    const double ratio = qx > 0 ? px / qx : (px > 0 ? 1.0 : 0.0);
+    if (uniform(rng) < ratio) {
+      ++verdict.accepted;
+      continue;
+    }
+    std::vector<double> residual(p[i].size());
+    bool any = false;
+    for (size_t y = 0; y < residual.size(); ++y) {
+      residual[y] = std::max(0.0, p[i][y] - q[i][y]);
+      any |= residual[y] > 0;
+    }
+    // p == q leaves no residual, but then a rejection has probability 0; draw from p to be safe.
+    verdict.next = Draw(any ? residual : p[i], rng);
+    return verdict;
+  }
+  verdict.next = Draw(p[drafts.size()], rng);
+  return verdict;
+}
+
+}  // namespace mobius::worker

@@ -1,0 +1,31 @@
+// The acceptance rule of speculative decoding (issue 6): keeps the output distribution exactly
+// the target's whatever the drafts (Leviathan et al. 2023; Chen et al. 2023). Draft i, drawn from
+// the draft distribution q_i, is accepted with probability min(1, p_i(x) / q_i(x)); at the first
+// rejection the step emits a token drawn from the residual max(0, p_i - q_i) (normalised) and
+// stops; when every draft is accepted it emits a bonus token drawn from p_k. With one-hot p and q
+// (greedy requests and a greedy draft) this is "longest matching prefix plus the target's
+// token". p comes from RequestSampler::Distribution, so penalties, temperature and top-k/top-p/
+// min-p are honoured.
+#ifndef MOBIUS_WORKER_RUNTIME_SPECULATIVE_SAMPLING_H_
+#define MOBIUS_WORKER_RUNTIME_SPECULATIVE_SAMPLING_H_
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+namespace mobius::worker {
+
+struct DraftVerdict {
+  int accepted = 0;  // leading drafts kept
+  int32_t next = 0;  // then this token: the residual draw after a rejection, or the bonus token
+};
+
+// drafts: k tokens; q: their k draft distributions; p: k + 1 target distributions (p[i] at the
+// position of draft i, p[k] after the last draft), each over the same vocabulary.
+DraftVerdict VerifyDrafts(std::span<const int32_t> drafts, std::span<const std::vector<double>> q,
+                          std::span<const std::vector<double>> p, std::mt19937_64& rng);
+
+}  // namespace mobius::worker
+
+#endif  // MOBIUS_WORKER_RUNTIME_SPECULATIVE_SAMPLING_H_
