@@ -12,6 +12,39 @@ namespace {
 constexpr int kNormThreads = 128;
 constexpr int kAttnWarps = 8;
 
+// Rotation of frequency j at position `pos`, like the reference implementation: the inverse
+// frequency and the angle in fp32 (the power and the sine/cosine evaluated in double, then
+// rounded, as PyTorch's fp32 ops are accurate to the last bit).
+__device__ __forceinline__ void RopeCosSin(float pos, int j, int rotary_dim, float theta, float* c,
+                                           float* s) {
+  const float inv_freq =
+      static_cast<float>(1.0 / pow(static_cast<double>(theta), 2.0 * j / rotary_dim));
+  const float angle = pos * inv_freq;
+  double sn, cs;
+  sincos(static_cast<double>(angle), &sn, &cs);
+  *c = static_cast<float>(cs);
+  *s = static_cast<float>(sn);
+}
+
+// Where head `head` of token t lives: query heads [0, nh) read q_gate (query half) and write q,
+// key heads [nh, nh + nkv) are normalised and rotated in place in k.
+struct QkHead {
+  const uint16_t* src;
+  uint16_t* dst;
+  AnyPtr w;
+  bool is_q;
+};
+__device__ __forceinline__ QkHead QkHeadOf(int64_t t, int head, const uint16_t* q_gate, uint16_t* k,
+                                           uint16_t* q, AnyPtr q_norm, AnyPtr k_norm, int num_heads,
+                                           int num_kv_heads, int head_dim) {
+  if (head < num_heads) {
+    return {q_gate + (t * num_heads + head) * 2 * head_dim, q + (t * num_heads + head) * head_dim,
+            q_norm, true};
+  }
+  uint16_t* kh = k + (t * num_kv_heads + (head - num_heads)) * head_dim;
+  return {kh, kh, k_norm, false};
+}
+
 // Block (t, head): heads [0, nh) are query heads (read from q_gate, which also yields the gate),
 // heads [nh, nh + nkv) are key heads, normalised and rotated in place.
 __global__ void QkNormRopeKernel(const uint16_t* q_gate, uint16_t* k, AnyPtr q_norm, AnyPtr k_norm,
@@ -22,20 +55,14 @@ __global__ void QkNormRopeKernel(const uint16_t* q_gate, uint16_t* k, AnyPtr q_n
   __shared__ float red[32];
   const int64_t t = blockIdx.x;
   const int head = blockIdx.y;
-  const bool is_q = head < num_heads;
-  const uint16_t* src;
-  uint16_t* dst;
-  AnyPtr w;
-  if (is_q) {
-    src = q_gate + (t * num_heads + head) * 2 * head_dim;
-    dst = q + (t * num_heads + head) * head_dim;
-    w = q_norm;
+  const QkHead h =
+      QkHeadOf(t, head, q_gate, k, q, q_norm, k_norm, num_heads, num_kv_heads, head_dim);
+  const uint16_t* src = h.src;
+  uint16_t* dst = h.dst;
+  const AnyPtr w = h.w;
+  if (h.is_q) {
     uint16_t* gate_dst = gate + (t * num_heads + head) * head_dim;
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) gate_dst[d] = src[head_dim + d];
-  } else {
-    dst = k + (t * num_kv_heads + (head - num_heads)) * head_dim;
-    src = dst;
-    w = k_norm;
   }
   float sum = 0.0f;
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
@@ -55,13 +82,8 @@ __global__ void QkNormRopeKernel(const uint16_t* q_gate, uint16_t* k, AnyPtr q_n
   for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
     float y = vals[d];
     if (d < rotary_dim) {
-      const int j = d < half ? d : d - half;
-      const float inv_freq =
-          static_cast<float>(1.0 / pow(static_cast<double>(theta), 2.0 * j / rotary_dim));
-      const float angle = pos * inv_freq;
-      double sn, cs;
-      sincos(static_cast<double>(angle), &sn, &cs);
-      const float c = static_cast<float>(cs), s = static_cast<float>(sn);
+      float c, s;
+      RopeCosSin(pos, d < half ? d : d - half, rotary_dim, theta, &c, &s);
       y = d < half ? vals[d] * c - vals[d + half] * s : vals[d] * c + vals[d - half] * s;
     }
     dst[d] = F32ToBf16(y);
@@ -89,31 +111,18 @@ __global__ void __launch_bounds__(kRopeWarps * 32)
   // Like the reference implementation: inverse frequencies and angles in fp32.
   const float pos = static_cast<float>(token_position[t]);
   for (int j = threadIdx.x; j < half; j += blockDim.x) {
-    const float inv_freq =
-        static_cast<float>(1.0 / pow(static_cast<double>(theta), 2.0 * j / rotary_dim));
-    const float angle = pos * inv_freq;
-    double sn, cs;
-    sincos(static_cast<double>(angle), &sn, &cs);
-    cos_s[j] = static_cast<float>(cs);
-    sin_s[j] = static_cast<float>(sn);
+    RopeCosSin(pos, j, rotary_dim, theta, &cos_s[j], &sin_s[j]);
   }
   __syncthreads();
   const int d0 = lane * 8;
   const bool active = d0 < head_dim;
   for (int head = warp; head < num_heads + num_kv_heads; head += kRopeWarps) {
-    const bool is_q = head < num_heads;
-    const uint16_t* src;
-    uint16_t* dst;
-    AnyPtr w;
-    if (is_q) {
-      src = q_gate + (t * num_heads + head) * 2 * head_dim;
-      dst = q + (t * num_heads + head) * head_dim;
-      w = q_norm;
-    } else {
-      dst = k + (t * num_kv_heads + (head - num_heads)) * head_dim;
-      src = dst;
-      w = k_norm;
-    }
+    const QkHead h =
+        QkHeadOf(t, head, q_gate, k, q, q_norm, k_norm, num_heads, num_kv_heads, head_dim);
+    const bool is_q = h.is_q;
+    const uint16_t* src = h.src;
+    uint16_t* dst = h.dst;
+    const AnyPtr w = h.w;
     float v[8] = {};
     float sum = 0.0f;
     if (active) {
