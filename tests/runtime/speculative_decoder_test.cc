@@ -1,5 +1,8 @@
 #include "worker/runtime/speculative_decoder.h"
 
+#include <algorithm>
+#include <cstdio>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -8,6 +11,8 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "tests/model/fixture_util.h"
+#include "worker/runtime/mtp_drafter.h"
+#include "worker/runtime/sampler.h"
 
 namespace mobius::worker {
 namespace {
@@ -24,15 +29,20 @@ class OracleDrafter : public Drafter {
         continuations_(std::move(continuations)),
         wrong_at_(wrong_at),
         vocab_(vocab) {}
-  std::vector<int32_t> Draft(int sequence, std::span<const int32_t> context, int k) override {
-    const std::vector<int32_t>& c = continuations_[sequence];
-    const size_t generated = context.size() - prompts_[sequence].size();  // incl. the pending one
-    std::vector<int32_t> d;
-    for (int p = 0; p < k && generated + p < c.size(); ++p) {
-      const int32_t t = c[generated + p];
-      d.push_back(p == wrong_at_ ? (t + 1) % vocab_ : t);
+  absl::Status Draft(std::span<const DraftRequest> requests,
+                     std::vector<std::vector<int32_t>>& drafts) override {
+    drafts.assign(requests.size(), {});
+    for (size_t r = 0; r < requests.size(); ++r) {
+      const DraftRequest& q = requests[r];
+      const std::vector<int32_t>& c = continuations_[q.sequence];
+      // Generated tokens so far, including the pending one.
+      const size_t generated = q.context.size() - prompts_[q.sequence].size();
+      for (int p = 0; p < q.k && generated + p < c.size(); ++p) {
+        const int32_t t = c[generated + p];
+        drafts[r].push_back(p == wrong_at_ ? (t + 1) % vocab_ : t);
+      }
     }
-    return d;
+    return absl::OkStatus();
   }
 
  private:
@@ -46,10 +56,15 @@ class OracleDrafter : public Drafter {
 class WrongDrafter : public Drafter {
  public:
   explicit WrongDrafter(int vocab) : vocab_(vocab) {}
-  std::vector<int32_t> Draft(int, std::span<const int32_t> context, int k) override {
-    std::vector<int32_t> d;
-    for (int p = 0; p < k; ++p) d.push_back((context.back() + 7 * (p + 1)) % vocab_);
-    return d;
+  absl::Status Draft(std::span<const DraftRequest> requests,
+                     std::vector<std::vector<int32_t>>& drafts) override {
+    drafts.assign(requests.size(), {});
+    for (size_t r = 0; r < requests.size(); ++r) {
+      for (int p = 0; p < requests[r].k; ++p) {
+        drafts[r].push_back((requests[r].context.back() + 7 * (p + 1)) % vocab_);
+      }
+    }
+    return absl::OkStatus();
   }
 
  private:
@@ -79,7 +94,11 @@ class SpeculativeDecoderTest : public ::testing::TestWithParam<std::string> {
     std::vector<SpeculativeRequest> r;
     for (size_t i = 0; i < prompts_.size(); ++i) {
       const bool speculate = !mixed || i % 2 == 0;
-      r.push_back({prompts_[i], kNewTokens, speculate ? spec_tokens : 0});
+      SpeculativeRequest request;
+      request.prompt = prompts_[i];
+      request.max_new_tokens = kNewTokens;
+      request.spec_tokens = speculate ? spec_tokens : 0;
+      r.push_back(std::move(request));
     }
     return r;
   }
@@ -169,6 +188,179 @@ TEST_P(SpeculativeDecoderTest, HiddenOutIsWhatTheLogitsComeFrom) {
       }
     }
     EXPECT_LT(testing::RelativeError(recomputed.data(), logits.data(), logits.size()), 1e-4);
+  }
+}
+
+// The MTP head drafts (random mtp.* weights in the fixture: most drafts are rejected, so rollback
+// runs nearly every step) and greedy outputs stay those of plain decoding, alone and in a batch
+// where only some requests speculate.
+TEST_P(SpeculativeDecoderTest, MtpDraftsKeepGreedyOutputsIdentical) {
+  if (!model_->weights().mtp.has_value()) {
+    // qwen3next-tiny has no mtp.* tensors: the drafter says so instead of running without them.
+    absl::StatusOr<std::unique_ptr<MtpDrafter>> none = MtpDrafter::Create(*model_, 16, 256);
+    EXPECT_TRUE(absl::IsFailedPrecondition(none.status())) << none.status();
+    return;
+  }
+  for (int k = 1; k <= 4; ++k) {
+    for (bool mixed : {false, true}) {
+      absl::StatusOr<std::unique_ptr<MtpDrafter>> drafter = MtpDrafter::Create(*model_, 16, 256);
+      ASSERT_TRUE(drafter.ok()) << drafter.status();
+      SpeculativeDecoder spec(*model_, **drafter);
+      std::vector<std::vector<int32_t>> out;
+      ASSERT_TRUE(spec.Generate(Requests(k, mixed), out).ok());
+      EXPECT_EQ(out, expected_) << "k=" << k << " mixed=" << mixed;
+      EXPECT_GT(spec.stats().verify_steps, 0);
+      EXPECT_GT(spec.stats().proposed[k - 1], 0);
+      EXPECT_EQ(model_->state_slots()->free_slots(), 16);
+      EXPECT_EQ((*drafter)->head().state_slots()->free_slots(), 16) << "head sequences leaked";
+      std::printf("[mtp] %s k=%d mixed=%d: acceptance %.3f, mean accepted length %.3f\n",
+                  GetParam().c_str(), k, mixed, spec.stats().AcceptanceRate(0),
+                  spec.stats().MeanAcceptedLength());
+    }
+  }
+}
+
+// The head's cache: a prompt observed in one step or position by position gives the same first
+// draft and output, and drafting leaves the head where it was (drafting twice gives the same).
+TEST_P(SpeculativeDecoderTest, MtpHeadCacheIsPositionExact) {
+  if (!model_->weights().mtp.has_value()) GTEST_SKIP() << "no mtp.* tensors in this fixture";
+  const std::vector<int32_t>& prompt = prompts_[2];
+  SequenceCache cache;
+  ASSERT_TRUE(model_->StartSequence(cache).ok());
+  std::vector<SequenceStep> batch = {{prompt, &cache}};
+  std::vector<float> logits, hidden;
+  ForwardOptions options;
+  options.hidden_out = &hidden;
+  options.hidden_all_tokens = true;
+  ASSERT_TRUE(model_->Forward(batch, options, logits).ok());
+  model_->ReleaseSequence(cache);
+  const int64_t H = model_->config().hidden_size;
+  ASSERT_EQ(hidden.size(), prompt.size() * H);
+  const int32_t next = 5;
+
+  auto one_step = MtpDrafter::Create(*model_, 2, 64);
+  auto stepwise = MtpDrafter::Create(*model_, 2, 64);
+  ASSERT_TRUE(one_step.ok() && stepwise.ok());
+  const TargetStep whole{0, 0, prompt, hidden, next};
+  ASSERT_TRUE((*one_step)->Observe(std::span(&whole, 1)).ok());
+  for (size_t p = 0; p < prompt.size(); ++p) {
+    const int32_t after = p + 1 < prompt.size() ? prompt[p + 1] : next;
+    const TargetStep single{0, static_cast<int>(p), std::span(prompt).subspan(p, 1),
+                            std::span<const float>(hidden).subspan(p * H, H), after};
+    ASSERT_TRUE((*stepwise)->Observe(std::span(&single, 1)).ok());
+  }
+  std::vector<int32_t> context = prompt;
+  context.push_back(next);
+  const DraftRequest request{0, context, 4};
+  std::vector<std::vector<int32_t>> a, b, again;
+  ASSERT_TRUE((*one_step)->Draft(std::span(&request, 1), a).ok());
+  ASSERT_TRUE((*stepwise)->Draft(std::span(&request, 1), b).ok());
+  ASSERT_TRUE((*one_step)->Draft(std::span(&request, 1), again).ok());
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].size(), 4u);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(a, again);
+}
+
+// Sampling stays exact: the joint distribution of the first two sampled tokens (t1 from the
+// prefill, t2 from the first verify step) with speculation matches the target's, p(t1) p(t2|t1)
+// computed by plain forwards. The drafter proposes the target's likeliest t2, so drafts are
+// accepted often and rejected often (both branches of the rule run).
+TEST_P(SpeculativeDecoderTest, SampledTokensFollowTheTargetDistribution) {
+  model_->DropCaches();
+  constexpr int kBatch = 300, kTrials = 3000;
+  ASSERT_TRUE(model_->CreateCaches(2 * kBatch, 16, /*block_size=*/4).ok());
+  SamplingParams params;
+  params.temperature = 1.0f;
+  params.top_k = 4;
+  const std::vector<int32_t>& prompt = prompts_[0];  // one token: cheap prefills
+  auto target = [&](const std::vector<int32_t>& tokens) {
+    SequenceCache cache;
+    EXPECT_TRUE(model_->StartSequence(cache).ok());
+    std::vector<SequenceStep> batch = {{tokens, &cache}};
+    std::vector<float> logits;
+    EXPECT_TRUE(model_->Forward(batch, ForwardOptions{}, logits).ok());
+    model_->ReleaseSequence(cache);
+    return RequestSampler(params, 0).Distribution(logits, TokenHistory{});
+  };
+  const std::vector<double> p1 = target(prompt);
+  std::map<int32_t, std::vector<double>> p2;
+  std::map<int32_t, int32_t> likeliest;
+  for (int32_t t = 0; t < vocab_; ++t) {
+    if (p1[t] == 0) continue;
+    std::vector<int32_t> tokens = prompt;
+    tokens.push_back(t);
+    p2[t] = target(tokens);
+    likeliest[t] =
+        static_cast<int32_t>(std::max_element(p2[t].begin(), p2[t].end()) - p2[t].begin());
+  }
+  ASSERT_EQ(p2.size(), 4u);
+
+  class LikeliestDrafter : public Drafter {
+   public:
+    explicit LikeliestDrafter(const std::map<int32_t, int32_t>& m) : m_(m) {}
+    absl::Status Draft(std::span<const DraftRequest> requests,
+                       std::vector<std::vector<int32_t>>& drafts) override {
+      drafts.assign(requests.size(), {});
+      for (size_t r = 0; r < requests.size(); ++r) {
+        auto it = m_.find(requests[r].context.back());
+        const int32_t d = it == m_.end() ? 0 : it->second;
+        drafts[r].assign(requests[r].k, d);
+      }
+      return absl::OkStatus();
+    }
+
+   private:
+    const std::map<int32_t, int32_t>& m_;
+  };
+  // Chi-square critical values at p = 0.001 for 1..20 degrees of freedom.
+  constexpr double kCritical[] = {10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32,
+                                  26.12, 27.88, 29.59, 31.26, 32.91, 34.53, 36.12,
+                                  37.70, 39.25, 40.79, 42.31, 43.82, 45.31};
+  // k = 0 (plain sampling) checks the test's own expectation; each k draws its own seeds.
+  for (int k : {0, 1, 2}) {
+    LikeliestDrafter drafter(likeliest);
+    SpeculativeDecoder spec(*model_, drafter);
+    std::map<std::pair<int32_t, int32_t>, int> counts;
+    for (int first = 0; first < kTrials; first += kBatch) {
+      std::vector<SpeculativeRequest> requests(kBatch);
+      for (int r = 0; r < kBatch; ++r) {
+        requests[r].prompt = prompt;
+        requests[r].max_new_tokens = 2 + k;  // room for k drafts after t1 (no more steps)
+        requests[r].spec_tokens = k;
+        requests[r].params = params;
+        requests[r].seed = static_cast<uint64_t>(k * 1000003 + first + r + 1);
+      }
+      std::vector<std::vector<int32_t>> out;
+      ASSERT_TRUE(spec.Generate(requests, out).ok());
+      for (const auto& o : out) ++counts[{o[0], o[1]}];
+    }
+    double chi2 = 0;
+    int cells = 0;
+    for (const auto& [t1, dist] : p2) {
+      for (int32_t t2 = 0; t2 < vocab_; ++t2) {
+        const double expected = kTrials * p1[t1] * dist[t2];
+        const int observed = counts.count({t1, t2}) ? counts[{t1, t2}] : 0;
+        if (expected == 0) {
+          EXPECT_EQ(observed, 0) << "t1=" << t1 << " t2=" << t2 << " is outside the target";
+          continue;
+        }
+        ++cells;
+        chi2 += (observed - expected) * (observed - expected) / expected;
+      }
+    }
+    ASSERT_GE(cells, 2);
+    ASSERT_LE(cells - 1, 20);
+    const double rate = spec.stats().AcceptanceRate(0);
+    std::printf(
+        "[spec sampling] %s k=%d: chi-square %.2f over %d cells (critical %.2f), "
+        "first-draft acceptance %.3f\n",
+        GetParam().c_str(), k, chi2, cells, kCritical[cells - 2], rate);
+    EXPECT_LT(chi2, kCritical[cells - 2]) << "k=" << k;
+    if (k > 0) {
+      EXPECT_GT(rate, 0.05) << "drafts should be accepted sometimes";
+      EXPECT_LT(rate, 0.95) << "drafts should be rejected sometimes";
+    }
   }
 }
 

@@ -103,6 +103,18 @@ void HybridModel::ReleaseSequence(SequenceCache& seq) {
   seq.num_tokens = 0;
 }
 
+void HybridModel::CopyStateSlot(int32_t from, int32_t to) {
+  const int32_t rows[1] = {from};
+  for (int l = 0; l < state_slots_->num_layers(); ++l) {
+    for (Tensor* states : {&state_slots_->conv_states(l), &state_slots_->recurrent_states(l)}) {
+      const int64_t slots = states->shape()[0];
+      const Tensor all = states->Reshape({slots, states->numel() / slots});
+      Tensor dst = all.Rows(to, 1);
+      backend_.GatherRows(all, rows, dst);
+    }
+  }
+}
+
 absl::StatusOr<Tensor> HybridModel::Alloc(std::vector<int64_t> shape) {
   return backend_.Allocate(backend_.activation_dtype(), std::move(shape));
 }
@@ -120,6 +132,7 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
   StepContext ctx;
   ctx.options = options;
   std::vector<int32_t> ids;
+  int64_t draft_tokens = 0;
   for (size_t s = 0; s < batch.size(); ++s) {
     const SequenceStep& step = batch[s];
     if (step.cache == nullptr || step.cache->state_slot < 0) {
@@ -137,11 +150,27 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
                             s, id, i, config_.vocab_size));
       }
     }
+    draft_tokens += static_cast<int64_t>(step.tokens.size());
     const int64_t end = int64_t{step.cache->num_tokens} + step.tokens.size();
     if (end > config_.max_position_embeddings) {
       return absl::InvalidArgumentError(
           absl::StrFormat("sequence %d: %d tokens exceed max_position_embeddings (%d)", s, end,
                           config_.max_position_embeddings));
+    }
+  }
+  if (options.draft_hidden_in != nullptr) {
+    if (!weights_.mtp.has_value()) {
+      return absl::FailedPreconditionError(
+          "draft_hidden_in is for an MTP draft model (MakeMtpDraftModel); this model has no fc");
+    }
+    if (shard_.sharded() || followers_ != nullptr) {
+      return absl::UnimplementedError("the MTP draft model runs on one rank");
+    }
+    const int64_t want = draft_tokens * config_.hidden_size;
+    if (static_cast<int64_t>(options.draft_hidden_in->size()) != want) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "draft_hidden_in has %d values; the step's %d tokens need %d (hidden size %d each)",
+          options.draft_hidden_in->size(), draft_tokens, want, config_.hidden_size));
     }
   }
   for (SequenceStep& step : batch) {
@@ -180,7 +209,7 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
   // Collectives are host calls between ranks, so a sharded step is never recorded.
   bool decode_only = decode_capture_max_batch_ > 0 && backend_.SupportsCapture() &&
                      options.expert_tokens == nullptr && options.hidden_out == nullptr &&
-                     !shard_.sharded() &&
+                     options.draft_hidden_in == nullptr && !shard_.sharded() &&
                      static_cast<int>(batch.size()) <= decode_capture_max_batch_;
   for (const kernels::SequenceSegment& seg : ctx.segments) decode_only &= seg.num_tokens == 1;
   Tensor out;
@@ -322,6 +351,8 @@ absl::StatusOr<Tensor> HybridModel::QueueStep(StepContext& ctx, std::span<const 
       Tensor rows = hidden.Rows(0, n);
       backend_.EmbeddingLookup(ids.subspan(first, n), weights_.embed, rows);
     }
+  } else if (ctx.options.draft_hidden_in != nullptr) {
+    RETURN_IF_ERROR(DraftInput(ids, *ctx.options.draft_hidden_in, hidden));
   } else {
     backend_.EmbeddingLookup(ids, weights_.embed, hidden);
   }
@@ -360,10 +391,35 @@ absl::StatusOr<Tensor> HybridModel::QueueStep(StepContext& ctx, std::span<const 
     ASSIGN_OR_RETURN(selected, Alloc({R, H}));
     backend_.GatherRows(final_normed, rows, selected);
   }
-  ctx.hidden_rows = selected;
+  ctx.hidden_rows = ctx.options.hidden_all_tokens ? final_normed : selected;
   ASSIGN_OR_RETURN(Tensor out, Alloc(DType::kF32, {R, V}));
   backend_.Linear(selected, weights_.lm_head, out);
   return out;
+}
+
+absl::Status HybridModel::DraftInput(std::span<const int32_t> ids, const std::vector<float>& h_prev,
+                                     Tensor& hidden) {
+  const MtpWeights& mtp = *weights_.mtp;
+  const int T = static_cast<int>(ids.size()), H = config_.hidden_size;
+  const float eps = config_.rms_norm_eps;
+  // [e_0 .. e_{T-1}, h_0 .. h_{T-1}] normalised, then interleaved row by row into [T, 2H]: the
+  // embedding half first, as fc expects.
+  ASSIGN_OR_RETURN(Tensor stacked, Alloc({2 * T, H}));
+  ASSIGN_OR_RETURN(Tensor raw, Alloc({T, H}));
+  Tensor e = stacked.Rows(0, T), h = stacked.Rows(T, T);
+  backend_.EmbeddingLookup(ids, weights_.embed, raw);
+  backend_.RmsNorm1p(raw, mtp.pre_fc_norm_embedding, eps, e);
+  backend_.CopyFromHost(h_prev.data(), DType::kF32, raw);
+  backend_.RmsNorm1p(raw, mtp.pre_fc_norm_hidden, eps, h);
+  std::vector<int32_t> order(2 * T);
+  for (int t = 0; t < T; ++t) {
+    order[2 * t] = t;
+    order[2 * t + 1] = T + t;
+  }
+  ASSIGN_OR_RETURN(Tensor joined, Alloc({2 * T, H}));
+  backend_.GatherRows(stacked, order, joined);
+  backend_.Linear(joined.Reshape({T, 2 * H}), mtp.fc, hidden);
+  return absl::OkStatus();
 }
 
 absl::Status HybridModel::DeltaNetMixer(StepContext& ctx, int layer, const Tensor& x, Tensor& out) {

@@ -48,8 +48,15 @@ struct ForwardOptions {
   // finished (synchronised) when Forward returns. Benchmarks time the model alone this way.
   bool copy_logits = true;
   // When set, receives the final post-norm hidden states of the logits rows, float32 [rows, H]
-  // (what the MTP draft head reads as h_prev). Such steps run op by op (never recorded).
+  // (what the MTP draft head reads as h_prev), or of every token with `hidden_all_tokens`. Such
+  // steps run op by op (never recorded).
   std::vector<float>* hidden_out = nullptr;
+  bool hidden_all_tokens = false;
+  // MTP draft head only (a model made by MakeMtpDraftModel): the hidden state h_prev paired with
+  // each token of the step, float32 [tokens, H] in packing order. The step's input is then
+  // fc([RMSNorm1p_e(embed(token)); RMSNorm1p_h(h_prev)]) (MODEL.md section 6) instead of the
+  // embedding alone.
+  const std::vector<float>* draft_hidden_in = nullptr;
 };
 
 class HybridModel {
@@ -100,6 +107,9 @@ class HybridModel {
   // Gives `seq` a fresh state slot. Free with ReleaseSequence.
   absl::Status StartSequence(SequenceCache& seq);
   void ReleaseSequence(SequenceCache& seq);
+  // Copies the DeltaNet state (conv and recurrent, every layer) of slot `from` into slot `to`:
+  // the snapshot speculative decoding restores when it rejects drafts. Queued on the backend.
+  void CopyStateSlot(int32_t from, int32_t to);
 
   // Runs one step. Validates every token id against the vocabulary and every position against
   // max_position_embeddings before touching any state (InvalidArgument naming the sequence,
@@ -120,7 +130,7 @@ class HybridModel {
   [[nodiscard]] const ModelConfig& config() const { return config_; }
   [[nodiscard]] int num_banks() const { return static_cast<int>(weights_.banks.size()); }
   [[nodiscard]] const ModelWeights& weights() const { return weights_; }
-  [[nodiscard]] kernels::Backend& backend() { return backend_; }
+  [[nodiscard]] kernels::Backend& backend() const { return backend_; }
   [[nodiscard]] PagedKvCache* kv_cache() { return kv_cache_.get(); }
   [[nodiscard]] StateSlotPool* state_slots() { return state_slots_.get(); }
 
@@ -140,6 +150,9 @@ class HybridModel {
   absl::Status SumExpertCounts(std::vector<std::vector<int64_t>>& counts);
   absl::StatusOr<kernels::Tensor> RunDecodeGraph(StepContext& ctx, std::span<const int32_t> ids);
 
+  // The MTP draft head's input: fc over the normalised embedding and h_prev of each token.
+  absl::Status DraftInput(std::span<const int32_t> ids, const std::vector<float>& h_prev,
+                          kernels::Tensor& hidden);
   absl::Status DeltaNetMixer(StepContext& ctx, int layer, const kernels::Tensor& x,
                              kernels::Tensor& out);
   absl::Status AttentionMixer(StepContext& ctx, int layer, const kernels::Tensor& x,

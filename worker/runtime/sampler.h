@@ -52,6 +52,9 @@ class RequestSampler {
   // place as Sample does. Speculative decoding accepts drafts against it. Draws nothing.
   [[nodiscard]] std::vector<double> Distribution(std::span<float> logits,
                                                  const TokenHistory& history) const;
+  // The request's random stream, for draws made outside Sample (speculative acceptance), so a
+  // seeded request stays reproducible.
+  [[nodiscard]] std::mt19937_64& rng() { return rng_; }
 
  private:
   // Sorted candidates after top-k with their (temperature) probabilities; the first `kept` of

@@ -1,18 +1,21 @@
 #include "worker/runtime/speculative_decoder.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <random>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
+#include "worker/runtime/sampler.h"
+#include "worker/runtime/speculative_sampling.h"
 
 namespace mobius::worker {
 namespace {
 
-int32_t ArgmaxRow(const std::vector<float>& logits, int64_t row, int64_t vocab) {
-  const float* r = logits.data() + row * vocab;
-  return static_cast<int32_t>(std::max_element(r, r + vocab) - r);
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 }  // namespace
@@ -30,23 +33,12 @@ double SpeculationStats::MeanAcceptedLength() const {
              : static_cast<double>(emitted_tokens) / static_cast<double>(verify_steps);
 }
 
-void SpeculativeDecoder::CopyStateSlot(int32_t from, int32_t to) {
-  StateSlotPool& pool = *model_.state_slots();
-  const int32_t rows[1] = {from};
-  for (int l = 0; l < pool.num_layers(); ++l) {
-    for (kernels::Tensor* states : {&pool.conv_states(l), &pool.recurrent_states(l)}) {
-      const int64_t slots = states->shape()[0];
-      const kernels::Tensor all = states->Reshape({slots, states->numel() / slots});
-      kernels::Tensor dst = all.Rows(to, 1);
-      model_.backend().GatherRows(all, rows, dst);
-    }
-  }
-}
-
 absl::Status SpeculativeDecoder::Generate(std::span<const SpeculativeRequest> requests,
                                           std::vector<std::vector<int32_t>>& outputs) {
+  using Clock = std::chrono::steady_clock;
   const int n = static_cast<int>(requests.size());
   const int64_t vocab = model_.config().vocab_size;
+  const int64_t H = model_.config().hidden_size;
   if (model_.state_slots() == nullptr || model_.kv_cache() == nullptr) {
     return absl::FailedPreconditionError("speculative decoding: the model has no caches");
   }
@@ -55,30 +47,44 @@ absl::Status SpeculativeDecoder::Generate(std::span<const SpeculativeRequest> re
     SequenceCache snapshot;        // spare state slot (speculating sequences only)
     std::vector<int32_t> context;  // prompt + generated tokens (the pending one last)
     std::vector<int32_t> step_tokens;
-    int drafts = 0;  // drafts in this step's tokens
+    std::vector<int32_t> drafts;
+    TokenHistory history;  // prompt + outputs, for penalties
+    bool done = false;
   };
   std::vector<Sequence> seqs(n);
+  std::vector<RequestSampler> samplers;
+  samplers.reserve(n);
   outputs.assign(n, {});
   auto release = [&] {
-    for (Sequence& s : seqs) {
-      model_.ReleaseSequence(s.cache);
-      model_.ReleaseSequence(s.snapshot);
+    for (int i = 0; i < n; ++i) {
+      model_.ReleaseSequence(seqs[i].cache);
+      model_.ReleaseSequence(seqs[i].snapshot);
+      if (requests[i].spec_tokens > 0) drafter_.Finish(i);
     }
   };
   absl::Status status;
   for (int i = 0; i < n && status.ok(); ++i) {
-    if (requests[i].prompt.empty()) {
+    const SpeculativeRequest& r = requests[i];
+    samplers.emplace_back(r.params, r.seed);
+    if (r.prompt.empty()) {
       status = absl::InvalidArgumentError(absl::StrFormat("request %d: empty prompt", i));
       break;
     }
-    if (requests[i].spec_tokens < 0) {
-      status = absl::InvalidArgumentError(absl::StrFormat(
-          "request %d: spec_tokens (%d) must not be negative", i, requests[i].spec_tokens));
+    if (r.spec_tokens < 0) {
+      status = absl::InvalidArgumentError(
+          absl::StrFormat("request %d: spec_tokens (%d) must not be negative", i, r.spec_tokens));
+      break;
+    }
+    status = r.params.Validate(static_cast<int>(vocab));
+    if (!status.ok()) {
+      status = absl::InvalidArgumentError(absl::StrFormat("request %d: %s", i, status.message()));
       break;
     }
     status = model_.StartSequence(seqs[i].cache);
-    if (status.ok() && requests[i].spec_tokens > 0) status = model_.StartSequence(seqs[i].snapshot);
-    seqs[i].context = requests[i].prompt;
+    if (status.ok() && r.spec_tokens > 0) status = model_.StartSequence(seqs[i].snapshot);
+    seqs[i].context = r.prompt;
+    seqs[i].history.AddPrompt(r.prompt);
+    seqs[i].done = r.max_new_tokens <= 0;
   }
   if (!status.ok()) {
     release();
@@ -90,85 +96,155 @@ absl::Status SpeculativeDecoder::Generate(std::span<const SpeculativeRequest> re
       stats_.accepted.resize(r.spec_tokens, 0);
     }
   }
+  const bool want_hidden = drafter_.needs_target_hidden();
+  // Appends `token` to sequence i's output; false once the sequence has finished.
+  auto emit = [&](int i, int32_t token) {
+    Sequence& s = seqs[i];
+    if (s.done) return false;
+    s.context.push_back(token);
+    s.history.AddOutput(token);
+    outputs[i].push_back(token);
+    const std::vector<int32_t>& stop = requests[i].stop_tokens;
+    s.done = static_cast<int>(outputs[i].size()) >= requests[i].max_new_tokens ||
+             std::find(stop.begin(), stop.end(), token) != stop.end();
+    return !s.done;
+  };
 
-  // Prefill: every prompt in one step; the greedy token after it becomes the pending token.
-  std::vector<float> logits;
+  // Prefill: every prompt in one step; the token sampled after it becomes the pending token.
+  std::vector<float> logits, hidden;
   {
     std::vector<SequenceStep> batch;
     for (Sequence& s : seqs) batch.push_back({s.context, &s.cache});
-    status = model_.Forward(batch, ForwardOptions{}, logits);
+    ForwardOptions prefill;
+    if (want_hidden) {
+      prefill.hidden_out = &hidden;
+      prefill.hidden_all_tokens = true;
+    }
+    status = model_.Forward(batch, prefill, logits);
+    std::vector<TargetStep> observed;
+    int64_t first_row = 0;
     for (int i = 0; i < n && status.ok(); ++i) {
-      const int32_t t = ArgmaxRow(logits, i, vocab);
-      seqs[i].context.push_back(t);
-      outputs[i].push_back(t);
+      const int64_t len = static_cast<int64_t>(requests[i].prompt.size());
+      std::span<float> row(logits.data() + i * vocab, vocab);
+      const int32_t t = samplers[i].Sample(row, seqs[i].history).token;
+      emit(i, t);
+      if (requests[i].spec_tokens > 0 && !seqs[i].done) {
+        observed.push_back({i, 0, requests[i].prompt,
+                            want_hidden
+                                ? std::span<const float>(hidden).subspan(first_row * H, len * H)
+                                : std::span<const float>(),
+                            t});
+      }
+      first_row += len;
+    }
+    if (status.ok() && !observed.empty()) {
+      const auto start = Clock::now();
+      status = drafter_.Observe(observed);
+      stats_.draft_seconds += SecondsSince(start);
     }
   }
 
-  auto active = [&](int i) {
-    return static_cast<int>(outputs[i].size()) < requests[i].max_new_tokens;
-  };
   while (status.ok()) {
-    std::vector<SequenceStep> batch;
+    // Drafts for the speculating sequences, all together.
     std::vector<int> members;
+    std::vector<DraftRequest> draft_requests;
+    std::vector<int> draft_owner;
     for (int i = 0; i < n; ++i) {
-      if (!active(i)) continue;
+      if (seqs[i].done) continue;
       Sequence& s = seqs[i];
-      s.step_tokens.assign(1, s.context.back());
+      members.push_back(i);
+      s.drafts.clear();
       // No point drafting past the request's end: the bonus token covers the last one.
       const int room = requests[i].max_new_tokens - static_cast<int>(outputs[i].size()) - 1;
       const int k = std::min(requests[i].spec_tokens, room);
-      s.drafts = 0;
       if (k > 0) {
-        std::vector<int32_t> d = drafter_.Draft(i, s.context, k);
-        d.resize(std::min<size_t>(d.size(), static_cast<size_t>(k)));
-        s.drafts = static_cast<int>(d.size());
-        s.step_tokens.insert(s.step_tokens.end(), d.begin(), d.end());
-        if (s.drafts > 0) CopyStateSlot(s.cache.state_slot, s.snapshot.state_slot);
+        draft_requests.push_back({i, s.context, k});
+        draft_owner.push_back(i);
+      }
+    }
+    if (members.empty()) break;
+    if (!draft_requests.empty()) {
+      std::vector<std::vector<int32_t>> drafts;
+      const auto start = Clock::now();
+      status = drafter_.Draft(draft_requests, drafts);
+      stats_.draft_seconds += SecondsSince(start);
+      if (!status.ok()) break;
+      for (size_t r = 0; r < draft_requests.size() && r < drafts.size(); ++r) {
+        std::vector<int32_t>& d = drafts[r];
+        d.resize(std::min<size_t>(d.size(), static_cast<size_t>(draft_requests[r].k)));
+        seqs[draft_owner[r]].drafts = std::move(d);
+      }
+    }
+    std::vector<SequenceStep> batch;
+    std::vector<int32_t> start_tokens;
+    bool speculating = false;
+    const auto snapshot_start = Clock::now();
+    for (int i : members) {
+      Sequence& s = seqs[i];
+      s.step_tokens.assign(1, s.context.back());
+      s.step_tokens.insert(s.step_tokens.end(), s.drafts.begin(), s.drafts.end());
+      if (!s.drafts.empty()) {
+        model_.CopyStateSlot(s.cache.state_slot, s.snapshot.state_slot);
+        speculating = true;
       }
       batch.push_back({s.step_tokens, &s.cache});
-      members.push_back(i);
+      start_tokens.push_back(s.cache.num_tokens);
     }
-    if (batch.empty()) break;
-    std::vector<int32_t> start_tokens;
-    for (int i : members) start_tokens.push_back(seqs[i].cache.num_tokens);
+    stats_.rollback_seconds += SecondsSince(snapshot_start);
     ForwardOptions verify;
     verify.logits = LogitsMode::kAllTokens;
+    if (want_hidden) verify.hidden_out = &hidden;
+    const auto verify_start = Clock::now();
     status = model_.Forward(batch, verify, logits);
+    if (speculating) stats_.verify_seconds += SecondsSince(verify_start);
     if (!status.ok()) break;
 
     // Accept, and collect the sequences that must roll back and recompute.
     std::vector<SequenceStep> redo;
     std::vector<std::vector<int32_t>> redo_tokens;
     redo_tokens.reserve(members.size());
+    std::vector<TargetStep> observed;
     int64_t row = 0;
     for (size_t m = 0; m < members.size(); ++m) {
       const int i = members[m];
       Sequence& s = seqs[i];
+      const int d = static_cast<int>(s.drafts.size());
       int accepted = 0;
-      int32_t next = ArgmaxRow(logits, row, vocab);
-      while (accepted < s.drafts && s.step_tokens[accepted + 1] == next) {
-        ++accepted;
-        next = ArgmaxRow(logits, row + accepted, vocab);
-      }
-      row += static_cast<int64_t>(s.step_tokens.size());
-      if (s.drafts > 0) {
+      int32_t next = 0;
+      if (d == 0) {
+        next = samplers[i]
+                   .Sample(std::span<float>(logits.data() + row * vocab, vocab), s.history)
+                   .token;
+      } else {
+        const DraftVerdict verdict = VerifyDraftsWithSampler(
+            s.drafts,
+            std::span<float>(logits.data() + row * vocab, static_cast<size_t>((d + 1) * vocab)),
+            samplers[i], s.history);
+        accepted = verdict.accepted;
+        next = verdict.next;
         ++stats_.verify_steps;
         stats_.emitted_tokens += accepted + 1;
-        for (int p = 0; p < s.drafts; ++p) {
-          ++stats_.proposed[p];
-          if (p < accepted) ++stats_.accepted[p];
+        for (int j = 0; j < d; ++j) {
+          ++stats_.proposed[j];
+          if (j < accepted) ++stats_.accepted[j];
         }
       }
-      for (int p = 1; p <= accepted; ++p) {
-        s.context.push_back(s.step_tokens[p]);
-        outputs[i].push_back(s.step_tokens[p]);
+      bool more = true;
+      for (int j = 1; j <= accepted && more; ++j) more = emit(i, s.step_tokens[j]);
+      if (more) emit(i, next);
+      if (requests[i].spec_tokens > 0 && !s.done) {
+        observed.push_back({i, start_tokens[m],
+                            std::span<const int32_t>(s.step_tokens).first(accepted + 1),
+                            want_hidden ? std::span<const float>(hidden).subspan(
+                                              row * H, static_cast<int64_t>(accepted + 1) * H)
+                                        : std::span<const float>(),
+                            next});
       }
-      s.context.push_back(next);
-      outputs[i].push_back(next);
-      if (accepted < s.drafts) {
+      row += static_cast<int64_t>(s.step_tokens.size());
+      if (accepted < d && !s.done) {
         // The DeltaNet state has absorbed rejected drafts and cannot be un-applied: restore the
         // snapshot taken before the verify step and recompute the accepted tokens.
-        CopyStateSlot(s.snapshot.state_slot, s.cache.state_slot);
+        model_.CopyStateSlot(s.snapshot.state_slot, s.cache.state_slot);
         s.cache.num_tokens = start_tokens[m];
         redo_tokens.emplace_back(s.step_tokens.begin(), s.step_tokens.begin() + accepted + 1);
         redo.push_back({redo_tokens.back(), &s.cache});
@@ -176,15 +252,17 @@ absl::Status SpeculativeDecoder::Generate(std::span<const SpeculativeRequest> re
       }
     }
     if (!redo.empty()) {
+      const auto start = Clock::now();
       std::vector<float> unused;
       ForwardOptions recompute;
       recompute.copy_logits = false;
       status = model_.Forward(redo, recompute, unused);
+      stats_.rollback_seconds += SecondsSince(start);
     }
-  }
-  for (int i = 0; i < n; ++i) {
-    if (static_cast<int>(outputs[i].size()) > requests[i].max_new_tokens) {
-      outputs[i].resize(requests[i].max_new_tokens);
+    if (status.ok() && !observed.empty()) {
+      const auto start = Clock::now();
+      status = drafter_.Observe(observed);
+      stats_.draft_seconds += SecondsSince(start);
     }
   }
   release();

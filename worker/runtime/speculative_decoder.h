@@ -1,9 +1,10 @@
-// Greedy speculative decoding over HybridModel with exact rollback: each step verifies a
-// sequence's k draft tokens plus its pending token in one target forward (all-token logits),
-// keeps the longest prefix of drafts that match the target's own greedy choices plus one
-// corrected or bonus token, and rolls the DeltaNet state back to the last accepted token by
-// restoring a snapshot of the sequence's state slot and recomputing the accepted tokens. KV
-// positions roll back by resetting SequenceCache::num_tokens (stale entries are overwritten).
+// Speculative decoding over HybridModel with exact rollback: each step verifies a sequence's k
+// draft tokens plus its pending token in one target forward (all-token logits) and keeps drafts
+// by the rejection rule of speculative_sampling.h (greedy requests: the longest prefix of drafts
+// that match the target's own choices), then one corrected or bonus token. The DeltaNet state
+// rolls back to the last accepted token by restoring a snapshot of the sequence's state slot and
+// recomputing the accepted tokens; KV positions roll back by resetting SequenceCache::num_tokens
+// (stale entries are overwritten).
 #ifndef MOBIUS_WORKER_RUNTIME_SPECULATIVE_DECODER_H_
 #define MOBIUS_WORKER_RUNTIME_SPECULATIVE_DECODER_H_
 
@@ -14,15 +15,42 @@
 #include "absl/status/status.h"
 #include "worker/cache/sequence_cache.h"
 #include "worker/model/hybrid_model.h"
+#include "worker/runtime/sampling_params.h"
 
 namespace mobius::worker {
 
-// Proposes draft tokens for one sequence. `context` is every token of the sequence so far
-// (prompt, generated tokens and the pending token last). Returns at most k tokens.
+// What the target committed for one sequence in a step: `tokens` at positions [start, start +
+// tokens.size()), their final post-norm hidden states (float32 [tokens.size(), H]; empty unless
+// the drafter needs them) and `next`, the token chosen after them (pending: not run yet).
+struct TargetStep {
+  int64_t sequence = 0;
+  int start = 0;
+  std::span<const int32_t> tokens;
+  std::span<const float> hidden;
+  int32_t next = 0;
+};
+
+struct DraftRequest {
+  int64_t sequence = 0;
+  std::span<const int32_t> context;  // every token so far: prompt, outputs, the pending one last
+  int k = 0;                         // at most this many drafts
+};
+
+// Proposes draft tokens. Drafts are deterministic choices (the draft distribution q is one-hot at
+// each draft), which the acceptance rule takes into account.
 class Drafter {
  public:
   virtual ~Drafter() = default;
-  virtual std::vector<int32_t> Draft(int sequence, std::span<const int32_t> context, int k) = 0;
+  // Whether Observe needs the target's hidden states (they cost a device-to-host copy).
+  [[nodiscard]] virtual bool needs_target_hidden() const { return false; }
+  // Called after the prefill and after every verify step with what each speculating sequence
+  // committed, before the next Draft.
+  virtual absl::Status Observe(std::span<const TargetStep> /*steps*/) { return absl::OkStatus(); }
+  // drafts[i] receives at most requests[i].k tokens for requests[i].
+  virtual absl::Status Draft(std::span<const DraftRequest> requests,
+                             std::vector<std::vector<int32_t>>& drafts) = 0;
+  // The sequence is done: its draft-side state may go.
+  virtual void Finish(int64_t /*sequence*/) {}
 };
 
 // Acceptance statistics: accepted[i] counts drafts accepted at draft position i (0-based),
@@ -33,6 +61,9 @@ struct SpeculationStats {
   int64_t verify_steps = 0;
   int64_t emitted_tokens = 0;   // tokens produced by speculative steps (accepted + 1 each)
   int64_t recompute_steps = 0;  // partial acceptances that restored and recomputed
+  double draft_seconds = 0;     // in the drafter (Observe + Draft)
+  double verify_seconds = 0;    // target forwards of steps with drafts
+  double rollback_seconds = 0;  // state snapshots, restores and recomputes
 
   [[nodiscard]] double AcceptanceRate(int position) const;
   // Mean tokens emitted per verify step (accepted drafts + the corrected/bonus token).
@@ -42,7 +73,17 @@ struct SpeculationStats {
 struct SpeculativeRequest {
   std::vector<int32_t> prompt;
   int max_new_tokens = 0;
-  int spec_tokens = 0;  // 0: plain greedy decoding for this sequence
+  int spec_tokens = 0;  // 0: plain decoding for this sequence
+  // Greedy by default; any sampling parameters otherwise (seed: params.seed, else `seed`).
+  SamplingParams params = GreedyParams();
+  uint64_t seed = 0;
+  std::vector<int32_t> stop_tokens;  // generation ends after the first of these (it is emitted)
+
+  static SamplingParams GreedyParams() {
+    SamplingParams p;
+    p.temperature = 0;
+    return p;
+  }
 };
 
 class SpeculativeDecoder {
@@ -51,18 +92,15 @@ class SpeculativeDecoder {
   // and the snapshot) and one per other sequence.
   SpeculativeDecoder(HybridModel& model, Drafter& drafter) : model_(model), drafter_(drafter) {}
 
-  // Generates greedily for every request together (one ragged batch per step); `outputs[i]`
-  // receives request i's new tokens (exactly max_new_tokens). Speculating and non-speculating
-  // requests share the batch.
+  // Generates for every request together (one ragged batch per step); `outputs[i]` receives
+  // request i's new tokens (max_new_tokens, or fewer when a stop token ends it). Speculating and
+  // non-speculating requests share the batch.
   absl::Status Generate(std::span<const SpeculativeRequest> requests,
                         std::vector<std::vector<int32_t>>& outputs);
 
   [[nodiscard]] const SpeculationStats& stats() const { return stats_; }
 
  private:
-  // Copies the DeltaNet state of slot `from` into slot `to` (conv and recurrent, every layer).
-  void CopyStateSlot(int32_t from, int32_t to);
-
   HybridModel& model_;
   Drafter& drafter_;
   SpeculationStats stats_;

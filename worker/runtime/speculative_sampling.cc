@@ -51,4 +51,20 @@ DraftVerdict VerifyDrafts(std::span<const int32_t> drafts, std::span<const std::
   return verdict;
 }
 
+DraftVerdict VerifyDraftsWithSampler(std::span<const int32_t> drafts, std::span<float> rows,
+                                     RequestSampler& sampler, const TokenHistory& history) {
+  const size_t k = drafts.size(), vocab = rows.size() / (k + 1);
+  std::vector<std::vector<double>> p(k + 1), q(k);
+  TokenHistory seen = history;
+  for (size_t j = 0; j <= k; ++j) {
+    p[j] = sampler.Distribution(rows.subspan(j * vocab, vocab), seen);
+    if (j < k) {
+      q[j].assign(vocab, 0.0);
+      q[j][drafts[j]] = 1.0;
+      seen.AddOutput(drafts[j]);
+    }
+  }
+  return VerifyDrafts(drafts, q, p, sampler.rng());
+}
+
 }  // namespace mobius::worker

@@ -14,6 +14,8 @@
 #include <span>
 #include <vector>
 
+#include "worker/runtime/sampler.h"
+
 namespace mobius::worker {
 
 struct DraftVerdict {
@@ -25,6 +27,13 @@ struct DraftVerdict {
 // position of draft i, p[k] after the last draft), each over the same vocabulary.
 DraftVerdict VerifyDrafts(std::span<const int32_t> drafts, std::span<const std::vector<double>> q,
                           std::span<const std::vector<double>> p, std::mt19937_64& rng);
+
+// VerifyDrafts for deterministic drafts (q one-hot at each draft) against one request's sampler:
+// `rows` holds the target's logits at the pending token and at each draft, (k + 1) x vocab
+// (modified in place, as Sample does). p at position j sees drafts 0..j-1 as part of `history`,
+// so penalties count them. Draws from the sampler's own random stream.
+DraftVerdict VerifyDraftsWithSampler(std::span<const int32_t> drafts, std::span<float> rows,
+                                     RequestSampler& sampler, const TokenHistory& history);
 
 }  // namespace mobius::worker
 

@@ -1,0 +1,47 @@
+#include "worker/model/mtp_draft_model.h"
+
+#include <utility>
+
+#include "absl/strings/str_format.h"
+
+namespace mobius::worker {
+
+ModelConfig MtpDraftConfig(const ModelConfig& target) {
+  ModelConfig c = target;
+  c.num_hidden_layers = 1;
+  c.layer_types = {LayerType::kFullAttention};
+  c.mlp_types = {MlpType::kMoe};
+  c.num_experts = target.mtp_num_experts;
+  c.num_experts_per_tok = target.mtp_num_experts_per_tok;
+  c.num_blocks = 1;  // BankOfLayer(0) == 0: the head's own MoE
+  c.mtp_num_hidden_layers = 0;
+  return c;
+}
+
+absl::StatusOr<std::unique_ptr<HybridModel>> MakeMtpDraftModel(const HybridModel& target) {
+  const ModelWeights& tw = target.weights();
+  if (!tw.mtp.has_value()) {
+    return absl::FailedPreconditionError(
+        "the model has no MTP draft head (no mtp.* tensors were loaded; Qwen3-Next fixtures and "
+        "checkpoints without mtp.fc.weight have none)");
+  }
+  if (target.config().mtp_num_hidden_layers != 1) {
+    return absl::UnimplementedError(
+        absl::StrFormat("mtp_num_hidden_layers is %d; the draft head supports exactly 1",
+                        target.config().mtp_num_hidden_layers));
+  }
+  if (target.shard().sharded()) {
+    return absl::UnimplementedError("the MTP draft head runs on one rank (no --tp/--ep yet)");
+  }
+  ModelWeights w;
+  w.embed = tw.embed;
+  w.lm_head = tw.lm_head;
+  w.final_norm = tw.mtp->norm;
+  w.layers = {tw.mtp->layer};
+  w.banks = {tw.mtp->experts};
+  w.mtp = tw.mtp;
+  return std::make_unique<HybridModel>(MtpDraftConfig(target.config()), std::move(w),
+                                       target.backend());
+}
+
+}  // namespace mobius::worker

@@ -1,0 +1,27 @@
+// The MTP draft head (MODEL.md section 6) as a model of its own: one full-attention decoder layer
+// with its own MoE, fed fc([RMSNorm1p_e(embed(token)); RMSNorm1p_h(h_prev)]), ending in its own
+// norm and the target's lm_head. It reuses HybridModel (a one-layer config whose only bank is the
+// head's MoE), so it runs on every backend and keeps its own paged KV cache; the embedding and
+// lm_head tensors are shared with the target, not copied.
+#ifndef MOBIUS_WORKER_MODEL_MTP_DRAFT_MODEL_H_
+#define MOBIUS_WORKER_MODEL_MTP_DRAFT_MODEL_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "worker/model/hybrid_model.h"
+
+namespace mobius::worker {
+
+// The draft model's configuration: `target` reduced to the head's single full-attention layer
+// and its MoE (mtp_num_experts, mtp_num_experts_per_tok, one bank).
+ModelConfig MtpDraftConfig(const ModelConfig& target);
+
+// FailedPrecondition when the target was loaded without `mtp.*` tensors, Unimplemented when it
+// is sharded (the head runs on one rank). Call with each Forward the draft model's
+// `ForwardOptions::draft_hidden_in`.
+absl::StatusOr<std::unique_ptr<HybridModel>> MakeMtpDraftModel(const HybridModel& target);
+
+}  // namespace mobius::worker
+
+#endif  // MOBIUS_WORKER_MODEL_MTP_DRAFT_MODEL_H_

@@ -1,0 +1,55 @@
+// Drafts with the model's MTP head (MODEL.md section 6): the head's KV cache entry for position p
+// pairs the token at p + 1 with the target's post-norm hidden state at p. Observe writes the
+// entries of every committed position (the whole prompt after the prefill, the accepted tokens
+// after each verify step) in one head forward over the batch, whose last row per sequence gives
+// the first draft; Draft chains the head on its own post-norm output for the further drafts and
+// then rolls its cache back to the committed positions (the head has no DeltaNet state, so
+// resetting num_tokens is the whole rollback). Drafts are the head's argmax.
+#ifndef MOBIUS_WORKER_RUNTIME_MTP_DRAFTER_H_
+#define MOBIUS_WORKER_RUNTIME_MTP_DRAFTER_H_
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/model/hybrid_model.h"
+#include "worker/runtime/speculative_decoder.h"
+
+namespace mobius::worker {
+
+class MtpDrafter : public Drafter {
+ public:
+  // The head of `target` with caches for `max_sequences` sequences of `max_tokens` positions
+  // (prompt + output + the drafts of one step).
+  static absl::StatusOr<std::unique_ptr<MtpDrafter>> Create(const HybridModel& target,
+                                                            int max_sequences, int max_tokens);
+
+  [[nodiscard]] bool needs_target_hidden() const override { return true; }
+  absl::Status Observe(std::span<const TargetStep> steps) override;
+  absl::Status Draft(std::span<const DraftRequest> requests,
+                     std::vector<std::vector<int32_t>>& drafts) override;
+  void Finish(int64_t sequence) override;
+
+  [[nodiscard]] HybridModel& head() { return *head_; }
+
+ private:
+  explicit MtpDrafter(std::unique_ptr<HybridModel> head) : head_(std::move(head)) {}
+
+  struct Sequence {
+    SequenceCache cache;       // the head's KV positions; num_tokens = committed positions
+    std::vector<float> h;      // the head's post-norm output at its last committed position
+    int32_t first_draft = -1;  // argmax of the head's logits there
+  };
+  // Runs one head step over `batch` (inputs paired with `h_prev`, float32 [tokens, H]) and stores
+  // each sequence's last-row draft and post-norm output in `targets`.
+  absl::Status Step(std::span<SequenceStep> batch, const std::vector<float>& h_prev,
+                    std::span<Sequence* const> targets);
+
+  std::unique_ptr<HybridModel> head_;
+  std::map<int64_t, Sequence> sequences_;
+};
+
+}  // namespace mobius::worker
+
+#endif  // MOBIUS_WORKER_RUNTIME_MTP_DRAFTER_H_
