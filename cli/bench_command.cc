@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "cli/bench_speculation.h"
 #include "cli/commands.h"
 #include "cli/model_flags.h"
 #include "cli/replica_flags.h"
@@ -55,6 +57,7 @@ absl::Status BenchEngine() {
   ASSIGN_OR_RETURN(std::vector<int> prefills,
                    ParseList("prefill_lengths", absl::GetFlag(FLAGS_prefill_lengths)));
   const int steps = std::max(1, absl::GetFlag(FLAGS_steps));
+  ASSIGN_OR_RETURN(const int spec_tokens, SpecTokensFromFlags());
   ASSIGN_OR_RETURN(worker::ModelSource source, ModelSourceFromFlags());
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, BackendFromFlags());
   // With --world-size > 1 this process is one rank of a replica: rank 0 runs the command, the
@@ -95,6 +98,7 @@ absl::Status BenchEngine() {
   }
 
   nlohmann::json results = nlohmann::json::array();
+  std::map<std::pair<int, int>, double> plain_ms;  // (batch, context) -> decode step
   std::printf("%-8s %6s %8s %12s %12s %14s %10s %10s\n", "phase", "batch", "context", "time/step",
               "bound", "experts/layer", "tokens/s", "of bound");
   for (int context : contexts) {
@@ -158,6 +162,7 @@ absl::Status BenchEngine() {
       std::printf("%-8s %6d %8d %9.3f ms %9.3f ms %14.1f %10.0f %9.0f%%\n", "decode", batch,
                   context, per_step * 1e3, bound * 1e3, touched_per_layer, batch / per_step,
                   100 * bound / per_step);
+      plain_ms[{batch, context}] = per_step * 1e3;
       const bool graphs = model->num_decode_graphs() > 0;
       if (!model->capture_error().ok()) {
         std::fprintf(stderr, "bench: decode steps not recorded: %s\n",
@@ -172,6 +177,26 @@ absl::Status BenchEngine() {
                          {"bytes", bytes},
                          {"experts_touched_per_layer", touched_per_layer}});
       for (auto& s : seqs) model->ReleaseSequence(s);
+    }
+  }
+  if (spec_tokens > 0) {
+    for (int context : contexts) {
+      for (int batch : batches) {
+        SpeculationBenchOptions spec;
+        spec.max_spec_tokens = spec_tokens;
+        spec.batch = batch;
+        spec.context = context;
+        spec.steps = steps;
+        spec.bandwidth = bandwidth;
+        spec.world = world;
+        auto it = plain_ms.find({batch, context});
+        if (it != plain_ms.end()) spec.plain_step_ms = it->second;
+        absl::Status benched = BenchSpeculation(*model, spec, results);
+        if (!benched.ok()) {
+          std::printf("speculative batch %d context %d skipped: %s\n", batch, context,
+                      std::string(benched.message()).c_str());
+        }
+      }
     }
   }
   for (int length : prefills) {

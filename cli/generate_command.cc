@@ -10,6 +10,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "cli/commands.h"
 #include "cli/model_flags.h"
@@ -18,6 +19,7 @@
 #include "nlohmann/json.hpp"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/model/generation_defaults.h"
+#include "worker/runtime/speculative_decoder.h"
 
 ABSL_FLAG(std::string, prompt_ids, "", "Comma-separated prompt token ids, e.g. 1,2,3 (required).");
 ABSL_FLAG(int, max_tokens, 16, "Number of tokens to generate after the prompt (>= 0).");
@@ -70,6 +72,48 @@ int32_t ChooseToken(const float* logits, int vocab, double temperature, std::mt1
   return dist(rng);
 }
 
+// --spec-tokens k: the MTP head drafts, one target forward verifies (SpeculativeDecoder). Prints
+// the same JSON as plain decoding, and the acceptance statistics on stderr.
+absl::Status GenerateSpeculatively(worker::HybridModel& model, const std::vector<int32_t>& prompt,
+                                   int max_tokens, double temperature,
+                                   const std::vector<int32_t>& eos, int spec_tokens) {
+  const int max_len = static_cast<int>(prompt.size()) + max_tokens + spec_tokens;
+  // The sequence's state slot and its rollback snapshot.
+  RETURN_IF_ERROR(model.CreateCaches(/*max_sequences=*/2, max_len));
+  ASSIGN_OR_RETURN(std::unique_ptr<worker::MtpDrafter> drafter,
+                   MtpDrafterFromFlags(model, /*max_sequences=*/1, max_len));
+  worker::SpeculativeRequest request;
+  request.prompt = prompt;
+  request.max_new_tokens = max_tokens;
+  request.spec_tokens = spec_tokens;
+  request.stop_tokens = eos;
+  if (temperature > 0) {
+    request.params.temperature = static_cast<float>(temperature);
+    request.seed = absl::GetFlag(FLAGS_sample_seed);
+  }
+  worker::SpeculativeDecoder decoder(model, *drafter);
+  std::vector<std::vector<int32_t>> outputs;
+  RETURN_IF_ERROR(decoder.Generate(std::span(&request, 1), outputs));
+  nlohmann::json out;
+  out["prompt_ids"] = prompt;
+  out["token_ids"] = outputs[0];
+  std::printf("%s\n", out.dump().c_str());
+  const worker::SpeculationStats& stats = decoder.stats();
+  std::string per_position;
+  for (size_t j = 0; j < stats.proposed.size(); ++j) {
+    absl::StrAppend(&per_position, j == 0 ? "" : " ",
+                    absl::StrFormat("%.3f", stats.AcceptanceRate(static_cast<int>(j))));
+  }
+  std::fprintf(stderr,
+               "speculation: %lld verify steps, mean accepted length %.3f tokens/step, acceptance "
+               "per draft position [%s], %lld rollbacks; draft %.1f ms, verify %.1f ms, rollback "
+               "%.1f ms\n",
+               static_cast<long long>(stats.verify_steps), stats.MeanAcceptedLength(),
+               per_position.c_str(), static_cast<long long>(stats.recompute_steps),
+               1e3 * stats.draft_seconds, 1e3 * stats.verify_seconds, 1e3 * stats.rollback_seconds);
+  return absl::OkStatus();
+}
+
 absl::Status Generate() {
   ASSIGN_OR_RETURN(std::vector<int32_t> prompt, ParseIds(absl::GetFlag(FLAGS_prompt_ids)));
   const int max_tokens = absl::GetFlag(FLAGS_max_tokens);
@@ -80,6 +124,12 @@ absl::Status Generate() {
   if (chunk < 0) return absl::InvalidArgumentError("--prefill-chunk must be >= 0");
   const std::string dump_path = absl::GetFlag(FLAGS_dump_logits);
 
+  ASSIGN_OR_RETURN(const int spec_tokens, SpecTokensFromFlags());
+  if (spec_tokens > 0 && (!dump_path.empty() || chunk > 0)) {
+    return absl::InvalidArgumentError(
+        "--spec-tokens cannot be combined with --dump-logits or --prefill-chunk (the speculative "
+        "decoder prefills the whole prompt in one step)");
+  }
   ASSIGN_OR_RETURN(worker::ModelSource source, ModelSourceFromFlags());
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, BackendFromFlags());
   // With --world-size > 1 this process is one rank of a replica: rank 0 runs the command, the
@@ -91,6 +141,12 @@ absl::Status Generate() {
   RETURN_IF_ERROR(AttachReplica(*model, replica));
   if (!replica.leader()) return worker::FollowLeader(*model, *replica.comm);
   absl::Cleanup stop_replica = [&] { StopReplica(*model, replica); };
+  const std::vector<int32_t> eos = absl::GetFlag(FLAGS_ignore_eos)
+                                       ? std::vector<int32_t>{}
+                                       : worker::ReadEosTokenIds(source.model_dir);
+  if (spec_tokens > 0) {
+    return GenerateSpeculatively(*model, prompt, max_tokens, temperature, eos, spec_tokens);
+  }
   const int vocab = model->config().vocab_size;
   RETURN_IF_ERROR(
       model->CreateCaches(/*max_sequences=*/1, static_cast<int>(prompt.size()) + max_tokens));
@@ -128,9 +184,6 @@ absl::Status Generate() {
   }
 
   // Decode token by token.
-  const std::vector<int32_t> eos = absl::GetFlag(FLAGS_ignore_eos)
-                                       ? std::vector<int32_t>{}
-                                       : worker::ReadEosTokenIds(source.model_dir);
   std::mt19937_64 rng(absl::GetFlag(FLAGS_sample_seed));
   std::vector<int32_t> generated;
   options.logits = worker::LogitsMode::kLastToken;

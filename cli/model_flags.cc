@@ -35,10 +35,40 @@ ABSL_FLAG(int, cuda_graph_max_batch, 256,
           "each batch size runs and replayed afterwards (one launch per step instead of "
           "hundreds); 0 runs every op separately. Only the cuda device records.");
 
+ABSL_FLAG(int, spec_tokens, 0,
+          "Speculative decoding with the checkpoint's MTP draft head (mtp.*): up to this many "
+          "draft tokens per decoding sequence and step, verified together in one target forward "
+          "and rolled back exactly when rejected, so outputs do not change (greedy: identical; "
+          "sampling: the same distribution). 0 turns it off. Needs the mtp.* tensors (dummy "
+          "weights have them) and one rank (no --tp/--ep). Requests that ask for logprobs "
+          "decode without drafts.");
+
 namespace mobius::cli {
 
 void ApplyModelRuntimeFlags(worker::HybridModel& model) {
   model.SetDecodeCapture(std::max(0, absl::GetFlag(FLAGS_cuda_graph_max_batch)));
+}
+
+absl::StatusOr<int> SpecTokensFromFlags() {
+  const int k = absl::GetFlag(FLAGS_spec_tokens);
+  if (k < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--spec-tokens is ", k, "; it must be >= 0 (0 turns speculation off)"));
+  }
+  return k;
+}
+
+absl::StatusOr<std::unique_ptr<worker::MtpDrafter>> MtpDrafterFromFlags(
+    const worker::HybridModel& model, int max_sequences, int max_tokens) {
+  ASSIGN_OR_RETURN(const int k, SpecTokensFromFlags());
+  if (k == 0) return std::unique_ptr<worker::MtpDrafter>();
+  absl::StatusOr<std::unique_ptr<worker::MtpDrafter>> drafter =
+      worker::MtpDrafter::Create(model, max_sequences, max_tokens + k);
+  if (!drafter.ok()) {
+    return absl::Status(drafter.status().code(),
+                        absl::StrCat("--spec-tokens ", k, ": ", drafter.status().message()));
+  }
+  return drafter;
 }
 
 absl::StatusOr<worker::ModelSource> ModelSourceFromFlags() {

@@ -11,9 +11,11 @@
 #include "kernels/backend.h"
 #include "worker/model/hybrid_model.h"
 #include "worker/model/model_factory.h"
+#include "worker/runtime/mtp_drafter.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, config);
+ABSL_DECLARE_FLAG(int, spec_tokens);
 
 namespace mobius::cli {
 
@@ -21,6 +23,12 @@ absl::StatusOr<worker::ModelSource> ModelSourceFromFlags();
 absl::StatusOr<std::unique_ptr<kernels::Backend>> BackendFromFlags();
 // Applies the flags that tune a loaded model's execution (--cuda-graph-max-batch).
 void ApplyModelRuntimeFlags(worker::HybridModel& model);
+// --spec-tokens: the validated draft count (0: off). InvalidArgument when negative.
+absl::StatusOr<int> SpecTokensFromFlags();
+// With --spec-tokens > 0, the MTP drafter of `model` with caches for `max_sequences` sequences
+// of `max_tokens` positions; null when off. Errors name the flag (no MTP head, sharded model).
+absl::StatusOr<std::unique_ptr<worker::MtpDrafter>> MtpDrafterFromFlags(
+    const worker::HybridModel& model, int max_sequences, int max_tokens);
 
 }  // namespace mobius::cli
 

@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
 #include "tests/model/fixture_util.h"
+#include "worker/runtime/mtp_drafter.h"
 
 namespace mobius::worker {
 namespace {
@@ -261,6 +262,142 @@ TEST_F(EngineTest, MetricsMoveAsRequestsAreServed) {
   EXPECT_THAT(text, HasSubstr("vllm:time_to_first_token_seconds_count{model_name=\"tiny\"} 3"));
   EXPECT_THAT(text, HasSubstr("vllm:inter_token_latency_seconds_count{model_name=\"tiny\"} 12"));
   EXPECT_THAT(text, HasSubstr("mobius_bank_routed_tokens_total{"));
+}
+
+// Speculative decoding inside continuous batching, with the fixture's MTP head (random weights:
+// nearly every draft is rejected, so nearly every verify step rolls back and recomputes): the
+// greedy outputs stay the reference's while prompts prefill in chunks beside verify steps and
+// a request that asks for logprobs decodes without drafts in the same batches.
+TEST_F(EngineTest, MtpSpeculationKeepsGreedyOutputsExact) {
+  for (int k : {1, 3}) {
+    auto registry = std::make_shared<prometheus::Registry>();
+    EngineMetrics metrics(registry, "tiny", model_->num_banks());
+    EngineOptions options;
+    options.scheduler.max_num_seqs = 4;
+    options.scheduler.max_tokens_per_step = 16;
+    options.max_model_len = 256;
+    options.metrics = &metrics;
+    options.spec_tokens = k;
+    auto drafter = MtpDrafter::Create(*model_, 4, 256);
+    ASSERT_TRUE(drafter.ok()) << drafter.status();
+    options.drafter = drafter->get();
+    auto engine = Start(options);
+    ASSERT_NE(engine, nullptr);
+    Streams streams;
+    for (const auto& [p, expected] : ref_.greedy) {
+      const std::string id = "r" + std::to_string(p);
+      GenerationRequest r = Greedy(id, ref_.prompts[p], expected.size());
+      if (p == 2) r.params.logprobs = 1;  // this one decodes plainly beside the others
+      ASSERT_TRUE(engine->Enqueue(r, streams.For(id)).ok());
+    }
+    for (const auto& [p, expected] : ref_.greedy) {
+      auto r = streams.Wait("r" + std::to_string(p));
+      EXPECT_EQ(r.tokens, expected) << "k=" << k << " prompt " << p;
+      EXPECT_EQ(r.finish, FinishReason::kLength);
+    }
+    EXPECT_GT(metrics.spec_drafts.Value(), 0) << "k=" << k;
+    EXPECT_EQ(
+        metrics.spec_draft_tokens.Value(),
+        metrics.SpecDraftTokensAt(0).Value() * 1.0 +
+            (k > 1 ? metrics.SpecDraftTokensAt(1).Value() + metrics.SpecDraftTokensAt(2).Value()
+                   : 0.0));
+    engine.reset();
+    // Every state slot (including the snapshots) and KV block is free again.
+    EXPECT_EQ(model_->state_slots()->free_slots(), model_->state_slots()->num_slots());
+    EXPECT_EQ(model_->kv_cache()->free_blocks(), model_->kv_cache()->num_blocks());
+    EXPECT_EQ((*drafter)->head().state_slots()->free_slots(),
+              (*drafter)->head().state_slots()->num_slots());
+  }
+}
+
+// Proposes the reference's own greedy continuation, so drafts are accepted: several tokens per
+// step and per stream message, the same tokens.
+class ReferenceDrafter : public Drafter {
+ public:
+  explicit ReferenceDrafter(const testing::ModelReference& ref) : ref_(ref) {}
+  absl::Status Draft(std::span<const DraftRequest> requests,
+                     std::vector<std::vector<int32_t>>& drafts) override {
+    drafts.assign(requests.size(), {});
+    for (size_t r = 0; r < requests.size(); ++r) {
+      const DraftRequest& q = requests[r];
+      for (const auto& [p, expected] : ref_.greedy) {
+        const std::vector<int32_t>& prompt = ref_.prompts[p];
+        if (q.context.size() <= prompt.size() ||
+            !std::equal(prompt.begin(), prompt.end(), q.context.begin())) {
+          continue;
+        }
+        const size_t generated = q.context.size() - prompt.size();  // incl. the pending token
+        for (int j = 0; j < q.k && generated + j < expected.size(); ++j) {
+          drafts[r].push_back(expected[generated + j]);
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const testing::ModelReference& ref_;
+};
+
+TEST_F(EngineTest, AcceptedDraftsStreamSeveralTokensPerMessage) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  EngineMetrics metrics(registry, "tiny", model_->num_banks());
+  ReferenceDrafter drafter(ref_);
+  EngineOptions options;
+  options.scheduler.max_num_seqs = 4;
+  options.max_model_len = 256;
+  options.metrics = &metrics;
+  options.spec_tokens = 4;
+  options.drafter = &drafter;
+  auto engine = Start(options);
+  ASSERT_NE(engine, nullptr);
+  Streams streams;
+  for (const auto& [p, expected] : ref_.greedy) {
+    const std::string id = "a" + std::to_string(p);
+    ASSERT_TRUE(
+        engine->Enqueue(Greedy(id, ref_.prompts[p], expected.size()), streams.For(id)).ok());
+  }
+  for (const auto& [p, expected] : ref_.greedy) {
+    auto r = streams.Wait("a" + std::to_string(p));
+    EXPECT_EQ(r.tokens, expected) << "prompt " << p;
+    EXPECT_EQ(r.completion_tokens, static_cast<int>(expected.size()));
+    // 24 tokens: the first from the prefill, then up to 5 per verify step.
+    EXPECT_LE(r.messages, 1 + (static_cast<int>(expected.size()) - 1 + 4) / 5 + 1) << p;
+  }
+  EXPECT_GT(metrics.spec_accepted_tokens.Value(), 0.9 * metrics.spec_draft_tokens.Value());
+  EXPECT_EQ(metrics.SpecAcceptedTokensAt(0).Value(), metrics.SpecDraftTokensAt(0).Value());
+  const std::string text = prometheus::TextSerializer().Serialize(registry->Collect());
+  EXPECT_THAT(text, HasSubstr("vllm:spec_decode_num_accepted_tokens_per_pos{"));
+  EXPECT_THAT(text, HasSubstr("mobius_spec_decode_verify_seconds_count"));
+}
+
+// Preemption by recompute frees a speculating sequence's snapshot slot and the head's cache;
+// the re-prefilled sequence speculates again and the outputs stay exact.
+TEST_F(EngineTest, PreemptionWithMtpSpeculationKeepsOutputsExact) {
+  EngineOptions options;
+  options.scheduler.max_num_seqs = 3;
+  options.scheduler.max_tokens_per_step = 64;
+  options.kv_block_size = 4;
+  options.num_kv_blocks = 48;
+  options.max_model_len = 180;
+  options.spec_tokens = 2;
+  auto drafter = MtpDrafter::Create(*model_, 3, 184);
+  ASSERT_TRUE(drafter.ok()) << drafter.status();
+  options.drafter = drafter->get();
+  auto engine = Start(options);
+  ASSERT_NE(engine, nullptr);
+  Streams streams;
+  for (const auto& [p, expected] : ref_.greedy) {
+    const std::string id = "r" + std::to_string(p);
+    ASSERT_TRUE(
+        engine->Enqueue(Greedy(id, ref_.prompts[p], expected.size()), streams.For(id)).ok());
+  }
+  for (const auto& [p, expected] : ref_.greedy) {
+    EXPECT_EQ(streams.Wait("r" + std::to_string(p)).tokens, expected) << "prompt " << p;
+  }
+  EXPECT_GT(engine->GetStats().num_preemptions, 0);
+  engine.reset();
+  EXPECT_EQ(model_->state_slots()->free_slots(), model_->state_slots()->num_slots());
 }
 
 }  // namespace

@@ -158,6 +158,21 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
                           config_.max_position_embeddings));
     }
   }
+  if (!options.logits_rows.empty()) {
+    if (options.logits_rows.size() != batch.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("logits_rows has %d entries for a step of %d sequences",
+                          options.logits_rows.size(), batch.size()));
+    }
+    for (size_t s = 0; s < batch.size(); ++s) {
+      const int n = options.logits_rows[s];
+      if (n < 1 || n > static_cast<int>(batch[s].tokens.size())) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("logits_rows[%d] = %d is outside [1, %d] (the sequence's tokens)", s, n,
+                            batch[s].tokens.size()));
+      }
+    }
+  }
   if (options.draft_hidden_in != nullptr) {
     if (!weights_.mtp.has_value()) {
       return absl::FailedPreconditionError(
@@ -378,7 +393,14 @@ absl::StatusOr<Tensor> HybridModel::QueueStep(StepContext& ctx, std::span<const 
   }
 
   std::vector<int32_t> rows;
-  if (ctx.options.logits == LogitsMode::kAllTokens) {
+  if (!ctx.options.logits_rows.empty()) {
+    for (size_t s = 0; s < ctx.segments.size(); ++s) {
+      const kernels::SequenceSegment& seg = ctx.segments[s];
+      for (int r = seg.num_tokens - ctx.options.logits_rows[s]; r < seg.num_tokens; ++r) {
+        rows.push_back(seg.token_begin + r);
+      }
+    }
+  } else if (ctx.options.logits == LogitsMode::kAllTokens) {
     for (int t = 0; t < T; ++t) rows.push_back(t);
   } else {
     for (const kernels::SequenceSegment& seg : ctx.segments) {

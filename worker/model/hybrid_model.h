@@ -37,6 +37,10 @@ enum class LogitsMode {
 
 struct ForwardOptions {
   LogitsMode logits = LogitsMode::kLastToken;
+  // When non-empty (one entry per sequence of the step, each in [1, its tokens]): the logits rows
+  // are each sequence's last logits_rows[s] tokens, in packing order, instead of `logits`. A
+  // speculative step asks for k + 1 rows of a verifying sequence and one of a prefill chunk.
+  std::vector<int> logits_rows;
   kernels::DeltaRuleAlgorithm delta_rule = kernels::DeltaRuleAlgorithm::kAuto;
   // When set ([num_hidden_layers][num_experts]), the (token, expert) assignments of every MoE
   // layer are added to that layer's counts (bank of layer i: ModelConfig::BankOfLayer). On a GPU

@@ -82,7 +82,8 @@ absl::StatusOr<MemoryPlan> PlanDeviceMemory(const ModelConfig& config, kernels::
       static_cast<int64_t>(options.memory_utilization * static_cast<double>(info.total_bytes)) -
       used;
   const int64_t for_kv =
-      allowed - plan.activation_reserve - plan.state_slot_bytes * options.max_num_seqs;
+      allowed - plan.activation_reserve -
+      plan.state_slot_bytes * (options.max_num_seqs + std::max(0, options.extra_state_slots));
   const int64_t fit = plan.kv_block_bytes > 0 ? std::max<int64_t>(0, for_kv) / plan.kv_block_bytes
                                               : plan.max_useful_blocks;
   plan.num_kv_blocks = std::min(fit, plan.max_useful_blocks);

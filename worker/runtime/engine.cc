@@ -1,10 +1,12 @@
 #include "worker/runtime/engine.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "worker/runtime/speculative_sampling.h"
 
 namespace mobius::worker {
 
@@ -20,10 +22,21 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(HybridModel& model,
   if (options.scheduler.max_num_seqs <= 0 || options.scheduler.max_tokens_per_step <= 0) {
     return absl::InvalidArgumentError("max_num_seqs and max_tokens_per_step must be positive");
   }
+  if (options.spec_tokens < 0 || (options.spec_tokens > 0 && options.drafter == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "spec_tokens (%d) must be >= 0, and > 0 needs a drafter", options.spec_tokens));
+  }
   const int max_len = static_cast<int>(
       std::min<int64_t>(options.max_model_len, model.config().max_position_embeddings));
-  RETURN_IF_ERROR(model.CreateCaches(options.scheduler.max_num_seqs, max_len, options.kv_block_size,
-                                     options.num_kv_blocks));
+  // Speculating sequences hold a second state slot (the rollback snapshot); the KV blocks stay
+  // sized for max_num_seqs sequences.
+  const int max_seqs = options.scheduler.max_num_seqs;
+  const int blocks =
+      options.num_kv_blocks > 0
+          ? options.num_kv_blocks
+          : max_seqs * ((max_len + options.kv_block_size - 1) / options.kv_block_size);
+  RETURN_IF_ERROR(model.CreateCaches(options.spec_tokens > 0 ? 2 * max_seqs : max_seqs, max_len,
+                                     options.kv_block_size, blocks));
   std::unique_ptr<Engine> engine(new Engine(model, options));
   engine->options_.max_model_len = max_len;
   engine->scheduler_ =
@@ -173,12 +186,15 @@ void Engine::Loop() {
     }
     for (auto& seq : incoming) scheduler_->Add(std::move(seq));
     for (const std::string& id : cancelled) {
-      if (std::unique_ptr<Sequence> seq = scheduler_->Remove(id)) {
+      if (std::unique_ptr<Sequence> seq = RemoveSequence(id)) {
         Finish(*seq, FinishReason::kAbort, std::nullopt);
       }
     }
     if (stopping && !drain) {
-      for (auto& seq : scheduler_->RemoveAll()) Finish(*seq, FinishReason::kAbort, std::nullopt);
+      for (auto& seq : scheduler_->RemoveAll()) {
+        ForgetSpeculation(*seq);
+        Finish(*seq, FinishReason::kAbort, std::nullopt);
+      }
       return;
     }
     const bool worked = Step();
@@ -210,8 +226,77 @@ void Engine::PublishStats() {
   }
 }
 
+bool Engine::Speculates(const Sequence& seq) const {
+  return options_.spec_tokens > 0 && options_.drafter != nullptr && seq.params.logprobs < 0;
+}
+
+std::unique_ptr<Sequence> Engine::RemoveSequence(const std::string& request_id) {
+  std::unique_ptr<Sequence> seq = scheduler_->Remove(request_id);
+  if (seq != nullptr) ForgetSpeculation(*seq);
+  return seq;
+}
+
+void Engine::ForgetSpeculation(Sequence& seq) {
+  if (options_.drafter == nullptr) return;
+  auto it = snapshots_.find(seq.arrival);
+  if (it != snapshots_.end()) {
+    model_.state_slots()->Release(it->second);
+    snapshots_.erase(it);
+  }
+  options_.drafter->Finish(static_cast<int64_t>(seq.arrival));
+}
+
+absl::Status Engine::DraftForStep(const StepPlan& plan, std::vector<std::vector<int32_t>>& tokens,
+                                  std::vector<std::vector<int32_t>>& drafts) {
+  drafts.assign(plan.chunks.size(), {});
+  if (options_.spec_tokens <= 0 || options_.drafter == nullptr) return absl::OkStatus();
+  std::vector<DraftRequest> requests;
+  std::vector<size_t> owners;
+  std::vector<std::vector<int32_t>> contexts;
+  contexts.reserve(plan.chunks.size());
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const ScheduledChunk& c = plan.chunks[i];
+    Sequence& seq = *c.sequence;
+    if (!Speculates(seq) || c.count != 1 || !c.completes_prefill() || seq.output.empty()) continue;
+    // Every emitted token must fit max_tokens, and every drafted position max_model_len.
+    const int k = std::min({options_.spec_tokens,
+                            seq.params.max_tokens - static_cast<int>(seq.output.size()) - 1,
+                            options_.max_model_len - seq.num_tokens()});
+    if (k <= 0) continue;
+    // The scheduler reserved the pending token's KV position; the drafts need k more.
+    if (!model_.kv_cache()->Reserve(seq.cache, seq.num_computed + 1 + k).ok()) continue;
+    if (!snapshots_.contains(seq.arrival)) {
+      SequenceCache snapshot;
+      if (!model_.state_slots()->Acquire(snapshot).ok()) continue;
+      snapshots_[seq.arrival] = snapshot;
+    }
+    std::vector<int32_t>& context = contexts.emplace_back(seq.prompt);
+    context.insert(context.end(), seq.output.begin(), seq.output.end());
+    requests.push_back({static_cast<int64_t>(seq.arrival), context, k});
+    owners.push_back(i);
+  }
+  if (requests.empty()) return absl::OkStatus();
+  std::vector<std::vector<int32_t>> proposed;
+  RETURN_IF_ERROR(options_.drafter->Draft(requests, proposed));
+  const int vocab = model_.config().vocab_size;
+  for (size_t r = 0; r < requests.size() && r < proposed.size(); ++r) {
+    std::vector<int32_t>& d = proposed[r];
+    d.resize(std::min<size_t>(d.size(), static_cast<size_t>(requests[r].k)));
+    // A drafter's token outside the vocabulary would fail the whole step: drop from there on.
+    auto bad = std::find_if(d.begin(), d.end(), [&](int32_t t) { return t < 0 || t >= vocab; });
+    d.erase(bad, d.end());
+    if (d.empty()) continue;
+    Sequence& seq = *plan.chunks[owners[r]].sequence;
+    model_.CopyStateSlot(seq.cache.state_slot, snapshots_[seq.arrival].state_slot);
+    tokens[owners[r]].insert(tokens[owners[r]].end(), d.begin(), d.end());
+    drafts[owners[r]] = std::move(d);
+  }
+  return absl::OkStatus();
+}
+
 bool Engine::Step() {
   StepPlan plan = scheduler_->Schedule();
+  for (Sequence* seq : plan.preempted) ForgetSpeculation(*seq);
   for (auto& seq : plan.rejected) {
     Finish(*seq, seq->output.empty() ? FinishReason::kError : FinishReason::kLength, std::nullopt,
            seq->output.empty()
@@ -225,13 +310,31 @@ bool Engine::Step() {
   if (options_.metrics) options_.metrics->preemptions.Increment(plan.preempted.size());
   if (plan.empty()) return !plan.rejected.empty();
 
-  // Token spans of every chunk (prompt and output are stored apart).
+  // Token spans of every chunk (prompt and output are stored apart), then the drafts.
   std::vector<std::vector<int32_t>> tokens(plan.chunks.size());
-  std::vector<SequenceStep> steps;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const ScheduledChunk& c = plan.chunks[i];
     for (int t = c.begin; t < c.begin + c.count; ++t) tokens[i].push_back(c.sequence->token_at(t));
-    steps.push_back({tokens[i], &c.sequence->cache});
+  }
+  std::vector<std::vector<int32_t>> drafts;
+  double draft_seconds = 0;
+  {
+    const absl::Time start = absl::Now();
+    absl::Status drafted = DraftForStep(plan, tokens, drafts);
+    draft_seconds += absl::ToDoubleSeconds(absl::Now() - start);
+    if (!drafted.ok()) {
+      // Drafts only save time (verification is exact whatever they are): decode plainly.
+      std::fprintf(stderr, "mobius engine: drafting failed, decoding without drafts: %s\n",
+                   std::string(drafted.message()).c_str());
+      for (size_t i = 0; i < plan.chunks.size(); ++i) tokens[i].resize(plan.chunks[i].count);
+      drafts.assign(plan.chunks.size(), {});
+    }
+  }
+  bool any_drafts = false;
+  for (const auto& d : drafts) any_drafts |= !d.empty();
+  std::vector<SequenceStep> steps;
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    steps.push_back({tokens[i], &plan.chunks[i].sequence->cache});
   }
   const absl::Time now = absl::Now();
   for (const ScheduledChunk& c : plan.chunks) {
@@ -245,6 +348,17 @@ bool Engine::Step() {
     }
   }
   ForwardOptions forward;
+  // The drafter sees what every speculating sequence commits (with hidden states for MTP).
+  bool observe = false;
+  for (const ScheduledChunk& c : plan.chunks) observe |= Speculates(*c.sequence);
+  std::vector<float> hidden;
+  if (observe && options_.drafter->needs_target_hidden()) {
+    forward.hidden_out = &hidden;
+    forward.hidden_all_tokens = true;
+  }
+  if (any_drafts) {
+    for (const auto& d : drafts) forward.logits_rows.push_back(1 + static_cast<int>(d.size()));
+  }
   std::vector<std::vector<int64_t>> expert_tokens;
   const bool sample_experts = options_.metrics != nullptr &&
                               options_.expert_load_sample_every > 0 &&
@@ -255,7 +369,11 @@ bool Engine::Step() {
   }
   ++step_index_;
   std::vector<float> logits;
+  const absl::Time forward_start = absl::Now();
   absl::Status status = model_.Forward(steps, forward, logits);
+  if (any_drafts && options_.metrics) {
+    options_.metrics->spec_verify_time.Observe(absl::ToDoubleSeconds(absl::Now() - forward_start));
+  }
   if (status.ok() && sample_experts) {
     // A bank's load aggregates the layers that share it.
     std::vector<std::vector<int64_t>> bank_tokens(model_.num_banks());
@@ -294,7 +412,7 @@ bool Engine::Step() {
   if (options_.metrics) options_.metrics->steps.Increment();
   if (!status.ok()) {
     for (const ScheduledChunk& c : plan.chunks) {
-      if (auto seq = scheduler_->Remove(c.sequence->request_id)) {
+      if (auto seq = RemoveSequence(c.sequence->request_id)) {
         Finish(*seq, FinishReason::kError, std::nullopt, status);
       }
     }
@@ -307,19 +425,75 @@ bool Engine::Step() {
   };
   std::vector<Delivery> deliveries;
   std::vector<std::string> finished;
+  const int64_t H = model_.config().hidden_size;
+  std::vector<TargetStep> observed;
+  std::vector<SequenceStep> redo;  // rolled back: recompute the accepted tokens
+  std::vector<std::string> errored;
+  absl::Status redo_error;
+  std::vector<std::vector<int32_t>> redo_tokens;
+  redo_tokens.reserve(plan.chunks.size());
+  int64_t row = 0, hidden_row = 0;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const ScheduledChunk& c = plan.chunks[i];
     Sequence& seq = *c.sequence;
-    seq.num_computed += c.count;
-    if (!c.completes_prefill()) continue;
-    SampledToken s =
-        seq.sampler->Sample(std::span<float>(logits.data() + i * vocab, vocab), seq.history);
-    seq.output.push_back(s.token);
-    seq.history.AddOutput(s.token);
+    const int d = static_cast<int>(drafts[i].size());
+    const int64_t first_row = row, first_hidden = hidden_row;
+    row += 1 + d;
+    hidden_row += static_cast<int64_t>(tokens[i].size());
+    // What the drafter is shown: `committed` tokens from c.begin on, then `next`.
+    auto observe_commit = [&](int committed, int32_t next) {
+      if (!observe || !Speculates(seq)) return;
+      std::span<const float> h;
+      if (!hidden.empty()) {
+        h = std::span<const float>(hidden).subspan(first_hidden * H, int64_t{committed} * H);
+      }
+      observed.push_back({static_cast<int64_t>(seq.arrival), c.begin,
+                          std::span<const int32_t>(tokens[i]).first(committed), h, next});
+    };
+    if (!c.completes_prefill()) {
+      seq.num_computed += c.count;
+      observe_commit(c.count, seq.token_at(c.begin + c.count));
+      continue;
+    }
+    std::vector<int32_t> new_tokens;
+    std::optional<SampledToken> sampled;
+    int accepted = 0;
+    if (d == 0) {
+      seq.num_computed += c.count;
+      sampled = seq.sampler->Sample(std::span<float>(logits.data() + first_row * vocab, vocab),
+                                    seq.history);
+      new_tokens = {sampled->token};
+    } else {
+      const DraftVerdict verdict = VerifyDraftsWithSampler(
+          drafts[i],
+          std::span<float>(logits.data() + first_row * vocab, static_cast<size_t>(d + 1) * vocab),
+          *seq.sampler, seq.history);
+      accepted = verdict.accepted;
+      new_tokens.assign(drafts[i].begin(), drafts[i].begin() + accepted);
+      new_tokens.push_back(verdict.next);
+      seq.num_computed += 1 + accepted;
+      if (accepted < d) {
+        // The DeltaNet state absorbed the rejected drafts: restore the snapshot taken before the
+        // step and recompute the pending token and the accepted drafts.
+        model_.CopyStateSlot(snapshots_[seq.arrival].state_slot, seq.cache.state_slot);
+        seq.cache.num_tokens = c.begin;
+        redo_tokens.emplace_back(tokens[i].begin(), tokens[i].begin() + accepted + 1);
+        redo.push_back({redo_tokens.back(), &seq.cache});
+      }
+      if (EngineMetrics* m = options_.metrics) {
+        m->spec_drafts.Increment();
+        m->spec_draft_tokens.Increment(d);
+        m->spec_accepted_tokens.Increment(accepted);
+        for (int j = 0; j < d; ++j) {
+          m->SpecDraftTokensAt(j).Increment();
+          if (j < accepted) m->SpecAcceptedTokensAt(j).Increment();
+        }
+      }
+    }
     const absl::Time token_time = absl::Now();
     if (EngineMetrics* m = options_.metrics) {
-      m->generation_tokens.Increment();
-      if (seq.output.size() == 1) {
+      m->generation_tokens.Increment(static_cast<double>(new_tokens.size()));
+      if (seq.output.empty()) {
         m->time_to_first_token.Observe(absl::ToDoubleSeconds(token_time - seq.arrival_time));
       } else {
         m->inter_token_latency.Observe(absl::ToDoubleSeconds(token_time - seq.last_token_time));
@@ -328,24 +502,30 @@ bool Engine::Step() {
     seq.last_token_time = token_time;
 
     GenerationOutput out;
-    out.tokens = {s.token};
-    if (seq.params.logprobs >= 0) out.logprobs.push_back(std::move(s));
-    const bool eos = !seq.params.ignore_eos &&
-                     std::find(options_.eos_token_ids.begin(), options_.eos_token_ids.end(),
-                               out.tokens[0]) != options_.eos_token_ids.end();
-    const bool stop_id =
-        std::find(seq.params.stop_token_ids.begin(), seq.params.stop_token_ids.end(),
-                  out.tokens[0]) != seq.params.stop_token_ids.end();
-    if (eos || stop_id) {
-      out.finish = FinishReason::kStop;
-      out.matched_stop_token = out.tokens[0];
-    } else if (static_cast<int>(seq.output.size()) >= seq.params.max_tokens ||
-               seq.num_tokens() >= options_.max_model_len) {
-      out.finish = FinishReason::kLength;
+    if (sampled.has_value() && seq.params.logprobs >= 0) out.logprobs.push_back(*sampled);
+    for (int32_t token : new_tokens) {
+      seq.output.push_back(token);
+      seq.history.AddOutput(token);
+      out.tokens.push_back(token);
+      const bool eos = !seq.params.ignore_eos &&
+                       std::find(options_.eos_token_ids.begin(), options_.eos_token_ids.end(),
+                                 token) != options_.eos_token_ids.end();
+      const bool stop_id =
+          std::find(seq.params.stop_token_ids.begin(), seq.params.stop_token_ids.end(), token) !=
+          seq.params.stop_token_ids.end();
+      if (eos || stop_id) {
+        out.finish = FinishReason::kStop;
+        out.matched_stop_token = token;
+      } else if (static_cast<int>(seq.output.size()) >= seq.params.max_tokens ||
+                 seq.num_tokens() >= options_.max_model_len) {
+        out.finish = FinishReason::kLength;
+      }
+      if (out.finish != FinishReason::kNone) break;
     }
     out.prompt_tokens = static_cast<int>(seq.prompt.size());
     out.completion_tokens = static_cast<int>(seq.output.size());
     const bool done = out.finish != FinishReason::kNone;
+    if (!done) observe_commit(c.count + accepted, new_tokens.back());
     if (done) RecordFinish(seq, out.finish);
     {
       absl::MutexLock lock(&mu_);
@@ -357,11 +537,44 @@ bool Engine::Step() {
     }
     if (done) finished.push_back(seq.request_id);
   }
+  if (!redo.empty()) {
+    std::vector<float> unused;
+    ForwardOptions recompute;
+    recompute.copy_logits = false;
+    const absl::Status redone = model_.Forward(redo, recompute, unused);
+    if (!redone.ok()) {
+      // Their state is lost: end them with the error (the tokens delivered so far are exact).
+      for (const ScheduledChunk& c : plan.chunks) {
+        const bool in_redo = std::any_of(redo.begin(), redo.end(), [&](const SequenceStep& r) {
+          return r.cache == &c.sequence->cache;
+        });
+        if (in_redo &&
+            std::find(finished.begin(), finished.end(), c.sequence->request_id) == finished.end()) {
+          errored.push_back(c.sequence->request_id);
+        }
+      }
+      redo_error = redone;
+    }
+  }
+  if (!observed.empty()) {
+    const absl::Time start = absl::Now();
+    const absl::Status seen = options_.drafter->Observe(observed);
+    draft_seconds += absl::ToDoubleSeconds(absl::Now() - start);
+    if (!seen.ok()) {
+      // The next drafts may be poor; outputs stay exact (drafts are verified).
+      std::fprintf(stderr, "mobius engine: the drafter could not observe a step: %s\n",
+                   std::string(seen.message()).c_str());
+    }
+  }
+  if (observe && options_.metrics) options_.metrics->spec_draft_time.Observe(draft_seconds);
   // Free finished sequences and publish the new state before their streams end, so that a
   // client that sees its final message also sees the slot free.
-  for (const std::string& id : finished) scheduler_->Remove(id);
+  for (const std::string& id : finished) RemoveSequence(id);
   PublishStats();
   for (Delivery& d : deliveries) d.callback(d.output);
+  for (const std::string& id : errored) {
+    if (auto seq = RemoveSequence(id)) Finish(*seq, FinishReason::kError, std::nullopt, redo_error);
+  }
 
   absl::MutexLock lock(&mu_);
   ++stats_.steps;

@@ -21,6 +21,7 @@
 #include "worker/runtime/engine_metrics.h"
 #include "worker/runtime/sampler.h"
 #include "worker/runtime/scheduler.h"
+#include "worker/runtime/speculative_decoder.h"
 
 namespace mobius::worker {
 
@@ -55,6 +56,12 @@ struct EngineOptions {
   uint64_t seed = 0;                  // seeds requests that bring no seed of their own
   EngineMetrics* metrics = nullptr;   // optional; must outlive the engine
   int expert_load_sample_every = 16;  // count expert load every N steps (0: never)
+  // Speculative decoding: up to `spec_tokens` drafts per decoding sequence and step from
+  // `drafter` (not owned; the MTP head in the worker), verified in the same target forward as
+  // the step's other sequences. Sequences that ask for logprobs decode without drafts. Each
+  // speculating sequence holds a second state slot (its snapshot for rollback).
+  int spec_tokens = 0;
+  Drafter* drafter = nullptr;
   // Test hook: a pause after every step that did work, so that process tests can make a step
   // long enough to tell "freed within one step" from "freed a few steps later".
   absl::Duration debug_step_delay = absl::ZeroDuration();
@@ -107,10 +114,25 @@ class Engine {
               absl::Status error = absl::OkStatus());
   void RecordFinish(const Sequence& seq, FinishReason reason);
 
+  // ---- speculative decoding (engine thread) ----
+  // Whether `seq` may carry drafts (and so needs the drafter to see its committed tokens).
+  [[nodiscard]] bool Speculates(const Sequence& seq) const;
+  // Drafts for the step's decoding sequences; appends them to `tokens` (k per chunk in `drafts`)
+  // after reserving their KV positions and snapshot slots; a chunk that cannot get either
+  // decodes plainly.
+  absl::Status DraftForStep(const StepPlan& plan, std::vector<std::vector<int32_t>>& tokens,
+                            std::vector<std::vector<int32_t>>& drafts);
+  // Frees a sequence's snapshot slot and the drafter's state for it (finished, preempted).
+  void ForgetSpeculation(Sequence& seq);
+  // scheduler_->Remove, and ForgetSpeculation of what it removed.
+  std::unique_ptr<Sequence> RemoveSequence(const std::string& request_id);
+
   HybridModel& model_;
   EngineOptions options_;
   std::unique_ptr<Scheduler> scheduler_;  // engine thread only
   int64_t step_index_ = 0;                // engine thread only
+  // Snapshot state slots of speculating sequences, by arrival number (engine thread only).
+  absl::flat_hash_map<uint64_t, SequenceCache> snapshots_;
 
   absl::Mutex mu_;
   std::vector<std::unique_ptr<Sequence>> incoming_ ABSL_GUARDED_BY(mu_);

@@ -76,12 +76,45 @@ EngineMetrics::EngineMetrics(std::shared_ptr<prometheus::Registry> registry,
                 .Help("Model steps the engine ran.")
                 .Register(*registry)
                 .Add({{"model_name", model_name}})),
+      spec_drafts(BuildCounter()
+                      .Name("vllm:spec_decode_num_drafts_total")
+                      .Help("Speculative verify steps of a sequence that carried drafts.")
+                      .Register(*registry)
+                      .Add({{"model_name", model_name}})),
+      spec_draft_tokens(BuildCounter()
+                            .Name("vllm:spec_decode_num_draft_tokens_total")
+                            .Help("Draft tokens proposed.")
+                            .Register(*registry)
+                            .Add({{"model_name", model_name}})),
+      spec_accepted_tokens(BuildCounter()
+                               .Name("vllm:spec_decode_num_accepted_tokens_total")
+                               .Help("Draft tokens accepted.")
+                               .Register(*registry)
+                               .Add({{"model_name", model_name}})),
+      spec_draft_time(BuildHistogram()
+                          .Name("mobius_spec_decode_draft_seconds")
+                          .Help("Time per step in the draft head (observe + draft).")
+                          .Register(*registry)
+                          .Add({{"model_name", model_name}}, LatencyBuckets())),
+      spec_verify_time(BuildHistogram()
+                           .Name("mobius_spec_decode_verify_seconds")
+                           .Help("Time of the target forward of a step that verified drafts.")
+                           .Register(*registry)
+                           .Add({{"model_name", model_name}}, LatencyBuckets())),
       registry_(std::move(registry)),
       model_name_(model_name) {
   finished_family_ = &BuildCounter()
                           .Name("vllm:request_success_total")
                           .Help("Finished requests by finish reason.")
                           .Register(*registry_);
+  draft_per_pos_family_ = &BuildCounter()
+                               .Name("mobius_spec_decode_num_draft_tokens_per_pos")
+                               .Help("Draft tokens proposed at each draft position (0-based).")
+                               .Register(*registry_);
+  accepted_per_pos_family_ = &BuildCounter()
+                                  .Name("vllm:spec_decode_num_accepted_tokens_per_pos")
+                                  .Help("Draft tokens accepted at each draft position (0-based).")
+                                  .Register(*registry_);
   auto& routed = BuildCounter()
                      .Name("mobius_bank_routed_tokens_total")
                      .Help(
@@ -103,6 +136,16 @@ EngineMetrics::EngineMetrics(std::shared_ptr<prometheus::Registry> registry,
 
 prometheus::Counter& EngineMetrics::RequestsFinished(const std::string& reason) {
   return finished_family_->Add({{"model_name", model_name_}, {"finished_reason", reason}});
+}
+
+prometheus::Counter& EngineMetrics::SpecDraftTokensAt(int position) {
+  return draft_per_pos_family_->Add(
+      {{"model_name", model_name_}, {"position", std::to_string(position)}});
+}
+
+prometheus::Counter& EngineMetrics::SpecAcceptedTokensAt(int position) {
+  return accepted_per_pos_family_->Add(
+      {{"model_name", model_name_}, {"position", std::to_string(position)}});
 }
 
 }  // namespace mobius::worker

@@ -40,6 +40,18 @@ class EngineMetrics {
   prometheus::Counter& steps;
   // Requests by how they ended: "stop", "length", "abort", "error".
   prometheus::Counter& RequestsFinished(const std::string& reason);
+  // Speculative decoding (vLLM's names): verify steps with drafts, draft tokens proposed and
+  // accepted, and both per draft position (0-based), so acceptance per position is
+  // accepted_per_pos / draft_tokens_per_pos and the mean accepted length per verify step is
+  // 1 + accepted / drafts.
+  prometheus::Counter& spec_drafts;
+  prometheus::Counter& spec_draft_tokens;
+  prometheus::Counter& spec_accepted_tokens;
+  prometheus::Counter& SpecDraftTokensAt(int position);
+  prometheus::Counter& SpecAcceptedTokensAt(int position);
+  // Seconds per step in the drafter (MTP head) and in the target's verify forward.
+  prometheus::Histogram& spec_draft_time;
+  prometheus::Histogram& spec_verify_time;
   // Per bank of routed experts: (token, expert) assignments, and distinct experts touched in the
   // last sampled step (aggregated over the layers that share the bank).
   std::vector<prometheus::Counter*> bank_routed_tokens;
@@ -48,6 +60,8 @@ class EngineMetrics {
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>* finished_family_;
+  prometheus::Family<prometheus::Counter>* draft_per_pos_family_;
+  prometheus::Family<prometheus::Counter>* accepted_per_pos_family_;
   std::string model_name_;
 };
 

@@ -135,10 +135,21 @@ absl::Status Run() {
   options.num_kv_blocks = absl::GetFlag(FLAGS_num_kv_blocks);
   options.seed = absl::GetFlag(FLAGS_sampling_seed);
   options.eos_token_ids = ReadEosTokenIds(source.model_dir);
+  // The MTP head's caches come first, so that the memory plan sees what they take.
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<MtpDrafter> drafter,
+      cli::MtpDrafterFromFlags(*model, options.scheduler.max_num_seqs, options.max_model_len));
+  if (drafter != nullptr) {
+    options.spec_tokens = absl::GetFlag(FLAGS_spec_tokens);
+    options.drafter = drafter.get();
+    MOBIUS_LOG(INFO, "worker", "") << "speculative decoding: up to " << options.spec_tokens
+                                   << " MTP draft tokens per sequence and step";
+  }
   // On a GPU, size the KV cache from the memory the weights left (unless --num-kv-blocks says).
   if (options.num_kv_blocks == 0) {
     MemoryPlanOptions plan_options;
     plan_options.max_num_seqs = options.scheduler.max_num_seqs;
+    plan_options.extra_state_slots = options.spec_tokens > 0 ? options.scheduler.max_num_seqs : 0;
     plan_options.max_model_len = static_cast<int>(
         std::min<int64_t>(options.max_model_len, model->config().max_position_embeddings));
     plan_options.kv_block_size = options.kv_block_size;

@@ -1,0 +1,158 @@
+#include "cli/bench_speculation.h"
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "worker/model/decode_cost.h"
+#include "worker/model/mtp_draft_model.h"
+
+namespace mobius::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Median-free mean of `steps` calls after two warm-up calls, in ms.
+template <typename Fn>
+absl::StatusOr<double> TimeMs(int steps, Fn&& call) {
+  for (int w = 0; w < 2; ++w) RETURN_IF_ERROR(call());
+  const auto t0 = Clock::now();
+  for (int s = 0; s < steps; ++s) RETURN_IF_ERROR(call());
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / steps;
+}
+
+}  // namespace
+
+absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBenchOptions& options,
+                              nlohmann::json& results) {
+  const int K = options.max_spec_tokens, B = options.batch, C = options.context;
+  const worker::ModelConfig& config = model.config();
+  const int H = config.hidden_size;
+  // Target caches: every sequence and its rollback snapshot; positions for the context and the
+  // largest verify step.
+  model.DropCaches();
+  RETURN_IF_ERROR(model.CreateCaches(2 * B, C + K + 8));
+  std::vector<worker::SequenceCache> seqs(B), snapshots(B);
+  for (int i = 0; i < B; ++i) {
+    RETURN_IF_ERROR(model.StartSequence(seqs[i]));
+    RETURN_IF_ERROR(model.StartSequence(snapshots[i]));
+    RETURN_IF_ERROR(model.kv_cache()->Reserve(seqs[i], C + K + 1));
+    seqs[i].num_tokens = C;
+  }
+  // The head, with its own caches at the same context.
+  ASSIGN_OR_RETURN(std::unique_ptr<worker::HybridModel> head, worker::MakeMtpDraftModel(model));
+  RETURN_IF_ERROR(head->CreateCaches(B, C + K + 8));
+  std::vector<worker::SequenceCache> head_seqs(B);
+  for (auto& s : head_seqs) {
+    RETURN_IF_ERROR(head->StartSequence(s));
+    RETURN_IF_ERROR(head->kv_cache()->Reserve(s, C + 1));
+    s.num_tokens = C;
+  }
+
+  // Verify steps of m = 1..K+1 tokens per sequence, as the speculative path runs them: all
+  // m logits rows copied to the host for sampling, the hidden states for the head.
+  std::vector<int32_t> tokens(static_cast<size_t>(B) * (K + 1));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = (i * 7919 + 13) % config.vocab_size;
+  std::vector<double> verify_ms(K + 2, 0), verify_bound_ms(K + 2, 0);
+  for (int m = 1; m <= K + 1; ++m) {
+    std::vector<worker::SequenceStep> step;
+    for (int i = 0; i < B; ++i) {
+      step.push_back({std::span(tokens).subspan(static_cast<size_t>(i) * (K + 1), m), &seqs[i]});
+    }
+    // Experts this step touches, for its bound.
+    std::vector<std::vector<int64_t>> expert_tokens(config.num_hidden_layers);
+    std::vector<float> logits, hidden;
+    worker::ForwardOptions counted;
+    counted.expert_tokens = &expert_tokens;
+    counted.copy_logits = false;
+    RETURN_IF_ERROR(model.Forward(step, counted, logits));
+    for (auto& s : seqs) s.num_tokens = C;
+    double touched = 0;
+    int moe_layers = 0;
+    for (const auto& layer : expert_tokens) {
+      if (layer.empty()) continue;
+      ++moe_layers;
+      for (int64_t n : layer) touched += n > 0;
+    }
+    worker::ForwardOptions verify;
+    verify.logits_rows.assign(B, m);
+    verify.hidden_out = &hidden;
+    verify.hidden_all_tokens = true;
+    ASSIGN_OR_RETURN(verify_ms[m], TimeMs(options.steps, [&]() -> absl::Status {
+                       RETURN_IF_ERROR(model.Forward(step, verify, logits));
+                       for (auto& s : seqs) s.num_tokens = C;
+                       return absl::OkStatus();
+                     }));
+    worker::DecodeCostOptions cost;
+    cost.batch = B * m;
+    cost.sequences = B;
+    cost.context = C;
+    cost.weight_bytes = model.backend().activation_dtype() == kernels::DType::kF32 ? 4 : 2;
+    cost.kv_bytes = cost.weight_bytes;
+    cost.distinct_experts = moe_layers > 0 ? touched / moe_layers : 0;
+    verify_bound_ms[m] = 1e3 * worker::EstimateDecodeStepBytes(config, cost).total() /
+                         (options.bandwidth * options.world);
+  }
+  // One head step (every draft after the first, and the observe step of an all-rejected verify).
+  std::vector<float> h_prev(static_cast<size_t>(B) * H, 0.5f), head_hidden, head_logits;
+  std::vector<worker::SequenceStep> head_step;
+  for (int i = 0; i < B; ++i) head_step.push_back({std::span(&tokens[i], 1), &head_seqs[i]});
+  worker::ForwardOptions head_options;
+  head_options.draft_hidden_in = &h_prev;
+  head_options.hidden_out = &head_hidden;
+  ASSIGN_OR_RETURN(const double head_ms, TimeMs(options.steps, [&]() -> absl::Status {
+                     RETURN_IF_ERROR(head->Forward(head_step, head_options, head_logits));
+                     for (auto& s : head_seqs) s.num_tokens = C;
+                     return absl::OkStatus();
+                   }));
+  // The state snapshot of every sequence (taken before each verify step; a restore costs the same).
+  ASSIGN_OR_RETURN(const double snapshot_ms, TimeMs(options.steps, [&]() -> absl::Status {
+                     for (int i = 0; i < B; ++i) {
+                       model.CopyStateSlot(seqs[i].state_slot, snapshots[i].state_slot);
+                     }
+                     model.backend().Synchronize();
+                     return absl::OkStatus();
+                   }));
+  const double plain_ms = options.plain_step_ms > 0 ? options.plain_step_ms : verify_ms[1];
+
+  std::printf(
+      "\nspeculative decoding (MTP), batch %d, context %d: plain decode step %.3f ms; one head "
+      "step %.3f ms; state snapshot %.3f ms\n",
+      B, C, plain_ms, head_ms, snapshot_ms);
+  std::printf("%4s %14s %12s %10s %8s %14s %14s %12s\n", "k", "verify(k+1)", "bound", "vs plain",
+              "accept", "step", "per token", "speed-up");
+  for (int k = 1; k <= K; ++k) {
+    // Drafting: the observe step that yields the first draft, then k - 1 chained head steps.
+    const double draft_ms = k * head_ms;
+    for (int a = 1; a <= k + 1; ++a) {
+      // a tokens emitted: a - 1 drafts accepted; unless all were, restore and recompute a.
+      const double rollback_ms = a < k + 1 ? snapshot_ms + verify_ms[a] : 0;
+      const double step_ms = draft_ms + snapshot_ms + verify_ms[k + 1] + rollback_ms;
+      std::printf("%4d %11.3f ms %9.3f ms %9.2fx %8d %11.3f ms %11.3f ms %11.2fx\n", k,
+                  verify_ms[k + 1], verify_bound_ms[k + 1], verify_ms[k + 1] / plain_ms, a, step_ms,
+                  step_ms / a, plain_ms / (step_ms / a));
+      results.push_back({{"phase", "speculative"},
+                         {"batch", B},
+                         {"context", C},
+                         {"spec_tokens", k},
+                         {"accepted_length", a},
+                         {"verify_ms", verify_ms[k + 1]},
+                         {"verify_bound_ms", verify_bound_ms[k + 1]},
+                         {"plain_decode_ms", plain_ms},
+                         {"draft_ms", draft_ms},
+                         {"snapshot_ms", snapshot_ms},
+                         {"rollback_ms", rollback_ms},
+                         {"step_ms", step_ms},
+                         {"ms_per_token", step_ms / a}});
+    }
+  }
+  for (auto& s : seqs) model.ReleaseSequence(s);
+  for (auto& s : snapshots) model.ReleaseSequence(s);
+  model.DropCaches();
+  return absl::OkStatus();
+}
+
+}  // namespace mobius::cli

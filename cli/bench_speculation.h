@@ -1,0 +1,31 @@
+// `mobius bench engine --spec-tokens K`: what speculative decoding costs and buys on this device.
+// For each k = 1..K it times the verify forward of k + 1 tokens per sequence against a plain
+// decode step, the MTP head's k draft steps and the rollback (state snapshot, and on a
+// rejection the restore plus recomputing the accepted tokens), and prints the time per output
+// token at every acceptance length a = 1..k + 1 (a tokens emitted per step).
+#ifndef MOBIUS_CLI_BENCH_SPECULATION_H_
+#define MOBIUS_CLI_BENCH_SPECULATION_H_
+
+#include "absl/status/status.h"
+#include "nlohmann/json.hpp"
+#include "worker/model/hybrid_model.h"
+
+namespace mobius::cli {
+
+struct SpeculationBenchOptions {
+  int max_spec_tokens = 0;  // K
+  int batch = 1;
+  int context = 1024;
+  int steps = 10;             // timed calls per measurement (after warm-up)
+  double bandwidth = 0;       // bytes/s, for the bounds
+  int world = 1;              // ranks whose bandwidth the bound may use
+  double plain_step_ms = -1;  // the plain decode step at this batch/context, when measured
+};
+
+// Appends one JSON object per (k, acceptance length) to `results` and prints a table.
+absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBenchOptions& options,
+                              nlohmann::json& results);
+
+}  // namespace mobius::cli
+
+#endif  // MOBIUS_CLI_BENCH_SPECULATION_H_
