@@ -49,9 +49,10 @@ absl::Status MtpDrafter::Observe(std::span<const TargetStep> steps) {
     Sequence& s = it->second;
     if (fresh) RETURN_IF_ERROR(head_->StartSequence(s.cache));
     if (step.start > s.cache.num_tokens) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "MTP observe: sequence %d resumes at position %d but the head holds only %d",
-          step.sequence, step.start, s.cache.num_tokens));
+      // A gap (an earlier observation of this sequence failed): its drafts could only be noise,
+      // so forget it: the sequence decodes without drafts from here on.
+      Finish(step.sequence);
+      continue;
     }
     // Positions past `start` hold the previous step's drafts: overwrite them.
     s.cache.num_tokens = step.start;
@@ -75,9 +76,7 @@ absl::Status MtpDrafter::Draft(std::span<const DraftRequest> requests,
   for (size_t r = 0; r < requests.size(); ++r) {
     auto it = sequences_.find(requests[r].sequence);
     if (it == sequences_.end() || it->second.first_draft < 0) {
-      return absl::FailedPreconditionError(
-          absl::StrFormat("MTP draft: sequence %d was never observed (no prefill hidden states)",
-                          requests[r].sequence));
+      continue;  // never observed, or forgotten after a gap: no drafts, it decodes plainly
     }
     seqs[r] = &it->second;
     committed[r] = seqs[r]->cache.num_tokens;
@@ -87,7 +86,9 @@ absl::Status MtpDrafter::Draft(std::span<const DraftRequest> requests,
   // Chained drafts: (previous draft, the head's own output) at the next position. The chain's
   // outputs stay out of the Sequence: its h and first draft are those of committed positions.
   std::vector<std::vector<float>> chain_h(requests.size());
-  for (size_t r = 0; r < requests.size(); ++r) chain_h[r] = seqs[r]->h;
+  for (size_t r = 0; r < requests.size(); ++r) {
+    if (seqs[r] != nullptr) chain_h[r] = seqs[r]->h;
+  }
   absl::Status status;
   for (int j = 1; j < max_k && status.ok(); ++j) {
     std::vector<SequenceStep> batch;
@@ -96,12 +97,13 @@ absl::Status MtpDrafter::Draft(std::span<const DraftRequest> requests,
     inputs.reserve(requests.size());
     std::vector<size_t> owners;
     for (size_t r = 0; r < requests.size(); ++r) {
-      if (requests[r].k <= j) continue;
+      if (seqs[r] == nullptr || requests[r].k <= j) continue;
       inputs.push_back(drafts[r].back());
       h_prev.insert(h_prev.end(), chain_h[r].begin(), chain_h[r].end());
       batch.push_back({std::span<const int32_t>(&inputs.back(), 1), &seqs[r]->cache});
       owners.push_back(r);
     }
+    if (batch.empty()) break;
     std::vector<Sequence> outs(owners.size());
     std::vector<Sequence*> out_ptrs;
     for (Sequence& s : outs) out_ptrs.push_back(&s);
@@ -111,7 +113,9 @@ absl::Status MtpDrafter::Draft(std::span<const DraftRequest> requests,
       chain_h[owners[t]] = std::move(outs[t].h);
     }
   }
-  for (size_t r = 0; r < requests.size(); ++r) seqs[r]->cache.num_tokens = committed[r];
+  for (size_t r = 0; r < requests.size(); ++r) {
+    if (seqs[r] != nullptr) seqs[r]->cache.num_tokens = committed[r];
+  }
   return status;
 }
 

@@ -4,7 +4,9 @@
 // after each verify step) in one head forward over the batch, whose last row per sequence gives
 // the first draft; Draft chains the head on its own post-norm output for the further drafts and
 // then rolls its cache back to the committed positions (the head has no DeltaNet state, so
-// resetting num_tokens is the whole rollback). Drafts are the head's argmax.
+// resetting num_tokens is the whole rollback). Drafts are the head's argmax. A sequence the head
+// has not seen from its first position gets no drafts (it decodes plainly): drafts only ever cost
+// or save time, so the drafter degrades instead of failing the step.
 #ifndef MOBIUS_WORKER_RUNTIME_MTP_DRAFTER_H_
 #define MOBIUS_WORKER_RUNTIME_MTP_DRAFTER_H_
 
