@@ -21,6 +21,25 @@ __global__ void GatherRowsKernel(AnyPtr src, const int32_t* rows, int64_t width,
   }
 }
 
+// Same-dtype gather of rows whose byte width is a multiple of 16: 16-byte copies spread over
+// blockIdx.y as well, so that a few very wide rows (a sequence's whole DeltaNet state, ~2 MB,
+// copied for speculative rollback) use the whole GPU instead of one block per row.
+constexpr int kCopyVecPerThread = 4;
+__global__ void GatherRowsVecKernel(const uint4* src, const int32_t* rows, int64_t vecs_per_row,
+                                    uint4* dst) {
+  PdlWait();
+  PdlTrigger();
+  const int64_t r = blockIdx.x;
+  const uint4* from = src + static_cast<int64_t>(rows[r]) * vecs_per_row;
+  uint4* to = dst + r * vecs_per_row;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * blockDim.x * kCopyVecPerThread;
+#pragma unroll
+  for (int i = 0; i < kCopyVecPerThread; ++i) {
+    const int64_t v = begin + i * blockDim.x + threadIdx.x;
+    if (v < vecs_per_row) to[v] = from[v];
+  }
+}
+
 // out = x / sqrt(mean(x^2) + eps) * (1 + w). When `residual` is set, first residual += delta
 // (rounded to bf16 and stored), and the norm reads the stored sum.
 __global__ void RmsNorm1pKernel(const uint16_t* x, uint16_t* residual, const uint16_t* delta,
@@ -299,6 +318,19 @@ int NormThreads(int64_t dim) {
 void LaunchGatherRows(AnyPtr src, const int32_t* rows, int64_t num_rows, int64_t width,
                       AnyMutPtr dst, cudaStream_t stream) {
   if (num_rows == 0 || width == 0) return;
+  const int64_t row_bytes = width * (src.f32 ? 4 : 2);
+  if (src.f32 == dst.f32 && row_bytes % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(src.data) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(dst.data) % 16 == 0) {
+    const int64_t vecs = row_bytes / 16;
+    const int64_t per_block = int64_t{kElemThreads} * kCopyVecPerThread;
+    const dim3 grid(static_cast<unsigned>(num_rows),
+                    static_cast<unsigned>((vecs + per_block - 1) / per_block));
+    LaunchPdl("GatherRowsVecKernel", GatherRowsVecKernel, grid, kElemThreads, 0, stream,
+              static_cast<const uint4*>(src.data), rows, vecs, static_cast<uint4*>(dst.data));
+    CheckLaunch("GatherRows");
+    return;
+  }
   LaunchPdl("GatherRowsKernel", GatherRowsKernel, static_cast<unsigned>(num_rows), kRowThreads, 0,
             stream, src, rows, width, dst);
   CheckLaunch("GatherRows");
