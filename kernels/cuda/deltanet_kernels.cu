@@ -299,10 +299,13 @@ __global__ void __launch_bounds__(kDeltaThreads)
 // token the two reductions over rows (S^T k and S^T q of the decayed old state) run together, since
 //   o = S'^T q = decay S^T q + delta (k . q),  delta = beta (v - decay S^T k),
 // and need log2(32 / kLpr) shuffle rounds; the next token's q, k, v, g, beta are loaded before
-// the current token's arithmetic. Grid (Hv, segments, ceil(Dv / (kCols * kWarpsPerBlock))).
+// the current token's arithmetic. With kRowSplit = 2 the two warps of a pair share their columns
+// and each keeps half of the rows (twice the warps, half the state per lane, for few sequences):
+// their partial S^T k and S^T q meet in shared memory, one block barrier per token.
+// Grid (Hv, segments, ceil(Dv / (kCols * kWarpsPerBlock / kRowSplit))).
 constexpr int kWarpsPerBlock = 4;
 
-template <int kMaxDk, int kCols>
+template <int kMaxDk, int kCols, int kRowSplit>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     GatedDeltaRuleWarpKernel(const uint16_t* __restrict__ qkv, const float* __restrict__ g,
                              const float* __restrict__ beta, int num_k_heads, int num_v_heads,
@@ -312,20 +315,25 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   PdlTrigger();
   constexpr int kLpr = kCols / 4;
   constexpr int kRowsPerPass = 32 / kLpr;
-  constexpr int kPasses = kMaxDk / kRowsPerPass;
+  constexpr int kPasses = kMaxDk / kRowsPerPass / kRowSplit;  // this warp's share
+  static_assert(kRowSplit == 1 || kRowSplit == 2);
   __shared__ float qk_s[kWarpsPerBlock][2][kMaxDk];
+  __shared__ float4 part_s[2][kWarpsPerBlock][kLpr][2];  // [token parity][warp][slot] (u, sq)
   const int h = blockIdx.x, seg = blockIdx.y;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int c0 = (blockIdx.z * kWarpsPerBlock + warp) * kCols;
-  if (c0 >= dv) return;
+  const int c0 = (blockIdx.z * (kWarpsPerBlock / kRowSplit) + warp / kRowSplit) * kCols;
+  const int row_base = (warp % kRowSplit) * kPasses;  // first pass of this warp's rows
+  // A split pair meets at block barriers: its warps stay to the end even without columns.
+  if (kRowSplit == 1 && c0 >= dv) return;
+  // The three loads are independent: issue them together, before the early return.
   const int len = segs.num_tokens[seg];
-  if (len == 0 || len > max_tokens) return;
   const int begin = segs.token_begin[seg], slot = segs.state_slot[seg];
+  if (len == 0 || len > max_tokens) return;
   const int kh = h / (num_v_heads / num_k_heads);
   const int64_t row_elems = 2LL * num_k_heads * dk + static_cast<int64_t>(num_v_heads) * dv;
   const int col = c0 + 4 * (lane % kLpr);  // first of this lane's 4 columns
   const bool col_ok = col < dv;            // dv % 4 == 0: all 4 or none
-  const int r0 = lane / kLpr;
+  const int r0 = lane / kLpr + kRowsPerPass * row_base;
 
   float* state =
       slot < 0 ? nullptr : states + (static_cast<int64_t>(slot) * num_v_heads + h) * dk * dv;
@@ -423,12 +431,29 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
       sq.z += __shfl_xor_sync(0xffffffffu, sq.z, o);
       sq.w += __shfl_xor_sync(0xffffffffu, sq.w, o);
     }
+    if constexpr (kRowSplit == 2) {
+      if (lane < kLpr) {
+        part_s[step & 1][warp][lane][0] = u;
+        part_s[step & 1][warp][lane][1] = sq;
+      }
+      __syncthreads();
+      const float4 pu = part_s[step & 1][warp ^ 1][lane % kLpr][0];
+      const float4 pq = part_s[step & 1][warp ^ 1][lane % kLpr][1];
+      u.x += pu.x;
+      u.y += pu.y;
+      u.z += pu.z;
+      u.w += pu.w;
+      sq.x += pq.x;
+      sq.y += pq.y;
+      sq.z += pq.z;
+      sq.w += pq.w;
+    }
     float4 delta;
     delta.x = b * (v.x - decay * u.x);
     delta.y = b * (v.y - decay * u.y);
     delta.z = b * (v.z - decay * u.z);
     delta.w = b * (v.w - decay * u.w);
-    if (lane < kLpr && col_ok) {
+    if (lane < kLpr && col_ok && (kRowSplit == 1 || warp % 2 == 0)) {
       const float o0 = decay * sq.x + delta.x * kq, o1 = decay * sq.y + delta.y * kq;
       const float o2 = decay * sq.z + delta.z * kq, o3 = decay * sq.w + delta.w * kq;
       uint2 packed;
@@ -465,13 +490,13 @@ void LaunchDeltaRule(dim3 grid, int threads, size_t smem, cudaStream_t stream, c
                                                                segs, max_tokens, out);
 }
 
-template <int kMaxDk, int kCols>
+template <int kMaxDk, int kCols, int kRowSplit>
 void LaunchDeltaRuleWarp(const uint16_t* qkv, const float* g, const float* beta, int hk, int hv,
                          int dk, int dv, float* states, const SegmentMeta& segs, int max_tokens,
                          uint16_t* out, cudaStream_t stream) {
-  const int cols_per_block = kCols * kWarpsPerBlock;
+  const int cols_per_block = kCols * kWarpsPerBlock / kRowSplit;
   const dim3 grid(hv, segs.num_segments, (dv + cols_per_block - 1) / cols_per_block);
-  LaunchPdl("GatedDeltaRuleWarpKernel", GatedDeltaRuleWarpKernel<kMaxDk, kCols>, grid,
+  LaunchPdl("GatedDeltaRuleWarpKernel", GatedDeltaRuleWarpKernel<kMaxDk, kCols, kRowSplit>, grid,
             32 * kWarpsPerBlock, 0, stream, qkv, g, beta, hk, hv, dk, dv, states, segs, max_tokens,
             out);
 }
@@ -552,15 +577,30 @@ void LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, const float* g, const fl
   const int warp_cols = forced_cols == 8 || forced_cols == 16 ? forced_cols
                         : segments.num_segments >= 4          ? 16
                                                               : 8;
+  // Rows split over warp pairs: MOBIUS_DELTA_RULE_SPLIT=1|2 forces off/on (timing); default on
+  // below kRowSplitMaxSegments sequences.
+  static const int forced_split = [] {
+    const char* env = std::getenv("MOBIUS_DELTA_RULE_SPLIT");
+    return env == nullptr ? 0 : std::atoi(env);
+  }();
+  constexpr int kRowSplitMaxSegments = 16;
+  const bool row_split =
+      forced_split == 2 || (forced_split != 1 && segments.num_segments < kRowSplitMaxSegments);
   if (dv % 4 == 0 && aligned && !force_generic) {
     auto launch = [&](auto max_dk) {
       constexpr int kMaxDk = decltype(max_dk)::value;
-      if (warp_cols == 16) {
-        LaunchDeltaRuleWarp<kMaxDk, 16>(qkv, g, beta, hk, hv, dk, dv, states, segments, max_tokens,
-                                        out, stream);
+      if (row_split && warp_cols == 16) {
+        LaunchDeltaRuleWarp<kMaxDk, 16, 2>(qkv, g, beta, hk, hv, dk, dv, states, segments,
+                                           max_tokens, out, stream);
+      } else if (row_split) {
+        LaunchDeltaRuleWarp<kMaxDk, 8, 2>(qkv, g, beta, hk, hv, dk, dv, states, segments,
+                                          max_tokens, out, stream);
+      } else if (warp_cols == 16) {
+        LaunchDeltaRuleWarp<kMaxDk, 16, 1>(qkv, g, beta, hk, hv, dk, dv, states, segments,
+                                           max_tokens, out, stream);
       } else {
-        LaunchDeltaRuleWarp<kMaxDk, 8>(qkv, g, beta, hk, hv, dk, dv, states, segments, max_tokens,
-                                       out, stream);
+        LaunchDeltaRuleWarp<kMaxDk, 8, 1>(qkv, g, beta, hk, hv, dk, dv, states, segments,
+                                          max_tokens, out, stream);
       }
     };
     if (dk <= 32) {
