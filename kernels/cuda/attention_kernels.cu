@@ -451,9 +451,12 @@ void LaunchWriteKvCache(const uint16_t* k, const uint16_t* v, const TokenMeta& t
   CheckLaunch("WriteKvCache");
 }
 
-int PagedAttentionSplits(int64_t num_tokens, int num_heads, int num_kv_heads, int head_dim,
-                         int max_positions, int num_sms) {
+int PagedAttentionSplits(int64_t num_tokens, int num_segments, int num_heads, int num_kv_heads,
+                         int head_dim, int max_positions, int num_sms) {
   if (num_tokens == 0) return 1;
+  if (DecodeAttentionSupports(num_tokens, num_segments, num_heads, num_kv_heads, head_dim)) {
+    return DecodeAttentionSplits(num_tokens, num_kv_heads, max_positions, num_sms);
+  }
   if (FlashAttentionSupports(num_heads, num_kv_heads, head_dim)) {
     // Blocks per split: a tile per decode token, fewer for prefill (where one split suffices).
     const int64_t blocks = num_tokens * num_kv_heads;
@@ -482,6 +485,13 @@ void LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint
   const bool aligned = reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(v_cache) % 16 == 0;
+  if (DecodeAttentionSupports(num_tokens, segments.num_segments, num_heads, num_kv_heads,
+                              head_dim) &&
+      aligned) {
+    LaunchDecodeAttention(q, k_cache, v_cache, num_tokens, num_heads, num_kv_heads, head_dim,
+                          block_size, tokens, segments, scale, splits, scratch, out, stream);
+    return;
+  }
   if (FlashAttentionSupports(num_heads, num_kv_heads, head_dim) && aligned) {
     float* partial = static_cast<float*>(scratch);
     LaunchFlashPagedAttention(q, k_cache, v_cache, num_tokens, num_heads, num_kv_heads, head_dim,

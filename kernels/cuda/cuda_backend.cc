@@ -1005,7 +1005,8 @@ void CudaBackend::PagedAttention(const Tensor& q, const Tensor& k_cache, const T
   }
   const int nh = static_cast<int>(q.dim(1)), nkv = static_cast<int>(k_cache.dim(2)),
             hd = static_cast<int>(q.dim(2));
-  const int splits = cuda::PagedAttentionSplits(t, nh, nkv, hd, max_positions, num_sms_);
+  const int splits = cuda::PagedAttentionSplits(t, static_cast<int>(segments.size()), nh, nkv, hd,
+                                                max_positions, num_sms_);
   void* scratch =
       splits > 1 ? Scratch(cuda::PagedAttentionScratchBytes(t, nh, hd, splits)) : nullptr;
   cuda::TokenMeta tokens;

@@ -317,6 +317,384 @@ void Launch(dim3 grid, cudaStream_t stream, const uint16_t* q, const uint16_t* k
       q, k_cache, v_cache, nh, nkv, block_size, tokens, segs, scale, splits, partial, out);
 }
 
+// ---- decode: one query token per block row, the whole GQA group at once ----
+//
+// Block (split, kv head, token) attends the token's query heads of one kv head (up to 8) to its
+// share of the positions. The products run transposed, so that the group's 8 heads are the mma's
+// n = 8 and no row of the m16n8k16 tile is padding:
+//   S^T [16 positions x 8 heads] = K [16 x hd] Q^T,  O^T [hd x 8 heads] += V^T [hd x 16] P^T.
+// P^T, the B operand of the second product, is the S^T accumulator rounded to bf16 and
+// transposed within each 8x8 quarter by movmatrix. Each warp streams its own 16-position tiles
+// (every kDecodeWarps-th tile of the split) through a private kDecodeStages-deep cp.async ring,
+// with no block barrier until the warps' softmax states are merged at the end.
+constexpr int kDecodeTile = 16;  // positions per warp tile
+constexpr int kDecodeMaxGroup = 8;
+
+__device__ __forceinline__ uint32_t TransposeBf16x8x8(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+template <int kHd, int kDecodeWarps, int kDecodeStages>
+constexpr size_t DecodeSmemBytes() {
+  constexpr size_t tiles = 2ull * kDecodeWarps * kDecodeStages * kDecodeTile * kHd * 2;
+  constexpr size_t merge = sizeof(float) * kDecodeWarps * kDecodeMaxGroup * (kHd + 4);
+  return tiles > merge ? tiles : merge;
+}
+
+template <int kHd, int kDecodeWarps, int kDecodeStages>
+__global__ void __launch_bounds__(kDecodeWarps * 32)
+    DecodeAttentionKernel(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
+                          int num_heads, int num_kv_heads, int block_size, TokenMeta tokens,
+                          SegmentMeta segs, float scale_log2, int splits, float* partial_acc,
+                          float2* partial_ml, uint16_t* out) {
+  constexpr int kChunks = kHd / 8;  // 16-byte chunks per K/V row
+  constexpr int kSteps = kHd / 16;  // k-steps of S^T, m-tiles of O^T
+  constexpr int kTileElems = kDecodeTile * kHd;
+  constexpr int kHs = kHd + 4;  // padded head stride of the merge buffer (floats)
+  extern __shared__ uint4 decode_smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, qd = lane & 3;  // fragment row / column pair
+  uint16_t* k_ring = reinterpret_cast<uint16_t*>(decode_smem) +
+                     static_cast<size_t>(warp) * 2 * kDecodeStages * kTileElems;
+  uint16_t* v_ring = k_ring + kDecodeStages * kTileElems;
+
+  PdlWait();
+  PdlTrigger();
+  const int split = blockIdx.x, kvh = blockIdx.y;
+  const int64_t t = blockIdx.z;
+  const int group = num_heads / num_kv_heads;
+  const int seg = tokens.token_segment[t];
+  const int num_pos = tokens.token_position[t] + 1;
+  // Splits cover whole 16-position tiles; trailing splits may be empty.
+  const int chunk = ((num_pos + splits - 1) / splits + kDecodeTile - 1) / kDecodeTile * kDecodeTile;
+  const int begin = min(num_pos, split * chunk), end = min(num_pos, begin + chunk);
+  const int32_t* table = segs.block_tables + segs.block_table_begin[seg];
+  const int num_tiles = (end - begin + kDecodeTile - 1) / kDecodeTile;
+  const int my_tiles = num_tiles > warp ? (num_tiles - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
+
+  // Q^T as B fragments: head g, dims kk * 16 + 2 qd (+1) and + 8 (zero for heads past the group).
+  uint32_t qf[kSteps][2];
+  {
+    const bool valid = g < group;
+    const uint16_t* qp = q + (t * num_heads + kvh * group + (valid ? g : 0)) * kHd + 2 * qd;
+#pragma unroll
+    for (int kk = 0; kk < kSteps; ++kk) {
+      qf[kk][0] = valid ? *reinterpret_cast<const uint32_t*>(qp + kk * 16) : 0u;
+      qf[kk][1] = valid ? *reinterpret_cast<const uint32_t*>(qp + kk * 16 + 8) : 0u;
+    }
+  }
+
+  // Row (in units of kHd elements) of position p0 + (lane & 15) of the warp's i-th tile, -1 past
+  // the split: each lane of a half-warp looks one position up, and the copies take the rows by
+  // shuffle. The table reads for tile i + kDecodeStages are issued one iteration before its copy.
+  auto tile_rows = [&](int i) -> int64_t {
+    const int p = begin + (warp + kDecodeWarps * i) * kDecodeTile + (lane & (kDecodeTile - 1));
+    if (i >= my_tiles || p >= end) return -1;
+    return (static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size) *
+               num_kv_heads +
+           kvh;
+  };
+  auto load_tile = [&](int i, int64_t rows) {  // into ring slot i % kDecodeStages
+    uint16_t* kd = k_ring + (i % kDecodeStages) * kTileElems;
+    uint16_t* vd = v_ring + (i % kDecodeStages) * kTileElems;
+#pragma unroll
+    for (int c = lane; c < kDecodeTile * kChunks; c += 32) {
+      const int r = c / kChunks, ch = c % kChunks;
+      const int64_t row = __shfl_sync(0xffffffffu, rows, r);
+      const bool valid = row >= 0;
+      const int64_t src = (valid ? row : 0) * kHd + ch * 8;
+      const int dst = TileOffset<kHd>(r, ch);
+      CopyAsync16(kd + dst, k_cache + src, valid);
+      CopyAsync16(vd + dst, v_cache + src, valid);
+    }
+  };
+
+  float o[kSteps][4];  // O^T: m-tile mt holds dims 16 mt + g (+8), heads 2 qd (+1)
+#pragma unroll
+  for (int mt = 0; mt < kSteps; ++mt) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[mt][e] = 0.0f;
+  }
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // heads 2 qd, 2 qd + 1 (log2 units)
+
+  {
+    int64_t rows[kDecodeStages - 1];
+#pragma unroll
+    for (int i = 0; i < kDecodeStages - 1; ++i) rows[i] = tile_rows(i);
+#pragma unroll
+    for (int i = 0; i < kDecodeStages - 1; ++i) {
+      if (i < my_tiles) load_tile(i, rows[i]);
+      CopyAsyncCommit();
+    }
+  }
+  int64_t rows_next = tile_rows(kDecodeStages - 1);
+  for (int i = 0; i < my_tiles; ++i) {
+    if (i + kDecodeStages - 1 < my_tiles) load_tile(i + kDecodeStages - 1, rows_next);
+    CopyAsyncCommit();
+    rows_next = tile_rows(i + kDecodeStages);
+    CopyAsyncWait<kDecodeStages - 1>();
+    __syncwarp();
+    const uint16_t* kt = k_ring + (i % kDecodeStages) * kTileElems;
+    const uint16_t* vt = v_ring + (i % kDecodeStages) * kTileElems;
+    const int p0 = begin + (warp + kDecodeWarps * i) * kDecodeTile;
+    const int mi = lane >> 3;
+
+    // S^T = K Q^T: c0/c1 position g, heads 2 qd / 2 qd + 1; c2/c3 position g + 8. Two
+    // accumulator chains (even and odd k-steps) halve the dependent mma latency.
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int kk = 0; kk < kSteps; ++kk) {
+      uint32_t a[4];
+      LoadMatrixX4(a, kt + TileOffset<kHd>((mi & 1) * 8 + (lane & 7), kk * 2 + (mi >> 1)));
+      Mma16816(kk % 2 == 0 ? s : s2, a, qf[kk][0], qf[kk][1]);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[e] += s2[e];
+    const bool lo_ok = p0 + g < end, hi_ok = p0 + g + 8 < end;
+    float x[4];
+    x[0] = lo_ok ? s[0] * scale_log2 : -INFINITY;
+    x[1] = lo_ok ? s[1] * scale_log2 : -INFINITY;
+    x[2] = hi_ok ? s[2] * scale_log2 : -INFINITY;
+    x[3] = hi_ok ? s[3] * scale_log2 : -INFINITY;
+    float corr[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = fmaxf(x[h], x[h + 2]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      const float m_new = fmaxf(m[h], mx);  // finite: the tile has a valid position
+      corr[h] = exp2f(m[h] - m_new);        // 0 while m[h] is -inf
+      x[h] = exp2f(x[h] - m_new);
+      x[h + 2] = exp2f(x[h + 2] - m_new);
+      l[h] = l[h] * corr[h] + x[h] + x[h + 2];
+      m[h] = m_new;
+    }
+#pragma unroll
+    for (int mt = 0; mt < kSteps; ++mt) {
+      o[mt][0] *= corr[0];
+      o[mt][1] *= corr[1];
+      o[mt][2] *= corr[0];
+      o[mt][3] *= corr[1];
+    }
+    // P^T fragments: k = positions 2 qd (+1) and + 8, n = head g.
+    const uint32_t b0 = TransposeBf16x8x8(PackBf16x2(x[0], x[1]));
+    const uint32_t b1 = TransposeBf16x8x8(PackBf16x2(x[2], x[3]));
+#pragma unroll
+    for (int mt = 0; mt < kSteps; ++mt) {
+      uint32_t a[4];  // V^T: dims 16 mt (+8) x positions (+8), transposed on load
+      LoadMatrixX4Trans(a, vt + TileOffset<kHd>((mi >> 1) * 8 + (lane & 7), mt * 2 + (mi & 1)));
+      Mma16816(o[mt], a, b0, b1);
+    }
+    __syncwarp();  // the ring slot is refilled by a later iteration's copy
+  }
+  CopyAsyncWait<0>();
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 4);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 8);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 16);
+  }
+  // Merge the warps: softmax states through shared memory, then each warp's O^T scaled to the
+  // common max into its own [head][dim] buffer, summed by the whole block.
+  __shared__ float m_s[kDecodeWarps][kDecodeMaxGroup], l_s[kDecodeWarps][kDecodeMaxGroup];
+  __shared__ float m_all_s[kDecodeMaxGroup], l_all_s[kDecodeMaxGroup];
+  __syncthreads();  // every warp is done with its ring (the merge buffer overlaps it)
+  if (g == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      m_s[warp][2 * qd + h] = m[h];
+      l_s[warp][2 * qd + h] = l[h];
+    }
+  }
+  __syncthreads();
+  float* merge =
+      reinterpret_cast<float*>(decode_smem) + static_cast<size_t>(warp) * kDecodeMaxGroup * kHs;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int head = 2 * qd + h;
+    float m_all = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) m_all = fmaxf(m_all, m_s[w][head]);
+    const float f = m[h] == -INFINITY ? 0.0f : exp2f(m[h] - m_all);
+    if (warp == 0 && g == 0) {
+      float l_all = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w) {
+        l_all += m_s[w][head] == -INFINITY ? 0.0f : l_s[w][head] * exp2f(m_s[w][head] - m_all);
+      }
+      m_all_s[head] = m_all;
+      l_all_s[head] = l_all;
+    }
+#pragma unroll
+    for (int mt = 0; mt < kSteps; ++mt) {
+      merge[head * kHs + mt * 16 + g] = o[mt][h] * f;
+      merge[head * kHs + mt * 16 + g + 8] = o[mt][h + 2] * f;
+    }
+  }
+  __syncthreads();
+  const float* merged = reinterpret_cast<const float*>(decode_smem);
+  constexpr int kWarpStride = kDecodeMaxGroup * kHs;
+  for (int e = threadIdx.x; e < group * kChunks; e += kDecodeWarps * 32) {
+    const int head = e / kChunks, d0 = (e % kChunks) * 8;
+    float acc[8];
+#pragma unroll
+    for (int j = 0; j < 8; j += 4) {
+      float4 a = *reinterpret_cast<const float4*>(merged + head * kHs + d0 + j);
+#pragma unroll
+      for (int w = 1; w < kDecodeWarps; ++w) {
+        const float4 b =
+            *reinterpret_cast<const float4*>(merged + w * kWarpStride + head * kHs + d0 + j);
+        a.x += b.x;
+        a.y += b.y;
+        a.z += b.z;
+        a.w += b.w;
+      }
+      acc[j] = a.x;
+      acc[j + 1] = a.y;
+      acc[j + 2] = a.z;
+      acc[j + 3] = a.w;
+    }
+    const int64_t row = t * num_heads + kvh * group + head;
+    if (splits == 1) {
+      const float inv = l_all_s[head] > 0.0f ? 1.0f / l_all_s[head] : 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] *= inv;
+      *reinterpret_cast<uint4*>(out + row * kHd + d0) = PackBf16x8(acc);
+    } else {
+      float* dst = partial_acc + (row * splits + split) * kHd + d0;
+      *reinterpret_cast<float4*>(dst) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+      *reinterpret_cast<float4*>(dst + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
+      if (d0 == 0) partial_ml[row * splits + split] = make_float2(m_all_s[head], l_all_s[head]);
+    }
+  }
+}
+
+// Merges the decode splits of one (token, head) row: block (row, 64-dim slice); thread
+// (split group, 4 dims) sums its splits' partials, scaled to the common max, in float4s.
+constexpr int kCombineThreads = 256;
+constexpr int kCombineDims = 64;
+constexpr int kCombineMaxSplits = 256;
+
+template <int kHd>
+__global__ void __launch_bounds__(kCombineThreads)
+    DecodeCombineKernel(const float* partial_acc, const float2* partial_ml, int splits,
+                        uint16_t* out) {
+  constexpr int kCols = kCombineDims / 4;           // float4 columns of the slice
+  constexpr int kGroups = kCombineThreads / kCols;  // split groups
+  __shared__ float f_s[kCombineMaxSplits];
+  __shared__ float red[32];
+  __shared__ float4 sum_s[kGroups][kCols];
+  PdlWait();
+  PdlTrigger();
+  const int64_t row = blockIdx.x;
+  const int d0 = blockIdx.y * kCombineDims;
+  const float2* ml = partial_ml + row * splits;
+  float mloc = -INFINITY;
+  for (int s = threadIdx.x; s < splits; s += kCombineThreads) mloc = fmaxf(mloc, ml[s].x);
+  const float m_all = BlockMax(mloc, red);
+  float lloc = 0.0f;
+  for (int s = threadIdx.x; s < splits; s += kCombineThreads) {
+    const float2 v = ml[s];
+    const float f = v.x == -INFINITY ? 0.0f : exp2f(v.x - m_all);
+    f_s[s] = f;
+    lloc += v.y * f;
+  }
+  const float l_all = BlockSum(lloc, red);  // its barriers also publish f_s
+  const int col = threadIdx.x % kCols, grp = threadIdx.x / kCols;
+  const float* base = partial_acc + row * splits * kHd + d0 + 4 * col;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+  for (int s = grp; s < splits; s += kGroups) {
+    const float4 v = *reinterpret_cast<const float4*>(base + static_cast<int64_t>(s) * kHd);
+    const float f = f_s[s];
+    acc.x += v.x * f;
+    acc.y += v.y * f;
+    acc.z += v.z * f;
+    acc.w += v.w * f;
+  }
+  sum_s[grp][col] = acc;
+  __syncthreads();
+  if (threadIdx.x < kCols) {
+    float4 a = sum_s[0][threadIdx.x];
+    for (int j = 1; j < kGroups; ++j) {
+      const float4 b = sum_s[j][threadIdx.x];
+      a.x += b.x;
+      a.y += b.y;
+      a.z += b.z;
+      a.w += b.w;
+    }
+    const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;
+    uint2 packed;
+    packed.x = PackBf16x2(a.x * inv, a.y * inv);
+    packed.y = PackBf16x2(a.z * inv, a.w * inv);
+    *reinterpret_cast<uint2*>(out + row * kHd + d0 + 4 * threadIdx.x) = packed;
+  }
+}
+
+// Warps per block x ring stages of the decode kernel: 4 x 3 by default; MOBIUS_DECODE_CFG=4x2 or
+// 6x2 picks another (timing). Every configuration fills one block per SM.
+struct DecodeConfig {
+  int warps, stages;
+};
+DecodeConfig DecodeConfigFromEnv() {
+  static const DecodeConfig config = [] {
+    const char* v = std::getenv("MOBIUS_DECODE_CFG");
+    if (v != nullptr && std::strcmp(v, "4x2") == 0) return DecodeConfig{4, 2};
+    if (v != nullptr && std::strcmp(v, "6x2") == 0) return DecodeConfig{6, 2};
+    return DecodeConfig{4, 3};
+  }();
+  return config;
+}
+
+template <int kHd, int kWarps, int kStages>
+void LaunchDecode(int64_t num_tokens, cudaStream_t stream, const uint16_t* q,
+                  const uint16_t* k_cache, const uint16_t* v_cache, int nh, int nkv, int block_size,
+                  const TokenMeta& tokens, const SegmentMeta& segs, float scale, int splits,
+                  void* scratch, uint16_t* out) {
+  constexpr size_t kSmem = DecodeSmemBytes<kHd, kWarps, kStages>();
+  static const bool configured = [] {
+    return cudaFuncSetAttribute(DecodeAttentionKernel<kHd, kWarps, kStages>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(kSmem)) == cudaSuccess;
+  }();
+  if (!configured) CheckLaunch("DecodeAttention (shared memory attribute)");
+  float* acc = static_cast<float*>(scratch);
+  float2* ml = reinterpret_cast<float2*>(acc + num_tokens * nh * splits * kHd);
+  const float scale_log2 = scale * 1.4426950408889634f;
+  LaunchPdl("DecodeAttentionKernel", DecodeAttentionKernel<kHd, kWarps, kStages>,
+            dim3(splits, nkv, static_cast<unsigned>(num_tokens)), kWarps * 32, kSmem, stream, q,
+            k_cache, v_cache, nh, nkv, block_size, tokens, segs, scale_log2, splits, acc, ml, out);
+  CheckLaunch("DecodeAttention");
+  if (splits > 1) {
+    LaunchPdl("DecodeCombineKernel", DecodeCombineKernel<kHd>,
+              dim3(static_cast<unsigned>(num_tokens * nh), kHd / kCombineDims), kCombineThreads, 0,
+              stream, acc, ml, splits, out);
+    CheckLaunch("DecodeAttentionCombine");
+  }
+}
+
+template <int kHd>
+void LaunchDecodeFor(int64_t num_tokens, cudaStream_t stream, const uint16_t* q,
+                     const uint16_t* k_cache, const uint16_t* v_cache, int nh, int nkv,
+                     int block_size, const TokenMeta& tokens, const SegmentMeta& segs, float scale,
+                     int splits, void* scratch, uint16_t* out) {
+  const DecodeConfig c = DecodeConfigFromEnv();
+  if (c.warps == 4 && c.stages == 2) {
+    LaunchDecode<kHd, 4, 2>(num_tokens, stream, q, k_cache, v_cache, nh, nkv, block_size, tokens,
+                            segs, scale, splits, scratch, out);
+  } else if (c.warps == 6) {
+    LaunchDecode<kHd, 6, 2>(num_tokens, stream, q, k_cache, v_cache, nh, nkv, block_size, tokens,
+                            segs, scale, splits, scratch, out);
+  } else {
+    LaunchDecode<kHd, 4, 3>(num_tokens, stream, q, k_cache, v_cache, nh, nkv, block_size, tokens,
+                            segs, scale, splits, scratch, out);
+  }
+}
+
 }  // namespace
 
 bool FlashAttentionSupports(int num_heads, int num_kv_heads, int head_dim) {
@@ -363,6 +741,69 @@ void LaunchFlashPagedAttention(const uint16_t* q, const uint16_t* k_cache, const
       break;
   }
   CheckLaunch("FlashPagedAttention");
+}
+
+bool DecodeAttentionSupports(int64_t num_tokens, int num_segments, int num_heads, int num_kv_heads,
+                             int head_dim) {
+  // MOBIUS_ATTENTION_DECODE=0 keeps the tile kernel for decode steps too (comparisons).
+  static const bool disabled = [] {
+    const char* v = std::getenv("MOBIUS_ATTENTION_DECODE");
+    return v != nullptr && v[0] == '0';
+  }();
+  if (disabled || !FlashAttentionSupports(num_heads, num_kv_heads, head_dim)) return false;
+  return num_tokens <= num_segments && num_tokens <= 65535 &&
+         num_heads / num_kv_heads <= kDecodeMaxGroup &&
+         (head_dim == 64 || head_dim == 128 || head_dim == 256);
+}
+
+int DecodeAttentionSplits(int64_t num_tokens, int num_kv_heads, int max_positions, int num_sms) {
+  // One block per SM (the rings take most of the shared memory). Cost model in units of one
+  // round (every warp one 16-position tile): waves x (rounds + fixed cost of a block) plus one
+  // round for the combine kernel; fewest splits on ties.
+  // MOBIUS_DECODE_SPLITS=N forces N (timing).
+  static const int forced = [] {
+    const char* v = std::getenv("MOBIUS_DECODE_SPLITS");
+    return v == nullptr ? 0 : std::atoi(v);
+  }();
+  if (forced > 0) return std::min(forced, kCombineMaxSplits);
+  const int warps = DecodeConfigFromEnv().warps;
+  const int64_t pairs = num_tokens * num_kv_heads;
+  const int positions = std::max(max_positions, 1);
+  int best = 1;
+  double best_cost = 0;
+  for (int s = 1; s <= kCombineMaxSplits / 4; ++s) {
+    const int chunk = ((positions + s - 1) / s + kDecodeTile - 1) / kDecodeTile * kDecodeTile;
+    if (s > 1 && static_cast<int64_t>(s - 1) * chunk >= positions) break;  // an empty split
+    const int64_t waves = (pairs * s + num_sms - 1) / num_sms;
+    const int rounds = (chunk + kDecodeTile * warps - 1) / (kDecodeTile * warps);
+    const double cost = static_cast<double>(waves) * (rounds + 1.5) + (s > 1 ? 1.0 : 0.0);
+    if (s == 1 || cost < best_cost) {
+      best = s;
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
+void LaunchDecodeAttention(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
+                           int64_t num_tokens, int num_heads, int num_kv_heads, int head_dim,
+                           int block_size, const TokenMeta& tokens, const SegmentMeta& segs,
+                           float scale, int splits, void* scratch, uint16_t* out,
+                           cudaStream_t stream) {
+  switch (head_dim) {
+    case 64:
+      LaunchDecodeFor<64>(num_tokens, stream, q, k_cache, v_cache, num_heads, num_kv_heads,
+                          block_size, tokens, segs, scale, splits, scratch, out);
+      break;
+    case 128:
+      LaunchDecodeFor<128>(num_tokens, stream, q, k_cache, v_cache, num_heads, num_kv_heads,
+                           block_size, tokens, segs, scale, splits, scratch, out);
+      break;
+    default:
+      LaunchDecodeFor<256>(num_tokens, stream, q, k_cache, v_cache, num_heads, num_kv_heads,
+                           block_size, tokens, segs, scale, splits, scratch, out);
+      break;
+  }
 }
 
 }  // namespace mobius::kernels::cuda

@@ -115,10 +115,21 @@ void LaunchFlashPagedAttention(const uint16_t* q, const uint16_t* k_cache, const
                                int block_size, const TokenMeta& tokens, const SegmentMeta& segs,
                                float scale, int splits, float* partial, uint16_t* out,
                                cudaStream_t stream);
+// Tensor-core decode attention, flash_attention.cu: steps of at most one token per segment
+// (num_tokens <= num_segments), GQA groups of up to 8 heads, head dims 64/128/256
+// (MOBIUS_ATTENTION_DECODE=0 turns it off). PagedAttention dispatches to it.
+bool DecodeAttentionSupports(int64_t num_tokens, int num_segments, int num_heads, int num_kv_heads,
+                             int head_dim);
+int DecodeAttentionSplits(int64_t num_tokens, int num_kv_heads, int max_positions, int num_sms);
+void LaunchDecodeAttention(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
+                           int64_t num_tokens, int num_heads, int num_kv_heads, int head_dim,
+                           int block_size, const TokenMeta& tokens, const SegmentMeta& segs,
+                           float scale, int splits, void* scratch, uint16_t* out,
+                           cudaStream_t stream);
 // Number of position splits (flash-decoding) for a step whose longest attention span is
 // `max_positions`, and the device scratch they need.
-int PagedAttentionSplits(int64_t num_tokens, int num_heads, int num_kv_heads, int head_dim,
-                         int max_positions, int num_sms);
+int PagedAttentionSplits(int64_t num_tokens, int num_segments, int num_heads, int num_kv_heads,
+                         int head_dim, int max_positions, int num_sms);
 size_t PagedAttentionScratchBytes(int64_t num_tokens, int num_heads, int head_dim, int splits);
 void LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
                           int64_t num_tokens, int num_heads, int num_kv_heads, int head_dim,

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/launch.h"
@@ -752,6 +753,97 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionTest,
                            return absl::StrCat("nh", p.nh, "_nkv", p.nkv, "_hd", p.hd, "_rot",
                                                p.rotary, "_bs", p.block_size,
                                                p.long_context ? "_long" : "");
+                         });
+
+// Decode steps (at most one token per segment) take the decode attention kernel: contexts from
+// one position to thousands (one split to many, empty splits), a segment without tokens, one
+// sequence alone (the most splits); against a float64 reference on the bf16 inputs.
+struct DecodeAttnShape {
+  int nh, nkv, hd, block_size;
+};
+void PrintTo(const DecodeAttnShape& p, std::ostream* os) {
+  *os << absl::StrCat("nh ", p.nh, " nkv ", p.nkv, " hd ", p.hd, " block ", p.block_size);
+}
+
+class CudaDecodeAttentionTest : public CudaKernelsTest,
+                                public ::testing::WithParamInterface<DecodeAttnShape> {};
+
+TEST_P(CudaDecodeAttentionTest, MatchesReference) {
+  const DecodeAttnShape p = GetParam();
+  const int nh = p.nh, nkv = p.nkv, hd = p.hd, bs = p.block_size;
+  const std::vector<std::vector<int>> steps_cached = {
+      {0, 4095, 15, 700, 31, 2000, 16, 1023}, {8191}, {40}};
+  for (const std::vector<int>& cached : steps_cached) {
+    // A segment without tokens after the first (when there are several).
+    std::vector<int> lengths(cached.size(), 1);
+    std::vector<int> all_cached = cached;
+    if (cached.size() > 1) {
+      lengths.insert(lengths.begin() + 1, 0);
+      all_cached.insert(all_cached.begin() + 1, 5);
+    }
+    const int64_t t = std::accumulate(lengths.begin(), lengths.end(), 0);
+    auto segs = MakeSegments(lengths, all_cached, std::vector<int>(lengths.size(), -1));
+    int num_blocks = 2;
+    for (size_t s = 0; s < segs.size(); ++s)
+      num_blocks += (all_cached[s] + lengths[s] + bs - 1) / bs;
+    std::vector<int32_t> perm(num_blocks);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng_);
+    std::vector<std::vector<int32_t>> tables(segs.size());
+    int next = 0;
+    for (size_t s = 0; s < segs.size(); ++s) {
+      const int need = (all_cached[s] + lengths[s] + bs - 1) / bs;
+      tables[s].assign(perm.begin() + next, perm.begin() + next + need);
+      next += need;
+      segs[s].kv_blocks = tables[s];
+    }
+    const int64_t cache_elems = int64_t{num_blocks} * bs * nkv * hd;
+    const std::vector<float> qv = Rand(t * nh * hd, -2, 2), kc = Rand(cache_elems, -2, 2),
+                             vc = Rand(cache_elems, -2, 2);
+    Tensor q = Make(DType::kBF16, {t, nh, hd}, qv);
+    Tensor kct = Make(DType::kBF16, {num_blocks, bs, nkv, hd}, kc);
+    Tensor vct = Make(DType::kBF16, {num_blocks, bs, nkv, hd}, vc);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    Tensor out = Poisoned(DType::kBF16, {t, nh, hd});
+    backend_->PagedAttention(q, kct, vct, segs, scale, out);
+    std::vector<double> ref(t * nh * hd, 0.0);
+    for (const auto& s : segs) {
+      if (s.num_tokens == 0) continue;
+      const int64_t tok = s.token_begin;
+      const int n = s.cached_tokens + 1;
+      for (int h = 0; h < nh; ++h) {
+        const int kvh = h / (nh / nkv);
+        std::vector<double> sc(n);
+        double mx = -1e300;
+        for (int pos = 0; pos < n; ++pos) {
+          const int64_t base = ((int64_t{s.kv_blocks[pos / bs]} * bs + pos % bs) * nkv + kvh) * hd;
+          double dot = 0;
+          for (int d = 0; d < hd; ++d) dot += double{qv[(tok * nh + h) * hd + d]} * kc[base + d];
+          sc[pos] = dot * scale;
+          mx = std::max(mx, sc[pos]);
+        }
+        double sum = 0;
+        for (double& x : sc) sum += (x = std::exp(x - mx));
+        for (int pos = 0; pos < n; ++pos) {
+          const int64_t base = ((int64_t{s.kv_blocks[pos / bs]} * bs + pos % bs) * nkv + kvh) * hd;
+          for (int d = 0; d < hd; ++d) ref[(tok * nh + h) * hd + d] += sc[pos] / sum * vc[base + d];
+        }
+      }
+    }
+    EXPECT_LT(Reported("decode attention", RelErr(Host(out), ref)), kBf16Tol)
+        << "contexts " << absl::StrJoin(cached, ",");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaDecodeAttentionTest,
+                         ::testing::Values(DecodeAttnShape{16, 2, 256, 16},  // release dims
+                                           DecodeAttnShape{8, 2, 128, 8},    // GQA 4
+                                           DecodeAttnShape{8, 4, 64, 32},    // GQA 2
+                                           DecodeAttnShape{4, 4, 256, 16}),  // MHA
+                         [](const ::testing::TestParamInfo<DecodeAttnShape>& info) {
+                           const DecodeAttnShape& p = info.param;
+                           return absl::StrCat("nh", p.nh, "_nkv", p.nkv, "_hd", p.hd, "_bs",
+                                               p.block_size);
                          });
 
 // ---------------------------------------------------------------------------------------------
