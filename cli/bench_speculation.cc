@@ -81,6 +81,7 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
     verify.logits_rows.assign(B, m);
     verify.hidden_out = &hidden;
     verify.hidden_all_tokens = true;
+    verify.keep_state_inputs = true;
     ASSIGN_OR_RETURN(verify_ms[m], TimeMs(options.steps, [&]() -> absl::Status {
                        RETURN_IF_ERROR(model.Forward(step, verify, logits));
                        for (auto& s : seqs) s.num_tokens = C;
@@ -96,6 +97,20 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
     verify_bound_ms[m] = 1e3 * worker::EstimateDecodeStepBytes(config, cost).total() /
                          (options.bandwidth * options.world);
   }
+  // Rollback after a rejection: replaying the state updates of the a accepted tokens (the kept
+  // inputs of the last verify step, which had K + 1 tokens per sequence).
+  std::vector<double> replay_ms(K + 2, 0);
+  for (int a = 1; a <= K; ++a) {
+    std::vector<worker::StateReplay> replays;
+    for (int i = 0; i < B; ++i) replays.push_back({&seqs[i], i * (K + 1), a});
+    ASSIGN_OR_RETURN(replay_ms[a], TimeMs(options.steps, [&]() -> absl::Status {
+                       for (auto& s : seqs) s.num_tokens = C;
+                       RETURN_IF_ERROR(model.ReplayStateInputs(replays));
+                       model.backend().Synchronize();
+                       return absl::OkStatus();
+                     }));
+  }
+  for (auto& s : seqs) s.num_tokens = C;
   // One head step (every draft after the first, and the observe step of an all-rejected verify).
   std::vector<float> h_prev(static_cast<size_t>(B) * H, 0.5f), head_hidden, head_logits;
   std::vector<worker::SequenceStep> head_step;
@@ -120,16 +135,17 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
 
   std::printf(
       "\nspeculative decoding (MTP), batch %d, context %d: plain decode step %.3f ms; one head "
-      "step %.3f ms; state snapshot %.3f ms\n",
-      B, C, plain_ms, head_ms, snapshot_ms);
+      "step %.3f ms; state snapshot %.3f ms; state replay of 1 / %d tokens %.3f / %.3f ms\n",
+      B, C, plain_ms, head_ms, snapshot_ms, K, replay_ms[1], replay_ms[K]);
   std::printf("%4s %14s %12s %10s %8s %14s %14s %12s\n", "k", "verify(k+1)", "bound", "vs plain",
               "accept", "step", "per token", "speed-up");
   for (int k = 1; k <= K; ++k) {
     // Drafting: the observe step that yields the first draft, then k - 1 chained head steps.
     const double draft_ms = k * head_ms;
     for (int a = 1; a <= k + 1; ++a) {
-      // a tokens emitted: a - 1 drafts accepted; unless all were, restore and recompute a.
-      const double rollback_ms = a < k + 1 ? snapshot_ms + verify_ms[a] : 0;
+      // a tokens emitted: a - 1 drafts accepted; unless all were, restore the snapshot and
+      // replay the state updates of the a committed tokens.
+      const double rollback_ms = a < k + 1 ? snapshot_ms + replay_ms[a] : 0;
       const double step_ms = draft_ms + snapshot_ms + verify_ms[k + 1] + rollback_ms;
       std::printf("%4d %11.3f ms %9.3f ms %9.2fx %8d %11.3f ms %11.3f ms %11.2fx\n", k,
                   verify_ms[k + 1], verify_bound_ms[k + 1], verify_ms[k + 1] / plain_ms, a, step_ms,
@@ -145,6 +161,7 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
                          {"draft_ms", draft_ms},
                          {"snapshot_ms", snapshot_ms},
                          {"rollback_ms", rollback_ms},
+                         {"head_step_ms", head_ms},
                          {"step_ms", step_ms},
                          {"ms_per_token", step_ms / a}});
     }

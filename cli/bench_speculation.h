@@ -1,8 +1,8 @@
 // `mobius bench engine --spec-tokens K`: what speculative decoding costs and buys on this device.
 // For each k = 1..K it times the verify forward of k + 1 tokens per sequence against a plain
 // decode step, the MTP head's k draft steps and the rollback (state snapshot, and on a
-// rejection the restore plus recomputing the accepted tokens), and prints the time per output
-// token at every acceptance length a = 1..k + 1 (a tokens emitted per step).
+// rejection the restore plus replaying the accepted tokens' state updates), and prints the time
+// per output token at every acceptance length a = 1..k + 1 (a tokens emitted per step).
 #ifndef MOBIUS_CLI_BENCH_SPECULATION_H_
 #define MOBIUS_CLI_BENCH_SPECULATION_H_
 

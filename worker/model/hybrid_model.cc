@@ -115,6 +115,72 @@ void HybridModel::CopyStateSlot(int32_t from, int32_t to) {
   }
 }
 
+absl::Status HybridModel::ReplayStateInputs(std::span<const StateReplay> replays) {
+  if (replays.empty()) return absl::OkStatus();
+  if (shard_.sharded() || followers_ != nullptr) {
+    return absl::UnimplementedError("state replay runs on one rank");
+  }
+  const int layers = config_.num_layers_of(LayerType::kLinearAttention);
+  if (static_cast<int>(kept_state_inputs_.size()) != layers) {
+    return absl::FailedPreconditionError(
+        "ReplayStateInputs needs the last Forward to have run with keep_state_inputs");
+  }
+  if (layers == 0) {
+    for (const StateReplay& r : replays) r.cache->num_tokens += r.num_tokens;
+    return absl::OkStatus();
+  }
+  const int64_t kept_rows = kept_state_inputs_[0].mixed.dim(0);
+  std::vector<int32_t> rows;
+  std::vector<kernels::SequenceSegment> segments;
+  for (size_t i = 0; i < replays.size(); ++i) {
+    const StateReplay& r = replays[i];
+    if (r.cache == nullptr || r.num_tokens <= 0 || r.first_row < 0 ||
+        r.first_row + r.num_tokens > kept_rows) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("replay %d: rows [%d, +%d) outside the kept step's %d rows", i,
+                          r.first_row, r.num_tokens, kept_rows));
+    }
+    kernels::SequenceSegment seg;
+    seg.token_begin = static_cast<int32_t>(rows.size());
+    seg.num_tokens = r.num_tokens;
+    seg.cached_tokens = r.cache->num_tokens;
+    seg.state_slot = r.cache->state_slot;
+    seg.kv_blocks = r.cache->kv_blocks;
+    segments.push_back(seg);
+    for (int t = 0; t < r.num_tokens; ++t) rows.push_back(r.first_row + t);
+  }
+  const int T = static_cast<int>(rows.size()), Hv = local_.linear_num_value_heads,
+            cd = local_.conv_dim();
+  // The conv and delta-rule kernels read the step's metadata; the ids are not used.
+  const std::vector<int32_t> ids(T, 0);
+  backend_.StageStep(ids, segments, max_positions_);
+  absl::Cleanup clear_step = [this] { backend_.ClearStep(); };
+  kernels::DeltaRuleDims dims;
+  dims.num_k_heads = local_.linear_num_key_heads;
+  dims.num_v_heads = Hv;
+  dims.k_head_dim = config_.linear_key_head_dim;
+  dims.v_head_dim = config_.linear_value_head_dim;
+  ASSIGN_OR_RETURN(Tensor mixed, Alloc({T, cd}));
+  ASSIGN_OR_RETURN(Tensor conv_out, Alloc({T, cd}));
+  ASSIGN_OR_RETURN(Tensor g, Alloc(DType::kF32, {T, Hv}));
+  ASSIGN_OR_RETURN(Tensor beta, Alloc(DType::kF32, {T, Hv}));
+  ASSIGN_OR_RETURN(Tensor core, Alloc({T, local_.value_dim()}));
+  for (int layer = 0; layer < config_.num_hidden_layers; ++layer) {
+    if (config_.layer_types[layer] != LayerType::kLinearAttention) continue;
+    const int slot_layer = cache_index_[layer];
+    const KeptStateInputs& kept = kept_state_inputs_[slot_layer];
+    backend_.GatherRows(kept.mixed, rows, mixed);
+    backend_.GatherRows(kept.g, rows, g);
+    backend_.GatherRows(kept.beta, rows, beta);
+    backend_.CausalConv1dSilu(mixed, weights_.layers[layer].linear->conv1d,
+                              state_slots_->conv_states(slot_layer), segments, conv_out);
+    backend_.GatedDeltaRule(conv_out, g, beta, dims, state_slots_->recurrent_states(slot_layer),
+                            segments, kernels::DeltaRuleAlgorithm::kAuto, core);
+  }
+  for (const StateReplay& r : replays) r.cache->num_tokens += r.num_tokens;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Tensor> HybridModel::Alloc(std::vector<int64_t> shape) {
   return backend_.Allocate(backend_.activation_dtype(), std::move(shape));
 }
@@ -218,13 +284,18 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
     logits.clear();
     return absl::OkStatus();
   }
+  kept_state_inputs_.clear();
+  if (options.keep_state_inputs) {
+    kept_state_inputs_.resize(config_.num_layers_of(LayerType::kLinearAttention));
+  }
   // Every op of the step reads these from one staged device copy.
   backend_.StageStep(ids, ctx.segments, max_positions_);
   absl::Cleanup clear_step = [this] { backend_.ClearStep(); };
   // Collectives are host calls between ranks, so a sharded step is never recorded.
   bool decode_only = decode_capture_max_batch_ > 0 && backend_.SupportsCapture() &&
                      options.expert_tokens == nullptr && options.hidden_out == nullptr &&
-                     options.draft_hidden_in == nullptr && !shard_.sharded() &&
+                     options.draft_hidden_in == nullptr && !options.keep_state_inputs &&
+                     !shard_.sharded() &&
                      static_cast<int>(batch.size()) <= decode_capture_max_batch_;
   for (const kernels::SequenceSegment& seg : ctx.segments) decode_only &= seg.num_tokens == 1;
   Tensor out;
@@ -466,6 +537,7 @@ absl::Status HybridModel::DeltaNetMixer(StepContext& ctx, int layer, const Tenso
   ASSIGN_OR_RETURN(Tensor g, Alloc(DType::kF32, {T, Hv}));
   ASSIGN_OR_RETURN(Tensor beta, Alloc(DType::kF32, {T, Hv}));
   backend_.DeltaRuleGates(a, b, w.a_log, w.dt_bias, g, beta);
+  if (ctx.options.keep_state_inputs) kept_state_inputs_[slot_layer] = {mixed, g, beta};
 
   kernels::DeltaRuleDims dims;
   dims.num_k_heads = local_.linear_num_key_heads;

@@ -61,6 +61,19 @@ struct ForwardOptions {
   // fc([RMSNorm1p_e(embed(token)); RMSNorm1p_h(h_prev)]) (MODEL.md section 6) instead of the
   // embedding alone.
   const std::vector<float>* draft_hidden_in = nullptr;
+  // Keep every DeltaNet layer's state inputs of this step (pre-conv projections, gates) until the
+  // next Forward, for ReplayStateInputs: a speculative verify step does, so that rolling back past
+  // rejected drafts replays the state updates of the accepted tokens instead of a whole forward.
+  bool keep_state_inputs = false;
+};
+
+// Accepted tokens of the last Forward (kept with keep_state_inputs) to apply again to a
+// sequence's restored DeltaNet state: rows [first_row, first_row + num_tokens) of that step's
+// packed tokens, at positions cache->num_tokens onward.
+struct StateReplay {
+  SequenceCache* cache = nullptr;  // advanced by num_tokens on success
+  int first_row = 0;
+  int num_tokens = 0;
 };
 
 class HybridModel {
@@ -114,6 +127,11 @@ class HybridModel {
   // Copies the DeltaNet state (conv and recurrent, every layer) of slot `from` into slot `to`:
   // the snapshot speculative decoding restores when it rejects drafts. Queued on the backend.
   void CopyStateSlot(int32_t from, int32_t to);
+  // Re-applies the kept state inputs of the last Forward (keep_state_inputs) for `replays`: per
+  // DeltaNet layer, the causal conv and the delta rule over those tokens (outputs discarded), so a
+  // restored snapshot reaches the state after the accepted tokens without running the model.
+  // Attention KV entries of those positions are already right (the verify step wrote them).
+  absl::Status ReplayStateInputs(std::span<const StateReplay> replays);
 
   // Runs one step. Validates every token id against the vocabulary and every position against
   // max_position_embeddings before touching any state (InvalidArgument naming the sequence,
@@ -193,6 +211,13 @@ class HybridModel {
   ReplicaFollowers* followers_ = nullptr;
   absl::Status capture_error_;
   std::map<int, DecodeGraph> decode_graphs_;  // by batch size
+  // The last Forward's DeltaNet state inputs, per DeltaNet layer (keep_state_inputs).
+  struct KeptStateInputs {
+    kernels::Tensor mixed;  // [T, conv_dim], before the conv
+    kernels::Tensor g;      // [T, Hv] f32
+    kernels::Tensor beta;   // [T, Hv] f32
+  };
+  std::vector<KeptStateInputs> kept_state_inputs_;
 };
 
 }  // namespace mobius::worker

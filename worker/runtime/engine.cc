@@ -358,6 +358,7 @@ bool Engine::Step() {
   }
   if (any_drafts) {
     for (const auto& d : drafts) forward.logits_rows.push_back(1 + static_cast<int>(d.size()));
+    forward.keep_state_inputs = true;  // for rolling back past rejected drafts
   }
   std::vector<std::vector<int64_t>> expert_tokens;
   const bool sample_experts = options_.metrics != nullptr &&
@@ -427,11 +428,9 @@ bool Engine::Step() {
   std::vector<std::string> finished;
   const int64_t H = model_.config().hidden_size;
   std::vector<TargetStep> observed;
-  std::vector<SequenceStep> redo;  // rolled back: recompute the accepted tokens
+  std::vector<StateReplay> replays;  // rolled back: replay the accepted tokens' state updates
   std::vector<std::string> errored;
-  absl::Status redo_error;
-  std::vector<std::vector<int32_t>> redo_tokens;
-  redo_tokens.reserve(plan.chunks.size());
+  absl::Status replay_error;
   int64_t row = 0, hidden_row = 0;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const ScheduledChunk& c = plan.chunks[i];
@@ -474,11 +473,10 @@ bool Engine::Step() {
       seq.num_computed += 1 + accepted;
       if (accepted < d) {
         // The DeltaNet state absorbed the rejected drafts: restore the snapshot taken before the
-        // step and recompute the pending token and the accepted drafts.
+        // step and replay the state updates of the pending token and the accepted drafts.
         model_.CopyStateSlot(snapshots_[seq.arrival].state_slot, seq.cache.state_slot);
         seq.cache.num_tokens = c.begin;
-        redo_tokens.emplace_back(tokens[i].begin(), tokens[i].begin() + accepted + 1);
-        redo.push_back({redo_tokens.back(), &seq.cache});
+        replays.push_back({&seq.cache, static_cast<int>(first_hidden), accepted + 1});
       }
       if (EngineMetrics* m = options_.metrics) {
         m->spec_drafts.Increment();
@@ -537,23 +535,20 @@ bool Engine::Step() {
     }
     if (done) finished.push_back(seq.request_id);
   }
-  if (!redo.empty()) {
-    std::vector<float> unused;
-    ForwardOptions recompute;
-    recompute.copy_logits = false;
-    const absl::Status redone = model_.Forward(redo, recompute, unused);
-    if (!redone.ok()) {
+  if (!replays.empty()) {
+    const absl::Status replayed = model_.ReplayStateInputs(replays);
+    if (!replayed.ok()) {
       // Their state is lost: end them with the error (the tokens delivered so far are exact).
       for (const ScheduledChunk& c : plan.chunks) {
-        const bool in_redo = std::any_of(redo.begin(), redo.end(), [&](const SequenceStep& r) {
-          return r.cache == &c.sequence->cache;
-        });
-        if (in_redo &&
+        const bool rolled_back =
+            std::any_of(replays.begin(), replays.end(),
+                        [&](const StateReplay& r) { return r.cache == &c.sequence->cache; });
+        if (rolled_back &&
             std::find(finished.begin(), finished.end(), c.sequence->request_id) == finished.end()) {
           errored.push_back(c.sequence->request_id);
         }
       }
-      redo_error = redone;
+      replay_error = replayed;
     }
   }
   if (!observed.empty()) {
@@ -573,7 +568,9 @@ bool Engine::Step() {
   PublishStats();
   for (Delivery& d : deliveries) d.callback(d.output);
   for (const std::string& id : errored) {
-    if (auto seq = RemoveSequence(id)) Finish(*seq, FinishReason::kError, std::nullopt, redo_error);
+    if (auto seq = RemoveSequence(id)) {
+      Finish(*seq, FinishReason::kError, std::nullopt, replay_error);
+    }
   }
 
   absl::MutexLock lock(&mu_);

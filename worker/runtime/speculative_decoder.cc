@@ -193,16 +193,15 @@ absl::Status SpeculativeDecoder::Generate(std::span<const SpeculativeRequest> re
     stats_.rollback_seconds += SecondsSince(snapshot_start);
     ForwardOptions verify;
     verify.logits = LogitsMode::kAllTokens;
+    verify.keep_state_inputs = speculating;
     if (want_hidden) verify.hidden_out = &hidden;
     const auto verify_start = Clock::now();
     status = model_.Forward(batch, verify, logits);
     if (speculating) stats_.verify_seconds += SecondsSince(verify_start);
     if (!status.ok()) break;
 
-    // Accept, and collect the sequences that must roll back and recompute.
-    std::vector<SequenceStep> redo;
-    std::vector<std::vector<int32_t>> redo_tokens;
-    redo_tokens.reserve(members.size());
+    // Accept, and collect the sequences that must roll back.
+    std::vector<StateReplay> replays;
     std::vector<TargetStep> observed;
     int64_t row = 0;
     for (size_t m = 0; m < members.size(); ++m) {
@@ -240,23 +239,20 @@ absl::Status SpeculativeDecoder::Generate(std::span<const SpeculativeRequest> re
                                         : std::span<const float>(),
                             next});
       }
+      const int64_t first_row = row;
       row += static_cast<int64_t>(s.step_tokens.size());
       if (accepted < d && !s.done) {
         // The DeltaNet state has absorbed rejected drafts and cannot be un-applied: restore the
-        // snapshot taken before the verify step and recompute the accepted tokens.
+        // snapshot taken before the verify step and replay the accepted tokens' state updates.
         model_.CopyStateSlot(s.snapshot.state_slot, s.cache.state_slot);
         s.cache.num_tokens = start_tokens[m];
-        redo_tokens.emplace_back(s.step_tokens.begin(), s.step_tokens.begin() + accepted + 1);
-        redo.push_back({redo_tokens.back(), &s.cache});
+        replays.push_back({&s.cache, static_cast<int>(first_row), accepted + 1});
         ++stats_.recompute_steps;
       }
     }
-    if (!redo.empty()) {
+    if (!replays.empty()) {
       const auto start = Clock::now();
-      std::vector<float> unused;
-      ForwardOptions recompute;
-      recompute.copy_logits = false;
-      status = model_.Forward(redo, recompute, unused);
+      status = model_.ReplayStateInputs(replays);
       stats_.rollback_seconds += SecondsSince(start);
     }
     if (status.ok() && !observed.empty()) {
