@@ -3,14 +3,14 @@
 // with every draft rejected (the fixture's random head) and with every draft accepted (drafts
 // copied from the plain run). Skipped without a GPU.
 //
-// "The same" in bf16 means: the same tokens up to the first position where the plain run's
-// choice is not decisive (top-2 logit gap under 2e-2 of the largest logit, the fixtures' bf16
-// criterion). The verify step runs a sequence's k + 1 tokens through the multi-token kernels
-// (chunked delta rule, prefill attention, GEMMs of more rows) where plain decoding runs one
-// token; in bf16 those round differently, and the random tiny fixtures have near-ties that
-// flip under such differences. Plain decoding alone does the same: the whole-prompt prefill of
-// the decoder and the engine's 16-token prefill chunks already disagree on one fixture prompt
-// (seen on the H200). Bit-identical outputs need batch-invariant kernels.
+// "The same" in bf16 means: the same tokens until the two runs part at a position where the
+// plain run's choice is a near-tie (top-2 logit gap under 2e-2 of the largest logit, the
+// fixtures' bf16 criterion); after that their contexts differ. The verify step runs a sequence's k
+// + 1 tokens through the multi-token kernels (chunked delta rule, prefill attention, GEMMs of more
+// rows) where plain decoding runs one token; in bf16 those round differently, and the random tiny
+// fixtures have near-ties that flip under such differences. Plain decoding alone does the same: the
+// whole-prompt prefill of the decoder and the engine's 16-token prefill chunks already disagree on
+// one fixture prompt (seen on the H200). Bit-identical outputs need batch-invariant kernels.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -73,10 +73,9 @@ class CopyDrafter : public Drafter {
 
 class CudaSpeculativeTest : public ::testing::Test {
  protected:
-  // How many leading tokens of `plain` (the greedy continuation of prompt i) are decisive: the
-  // first position whose top-2 logit gap is under 2e-2 of the largest logit ends the prefix
-  // (logits from one forward over prompt + plain).
-  size_t DecisivePrefix(size_t i, const std::vector<int32_t>& plain) {
+  // The plain run's top-2 logit gap at each of its tokens, relative to the largest |logit| there
+  // (logits from one forward over prompt i + plain).
+  std::vector<float> RelativeGaps(size_t i, const std::vector<int32_t>& plain) {
     std::vector<int32_t> tokens = prompts_[i];
     tokens.insert(tokens.end(), plain.begin(), plain.end());
     SequenceCache cache;
@@ -88,49 +87,45 @@ class CudaSpeculativeTest : public ::testing::Test {
     EXPECT_TRUE(model_->Forward(batch, options, logits).ok());
     model_->ReleaseSequence(cache);
     const int V = model_->config().vocab_size;
+    std::vector<float> gaps;
     for (size_t j = 0; j < plain.size(); ++j) {
       const float* row = logits.data() + (prompts_[i].size() - 1 + j) * V;
       std::vector<float> sorted(row, row + V);
       std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
       float max_abs = 0;
       for (int v = 0; v < V; ++v) max_abs = std::max(max_abs, std::fabs(row[v]));
-      if (sorted[0] - sorted[1] < 2e-2f * max_abs) return j;
+      gaps.push_back((sorted[0] - sorted[1]) / max_abs);
     }
-    return plain.size();
+    return gaps;
   }
-  // Expects `got` to equal `plain` over each prompt's decisive prefix; returns the tokens
-  // compared.
-  size_t ExpectSameWhereDecisive(const std::vector<std::vector<int32_t>>& got,
-                                 const std::vector<std::vector<int32_t>>& plain,
-                                 const std::string& what) {
-    size_t compared = 0;
+  // Expects `got` to follow `plain` token for token until a position where the plain run's
+  // choice is a near-tie (top-2 gap under 2e-2 of the largest logit, the fixtures' bf16
+  // criterion): there the two may part, and after it their contexts differ. Returns the tokens
+  // that were identical.
+  size_t ExpectSameUntilNearTie(const std::vector<std::vector<int32_t>>& got,
+                                const std::vector<std::vector<int32_t>>& plain,
+                                const std::string& what) {
+    size_t identical = 0;
     for (size_t i = 0; i < plain.size(); ++i) {
-      const size_t n = DecisivePrefix(i, plain[i]);
-      EXPECT_GE(got[i].size(), n);
-      const size_t m = std::min(n, got[i].size());
-      EXPECT_EQ(std::vector<int32_t>(got[i].begin(), got[i].begin() + m),
-                std::vector<int32_t>(plain[i].begin(), plain[i].begin() + m))
-          << what << " prompt " << i;
+      EXPECT_EQ(got[i].size(), plain[i].size()) << what << " prompt " << i;
       const size_t same =
           std::mismatch(got[i].begin(), got[i].end(), plain[i].begin(), plain[i].end()).first -
           got[i].begin();
-      std::printf("[cuda spec] %s prompt %zu: decisive prefix %zu of %zu, identical prefix %zu\n",
-                  what.c_str(), i, n, plain[i].size(), same);
-      compared += m;
+      identical += same;
+      if (same == std::min(got[i].size(), plain[i].size())) {
+        std::printf("[cuda spec] %s prompt %zu: identical (%zu tokens)\n", what.c_str(), i, same);
+        continue;
+      }
+      const float gap = RelativeGaps(i, plain[i])[same];
+      std::printf(
+          "[cuda spec] %s prompt %zu: identical for %zu tokens, then a near-tie? gap %.2e\n",
+          what.c_str(), i, same, gap);
+      EXPECT_LT(gap, 2e-2f) << what << " prompt " << i << ": outputs part at token " << same
+                            << " where the plain run's choice was decisive";
     }
-    return compared;
+    return identical;
   }
 
-  void SetUp() override {
-    if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-    auto backend = kernels::CreateCudaBackend(0);
-    ASSERT_TRUE(backend.ok()) << backend.status();
-    backend_ = *std::move(backend);
-    const std::string dir = testing::FixtureModelDir("intern-s2-mobius-tiny");
-    model_ = testing::LoadFixtureModel(dir, *backend_);
-    ASSERT_NE(model_, nullptr);
-    prompts_ = testing::LoadReference(dir).prompts;
-  }
   std::vector<SpeculativeRequest> Requests(int k, bool mixed) const {
     std::vector<SpeculativeRequest> r;
     for (size_t i = 0; i < prompts_.size(); ++i) {
@@ -155,7 +150,7 @@ TEST_F(CudaSpeculativeTest, MtpDraftsKeepGreedyOutputsIdentical) {
   SpeculativeDecoder plain(*model_, **none);
   std::vector<std::vector<int32_t>> expected;
   ASSERT_TRUE(plain.Generate(Requests(0, false), expected).ok());
-  size_t compared = 0;
+  size_t identical = 0;
   for (int k = 1; k <= 4; ++k) {
     for (bool mixed : {false, true}) {
       auto drafter = MtpDrafter::Create(*model_, 8, 256);
@@ -163,8 +158,8 @@ TEST_F(CudaSpeculativeTest, MtpDraftsKeepGreedyOutputsIdentical) {
       SpeculativeDecoder spec(*model_, **drafter);
       std::vector<std::vector<int32_t>> out;
       ASSERT_TRUE(spec.Generate(Requests(k, mixed), out).ok());
-      compared += ExpectSameWhereDecisive(out, expected,
-                                          "k=" + std::to_string(k) + (mixed ? " mixed" : ""));
+      identical +=
+          ExpectSameUntilNearTie(out, expected, "k=" + std::to_string(k) + (mixed ? " mixed" : ""));
       EXPECT_GT(spec.stats().recompute_steps, 0);
     }
   }
@@ -173,9 +168,9 @@ TEST_F(CudaSpeculativeTest, MtpDraftsKeepGreedyOutputsIdentical) {
   SpeculativeDecoder accepting(*model_, copy);
   std::vector<std::vector<int32_t>> out;
   ASSERT_TRUE(accepting.Generate(Requests(4, true), out).ok());
-  compared += ExpectSameWhereDecisive(out, expected, "copy drafts");
-  // The criterion must leave most tokens compared, or the test would assert little.
-  EXPECT_GT(compared, 9 * prompts_.size() * kNewTokens / 2);
+  identical += ExpectSameUntilNearTie(out, expected, "copy drafts");
+  // Most tokens must agree, or the near-tie allowance would be carrying the test.
+  EXPECT_GT(identical, 9 * prompts_.size() * kNewTokens / 2);
   std::printf("[cuda spec] copy drafts: acceptance at position 0 %.3f, mean length %.2f\n",
               accepting.stats().AcceptanceRate(0), accepting.stats().MeanAcceptedLength());
   EXPECT_GT(accepting.stats().AcceptanceRate(0), 0.9);
@@ -223,7 +218,7 @@ TEST_F(CudaSpeculativeTest, EngineWithMtpMatchesEngineWithout) {
   run(0, plain);
   model_->DropCaches();
   run(3, speculative);
-  EXPECT_GT(ExpectSameWhereDecisive(speculative, plain, "engine k=3"),
+  EXPECT_GT(ExpectSameUntilNearTie(speculative, plain, "engine k=3"),
             prompts_.size() * kNewTokens / 2);
 }
 
