@@ -1096,7 +1096,9 @@ MoeScratch CarveMoeScratch(char* base, int64_t num_tokens, int k, int num_local,
 constexpr int kFewWarps = 8;
 
 // act[p, i] = silu(x[t] . gate[e, i]) * (x[t] . up[e, i]) for pair p = (t, j), e = ids[p]: a warp
-// computes two columns i (four weight rows). Grid (ceil(I / 16), pairs).
+// computes two columns i (four weight rows), each lane keeping kUnroll 16-byte pieces of each row
+// in flight. Grid (ceil(I / 16), pairs).
+template <int kUnroll>
 __global__ void __launch_bounds__(kFewWarps * 32)
     MoeFewGateUpKernel(const uint16_t* x, const int32_t* ids, const uint16_t* gate_up,
                        int64_t hidden, int64_t inter, int k, int first_expert, int num_local,
@@ -1119,17 +1121,17 @@ __global__ void __launch_bounds__(kFewWarps * 32)
   const uint4* xr = reinterpret_cast<const uint4*>(x + (p / k) * hidden);
   const int64_t pieces = hidden / 8;
   float acc[4] = {};
-  for (int64_t base = lane; base < pieces; base += 64) {
-    uint4 wv[2][4];
+  for (int64_t base = lane; base < pieces; base += 32 * kUnroll) {
+    uint4 wv[kUnroll][4];
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
       const int64_t q = base + 32 * u;
 #pragma unroll
       for (int r = 0; r < 4; ++r)
         wv[u][r] = q < pieces ? __ldg(rows[r] + q) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
       const int64_t q = base + 32 * u;
       if (q >= pieces) break;
       float xv[8];
@@ -1150,7 +1152,8 @@ __global__ void __launch_bounds__(kFewWarps * 32)
 }
 
 // out[t, h] += sum_j weights[t, j] * (act[(t, j)] . down[e_j, h]): a warp computes two rows h of
-// one token over all its k experts. Grid (ceil(H / 16), tokens).
+// one token over all its k experts, one expert after another. Grid (ceil(H / 16), tokens). The
+// first few-token down kernel, kept for A/B runs (MOBIUS_MOE_FEW=v1).
 __global__ void __launch_bounds__(kFewWarps * 32)
     MoeFewDownKernel(const uint16_t* act, const int32_t* ids, const float* weights,
                      const uint16_t* down, int64_t hidden, int64_t inter, int k, int first_expert,
@@ -1194,6 +1197,83 @@ __global__ void __launch_bounds__(kFewWarps * 32)
   if (lane == 0) out[t * hidden + h0] = F32ToBf16(Bf16ToF32(out[t * hidden + h0]) + acc[0]);
   if (lane == 1 && second) {
     out[t * hidden + h0 + 1] = F32ToBf16(Bf16ToF32(out[t * hidden + h0 + 1]) + acc[1]);
+  }
+}
+
+// The same sum with the experts spread over the warps: a block computes kFewDownRows rows h of one
+// token, warp w the expert slots j = w, w + 8, ... At one token the kernel above ran H / 16 = 128
+// blocks, one per SM, each warp walking its k experts with two short loads per lane in flight;
+// here H / 4 = 512 blocks, and each warp issues its rows of one expert and the act row at once.
+// The warps' weighted partials meet in shared memory; out is read and written once per row.
+constexpr int kFewDownRows = 4;
+
+__global__ void __launch_bounds__(kFewWarps * 32)
+    MoeFewDownRowsKernel(const uint16_t* act, const int32_t* ids, const float* weights,
+                         const uint16_t* down, int64_t hidden, int64_t inter, int k,
+                         int first_expert, int num_local, uint16_t* out) {
+  PdlWait();
+  PdlTrigger();
+  __shared__ float partial[kFewWarps][kFewDownRows];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int64_t t = blockIdx.y;
+  const int64_t h0 = static_cast<int64_t>(blockIdx.x) * kFewDownRows;
+  const int rows = hidden - h0 < kFewDownRows ? static_cast<int>(hidden - h0) : kFewDownRows;
+  const int64_t pieces = inter / 8;
+  float acc[kFewDownRows] = {};
+  for (int j = warp; j < k; j += kFewWarps) {
+    const int64_t p = t * k + j;
+    const int e = ids[p] - first_expert;
+    if (e < 0 || e >= num_local) continue;
+    const float wj = weights[p];
+    const uint16_t* w = down + static_cast<int64_t>(e) * hidden * inter;
+    const uint4* r[kFewDownRows];
+#pragma unroll
+    for (int rr = 0; rr < kFewDownRows; ++rr)
+      r[rr] = reinterpret_cast<const uint4*>(w + (h0 + (rr < rows ? rr : 0)) * inter);
+    const uint4* ar = reinterpret_cast<const uint4*>(act + p * inter);
+    float part[kFewDownRows] = {};
+    for (int64_t base = lane; base < pieces; base += 64) {
+      uint4 wv[2][kFewDownRows];
+      uint4 av[2];
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int64_t q = base + 32 * u;
+        const bool in = q < pieces;
+#pragma unroll
+        for (int rr = 0; rr < kFewDownRows; ++rr)
+          wv[u][rr] = in ? __ldg(r[rr] + q) : make_uint4(0, 0, 0, 0);
+        av[u] = in ? ar[q] : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        float a[8];
+        UnpackBf16x8(av[u], a);
+#pragma unroll
+        for (int rr = 0; rr < kFewDownRows; ++rr) {
+          float wf[8];
+          UnpackBf16x8(wv[u][rr], wf);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) part[rr] += wf[i] * a[i];
+        }
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < kFewDownRows; ++rr) acc[rr] += wj * part[rr];
+  }
+#pragma unroll
+  for (int rr = 0; rr < kFewDownRows; ++rr) acc[rr] = WarpSum(acc[rr]);
+  if (lane == 0) {
+#pragma unroll
+    for (int rr = 0; rr < kFewDownRows; ++rr) partial[warp][rr] = acc[rr];
+  }
+  __syncthreads();
+  if (threadIdx.x < rows) {
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kFewWarps; ++w) sum += partial[w][threadIdx.x];
+    uint16_t* o = out + t * hidden + h0 + threadIdx.x;
+    *o = F32ToBf16(Bf16ToF32(*o) + sum);
   }
 }
 
@@ -1373,24 +1453,42 @@ bool LaunchMoeExpertsFewTokens(const uint16_t* x, const int32_t* ids, const floa
     const char* env = std::getenv("MOBIUS_MOE_GEMM");
     return env != nullptr && std::string_view(env) == "grouped";
   }();
+  // MOBIUS_MOE_FEW (A/B runs): v1 = the first few-token kernels (gate-up 2 pieces in flight per
+  // row, the expert-serial down kernel); gu2 / gu8 = the gate-up kernel with 2 / 8 pieces in
+  // flight beside the expert-parallel down kernel. Default: 4 pieces, expert-parallel down.
+  static const std::string_view variant = [] {
+    const char* env = std::getenv("MOBIUS_MOE_FEW");
+    return std::string_view(env != nullptr ? env : "");
+  }();
   const int64_t pairs = num_tokens * k;
   if (pairs == 0 || pairs > kMoeFewTokensMaxPairs || hidden % 8 != 0 || inter % 8 != 0 ||
       !Aligned16(x) || !Aligned16(gate_up) || !Aligned16(down) || !Aligned16(act_scratch) ||
       ForcedFma() || grouped_only) {
     return false;
   }
+  const bool v1 = variant == "v1";
   const int64_t cols_per_block = 2 * kFewWarps;
-  LaunchPdl("MoeFewGateUpKernel", MoeFewGateUpKernel,
-            dim3(static_cast<unsigned>((inter + cols_per_block - 1) / cols_per_block),
-                 static_cast<unsigned>(pairs)),
-            kFewWarps * 32, 0, stream, x, ids, gate_up, hidden, inter, k, first_expert,
-            num_local_experts, act_scratch);
+  const dim3 gu_grid(static_cast<unsigned>((inter + cols_per_block - 1) / cols_per_block),
+                     static_cast<unsigned>(pairs));
+  auto* gate_up_kernel = MoeFewGateUpKernel<4>;
+  if (v1 || variant == "gu2") gate_up_kernel = MoeFewGateUpKernel<2>;
+  if (variant == "gu8") gate_up_kernel = MoeFewGateUpKernel<8>;
+  LaunchPdl("MoeFewGateUpKernel", gate_up_kernel, gu_grid, kFewWarps * 32, 0, stream, x, ids,
+            gate_up, hidden, inter, k, first_expert, num_local_experts, act_scratch);
   CheckLaunch("MoeFewGateUp");
-  LaunchPdl("MoeFewDownKernel", MoeFewDownKernel,
-            dim3(static_cast<unsigned>((hidden + cols_per_block - 1) / cols_per_block),
-                 static_cast<unsigned>(num_tokens)),
-            kFewWarps * 32, 0, stream, act_scratch, ids, weights, down, hidden, inter, k,
-            first_expert, num_local_experts, out);
+  if (v1) {
+    LaunchPdl("MoeFewDownKernel", MoeFewDownKernel,
+              dim3(static_cast<unsigned>((hidden + cols_per_block - 1) / cols_per_block),
+                   static_cast<unsigned>(num_tokens)),
+              kFewWarps * 32, 0, stream, act_scratch, ids, weights, down, hidden, inter, k,
+              first_expert, num_local_experts, out);
+  } else {
+    LaunchPdl("MoeFewDownRowsKernel", MoeFewDownRowsKernel,
+              dim3(static_cast<unsigned>((hidden + kFewDownRows - 1) / kFewDownRows),
+                   static_cast<unsigned>(num_tokens)),
+              kFewWarps * 32, 0, stream, act_scratch, ids, weights, down, hidden, inter, k,
+              first_expert, num_local_experts, out);
+  }
   CheckLaunch("MoeFewDown");
   return true;
 }

@@ -1051,6 +1051,54 @@ INSTANTIATE_TEST_SUITE_P(Sizes, CudaMoeSkewTest,
                            return absl::StrCat("h", info.param.first, "_i", info.param.second);
                          });
 
+struct MoeFewCase {
+  int64_t t, h, inter;
+  int k;
+};
+
+class CudaMoeFewTokensTest : public CudaKernelsTest,
+                             public ::testing::WithParamInterface<MoeFewCase> {};
+
+TEST_P(CudaMoeFewTokensTest, MatchesReference) {
+  // At most kMoeFewTokensMaxPairs pairs and no counts: the few-token kernels. Release dims at one
+  // token, a full 64 pairs, and k > 8 (a warp of the down kernel takes two expert slots). Ids
+  // below `first` or past the local experts belong to other ranks and are skipped.
+  const MoeFewCase p = GetParam();
+  const int experts = 16, first = 4;
+  std::vector<int32_t> ids(p.t * p.k);
+  std::uniform_int_distribution<int> pick(0, first + experts + 3);
+  for (int64_t r = 0; r < p.t; ++r) {
+    for (int j = 0; j < p.k; ++j) {
+      int e;
+      do {
+        e = pick(rng_);
+      } while (std::find(&ids[r * p.k], &ids[r * p.k] + j, e) != &ids[r * p.k] + j);
+      ids[r * p.k + j] = e;
+    }
+  }
+  const std::vector<float> x = Rand(p.t * p.h), w = Rand(p.t * p.k, 0.05f, 1.0f),
+                           gu = Rand(experts * 2 * p.inter * p.h, -0.1f, 0.1f),
+                           dn = Rand(experts * p.h * p.inter, -0.1f, 0.1f), out0 = Rand(p.t * p.h);
+  Tensor xt = Make(DType::kBF16, {p.t, p.h}, x), idt = MakeI32({p.t, p.k}, ids),
+         wt = Make(DType::kF32, {p.t, p.k}, w),
+         gut = Make(DType::kBF16, {experts, 2 * p.inter, p.h}, gu),
+         dnt = Make(DType::kBF16, {experts, p.h, p.inter}, dn),
+         out = Make(DType::kBF16, {p.t, p.h}, out0);
+  backend_->MoeExperts(xt, idt, wt, gut, dnt, first, out, {});
+  std::vector<double> ref(out0.begin(), out0.end());
+  std::vector<int64_t> unused(experts, 0);
+  RefMoe(x, ids, w, gu, dn, p.t, p.k, experts, first, p.h, p.inter, ref, unused);
+  EXPECT_LT(Reported("moe (few tokens)", RelErr(Host(out), ref)), kBf16Tol);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaMoeFewTokensTest,
+                         ::testing::Values(MoeFewCase{1, 2048, 512, 8}, MoeFewCase{8, 256, 128, 8},
+                                           MoeFewCase{2, 264, 136, 12}),
+                         [](const ::testing::TestParamInfo<MoeFewCase>& info) {
+                           return absl::StrCat("t", info.param.t, "_h", info.param.h, "_i",
+                                               info.param.inter, "_k", info.param.k);
+                         });
+
 TEST_F(CudaKernelsTest, SegmentWithoutStateSlotStartsFromZero) {
   // state_slot < 0 (as the CPU backend treats it): zero history, and no state is written.
   const int64_t c = 24, kk = 4;
