@@ -11,6 +11,11 @@
 // device sleeps, queues `event, op, event` for up to 32 repetitions, so that the ops run back to
 // back with no host gaps; the time of one op is the time between its two events (its kernels plus
 // the small metadata upload the backend queues with it). The reported time is the median.
+// Ops that take sequence segments (delta rule, conv, attention, ...) are timed as the engine runs
+// them: the step's metadata is staged once (Backend::StageStep) before the timed calls, so a call
+// reads the staged copy instead of uploading its own; all input sets share that one step (their
+// per-sequence state and KV cache rotate by tensor, as layers do in the engine). The same calls
+// without staging (each uploading its metadata) are timed too and reported as "unstaged us".
 // Inputs are fresh random data (never zeros) in several sets, rotated so that one set of inputs
 // is not still in the L2 when it is used again (sets * bytes >= 4 x L2). If the stream cannot be
 // found (the backend changed how it creates it) the op is timed on the host around
@@ -113,6 +118,7 @@ struct Options {
   double matrix_rate = 0;     // FLOP/s; 0 = measure
   bool list = false;
   bool smoke = false;
+  bool unstaged = false;  // segment ops: time only without staging (no StageStep)
 };
 
 void PrintHelp() {
@@ -135,6 +141,9 @@ void PrintHelp() {
       "  --device cuda|cpu     cpu runs the CPU reference backend (host-timed; with --smoke only\n"
       "                        useful to check that every case is well formed)\n"
       "  --smoke               small shapes (checks the cases, not a benchmark)\n"
+      "  --unstaged            ops with segments: time them only without Backend::StageStep\n"
+      "                        (each call uploads its metadata; by default both are timed and\n"
+      "                        the staged median is the time)\n"
       "  --help                this text\n");
 }
 
@@ -169,6 +178,8 @@ Options ParseOptions(int argc, char** argv) {
       o.device = value();
     } else if (a == "--smoke") {
       o.smoke = true;
+    } else if (a == "--unstaged") {
+      o.unstaged = true;
     } else {
       Die("unknown option " + a + " (see --help)");
     }
@@ -222,6 +233,7 @@ Dims SmokeDims() {
 struct Result {
   std::string name, op, shape, timing;
   double time_us = 0, min_us = 0, host_us = 0;
+  double unstaged_us = 0;  // segment ops: median without StageStep (0: not timed)
   double bytes = 0, flops = 0;
   double bound_us = 0;
   std::string bound_by;
@@ -235,11 +247,19 @@ struct Case {
   double bytes = 0, flops = 0;
   int sets = 1;
   std::function<void(int)> run;
+  // Ops with segments: stages the one step every set shares (Backend::StageStep); empty otherwise.
+  std::function<void()> stage;
 };
 
 struct Spec {
   std::string name;
   std::function<Case()> make;
+};
+
+// A step's sequence segments and the block tables they point into.
+struct SegmentSet {
+  std::vector<SequenceSegment> segs;
+  std::vector<std::vector<int32_t>> tables;
 };
 
 // ---- the bench ---------------------------------------------------------------------------------
@@ -328,11 +348,14 @@ class Bench {
   Case Conv(int seqs, int len);
   Case Attention(int seqs, int ctx, bool prefill);
   Case Moe(int tokens);
+  // Stages `segs` (with `tokens` placeholder token ids) for the timed calls of a case.
+  std::function<void()> Stager(std::shared_ptr<SegmentSet> segs, int64_t tokens, int max_positions);
   Case Linear(int m, int n, int k);
   Case LinearFanOut(int m, std::vector<int> ns, int k);
 
   // ---- timing ----
   Result Time(const std::string& name, Case& c);
+  void TimeCalls(Case& c, Result& r);
   void MeasureCeilings();
   void Print(const std::vector<Result>& results) const;
   void WriteJson(const std::vector<Result>& results) const;
@@ -357,10 +380,6 @@ class Bench {
 
 // Segments of `seqs` sequences of `len` new tokens after `cached` tokens, state slots from
 // `slot0`, with `blocks_per_seq` blocks each taken from `table` starting at `table_off`.
-struct SegmentSet {
-  std::vector<SequenceSegment> segs;
-  std::vector<std::vector<int32_t>> tables;
-};
 
 SegmentSet MakeSegments(int seqs, int len, int cached, int slot0, int blocks_per_seq,
                         const std::vector<int32_t>* table, size_t table_off) {
@@ -400,6 +419,12 @@ std::string K(int n) {  // 1024 -> "1K", 4096 -> "4K"
   return n % 1024 == 0 ? absl::StrFormat("%dK", n / 1024) : absl::StrFormat("%d", n);
 }
 
+std::function<void()> Bench::Stager(std::shared_ptr<SegmentSet> segs, int64_t tokens,
+                                    int max_positions) {
+  auto ids = std::make_shared<std::vector<int32_t>>(static_cast<size_t>(tokens), 0);
+  return [this, segs, ids, max_positions] { be_->StageStep(*ids, segs->segs, max_positions); };
+}
+
 Case Bench::DeltaRule(int seqs, int len, DeltaRuleAlgorithm algo) {
   const int64_t t = static_cast<int64_t>(seqs) * len;
   const int conv_dim = d_.conv_dim();
@@ -414,27 +439,28 @@ Case Bench::DeltaRule(int seqs, int len, DeltaRuleAlgorithm algo) {
   // each, o = S^T q 2 Dk*Dv (the chunked form does a little more, on tensor cores).
   c.flops = 7.0 * t * d_.hv * d_.dk * d_.dv;
   c.sets = Sets(c.bytes);
+  // One step's segments for every set; each set has its own states (as each layer in the engine).
   struct Set {
-    Tensor qkv, g, beta, out;
-    SegmentSet segs;
+    Tensor qkv, g, beta, states, out;
   };
   auto sets = std::make_shared<std::vector<Set>>();
-  auto states = std::make_shared<Tensor>(
-      Rand(DType::kF32, {static_cast<int64_t>(c.sets) * seqs, d_.hv, d_.dk, d_.dv}, -0.05f, 0.05f));
+  const int cached = len == 1 ? 100 : 0;
+  auto segs = std::make_shared<SegmentSet>(MakeSegments(seqs, len, cached, 0, 0, nullptr, 0));
   for (int s = 0; s < c.sets; ++s) {
     Set x;
     x.qkv = Rand(act_, {t, conv_dim});
     x.g = Rand(DType::kF32, {t, d_.hv}, -0.5f, -0.01f);  // log-space decay
     x.beta = Rand(DType::kF32, {t, d_.hv}, 0.05f, 0.95f);
+    x.states = Rand(DType::kF32, {seqs, d_.hv, d_.dk, d_.dv}, -0.05f, 0.05f);
     x.out = Act({t, d_.hv * d_.dv});
-    x.segs = MakeSegments(seqs, len, len == 1 ? 100 : 0, s * seqs, 0, nullptr, 0);
     sets->push_back(std::move(x));
   }
   const DeltaRuleDims dims{d_.hk, d_.hv, d_.dk, d_.dv};
-  c.run = [this, sets, states, dims, algo](int s) {
+  c.run = [this, sets, segs, dims, algo](int s) {
     Set& x = (*sets)[s];
-    be_->GatedDeltaRule(x.qkv, x.g, x.beta, dims, *states, x.segs.segs, algo, x.out);
+    be_->GatedDeltaRule(x.qkv, x.g, x.beta, dims, x.states, segs->segs, algo, x.out);
   };
+  c.stage = Stager(segs, t, cached + len);
   return c;
 }
 
@@ -449,24 +475,24 @@ Case Bench::Conv(int seqs, int len) {
   c.flops = 2.0 * t * cd * d_.conv_k;
   c.sets = Sets(c.bytes);
   struct Set {
-    Tensor x, out;
-    SegmentSet segs;
+    Tensor x, states, out;
   };
   auto sets = std::make_shared<std::vector<Set>>();
   auto w = std::make_shared<Tensor>(Rand(act_, {cd, d_.conv_k}, -0.5f, 0.5f));
-  auto states = std::make_shared<Tensor>(
-      Rand(DType::kF32, {static_cast<int64_t>(c.sets) * seqs, cd, d_.conv_k - 1}));
+  const int cached = len == 1 ? 100 : 0;
+  auto segs = std::make_shared<SegmentSet>(MakeSegments(seqs, len, cached, 0, 0, nullptr, 0));
   for (int s = 0; s < c.sets; ++s) {
     Set x;
     x.x = Rand(act_, {t, cd});
+    x.states = Rand(DType::kF32, {seqs, cd, d_.conv_k - 1});
     x.out = Act({t, cd});
-    x.segs = MakeSegments(seqs, len, len == 1 ? 100 : 0, s * seqs, 0, nullptr, 0);
     sets->push_back(std::move(x));
   }
-  c.run = [this, sets, w, states](int s) {
+  c.run = [this, sets, segs, w](int s) {
     Set& x = (*sets)[s];
-    be_->CausalConv1dSilu(x.x, *w, *states, x.segs.segs, x.out);
+    be_->CausalConv1dSilu(x.x, *w, x.states, segs->segs, x.out);
   };
+  c.stage = Stager(segs, t, cached + len);
   return c;
 }
 
@@ -488,28 +514,30 @@ Case Bench::Attention(int seqs, int ctx, bool prefill) {
       prefill ? static_cast<double>(ctx) * (ctx + 1) / 2.0 : static_cast<double>(seqs) * ctx;
   c.flops = 4.0 * d_.nh * d_.hd * attended;
   c.sets = Sets(c.bytes);
-  const int num_blocks = c.sets * seqs * blocks_per_seq;
-  auto table = std::make_shared<std::vector<int32_t>>(Permutation(num_blocks));
-  auto kc = std::make_shared<Tensor>(Rand(act_, {num_blocks, d_.block, d_.nkv, d_.hd}));
-  auto vc = std::make_shared<Tensor>(Rand(act_, {num_blocks, d_.block, d_.nkv, d_.hd}));
+  // One step's block tables (a random permutation) for every set; each set has its own K/V cache
+  // (as each attention layer in the engine).
+  const int num_blocks = seqs * blocks_per_seq;
+  const std::vector<int32_t> table = Permutation(num_blocks);
+  auto segs =
+      std::make_shared<SegmentSet>(MakeSegments(seqs, len, cached, -1, blocks_per_seq, &table, 0));
   struct Set {
-    Tensor q, out;
-    SegmentSet segs;
+    Tensor q, kc, vc, out;
   };
   auto sets = std::make_shared<std::vector<Set>>();
   for (int s = 0; s < c.sets; ++s) {
     Set x;
     x.q = Rand(act_, {t, d_.nh, d_.hd});
+    x.kc = Rand(act_, {num_blocks, d_.block, d_.nkv, d_.hd});
+    x.vc = Rand(act_, {num_blocks, d_.block, d_.nkv, d_.hd});
     x.out = Act({t, d_.nh, d_.hd});
-    x.segs = MakeSegments(seqs, len, cached, -1, blocks_per_seq, table.get(),
-                          static_cast<size_t>(s) * seqs * blocks_per_seq);
     sets->push_back(std::move(x));
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(d_.hd));
-  c.run = [this, sets, kc, vc, table, scale](int s) {
+  c.run = [this, sets, segs, scale](int s) {
     Set& x = (*sets)[s];
-    be_->PagedAttention(x.q, *kc, *vc, x.segs.segs, scale, x.out);
+    be_->PagedAttention(x.q, x.kc, x.vc, segs->segs, scale, x.out);
   };
+  c.stage = Stager(segs, t, ctx);
   return c;
 }
 
@@ -716,26 +744,26 @@ void Bench::BuildSpecs() {
       c.sets = Sets(c.bytes);
       struct Set {
         Tensor qg, k, q, gate;
-        SegmentSet segs;
       };
       auto v = std::make_shared<std::vector<Set>>();
       auto qn = std::make_shared<Tensor>(Rand(act_, {d.hd}, -0.1f, 0.1f));
       auto kn = std::make_shared<Tensor>(Rand(act_, {d.hd}, -0.1f, 0.1f));
+      auto segs = std::make_shared<SegmentSet>(decode ? MakeSegments(t, 1, 1000, -1, 0, nullptr, 0)
+                                                      : MakeSegments(1, t, 0, -1, 0, nullptr, 0));
       for (int s = 0; s < c.sets; ++s) {
         Set x;
         x.qg = Rand(act_, {t, d.nh, 2 * d.hd});
         x.k = Rand(act_, {t, d.nkv, d.hd});
         x.q = Act({t, d.nh, d.hd});
         x.gate = Act({t, d.nh, d.hd});
-        x.segs = decode ? MakeSegments(t, 1, 1000, -1, 0, nullptr, 0)
-                        : MakeSegments(1, t, 0, -1, 0, nullptr, 0);
         v->push_back(std::move(x));
       }
       const RopeParams rope{d.rotary, d.rope_theta};
-      c.run = [this, v, qn, kn, rope, d](int s) {
+      c.run = [this, v, segs, qn, kn, rope, d](int s) {
         Set& x = (*v)[s];
-        be_->QkNormRope(x.qg, x.k, *qn, *kn, d.eps, rope, x.segs.segs, x.q, x.gate);
+        be_->QkNormRope(x.qg, x.k, *qn, *kn, d.eps, rope, segs->segs, x.q, x.gate);
       };
+      c.stage = Stager(segs, t, decode ? 1001 : t);
       return c;
     });
     Add(absl::StrFormat("write_kv.T%d", t), [=, this] {
@@ -748,27 +776,27 @@ void Bench::BuildSpecs() {
       c.bytes = 4.0 * t * d.nkv * d.hd * ActSize();
       c.flops = 0;
       c.sets = Sets(c.bytes);
-      const int num_blocks = c.sets * seqs * bps;
-      auto table = std::make_shared<std::vector<int32_t>>(Permutation(num_blocks));
-      auto kc = std::make_shared<Tensor>(Act({num_blocks, d.block, d.nkv, d.hd}));
-      auto vc = std::make_shared<Tensor>(Act({num_blocks, d.block, d.nkv, d.hd}));
+      // One step's block tables for every set, a K/V cache per set (as per layer in the engine).
+      const int num_blocks = seqs * bps;
+      const std::vector<int32_t> table = Permutation(num_blocks);
+      auto segs = std::make_shared<SegmentSet>(MakeSegments(seqs, len, cached, -1, bps, &table, 0));
       struct Set {
-        Tensor k, v;
-        SegmentSet segs;
+        Tensor k, v, kc, vc;
       };
       auto v = std::make_shared<std::vector<Set>>();
       for (int s = 0; s < c.sets; ++s) {
         Set x;
         x.k = Rand(act_, {t, d.nkv, d.hd});
         x.v = Rand(act_, {t, d.nkv, d.hd});
-        x.segs = MakeSegments(seqs, len, cached, -1, bps, table.get(),
-                              static_cast<size_t>(s) * seqs * bps);
+        x.kc = Act({num_blocks, d.block, d.nkv, d.hd});
+        x.vc = Act({num_blocks, d.block, d.nkv, d.hd});
         v->push_back(std::move(x));
       }
-      c.run = [this, v, kc, vc, table](int s) {
+      c.run = [this, v, segs](int s) {
         Set& x = (*v)[s];
-        be_->WriteKvCache(x.k, x.v, x.segs.segs, *kc, *vc);
+        be_->WriteKvCache(x.k, x.v, segs->segs, x.kc, x.vc);
       };
+      c.stage = Stager(segs, t, cached + len);
       return c;
     });
   }
@@ -1001,6 +1029,28 @@ Result Bench::Time(const std::string& name, Case& c) {
   r.flops = c.flops;
   r.sets = c.sets;
   r.note = c.note;
+  // Ops with segments: first without staging (every call uploads its metadata), then with the
+  // step staged once, as the engine runs them.
+  if (c.stage && !opt_.unstaged) {
+    Result unstaged = r;
+    TimeCalls(c, unstaged);
+    c.stage();
+    TimeCalls(c, r);
+    be_->ClearStep();
+    r.unstaged_us = unstaged.time_us;
+  } else {
+    TimeCalls(c, r);
+    if (c.stage) r.unstaged_us = r.time_us;
+  }
+  if (cuda_) CheckCuda(cudaGetLastError(), name.c_str());
+  const double mem_us = bandwidth_ > 0 ? r.bytes / bandwidth_ * 1e6 : 0;
+  const double mma_us = matrix_rate_ > 0 ? r.flops / matrix_rate_ * 1e6 : 0;
+  r.bound_us = std::max(mem_us, mma_us);
+  r.bound_by = mma_us > mem_us ? "mma" : "mem";
+  return r;
+}
+
+void Bench::TimeCalls(Case& c, Result& r) {
   int next = 0;
   auto run_next = [&] {
     c.run(next);
@@ -1063,14 +1113,8 @@ Result Bench::Time(const std::string& name, Case& c) {
     }
     r.host_us = Median(host);
   }
-  if (cuda_) CheckCuda(cudaGetLastError(), name.c_str());
   r.time_us = Median(times);
   r.min_us = *std::min_element(times.begin(), times.end());
-  const double mem_us = bandwidth_ > 0 ? r.bytes / bandwidth_ * 1e6 : 0;
-  const double mma_us = matrix_rate_ > 0 ? r.flops / matrix_rate_ * 1e6 : 0;
-  r.bound_us = std::max(mem_us, mma_us);
-  r.bound_by = mma_us > mem_us ? "mma" : "mem";
-  return r;
 }
 
 void Bench::MeasureCeilings() {
@@ -1108,19 +1152,23 @@ std::string Bytes(double b) {
 }
 
 void Bench::Print(const std::vector<Result>& results) const {
-  std::printf("\n%-32s %10s %10s %9s %10s %9s %10s %4s %8s %9s %8s\n", "case", "time us", "min us",
-              "host us", "bytes", "GFLOP", "bound us", "by", "x bound", "GB/s", "TFLOP/s");
+  std::printf("\n%-32s %10s %10s %9s %11s %10s %9s %10s %4s %8s %9s %8s\n", "case", "time us",
+              "min us", "host us", "unstaged us", "bytes", "GFLOP", "bound us", "by", "x bound",
+              "GB/s", "TFLOP/s");
   for (const Result& r : results) {
-    std::printf("%-32s %10.2f %10.2f %9.2f %10s %9.3f %10.2f %4s %8.2f %9.1f %8.2f%s\n",
-                r.name.c_str(), r.time_us, r.min_us, r.host_us, Bytes(r.bytes).c_str(),
-                r.flops / 1e9, r.bound_us, r.bound_by.c_str(),
+    const std::string unstaged =
+        r.unstaged_us > 0 ? absl::StrFormat("%.2f", r.unstaged_us) : std::string("-");
+    std::printf("%-32s %10.2f %10.2f %9.2f %11s %10s %9.3f %10.2f %4s %8.2f %9.1f %8.2f%s\n",
+                r.name.c_str(), r.time_us, r.min_us, r.host_us, unstaged.c_str(),
+                Bytes(r.bytes).c_str(), r.flops / 1e9, r.bound_us, r.bound_by.c_str(),
                 r.bound_us > 0 ? r.time_us / r.bound_us : 0.0, r.bytes / (r.time_us * 1e-6) / 1e9,
                 r.flops / (r.time_us * 1e-6) / 1e12,
                 r.timing == "host" ? "  (host-timed)" : (r.gap_batches ? "  (host gaps)" : ""));
   }
   std::printf(
-      "\ntime: median per call; host: host time to queue one call; bound: max(bytes / %.0f GB/s, "
-      "FLOPs / %.1f TFLOP/s)\n",
+      "\ntime: median per call (ops with segments: with the step staged once, StageStep); host: "
+      "host time to queue one call; unstaged: median with every call uploading its metadata; "
+      "bound: max(bytes / %.0f GB/s, FLOPs / %.1f TFLOP/s)\n",
       bandwidth_ / 1e9, matrix_rate_ / 1e12);
 }
 
@@ -1155,6 +1203,7 @@ void Bench::WriteJson(const std::vector<Result>& results) const {
                      {"time_us", r.time_us},
                      {"min_us", r.min_us},
                      {"host_us", r.host_us},
+                     {"unstaged_us", r.unstaged_us},
                      {"bytes", r.bytes},
                      {"flops", r.flops},
                      {"bound_us", r.bound_us},
