@@ -20,8 +20,12 @@ using tcp = asio::ip::tcp;
 
 class BeastMetricsServer final : public MetricsHttpServer {
  public:
-  BeastMetricsServer(std::shared_ptr<prometheus::Registry> registry, JsonRoutes json_routes)
-      : registry_(std::move(registry)), json_routes_(std::move(json_routes)), acceptor_(io_) {}
+  BeastMetricsServer(std::shared_ptr<prometheus::Registry> registry, JsonRoutes json_routes,
+                     PostRoutes post_routes)
+      : registry_(std::move(registry)),
+        json_routes_(std::move(json_routes)),
+        post_routes_(std::move(post_routes)),
+        acceptor_(io_) {}
 
   ~BeastMetricsServer() override {
     stopping_ = true;
@@ -78,7 +82,17 @@ class BeastMetricsServer final : public MetricsHttpServer {
     http::response<http::string_body> response;
     response.version(request.version());
     response.keep_alive(false);
-    if (request.method() != http::verb::get) {
+    if (auto post = post_routes_.find(std::string(request.target())); post != post_routes_.end()) {
+      if (request.method() != http::verb::post) {
+        response.result(http::status::method_not_allowed);
+        response.set(http::field::allow, "POST");
+      } else {
+        const JsonResponse answer = post->second(request.body());
+        response.result(static_cast<http::status>(answer.status));
+        response.set(http::field::content_type, "application/json");
+        response.body() = answer.body;
+      }
+    } else if (request.method() != http::verb::get) {
       response.result(http::status::method_not_allowed);
       response.set(http::field::allow, "GET");
     } else if (auto route = json_routes_.find(std::string(request.target()));
@@ -101,6 +115,7 @@ class BeastMetricsServer final : public MetricsHttpServer {
 
   std::shared_ptr<prometheus::Registry> registry_;
   const JsonRoutes json_routes_;
+  const PostRoutes post_routes_;
   asio::io_context io_;
   tcp::acceptor acceptor_;
   std::thread thread_;
@@ -112,8 +127,9 @@ class BeastMetricsServer final : public MetricsHttpServer {
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry,
-    JsonRoutes json_routes) {
-  auto server = std::make_unique<BeastMetricsServer>(std::move(registry), std::move(json_routes));
+    JsonRoutes json_routes, PostRoutes post_routes) {
+  auto server = std::make_unique<BeastMetricsServer>(std::move(registry), std::move(json_routes),
+                                                     std::move(post_routes));
   if (absl::Status s = server->Bind(host, port); !s.ok()) return s;
   return server;
 }

@@ -18,10 +18,18 @@ class MetricsHttpServer {
  public:
   // GET path -> a JSON document, served beside /metrics (e.g. the worker's /expert_load).
   using JsonRoutes = std::map<std::string, std::function<std::string()>>;
+  // POST path -> (HTTP status, JSON document) for the request body: actions on request (e.g. the
+  // worker's /expert_placement). The server answers one connection at a time, so a long action
+  // delays scrapes until it is done.
+  struct JsonResponse {
+    int status = 200;
+    std::string body;
+  };
+  using PostRoutes = std::map<std::string, std::function<JsonResponse(const std::string& body)>>;
   // Binds host:port (0 picks a free port) and serves until destroyed.
   static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
       const std::string& host, int port, std::shared_ptr<prometheus::Registry> registry,
-      JsonRoutes json_routes = {});
+      JsonRoutes json_routes = {}, PostRoutes post_routes = {});
   virtual ~MetricsHttpServer() = default;
   [[nodiscard]] virtual int port() const = 0;
 };

@@ -38,6 +38,9 @@ struct Layout {
   int world, tp, ep;
   bool sequence_parallel;
   bool load_aware = false;  // experts placed by SkewedPlacement instead of contiguously
+  // Start contiguous and move to SkewedPlacement on every rank without reloading the model
+  // (HybridModel::ApplyExpertPlacement), in the middle of a sequence's chunked prefill.
+  bool live_placement = false;
 };
 
 void PrintTo(const Layout& layout, std::ostream* os) { *os << layout.name; }
@@ -60,6 +63,8 @@ const std::vector<Layout> kLayouts = {
     {"ep2_loadaware", 2, 1, 2, false, true},
     {"ep4_loadaware", 4, 1, 4, false, true},
     {"tp2_ep2_loadaware", 2, 2, 2, false, true},
+    {"ep2_live_placement", 2, 1, 2, false, false, true},
+    {"ep4_live_placement", 4, 1, 4, false, false, true},
 };
 
 // A placement balancing a load that the contiguous placement puts all on rank 0 (its experts
@@ -167,6 +172,17 @@ RankResult RunRank(const std::string& dir, const ModelReference& ref, const Layo
   for (size_t b = 0; b < prompt.size(); b += 5) {
     SequenceStep step{std::span(prompt).subspan(b, std::min<size_t>(5, prompt.size() - b)), &seq};
     if (absl::Status s = model.Forward(std::span(&step, 1), {}, logits); !s.ok()) return fail(s);
+    if (layout.live_placement && b == 0) {
+      // Every rank moves between the same two steps (the leader's plan does this in a worker).
+      auto placement = SkewedPlacement(dir, layout.ep);
+      if (!placement.ok()) return fail(placement.status());
+      const kernels::Tensor router_before = model.weights().banks[0].router;
+      if (absl::Status s = model.ApplyExpertPlacement(*placement); !s.ok()) return fail(s);
+      if (model.shard().placement != *placement ||
+          model.weights().banks[0].router.raw() == router_before.raw()) {
+        return fail(absl::InternalError("the placement was not applied"));
+      }
+    }
   }
   while (r.chunked_tokens.size() < expected3.size()) {
     r.chunked_tokens.push_back(Argmax(logits.data(), vocab));

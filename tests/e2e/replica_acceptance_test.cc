@@ -153,6 +153,10 @@ TEST(ExpertLoadTest, MeasuredLoadDrivesALoadAwareReplica) {
     EXPECT_GE(loads["sampled_steps"].get<int64_t>(), 1);
     std::ofstream(load_file) << loads.dump();
     measured = loads["banks"];
+    // One process holds every expert: nothing to place.
+    const auto [status, body] = measure.WorkerHttpPost(0, "/expert_placement");
+    EXPECT_EQ(status, 409) << body;
+    EXPECT_NE(body.find("expert parallelism"), std::string::npos) << body;
   }
   Deployment placed(
       {.workers = 1,
@@ -172,6 +176,48 @@ TEST(ExpertLoadTest, MeasuredLoadDrivesALoadAwareReplica) {
       nlohmann::json::parse(placed.WorkerHttp(0, "/expert_load"), nullptr, false);
   ASSERT_TRUE(placed_loads.is_object() && placed_loads.contains("banks")) << placed_loads.dump();
   EXPECT_EQ(placed_loads["banks"], measured);
+}
+
+// A serving EP replica moves to a load-aware placement on request, without a restart: every rank
+// reloads its experts between two steps, a stream in flight finishes with exact tokens, and
+// later requests give the same tokens as before.
+TEST(ExpertLoadTest, PlacementAppliedOnRequestWithoutRestart) {
+  constexpr int kMaxTokens = 6, kLongTokens = 40;
+  const std::vector<std::vector<int32_t>> prompts = Prompts(4);
+  std::vector<std::vector<int32_t>> expected;
+  for (const auto& p : prompts) expected.push_back(MobiusGenerate(p, kMaxTokens));
+  const std::vector<int32_t> long_expected = MobiusGenerate(prompts[1], kLongTokens);
+  Deployment d({.workers = 1,
+                .worker_flags = {"--max-model-len=256"},
+                .router_flags = {},
+                .step_delay_ms = 20,
+                .ranks = 2,
+                .rank_flags = {"--ep=2"}});
+  ASSERT_TRUE(d.ready());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const GrpcOutcome out = GrpcGenerate(d.inference(), GreedyRequest(prompts[i], kMaxTokens));
+    EXPECT_EQ(out.tokens, expected[i]) << "prompt " << i << " before";
+  }
+  // A stream of ~40 steps of >= 20 ms is in flight while the placement changes.
+  GrpcOutcome in_flight;
+  std::thread client(
+      [&] { in_flight = GrpcGenerate(d.inference(), GreedyRequest(prompts[1], kLongTokens)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto [status, body] = d.WorkerHttpPost(0, "/expert_placement");
+  client.join();
+  ASSERT_EQ(status, 200) << body;
+  const nlohmann::json report = nlohmann::json::parse(body, nullptr, false);
+  ASSERT_TRUE(report.is_object()) << body;
+  EXPECT_EQ(report["ranks"], 2);
+  EXPECT_GT(report["experts_moved"].get<int64_t>(), 0) << body;
+  EXPECT_LE(report["imbalance_after"].get<double>(), report["imbalance_before"].get<double>())
+      << body;
+  EXPECT_TRUE(in_flight.status.ok()) << in_flight.status.error_message();
+  EXPECT_EQ(in_flight.tokens, long_expected) << "the stream across the placement change";
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const GrpcOutcome out = GrpcGenerate(d.inference(), GreedyRequest(prompts[i], kMaxTokens));
+    EXPECT_EQ(out.tokens, expected[i]) << "prompt " << i << " after";
+  }
 }
 
 // SIGKILL of a follower rank of a serving replica: the leader fails the replica and exits

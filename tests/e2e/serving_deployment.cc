@@ -149,6 +149,12 @@ std::string Deployment::WorkerHttp(int i, const std::string& path) {
   return HttpGet(workers_[i].metrics_port, path).body;
 }
 
+std::pair<int, std::string> Deployment::WorkerHttpPost(int i, const std::string& path) {
+  const HttpReply reply =
+      HttpCall(workers_[i].metrics_port, boost::beast::http::verb::post, path, "{}");
+  return {reply.status, reply.body};
+}
+
 std::string Deployment::RouterMetrics() { return HttpGet(http_port_, "/metrics").body; }
 
 void Deployment::KillWorker(int i) { workers_[i].process.reset(); }

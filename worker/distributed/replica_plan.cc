@@ -72,6 +72,15 @@ absl::Status LeaderBroadcast::Step(const ReplicaStepPlan& plan) {
   return Send(m.SerializeAsString());
 }
 
+absl::Status LeaderBroadcast::ApplyPlacement(const ExpertPlacement& placement) {
+  v1::ReplicaMessage m;
+  for (int b = 0; b < placement.num_banks(); ++b) {
+    const std::vector<int32_t>& order = placement.order(b);
+    m.mutable_placement()->add_banks()->mutable_experts()->Add(order.begin(), order.end());
+  }
+  return Send(m.SerializeAsString());
+}
+
 absl::Status LeaderBroadcast::Stop() {
   v1::ReplicaMessage m;
   m.mutable_stop();
@@ -98,6 +107,15 @@ absl::Status FollowLeader(HybridModel& model, Communicator& comm) {
       case v1::ReplicaMessage::kStep:
         RETURN_IF_ERROR(model.ExecutePlan(FromProto(m.step())));
         break;
+      case v1::ReplicaMessage::kPlacement: {
+        std::vector<std::vector<int32_t>> orders;
+        for (const auto& bank : m.placement().banks()) {
+          orders.emplace_back(bank.experts().begin(), bank.experts().end());
+        }
+        RETURN_IF_ERROR(model.ApplyExpertPlacement(std::make_shared<const ExpertPlacement>(
+            ExpertPlacement::FromOrders(std::move(orders)))));
+        break;
+      }
       case v1::ReplicaMessage::kStop:
         return absl::OkStatus();
       default:

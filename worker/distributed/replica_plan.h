@@ -21,6 +21,7 @@ class LeaderBroadcast final : public ReplicaFollowers {
   explicit LeaderBroadcast(Communicator& comm) : comm_(comm) {}
   absl::Status CreateCaches(const CacheGeometry& geometry) override;
   absl::Status Step(const ReplicaStepPlan& plan) override;
+  absl::Status ApplyPlacement(const ExpertPlacement& placement) override;
   // Ends the followers' loops (they return OK): the leader is shutting down cleanly.
   absl::Status Stop();
 

@@ -109,7 +109,8 @@ void FillLocal(uint64_t seed, size_t p, const ParameterSpec& spec, int64_t local
 
 absl::StatusOr<ModelWeights> CreateDummyWeights(const ModelConfig& config,
                                                 kernels::Backend& backend, uint64_t seed,
-                                                bool include_mtp, const ShardSpec& shard) {
+                                                bool include_mtp, const ShardSpec& shard,
+                                                WeightSelection selection) {
   RETURN_IF_ERROR(ComputeShardDims(config, shard).status());
   LayoutOptions options;
   options.prefix = DefaultTensorPrefix(config);
@@ -125,6 +126,12 @@ absl::StatusOr<ModelWeights> CreateDummyWeights(const ModelConfig& config,
   std::vector<std::vector<uint16_t>> host(workers, std::vector<uint16_t>(kChunk));
   for (size_t p = 0; p < specs.size(); ++p) {
     ParameterSpec& spec = specs[p];
+    // (Values are seeded by the parameter's index in the full list, so a selection gets the
+    // same values as a full load.)
+    if (selection == WeightSelection::kRoutedExperts &&
+        spec.group != ParameterGroup::kRoutedExperts) {
+      continue;
+    }
     auto tensor = backend.Allocate(backend.activation_dtype(), spec.shape);
     if (!tensor.ok()) {
       return absl::Status(
@@ -154,7 +161,9 @@ absl::StatusOr<ModelWeights> CreateDummyWeights(const ModelConfig& config,
       }
     }
   }
-  if (config.tie_word_embeddings) weights.lm_head = weights.embed;
+  if (config.tie_word_embeddings && selection == WeightSelection::kAll) {
+    weights.lm_head = weights.embed;
+  }
   return weights;
 }
 

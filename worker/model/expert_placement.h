@@ -31,6 +31,10 @@ class ExpertPlacement {
   // negative.
   static absl::StatusOr<ExpertPlacement> BalanceLoads(const std::vector<std::vector<double>>& loads,
                                                       int world);
+  // A placement from explicit orders (validated against a model by ComputeShardDims).
+  static ExpertPlacement FromOrders(std::vector<std::vector<int32_t>> orders) {
+    return ExpertPlacement(std::move(orders));
+  }
   // Reads {"banks": [[load of expert 0, 1, ...], ...]} (one array per bank) and balances it.
   // Errors name the file and what is wrong.
   static absl::StatusOr<ExpertPlacement> FromLoadFile(const std::string& path, int world);

@@ -337,6 +337,31 @@ absl::Status HybridModel::SumExpertCounts(std::vector<std::vector<int64_t>>& cou
   return absl::OkStatus();
 }
 
+absl::Status HybridModel::ApplyExpertPlacement(std::shared_ptr<const ExpertPlacement> placement) {
+  if (!bank_loader_) {
+    return absl::FailedPreconditionError(
+        "this model cannot reload its expert banks (it was not made by LoadHybridModel)");
+  }
+  if (placement == nullptr) {
+    return absl::InvalidArgumentError("no expert placement given");
+  }
+  ShardSpec shard = shard_;
+  shard.placement = placement->identity() ? nullptr : placement;
+  // Validates the placement against the config (bank count, every order a permutation).
+  RETURN_IF_ERROR(ComputeShardDims(config_, shard).status());
+  if (followers_ != nullptr) RETURN_IF_ERROR(followers_->ApplyPlacement(*placement));
+  ASSIGN_OR_RETURN(std::vector<ExpertBankWeights> banks, bank_loader_(shard));
+  if (banks.size() != weights_.banks.size()) {
+    return absl::InternalError(absl::StrFormat("reloaded %d banks, the model has %d", banks.size(),
+                                               weights_.banks.size()));
+  }
+  backend_.Synchronize();  // no queued op still reads the old banks
+  decode_graphs_.clear();
+  weights_.banks = std::move(banks);
+  shard_ = shard;
+  return absl::OkStatus();
+}
+
 absl::Status HybridModel::ExecutePlan(const ReplicaStepPlan& plan) {
   if (!kv_cache_ || !state_slots_) {
     return absl::FailedPreconditionError("a step plan arrived before the cache geometry");

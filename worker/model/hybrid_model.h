@@ -5,6 +5,7 @@
 #define MOBIUS_WORKER_MODEL_HYBRID_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -145,6 +146,20 @@ class HybridModel {
   // detaches), which repeat them on the other ranks. hidden_out stays the leader's; with
   // expert parallelism expert_tokens is counted on every rank and summed over them.
   void SetFollowers(ReplicaFollowers* followers) { followers_ = followers; }
+  // ---- expert placement on request (issue 5) ----
+  // How this rank's routed banks are (re)loaded for a shard: LoadHybridModel sets it (same
+  // checkpoint or dummy seed as the first load).
+  using BankLoader =
+      std::function<absl::StatusOr<std::vector<ExpertBankWeights>>(const ShardSpec& shard)>;
+  void SetBankLoader(BankLoader loader) { bank_loader_ = std::move(loader); }
+  // Moves to `placement` without a restart: the followers first (the leader's call), then this
+  // rank reloads the experts it holds under it and the routers' row order, between steps. The
+  // function stays the same (outputs identical up to top-k ties); which rank computes which
+  // expert changes. Recorded decode steps are dropped (they point at the old weights). While it
+  // runs, this rank holds its old and new banks. FailedPrecondition without a bank loader;
+  // InvalidArgument for a placement that does not fit the model.
+  absl::Status ApplyExpertPlacement(std::shared_ptr<const ExpertPlacement> placement);
+
   // Follower rank: repeats one of the leader's steps on this rank's shard (zeroes the state slots
   // of sequences at position 0, then runs the sequences with the plan's block tables and slots).
   absl::Status ExecutePlan(const ReplicaStepPlan& plan);
@@ -209,6 +224,7 @@ class HybridModel {
   int max_positions_ = 0;  // the caches' per-sequence capacity (CreateCaches max_tokens)
   int decode_capture_max_batch_ = 0;
   ReplicaFollowers* followers_ = nullptr;
+  BankLoader bank_loader_;
   absl::Status capture_error_;
   std::map<int, DecodeGraph> decode_graphs_;  // by batch size
   // The last Forward's DeltaNet state inputs, per DeltaNet layer (keep_state_inputs).

@@ -36,8 +36,23 @@ absl::StatusOr<std::unique_ptr<HybridModel>> LoadHybridModel(const ModelSource& 
     ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(source.model_dir));
     ASSIGN_OR_RETURN(weights, LoadCheckpointWeights(config, *checkpoint, backend, source.shard));
   }
-  return std::make_unique<HybridModel>(std::move(config), std::move(weights), backend, source.shard,
-                                       source.comm);
+  auto model =
+      std::make_unique<HybridModel>(config, std::move(weights), backend, source.shard, source.comm);
+  // A new expert placement reloads this rank's banks from the same source.
+  model->SetBankLoader([source, config, &backend](const ShardSpec& shard)
+                           -> absl::StatusOr<std::vector<ExpertBankWeights>> {
+    ModelWeights banks;
+    if (source.load_format == LoadFormat::kDummy) {
+      ASSIGN_OR_RETURN(banks, CreateDummyWeights(config, backend, source.seed, source.load_mtp,
+                                                 shard, WeightSelection::kRoutedExperts));
+    } else {
+      ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(source.model_dir));
+      ASSIGN_OR_RETURN(banks, LoadCheckpointWeights(config, *checkpoint, backend, shard,
+                                                    WeightSelection::kRoutedExperts));
+    }
+    return std::move(banks.banks);
+  });
+  return model;
 }
 
 }  // namespace mobius::worker

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "kernels/backend.h"
+#include "worker/model/expert_placement.h"
 
 namespace mobius::worker {
 
@@ -41,6 +42,8 @@ class ReplicaFollowers {
   virtual absl::Status CreateCaches(const CacheGeometry& geometry) = 0;
   // Sent before the leader runs the step; the collectives of the step follow.
   virtual absl::Status Step(const ReplicaStepPlan& plan) = 0;
+  // A new expert placement: every rank reloads its banks for it (between steps).
+  virtual absl::Status ApplyPlacement(const ExpertPlacement& placement) = 0;
 };
 
 }  // namespace mobius::worker

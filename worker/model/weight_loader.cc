@@ -116,7 +116,8 @@ void CopyPiece(const CheckpointPiece& piece, const TensorRecord& record, kernels
 absl::StatusOr<ModelWeights> LoadCheckpointWeights(const ModelConfig& config,
                                                    const Checkpoint& checkpoint,
                                                    kernels::Backend& backend,
-                                                   const ShardSpec& shard) {
+                                                   const ShardSpec& shard,
+                                                   WeightSelection selection) {
   RETURN_IF_ERROR(ComputeShardDims(config, shard).status());
   LayoutOptions options;
   options.shard = shard;
@@ -130,6 +131,11 @@ absl::StatusOr<ModelWeights> LoadCheckpointWeights(const ModelConfig& config,
 
   ModelWeights weights;
   std::vector<ParameterSpec> specs = ListParameters(config, options, &weights);
+  if (selection == WeightSelection::kRoutedExperts) {
+    std::erase_if(specs, [](const ParameterSpec& spec) {
+      return spec.group != ParameterGroup::kRoutedExperts;
+    });
+  }
   // Validate everything before allocating anything, so a bad checkpoint fails fast.
   std::vector<const CheckpointLayout*> layouts;
   layouts.reserve(specs.size());
@@ -147,7 +153,7 @@ absl::StatusOr<ModelWeights> LoadCheckpointWeights(const ModelConfig& config,
       CopyPiece(piece, *checkpoint.Find(piece.tensor), flat, backend);
     }
   }
-  FinishTiedHead(config, weights);
+  if (selection == WeightSelection::kAll) FinishTiedHead(config, weights);
   return weights;
 }
 

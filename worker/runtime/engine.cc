@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "worker/runtime/speculative_sampling.h"
@@ -115,6 +116,63 @@ void Engine::Shutdown(bool drain) {
   if (thread_.joinable()) thread_.join();
 }
 
+absl::StatusOr<Engine::PlacementReport> Engine::RebalanceExperts() {
+  absl::Notification done;
+  absl::StatusOr<PlacementReport> result = absl::UnavailableError("the engine stopped");
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("the engine is shutting down");
+    tasks_.push_back([this, &done, &result](absl::Status why_not) {
+      result = why_not.ok() ? Rebalance() : absl::StatusOr<PlacementReport>(why_not);
+      done.Notify();
+    });
+  }
+  done.WaitForNotification();
+  return result;
+}
+
+absl::StatusOr<Engine::PlacementReport> Engine::Rebalance() {
+  const ShardSpec& shard = model_.shard();
+  if (shard.ep_size <= 1) {
+    return absl::FailedPreconditionError(
+        "expert placement needs expert parallelism (--ep > 1); this replica holds every expert");
+  }
+  ExpertLoads loads = GetExpertLoads();
+  if (loads.sampled_steps == 0 || loads.banks.empty()) {
+    return absl::FailedPreconditionError(
+        "no expert load measured yet (the engine samples it every --expert-load-sample-every "
+        "steps while serving)");
+  }
+  std::vector<std::vector<double>> load(loads.banks.size());
+  for (size_t b = 0; b < loads.banks.size(); ++b) {
+    load[b].assign(loads.banks[b].begin(), loads.banks[b].end());
+  }
+  const int world = shard.ep_size;
+  ASSIGN_OR_RETURN(ExpertPlacement balanced, ExpertPlacement::BalanceLoads(load, world));
+  const ExpertPlacement old =
+      shard.placement != nullptr
+          ? *shard.placement
+          : ExpertPlacement::Contiguous(static_cast<int>(load.size()),
+                                        static_cast<int>(load.empty() ? 0 : load[0].size()));
+  PlacementReport report;
+  report.ranks = world;
+  report.sampled_steps = loads.sampled_steps;
+  report.imbalance_before = old.Imbalance(load, world);
+  report.imbalance_after = balanced.Imbalance(load, world);
+  for (int b = 0; b < balanced.num_banks(); ++b) {
+    const int E = static_cast<int>(balanced.order(b).size()), per_rank = E / world;
+    std::vector<int> old_rank(E), new_rank(E);
+    for (int j = 0; j < E; ++j) {
+      old_rank[old.order(b)[j]] = j / per_rank;
+      new_rank[balanced.order(b)[j]] = j / per_rank;
+    }
+    for (int e = 0; e < E; ++e) report.experts_moved += old_rank[e] != new_rank[e];
+  }
+  RETURN_IF_ERROR(
+      model_.ApplyExpertPlacement(std::make_shared<const ExpertPlacement>(std::move(balanced))));
+  return report;
+}
+
 Engine::ExpertLoads Engine::GetExpertLoads() {
   absl::MutexLock lock(&mu_);
   return expert_loads_;
@@ -171,19 +229,23 @@ void Engine::Loop() {
   while (true) {
     std::vector<std::unique_ptr<Sequence>> incoming;
     std::vector<std::string> cancelled;
+    std::vector<std::function<void(absl::Status)>> tasks;
     bool stopping, drain;
     const bool busy = scheduler_->num_running() + scheduler_->num_waiting() > 0;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this, busy]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return busy || stopping_ || !incoming_.empty() || !cancelled_.empty();
+        return busy || stopping_ || !incoming_.empty() || !cancelled_.empty() || !tasks_.empty();
       };
       mu_.Await(absl::Condition(&ready));
       incoming.swap(incoming_);
       cancelled.swap(cancelled_);
+      tasks.swap(tasks_);
       stopping = stopping_;
       drain = drain_;
     }
+    // Between two steps: nothing of the model is in use.
+    for (auto& task : tasks) task(absl::OkStatus());
     for (auto& seq : incoming) scheduler_->Add(std::move(seq));
     for (const std::string& id : cancelled) {
       if (std::unique_ptr<Sequence> seq = RemoveSequence(id)) {

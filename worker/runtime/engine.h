@@ -103,9 +103,25 @@ class Engine {
   };
   [[nodiscard]] ExpertLoads GetExpertLoads();
 
+  // Load-aware expert placement on request, without a restart (issue 5): balances the loads
+  // sampled so far over the expert-parallel ranks (ExpertPlacement::BalanceLoads) and applies
+  // the placement on every rank between two steps; requests in flight continue with identical
+  // outputs. Blocks until applied. FailedPrecondition without expert parallelism or before any
+  // load was sampled; Unavailable once the engine stops.
+  struct PlacementReport {
+    int ranks = 0;
+    int64_t sampled_steps = 0;
+    double imbalance_before = 1;  // max / mean rank load under the old and new placement
+    double imbalance_after = 1;
+    int64_t experts_moved = 0;  // experts now on another rank, over every bank
+  };
+  absl::StatusOr<PlacementReport> RebalanceExperts();
+
  private:
   Engine(HybridModel& model, const EngineOptions& options);
   void Loop();
+  // The engine thread's half of RebalanceExperts.
+  absl::StatusOr<PlacementReport> Rebalance();
   // Runs one scheduled step; returns false when there was nothing to do.
   bool Step();
   // Copies the scheduler's and caches' state into stats_ for GetStats.
@@ -137,6 +153,8 @@ class Engine {
   absl::Mutex mu_;
   std::vector<std::unique_ptr<Sequence>> incoming_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> cancelled_ ABSL_GUARDED_BY(mu_);
+  // Work for the engine thread between steps (RebalanceExperts); each gets OK or why not.
+  std::vector<std::function<void(absl::Status)>> tasks_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, OutputCallback> callbacks_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool drain_ ABSL_GUARDED_BY(mu_) = false;

@@ -196,13 +196,41 @@ absl::Status Run() {
     const Engine::ExpertLoads loads = e->GetExpertLoads();
     return nlohmann::json({{"banks", loads.banks}, {"sampled_steps", loads.sampled_steps}}).dump();
   };
+  // POST /expert_placement: a load-aware placement from those loads, applied on every rank of
+  // the replica without a restart (Engine::RebalanceExperts).
+  MetricsHttpServer::PostRoutes post_routes;
+  post_routes["/expert_placement"] = [&engine_for_routes](const std::string&) {
+    MetricsHttpServer::JsonResponse response;
+    Engine* e = engine_for_routes.load();
+    if (e == nullptr)
+      return MetricsHttpServer::JsonResponse{503, R"({"error": "the engine is not running"})"};
+    absl::StatusOr<Engine::PlacementReport> report = e->RebalanceExperts();
+    if (!report.ok()) {
+      response.status = absl::IsFailedPrecondition(report.status()) ? 409
+                        : absl::IsUnavailable(report.status())      ? 503
+                                                                    : 500;
+      response.body = nlohmann::json({{"error", std::string(report.status().message())}}).dump();
+      return response;
+    }
+    MOBIUS_LOG(INFO, "worker", "")
+        << "expert placement applied: imbalance " << report->imbalance_before << " -> "
+        << report->imbalance_after << ", " << report->experts_moved << " experts moved";
+    response.body = nlohmann::json({{"ranks", report->ranks},
+                                    {"sampled_steps", report->sampled_steps},
+                                    {"imbalance_before", report->imbalance_before},
+                                    {"imbalance_after", report->imbalance_after},
+                                    {"experts_moved", report->experts_moved}})
+                        .dump();
+    return response;
+  };
   std::unique_ptr<MetricsHttpServer> metrics_server;
   if (absl::GetFlag(FLAGS_metrics_port) > 0) {
-    ASSIGN_OR_RETURN(metrics_server, MetricsHttpServer::Start(absl::GetFlag(FLAGS_host),
-                                                              absl::GetFlag(FLAGS_metrics_port),
-                                                              registry, std::move(routes)));
-    MOBIUS_LOG(INFO, "worker", "")
-        << "metrics on port " << metrics_server->port() << " /metrics, /expert_load";
+    ASSIGN_OR_RETURN(
+        metrics_server,
+        MetricsHttpServer::Start(absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_metrics_port),
+                                 registry, std::move(routes), std::move(post_routes)));
+    MOBIUS_LOG(INFO, "worker", "") << "metrics on port " << metrics_server->port()
+                                   << " /metrics, /expert_load, POST /expert_placement";
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(*model, options));
   engine_for_routes.store(engine.get());
