@@ -4,6 +4,7 @@
 #include <atomic>
 #include <climits>
 #include <cstdlib>
+#include <string>
 #include <string_view>
 #include <utility>
 
@@ -1095,49 +1096,58 @@ MoeScratch CarveMoeScratch(char* base, int64_t num_tokens, int k, int num_local,
 
 constexpr int kFewWarps = 8;
 
-// act[p, i] = silu(x[t] . gate[e, i]) * (x[t] . up[e, i]) for pair p = (t, j), e = ids[p]: a warp
-// computes two columns i (four weight rows), each lane keeping kUnroll 16-byte pieces of each row
-// in flight. Grid (ceil(I / 16), pairs).
-template <int kUnroll>
+// act[p, i] = silu(x[t] . gate[e, i]) * (x[t] . up[e, i]) for pair p = (t, j), e = ids[p]: kSplit
+// warps compute kCols columns i (2 kCols weight rows) together, each taking every kSplit-th
+// 32-piece stretch of the hidden dimension, each lane keeping kUnroll 16-byte pieces of each row in
+// flight; with kSplit > 1 the warps' sums meet in shared memory. Grid (ceil(I / (8 kCols /
+// kSplit)), pairs).
+template <int kCols, int kUnroll, int kSplit>
 __global__ void __launch_bounds__(kFewWarps * 32)
     MoeFewGateUpKernel(const uint16_t* x, const int32_t* ids, const uint16_t* gate_up,
                        int64_t hidden, int64_t inter, int k, int first_expert, int num_local,
                        uint16_t* act) {
+  static_assert(kFewWarps % kSplit == 0);
+  constexpr int kRows = 2 * kCols;
   PdlWait();
   PdlTrigger();
   const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int slice = warp % kSplit;
   const int64_t p = blockIdx.y;
   const int e = ids[p] - first_expert;
   if (e < 0 || e >= num_local) return;  // another rank's expert: the down kernel skips it too
-  const int64_t i0 = (static_cast<int64_t>(blockIdx.x) * kFewWarps + (threadIdx.x >> 5)) * 2;
-  if (i0 >= inter) return;
-  const bool second = i0 + 1 < inter;
+  const int64_t i0 =
+      (static_cast<int64_t>(blockIdx.x) * (kFewWarps / kSplit) + warp / kSplit) * kCols;
+  if (kSplit == 1 && i0 >= inter) return;  // (with kSplit > 1 every warp reaches the barrier)
   const uint16_t* w = gate_up + static_cast<int64_t>(e) * 2 * inter * hidden;
-  const uint4* rows[4] = {
-      reinterpret_cast<const uint4*>(w + i0 * hidden),
-      reinterpret_cast<const uint4*>(w + (second ? i0 + 1 : i0) * hidden),
-      reinterpret_cast<const uint4*>(w + (inter + i0) * hidden),
-      reinterpret_cast<const uint4*>(w + (inter + (second ? i0 + 1 : i0)) * hidden)};
+  const uint4* rows[kRows];  // gate rows of the columns, then their up rows
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    const int64_t i = i0 + c < inter ? i0 + c : 0;
+    rows[c] = reinterpret_cast<const uint4*>(w + i * hidden);
+    rows[kCols + c] = reinterpret_cast<const uint4*>(w + (inter + i) * hidden);
+  }
   const uint4* xr = reinterpret_cast<const uint4*>(x + (p / k) * hidden);
   const int64_t pieces = hidden / 8;
-  float acc[4] = {};
-  for (int64_t base = lane; base < pieces; base += 32 * kUnroll) {
-    uint4 wv[kUnroll][4];
+  constexpr int kStride = 32 * kSplit;
+  float acc[kRows] = {};
+  for (int64_t base = slice * 32 + lane; base < pieces; base += kStride * kUnroll) {
+    uint4 wv[kUnroll][kRows];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t q = base + 32 * u;
+      const int64_t q = base + kStride * u;
 #pragma unroll
-      for (int r = 0; r < 4; ++r)
+      for (int r = 0; r < kRows; ++r)
         wv[u][r] = q < pieces ? __ldg(rows[r] + q) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t q = base + 32 * u;
+      const int64_t q = base + kStride * u;
       if (q >= pieces) break;
       float xv[8];
       UnpackBf16x8(__ldg(xr + q), xv);
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
+      for (int r = 0; r < kRows; ++r) {
         float wf[8];
         UnpackBf16x8(wv[u][r], wf);
 #pragma unroll
@@ -1146,9 +1156,29 @@ __global__ void __launch_bounds__(kFewWarps * 32)
     }
   }
 #pragma unroll
-  for (int r = 0; r < 4; ++r) acc[r] = WarpSum(acc[r]);
-  if (lane == 0) act[p * inter + i0] = F32ToBf16(Silu(acc[0]) * acc[2]);
-  if (lane == 1 && second) act[p * inter + i0 + 1] = F32ToBf16(Silu(acc[1]) * acc[3]);
+  for (int r = 0; r < kRows; ++r) acc[r] = WarpSum(acc[r]);
+  if constexpr (kSplit > 1) {
+    __shared__ float partial[kFewWarps][kRows];
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) partial[warp][r] = acc[r];
+    }
+    __syncthreads();
+    if (slice != 0) return;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float sum = partial[warp][r];
+#pragma unroll
+      for (int j = 1; j < kSplit; ++j) sum += partial[warp + j][r];
+      acc[r] = sum;
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) {
+    if (lane == c && i0 + c < inter) {
+      act[p * inter + i0 + c] = F32ToBf16(Silu(acc[c]) * acc[kCols + c]);
+    }
+  }
 }
 
 // out[t, h] += sum_j weights[t, j] * (act[(t, j)] . down[e_j, h]): a warp computes two rows h of
@@ -1200,13 +1230,12 @@ __global__ void __launch_bounds__(kFewWarps * 32)
   }
 }
 
-// The same sum with the experts spread over the warps: a block computes kFewDownRows rows h of one
+// The same sum with the experts spread over the warps: a block computes kRows rows h of one
 // token, warp w the expert slots j = w, w + 8, ... At one token the kernel above ran H / 16 = 128
 // blocks, one per SM, each warp walking its k experts with two short loads per lane in flight;
 // here H / 4 = 512 blocks, and each warp issues its rows of one expert and the act row at once.
 // The warps' weighted partials meet in shared memory; out is read and written once per row.
-constexpr int kFewDownRows = 4;
-
+template <int kFewDownRows>
 __global__ void __launch_bounds__(kFewWarps * 32)
     MoeFewDownRowsKernel(const uint16_t* act, const int32_t* ids, const float* weights,
                          const uint16_t* down, int64_t hidden, int64_t inter, int k,
@@ -1444,6 +1473,76 @@ const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const flo
   return s.counts;
 }
 
+namespace {
+
+using FewGateUpFn = void (*)(const uint16_t*, const int32_t*, const uint16_t*, int64_t, int64_t,
+                             int, int, int, uint16_t*);
+using FewDownFn = void (*)(const uint16_t*, const int32_t*, const float*, const uint16_t*, int64_t,
+                           int64_t, int, int, int, uint16_t*);
+
+// The few-token kernels' shape: gate-up columns per warp group, pieces in flight per row, warps
+// per column group (split hidden), down rows per block (0: the first, expert-serial down kernel).
+struct FewConfig {
+  int cols = 1, unroll = 2, split = 1, down_rows = 4;
+};
+
+// MOBIUS_MOE_FEW (A/B runs): "v1" = the first kernels (2 columns, unroll 2, expert-serial down);
+// otherwise tokens c1/c2 (columns), u2/u4/u8 (unroll), s2/s4 (split), d2/d4/d8 (down rows)
+// override the default.
+FewConfig FewConfigFor() {
+  static const std::string variant = [] {
+    const char* env = std::getenv("MOBIUS_MOE_FEW");
+    return std::string(env != nullptr ? env : "");
+  }();
+  FewConfig c;
+  if (variant == "v1") return FewConfig{2, 2, 1, 0};
+  auto has = [](std::string_view token) { return variant.find(token) != std::string::npos; };
+  if (has("c1")) c.cols = 1;
+  if (has("c2")) c.cols = 2;
+  if (has("u2")) c.unroll = 2;
+  if (has("u4")) c.unroll = 4;
+  if (has("u8")) c.unroll = 8;
+  if (has("s2")) c.split = 2;
+  if (has("s4")) c.split = 4;
+  if (has("d2")) c.down_rows = 2;
+  if (has("d4")) c.down_rows = 4;
+  if (has("d8")) c.down_rows = 8;
+  return c;
+}
+
+template <int kSplit>
+FewGateUpFn FewGateUpSplit(const FewConfig& c) {
+  if (c.cols == 1) {
+    return c.unroll == 4   ? MoeFewGateUpKernel<1, 4, kSplit>
+           : c.unroll == 8 ? MoeFewGateUpKernel<1, 8, kSplit>
+                           : MoeFewGateUpKernel<1, 2, kSplit>;
+  }
+  return c.unroll == 4   ? MoeFewGateUpKernel<2, 4, kSplit>
+         : c.unroll == 8 ? MoeFewGateUpKernel<2, 8, kSplit>
+                         : MoeFewGateUpKernel<2, 2, kSplit>;
+}
+
+FewGateUpFn FewGateUp(const FewConfig& c) {
+  return c.split == 4   ? FewGateUpSplit<4>(c)
+         : c.split == 2 ? FewGateUpSplit<2>(c)
+                        : FewGateUpSplit<1>(c);
+}
+
+FewDownFn FewDown(const FewConfig& c) {
+  switch (c.down_rows) {
+    case 0:
+      return MoeFewDownKernel;
+    case 2:
+      return MoeFewDownRowsKernel<2>;
+    case 8:
+      return MoeFewDownRowsKernel<8>;
+    default:
+      return MoeFewDownRowsKernel<4>;
+  }
+}
+
+}  // namespace
+
 bool LaunchMoeExpertsFewTokens(const uint16_t* x, const int32_t* ids, const float* weights,
                                const uint16_t* gate_up, const uint16_t* down, int64_t num_tokens,
                                int k, int num_local_experts, int first_expert, int64_t hidden,
@@ -1453,42 +1552,27 @@ bool LaunchMoeExpertsFewTokens(const uint16_t* x, const int32_t* ids, const floa
     const char* env = std::getenv("MOBIUS_MOE_GEMM");
     return env != nullptr && std::string_view(env) == "grouped";
   }();
-  // MOBIUS_MOE_FEW (A/B runs): v1 = the first few-token kernels (gate-up 2 pieces in flight per
-  // row, the expert-serial down kernel); gu2 / gu8 = the gate-up kernel with 2 / 8 pieces in
-  // flight beside the expert-parallel down kernel. Default: 4 pieces, expert-parallel down.
-  static const std::string_view variant = [] {
-    const char* env = std::getenv("MOBIUS_MOE_FEW");
-    return std::string_view(env != nullptr ? env : "");
-  }();
   const int64_t pairs = num_tokens * k;
   if (pairs == 0 || pairs > kMoeFewTokensMaxPairs || hidden % 8 != 0 || inter % 8 != 0 ||
       !Aligned16(x) || !Aligned16(gate_up) || !Aligned16(down) || !Aligned16(act_scratch) ||
       ForcedFma() || grouped_only) {
     return false;
   }
-  const bool v1 = variant == "v1";
-  const int64_t cols_per_block = 2 * kFewWarps;
-  const dim3 gu_grid(static_cast<unsigned>((inter + cols_per_block - 1) / cols_per_block),
-                     static_cast<unsigned>(pairs));
-  auto* gate_up_kernel = MoeFewGateUpKernel<4>;
-  if (v1 || variant == "gu2") gate_up_kernel = MoeFewGateUpKernel<2>;
-  if (variant == "gu8") gate_up_kernel = MoeFewGateUpKernel<8>;
-  LaunchPdl("MoeFewGateUpKernel", gate_up_kernel, gu_grid, kFewWarps * 32, 0, stream, x, ids,
-            gate_up, hidden, inter, k, first_expert, num_local_experts, act_scratch);
+  const FewConfig c = FewConfigFor();
+  const int64_t cols_per_block = static_cast<int64_t>(c.cols) * kFewWarps / c.split;
+  LaunchPdl("MoeFewGateUpKernel", FewGateUp(c),
+            dim3(static_cast<unsigned>((inter + cols_per_block - 1) / cols_per_block),
+                 static_cast<unsigned>(pairs)),
+            kFewWarps * 32, 0, stream, x, ids, gate_up, hidden, inter, k, first_expert,
+            num_local_experts, act_scratch);
   CheckLaunch("MoeFewGateUp");
-  if (v1) {
-    LaunchPdl("MoeFewDownKernel", MoeFewDownKernel,
-              dim3(static_cast<unsigned>((hidden + cols_per_block - 1) / cols_per_block),
-                   static_cast<unsigned>(num_tokens)),
-              kFewWarps * 32, 0, stream, act_scratch, ids, weights, down, hidden, inter, k,
-              first_expert, num_local_experts, out);
-  } else {
-    LaunchPdl("MoeFewDownRowsKernel", MoeFewDownRowsKernel,
-              dim3(static_cast<unsigned>((hidden + kFewDownRows - 1) / kFewDownRows),
-                   static_cast<unsigned>(num_tokens)),
-              kFewWarps * 32, 0, stream, act_scratch, ids, weights, down, hidden, inter, k,
-              first_expert, num_local_experts, out);
-  }
+  // The first down kernel: two rows per warp, 16 per block.
+  const int64_t rows_per_block = c.down_rows == 0 ? 2 * kFewWarps : c.down_rows;
+  LaunchPdl("MoeFewDownKernel", FewDown(c),
+            dim3(static_cast<unsigned>((hidden + rows_per_block - 1) / rows_per_block),
+                 static_cast<unsigned>(num_tokens)),
+            kFewWarps * 32, 0, stream, act_scratch, ids, weights, down, hidden, inter, k,
+            first_expert, num_local_experts, out);
   CheckLaunch("MoeFewDown");
   return true;
 }
