@@ -132,15 +132,8 @@ absl::Status BenchEngine() {
       worker::ForwardOptions counted;
       counted.expert_tokens = &expert_tokens;
       RETURN_IF_ERROR(model->Forward(step, counted, logits));
-      double touched = 0;
-      int moe_layers = 0;
-      for (const auto& layer : expert_tokens) {
-        if (layer.empty()) continue;
-        ++moe_layers;
-        for (int64_t n : layer) touched += n > 0;
-      }
       // (Under expert parallelism the counts are summed over the ranks by the model.)
-      const double touched_per_layer = moe_layers > 0 ? touched / moe_layers : 0;
+      const double touched_per_layer = worker::MeanDistinctExperts(expert_tokens);
       // The logits stay on the device: the step is the model's forward pass (what the bound
       // counts), not the host copy of [batch, vocab] floats.
       worker::ForwardOptions timed;

@@ -70,13 +70,6 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
     counted.copy_logits = false;
     RETURN_IF_ERROR(model.Forward(step, counted, logits));
     for (auto& s : seqs) s.num_tokens = C;
-    double touched = 0;
-    int moe_layers = 0;
-    for (const auto& layer : expert_tokens) {
-      if (layer.empty()) continue;
-      ++moe_layers;
-      for (int64_t n : layer) touched += n > 0;
-    }
     worker::ForwardOptions verify;
     verify.logits_rows.assign(B, m);
     verify.hidden_out = &hidden;
@@ -93,7 +86,7 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
     cost.context = C;
     cost.weight_bytes = model.backend().activation_dtype() == kernels::DType::kF32 ? 4 : 2;
     cost.kv_bytes = cost.weight_bytes;
-    cost.distinct_experts = moe_layers > 0 ? touched / moe_layers : 0;
+    cost.distinct_experts = worker::MeanDistinctExperts(expert_tokens);
     verify_bound_ms[m] = 1e3 * worker::EstimateDecodeStepBytes(config, cost).total() /
                          (options.bandwidth * options.world);
   }

@@ -116,25 +116,40 @@ TEST_F(EngineTest, ConcurrentGreedyRequestsMatchReferenceWithChunkedPrefill) {
   EXPECT_EQ(engine->GetStats().num_running, 0);
 }
 
+// Also with MTP speculation (k = 2): preemption frees a speculating sequence's snapshot slot and
+// the head's cache, and the re-prefilled sequence speculates again.
 TEST_F(EngineTest, PreemptionByRecomputeKeepsOutputsExact) {
-  EngineOptions options;
-  options.scheduler.max_num_seqs = 3;
-  options.scheduler.max_tokens_per_step = 64;
-  options.kv_block_size = 4;
-  options.num_kv_blocks = 48;  // 192 positions for three sequences that need ~220
-  options.max_model_len = 180;
-  auto engine = Start(options);
-  ASSERT_NE(engine, nullptr);
-  Streams streams;
-  for (const auto& [p, expected] : ref_.greedy) {
-    const std::string id = "r" + std::to_string(p);
-    ASSERT_TRUE(
-        engine->Enqueue(Greedy(id, ref_.prompts[p], expected.size()), streams.For(id)).ok());
+  for (int spec_tokens : {0, 2}) {
+    EngineOptions options;
+    options.scheduler.max_num_seqs = 3;
+    options.scheduler.max_tokens_per_step = 64;
+    options.kv_block_size = 4;
+    options.num_kv_blocks = 48;  // 192 positions for three sequences that need ~220
+    options.max_model_len = 180;
+    std::unique_ptr<MtpDrafter> drafter;
+    if (spec_tokens > 0) {
+      auto made = MtpDrafter::Create(*model_, 3, 184);
+      ASSERT_TRUE(made.ok()) << made.status();
+      drafter = *std::move(made);
+      options.spec_tokens = spec_tokens;
+      options.drafter = drafter.get();
+    }
+    auto engine = Start(options);
+    ASSERT_NE(engine, nullptr);
+    Streams streams;
+    for (const auto& [p, expected] : ref_.greedy) {
+      const std::string id = "r" + std::to_string(p);
+      ASSERT_TRUE(
+          engine->Enqueue(Greedy(id, ref_.prompts[p], expected.size()), streams.For(id)).ok());
+    }
+    for (const auto& [p, expected] : ref_.greedy) {
+      EXPECT_EQ(streams.Wait("r" + std::to_string(p)).tokens, expected)
+          << "prompt " << p << " spec_tokens " << spec_tokens;
+    }
+    EXPECT_GT(engine->GetStats().num_preemptions, 0);
+    engine.reset();
+    EXPECT_EQ(model_->state_slots()->free_slots(), model_->state_slots()->num_slots());
   }
-  for (const auto& [p, expected] : ref_.greedy) {
-    EXPECT_EQ(streams.Wait("r" + std::to_string(p)).tokens, expected) << "prompt " << p;
-  }
-  EXPECT_GT(engine->GetStats().num_preemptions, 0);
 }
 
 TEST_F(EngineTest, CancelFreesTheSlot) {
@@ -369,35 +384,6 @@ TEST_F(EngineTest, AcceptedDraftsStreamSeveralTokensPerMessage) {
   const std::string text = prometheus::TextSerializer().Serialize(registry->Collect());
   EXPECT_THAT(text, HasSubstr("vllm:spec_decode_num_accepted_tokens_per_pos{"));
   EXPECT_THAT(text, HasSubstr("mobius_spec_decode_verify_seconds_count"));
-}
-
-// Preemption by recompute frees a speculating sequence's snapshot slot and the head's cache;
-// the re-prefilled sequence speculates again and the outputs stay exact.
-TEST_F(EngineTest, PreemptionWithMtpSpeculationKeepsOutputsExact) {
-  EngineOptions options;
-  options.scheduler.max_num_seqs = 3;
-  options.scheduler.max_tokens_per_step = 64;
-  options.kv_block_size = 4;
-  options.num_kv_blocks = 48;
-  options.max_model_len = 180;
-  options.spec_tokens = 2;
-  auto drafter = MtpDrafter::Create(*model_, 3, 184);
-  ASSERT_TRUE(drafter.ok()) << drafter.status();
-  options.drafter = drafter->get();
-  auto engine = Start(options);
-  ASSERT_NE(engine, nullptr);
-  Streams streams;
-  for (const auto& [p, expected] : ref_.greedy) {
-    const std::string id = "r" + std::to_string(p);
-    ASSERT_TRUE(
-        engine->Enqueue(Greedy(id, ref_.prompts[p], expected.size()), streams.For(id)).ok());
-  }
-  for (const auto& [p, expected] : ref_.greedy) {
-    EXPECT_EQ(streams.Wait("r" + std::to_string(p)).tokens, expected) << "prompt " << p;
-  }
-  EXPECT_GT(engine->GetStats().num_preemptions, 0);
-  engine.reset();
-  EXPECT_EQ(model_->state_slots()->free_slots(), model_->state_slots()->num_slots());
 }
 
 }  // namespace

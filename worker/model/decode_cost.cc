@@ -58,4 +58,15 @@ DecodeStepBytes EstimateDecodeStepBytes(const ModelConfig& c, const DecodeCostOp
   return bytes;
 }
 
+double MeanDistinctExperts(const std::vector<std::vector<int64_t>>& expert_tokens) {
+  double touched = 0;
+  int moe_layers = 0;
+  for (const auto& layer : expert_tokens) {
+    if (layer.empty()) continue;
+    ++moe_layers;
+    for (int64_t n : layer) touched += n > 0;
+  }
+  return moe_layers > 0 ? touched / moe_layers : 0;
+}
+
 }  // namespace mobius::worker

@@ -5,6 +5,7 @@
 #define MOBIUS_WORKER_MODEL_DECODE_COST_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "worker/model/model_config.h"
 
@@ -36,6 +37,10 @@ struct DecodeCostOptions {
   // E * (1 - (1 - k/E)^batch), the expectation when each token picks k of E at random.
   double distinct_experts = 0;
 };
+
+// The mean number of distinct experts a step touched per MoE layer, from its per-layer
+// (token, expert) counts (ForwardOptions::expert_tokens; layers without a MoE are empty).
+[[nodiscard]] double MeanDistinctExperts(const std::vector<std::vector<int64_t>>& expert_tokens);
 
 [[nodiscard]] DecodeStepBytes EstimateDecodeStepBytes(const ModelConfig& config,
                                                       const DecodeCostOptions& options);
