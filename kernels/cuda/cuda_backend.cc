@@ -995,12 +995,15 @@ void CudaBackend::PagedAttention(const Tensor& q, const Tensor& k_cache, const T
   }
   const PackedSegments packed = PackSegments("PagedAttention", segments, t, true);
   // A recorded step is replayed at longer contexts: split for the longest it will see. A staged
-  // decode step run op by op splits the same way, so that it and its recording compute the same
-  // sums: the tensor-core kernel rounds P to bf16 against each split's running max, so its
+  // step of a shape the model records (every sequence the same 1..8 tokens: decode, speculative
+  // verify) splits the same way when it runs op by op, so that it and its recording compute the
+  // same sums: the tensor-core kernel rounds P to bf16 against each split's running max, so its
   // output moves by ~1 bf16 ulp with the number of splits.
-  const bool decode = std::all_of(segments.begin(), segments.end(),
-                                  [](const SequenceSegment& s) { return s.num_tokens == 1; });
-  if (capturing_ || (packed.staged && decode)) {
+  const int32_t m = segments.empty() ? 0 : segments[0].num_tokens;
+  const bool recordable_shape =
+      m <= 8 && std::all_of(segments.begin(), segments.end(),
+                            [m](const SequenceSegment& s) { return s.num_tokens == m; });
+  if (capturing_ || (packed.staged && recordable_shape)) {
     max_positions = std::max(max_positions, staged_.max_positions);
   }
   const int nh = static_cast<int>(q.dim(1)), nkv = static_cast<int>(k_cache.dim(2)),

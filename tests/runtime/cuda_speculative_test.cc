@@ -198,6 +198,33 @@ TEST_F(CudaSpeculativeTest, MtpDraftsKeepGreedyOutputsIdentical) {
   EXPECT_GT(accepting.stats().AcceptanceRate(0), 0.9);
 }
 
+// Verify steps where every sequence carries the same number of drafts are recorded as CUDA
+// graphs and replayed (with the kept state inputs of the replay feeding the rollback): the same
+// tokens as running every verify step op by op, with all drafts rejected (MTP head) and all
+// accepted (copied drafts).
+TEST_F(CudaSpeculativeTest, RecordedVerifyStepsMatchOpByOpSteps) {
+  ASSERT_TRUE(model_->CreateCaches(16, 256).ok());
+  auto run = [&](int capture, Drafter& drafter, int k) {
+    model_->SetDecodeCapture(capture);
+    SpeculativeDecoder decoder(*model_, drafter);
+    std::vector<std::vector<int32_t>> out;
+    EXPECT_TRUE(decoder.Generate(Requests(k, false), out).ok());
+    return out;
+  };
+  auto mtp = MtpDrafter::Create(*model_, 8, 256);
+  ASSERT_TRUE(mtp.ok()) << mtp.status();
+  const auto op_by_op = run(0, **mtp, 3);
+  const auto recorded = run(256, **mtp, 3);
+  EXPECT_EQ(recorded, op_by_op);
+  EXPECT_GT(model_->num_recorded_steps(4), 0) << "no verify step of 3 drafts was recorded";
+  CopyDrafter copy(prompts_, op_by_op);
+  const auto copied_op_by_op = run(0, copy, 4);
+  const auto copied_recorded = run(256, copy, 4);
+  EXPECT_EQ(copied_recorded, copied_op_by_op);
+  EXPECT_GT(model_->num_recorded_steps(5), 0) << "no verify step of 4 drafts was recorded";
+  model_->SetDecodeCapture(0);
+}
+
 // The engine with MTP speculation (k = 3, chunked prefill beside verify steps, one request
 // decoding without drafts) gives the engine's own outputs without speculation.
 TEST_F(CudaSpeculativeTest, EngineWithMtpMatchesEngineWithout) {

@@ -291,15 +291,22 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
   // Every op of the step reads these from one staged device copy.
   backend_.StageStep(ids, ctx.segments, max_positions_);
   absl::Cleanup clear_step = [this] { backend_.ClearStep(); };
-  // Collectives are host calls between ranks, so a sharded step is never recorded.
-  bool decode_only = decode_capture_max_batch_ > 0 && backend_.SupportsCapture() &&
-                     options.expert_tokens == nullptr && options.hidden_out == nullptr &&
-                     options.draft_hidden_in == nullptr && !options.keep_state_inputs &&
-                     !shard_.sharded() &&
-                     static_cast<int>(batch.size()) <= decode_capture_max_batch_;
-  for (const kernels::SequenceSegment& seg : ctx.segments) decode_only &= seg.num_tokens == 1;
+  // Collectives are host calls between ranks, so a sharded step is never recorded. A recorded
+  // step has one token per sequence (decode), or the same m <= 8 tokens per sequence with the
+  // logits of every token (a speculative verify step): no op then needs host data that the
+  // staged step does not hold.
+  const int m = ctx.segments.empty() ? 0 : ctx.segments[0].num_tokens;
+  bool all_rows = options.logits_rows.empty() ? options.logits == LogitsMode::kAllTokens : true;
+  for (int r : options.logits_rows) all_rows &= r == m;
+  bool recordable = decode_capture_max_batch_ > 0 && backend_.SupportsCapture() &&
+                    options.expert_tokens == nullptr && options.draft_hidden_in == nullptr &&
+                    !shard_.sharded() && followers_ == nullptr &&
+                    static_cast<int>(batch.size()) <= decode_capture_max_batch_ &&
+                    (m == 1 || (m <= 8 && all_rows)) &&
+                    (m > 1 || (options.hidden_out == nullptr && !options.keep_state_inputs));
+  for (const kernels::SequenceSegment& seg : ctx.segments) recordable &= seg.num_tokens == m;
   Tensor out;
-  if (decode_only) {
+  if (recordable) {
     ASSIGN_OR_RETURN(out, RunDecodeGraph(ctx, ids));
   } else {
     ASSIGN_OR_RETURN(out, QueueStep(ctx, ids));
@@ -395,11 +402,16 @@ absl::Status HybridModel::ExecutePlan(const ReplicaStepPlan& plan) {
 }
 
 absl::StatusOr<Tensor> HybridModel::RunDecodeGraph(StepContext& ctx, std::span<const int32_t> ids) {
-  const int batch = static_cast<int>(ctx.segments.size());
-  auto it = decode_graphs_.find(batch);
+  const std::pair<int, int> key(static_cast<int>(ctx.segments.size()), ctx.segments[0].num_tokens);
+  auto it = decode_graphs_.find(key);
   if (it != decode_graphs_.end()) {
     absl::Status replayed = backend_.Replay(*it->second.step);
-    if (replayed.ok()) return it->second.logits;
+    if (replayed.ok()) {
+      // The replay left this step's results in the recording's (capture-pool) tensors.
+      ctx.hidden_rows = it->second.hidden_rows;
+      if (ctx.options.keep_state_inputs) kept_state_inputs_ = it->second.kept;
+      return it->second.logits;
+    }
     if (!absl::IsFailedPrecondition(replayed)) return replayed;
     decode_graphs_.erase(it);  // recorded against buffers that are gone: record it again
   }
@@ -408,6 +420,14 @@ absl::StatusOr<Tensor> HybridModel::RunDecodeGraph(StepContext& ctx, std::span<c
   // A failed recording does not fail the step (it already ran): recording stops and the error
   // is kept for capture_error().
   ASSIGN_OR_RETURN(Tensor out, QueueStep(ctx, ids));
+  // What this (op by op) run computed; the recording below points ctx at tensors it fills only
+  // when replayed.
+  const Tensor hidden_rows = ctx.hidden_rows;
+  const std::vector<KeptStateInputs> kept = kept_state_inputs_;
+  absl::Cleanup restore = [&] {
+    ctx.hidden_rows = hidden_rows;
+    kept_state_inputs_ = kept;
+  };
   absl::Status began = backend_.BeginCapture();
   if (!began.ok()) {
     capture_error_ = began;
@@ -421,7 +441,8 @@ absl::StatusOr<Tensor> HybridModel::RunDecodeGraph(StepContext& ctx, std::span<c
     decode_capture_max_batch_ = 0;
     return out;
   }
-  decode_graphs_[batch] = DecodeGraph{*std::move(recorded), *std::move(recorded_logits)};
+  decode_graphs_[key] = DecodeGraph{*std::move(recorded), *std::move(recorded_logits),
+                                    ctx.hidden_rows, kept_state_inputs_};
   return out;
 }
 

@@ -110,8 +110,10 @@ class HybridModel {
 
   // Records decode-only steps of up to `max_batch` sequences (one token each) the first time
   // each batch size is seen, and replays the recording afterwards (CUDA graphs: one launch
-  // instead of hundreds). 0 turns it off; backends that cannot record ignore it. Steps that
-  // count expert tokens, or that prefill, always run op by op.
+  // instead of hundreds). Speculative verify steps where every sequence has the same 2..8
+  // tokens and every token's logits are wanted are recorded the same way, per (batch, tokens).
+  // 0 turns it off; backends that cannot record ignore it. Steps that count expert tokens, or
+  // that prefill, always run op by op.
   void SetDecodeCapture(int max_batch) {
     decode_capture_max_batch_ = max_batch;
     decode_graphs_.clear();
@@ -121,6 +123,12 @@ class HybridModel {
   [[nodiscard]] const absl::Status& capture_error() const { return capture_error_; }
   // Batch sizes with a recorded decode step.
   [[nodiscard]] int num_decode_graphs() const { return static_cast<int>(decode_graphs_.size()); }
+  // Recorded steps with `tokens` tokens per sequence (1: decode; more: speculative verify).
+  [[nodiscard]] int num_recorded_steps(int tokens) const {
+    int n = 0;
+    for (const auto& [key, graph] : decode_graphs_) n += key.second == tokens;
+    return n;
+  }
 
   // Gives `seq` a fresh state slot. Free with ReleaseSequence.
   absl::Status StartSequence(SequenceCache& seq);
@@ -173,10 +181,19 @@ class HybridModel {
 
  private:
   struct StepContext;
-  // A recorded decode step and the (capture-pool) tensor its replay leaves the logits in.
+  // The last Forward's DeltaNet state inputs of one DeltaNet layer (keep_state_inputs).
+  struct KeptStateInputs {
+    kernels::Tensor mixed;  // [T, conv_dim], before the conv
+    kernels::Tensor g;      // [T, Hv] f32
+    kernels::Tensor beta;   // [T, Hv] f32
+  };
+  // A recorded step and the (capture-pool) tensors its replay leaves the logits, the hidden rows
+  // and the kept DeltaNet state inputs in.
   struct DecodeGraph {
     std::unique_ptr<kernels::CapturedStep> step;
     kernels::Tensor logits;
+    kernels::Tensor hidden_rows;
+    std::vector<KeptStateInputs> kept;
   };
 
   // Queues the whole step (embedding to lm_head) and returns the logits tensor [rows, vocab].
@@ -226,13 +243,8 @@ class HybridModel {
   ReplicaFollowers* followers_ = nullptr;
   BankLoader bank_loader_;
   absl::Status capture_error_;
-  std::map<int, DecodeGraph> decode_graphs_;  // by batch size
-  // The last Forward's DeltaNet state inputs, per DeltaNet layer (keep_state_inputs).
-  struct KeptStateInputs {
-    kernels::Tensor mixed;  // [T, conv_dim], before the conv
-    kernels::Tensor g;      // [T, Hv] f32
-    kernels::Tensor beta;   // [T, Hv] f32
-  };
+  // By (sequences, tokens per sequence): decode steps, and uniform speculative verify steps.
+  std::map<std::pair<int, int>, DecodeGraph> decode_graphs_;
   std::vector<KeptStateInputs> kept_state_inputs_;
 };
 
