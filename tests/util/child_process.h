@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,16 +22,25 @@ namespace mobius::testing {
 
 // A port the kernel considers free right now.
 inline int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
+  // A port the kernel just had free. Binding port 0 and closing can hand the same number out
+  // twice (a deployment's router and worker once got the same port in CI), so a process never
+  // gets a number it was given before.
+  static std::mutex mu;
+  static std::set<int> given;
+  std::lock_guard<std::mutex> lock(mu);
+  for (int attempt = 0;; ++attempt) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    socklen_t len = sizeof(addr);
+    getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    close(fd);
+    const int port = ntohs(addr.sin_port);
+    if (given.insert(port).second || attempt >= 100) return port;
+  }
 }
 
 // A port that stays taken and refuses connections while this object lives: bound, never
