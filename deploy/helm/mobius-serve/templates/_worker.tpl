@@ -25,6 +25,12 @@
 - --num-kv-blocks={{ $v.numKvBlocks }}
 {{- end }}
 - --sampling-seed={{ $v.samplingSeed }}
+{{- if gt (int $v.specTokens) 0 }}
+{{- if gt (int (include "mobius.worldSize" $)) 1 }}
+{{- fail "worker.specTokens needs one-rank replicas (the MTP draft head runs on one rank)" }}
+{{- end }}
+- --spec-tokens={{ $v.specTokens }}
+{{- end }}
 - --drain-timeout-s={{ $v.drainTimeoutSeconds }}
 {{- if gt (int (include "mobius.worldSize" $)) 1 }}
 {{- /* Distributed execution (issue #5): rendered only for replicas of more than one rank. */}}
