@@ -87,6 +87,16 @@ class EngineTest : public ::testing::Test {
     return r;
   }
 
+  // Enqueues a greedy request per reference prompt, as long as its reference continuation, with
+  // id `prefix` + the prompt's index.
+  void EnqueueReference(Engine& engine, Streams& streams, const std::string& prefix) {
+    for (const auto& [p, expected] : ref_.greedy) {
+      const std::string id = prefix + std::to_string(p);
+      ASSERT_TRUE(
+          engine.Enqueue(Greedy(id, ref_.prompts[p], expected.size()), streams.For(id)).ok());
+    }
+  }
+
   std::string dir_;
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<HybridModel> model_;
@@ -101,11 +111,7 @@ TEST_F(EngineTest, ConcurrentGreedyRequestsMatchReferenceWithChunkedPrefill) {
   auto engine = Start(options);
   ASSERT_NE(engine, nullptr);
   Streams streams;
-  for (const auto& [p, expected] : ref_.greedy) {
-    const std::string id = "r" + std::to_string(p);
-    ASSERT_TRUE(
-        engine->Enqueue(Greedy(id, ref_.prompts[p], expected.size()), streams.For(id)).ok());
-  }
+  EnqueueReference(*engine, streams, "r");
   for (const auto& [p, expected] : ref_.greedy) {
     auto r = streams.Wait("r" + std::to_string(p));
     EXPECT_EQ(r.tokens, expected) << "prompt " << p;
@@ -137,11 +143,7 @@ TEST_F(EngineTest, PreemptionByRecomputeKeepsOutputsExact) {
     auto engine = Start(options);
     ASSERT_NE(engine, nullptr);
     Streams streams;
-    for (const auto& [p, expected] : ref_.greedy) {
-      const std::string id = "r" + std::to_string(p);
-      ASSERT_TRUE(
-          engine->Enqueue(Greedy(id, ref_.prompts[p], expected.size()), streams.For(id)).ok());
-    }
+    EnqueueReference(*engine, streams, "r");
     for (const auto& [p, expected] : ref_.greedy) {
       EXPECT_EQ(streams.Wait("r" + std::to_string(p)).tokens, expected)
           << "prompt " << p << " spec_tokens " << spec_tokens;
@@ -367,11 +369,7 @@ TEST_F(EngineTest, AcceptedDraftsStreamSeveralTokensPerMessage) {
   auto engine = Start(options);
   ASSERT_NE(engine, nullptr);
   Streams streams;
-  for (const auto& [p, expected] : ref_.greedy) {
-    const std::string id = "a" + std::to_string(p);
-    ASSERT_TRUE(
-        engine->Enqueue(Greedy(id, ref_.prompts[p], expected.size()), streams.For(id)).ok());
-  }
+  EnqueueReference(*engine, streams, "a");
   for (const auto& [p, expected] : ref_.greedy) {
     auto r = streams.Wait("a" + std::to_string(p));
     EXPECT_EQ(r.tokens, expected) << "prompt " << p;
