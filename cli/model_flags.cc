@@ -40,8 +40,9 @@ ABSL_FLAG(int, spec_tokens, 0,
           "draft tokens per decoding sequence and step, verified together in one target forward "
           "and rolled back exactly when rejected, so outputs do not change (greedy: identical; "
           "sampling: the same distribution). 0 turns it off. Needs the mtp.* tensors (dummy "
-          "weights have them) and one rank (no --tp/--ep). Requests that ask for logprobs "
-          "decode without drafts.");
+          "weights have them). On a replica of several ranks the leader runs the head and every "
+          "rank rolls back its shard of the state. Requests that ask for logprobs decode "
+          "without drafts.");
 
 namespace mobius::cli {
 

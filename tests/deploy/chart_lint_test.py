@@ -21,16 +21,11 @@ refused = [
     (["worker.paralel.tp=2"], "paralel"),
     (["model.source=s3"], "model.source"),
     (["model.source=pvc"], "model.pvc.claimName is required"),
-    # (cpu-values speculates; these multi-rank cases turn it off to reach their own refusal)
-    (["worker.parallel.tp=2", "worker.specTokens=0", "autoscaling.worker.enabled=true"],
-     "LeaderWorkerSet"),
+    (["worker.parallel.tp=2", "autoscaling.worker.enabled=true"], "LeaderWorkerSet"),
     (["metrics.serviceMonitor.interval=fast"], "interval"),
     # TP and EP share the ranks: each degree is 1 or the larger one (mobius-worker refuses others).
     (["worker.parallel.tp=2", "worker.parallel.ep=4"], "must each be 1 or the larger"),
-    (["worker.parallel.ep=2", "worker.specTokens=0", "worker.parallel.expertPlacement=load-aware"],
-     "expertLoadFile"),
-    # The MTP draft head runs on one rank.
-    (["worker.parallel.tp=2"], "worker.specTokens needs one-rank replicas"),
+    (["worker.parallel.ep=2", "worker.parallel.expertPlacement=load-aware"], "expertLoadFile"),
     (["worker.specTokens=-1"], "specTokens"),
 ]
 for sets, words in refused:

@@ -23,7 +23,7 @@ VARIANTS = {
          "autoscaling.worker.enabled=true", "autoscaling.router.enabled=true"],
         ["autoscaling.engine=hpa", "autoscaling.worker.enabled=true", "worker.podAntiAffinity=hard",
          "podDisruptionBudget.enabled=false", "serviceAccount.create=false",
-         "worker.parallel.ep=2", "worker.specTokens=0", "worker.leaderWorkerSet.enabled=true"],
+         "worker.parallel.ep=2", "worker.leaderWorkerSet.enabled=true"],
     ],
     "multinode-lws-values.yaml": [["autoscaling.engine=hpa", "worker.replicas=2"]],
 }

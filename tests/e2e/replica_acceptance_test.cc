@@ -108,8 +108,11 @@ INSTANTIATE_TEST_SUITE_P(
         Layout{2, {"--tp=2"}}, Layout{2, {"--ep=2"}}, Layout{2, {"--tp=2", "--sequence-parallel"}},
         Layout{2, {"--tp=2", "--ep=2"}}, Layout{4, {"--tp=4"}}, Layout{4, {"--ep=4"}},
         Layout{2, {"--ep=2", "--expert-placement=load-aware", "--expert-load=" + ExpertLoadFile()}},
-        Layout{4,
-               {"--ep=4", "--expert-placement=load-aware", "--expert-load=" + ExpertLoadFile()}}),
+        Layout{4, {"--ep=4", "--expert-placement=load-aware", "--expert-load=" + ExpertLoadFile()}},
+        // MTP speculation (the fixture's random head: nearly every draft is rejected, so every
+        // rank restores and replays its shard of the state nearly every step).
+        Layout{2, {"--tp=2", "--spec-tokens=2"}}, Layout{2, {"--ep=2", "--spec-tokens=3"}},
+        Layout{2, {"--tp=2", "--sequence-parallel", "--spec-tokens=2"}}),
     [](const ::testing::TestParamInfo<Layout>& info) {
       std::string name = "ranks" + std::to_string(info.param.ranks);
       for (std::string f : info.param.flags) {

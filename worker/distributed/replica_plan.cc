@@ -37,6 +37,7 @@ v1::StepPlan ToProto(const ReplicaStepPlan& plan) {
   p.set_logits_mode(plan.logits_mode);
   p.set_delta_rule_algorithm(static_cast<int>(plan.delta_rule));
   p.set_count_experts(plan.count_experts);
+  p.set_keep_state_inputs(plan.keep_state_inputs);
   return p;
 }
 
@@ -51,6 +52,7 @@ ReplicaStepPlan FromProto(const v1::StepPlan& p) {
   plan.logits_mode = p.logits_mode();
   plan.delta_rule = static_cast<kernels::DeltaRuleAlgorithm>(p.delta_rule_algorithm());
   plan.count_experts = p.count_experts();
+  plan.keep_state_inputs = p.keep_state_inputs();
   return plan;
 }
 
@@ -77,6 +79,25 @@ absl::Status LeaderBroadcast::ApplyPlacement(const ExpertPlacement& placement) {
   for (int b = 0; b < placement.num_banks(); ++b) {
     const std::vector<int32_t>& order = placement.order(b);
     m.mutable_placement()->add_banks()->mutable_experts()->Add(order.begin(), order.end());
+  }
+  return Send(m.SerializeAsString());
+}
+
+absl::Status LeaderBroadcast::CopyStateSlot(int32_t from, int32_t to) {
+  v1::ReplicaMessage m;
+  m.mutable_copy_state()->set_from(from);
+  m.mutable_copy_state()->set_to(to);
+  return Send(m.SerializeAsString());
+}
+
+absl::Status LeaderBroadcast::ReplayStateInputs(const std::vector<PlannedReplay>& replays) {
+  v1::ReplicaMessage m;
+  for (const PlannedReplay& r : replays) {
+    v1::StateReplay::Sequence* s = m.mutable_replay_state()->add_sequences();
+    s->set_state_slot(r.state_slot);
+    s->set_cached_tokens(r.cached_tokens);
+    s->set_first_row(r.first_row);
+    s->set_num_tokens(r.num_tokens);
   }
   return Send(m.SerializeAsString());
 }
@@ -114,6 +135,21 @@ absl::Status FollowLeader(HybridModel& model, Communicator& comm) {
         }
         RETURN_IF_ERROR(model.ApplyExpertPlacement(std::make_shared<const ExpertPlacement>(
             ExpertPlacement::FromOrders(std::move(orders)))));
+        break;
+      }
+      case v1::ReplicaMessage::kCopyState:
+        RETURN_IF_ERROR(model.CopyStateSlot(m.copy_state().from(), m.copy_state().to()));
+        break;
+      case v1::ReplicaMessage::kReplayState: {
+        std::vector<SequenceCache> caches(m.replay_state().sequences_size());
+        std::vector<StateReplay> replays;
+        for (int i = 0; i < m.replay_state().sequences_size(); ++i) {
+          const v1::StateReplay::Sequence& s = m.replay_state().sequences(i);
+          caches[i].state_slot = s.state_slot();
+          caches[i].num_tokens = s.cached_tokens();
+          replays.push_back({&caches[i], s.first_row(), s.num_tokens()});
+        }
+        RETURN_IF_ERROR(model.ReplayStateInputs(replays));
         break;
       }
       case v1::ReplicaMessage::kStop:

@@ -103,7 +103,13 @@ void HybridModel::ReleaseSequence(SequenceCache& seq) {
   seq.num_tokens = 0;
 }
 
-void HybridModel::CopyStateSlot(int32_t from, int32_t to) {
+absl::Status HybridModel::CopyStateSlot(int32_t from, int32_t to) {
+  if (!state_slots_) return absl::FailedPreconditionError("CreateCaches was not called");
+  if (from < 0 || to < 0 || from >= state_slots_->num_slots() || to >= state_slots_->num_slots()) {
+    return absl::InvalidArgumentError(absl::StrFormat("state slot copy %d -> %d outside [0, %d)",
+                                                      from, to, state_slots_->num_slots()));
+  }
+  if (followers_ != nullptr) RETURN_IF_ERROR(followers_->CopyStateSlot(from, to));
   const int32_t rows[1] = {from};
   for (int l = 0; l < state_slots_->num_layers(); ++l) {
     for (Tensor* states : {&state_slots_->conv_states(l), &state_slots_->recurrent_states(l)}) {
@@ -113,13 +119,11 @@ void HybridModel::CopyStateSlot(int32_t from, int32_t to) {
       backend_.GatherRows(all, rows, dst);
     }
   }
+  return absl::OkStatus();
 }
 
 absl::Status HybridModel::ReplayStateInputs(std::span<const StateReplay> replays) {
   if (replays.empty()) return absl::OkStatus();
-  if (shard_.sharded() || followers_ != nullptr) {
-    return absl::UnimplementedError("state replay runs on one rank");
-  }
   const int layers = config_.num_layers_of(LayerType::kLinearAttention);
   if (static_cast<int>(kept_state_inputs_.size()) != layers) {
     return absl::FailedPreconditionError(
@@ -151,6 +155,14 @@ absl::Status HybridModel::ReplayStateInputs(std::span<const StateReplay> replays
   }
   const int T = static_cast<int>(rows.size()), Hv = local_.linear_num_value_heads,
             cd = local_.conv_dim();
+  // Validated: the followers replay the same (before this rank: their kept inputs are theirs).
+  if (followers_ != nullptr) {
+    std::vector<PlannedReplay> planned;
+    for (const StateReplay& r : replays) {
+      planned.push_back({r.cache->state_slot, r.cache->num_tokens, r.first_row, r.num_tokens});
+    }
+    RETURN_IF_ERROR(followers_->ReplayStateInputs(planned));
+  }
   // The conv and delta-rule kernels read the step's metadata; the ids are not used.
   const std::vector<int32_t> ids(T, 0);
   backend_.StageStep(ids, segments, max_positions_);
@@ -262,6 +274,7 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
     plan.logits_mode = static_cast<int>(options.logits);
     plan.delta_rule = options.delta_rule;
     plan.count_experts = options.expert_tokens != nullptr;
+    plan.keep_state_inputs = options.keep_state_inputs;
     for (const SequenceStep& step : batch) {
       plan.sequences.push_back(
           PlannedSequence{std::vector<int32_t>(step.tokens.begin(), step.tokens.end()),
@@ -392,6 +405,7 @@ absl::Status HybridModel::ExecutePlan(const ReplicaStepPlan& plan) {
   options.logits = static_cast<LogitsMode>(plan.logits_mode);
   options.delta_rule = plan.delta_rule;
   options.copy_logits = false;  // the leader samples; a follower only takes part
+  options.keep_state_inputs = plan.keep_state_inputs;
   std::vector<std::vector<int64_t>> expert_tokens;
   if (plan.count_experts) {
     expert_tokens.resize(config_.num_hidden_layers);

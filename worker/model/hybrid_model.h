@@ -134,12 +134,14 @@ class HybridModel {
   absl::Status StartSequence(SequenceCache& seq);
   void ReleaseSequence(SequenceCache& seq);
   // Copies the DeltaNet state (conv and recurrent, every layer) of slot `from` into slot `to`:
-  // the snapshot speculative decoding restores when it rejects drafts. Queued on the backend.
-  void CopyStateSlot(int32_t from, int32_t to);
+  // the snapshot speculative decoding restores when it rejects drafts. Queued on the backend; a
+  // leader rank first hands it to its followers (every rank holds a shard of the state).
+  absl::Status CopyStateSlot(int32_t from, int32_t to);
   // Re-applies the kept state inputs of the last Forward (keep_state_inputs) for `replays`: per
   // DeltaNet layer, the causal conv and the delta rule over those tokens (outputs discarded), so a
   // restored snapshot reaches the state after the accepted tokens without running the model.
-  // Attention KV entries of those positions are already right (the verify step wrote them).
+  // Attention KV entries of those positions are already right (the verify step wrote them). A
+  // leader rank first hands it to its followers; no collective runs.
   absl::Status ReplayStateInputs(std::span<const StateReplay> replays);
 
   // Runs one step. Validates every token id against the vocabulary and every position against

@@ -30,9 +30,8 @@ absl::StatusOr<std::unique_ptr<HybridModel>> MakeMtpDraftModel(const HybridModel
         absl::StrFormat("mtp_num_hidden_layers is %d; the draft head supports exactly 1",
                         target.config().mtp_num_hidden_layers));
   }
-  if (target.shard().sharded()) {
-    return absl::UnimplementedError("the MTP draft head runs on one rank (no --tp/--ep yet)");
-  }
+  // On a rank of a sharded replica the head is still whole: the MTP tensors, the embedding and
+  // lm_head are replicated on every rank (MODEL.md section 7), so the leader runs it alone.
   ModelWeights w;
   w.embed = tw.embed;
   w.lm_head = tw.lm_head;

@@ -17,8 +17,9 @@ namespace mobius::worker {
 // and its MoE (mtp_num_experts, mtp_num_experts_per_tok, one bank).
 ModelConfig MtpDraftConfig(const ModelConfig& target);
 
-// FailedPrecondition when the target was loaded without `mtp.*` tensors, Unimplemented when it
-// is sharded (the head runs on one rank). Call with each Forward the draft model's
+// FailedPrecondition when the target was loaded without `mtp.*` tensors. The head is never
+// sharded: on a replica of several ranks the leader runs it alone (its tensors, the embedding
+// and lm_head are whole on every rank). Call with each Forward the draft model's
 // `ForwardOptions::draft_hidden_in`.
 absl::StatusOr<std::unique_ptr<HybridModel>> MakeMtpDraftModel(const HybridModel& target);
 

@@ -26,10 +26,20 @@ struct PlannedSequence {
 struct ReplicaStepPlan {
   std::vector<PlannedSequence> sequences;
   int logits_mode = 0;  // LogitsMode
+  // Speculative verify step: every rank keeps its DeltaNet state inputs for a rollback.
+  bool keep_state_inputs = false;
   // The leader counts (token, expert) assignments this step: under expert parallelism every
   // rank counts its own experts and the counts are summed over the ranks after the step.
   bool count_experts = false;
   kernels::DeltaRuleAlgorithm delta_rule = kernels::DeltaRuleAlgorithm::kAuto;
+};
+
+// One sequence's rollback after rejected drafts (HybridModel::ReplayStateInputs).
+struct PlannedReplay {
+  int32_t state_slot = -1;
+  int32_t cached_tokens = 0;  // its position before the replayed tokens
+  int32_t first_row = 0;      // rows of the last step's packed tokens
+  int32_t num_tokens = 0;
 };
 
 struct CacheGeometry {
@@ -44,6 +54,10 @@ class ReplicaFollowers {
   virtual absl::Status Step(const ReplicaStepPlan& plan) = 0;
   // A new expert placement: every rank reloads its banks for it (between steps).
   virtual absl::Status ApplyPlacement(const ExpertPlacement& placement) = 0;
+  // Speculative decoding: copy a sequence's DeltaNet state between slots (snapshot, restore),
+  // and replay the accepted tokens of the last step, on every rank's shard of the state.
+  virtual absl::Status CopyStateSlot(int32_t from, int32_t to) = 0;
+  virtual absl::Status ReplayStateInputs(const std::vector<PlannedReplay>& replays) = 0;
 };
 
 }  // namespace mobius::worker

@@ -349,7 +349,7 @@ absl::Status Engine::DraftForStep(const StepPlan& plan, std::vector<std::vector<
     d.erase(bad, d.end());
     if (d.empty()) continue;
     Sequence& seq = *plan.chunks[owners[r]].sequence;
-    model_.CopyStateSlot(seq.cache.state_slot, snapshots_[seq.arrival].state_slot);
+    RETURN_IF_ERROR(model_.CopyStateSlot(seq.cache.state_slot, snapshots_[seq.arrival].state_slot));
     tokens[owners[r]].insert(tokens[owners[r]].end(), d.begin(), d.end());
     drafts[owners[r]] = std::move(d);
   }
@@ -536,9 +536,15 @@ bool Engine::Step() {
       if (accepted < d) {
         // The DeltaNet state absorbed the rejected drafts: restore the snapshot taken before the
         // step and replay the state updates of the pending token and the accepted drafts.
-        model_.CopyStateSlot(snapshots_[seq.arrival].state_slot, seq.cache.state_slot);
-        seq.cache.num_tokens = c.begin;
-        replays.push_back({&seq.cache, static_cast<int>(first_hidden), accepted + 1});
+        const absl::Status restored =
+            model_.CopyStateSlot(snapshots_[seq.arrival].state_slot, seq.cache.state_slot);
+        if (restored.ok()) {
+          seq.cache.num_tokens = c.begin;
+          replays.push_back({&seq.cache, static_cast<int>(first_hidden), accepted + 1});
+        } else {
+          errored.push_back(seq.request_id);
+          replay_error = restored;
+        }
       }
       if (EngineMetrics* m = options_.metrics) {
         m->spec_drafts.Increment();

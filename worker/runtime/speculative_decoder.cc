@@ -184,13 +184,14 @@ absl::Status SpeculativeDecoder::Generate(std::span<const SpeculativeRequest> re
       s.step_tokens.assign(1, s.context.back());
       s.step_tokens.insert(s.step_tokens.end(), s.drafts.begin(), s.drafts.end());
       if (!s.drafts.empty()) {
-        model_.CopyStateSlot(s.cache.state_slot, s.snapshot.state_slot);
+        if (status.ok()) status = model_.CopyStateSlot(s.cache.state_slot, s.snapshot.state_slot);
         speculating = true;
       }
       batch.push_back({s.step_tokens, &s.cache});
       start_tokens.push_back(s.cache.num_tokens);
     }
     stats_.rollback_seconds += SecondsSince(snapshot_start);
+    if (!status.ok()) break;
     ForwardOptions verify;
     verify.logits = LogitsMode::kAllTokens;
     verify.keep_state_inputs = speculating;
@@ -244,13 +245,13 @@ absl::Status SpeculativeDecoder::Generate(std::span<const SpeculativeRequest> re
       if (accepted < d && !s.done) {
         // The DeltaNet state has absorbed rejected drafts and cannot be un-applied: restore the
         // snapshot taken before the verify step and replay the accepted tokens' state updates.
-        model_.CopyStateSlot(s.snapshot.state_slot, s.cache.state_slot);
+        if (status.ok()) status = model_.CopyStateSlot(s.snapshot.state_slot, s.cache.state_slot);
         s.cache.num_tokens = start_tokens[m];
         replays.push_back({&s.cache, static_cast<int>(first_row), accepted + 1});
         ++stats_.recompute_steps;
       }
     }
-    if (!replays.empty()) {
+    if (status.ok() && !replays.empty()) {
       const auto start = Clock::now();
       status = model_.ReplayStateInputs(replays);
       stats_.rollback_seconds += SecondsSince(start);

@@ -26,9 +26,6 @@
 {{- end }}
 - --sampling-seed={{ $v.samplingSeed }}
 {{- if gt (int $v.specTokens) 0 }}
-{{- if gt (int (include "mobius.worldSize" $)) 1 }}
-{{- fail "worker.specTokens needs one-rank replicas (the MTP draft head runs on one rank)" }}
-{{- end }}
 - --spec-tokens={{ $v.specTokens }}
 {{- end }}
 - --drain-timeout-s={{ $v.drainTimeoutSeconds }}
