@@ -139,6 +139,28 @@ std::vector<SequenceSegment> MakeSegments(const std::vector<int>& lengths,
   return segs;
 }
 
+// Paged-KV block tables for `segs` (each needs cached_tokens + num_tokens positions): a random
+// permutation of `spare` + the needed blocks, dealt out in order into `tables`, which the
+// segments then point into. Returns the number of blocks.
+int DealBlockTables(std::vector<SequenceSegment>& segs, int bs, int spare, std::mt19937& rng,
+                    std::vector<std::vector<int32_t>>& tables) {
+  int num_blocks = spare;
+  for (const SequenceSegment& s : segs)
+    num_blocks += (s.cached_tokens + s.num_tokens + bs - 1) / bs;
+  std::vector<int32_t> perm(num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  tables.assign(segs.size(), {});
+  int next = 0;
+  for (size_t s = 0; s < segs.size(); ++s) {
+    const int need = (segs[s].cached_tokens + segs[s].num_tokens + bs - 1) / bs;
+    tables[s].assign(perm.begin() + next, perm.begin() + next + need);
+    next += need;
+    segs[s].kv_blocks = tables[s];
+  }
+  return num_blocks;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Memory and copies
 
@@ -620,22 +642,9 @@ TEST_P(CudaAttentionTest, QkNormRopeWriteKvCacheAndPagedAttention) {
   const std::vector<int> cached =
       p.long_context ? std::vector<int>{0, 1500, 3, 700} : std::vector<int>{0, 40, 3, 21};
   const int64_t t = std::accumulate(lengths.begin(), lengths.end(), 0);
-  int num_blocks = 3;
-  for (size_t s = 0; s < lengths.size(); ++s) num_blocks += (cached[s] + lengths[s] + bs - 1) / bs;
   auto segs = MakeSegments(lengths, cached, {0, 1, 2, 3});
-  // Block tables: a random permutation of the blocks, dealt out to the segments.
-  std::vector<int32_t> perm(num_blocks);
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), rng_);
-  std::vector<std::vector<int32_t>> tables(segs.size());
-  int next = 0;
-  for (size_t s = 0; s < segs.size(); ++s) {
-    const int need = (cached[s] + lengths[s] + bs - 1) / bs;
-    tables[s].assign(perm.begin() + next, perm.begin() + next + need);
-    next += need;
-    segs[s].kv_blocks = tables[s];
-  }
-  ASSERT_LE(next, num_blocks);
+  std::vector<std::vector<int32_t>> tables;
+  const int num_blocks = DealBlockTables(segs, bs, /*spare=*/3, rng_, tables);
 
   // QkNormRope.
   const std::vector<float> qg = Rand(t * nh * 2 * hd, -2, 2), k = Rand(t * nkv * hd, -2, 2),
@@ -783,20 +792,8 @@ TEST_P(CudaDecodeAttentionTest, MatchesReference) {
     }
     const int64_t t = std::accumulate(lengths.begin(), lengths.end(), 0);
     auto segs = MakeSegments(lengths, all_cached, std::vector<int>(lengths.size(), -1));
-    int num_blocks = 2;
-    for (size_t s = 0; s < segs.size(); ++s)
-      num_blocks += (all_cached[s] + lengths[s] + bs - 1) / bs;
-    std::vector<int32_t> perm(num_blocks);
-    std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), rng_);
-    std::vector<std::vector<int32_t>> tables(segs.size());
-    int next = 0;
-    for (size_t s = 0; s < segs.size(); ++s) {
-      const int need = (all_cached[s] + lengths[s] + bs - 1) / bs;
-      tables[s].assign(perm.begin() + next, perm.begin() + next + need);
-      next += need;
-      segs[s].kv_blocks = tables[s];
-    }
+    std::vector<std::vector<int32_t>> tables;
+    const int num_blocks = DealBlockTables(segs, bs, /*spare=*/2, rng_, tables);
     const int64_t cache_elems = int64_t{num_blocks} * bs * nkv * hd;
     const std::vector<float> qv = Rand(t * nh * hd, -2, 2), kc = Rand(cache_elems, -2, 2),
                              vc = Rand(cache_elems, -2, 2);
