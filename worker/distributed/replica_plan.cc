@@ -33,6 +33,7 @@ v1::StepPlan ToProto(const ReplicaStepPlan& plan) {
     s->set_cached_tokens(seq.cached_tokens);
     s->set_state_slot(seq.state_slot);
     s->mutable_kv_blocks()->Add(seq.kv_blocks.begin(), seq.kv_blocks.end());
+    s->set_kv_blocks_known(seq.kv_blocks_known);
   }
   p.set_logits_mode(plan.logits_mode);
   p.set_delta_rule_algorithm(static_cast<int>(plan.delta_rule));
@@ -47,7 +48,8 @@ ReplicaStepPlan FromProto(const v1::StepPlan& p) {
     plan.sequences.push_back(PlannedSequence{{s.tokens().begin(), s.tokens().end()},
                                              s.cached_tokens(),
                                              s.state_slot(),
-                                             {s.kv_blocks().begin(), s.kv_blocks().end()}});
+                                             {s.kv_blocks().begin(), s.kv_blocks().end()},
+                                             s.kv_blocks_known()});
   }
   plan.logits_mode = p.logits_mode();
   plan.delta_rule = static_cast<kernels::DeltaRuleAlgorithm>(p.delta_rule_algorithm());

@@ -88,6 +88,7 @@ absl::Status HybridModel::CreateCaches(int max_sequences, int max_tokens, int bl
   slots.v_head_dim = config_.linear_value_head_dim;
   slots.num_slots = max_sequences;
   ASSIGN_OR_RETURN(state_slots_, StateSlotPool::Create(slots, backend_));
+  planned_blocks_.assign(max_sequences, {});
   return absl::OkStatus();
 }
 
@@ -276,9 +277,21 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
     plan.count_experts = options.expert_tokens != nullptr;
     plan.keep_state_inputs = options.keep_state_inputs;
     for (const SequenceStep& step : batch) {
-      plan.sequences.push_back(
-          PlannedSequence{std::vector<int32_t>(step.tokens.begin(), step.tokens.end()),
-                          step.cache->num_tokens, step.cache->state_slot, step.cache->kv_blocks});
+      // Only the part of the block table the followers do not hold yet: the common prefix with
+      // what this slot's last plan sent stays (none for a sequence that starts over).
+      const std::vector<int32_t>& blocks = step.cache->kv_blocks;
+      std::vector<int32_t>& sent = planned_blocks_[step.cache->state_slot];
+      size_t known = 0;
+      if (step.cache->num_tokens > 0) {
+        while (known < sent.size() && known < blocks.size() && sent[known] == blocks[known]) {
+          ++known;
+        }
+      }
+      plan.sequences.push_back(PlannedSequence{
+          std::vector<int32_t>(step.tokens.begin(), step.tokens.end()), step.cache->num_tokens,
+          step.cache->state_slot, std::vector<int32_t>(blocks.begin() + known, blocks.end()),
+          static_cast<int32_t>(known)});
+      sent = blocks;
     }
     RETURN_IF_ERROR(followers_->Step(plan));
   }
@@ -396,7 +409,19 @@ absl::Status HybridModel::ExecutePlan(const ReplicaStepPlan& plan) {
   for (size_t i = 0; i < plan.sequences.size(); ++i) {
     const PlannedSequence& seq = plan.sequences[i];
     caches[i].state_slot = seq.state_slot;
-    caches[i].kv_blocks = seq.kv_blocks;
+    if (seq.state_slot < 0 || seq.state_slot >= static_cast<int>(planned_blocks_.size())) {
+      return absl::DataLossError(absl::StrFormat("a plan names state slot %d of %d", seq.state_slot,
+                                                 planned_blocks_.size()));
+    }
+    std::vector<int32_t>& table = planned_blocks_[seq.state_slot];
+    if (seq.kv_blocks_known < 0 || seq.kv_blocks_known > static_cast<int>(table.size())) {
+      return absl::DataLossError(absl::StrFormat(
+          "a plan keeps %d KV blocks of state slot %d, which holds %d: the ranks disagree",
+          seq.kv_blocks_known, seq.state_slot, table.size()));
+    }
+    table.resize(seq.kv_blocks_known);
+    table.insert(table.end(), seq.kv_blocks.begin(), seq.kv_blocks.end());
+    caches[i].kv_blocks = table;
     caches[i].num_tokens = seq.cached_tokens;
     batch[i].tokens = seq.tokens;
     batch[i].cache = &caches[i];

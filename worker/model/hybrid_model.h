@@ -243,6 +243,9 @@ class HybridModel {
   int max_positions_ = 0;  // the caches' per-sequence capacity (CreateCaches max_tokens)
   int decode_capture_max_batch_ = 0;
   ReplicaFollowers* followers_ = nullptr;
+  // By state slot: the KV block table the followers hold (on the leader: the last one planned;
+  // on a follower: the one the plans built), so that plans send only what changed.
+  std::vector<std::vector<int32_t>> planned_blocks_;
   BankLoader bank_loader_;
   absl::Status capture_error_;
   // By (sequences, tokens per sequence): decode steps, and uniform speculative verify steps.

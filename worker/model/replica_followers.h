@@ -17,10 +17,15 @@ namespace mobius::worker {
 
 // One sequence of a planned step: exactly what HybridModel::Forward needs of it.
 struct PlannedSequence {
-  std::vector<int32_t> tokens;     // the step's new tokens
-  int32_t cached_tokens = 0;       // tokens already in its caches
-  int32_t state_slot = -1;         // its DeltaNet state slot
-  std::vector<int32_t> kv_blocks;  // its KV block table, covering cached_tokens + tokens
+  std::vector<int32_t> tokens;  // the step's new tokens
+  int32_t cached_tokens = 0;    // tokens already in its caches
+  int32_t state_slot = -1;      // its DeltaNet state slot
+  // Its KV block table, covering cached_tokens + tokens, sent as a difference: the first
+  // kv_blocks_known entries are those the previous plan of this state slot ended with, and
+  // kv_blocks holds the rest (every entry when kv_blocks_known is 0). A long sequence's table is
+  // then sent once, not with every step.
+  std::vector<int32_t> kv_blocks;
+  int32_t kv_blocks_known = 0;
 };
 
 struct ReplicaStepPlan {
