@@ -140,6 +140,11 @@ class Backend {
   virtual void EmbeddingLookup(std::span<const int32_t> ids, const Tensor& table, Tensor& out) = 0;
   // out[i, :] = x[rows[i], :] (rows are host values).
   virtual void GatherRows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) = 0;
+  // In place: x[to[i], :] = x[from[i], :] for every i (host values; no row in `to` may appear in
+  // `from`). Speculative decoding's state snapshots and restores of a whole step in one call.
+  // The default copies row by row through GatherRows (a one-launch CUDA version is the next
+  // step; it was written but not run on a GPU, so it is not here).
+  virtual void CopyRows(Tensor& x, std::span<const int32_t> from, std::span<const int32_t> to);
   // out = x / sqrt(mean(x^2) + eps) * (1 + w) per row, computed in fp32. x [R, D], w [D].
   virtual void RmsNorm1p(const Tensor& x, const Tensor& w, float eps, Tensor& out) = 0;
   // In place: residual += delta; then out = RmsNorm1p(residual, w, eps).
@@ -222,6 +227,14 @@ class Backend {
 inline void Backend::LinearFanOut(const Tensor& x, std::span<const Tensor* const> ws,
                                   std::span<Tensor* const> ys) {
   for (size_t i = 0; i < ws.size() && i < ys.size(); ++i) Linear(x, *ws[i], *ys[i]);
+}
+
+inline void Backend::CopyRows(Tensor& x, std::span<const int32_t> from,
+                              std::span<const int32_t> to) {
+  for (size_t i = 0; i < from.size() && i < to.size(); ++i) {
+    Tensor dst = x.Rows(to[i], 1);
+    GatherRows(x, from.subspan(i, 1), dst);
+  }
 }
 
 inline void Backend::ZeroFill(Tensor& t) {

@@ -85,10 +85,11 @@ absl::Status LeaderBroadcast::ApplyPlacement(const ExpertPlacement& placement) {
   return Send(m.SerializeAsString());
 }
 
-absl::Status LeaderBroadcast::CopyStateSlot(int32_t from, int32_t to) {
+absl::Status LeaderBroadcast::CopyStateSlots(const std::vector<int32_t>& from,
+                                             const std::vector<int32_t>& to) {
   v1::ReplicaMessage m;
-  m.mutable_copy_state()->set_from(from);
-  m.mutable_copy_state()->set_to(to);
+  m.mutable_copy_state()->mutable_from()->Add(from.begin(), from.end());
+  m.mutable_copy_state()->mutable_to()->Add(to.begin(), to.end());
   return Send(m.SerializeAsString());
 }
 
@@ -140,7 +141,9 @@ absl::Status FollowLeader(HybridModel& model, Communicator& comm) {
         break;
       }
       case v1::ReplicaMessage::kCopyState:
-        RETURN_IF_ERROR(model.CopyStateSlot(m.copy_state().from(), m.copy_state().to()));
+        RETURN_IF_ERROR(model.CopyStateSlots(
+            std::vector<int32_t>(m.copy_state().from().begin(), m.copy_state().from().end()),
+            std::vector<int32_t>(m.copy_state().to().begin(), m.copy_state().to().end())));
         break;
       case v1::ReplicaMessage::kReplayState: {
         std::vector<SequenceCache> caches(m.replay_state().sequences_size());

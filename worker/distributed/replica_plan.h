@@ -22,7 +22,8 @@ class LeaderBroadcast final : public ReplicaFollowers {
   absl::Status CreateCaches(const CacheGeometry& geometry) override;
   absl::Status Step(const ReplicaStepPlan& plan) override;
   absl::Status ApplyPlacement(const ExpertPlacement& placement) override;
-  absl::Status CopyStateSlot(int32_t from, int32_t to) override;
+  absl::Status CopyStateSlots(const std::vector<int32_t>& from,
+                              const std::vector<int32_t>& to) override;
   absl::Status ReplayStateInputs(const std::vector<PlannedReplay>& replays) override;
   // Ends the followers' loops (they return OK): the leader is shutting down cleanly.
   absl::Status Stop();

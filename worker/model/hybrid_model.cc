@@ -104,20 +104,31 @@ void HybridModel::ReleaseSequence(SequenceCache& seq) {
   seq.num_tokens = 0;
 }
 
-absl::Status HybridModel::CopyStateSlot(int32_t from, int32_t to) {
+absl::Status HybridModel::CopyStateSlots(std::span<const int32_t> from,
+                                         std::span<const int32_t> to) {
   if (!state_slots_) return absl::FailedPreconditionError("CreateCaches was not called");
-  if (from < 0 || to < 0 || from >= state_slots_->num_slots() || to >= state_slots_->num_slots()) {
-    return absl::InvalidArgumentError(absl::StrFormat("state slot copy %d -> %d outside [0, %d)",
-                                                      from, to, state_slots_->num_slots()));
+  if (from.size() != to.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%d source and %d destination state slots", from.size(), to.size()));
   }
-  if (followers_ != nullptr) RETURN_IF_ERROR(followers_->CopyStateSlot(from, to));
-  const int32_t rows[1] = {from};
+  for (size_t i = 0; i < from.size(); ++i) {
+    if (from[i] < 0 || to[i] < 0 || from[i] >= state_slots_->num_slots() ||
+        to[i] >= state_slots_->num_slots() ||
+        std::find(from.begin(), from.end(), to[i]) != from.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("state slot copy %d -> %d: outside [0, %d) or onto a source", from[i],
+                          to[i], state_slots_->num_slots()));
+    }
+  }
+  if (from.empty()) return absl::OkStatus();
+  if (followers_ != nullptr) {
+    RETURN_IF_ERROR(followers_->CopyStateSlots({from.begin(), from.end()}, {to.begin(), to.end()}));
+  }
   for (int l = 0; l < state_slots_->num_layers(); ++l) {
     for (Tensor* states : {&state_slots_->conv_states(l), &state_slots_->recurrent_states(l)}) {
       const int64_t slots = states->shape()[0];
-      const Tensor all = states->Reshape({slots, states->numel() / slots});
-      Tensor dst = all.Rows(to, 1);
-      backend_.GatherRows(all, rows, dst);
+      Tensor all = states->Reshape({slots, states->numel() / slots});
+      backend_.CopyRows(all, from, to);
     }
   }
   return absl::OkStatus();

@@ -136,7 +136,12 @@ class HybridModel {
   // Copies the DeltaNet state (conv and recurrent, every layer) of slot `from` into slot `to`:
   // the snapshot speculative decoding restores when it rejects drafts. Queued on the backend; a
   // leader rank first hands it to its followers (every rank holds a shard of the state).
-  absl::Status CopyStateSlot(int32_t from, int32_t to);
+  absl::Status CopyStateSlot(int32_t from, int32_t to) {
+    return CopyStateSlots(std::span(&from, 1), std::span(&to, 1));
+  }
+  // Every copy from[i] -> to[i] of a step at once (one backend call per state tensor); no slot in
+  // `to` may appear in `from`.
+  absl::Status CopyStateSlots(std::span<const int32_t> from, std::span<const int32_t> to);
   // Re-applies the kept state inputs of the last Forward (keep_state_inputs) for `replays`: per
   // DeltaNet layer, the causal conv and the delta rule over those tokens (outputs discarded), so a
   // restored snapshot reaches the state after the accepted tokens without running the model.

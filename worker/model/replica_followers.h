@@ -61,7 +61,8 @@ class ReplicaFollowers {
   virtual absl::Status ApplyPlacement(const ExpertPlacement& placement) = 0;
   // Speculative decoding: copy a sequence's DeltaNet state between slots (snapshot, restore),
   // and replay the accepted tokens of the last step, on every rank's shard of the state.
-  virtual absl::Status CopyStateSlot(int32_t from, int32_t to) = 0;
+  virtual absl::Status CopyStateSlots(const std::vector<int32_t>& from,
+                                      const std::vector<int32_t>& to) = 0;
   virtual absl::Status ReplayStateInputs(const std::vector<PlannedReplay>& replays) = 0;
 };
 

@@ -341,6 +341,7 @@ absl::Status Engine::DraftForStep(const StepPlan& plan, std::vector<std::vector<
   std::vector<std::vector<int32_t>> proposed;
   RETURN_IF_ERROR(options_.drafter->Draft(requests, proposed));
   const int vocab = model_.config().vocab_size;
+  std::vector<int32_t> snapshot_from, snapshot_to;
   for (size_t r = 0; r < requests.size() && r < proposed.size(); ++r) {
     std::vector<int32_t>& d = proposed[r];
     d.resize(std::min<size_t>(d.size(), static_cast<size_t>(requests[r].k)));
@@ -349,11 +350,13 @@ absl::Status Engine::DraftForStep(const StepPlan& plan, std::vector<std::vector<
     d.erase(bad, d.end());
     if (d.empty()) continue;
     Sequence& seq = *plan.chunks[owners[r]].sequence;
-    RETURN_IF_ERROR(model_.CopyStateSlot(seq.cache.state_slot, snapshots_[seq.arrival].state_slot));
+    snapshot_from.push_back(seq.cache.state_slot);
+    snapshot_to.push_back(snapshots_[seq.arrival].state_slot);
     tokens[owners[r]].insert(tokens[owners[r]].end(), d.begin(), d.end());
     drafts[owners[r]] = std::move(d);
   }
-  return absl::OkStatus();
+  // Every speculating sequence's state, snapshotted in one copy per state tensor.
+  return model_.CopyStateSlots(snapshot_from, snapshot_to);
 }
 
 bool Engine::Step() {
@@ -491,6 +494,7 @@ bool Engine::Step() {
   const int64_t H = model_.config().hidden_size;
   std::vector<TargetStep> observed;
   std::vector<StateReplay> replays;  // rolled back: replay the accepted tokens' state updates
+  std::vector<int32_t> restore_from, restore_to;  // their snapshots, restored first
   std::vector<std::string> errored;
   absl::Status replay_error;
   int64_t row = 0, hidden_row = 0;
@@ -536,15 +540,10 @@ bool Engine::Step() {
       if (accepted < d) {
         // The DeltaNet state absorbed the rejected drafts: restore the snapshot taken before the
         // step and replay the state updates of the pending token and the accepted drafts.
-        const absl::Status restored =
-            model_.CopyStateSlot(snapshots_[seq.arrival].state_slot, seq.cache.state_slot);
-        if (restored.ok()) {
-          seq.cache.num_tokens = c.begin;
-          replays.push_back({&seq.cache, static_cast<int>(first_hidden), accepted + 1});
-        } else {
-          errored.push_back(seq.request_id);
-          replay_error = restored;
-        }
+        restore_from.push_back(snapshots_[seq.arrival].state_slot);
+        restore_to.push_back(seq.cache.state_slot);
+        seq.cache.num_tokens = c.begin;
+        replays.push_back({&seq.cache, static_cast<int>(first_hidden), accepted + 1});
       }
       if (EngineMetrics* m = options_.metrics) {
         m->spec_drafts.Increment();
@@ -604,7 +603,8 @@ bool Engine::Step() {
     if (done) finished.push_back(seq.request_id);
   }
   if (!replays.empty()) {
-    const absl::Status replayed = model_.ReplayStateInputs(replays);
+    absl::Status replayed = model_.CopyStateSlots(restore_from, restore_to);
+    if (replayed.ok()) replayed = model_.ReplayStateInputs(replays);
     if (!replayed.ok()) {
       // Their state is lost: end them with the error (the tokens delivered so far are exact).
       for (const ScheduledChunk& c : plan.chunks) {

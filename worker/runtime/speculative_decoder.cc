@@ -179,17 +179,20 @@ absl::Status SpeculativeDecoder::Generate(std::span<const SpeculativeRequest> re
     std::vector<int32_t> start_tokens;
     bool speculating = false;
     const auto snapshot_start = Clock::now();
+    std::vector<int32_t> snapshot_from, snapshot_to;
     for (int i : members) {
       Sequence& s = seqs[i];
       s.step_tokens.assign(1, s.context.back());
       s.step_tokens.insert(s.step_tokens.end(), s.drafts.begin(), s.drafts.end());
       if (!s.drafts.empty()) {
-        if (status.ok()) status = model_.CopyStateSlot(s.cache.state_slot, s.snapshot.state_slot);
+        snapshot_from.push_back(s.cache.state_slot);
+        snapshot_to.push_back(s.snapshot.state_slot);
         speculating = true;
       }
       batch.push_back({s.step_tokens, &s.cache});
       start_tokens.push_back(s.cache.num_tokens);
     }
+    status = model_.CopyStateSlots(snapshot_from, snapshot_to);
     stats_.rollback_seconds += SecondsSince(snapshot_start);
     if (!status.ok()) break;
     ForwardOptions verify;
@@ -203,6 +206,7 @@ absl::Status SpeculativeDecoder::Generate(std::span<const SpeculativeRequest> re
 
     // Accept, and collect the sequences that must roll back.
     std::vector<StateReplay> replays;
+    std::vector<int32_t> restore_from, restore_to;
     std::vector<TargetStep> observed;
     int64_t row = 0;
     for (size_t m = 0; m < members.size(); ++m) {
@@ -245,7 +249,8 @@ absl::Status SpeculativeDecoder::Generate(std::span<const SpeculativeRequest> re
       if (accepted < d && !s.done) {
         // The DeltaNet state has absorbed rejected drafts and cannot be un-applied: restore the
         // snapshot taken before the verify step and replay the accepted tokens' state updates.
-        if (status.ok()) status = model_.CopyStateSlot(s.snapshot.state_slot, s.cache.state_slot);
+        restore_from.push_back(s.snapshot.state_slot);
+        restore_to.push_back(s.cache.state_slot);
         s.cache.num_tokens = start_tokens[m];
         replays.push_back({&s.cache, static_cast<int>(first_row), accepted + 1});
         ++stats_.recompute_steps;
@@ -253,7 +258,8 @@ absl::Status SpeculativeDecoder::Generate(std::span<const SpeculativeRequest> re
     }
     if (status.ok() && !replays.empty()) {
       const auto start = Clock::now();
-      status = model_.ReplayStateInputs(replays);
+      status = model_.CopyStateSlots(restore_from, restore_to);
+      if (status.ok()) status = model_.ReplayStateInputs(replays);
       stats_.rollback_seconds += SecondsSince(start);
     }
     if (status.ok() && !observed.empty()) {
