@@ -109,7 +109,7 @@ absl::Status GenerateSpeculatively(worker::HybridModel& model, const std::vector
                "per draft position [%s], %lld rollbacks; draft %.1f ms, verify %.1f ms, rollback "
                "%.1f ms\n",
                static_cast<long long>(stats.verify_steps), stats.MeanAcceptedLength(),
-               per_position.c_str(), static_cast<long long>(stats.recompute_steps),
+               per_position.c_str(), static_cast<long long>(stats.rollback_steps),
                1e3 * stats.draft_seconds, 1e3 * stats.verify_seconds, 1e3 * stats.rollback_seconds);
   return absl::OkStatus();
 }

@@ -117,7 +117,7 @@ TEST_P(SpeculativeDecoderTest, RejectedDraftsRollBackExactly) {
     std::vector<std::vector<int32_t>> out;
     ASSERT_TRUE(spec.Generate(Requests(k), out).ok());
     EXPECT_EQ(out, expected_) << "k=" << k;
-    EXPECT_GT(spec.stats().recompute_steps, 0) << "k=" << k;
+    EXPECT_GT(spec.stats().rollback_steps, 0) << "k=" << k;
     EXPECT_EQ(model_->state_slots()->free_slots(), 16);
   }
 }
@@ -129,7 +129,7 @@ TEST_P(SpeculativeDecoderTest, AcceptedDraftsEmitSeveralTokensPerStep) {
     std::vector<std::vector<int32_t>> out;
     ASSERT_TRUE(spec.Generate(Requests(k), out).ok());
     EXPECT_EQ(out, expected_) << "k=" << k;
-    EXPECT_EQ(spec.stats().recompute_steps, 0) << "k=" << k;
+    EXPECT_EQ(spec.stats().rollback_steps, 0) << "k=" << k;
     EXPECT_DOUBLE_EQ(spec.stats().AcceptanceRate(0), 1.0) << "k=" << k;
     EXPECT_GT(spec.stats().MeanAcceptedLength(), 1.0 + 0.5 * k) << "k=" << k;
   }
@@ -143,7 +143,7 @@ TEST_P(SpeculativeDecoderTest, PartialAcceptanceRollsBackToTheLastAcceptedToken)
     std::vector<std::vector<int32_t>> out;
     ASSERT_TRUE(spec.Generate(Requests(k), out).ok());
     EXPECT_EQ(out, expected_) << "wrong_at=" << wrong_at;
-    EXPECT_GT(spec.stats().recompute_steps, 0);
+    EXPECT_GT(spec.stats().rollback_steps, 0);
     EXPECT_EQ(spec.stats().accepted[wrong_at], 0) << "wrong_at=" << wrong_at;
     if (wrong_at > 0) {
       EXPECT_DOUBLE_EQ(spec.stats().AcceptanceRate(0), 1.0);

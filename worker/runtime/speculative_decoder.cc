@@ -253,7 +253,7 @@ absl::Status SpeculativeDecoder::Generate(std::span<const SpeculativeRequest> re
         restore_to.push_back(s.cache.state_slot);
         s.cache.num_tokens = start_tokens[m];
         replays.push_back({&s.cache, static_cast<int>(first_row), accepted + 1});
-        ++stats_.recompute_steps;
+        ++stats_.rollback_steps;
       }
     }
     if (status.ok() && !replays.empty()) {

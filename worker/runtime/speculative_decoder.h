@@ -60,7 +60,7 @@ struct SpeculationStats {
   std::vector<int64_t> accepted;
   int64_t verify_steps = 0;
   int64_t emitted_tokens = 0;   // tokens produced by speculative steps (accepted + 1 each)
-  int64_t recompute_steps = 0;  // partial acceptances that restored and recomputed
+  int64_t rollback_steps = 0;   // partial acceptances: snapshot restored, accepted tokens replayed
   double draft_seconds = 0;     // in the drafter (Observe + Draft)
   double verify_seconds = 0;    // target forwards of steps with drafts
   double rollback_seconds = 0;  // state snapshots, restores and recomputes
