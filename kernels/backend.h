@@ -156,6 +156,10 @@ class Backend {
   virtual void SiluAndMul(const Tensor& gate_up, Tensor& out) = 0;
   // In place: x[t, :] += sigmoid(gate_logits[t]) * y[t, :]. x, y [T, H]; gate_logits [T, 1].
   virtual void AddSigmoidScaled(Tensor& x, const Tensor& y, const Tensor& gate_logits) = 0;
+  // out = SiluAndMul(gate_up) @ w^T: an MLP's down projection of its gate/up projection.
+  // `act` [T, I] receives SiluAndMul(gate_up) where a backend computes it separately (the
+  // default); a backend that forms the activation inside the projection leaves it unwritten.
+  virtual void SiluMulLinear(const Tensor& gate_up, const Tensor& w, Tensor& act, Tensor& out);
 
   // ---- gated DeltaNet (linear attention) ----
   // Causal depthwise conv over time followed by SiLU, per sequence:
@@ -179,6 +183,16 @@ class Backend {
                               const DeltaRuleDims& dims, Tensor& recurrent_states,
                               std::span<const SequenceSegment> segments,
                               DeltaRuleAlgorithm algorithm, Tensor& out) = 0;
+  // DeltaRuleGates(a, b, a_log, dt_bias, g, beta), then GatedDeltaRule with those gates: the
+  // gates are written to g and beta either way (speculative decoding keeps them to replay the
+  // step). Backends compute the gates inside the delta rule where it pays (one launch less per
+  // DeltaNet layer in a decode step).
+  virtual void GatedDeltaRuleWithGates(const Tensor& qkv, const Tensor& a, const Tensor& b,
+                                       const Tensor& a_log, const Tensor& dt_bias,
+                                       const DeltaRuleDims& dims, Tensor& recurrent_states,
+                                       std::span<const SequenceSegment> segments,
+                                       DeltaRuleAlgorithm algorithm, Tensor& g, Tensor& beta,
+                                       Tensor& out);
   // out[r, :] = x[r, :] / sqrt(mean(x[r]^2) + eps) * w * silu(z[r, :]). x, z, out [R, D]; w [D]
   // (a plain weight, not 1 + w).
   virtual void GatedRmsNorm(const Tensor& x, const Tensor& z, const Tensor& w, float eps,
@@ -222,7 +236,43 @@ class Backend {
   virtual void MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weights,
                           const Tensor& gate_up, const Tensor& down, int first_expert, Tensor& out,
                           std::span<int64_t> expert_tokens) = 0;
+  // A MoE layer's output, written (not added) to out:
+  //   out[t, :] = sum_j weights[t, j] * Expert_{ids[t, j]}(x[t, :])
+  //               + sigmoid(shared_gate[t]) * shared[t, :],
+  // i.e. ZeroFill(out), MoeExperts(...), AddSigmoidScaled(out, shared, shared_gate) (the
+  // default). Backends fold the zeroing and the shared term into the expert kernels where a row's
+  // routed sum is complete in one place (few tokens). shared [T, H]; shared_gate [T, 1].
+  virtual void MoeExpertsWithShared(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                                    const Tensor& gate_up, const Tensor& down, int first_expert,
+                                    const Tensor& shared, const Tensor& shared_gate, Tensor& out,
+                                    std::span<int64_t> expert_tokens);
 };
+
+inline void Backend::SiluMulLinear(const Tensor& gate_up, const Tensor& w, Tensor& act,
+                                   Tensor& out) {
+  SiluAndMul(gate_up, act);
+  Linear(act, w, out);
+}
+
+inline void Backend::GatedDeltaRuleWithGates(const Tensor& qkv, const Tensor& a, const Tensor& b,
+                                             const Tensor& a_log, const Tensor& dt_bias,
+                                             const DeltaRuleDims& dims, Tensor& recurrent_states,
+                                             std::span<const SequenceSegment> segments,
+                                             DeltaRuleAlgorithm algorithm, Tensor& g, Tensor& beta,
+                                             Tensor& out) {
+  DeltaRuleGates(a, b, a_log, dt_bias, g, beta);
+  GatedDeltaRule(qkv, g, beta, dims, recurrent_states, segments, algorithm, out);
+}
+
+inline void Backend::MoeExpertsWithShared(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                                          const Tensor& gate_up, const Tensor& down,
+                                          int first_expert, const Tensor& shared,
+                                          const Tensor& shared_gate, Tensor& out,
+                                          std::span<int64_t> expert_tokens) {
+  ZeroFill(out);
+  MoeExperts(x, ids, weights, gate_up, down, first_expert, out, expert_tokens);
+  AddSigmoidScaled(out, shared, shared_gate);
+}
 
 inline void Backend::LinearFanOut(const Tensor& x, std::span<const Tensor* const> ws,
                                   std::span<Tensor* const> ys) {

@@ -16,6 +16,10 @@
 // reads the staged copy instead of uploading its own; all input sets share that one step (their
 // per-sequence state and KV cache rotate by tensor, as layers do in the engine). The same calls
 // without staging (each uploading its metadata) are timed too and reported as "unstaged us".
+// Staged ops are also recorded as one CUDA graph of many calls (Backend::BeginCapture, the way
+// the engine records a decode step) and replayed: "graph us" is the replay's time per call, with
+// no event records between the calls and programmatic dependent launch overlapping each call's
+// start with the previous one's tail. That is how the peers (bench/kernels/peers.py) are timed.
 // Inputs are fresh random data (never zeros) in several sets, rotated so that one set of inputs
 // is not still in the L2 when it is used again (sets * bytes >= 4 x L2). If the stream cannot be
 // found (the backend changed how it creates it) the op is timed on the host around
@@ -119,6 +123,7 @@ struct Options {
   bool list = false;
   bool smoke = false;
   bool unstaged = false;  // segment ops: time only without staging (no StageStep)
+  bool no_graph = false;  // staged ops: skip the recorded (CUDA graph) timing
 };
 
 void PrintHelp() {
@@ -144,6 +149,8 @@ void PrintHelp() {
       "  --unstaged            ops with segments: time them only without Backend::StageStep\n"
       "                        (each call uploads its metadata; by default both are timed and\n"
       "                        the staged median is the time)\n"
+      "  --no-graph            staged ops: skip the timing of a recorded CUDA graph of calls\n"
+      "                        (the \"graph us\" column)\n"
       "  --help                this text\n");
 }
 
@@ -180,6 +187,8 @@ Options ParseOptions(int argc, char** argv) {
       o.smoke = true;
     } else if (a == "--unstaged") {
       o.unstaged = true;
+    } else if (a == "--no-graph") {
+      o.no_graph = true;
     } else {
       Die("unknown option " + a + " (see --help)");
     }
@@ -234,6 +243,7 @@ struct Result {
   std::string name, op, shape, timing;
   double time_us = 0, min_us = 0, host_us = 0;
   double unstaged_us = 0;  // segment ops: median without StageStep (0: not timed)
+  double graph_us = 0;     // staged ops: per call in a replayed recording of many (0: not timed)
   double bytes = 0, flops = 0;
   double bound_us = 0;
   std::string bound_by;
@@ -356,6 +366,8 @@ class Bench {
   // ---- timing ----
   Result Time(const std::string& name, Case& c);
   void TimeCalls(Case& c, Result& r);
+  // Staged cases: records many calls as one CUDA graph and sets r.graph_us from its replays.
+  void TimeRecorded(Case& c, Result& r);
   void MeasureCeilings();
   void Print(const std::vector<Result>& results) const;
   void WriteJson(const std::vector<Result>& results) const;
@@ -1036,6 +1048,7 @@ Result Bench::Time(const std::string& name, Case& c) {
     TimeCalls(c, unstaged);
     c.stage();
     TimeCalls(c, r);
+    TimeRecorded(c, r);
     be_->ClearStep();
     r.unstaged_us = unstaged.time_us;
   } else {
@@ -1048,6 +1061,38 @@ Result Bench::Time(const std::string& name, Case& c) {
   r.bound_us = std::max(mem_us, mma_us);
   r.bound_by = mma_us > mem_us ? "mma" : "mem";
   return r;
+}
+
+void Bench::TimeRecorded(Case& c, Result& r) {
+  if (stream_ == nullptr || !be_->SupportsCapture() || opt_.no_graph) return;
+  // Enough calls per recording that the replay's own launch is a small share, every input set at
+  // least once; replays are timed between two events, best of a few.
+  const int calls = std::max(64, c.sets);
+  if (absl::Status began = be_->BeginCapture(); !began.ok()) {
+    std::fprintf(stderr, "graph timing skipped: %s\n", std::string(began.message()).c_str());
+    return;
+  }
+  for (int i = 0; i < calls; ++i) c.run(i % c.sets);
+  auto step = be_->EndCapture();
+  if (!step.ok()) {
+    std::fprintf(stderr, "graph timing skipped: %s\n",
+                 std::string(step.status().message()).c_str());
+    return;
+  }
+  std::vector<double> per_call;
+  for (int rep = 0; rep < 6; ++rep) {
+    CheckCuda(cudaEventRecord(events_[0], stream_), "cudaEventRecord");
+    if (absl::Status replayed = be_->Replay(**step); !replayed.ok()) {
+      std::fprintf(stderr, "graph timing skipped: %s\n", std::string(replayed.message()).c_str());
+      return;
+    }
+    CheckCuda(cudaEventRecord(events_[1], stream_), "cudaEventRecord");
+    be_->Synchronize();
+    float ms = 0;
+    CheckCuda(cudaEventElapsedTime(&ms, events_[0], events_[1]), "cudaEventElapsedTime");
+    if (rep > 0) per_call.push_back(ms * 1e3 / calls);  // the first replay uploads the graph
+  }
+  r.graph_us = Median(per_call);
 }
 
 void Bench::TimeCalls(Case& c, Result& r) {
@@ -1152,14 +1197,16 @@ std::string Bytes(double b) {
 }
 
 void Bench::Print(const std::vector<Result>& results) const {
-  std::printf("\n%-32s %10s %10s %9s %11s %10s %9s %10s %4s %8s %9s %8s\n", "case", "time us",
-              "min us", "host us", "unstaged us", "bytes", "GFLOP", "bound us", "by", "x bound",
-              "GB/s", "TFLOP/s");
+  std::printf("\n%-32s %10s %10s %9s %11s %9s %10s %9s %10s %4s %8s %9s %8s\n", "case", "time us",
+              "min us", "host us", "unstaged us", "graph us", "bytes", "GFLOP", "bound us", "by",
+              "x bound", "GB/s", "TFLOP/s");
   for (const Result& r : results) {
     const std::string unstaged =
         r.unstaged_us > 0 ? absl::StrFormat("%.2f", r.unstaged_us) : std::string("-");
-    std::printf("%-32s %10.2f %10.2f %9.2f %11s %10s %9.3f %10.2f %4s %8.2f %9.1f %8.2f%s\n",
-                r.name.c_str(), r.time_us, r.min_us, r.host_us, unstaged.c_str(),
+    const std::string graph =
+        r.graph_us > 0 ? absl::StrFormat("%.2f", r.graph_us) : std::string("-");
+    std::printf("%-32s %10.2f %10.2f %9.2f %11s %9s %10s %9.3f %10.2f %4s %8.2f %9.1f %8.2f%s\n",
+                r.name.c_str(), r.time_us, r.min_us, r.host_us, unstaged.c_str(), graph.c_str(),
                 Bytes(r.bytes).c_str(), r.flops / 1e9, r.bound_us, r.bound_by.c_str(),
                 r.bound_us > 0 ? r.time_us / r.bound_us : 0.0, r.bytes / (r.time_us * 1e-6) / 1e9,
                 r.flops / (r.time_us * 1e-6) / 1e12,
@@ -1168,6 +1215,7 @@ void Bench::Print(const std::vector<Result>& results) const {
   std::printf(
       "\ntime: median per call (ops with segments: with the step staged once, StageStep); host: "
       "host time to queue one call; unstaged: median with every call uploading its metadata; "
+      "graph: per call in a replayed CUDA graph of >= 64 calls (staged ops); "
       "bound: max(bytes / %.0f GB/s, FLOPs / %.1f TFLOP/s)\n",
       bandwidth_ / 1e9, matrix_rate_ / 1e12);
 }
@@ -1204,6 +1252,7 @@ void Bench::WriteJson(const std::vector<Result>& results) const {
                      {"min_us", r.min_us},
                      {"host_us", r.host_us},
                      {"unstaged_us", r.unstaged_us},
+                     {"graph_us", r.graph_us},
                      {"bytes", r.bytes},
                      {"flops", r.flops},
                      {"bound_us", r.bound_us},

@@ -282,6 +282,7 @@ class CudaBackend final : public Backend {
   void Add(Tensor& x, const Tensor& y) override;
   void SiluAndMul(const Tensor& gate_up, Tensor& out) override;
   void AddSigmoidScaled(Tensor& x, const Tensor& y, const Tensor& gate_logits) override;
+  void SiluMulLinear(const Tensor& gate_up, const Tensor& w, Tensor& act, Tensor& out) override;
 
   // ---- gated DeltaNet ----
   void CausalConv1dSilu(const Tensor& x, const Tensor& w, Tensor& conv_states,
@@ -292,6 +293,12 @@ class CudaBackend final : public Backend {
                       const DeltaRuleDims& dims, Tensor& recurrent_states,
                       std::span<const SequenceSegment> segments, DeltaRuleAlgorithm algorithm,
                       Tensor& out) override;
+  void GatedDeltaRuleWithGates(const Tensor& qkv, const Tensor& a, const Tensor& b,
+                               const Tensor& a_log, const Tensor& dt_bias,
+                               const DeltaRuleDims& dims, Tensor& recurrent_states,
+                               std::span<const SequenceSegment> segments,
+                               DeltaRuleAlgorithm algorithm, Tensor& g, Tensor& beta,
+                               Tensor& out) override;
   void GatedRmsNorm(const Tensor& x, const Tensor& z, const Tensor& w, float eps,
                     Tensor& out) override;
 
@@ -311,8 +318,20 @@ class CudaBackend final : public Backend {
   void MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate_up,
                   const Tensor& down, int first_expert, Tensor& out,
                   std::span<int64_t> expert_tokens) override;
+  void MoeExpertsWithShared(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                            const Tensor& gate_up, const Tensor& down, int first_expert,
+                            const Tensor& shared, const Tensor& shared_gate, Tensor& out,
+                            std::span<int64_t> expert_tokens) override;
 
  private:
+  // The delta rule, computing its gates from `gates` (and storing them to g and beta) when given.
+  void RunGatedDeltaRule(const Tensor& qkv, Tensor& g, Tensor& beta,
+                         const cuda::DeltaGateInputs* gates, const DeltaRuleDims& dims,
+                         Tensor& recurrent_states, std::span<const SequenceSegment> segments,
+                         DeltaRuleAlgorithm algorithm, Tensor& out);
+  // MoeExperts's checks; returns the number of tokens.
+  int64_t CheckMoe(const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate_up,
+                   const Tensor& down, const Tensor& out, std::span<const int64_t> expert_tokens);
   struct LinearShape {
     int64_t m, n, k;
   };
@@ -739,6 +758,25 @@ void CudaBackend::SiluAndMul(const Tensor& gate_up, Tensor& out) {
   cuda::LaunchSiluAndMul(Bf16(gate_up), gate_up.numel() / two_i, two_i / 2, MutBf16(out), stream_);
 }
 
+void CudaBackend::SiluMulLinear(const Tensor& gate_up, const Tensor& w, Tensor& act, Tensor& out) {
+  CheckTensor(gate_up, DType::kBF16, "SiluMulLinear", "gate_up");
+  // The projection's input is [T, K] with K = w's columns; gate_up is [T, 2K].
+  Check(w.rank() == 2 && act.numel() * 2 == gate_up.numel(), "SiluMulLinear",
+        absl::StrFormat("gate_up %s, act %s, w %s", gate_up.ShapeString(), act.ShapeString(),
+                        w.ShapeString()));
+  const LinearShape s = CheckLinear("SiluMulLinear", act, w, out);
+  // One or two rows (decode): the skinny kernel forms silu(gate) * up as it reads the row, one
+  // launch instead of two (see Linear for when the skinny kernel is used).
+  if (s.m > 0 && s.n > 0 && s.n * s.k <= (int64_t{16} << 20) && !skinny_off_ &&
+      cuda::SkinnyGemmSupports(s.m, s.k, gate_up.raw(), w.raw())) {
+    Enter();
+    const cuda::SkinnyTarget target{Bf16(w), s.n, AnyMutPtr{out.raw(), out.dtype() == DType::kF32}};
+    cuda::LaunchSkinnyGemm(Bf16(gate_up), s.m, s.k, &target, 1, stream_, /*silu_mul=*/true);
+    return;
+  }
+  Backend::SiluMulLinear(gate_up, w, act, out);
+}
+
 void CudaBackend::AddSigmoidScaled(Tensor& x, const Tensor& y, const Tensor& gate_logits) {
   CheckTensor(x, DType::kBF16, "AddSigmoidScaled", "x");
   CheckTensor(y, DType::kBF16, "AddSigmoidScaled", "y");
@@ -808,6 +846,36 @@ void CudaBackend::GatedDeltaRule(const Tensor& qkv, const Tensor& g, const Tenso
                                  const DeltaRuleDims& dims, Tensor& recurrent_states,
                                  std::span<const SequenceSegment> segments,
                                  DeltaRuleAlgorithm algorithm, Tensor& out) {
+  // Without gate inputs the kernels only read g and beta.
+  RunGatedDeltaRule(qkv, const_cast<Tensor&>(g), const_cast<Tensor&>(beta), nullptr, dims,
+                    recurrent_states, segments, algorithm, out);
+}
+
+void CudaBackend::GatedDeltaRuleWithGates(const Tensor& qkv, const Tensor& a, const Tensor& b,
+                                          const Tensor& a_log, const Tensor& dt_bias,
+                                          const DeltaRuleDims& dims, Tensor& recurrent_states,
+                                          std::span<const SequenceSegment> segments,
+                                          DeltaRuleAlgorithm algorithm, Tensor& g, Tensor& beta,
+                                          Tensor& out) {
+  CheckTensor(a, DType::kBF16, "GatedDeltaRuleWithGates", "a");
+  CheckTensor(b, DType::kBF16, "GatedDeltaRuleWithGates", "b");
+  const AnyPtr al = Any(a_log, "GatedDeltaRuleWithGates", "a_log");
+  const AnyPtr db = Any(dt_bias, "GatedDeltaRuleWithGates", "dt_bias");
+  Check(a_log.numel() == dims.num_v_heads && dt_bias.numel() == dims.num_v_heads &&
+            a.numel() == g.numel() && b.numel() == g.numel(),
+        "GatedDeltaRuleWithGates",
+        absl::StrFormat("a %s, b %s, a_log %s, dt_bias %s, g %s for Hv = %d", a.ShapeString(),
+                        b.ShapeString(), a_log.ShapeString(), dt_bias.ShapeString(),
+                        g.ShapeString(), dims.num_v_heads));
+  const cuda::DeltaGateInputs gates{Bf16(a), Bf16(b), al, db};
+  RunGatedDeltaRule(qkv, g, beta, &gates, dims, recurrent_states, segments, algorithm, out);
+}
+
+void CudaBackend::RunGatedDeltaRule(const Tensor& qkv, Tensor& g, Tensor& beta,
+                                    const cuda::DeltaGateInputs* gates, const DeltaRuleDims& dims,
+                                    Tensor& recurrent_states,
+                                    std::span<const SequenceSegment> segments,
+                                    DeltaRuleAlgorithm algorithm, Tensor& out) {
   CheckTensor(qkv, DType::kBF16, "GatedDeltaRule", "qkv");
   CheckTensor(g, DType::kF32, "GatedDeltaRule", "g");
   CheckTensor(beta, DType::kF32, "GatedDeltaRule", "beta");
@@ -858,10 +926,20 @@ void CudaBackend::GatedDeltaRule(const Tensor& qkv, const Tensor& g, const Tenso
   cuda::TokenMeta tokens;
   cuda::SegmentMeta segs;
   UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs);
+  // The chunked kernels read the gates: with chunked segments they are computed first, for all.
+  if (gates != nullptr && num_chunks > 0) {
+    cuda::LaunchDeltaRuleGates(gates->a, gates->b, gates->a_log, gates->dt_bias, t, hv,
+                               g.data<float>(), beta.data<float>(), stream_);
+    gates = nullptr;
+  }
   if (any_recurrent) {
-    cuda::LaunchGatedDeltaRuleRecurrent(Bf16(qkv), g.data<float>(), beta.data<float>(), hk, hv, dk,
-                                        dv, recurrent_states.data<float>(), segs, min_chunked - 1,
-                                        MutBf16(out), stream_);
+    cuda::LaunchGatedDeltaRuleRecurrent(Bf16(qkv), g.data<float>(), beta.data<float>(), gates, t,
+                                        hk, hv, dk, dv, recurrent_states.data<float>(), segs,
+                                        min_chunked - 1, MutBf16(out), stream_);
+  } else if (gates != nullptr) {
+    // No token runs (empty segments): the gates are still the caller's to keep.
+    cuda::LaunchDeltaRuleGates(gates->a, gates->b, gates->a_log, gates->dt_bias, t, hv,
+                               g.data<float>(), beta.data<float>(), stream_);
   }
   if (num_chunks > 0) {
     void* scratch = Scratch(cuda::ChunkedDeltaRuleScratchBytes(num_chunks, hv, dk, dv));
@@ -1045,9 +1123,9 @@ void CudaBackend::TopKSoftmax(const Tensor& logits, int k, bool renormalize, Ten
                           weights.data<float>(), stream_);
 }
 
-void CudaBackend::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weights,
-                             const Tensor& gate_up, const Tensor& down, int first_expert,
-                             Tensor& out, std::span<int64_t> expert_tokens) {
+int64_t CudaBackend::CheckMoe(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                              const Tensor& gate_up, const Tensor& down, const Tensor& out,
+                              std::span<const int64_t> expert_tokens) {
   CheckTensor(x, DType::kBF16, "MoeExperts", "x");
   CheckTensor(ids, DType::kI32, "MoeExperts", "ids");
   CheckTensor(weights, DType::kF32, "MoeExperts", "weights");
@@ -1071,6 +1149,14 @@ void CudaBackend::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& w
       absl::StrFormat("expert_tokens has %d entries, expected %d", expert_tokens.size(), experts));
   Check(expert_tokens.empty() || !capturing_, "MoeExperts",
         "expert_tokens reads counts back to the host; it cannot be recorded in a step capture");
+  return t;
+}
+
+void CudaBackend::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                             const Tensor& gate_up, const Tensor& down, int first_expert,
+                             Tensor& out, std::span<int64_t> expert_tokens) {
+  const int64_t t = CheckMoe(x, ids, weights, gate_up, down, out, expert_tokens);
+  const int64_t experts = gate_up.dim(0), inter = gate_up.dim(1) / 2, hidden = gate_up.dim(2);
   const int k = static_cast<int>(ids.dim(1));
   if (t == 0 || k == 0 || experts == 0) return;
   Enter();
@@ -1079,7 +1165,7 @@ void CudaBackend::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& w
     auto* act = static_cast<uint16_t*>(Scratch(sizeof(uint16_t) * t * k * inter));
     if (cuda::LaunchMoeExpertsFewTokens(Bf16(x), ids.data<int32_t>(), weights.data<float>(),
                                         Bf16(gate_up), Bf16(down), t, k, num_local, first_expert,
-                                        hidden, inter, act, MutBf16(out), stream_)) {
+                                        hidden, inter, act, MutBf16(out), nullptr, stream_)) {
       return;
     }
   }
@@ -1095,6 +1181,36 @@ void CudaBackend::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& w
     CheckCuda(cudaStreamSynchronize(stream_), "MoeExperts counts");
     for (int e = 0; e < num_local; ++e) expert_tokens[e] += host[e];
   }
+}
+
+void CudaBackend::MoeExpertsWithShared(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                                       const Tensor& gate_up, const Tensor& down, int first_expert,
+                                       const Tensor& shared, const Tensor& shared_gate, Tensor& out,
+                                       std::span<int64_t> expert_tokens) {
+  const int64_t t = CheckMoe(x, ids, weights, gate_up, down, out, expert_tokens);
+  CheckTensor(shared, DType::kBF16, "MoeExpertsWithShared", "shared");
+  const AnyPtr gp = Any(shared_gate, "MoeExpertsWithShared", "shared_gate");
+  Check(shared.numel() == out.numel() && shared_gate.numel() == t, "MoeExpertsWithShared",
+        absl::StrFormat("shared %s, shared_gate %s for out %s", shared.ShapeString(),
+                        shared_gate.ShapeString(), out.ShapeString()));
+  const int64_t experts = gate_up.dim(0), inter = gate_up.dim(1) / 2, hidden = gate_up.dim(2);
+  const int k = static_cast<int>(ids.dim(1));
+  // Few tokens: the down kernel completes each output row in one block, so it writes
+  // routed sum + gated shared expert directly (no zero fill, no separate add).
+  if (t > 0 && k > 0 && experts > 0 && expert_tokens.empty() &&
+      t * k <= cuda::kMoeFewTokensMaxPairs) {
+    Enter();
+    auto* act = static_cast<uint16_t*>(Scratch(sizeof(uint16_t) * t * k * inter));
+    const cuda::MoeSharedTerm term{Bf16(shared), gp};
+    if (cuda::LaunchMoeExpertsFewTokens(Bf16(x), ids.data<int32_t>(), weights.data<float>(),
+                                        Bf16(gate_up), Bf16(down), t, k, static_cast<int>(experts),
+                                        first_expert, hidden, inter, act, MutBf16(out), &term,
+                                        stream_)) {
+      return;
+    }
+  }
+  Backend::MoeExpertsWithShared(x, ids, weights, gate_up, down, first_expert, shared, shared_gate,
+                                out, expert_tokens);
 }
 
 }  // namespace

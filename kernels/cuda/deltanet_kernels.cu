@@ -183,6 +183,15 @@ __global__ void ConvStateUpdateVecKernel(const uint16_t* x, float* conv_states, 
   }
 }
 
+// g = -exp(a_log) * softplus(a + dt_bias), beta = sigmoid(b): one definition for the gates kernel
+// and the delta rule that computes its own gates, so both give the same bits.
+__device__ __forceinline__ float DeltaGateG(float a, float a_log, float dt_bias) {
+  const float av = a + dt_bias;
+  const float softplus = av > 20.0f ? av : log1pf(expf(av));
+  return -expf(a_log) * softplus;
+}
+__device__ __forceinline__ float DeltaGateBeta(float b) { return 1.0f / (1.0f + expf(-b)); }
+
 __global__ void DeltaRuleGatesKernel(const uint16_t* a, const uint16_t* b, AnyPtr a_log,
                                      AnyPtr dt_bias, int64_t n, int num_v_heads, float* g,
                                      float* beta) {
@@ -191,10 +200,8 @@ __global__ void DeltaRuleGatesKernel(const uint16_t* a, const uint16_t* b, AnyPt
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int h = static_cast<int>(i % num_v_heads);
-    const float av = Bf16ToF32(a[i]) + Load(dt_bias, h);
-    const float softplus = av > 20.0f ? av : log1pf(expf(av));
-    g[i] = -expf(Load(a_log, h)) * softplus;
-    beta[i] = 1.0f / (1.0f + expf(-Bf16ToF32(b[i])));
+    g[i] = DeltaGateG(Bf16ToF32(a[i]), Load(a_log, h), Load(dt_bias, h));
+    beta[i] = DeltaGateBeta(Bf16ToF32(b[i]));
   }
 }
 
@@ -305,14 +312,22 @@ __global__ void __launch_bounds__(kDeltaThreads)
 // Grid (Hv, segments, ceil(Dv / (kCols * kWarpsPerBlock / kRowSplit))).
 constexpr int kWarpsPerBlock = 4;
 
-template <int kMaxDk, int kCols, int kRowSplit>
+//
+// With kGates the kernel computes g and beta from the raw a and b itself (DeltaGateG/Beta) and
+// stores them to g and beta for the step's keepers (one block per head does), instead of reading
+// what a gates kernel wrote.
+//
+// The segment metadata and the state are read before PdlWait: the metadata is staged by a copy,
+// not by a kernel, and no kernel that may still run when this one starts writes the states (PDL
+// lets this grid start early only while its immediate predecessor runs, and the predecessor
+// itself waited for everything before it; the predecessor of a delta rule is the conv or the gates
+// kernel). So the state's trip from memory overlaps the conv's tail.
+template <int kMaxDk, int kCols, int kRowSplit, bool kGates>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
-    GatedDeltaRuleWarpKernel(const uint16_t* __restrict__ qkv, const float* __restrict__ g,
-                             const float* __restrict__ beta, int num_k_heads, int num_v_heads,
-                             int dk, int dv, float* states, SegmentMeta segs, int max_tokens,
+    GatedDeltaRuleWarpKernel(const uint16_t* __restrict__ qkv, float* g, float* beta,
+                             DeltaGateInputs gates, int num_k_heads, int num_v_heads, int dk,
+                             int dv, float* states, SegmentMeta segs, int max_tokens,
                              uint16_t* __restrict__ out) {
-  PdlWait();
-  PdlTrigger();
   constexpr int kLpr = kCols / 4;
   constexpr int kRowsPerPass = 32 / kLpr;
   constexpr int kPasses = kMaxDk / kRowsPerPass / kRowSplit;  // this warp's share
@@ -329,6 +344,11 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   const int len = segs.num_tokens[seg];
   const int begin = segs.token_begin[seg], slot = segs.state_slot[seg];
   if (len == 0 || len > max_tokens) return;
+  float a_log = 0.f, dt_bias = 0.f;
+  if constexpr (kGates) {
+    a_log = Load(gates.a_log, h);
+    dt_bias = Load(gates.dt_bias, h);
+  }
   const int kh = h / (num_v_heads / num_k_heads);
   const int64_t row_elems = 2LL * num_k_heads * dk + static_cast<int64_t>(num_v_heads) * dv;
   const int col = c0 + 4 * (lane % kLpr);  // first of this lane's 4 columns
@@ -345,6 +365,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
                ? *reinterpret_cast<const float4*>(state + static_cast<int64_t>(r) * dv + col)
                : make_float4(0.f, 0.f, 0.f, 0.f);
   }
+  PdlWait();  // q, k, v (and the gates' inputs) come from the kernels before this one
+  PdlTrigger();
   const float q_scale = rsqrtf(static_cast<float>(dk));
   float* q_s = qk_s[warp][0];
   float* k_s = qk_s[warp][1];
@@ -370,8 +392,17 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
       vn = make_float4(__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u),
                        __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u));
     }
-    gn = g[t * num_v_heads + h];
-    bn = beta[t * num_v_heads + h];
+    if constexpr (kGates) {
+      gn = DeltaGateG(Bf16ToF32(gates.a[t * num_v_heads + h]), a_log, dt_bias);
+      bn = DeltaGateBeta(Bf16ToF32(gates.b[t * num_v_heads + h]));
+      if (blockIdx.z == 0 && threadIdx.x == 0) {
+        g[t * num_v_heads + h] = gn;
+        beta[t * num_v_heads + h] = bn;
+      }
+    } else {
+      gn = g[t * num_v_heads + h];
+      bn = beta[t * num_v_heads + h];
+    }
   };
   load(begin);
 
@@ -491,14 +522,20 @@ void LaunchDeltaRule(dim3 grid, int threads, size_t smem, cudaStream_t stream, c
 }
 
 template <int kMaxDk, int kCols, int kRowSplit>
-void LaunchDeltaRuleWarp(const uint16_t* qkv, const float* g, const float* beta, int hk, int hv,
-                         int dk, int dv, float* states, const SegmentMeta& segs, int max_tokens,
-                         uint16_t* out, cudaStream_t stream) {
+void LaunchDeltaRuleWarp(const uint16_t* qkv, float* g, float* beta, const DeltaGateInputs* gates,
+                         int hk, int hv, int dk, int dv, float* states, const SegmentMeta& segs,
+                         int max_tokens, uint16_t* out, cudaStream_t stream) {
   const int cols_per_block = kCols * kWarpsPerBlock / kRowSplit;
   const dim3 grid(hv, segs.num_segments, (dv + cols_per_block - 1) / cols_per_block);
-  LaunchPdl("GatedDeltaRuleWarpKernel", GatedDeltaRuleWarpKernel<kMaxDk, kCols, kRowSplit>, grid,
-            32 * kWarpsPerBlock, 0, stream, qkv, g, beta, hk, hv, dk, dv, states, segs, max_tokens,
-            out);
+  if (gates != nullptr) {
+    LaunchPdl("GatedDeltaRuleWarpKernel (gates)",
+              GatedDeltaRuleWarpKernel<kMaxDk, kCols, kRowSplit, true>, grid, 32 * kWarpsPerBlock,
+              0, stream, qkv, g, beta, *gates, hk, hv, dk, dv, states, segs, max_tokens, out);
+  } else {
+    LaunchPdl("GatedDeltaRuleWarpKernel", GatedDeltaRuleWarpKernel<kMaxDk, kCols, kRowSplit, false>,
+              grid, 32 * kWarpsPerBlock, 0, stream, qkv, g, beta, DeltaGateInputs{}, hk, hv, dk, dv,
+              states, segs, max_tokens, out);
+  }
 }
 
 }  // namespace
@@ -549,7 +586,8 @@ void LaunchDeltaRuleGates(const uint16_t* a, const uint16_t* b, AnyPtr a_log, An
   CheckLaunch("DeltaRuleGates");
 }
 
-void LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, const float* g, const float* beta,
+void LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, float* g, float* beta,
+                                   const DeltaGateInputs* gates, int64_t num_tokens,
                                    int num_k_heads, int num_v_heads, int k_head_dim, int v_head_dim,
                                    float* states, const SegmentMeta& segments, int max_tokens,
                                    uint16_t* out, cudaStream_t stream) {
@@ -590,16 +628,16 @@ void LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, const float* g, const fl
     auto launch = [&](auto max_dk) {
       constexpr int kMaxDk = decltype(max_dk)::value;
       if (row_split && warp_cols == 16) {
-        LaunchDeltaRuleWarp<kMaxDk, 16, 2>(qkv, g, beta, hk, hv, dk, dv, states, segments,
+        LaunchDeltaRuleWarp<kMaxDk, 16, 2>(qkv, g, beta, gates, hk, hv, dk, dv, states, segments,
                                            max_tokens, out, stream);
       } else if (row_split) {
-        LaunchDeltaRuleWarp<kMaxDk, 8, 2>(qkv, g, beta, hk, hv, dk, dv, states, segments,
+        LaunchDeltaRuleWarp<kMaxDk, 8, 2>(qkv, g, beta, gates, hk, hv, dk, dv, states, segments,
                                           max_tokens, out, stream);
       } else if (warp_cols == 16) {
-        LaunchDeltaRuleWarp<kMaxDk, 16, 1>(qkv, g, beta, hk, hv, dk, dv, states, segments,
+        LaunchDeltaRuleWarp<kMaxDk, 16, 1>(qkv, g, beta, gates, hk, hv, dk, dv, states, segments,
                                            max_tokens, out, stream);
       } else {
-        LaunchDeltaRuleWarp<kMaxDk, 8, 1>(qkv, g, beta, hk, hv, dk, dv, states, segments,
+        LaunchDeltaRuleWarp<kMaxDk, 8, 1>(qkv, g, beta, gates, hk, hv, dk, dv, states, segments,
                                           max_tokens, out, stream);
       }
     };
@@ -614,6 +652,11 @@ void LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, const float* g, const fl
     }
     CheckLaunch("GatedDeltaRule (warp)");
     return;
+  }
+  // The generic kernel reads its gates: compute them first.
+  if (gates != nullptr) {
+    LaunchDeltaRuleGates(gates->a, gates->b, gates->a_log, gates->dt_bias, num_tokens, hv, g, beta,
+                         stream);
   }
   const int threads = kDeltaThreads;
   const size_t smem = sizeof(float) * (2 * dk + kDeltaCols);

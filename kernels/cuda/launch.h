@@ -67,9 +67,10 @@ inline constexpr int kMaxSkinnyTargets = 4;
 inline constexpr int kMaxSkinnyRows = 2;
 // True when LaunchSkinnyGemm takes x [m, k] and a weight at `w` (check every weight).
 bool SkinnyGemmSupports(int64_t m, int64_t k, const void* x, const void* w);
-// All targets in one launch (at most kMaxSkinnyTargets; every weight has K columns).
+// All targets in one launch (at most kMaxSkinnyTargets; every weight has K columns). With
+// `silu_mul`, x is [m, 2K] (gate then up) and the product is taken with SiluAndMul(x).
 void LaunchSkinnyGemm(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* targets,
-                      int num_targets, cudaStream_t stream);
+                      int num_targets, cudaStream_t stream, bool silu_mul = false);
 
 // ---- gated DeltaNet (deltanet_kernels.cu) ----
 void LaunchCausalConv1dSilu(const uint16_t* x, AnyPtr w, float* conv_states, int64_t num_tokens,
@@ -78,8 +79,19 @@ void LaunchCausalConv1dSilu(const uint16_t* x, AnyPtr w, float* conv_states, int
 void LaunchDeltaRuleGates(const uint16_t* a, const uint16_t* b, AnyPtr a_log, AnyPtr dt_bias,
                           int64_t num_tokens, int num_v_heads, float* g, float* beta,
                           cudaStream_t stream);
+// The raw inputs of the delta-rule gates (see LaunchDeltaRuleGates): a, b [T, Hv]; a_log,
+// dt_bias [Hv].
+struct DeltaGateInputs {
+  const uint16_t* a = nullptr;
+  const uint16_t* b = nullptr;
+  AnyPtr a_log;
+  AnyPtr dt_bias;
+};
 // Token by token; segments longer than `max_tokens` are skipped (left to the chunked form).
-void LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, const float* g, const float* beta,
+// Without `gates` the kernel reads g and beta [num_tokens, Hv]; with them it computes the gates
+// and writes them to g and beta too.
+void LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, float* g, float* beta,
+                                   const DeltaGateInputs* gates, int64_t num_tokens,
                                    int num_k_heads, int num_v_heads, int k_head_dim, int v_head_dim,
                                    float* states, const SegmentMeta& segments, int max_tokens,
                                    uint16_t* out, cudaStream_t stream);
@@ -156,11 +168,17 @@ inline constexpr int kMoeFewTokensMaxPairs = 64;
 // a combine pass: returns false, launching nothing, for shapes it does not take. `act_scratch`
 // holds num_tokens * k * inter bf16 values. Counts no pairs (callers that want counts use the
 // above).
+// With `shared`, out is written (not added to) as routed sum + sigmoid(gate_logits[t]) * value[t]
+// (a MoE layer's shared expert, Backend::MoeExpertsWithShared).
+struct MoeSharedTerm {
+  const uint16_t* value = nullptr;  // [T, hidden]
+  AnyPtr gate_logits;               // [T]
+};
 bool LaunchMoeExpertsFewTokens(const uint16_t* x, const int32_t* ids, const float* weights,
                                const uint16_t* gate_up, const uint16_t* down, int64_t num_tokens,
                                int k, int num_local_experts, int first_expert, int64_t hidden,
                                int64_t inter, uint16_t* act_scratch, uint16_t* out,
-                               cudaStream_t stream);
+                               const MoeSharedTerm* shared, cudaStream_t stream);
 
 }  // namespace mobius::kernels::cuda
 

@@ -1181,13 +1181,26 @@ __global__ void __launch_bounds__(kFewWarps * 32)
   }
 }
 
+// The few-token down kernels' result for out[i] (row t) from its routed sum: out + sum, or, when
+// the shared expert's term is fused in, sum + sigmoid(shared_gate[t]) * shared[i] (out is then
+// written without being read, so it needs no zero fill). The fused form rounds as the separate
+// ops do (the sum stored to a zeroed out, then AddSigmoidScaled), so both give the same bits and a
+// batch that takes this path and one that does not round alike.
+__device__ __forceinline__ uint16_t FewDownResult(const uint16_t* out, const uint16_t* shared,
+                                                  AnyPtr shared_gate, int64_t t, int64_t i,
+                                                  float sum) {
+  if (shared == nullptr) return F32ToBf16(Bf16ToF32(out[i]) + sum);
+  const float routed = Bf16ToF32(F32ToBf16(sum));
+  return F32ToBf16(routed + Sigmoid(Load(shared_gate, t)) * Bf16ToF32(shared[i]));
+}
+
 // out[t, h] += sum_j weights[t, j] * (act[(t, j)] . down[e_j, h]): a warp computes two rows h of
 // one token over all its k experts, one expert after another. Grid (ceil(H / 16), tokens). The
 // first few-token down kernel, kept for A/B runs (MOBIUS_MOE_FEW=v1).
 __global__ void __launch_bounds__(kFewWarps * 32)
     MoeFewDownKernel(const uint16_t* act, const int32_t* ids, const float* weights,
                      const uint16_t* down, int64_t hidden, int64_t inter, int k, int first_expert,
-                     int num_local, uint16_t* out) {
+                     int num_local, uint16_t* out, const uint16_t* shared, AnyPtr shared_gate) {
   PdlWait();
   PdlTrigger();
   const int lane = threadIdx.x & 31;
@@ -1224,9 +1237,9 @@ __global__ void __launch_bounds__(kFewWarps * 32)
   }
   acc[0] = WarpSum(acc[0]);
   acc[1] = WarpSum(acc[1]);
-  if (lane == 0) out[t * hidden + h0] = F32ToBf16(Bf16ToF32(out[t * hidden + h0]) + acc[0]);
-  if (lane == 1 && second) {
-    out[t * hidden + h0 + 1] = F32ToBf16(Bf16ToF32(out[t * hidden + h0 + 1]) + acc[1]);
+  if (lane < 2 && (lane == 0 || second)) {
+    const int64_t i = t * hidden + h0 + lane;
+    out[i] = FewDownResult(out, shared, shared_gate, t, i, acc[lane]);
   }
 }
 
@@ -1239,7 +1252,8 @@ template <int kFewDownRows>
 __global__ void __launch_bounds__(kFewWarps * 32)
     MoeFewDownRowsKernel(const uint16_t* act, const int32_t* ids, const float* weights,
                          const uint16_t* down, int64_t hidden, int64_t inter, int k,
-                         int first_expert, int num_local, uint16_t* out) {
+                         int first_expert, int num_local, uint16_t* out, const uint16_t* shared,
+                         AnyPtr shared_gate) {
   PdlWait();
   PdlTrigger();
   __shared__ float partial[kFewWarps][kFewDownRows];
@@ -1301,8 +1315,8 @@ __global__ void __launch_bounds__(kFewWarps * 32)
     float sum = 0.f;
 #pragma unroll
     for (int w = 0; w < kFewWarps; ++w) sum += partial[w][threadIdx.x];
-    uint16_t* o = out + t * hidden + h0 + threadIdx.x;
-    *o = F32ToBf16(Bf16ToF32(*o) + sum);
+    const int64_t i = t * hidden + h0 + threadIdx.x;
+    out[i] = FewDownResult(out, shared, shared_gate, t, i, sum);
   }
 }
 
@@ -1478,7 +1492,7 @@ namespace {
 using FewGateUpFn = void (*)(const uint16_t*, const int32_t*, const uint16_t*, int64_t, int64_t,
                              int, int, int, uint16_t*);
 using FewDownFn = void (*)(const uint16_t*, const int32_t*, const float*, const uint16_t*, int64_t,
-                           int64_t, int, int, int, uint16_t*);
+                           int64_t, int, int, int, uint16_t*, const uint16_t*, AnyPtr);
 
 // The few-token kernels' shape: gate-up columns per warp group, pieces in flight per row, warps
 // per column group (split hidden), down rows per block (0: the first, expert-serial down kernel).
@@ -1547,7 +1561,7 @@ bool LaunchMoeExpertsFewTokens(const uint16_t* x, const int32_t* ids, const floa
                                const uint16_t* gate_up, const uint16_t* down, int64_t num_tokens,
                                int k, int num_local_experts, int first_expert, int64_t hidden,
                                int64_t inter, uint16_t* act_scratch, uint16_t* out,
-                               cudaStream_t stream) {
+                               const MoeSharedTerm* shared, cudaStream_t stream) {
   static const bool grouped_only = [] {
     const char* env = std::getenv("MOBIUS_MOE_GEMM");
     return env != nullptr && std::string_view(env) == "grouped";
@@ -1572,7 +1586,8 @@ bool LaunchMoeExpertsFewTokens(const uint16_t* x, const int32_t* ids, const floa
             dim3(static_cast<unsigned>((hidden + rows_per_block - 1) / rows_per_block),
                  static_cast<unsigned>(num_tokens)),
             kFewWarps * 32, 0, stream, act_scratch, ids, weights, down, hidden, inter, k,
-            first_expert, num_local_experts, out);
+            first_expert, num_local_experts, out, shared == nullptr ? nullptr : shared->value,
+            shared == nullptr ? AnyPtr{} : shared->gate_logits);
   CheckLaunch("MoeFewDown");
   return true;
 }

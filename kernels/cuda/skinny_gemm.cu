@@ -30,6 +30,7 @@ constexpr int kWarpsPerBlock = 8;
 struct SkinnyArgs {
   const uint16_t* x = nullptr;
   int64_t k = 0;
+  int64_t x_stride = 0;  // elements between rows of x: k, or 2k for a gate/up input
   int num_targets = 0;
   SkinnyTarget targets[kMaxSkinnyTargets];
   int64_t row_end[kMaxSkinnyTargets] = {};  // cumulative rows over the targets
@@ -40,7 +41,9 @@ struct SkinnyArgs {
 // (split K keeps enough loads in flight when the projection has few rows, e.g. 2048 rows of
 // K = 4096).
 // kRowsPerWarp rows per warp, kUnroll 16-byte pieces per row in flight per lane and iteration.
-template <int kM, int kRowsPerWarp, int kUnroll>
+// With kSiluMul, x holds [gate; up] rows of 2k and the kernel multiplies by silu(gate) * up,
+// rounded to bf16 as SiluAndMul stores it (so the fused projection equals the two-op one).
+template <int kM, int kRowsPerWarp, int kUnroll, bool kSiluMul>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, 2)
     SkinnyGemmKernel(SkinnyArgs args, int k_split) {
   PdlWait();
@@ -88,7 +91,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, 2)
 #pragma unroll
       for (int m = 0; m < kM; ++m) {
         float xv[8];
-        UnpackBf16x8(__ldg(reinterpret_cast<const uint4*>(args.x + m * k) + p), xv);
+        const uint4* xr = reinterpret_cast<const uint4*>(args.x + m * args.x_stride);
+        UnpackBf16x8(__ldg(xr + p), xv);
+        if constexpr (kSiluMul) {
+          float up[8];
+          UnpackBf16x8(__ldg(xr + pieces + p), up);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) xv[i] = Bf16ToF32(F32ToBf16(Silu(xv[i]) * up[i]));
+        }
 #pragma unroll
         for (int r = 0; r < kRowsPerWarp; ++r) {
           float wf[8];
@@ -143,28 +153,33 @@ int KSplit(int64_t k, int unroll) {
 }
 
 template <int kM, int kRowsPerWarp, int kUnroll>
-void Launch(const SkinnyArgs& args, int64_t total_rows, cudaStream_t stream) {
+void Launch(const SkinnyArgs& args, int64_t total_rows, bool silu_mul, cudaStream_t stream) {
   const int k_split = KSplit(args.k, kUnroll);
   const int64_t groups = total_rows / kRowsPerWarp;
   const int64_t groups_per_block = kWarpsPerBlock / k_split;
   const auto blocks = static_cast<unsigned>((groups + groups_per_block - 1) / groups_per_block);
-  LaunchPdl("SkinnyGemmKernel", SkinnyGemmKernel<kM, kRowsPerWarp, kUnroll>, blocks,
-            kWarpsPerBlock * 32, 0, stream, args, k_split);
+  if (silu_mul) {
+    LaunchPdl("SkinnyGemmKernel (silu-mul)", SkinnyGemmKernel<kM, kRowsPerWarp, kUnroll, true>,
+              blocks, kWarpsPerBlock * 32, 0, stream, args, k_split);
+  } else {
+    LaunchPdl("SkinnyGemmKernel", SkinnyGemmKernel<kM, kRowsPerWarp, kUnroll, false>, blocks,
+              kWarpsPerBlock * 32, 0, stream, args, k_split);
+  }
 }
 
 template <int kM>
-void LaunchShape(const SkinnyArgs& args, int64_t total_rows, cudaStream_t stream) {
+void LaunchShape(const SkinnyArgs& args, int64_t total_rows, bool silu_mul, cudaStream_t stream) {
   static const int shape = [] {
     const char* env = std::getenv("MOBIUS_SKINNY_SHAPE");
     const std::string_view v = env == nullptr ? "" : env;
     return v == "4x2" ? 1 : v == "1x8" ? 2 : 0;
   }();
   if (shape == 1) {
-    Launch<kM, 4, 2>(args, total_rows, stream);
+    Launch<kM, 4, 2>(args, total_rows, silu_mul, stream);
   } else if (shape == 2) {
-    Launch<kM, 1, 8>(args, total_rows, stream);
+    Launch<kM, 1, 8>(args, total_rows, silu_mul, stream);
   } else {
-    Launch<kM, 2, 4>(args, total_rows, stream);
+    Launch<kM, 2, 4>(args, total_rows, silu_mul, stream);
   }
 }
 
@@ -175,10 +190,11 @@ bool SkinnyGemmSupports(int64_t m, int64_t k, const void* x, const void* w) {
 }
 
 void LaunchSkinnyGemm(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* targets,
-                      int num_targets, cudaStream_t stream) {
+                      int num_targets, cudaStream_t stream, bool silu_mul) {
   SkinnyArgs args;
   args.x = x;
   args.k = k;
+  args.x_stride = silu_mul ? 2 * k : k;
   args.num_targets = std::min(num_targets, kMaxSkinnyTargets);
   int64_t rows = 0;
   for (int i = 0; i < args.num_targets; ++i) {
@@ -189,9 +205,9 @@ void LaunchSkinnyGemm(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarge
   }
   if (rows == 0) return;
   if (m == 1) {
-    LaunchShape<1>(args, rows, stream);
+    LaunchShape<1>(args, rows, silu_mul, stream);
   } else {
-    LaunchShape<2>(args, rows, stream);
+    LaunchShape<2>(args, rows, silu_mul, stream);
   }
   CheckLaunch("SkinnyGemm");
 }

@@ -337,7 +337,7 @@ TEST_F(CudaDeltaRuleBench, ReleaseDims) {
     }
     const double us = TimeUs(
         [&](int i) {
-          cuda::LaunchGatedDeltaRuleRecurrent(qkv, g, beta, hk, hv, dk, dv, states,
+          cuda::LaunchGatedDeltaRuleRecurrent(qkv, g, beta, nullptr, 0, hk, hv, dk, dv, states,
                                               metas[i % sets]->meta, INT32_MAX, out, stream_);
         },
         50);
@@ -370,8 +370,8 @@ TEST_F(CudaDeltaRuleBench, ReleaseDims) {
             ? 0.0
             : TimeUs(
                   [&](int) {
-                    cuda::LaunchGatedDeltaRuleRecurrent(qkv, g, beta, hk, hv, dk, dv, states,
-                                                        meta.meta, INT32_MAX, out, stream_);
+                    cuda::LaunchGatedDeltaRuleRecurrent(qkv, g, beta, nullptr, 0, hk, hv, dk, dv,
+                                                        states, meta.meta, INT32_MAX, out, stream_);
                   },
                   rec_iters, tokens >= 4096 ? 3 : 5);
     // Bound: qkv rows + g/beta read, out written, states read+written once; multiply-adds of
@@ -402,8 +402,8 @@ TEST_F(CudaDeltaRuleBench, ProfileOnce) {
   FillF32(beta, t * hv, 0.1f, 0.9f);
   for (int batch : {1, 64}) {
     DeviceSegments meta(std::vector<int>(batch, 1), 0);
-    cuda::LaunchGatedDeltaRuleRecurrent(qkv, g, beta, hk, hv, dk, dv, states, meta.meta, INT32_MAX,
-                                        out, stream_);
+    cuda::LaunchGatedDeltaRuleRecurrent(qkv, g, beta, nullptr, 0, hk, hv, dk, dv, states, meta.meta,
+                                        INT32_MAX, out, stream_);
   }
   for (const std::vector<int>& lengths : {std::vector<int>{4096}, std::vector<int>(8, 1024)}) {
     DeviceSegments meta(lengths, 0);

@@ -345,5 +345,115 @@ TEST(CudaVsCpuTest, LongSegmentsAgree) {
   }
 }
 
+// The composite ops (SiluMulLinear, GatedDeltaRuleWithGates, MoeExpertsWithShared) against the
+// CPU backend, whose defaults run their parts one by one, and against the CUDA backend's own
+// parts: where CUDA fuses (one or two rows, decode segments, few MoE pairs) and where it falls
+// back (more rows, chunked prefill, many pairs).
+TEST(CudaVsCpuTest, FusedOpsEqualTheirParts) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  Pair p;
+  std::mt19937 rng(23);
+  auto host = [&](Backend& b, const Tensor& t) {
+    std::vector<float> v(t.numel());
+    b.CopyToHostF32(t, v.data());
+    return v;
+  };
+  for (int T : {1, 2, 5}) {  // SiluMulLinear: skinny (fused) at 1-2 rows, two ops at 5
+    const int H = 256, I = 512;
+    auto gu = p.Make({T, 2 * I}, Random(rng, T * 2 * I, -3, 3));
+    auto w = p.Make({H, I}, Random(rng, H * I, -0.1f, 0.1f));
+    auto act = p.Make({T, I}, std::vector<float>(T * I));
+    auto out = p.Make({T, H}, std::vector<float>(T * H));
+    p.cpu().SiluMulLinear(gu.first, w.first, act.first, out.first);
+    p.cuda().SiluMulLinear(gu.second, w.second, act.second, out.second);
+    const std::string what = "SiluMulLinear T=" + std::to_string(T);
+    EXPECT_LT(p.Compare(what.c_str(), out.first, out.second), kTol);
+    // The fused kernel rounds the activation as SiluAndMul stores it: the same bits as the parts.
+    auto parts = p.Make({T, H}, std::vector<float>(T * H));
+    p.cuda().SiluAndMul(gu.second, act.second);
+    p.cuda().Linear(act.second, w.second, parts.second);
+    EXPECT_EQ(host(p.cuda(), out.second), host(p.cuda(), parts.second)) << what;
+  }
+  {  // GatedDeltaRuleWithGates: decode (the gates inside the recurrent kernel) and a prefill mix
+    const int Hk = 2, Hv = 4, D = 32, C = 2 * Hk * D + Hv * D;
+    std::vector<int32_t> none;
+    const std::vector<std::vector<SequenceSegment>> layouts = {
+        {{0, 1, 5, 0, none}, {1, 1, 0, 2, none}, {2, 1, 9, 1, none}},
+        {{0, 40, 3, 1, none}, {40, 1, 7, 0, none}, {41, 3, 0, 2, none}}};
+    for (const auto& segs : layouts) {
+      const int T = segs.back().token_begin + segs.back().num_tokens;
+      auto qkv = p.Make({T, C}, Random(rng, T * C));
+      auto a = p.Make({T, Hv}, Random(rng, T * Hv, -3, 3));
+      auto b = p.Make({T, Hv}, Random(rng, T * Hv, -3, 3));
+      auto a_log = p.Make({Hv}, Random(rng, Hv, 0, 2.5f));
+      auto dt = p.Make({Hv}, Random(rng, Hv, -1, 1));
+      const std::vector<float> state0 = Random(rng, 3 * Hv * D * D, -0.2f, 0.2f);
+      auto state = p.Make({3, Hv, D, D}, state0, DType::kF32);
+      auto g = p.Make({T, Hv}, std::vector<float>(T * Hv), DType::kF32);
+      auto beta = p.Make({T, Hv}, std::vector<float>(T * Hv), DType::kF32);
+      auto o = p.Make({T, Hv * D}, std::vector<float>(T * Hv * D));
+      DeltaRuleDims dims{Hk, Hv, D, D};
+      p.cpu().GatedDeltaRuleWithGates(qkv.first, a.first, b.first, a_log.first, dt.first, dims,
+                                      state.first, segs, DeltaRuleAlgorithm::kAuto, g.first,
+                                      beta.first, o.first);
+      p.cuda().GatedDeltaRuleWithGates(qkv.second, a.second, b.second, a_log.second, dt.second,
+                                       dims, state.second, segs, DeltaRuleAlgorithm::kAuto,
+                                       g.second, beta.second, o.second);
+      const std::string what = "GatedDeltaRuleWithGates T=" + std::to_string(T);
+      EXPECT_LT(p.Compare((what + " (out)").c_str(), o.first, o.second), kTol);
+      EXPECT_LT(p.Compare((what + " (state)").c_str(), state.first, state.second), kTol);
+      EXPECT_LT(p.Compare((what + " (g)").c_str(), g.first, g.second), kTol);
+      EXPECT_LT(p.Compare((what + " (beta)").c_str(), beta.first, beta.second), kTol);
+      // The CUDA parts from the same starting state: identical bits.
+      auto state2 = p.Make({3, Hv, D, D}, state0, DType::kF32);
+      auto g2 = p.Make({T, Hv}, std::vector<float>(T * Hv), DType::kF32);
+      auto beta2 = p.Make({T, Hv}, std::vector<float>(T * Hv), DType::kF32);
+      auto o2 = p.Make({T, Hv * D}, std::vector<float>(T * Hv * D));
+      p.cuda().DeltaRuleGates(a.second, b.second, a_log.second, dt.second, g2.second, beta2.second);
+      p.cuda().GatedDeltaRule(qkv.second, g2.second, beta2.second, dims, state2.second, segs,
+                              DeltaRuleAlgorithm::kAuto, o2.second);
+      EXPECT_EQ(host(p.cuda(), o.second), host(p.cuda(), o2.second)) << what;
+      EXPECT_EQ(host(p.cuda(), state.second), host(p.cuda(), state2.second)) << what;
+      EXPECT_EQ(host(p.cuda(), g.second), host(p.cuda(), g2.second)) << what;
+      EXPECT_EQ(host(p.cuda(), beta.second), host(p.cuda(), beta2.second)) << what;
+    }
+  }
+  // MoeExpertsWithShared: few pairs (fused into the down kernel) at T = 1, 8; the grouped path
+  // at T = 40; and an expert-parallel slice that some tokens do not route to at all.
+  for (int first : {0, 24}) {
+    for (int T : {1, 8, 40}) {
+      const int H = 128, E = 16, k = 4, I = 64, bank = 40;
+      std::vector<int32_t> ids_i(T * k);
+      for (int t = 0; t < T; ++t) {
+        for (int j = 0; j < k; ++j) ids_i[t * k + j] = (t * 7 + j * 9 + first) % bank;
+      }
+      auto x = p.Make({T, H}, Random(rng, T * H));
+      auto ids = p.Make({T, k}, std::vector<float>(T * k), DType::kI32);
+      p.cpu().CopyFromHost(ids_i.data(), DType::kI32, ids.first);
+      p.cuda().CopyFromHost(ids_i.data(), DType::kI32, ids.second);
+      auto wts = p.Make({T, k}, Random(rng, T * k, 0.05f, 0.5f), DType::kF32);
+      auto gu = p.Make({E, 2 * I, H}, Random(rng, E * 2 * I * H, -0.1f, 0.1f));
+      auto dn = p.Make({E, H, I}, Random(rng, E * H * I, -0.1f, 0.1f));
+      auto shared = p.Make({T, H}, Random(rng, T * H));
+      auto gate = p.Make({T, 1}, Random(rng, T, -3, 3));
+      // out starts as garbage: the op writes it.
+      auto out = p.Make({T, H}, Random(rng, T * H, -9, 9));
+      p.cpu().MoeExpertsWithShared(x.first, ids.first, wts.first, gu.first, dn.first, first,
+                                   shared.first, gate.first, out.first, {});
+      p.cuda().MoeExpertsWithShared(x.second, ids.second, wts.second, gu.second, dn.second, first,
+                                    shared.second, gate.second, out.second, {});
+      const std::string what =
+          "MoeExpertsWithShared T=" + std::to_string(T) + " first=" + std::to_string(first);
+      EXPECT_LT(p.Compare(what.c_str(), out.first, out.second), kTol);
+      auto parts = p.Make({T, H}, std::vector<float>(T * H));
+      p.cuda().MoeExperts(x.second, ids.second, wts.second, gu.second, dn.second, first,
+                          parts.second, {});
+      p.cuda().AddSigmoidScaled(parts.second, shared.second, gate.second);
+      // The fused kernel rounds as the parts do: the same bits.
+      EXPECT_EQ(host(p.cuda(), out.second), host(p.cuda(), parts.second)) << what;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mobius::kernels

@@ -632,17 +632,17 @@ absl::Status HybridModel::DeltaNetMixer(StepContext& ctx, int layer, const Tenso
                             conv_out);
   ASSIGN_OR_RETURN(Tensor g, Alloc(DType::kF32, {T, Hv}));
   ASSIGN_OR_RETURN(Tensor beta, Alloc(DType::kF32, {T, Hv}));
-  backend_.DeltaRuleGates(a, b, w.a_log, w.dt_bias, g, beta);
-  if (ctx.options.keep_state_inputs) kept_state_inputs_[slot_layer] = {mixed, g, beta};
-
   kernels::DeltaRuleDims dims;
   dims.num_k_heads = local_.linear_num_key_heads;
   dims.num_v_heads = Hv;
   dims.k_head_dim = config_.linear_key_head_dim;
   dims.v_head_dim = Dv;
   ASSIGN_OR_RETURN(Tensor core, Alloc({T, vd}));
-  backend_.GatedDeltaRule(conv_out, g, beta, dims, state_slots_->recurrent_states(slot_layer),
-                          ctx.segments, ctx.options.delta_rule, core);
+  backend_.GatedDeltaRuleWithGates(conv_out, a, b, w.a_log, w.dt_bias, dims,
+                                   state_slots_->recurrent_states(slot_layer), ctx.segments,
+                                   ctx.options.delta_rule, g, beta, core);
+  // The replay of a rejected speculative step re-runs the conv and the delta rule from these.
+  if (ctx.options.keep_state_inputs) kept_state_inputs_[slot_layer] = {mixed, g, beta};
 
   ASSIGN_OR_RETURN(Tensor gated, Alloc({T * Hv, Dv}));
   backend_.GatedRmsNorm(core.Reshape({T * Hv, Dv}), z.Reshape({T * Hv, Dv}), w.norm,
@@ -693,8 +693,7 @@ absl::Status HybridModel::FeedForward(StepContext& ctx, int layer, const Tensor&
   ASSIGN_OR_RETURN(Tensor act, Alloc({T, I2 / 2}));
   if (config_.mlp_types[layer] == MlpType::kDense) {
     backend_.Linear(x, lw.shared_expert.gate_up, gate_up);
-    backend_.SiluAndMul(gate_up, act);
-    backend_.Linear(act, lw.shared_expert.down, out);
+    backend_.SiluMulLinear(gate_up, lw.shared_expert.down, act, out);
     return absl::OkStatus();
   }
   // The projections of x (shared expert, its gate, the router) in one fan-out.
@@ -709,15 +708,13 @@ absl::Status HybridModel::FeedForward(StepContext& ctx, int layer, const Tensor&
     Tensor* ys[] = {&gate_up, &shared_gate, &router_logits};
     backend_.LinearFanOut(x, ws, ys);
   }
-  backend_.SiluAndMul(gate_up, act);
   ASSIGN_OR_RETURN(Tensor shared, Alloc({T, config_.hidden_size}));
-  backend_.Linear(act, lw.shared_expert.down, shared);
+  backend_.SiluMulLinear(gate_up, lw.shared_expert.down, act, shared);
 
   // Routed experts of this layer's bank.
   ASSIGN_OR_RETURN(Tensor ids, Alloc(DType::kI32, {T, k}));
   ASSIGN_OR_RETURN(Tensor weights, Alloc(DType::kF32, {T, k}));
   backend_.TopKSoftmax(router_logits, k, config_.norm_topk_prob, ids, weights);
-  backend_.ZeroFill(out);
   // With expert parallelism this rank counts (and computes) only its own experts.
   const int local_experts = static_cast<int>(bank.gate_up.dim(0));
   std::span<int64_t> counts;
@@ -726,8 +723,8 @@ absl::Status HybridModel::FeedForward(StepContext& ctx, int layer, const Tensor&
     layer_counts.resize(E, 0);
     counts = std::span(layer_counts).subspan(first_expert_, local_experts);
   }
-  backend_.MoeExperts(x, ids, weights, bank.gate_up, bank.down, first_expert_, out, counts);
-  backend_.AddSigmoidScaled(out, shared, shared_gate);
+  backend_.MoeExpertsWithShared(x, ids, weights, bank.gate_up, bank.down, first_expert_, shared,
+                                shared_gate, out, counts);
   return absl::OkStatus();
 }
 
