@@ -44,6 +44,11 @@ ABSL_FLAG(std::string, expert_placement, "contiguous",
 ABSL_FLAG(std::string, expert_load, "",
           "With --expert-placement load-aware: a JSON file {\"banks\": [[load of expert 0, 1, "
           "...], ...]} (one array per bank, e.g. token counts); every rank reads the same file.");
+ABSL_FLAG(int, expert_replicas, 0,
+          "Load-aware placement (--expert-placement load-aware, and POST /expert_placement on "
+          "mobius-worker): besides its E/W experts, every rank holds this many replicas of the "
+          "hottest experts of each bank, and the tokens routed to a replicated expert are spread "
+          "over its holders (same outputs; more expert memory per rank). 0: no replicas.");
 
 namespace mobius::cli {
 
@@ -89,17 +94,28 @@ absl::StatusOr<ShardSpec> ShardFromFlags() {
     return absl::InvalidArgumentError(
         "--expert-load is used only with --expert-placement load-aware");
   }
+  const int replicas = absl::GetFlag(FLAGS_expert_replicas);
+  if (replicas < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--expert-replicas ", replicas, " must be 0 or more"));
+  }
+  if (replicas > 0 && ep < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--expert-replicas ", replicas, " needs expert parallelism (--ep > 1)"));
+  }
   if (world > 1 && absl::GetFlag(FLAGS_leader).empty()) {
     return absl::InvalidArgumentError("--leader HOST:PORT is required when --world-size > 1");
   }
   ShardSpec shard = ShardSpec::ForRank(rank, tp, ep);
   if (placement == "load-aware") {
     ASSIGN_OR_RETURN(worker::ExpertPlacement balanced,
-                     worker::ExpertPlacement::FromLoadFile(load_file, ep));
+                     worker::ExpertPlacement::FromLoadFile(load_file, ep, replicas));
     shard.placement = std::make_shared<const worker::ExpertPlacement>(std::move(balanced));
   }
   return shard;
 }
+
+int ExpertReplicasFromFlags() { return std::max(absl::GetFlag(FLAGS_expert_replicas), 0); }
 
 absl::StatusOr<ReplicaRank> JoinReplicaFromFlags(
     const ShardSpec& shard, kernels::Backend& backend,

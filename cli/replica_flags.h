@@ -1,6 +1,7 @@
 // Flags that make a process one rank of a model replica spread over several processes (issue 5;
 // docs/distributed.md): --tp, --ep, --world-size, --rank, --leader, --rendezvous-generation,
-// --rendezvous-timeout-s, --sequence-parallel, --expert-placement. Shared by mobius-worker and
+// --rendezvous-timeout-s, --sequence-parallel, --expert-placement, --expert-load,
+// --expert-replicas. Shared by mobius-worker and
 // the commands that load a model (`mobius generate`, `mobius bench engine`): rank 0 runs the
 // command and plans every step; the other ranks follow it (FollowLeader).
 #ifndef MOBIUS_CLI_REPLICA_FLAGS_H_
@@ -23,6 +24,8 @@ namespace mobius::cli {
 // The layout from the flags, checked before anything is loaded (InvalidArgument names the flag
 // and value; load-aware placement is Unimplemented).
 absl::StatusOr<worker::ShardSpec> ShardFromFlags();
+// --expert-replicas: replicas per rank and bank for load-aware placements.
+int ExpertReplicasFromFlags();
 
 // This process's part of a replica of several ranks.
 struct ReplicaRank {

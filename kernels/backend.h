@@ -142,8 +142,8 @@ class Backend {
   virtual void GatherRows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) = 0;
   // In place: x[to[i], :] = x[from[i], :] for every i (host values; no row in `to` may appear in
   // `from`). Speculative decoding's state snapshots and restores of a whole step in one call.
-  // The default copies row by row through GatherRows (a one-launch CUDA version is the next
-  // step; it was written but not run on a GPU, so it is not here).
+  // The default copies row by row through GatherRows; the CUDA backend copies every row in one
+  // launch.
   virtual void CopyRows(Tensor& x, std::span<const int32_t> from, std::span<const int32_t> to);
   // out = x / sqrt(mean(x^2) + eps) * (1 + w) per row, computed in fp32. x [R, D], w [D].
   virtual void RmsNorm1p(const Tensor& x, const Tensor& w, float eps, Tensor& out) = 0;
@@ -236,6 +236,12 @@ class Backend {
   virtual void MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weights,
                           const Tensor& gate_up, const Tensor& down, int first_expert, Tensor& out,
                           std::span<int64_t> expert_tokens) = 0;
+  // Routes (token, expert) pairs to this rank's local expert slots under an expert placement
+  // with replicas (worker/model/expert_placement.h, RouteTable):
+  //   out[t, j] = routes[e * stride + 1 + t mod routes[e * stride]],  e = ids[t, j],
+  // a local slot, or -1 where another rank computes the pair (or e is outside [0, E)).
+  // ids, out I32 [T, k]; routes I32 [E * stride]. The default goes through the host.
+  virtual void MapExpertIds(const Tensor& ids, const Tensor& routes, int stride, Tensor& out);
   // A MoE layer's output, written (not added) to out:
   //   out[t, :] = sum_j weights[t, j] * Expert_{ids[t, j]}(x[t, :])
   //               + sigmoid(shared_gate[t]) * shared[t, :],
@@ -247,6 +253,25 @@ class Backend {
                                     const Tensor& shared, const Tensor& shared_gate, Tensor& out,
                                     std::span<int64_t> expert_tokens);
 };
+
+inline void Backend::MapExpertIds(const Tensor& ids, const Tensor& routes, int stride,
+                                  Tensor& out) {
+  std::vector<int32_t> id(static_cast<size_t>(ids.numel())),
+      table(static_cast<size_t>(routes.numel()));
+  CopyToHostI32(ids, id.data());
+  CopyToHostI32(routes, table.data());
+  const int64_t k = ids.rank() == 2 ? ids.dim(1) : 1;
+  const int64_t experts = stride > 0 ? routes.numel() / stride : 0;
+  for (size_t p = 0; p < id.size(); ++p) {
+    const int64_t e = id[p], t = static_cast<int64_t>(p) / k;
+    if (e < 0 || e >= experts || table[e * stride] <= 0) {
+      id[p] = -1;
+      continue;
+    }
+    id[p] = table[e * stride + 1 + t % table[e * stride]];
+  }
+  CopyFromHost(id.data(), DType::kI32, out);
+}
 
 inline void Backend::SiluMulLinear(const Tensor& gate_up, const Tensor& w, Tensor& act,
                                    Tensor& out) {

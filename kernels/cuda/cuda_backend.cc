@@ -276,6 +276,7 @@ class CudaBackend final : public Backend {
                     std::span<Tensor* const> ys) override;
   void EmbeddingLookup(std::span<const int32_t> ids, const Tensor& table, Tensor& out) override;
   void GatherRows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) override;
+  void CopyRows(Tensor& x, std::span<const int32_t> from, std::span<const int32_t> to) override;
   void RmsNorm1p(const Tensor& x, const Tensor& w, float eps, Tensor& out) override;
   void AddRmsNorm1p(Tensor& residual, const Tensor& delta, const Tensor& w, float eps,
                     Tensor& out) override;
@@ -322,6 +323,7 @@ class CudaBackend final : public Backend {
                             const Tensor& gate_up, const Tensor& down, int first_expert,
                             const Tensor& shared, const Tensor& shared_gate, Tensor& out,
                             std::span<int64_t> expert_tokens) override;
+  void MapExpertIds(const Tensor& ids, const Tensor& routes, int stride, Tensor& out) override;
 
  private:
   // The delta rule, computing its gates from `gates` (and storing them to g and beta) when given.
@@ -708,6 +710,29 @@ void CudaBackend::EmbeddingLookup(std::span<const int32_t> ids, const Tensor& ta
 
 void CudaBackend::GatherRows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) {
   Gather("GatherRows", x, rows, out);
+}
+
+void CudaBackend::CopyRows(Tensor& x, std::span<const int32_t> from, std::span<const int32_t> to) {
+  Check(!x.empty() && x.device() == Device::kCuda && x.rank() >= 1, "CopyRows",
+        "x must be a CUDA tensor with rows");
+  Check(from.size() == to.size(), "CopyRows",
+        absl::StrFormat("%d source rows but %d destination rows", from.size(), to.size()));
+  const int64_t rows = x.dim(0);
+  for (size_t i = 0; i < from.size(); ++i) {
+    Check(from[i] >= 0 && from[i] < rows && to[i] >= 0 && to[i] < rows, "CopyRows",
+          absl::StrFormat("row pair %d -> %d outside [0, %d)", from[i], to[i], rows));
+  }
+  if (from.empty()) return;
+  Enter();
+  // One upload (sources then destinations) and one launch for every row of the call.
+  std::vector<int32_t> pairs(from.begin(), from.end());
+  pairs.insert(pairs.end(), to.begin(), to.end());
+  const int32_t* d = Upload(pairs);
+  const int64_t row_bytes = x.numel() / rows * static_cast<int64_t>(DTypeSize(x.dtype()));
+  if (!cuda::LaunchCopyRows(x.raw(), row_bytes, d, d + from.size(),
+                            static_cast<int64_t>(from.size()), stream_)) {
+    Backend::CopyRows(x, from, to);
+  }
 }
 
 void CudaBackend::RmsNorm1p(const Tensor& x, const Tensor& w, float eps, Tensor& out) {
@@ -1181,6 +1206,21 @@ void CudaBackend::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& w
     CheckCuda(cudaStreamSynchronize(stream_), "MoeExperts counts");
     for (int e = 0; e < num_local; ++e) expert_tokens[e] += host[e];
   }
+}
+
+void CudaBackend::MapExpertIds(const Tensor& ids, const Tensor& routes, int stride, Tensor& out) {
+  CheckTensor(ids, DType::kI32, "MapExpertIds", "ids");
+  CheckTensor(routes, DType::kI32, "MapExpertIds", "routes");
+  CheckTensor(out, DType::kI32, "MapExpertIds", "out");
+  Check(stride > 0 && routes.numel() % stride == 0 && out.numel() == ids.numel() && ids.rank() == 2,
+        "MapExpertIds",
+        absl::StrFormat("ids %s, routes %s (stride %d), out %s", ids.ShapeString(),
+                        routes.ShapeString(), stride, out.ShapeString()));
+  if (ids.numel() == 0) return;
+  Enter();
+  cuda::LaunchMapExpertIds(ids.data<int32_t>(), routes.data<int32_t>(), stride,
+                           routes.numel() / stride, ids.numel(), static_cast<int>(ids.dim(1)),
+                           out.data<int32_t>(), stream_);
 }
 
 void CudaBackend::MoeExpertsWithShared(const Tensor& x, const Tensor& ids, const Tensor& weights,

@@ -2,6 +2,7 @@
 // for the norms (fp32 statistics; one warp per row for short rows); grid-stride loops for the
 // elementwise ops; 16-byte accesses wherever shapes and alignment allow.
 #include <algorithm>
+#include <climits>
 
 #include "kernels/cuda/common.cuh"
 
@@ -37,6 +38,23 @@ __global__ void GatherRowsVecKernel(const uint4* src, const int32_t* rows, int64
   for (int i = 0; i < kCopyVecPerThread; ++i) {
     const int64_t v = begin + i * blockDim.x + threadIdx.x;
     if (v < vecs_per_row) to[v] = from[v];
+  }
+}
+
+// In place: row to[r] = row from[r] of x, 16 bytes at a time, rows over blockIdx.x and each
+// row's pieces over blockIdx.y (Backend::CopyRows; no row is both a source and a destination).
+__global__ void CopyRowsVecKernel(uint4* x, const int32_t* from, const int32_t* to,
+                                  int64_t vecs_per_row) {
+  PdlWait();
+  PdlTrigger();
+  const int64_t r = blockIdx.x;
+  const uint4* src = x + static_cast<int64_t>(from[r]) * vecs_per_row;
+  uint4* dst = x + static_cast<int64_t>(to[r]) * vecs_per_row;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * blockDim.x * kCopyVecPerThread;
+#pragma unroll
+  for (int i = 0; i < kCopyVecPerThread; ++i) {
+    const int64_t v = begin + i * blockDim.x + threadIdx.x;
+    if (v < vecs_per_row) dst[v] = src[v];
   }
 }
 
@@ -334,6 +352,22 @@ void LaunchGatherRows(AnyPtr src, const int32_t* rows, int64_t num_rows, int64_t
   LaunchPdl("GatherRowsKernel", GatherRowsKernel, static_cast<unsigned>(num_rows), kRowThreads, 0,
             stream, src, rows, width, dst);
   CheckLaunch("GatherRows");
+}
+
+bool LaunchCopyRows(void* x, int64_t row_bytes, const int32_t* from, const int32_t* to,
+                    int64_t num_rows, cudaStream_t stream) {
+  if (num_rows == 0 || row_bytes == 0) return true;
+  if (row_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0 || num_rows > INT32_MAX) {
+    return false;
+  }
+  const int64_t vecs = row_bytes / 16;
+  const int64_t per_block = int64_t{kElemThreads} * kCopyVecPerThread;
+  const dim3 grid(static_cast<unsigned>(num_rows),
+                  static_cast<unsigned>((vecs + per_block - 1) / per_block));
+  LaunchPdl("CopyRowsVecKernel", CopyRowsVecKernel, grid, kElemThreads, 0, stream,
+            static_cast<uint4*>(x), from, to, vecs);
+  CheckLaunch("CopyRows");
+  return true;
 }
 
 void LaunchRmsNorm1p(const uint16_t* x, AnyPtr w, float eps, int64_t rows, int64_t dim,

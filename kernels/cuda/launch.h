@@ -38,6 +38,10 @@ struct SegmentMeta {
 // ---- dense (elementwise_kernels.cu) ----
 void LaunchGatherRows(AnyPtr src, const int32_t* rows, int64_t num_rows, int64_t width,
                       AnyMutPtr dst, cudaStream_t stream);
+// Backend::CopyRows in one launch: rows to[i] = from[i] of x (device arrays of num_rows). False,
+// launching nothing, when rows are not 16-byte pieces.
+bool LaunchCopyRows(void* x, int64_t row_bytes, const int32_t* from, const int32_t* to,
+                    int64_t num_rows, cudaStream_t stream);
 void LaunchRmsNorm1p(const uint16_t* x, AnyPtr w, float eps, int64_t rows, int64_t dim,
                      uint16_t* out, cudaStream_t stream);
 void LaunchAddRmsNorm1p(uint16_t* residual, const uint16_t* delta, AnyPtr w, float eps,
@@ -162,6 +166,10 @@ const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const flo
                                 const uint16_t* gate_up, const uint16_t* down, int64_t num_tokens,
                                 int k, int num_local_experts, int first_expert, int64_t hidden,
                                 int64_t inter, void* scratch, uint16_t* out, cudaStream_t stream);
+
+// Backend::MapExpertIds: ids, out I32 [num_pairs] (k per token); routes I32 [experts * stride].
+void LaunchMapExpertIds(const int32_t* ids, const int32_t* routes, int stride, int64_t experts,
+                        int64_t num_pairs, int k, int32_t* out, cudaStream_t stream);
 
 inline constexpr int kMoeFewTokensMaxPairs = 64;
 // The same for a few tokens (at most kMoeFewTokensMaxPairs pairs: decode), without routing tiles or

@@ -1,6 +1,7 @@
 // Mixture-of-experts kernels: router top-k softmax, the device-side grouping of (token, expert)
 // pairs by expert (counting sort), a grouped GEMM over the groups, and the weighted combine.
 // The grouped GEMM also serves as Linear's fallback when cuBLASLt offers no algorithm.
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdlib>
@@ -1321,6 +1322,33 @@ __global__ void __launch_bounds__(kFewWarps * 32)
 }
 
 }  // namespace
+
+namespace {
+// out[p] = routes[e * stride + 1 + (p / k) mod routes[e * stride]] for e = ids[p], or -1
+// (Backend::MapExpertIds).
+__global__ void MapExpertIdsKernel(const int32_t* ids, const int32_t* routes, int stride,
+                                   int64_t experts, int64_t n, int k, int32_t* out) {
+  PdlWait();
+  PdlTrigger();
+  for (int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; p < n;
+       p += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t e = ids[p];
+    const int holders = e >= 0 && e < experts ? routes[e * stride] : 0;
+    out[p] = holders > 0 ? routes[e * stride + 1 + (p / k) % holders] : -1;
+  }
+}
+}  // namespace
+
+void LaunchMapExpertIds(const int32_t* ids, const int32_t* routes, int stride, int64_t experts,
+                        int64_t num_pairs, int k, int32_t* out, cudaStream_t stream) {
+  if (num_pairs == 0) return;
+  constexpr int kMapThreads = 256;
+  LaunchPdl(
+      "MapExpertIdsKernel", MapExpertIdsKernel,
+      static_cast<unsigned>(std::min<int64_t>((num_pairs + kMapThreads - 1) / kMapThreads, 1024)),
+      kMapThreads, 0, stream, ids, routes, stride, experts, num_pairs, k, out);
+  CheckLaunch("MapExpertIds");
+}
 
 void LaunchTopKSoftmax(AnyPtr logits, int64_t num_tokens, int num_experts, int k, bool renormalize,
                        int32_t* ids, float* weights, cudaStream_t stream) {

@@ -1,6 +1,8 @@
 // ExpertPlacement (issue 5): load-aware orders are permutations of each bank, give every rank
 // the same number of experts, spread a skewed load better than the contiguous placement, are
-// deterministic, and refuse loads that do not fit.
+// deterministic, and refuse loads that do not fit; with replicas, the hottest experts get more
+// holders, each (token, expert) pair is routed to exactly one holder's slot of that expert, and
+// the imbalance a single dominant expert leaves falls.
 #include "worker/model/expert_placement.h"
 
 #include <algorithm>
@@ -87,6 +89,89 @@ TEST(ExpertPlacementTest, RefusesLoadsThatDoNotFit) {
   absl::StatusOr<ExpertPlacement> good = ExpertPlacement::FromLoadFile(path, 2);
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_FALSE(good->identity());
+}
+
+// One expert with most of the load: no permutation can balance it, replicas can.
+TEST(ExpertPlacementTest, ReplicasSplitADominantExpert) {
+  constexpr int kExperts = 16, kWorld = 4, kReplicas = 2;
+  std::vector<std::vector<double>> loads = {std::vector<double>(kExperts, 1.0),
+                                            std::vector<double>(kExperts, 2.0)};
+  loads[0][5] = 1000;  // bank 0: expert 5 dominates
+  loads[1][0] = 300;   // bank 1: experts 0 and 9 are hot
+  loads[1][9] = 200;
+  absl::StatusOr<ExpertPlacement> plain = ExpertPlacement::BalanceLoads(loads, kWorld);
+  absl::StatusOr<ExpertPlacement> p = ExpertPlacement::BalanceLoads(loads, kWorld, kReplicas);
+  ASSERT_TRUE(plain.ok() && p.ok()) << p.status();
+  EXPECT_EQ(p->replicas_per_rank(), kReplicas);
+  // A balanced load gets no replicas: no copy would lower the peak.
+  absl::StatusOr<ExpertPlacement> flat =
+      ExpertPlacement::BalanceLoads({std::vector<double>(kExperts, 1.0)}, kWorld, kReplicas);
+  ASSERT_TRUE(flat.ok());
+  EXPECT_EQ(flat->replicas_per_rank(), 0);
+  EXPECT_FALSE(p->identity());
+  ASSERT_TRUE(p->Validate(kWorld, kExperts).ok()) << p->Validate(kWorld, kExperts);
+  // The dominant expert ends up on every rank (one primary + three replicas).
+  const auto& order = p->order(0);
+  const int hot = static_cast<int>(std::find(order.begin(), order.end(), 5) - order.begin());
+  int holders = 0;
+  for (int r = 0; r < kWorld; ++r) {
+    const auto held = p->HeldPositions(0, kWorld, r);
+    holders += std::count(held.begin(), held.end(), hot);
+  }
+  EXPECT_EQ(holders, kWorld);
+  EXPECT_LT(p->Imbalance(loads, kWorld), 0.6 * plain->Imbalance(loads, kWorld));
+  // Same loads, same placement.
+  absl::StatusOr<ExpertPlacement> again = ExpertPlacement::BalanceLoads(loads, kWorld, kReplicas);
+  for (int b = 0; b < 2; ++b) {
+    for (int r = 0; r < kWorld; ++r) EXPECT_EQ(again->replicas(b, r), p->replicas(b, r));
+  }
+  // Every (token, position) pair goes to exactly one rank, to a slot that holds that position,
+  // and the holders of a replicated position share its tokens.
+  for (int b = 0; b < 2; ++b) {
+    std::vector<std::vector<int32_t>> tables, held;
+    for (int r = 0; r < kWorld; ++r) {
+      tables.push_back(p->RouteTable(b, kWorld, r));
+      held.push_back(p->HeldPositions(b, kWorld, r));
+      EXPECT_GE(held.back().size(), static_cast<size_t>(kExperts / kWorld));
+      EXPECT_LE(held.back().size(), static_cast<size_t>(kExperts / kWorld + kReplicas));
+    }
+    for (int j = 0; j < kExperts; ++j) {
+      std::vector<int> ranks_used;
+      for (int t = 0; t < 64; ++t) {
+        int owners = 0;
+        for (int r = 0; r < kWorld; ++r) {
+          const int32_t* row = tables[r].data() + j * (kWorld + 1);
+          ASSERT_GE(row[0], 1);
+          const int32_t slot = row[1 + t % row[0]];
+          if (slot < 0) continue;
+          ++owners;
+          ASSERT_LT(slot, static_cast<int32_t>(held[r].size()));
+          EXPECT_EQ(held[r][slot], j) << "bank " << b << " rank " << r << " slot " << slot;
+          if (std::find(ranks_used.begin(), ranks_used.end(), r) == ranks_used.end()) {
+            ranks_used.push_back(r);
+          }
+        }
+        EXPECT_EQ(owners, 1) << "bank " << b << " position " << j << " token " << t;
+      }
+      EXPECT_EQ(static_cast<int>(ranks_used.size()), tables[0][j * (kWorld + 1)]) << j;
+    }
+  }
+}
+
+TEST(ExpertPlacementTest, RefusesBadReplicas) {
+  std::vector<std::vector<double>> loads = {std::vector<double>(8, 1.0)};
+  EXPECT_FALSE(ExpertPlacement::BalanceLoads(loads, 2, 5).ok());  // a rank lacks only 4
+  EXPECT_FALSE(ExpertPlacement::BalanceLoads(loads, 2, -1).ok());
+  EXPECT_TRUE(ExpertPlacement::BalanceLoads(loads, 2, 4).ok());
+  std::vector<int32_t> order(8);
+  std::iota(order.begin(), order.end(), 0);
+  // Rank 0 replicating its own position 1; a repeated position; out of range; missing ranks.
+  EXPECT_FALSE(ExpertPlacement::FromOrders({order}, {{{1}, {2}}}).Validate(2, 8).ok());
+  EXPECT_FALSE(ExpertPlacement::FromOrders({order}, {{{4}, {2, 2}}}).Validate(2, 8).ok());
+  EXPECT_FALSE(ExpertPlacement::FromOrders({order}, {{{9}, {2}}}).Validate(2, 8).ok());
+  EXPECT_FALSE(ExpertPlacement::FromOrders({order}, {{{4}}}).Validate(2, 8).ok());
+  EXPECT_TRUE(ExpertPlacement::FromOrders({order}, {{{4}, {2}}}).Validate(2, 8).ok());
+  EXPECT_TRUE(ExpertPlacement::FromOrders({order}, {{{4, 5}, {}}}).Validate(2, 8).ok());
 }
 
 }  // namespace

@@ -41,6 +41,8 @@ struct Layout {
   // Start contiguous and move to SkewedPlacement on every rank without reloading the model
   // (HybridModel::ApplyExpertPlacement), in the middle of a sequence's chunked prefill.
   bool live_placement = false;
+  // Load-aware placements replicate this many hot experts per rank and bank (expert_placement.h).
+  int replicas = 0;
 };
 
 void PrintTo(const Layout& layout, std::ostream* os) { *os << layout.name; }
@@ -65,21 +67,32 @@ const std::vector<Layout> kLayouts = {
     {"tp2_ep2_loadaware", 2, 2, 2, false, true},
     {"ep2_live_placement", 2, 1, 2, false, false, true},
     {"ep4_live_placement", 4, 1, 4, false, false, true},
+    // Hot experts replicated: their tokens split over the holders (MapExpertIds), same model.
+    {"ep2_replicated", 2, 1, 2, false, true, false, 2},
+    {"ep4_replicated", 4, 1, 4, false, true, false, 3},
+    {"tp2_ep2_replicated", 2, 2, 2, false, true, false, 1},
+    {"ep2_live_replicated", 2, 1, 2, false, false, true, 2},
 };
 
 // A placement balancing a load that the contiguous placement puts all on rank 0 (its experts
 // are the hot ones), so that the balanced one must move experts between ranks.
 absl::StatusOr<std::shared_ptr<const worker::ExpertPlacement>> SkewedPlacement(
-    const std::string& dir, int world) {
+    const std::string& dir, int world, int replicas) {
   absl::StatusOr<worker::ModelConfig> config = worker::LoadModelConfig(dir + "/config.json");
   if (!config.ok()) return config.status();
   const int E = config->num_experts;
   std::vector<std::vector<double>> loads(config->num_blocks, std::vector<double>(E));
   for (auto& bank : loads) {
     for (int e = 0; e < E; ++e) bank[e] = e < E / world ? 100.0 + e : 1.0;
+    // With replicas: one expert carries most of the load, which only copies can spread.
+    if (replicas > 0) bank[1] = 1000.0 * E;
   }
-  absl::StatusOr<worker::ExpertPlacement> p = worker::ExpertPlacement::BalanceLoads(loads, world);
+  absl::StatusOr<worker::ExpertPlacement> p =
+      worker::ExpertPlacement::BalanceLoads(loads, world, replicas);
   if (!p.ok()) return p.status();
+  if ((p->replicas_per_rank() > 0) != (replicas > 0) || p->replicas_per_rank() > replicas) {
+    return absl::InternalError("the placement does not hold the replicas asked for");
+  }
   // The contiguous placement leaves all the load on rank 0; the balanced one spreads it.
   const worker::ExpertPlacement contiguous =
       worker::ExpertPlacement::Contiguous(config->num_blocks, E);
@@ -113,7 +126,7 @@ RankResult RunRank(const std::string& dir, const ModelReference& ref, const Layo
   source.model_dir = dir;
   source.shard = ShardSpec::ForRank(rank, layout.tp, layout.ep);
   if (layout.load_aware) {
-    auto placement = SkewedPlacement(dir, layout.ep);
+    auto placement = SkewedPlacement(dir, layout.ep, layout.replicas);
     if (!placement.ok()) return fail(placement.status());
     source.shard.placement = *placement;
   }
@@ -121,6 +134,13 @@ RankResult RunRank(const std::string& dir, const ModelReference& ref, const Layo
   auto loaded = worker::LoadHybridModel(source, *backend);
   if (!loaded.ok()) return fail(loaded.status());
   worker::HybridModel& model = **loaded;
+  if (layout.load_aware && layout.replicas > 0 &&
+      model.weights().banks[0].gate_up.dim(0) !=
+          model.config().num_experts / layout.ep +
+              static_cast<int64_t>(
+                  source.shard.placement->replicas(0, source.shard.ep_rank).size())) {
+    return fail(absl::InternalError("the rank's bank does not hold its replicas"));
+  }
   if (absl::Status s = model.SetSequenceParallel(layout.sequence_parallel); !s.ok()) return fail(s);
   if (absl::Status s = model.CreateCaches(4, 256); !s.ok()) return fail(s);
   const int vocab = model.config().vocab_size;
@@ -174,7 +194,7 @@ RankResult RunRank(const std::string& dir, const ModelReference& ref, const Layo
     if (absl::Status s = model.Forward(std::span(&step, 1), {}, logits); !s.ok()) return fail(s);
     if (layout.live_placement && b == 0) {
       // Every rank moves between the same two steps (the leader's plan does this in a worker).
-      auto placement = SkewedPlacement(dir, layout.ep);
+      auto placement = SkewedPlacement(dir, layout.ep, layout.replicas);
       if (!placement.ok()) return fail(placement.status());
       const kernels::Tensor router_before = model.weights().banks[0].router;
       if (absl::Status s = model.ApplyExpertPlacement(*placement); !s.ok()) return fail(s);

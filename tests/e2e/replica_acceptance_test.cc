@@ -221,6 +221,24 @@ TEST(ExpertLoadTest, PlacementAppliedOnRequestWithoutRestart) {
     const GrpcOutcome out = GrpcGenerate(d.inference(), GreedyRequest(prompts[i], kMaxTokens));
     EXPECT_EQ(out.tokens, expected[i]) << "prompt " << i << " after";
   }
+  // Then replicate hot experts (up to 2 more per rank and bank, where a copy lowers the peak):
+  // the same tokens.
+  EXPECT_EQ(d.WorkerHttpPost(0, "/expert_placement", R"({"replicas_per_rank": -1})").first, 400);
+  EXPECT_EQ(d.WorkerHttpPost(0, "/expert_placement", "not json").first, 400);
+  const auto [status2, body2] =
+      d.WorkerHttpPost(0, "/expert_placement", R"({"replicas_per_rank": 2})");
+  ASSERT_EQ(status2, 200) << body2;
+  const nlohmann::json replicated = nlohmann::json::parse(body2, nullptr, false);
+  ASSERT_TRUE(replicated.is_object()) << body2;
+  EXPECT_LE(replicated["replicas_per_rank"].get<int>(), 2) << body2;
+  std::printf("[placement] with replicas: %s\n", body2.c_str());
+  EXPECT_LE(replicated["imbalance_after"].get<double>(),
+            replicated["imbalance_before"].get<double>())
+      << body2;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const GrpcOutcome out = GrpcGenerate(d.inference(), GreedyRequest(prompts[i], kMaxTokens));
+    EXPECT_EQ(out.tokens, expected[i]) << "prompt " << i << " with replicated experts";
+  }
 }
 
 // SIGKILL of a follower rank of a serving replica: the leader fails the replica and exits

@@ -149,9 +149,10 @@ std::string Deployment::WorkerHttp(int i, const std::string& path) {
   return HttpGet(workers_[i].metrics_port, path).body;
 }
 
-std::pair<int, std::string> Deployment::WorkerHttpPost(int i, const std::string& path) {
+std::pair<int, std::string> Deployment::WorkerHttpPost(int i, const std::string& path,
+                                                       const std::string& body) {
   const HttpReply reply =
-      HttpCall(workers_[i].metrics_port, boost::beast::http::verb::post, path, "{}");
+      HttpCall(workers_[i].metrics_port, boost::beast::http::verb::post, path, body);
   return {reply.status, reply.body};
 }
 

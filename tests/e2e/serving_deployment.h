@@ -59,7 +59,8 @@ class Deployment {
   // The body of GET `path` on worker i's metrics port ("" when it does not answer).
   std::string WorkerHttp(int i, const std::string& path);
   // POST `path` (an empty JSON body) on worker i's metrics port: the status and the body.
-  std::pair<int, std::string> WorkerHttpPost(int i, const std::string& path);
+  std::pair<int, std::string> WorkerHttpPost(int i, const std::string& path,
+                                             const std::string& body = "{}");
   // The router's /metrics text.
   std::string RouterMetrics();
 

@@ -455,5 +455,63 @@ TEST(CudaVsCpuTest, FusedOpsEqualTheirParts) {
   }
 }
 
+// Expert ids routed through a replicated placement's table (Backend::MapExpertIds): the CUDA
+// kernel and the host default agree, ids outside the bank give -1.
+TEST(CudaVsCpuTest, MapExpertIdsAgrees) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  Pair p;
+  const int E = 12, stride = 4, T = 37, k = 3;
+  std::vector<float> table(E * stride), ids(T * k);
+  for (int e = 0; e < E; ++e) {
+    const int holders = 1 + e % 3;
+    table[e * stride] = holders;
+    for (int h = 0; h < 3; ++h) table[e * stride + 1 + h] = h < holders && (e + h) % 2 ? e + h : -1;
+  }
+  for (int i = 0; i < T * k; ++i) ids[i] = (i * 5) % (E + 2) - 1;  // -1 and E out of range
+  auto routes = p.Make({E * stride}, table, DType::kI32);
+  auto id = p.Make({T, k}, ids, DType::kI32);
+  std::vector<int32_t> ti(table.begin(), table.end()), ii(ids.begin(), ids.end());
+  for (Backend* b : {&p.cpu(), &p.cuda()}) {
+    b->CopyFromHost(ti.data(), DType::kI32, b == &p.cpu() ? routes.first : routes.second);
+    b->CopyFromHost(ii.data(), DType::kI32, b == &p.cpu() ? id.first : id.second);
+  }
+  auto out = p.Make({T, k}, ids, DType::kI32);
+  p.cpu().MapExpertIds(id.first, routes.first, stride, out.first);
+  p.cuda().MapExpertIds(id.second, routes.second, stride, out.second);
+  std::vector<int32_t> a(T * k), c(T * k);
+  p.cpu().CopyToHostI32(out.first, a.data());
+  p.cuda().CopyToHostI32(out.second, c.data());
+  EXPECT_EQ(a, c);
+  for (int i = 0; i < T * k; ++i) {
+    const int e = ii[i], t = i / k;
+    const int want = e < 0 || e >= E ? -1 : ti[e * stride + 1 + t % ti[e * stride]];
+    EXPECT_EQ(c[i], want) << i;
+  }
+}
+
+// Backend::CopyRows (one launch on the GPU) against the same copies made on the host: rows of
+// fp32 (a DeltaNet state's shape, small) and of bf16; the other rows stay as they were.
+TEST(CudaVsCpuTest, CopyRowsAgrees) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  auto cuda = CreateCudaBackend(0);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  std::mt19937 rng(29);
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    const int rows = 11, width = 4 * 32 * 32;
+    std::vector<float> expected = Random(rng, rows * width);  // bf16-representable
+    auto x = (*cuda)->Allocate(dtype, {rows, 4, 32, 32});
+    ASSERT_TRUE(x.ok()) << x.status();
+    (*cuda)->CopyFromHost(expected.data(), DType::kF32, *x);
+    const std::vector<int32_t> from = {0, 3, 4, 9}, to = {7, 1, 10, 5};
+    (*cuda)->CopyRows(*x, from, to);
+    for (size_t i = 0; i < from.size(); ++i) {
+      std::copy_n(expected.begin() + from[i] * width, width, expected.begin() + to[i] * width);
+    }
+    std::vector<float> got(rows * width);
+    (*cuda)->CopyToHostF32(*x, got.data());
+    EXPECT_EQ(got, expected) << (dtype == DType::kF32 ? "f32" : "bf16");
+  }
+}
+
 }  // namespace
 }  // namespace mobius::kernels

@@ -78,9 +78,15 @@ absl::Status LeaderBroadcast::Step(const ReplicaStepPlan& plan) {
 
 absl::Status LeaderBroadcast::ApplyPlacement(const ExpertPlacement& placement) {
   v1::ReplicaMessage m;
+  const int replicas = placement.replicas_per_rank();
   for (int b = 0; b < placement.num_banks(); ++b) {
     const std::vector<int32_t>& order = placement.order(b);
-    m.mutable_placement()->add_banks()->mutable_experts()->Add(order.begin(), order.end());
+    auto* bank = m.mutable_placement()->add_banks();
+    bank->mutable_experts()->Add(order.begin(), order.end());
+    for (int r = 0; replicas > 0 && r < comm_.world_size(); ++r) {
+      const std::vector<int32_t>& rep = placement.replicas(b, r);
+      bank->add_replicas()->mutable_positions()->Add(rep.begin(), rep.end());
+    }
   }
   return Send(m.SerializeAsString());
 }
@@ -133,11 +139,18 @@ absl::Status FollowLeader(HybridModel& model, Communicator& comm) {
         break;
       case v1::ReplicaMessage::kPlacement: {
         std::vector<std::vector<int32_t>> orders;
+        std::vector<std::vector<std::vector<int32_t>>> replicas;
         for (const auto& bank : m.placement().banks()) {
           orders.emplace_back(bank.experts().begin(), bank.experts().end());
+          if (bank.replicas_size() == 0) continue;
+          replicas.emplace_back();
+          for (const auto& rank : bank.replicas()) {
+            replicas.back().emplace_back(rank.positions().begin(), rank.positions().end());
+          }
         }
+        // Validated by ApplyExpertPlacement (ComputeShardDims) like the leader's.
         RETURN_IF_ERROR(model.ApplyExpertPlacement(std::make_shared<const ExpertPlacement>(
-            ExpertPlacement::FromOrders(std::move(orders)))));
+            ExpertPlacement::FromOrders(std::move(orders), std::move(replicas)))));
         break;
       }
       case v1::ReplicaMessage::kCopyState:

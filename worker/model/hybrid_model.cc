@@ -35,6 +35,7 @@ HybridModel::HybridModel(ModelConfig config, ModelWeights weights, kernels::Back
   } else {
     local_ = LocalModelConfig(config_, *dims);
     first_expert_ = dims->expert0;
+    if (absl::Status routes = BuildExpertRoutes(); !routes.ok()) shard_error_ = routes;
     if (shard_.sharded() && (comm_ == nullptr || comm_->world_size() != shard_.world_size() ||
                              comm_->rank() != shard_.rank())) {
       shard_error_ = absl::FailedPreconditionError(
@@ -403,6 +404,23 @@ absl::Status HybridModel::ApplyExpertPlacement(std::shared_ptr<const ExpertPlace
   decode_graphs_.clear();
   weights_.banks = std::move(banks);
   shard_ = shard;
+  return BuildExpertRoutes();
+}
+
+absl::Status HybridModel::BuildExpertRoutes() {
+  expert_routes_.clear();
+  held_positions_.clear();
+  const ExpertPlacement* placement = shard_.placement.get();
+  if (placement == nullptr || placement->replicas_per_rank() == 0) return absl::OkStatus();
+  const int world = shard_.ep_size, rank = shard_.ep_rank;
+  for (int b = 0; b < placement->num_banks(); ++b) {
+    const std::vector<int32_t> table = placement->RouteTable(b, world, rank);
+    ASSIGN_OR_RETURN(Tensor routes,
+                     backend_.Allocate(DType::kI32, {static_cast<int64_t>(table.size())}));
+    backend_.CopyFromHost(table.data(), DType::kI32, routes);
+    expert_routes_.push_back(routes);
+    held_positions_.push_back(placement->HeldPositions(b, world, rank));
+  }
   return absl::OkStatus();
 }
 
@@ -717,6 +735,24 @@ absl::Status HybridModel::FeedForward(StepContext& ctx, int layer, const Tensor&
   backend_.TopKSoftmax(router_logits, k, config_.norm_topk_prob, ids, weights);
   // With expert parallelism this rank counts (and computes) only its own experts.
   const int local_experts = static_cast<int>(bank.gate_up.dim(0));
+  const int b = config_.BankOfLayer(layer);
+  if (b < static_cast<int>(expert_routes_.size())) {
+    // Replicated experts: the routed positions become local slots (or -1, another rank's pair).
+    ASSIGN_OR_RETURN(Tensor slots, Alloc(DType::kI32, {T, k}));
+    backend_.MapExpertIds(ids, expert_routes_[b], shard_.ep_size + 1, slots);
+    std::vector<int64_t> slot_counts;
+    if (ctx.options.expert_tokens != nullptr) slot_counts.assign(local_experts, 0);
+    backend_.MoeExpertsWithShared(x, slots, weights, bank.gate_up, bank.down, 0, shared,
+                                  shared_gate, out, slot_counts);
+    if (ctx.options.expert_tokens != nullptr) {
+      std::vector<int64_t>& layer_counts = (*ctx.options.expert_tokens)[layer];
+      layer_counts.resize(E, 0);
+      for (int s = 0; s < local_experts && s < static_cast<int>(held_positions_[b].size()); ++s) {
+        layer_counts[held_positions_[b][s]] += slot_counts[s];
+      }
+    }
+    return absl::OkStatus();
+  }
   std::span<int64_t> counts;
   if (ctx.options.expert_tokens != nullptr) {
     std::vector<int64_t>& layer_counts = (*ctx.options.expert_tokens)[layer];

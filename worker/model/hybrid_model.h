@@ -228,6 +228,9 @@ class HybridModel {
   absl::Status RunSharded(StepContext& ctx, bool partitioned, Sublayer&& sublayer,
                           const kernels::Tensor& normed, kernels::Tensor& gathered,
                           kernels::Tensor& partial, kernels::Tensor& delta);
+  // Builds expert_routes_ / held_positions_ from shard_.placement (clears them without
+  // replicas).
+  absl::Status BuildExpertRoutes();
   // Scratch in the backend's activation dtype, or in `dtype`.
   absl::StatusOr<kernels::Tensor> Alloc(std::vector<int64_t> shape);
   absl::StatusOr<kernels::Tensor> Alloc(kernels::DType dtype, std::vector<int64_t> shape);
@@ -237,8 +240,13 @@ class HybridModel {
   kernels::Backend& backend_;
   ShardSpec shard_;
   Communicator* comm_ = nullptr;
-  ModelConfig local_;         // config_ with this rank's head counts and intermediate sizes
-  int first_expert_ = 0;      // of this rank's experts in every bank
+  ModelConfig local_;     // config_ with this rank's head counts and intermediate sizes
+  int first_expert_ = 0;  // of this rank's experts in every bank
+  // Under a placement with replicas (expert_placement.h): per bank, the device route table that
+  // maps routed positions to this rank's local slots (MapExpertIds), and each local slot's
+  // position (to count expert load by position). Empty otherwise.
+  std::vector<kernels::Tensor> expert_routes_;
+  std::vector<std::vector<int32_t>> held_positions_;
   absl::Status shard_error_;  // why shard_/comm_ cannot run (Forward returns it)
   bool sequence_parallel_ = false;
   // Index of each layer in the KV cache (attention) or the state pool (DeltaNet).

@@ -126,10 +126,11 @@ void Shard(ParameterSpec& spec, std::vector<int64_t> local_shape, std::vector<Sl
 // `dims` (null: unsharded) selects the rank's experts and intermediate columns.
 // `order` (null: identity) is the bank's expert placement (expert_placement.h): the router's
 // rows and the experts are taken in that order, and a rank's experts are positions
-// [expert0, expert0 + num_experts) of it.
+// [expert0, expert0 + num_experts) of it, then the positions of `replicas` (null: none).
 void AddExperts(LayoutBuilder& b, const std::string& engine, const std::string& ckpt, int E, int I,
                 int H, ParameterGroup group, int bank, ExpertBankWeights* w, const ShardDims* dims,
-                const std::vector<int32_t>* order = nullptr) {
+                const std::vector<int32_t>* order = nullptr,
+                const std::vector<int32_t>* replicas = nullptr) {
   ParameterSpec& router = b.AddWhole(engine + ".router", {E, H}, ParameterRole::kRouter, group,
                                      w ? &w->router : nullptr, ckpt + ".gate.weight", {E, H});
   router.bank = bank;
@@ -168,12 +169,16 @@ void AddExperts(LayoutBuilder& b, const std::string& engine, const std::string& 
   if (dims == nullptr && order == nullptr) return;
   const int e0 = dims ? dims->expert0 : 0, El = dims ? dims->num_experts : E;
   const int i0 = dims ? dims->moe_i0 : 0, Il = dims ? dims->moe_i : I;
+  std::vector<int> positions(El);
+  for (int j = 0; j < El; ++j) positions[j] = e0 + j;
+  if (replicas != nullptr) positions.insert(positions.end(), replicas->begin(), replicas->end());
+  const int held = static_cast<int>(positions.size());
   std::vector<SliceRun> gate_up_runs, down_runs;
-  if (Il == I && order == nullptr) {
+  if (Il == I && order == nullptr && held == El) {
     gate_up_runs.push_back(RowRange(e0, El, 2 * mat));
     down_runs.push_back(RowRange(e0, El, mat));
   } else {
-    for (int j = e0; j < e0 + El; ++j) {
+    for (int j : positions) {
       const int e = order != nullptr ? (*order)[j] : j;
       if (Il == I) {
         gate_up_runs.push_back(RowRange(e, 1, 2 * mat));
@@ -185,8 +190,8 @@ void AddExperts(LayoutBuilder& b, const std::string& engine, const std::string& 
       down_runs.push_back(ColumnRange(e * mat, H, I, i0, Il));
     }
   }
-  Shard(gate_up, {El, 2 * Il, H}, std::move(gate_up_runs));
-  Shard(down, {El, H, Il}, std::move(down_runs));
+  Shard(gate_up, {held, 2 * Il, H}, std::move(gate_up_runs));
+  Shard(down, {held, H, Il}, std::move(down_runs));
 }
 
 // SwiGLU from separate gate_proj / up_proj / down_proj matrices.
@@ -334,6 +339,13 @@ static const std::vector<int32_t>* BankOrder(const LayoutOptions& options, int b
   return &p->order(bank);
 }
 
+// The positions of bank b this rank holds as replicas; null without any.
+static const std::vector<int32_t>* BankReplicas(const LayoutOptions& options, int bank) {
+  const ExpertPlacement* p = options.shard.placement.get();
+  if (p == nullptr || bank >= p->num_banks() || p->replicas_per_rank() == 0) return nullptr;
+  return &p->replicas(bank, options.shard.ep_rank);
+}
+
 std::vector<ParameterSpec> ListParameters(const ModelConfig& c, const LayoutOptions& options,
                                           ModelWeights* weights) {
   LayoutBuilder b;
@@ -383,7 +395,8 @@ std::vector<ParameterSpec> ListParameters(const ModelConfig& c, const LayoutOpti
       if (c.family == ModelFamily::kQwen3Next) {
         AddExperts(b, absl::StrCat("banks.", i), ckpt + ".mlp", c.num_experts,
                    c.moe_intermediate_size, H, ParameterGroup::kRoutedExperts, i,
-                   weights ? &weights->banks[i] : nullptr, dims, BankOrder(options, i));
+                   weights ? &weights->banks[i] : nullptr, dims, BankOrder(options, i),
+                   BankReplicas(options, i));
       }
     } else {
       AddSwiGlu(b, engine + ".mlp", ckpt + ".mlp", c.intermediate_size, H, ParameterGroup::kDense,
@@ -394,7 +407,8 @@ std::vector<ParameterSpec> ListParameters(const ModelConfig& c, const LayoutOpti
     for (int bank = 0; bank < c.num_blocks; ++bank) {
       AddExperts(b, absl::StrCat("banks.", bank), absl::StrCat(p, "meta_mlp.", bank), c.num_experts,
                  c.moe_intermediate_size, H, ParameterGroup::kRoutedExperts, bank,
-                 weights ? &weights->banks[bank] : nullptr, dims, BankOrder(options, bank));
+                 weights ? &weights->banks[bank] : nullptr, dims, BankOrder(options, bank),
+                 BankReplicas(options, bank));
     }
   }
   b.AddWhole("final_norm", {H}, ParameterRole::kNorm1p, ParameterGroup::kDense,

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 
 namespace mobius::worker {
 namespace {
@@ -46,17 +47,11 @@ absl::StatusOr<ShardDims> ComputeShardDims(const ModelConfig& c, const ShardSpec
       return absl::InvalidArgumentError(absl::StrFormat(
           "expert placement has %d banks, the model %d", s.placement->num_banks(), c.num_blocks));
     }
-    for (int b = 0; b < s.placement->num_banks(); ++b) {
-      std::vector<int32_t> sorted = s.placement->order(b);
-      std::sort(sorted.begin(), sorted.end());
-      for (size_t j = 0; j < sorted.size(); ++j) {
-        if (static_cast<int>(sorted.size()) != c.num_experts || sorted[j] != static_cast<int>(j)) {
-          return absl::InvalidArgumentError(absl::StrFormat(
-              "expert placement of bank %d is not an order of the bank's %d experts", b,
-              c.num_experts));
-        }
-      }
+    if (s.placement->replicas_per_rank() > 0 && s.ep_size <= 1) {
+      return absl::InvalidArgumentError(
+          "an expert placement with replicas needs expert parallelism (ep > 1)");
     }
+    RETURN_IF_ERROR(s.placement->Validate(std::max(s.ep_size, 1), c.num_experts));
   }
   if (s.tp_size < 1 || s.ep_size < 1 || (s.tp_size != 1 && s.tp_size != W) ||
       (s.ep_size != 1 && s.ep_size != W)) {

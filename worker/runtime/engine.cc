@@ -116,14 +116,15 @@ void Engine::Shutdown(bool drain) {
   if (thread_.joinable()) thread_.join();
 }
 
-absl::StatusOr<Engine::PlacementReport> Engine::RebalanceExperts() {
+absl::StatusOr<Engine::PlacementReport> Engine::RebalanceExperts(int replicas_per_rank) {
   absl::Notification done;
   absl::StatusOr<PlacementReport> result = absl::UnavailableError("the engine stopped");
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("the engine is shutting down");
-    tasks_.push_back([this, &done, &result](absl::Status why_not) {
-      result = why_not.ok() ? Rebalance() : absl::StatusOr<PlacementReport>(why_not);
+    tasks_.push_back([this, &done, &result, replicas_per_rank](absl::Status why_not) {
+      result =
+          why_not.ok() ? Rebalance(replicas_per_rank) : absl::StatusOr<PlacementReport>(why_not);
       done.Notify();
     });
   }
@@ -131,7 +132,7 @@ absl::StatusOr<Engine::PlacementReport> Engine::RebalanceExperts() {
   return result;
 }
 
-absl::StatusOr<Engine::PlacementReport> Engine::Rebalance() {
+absl::StatusOr<Engine::PlacementReport> Engine::Rebalance(int replicas_per_rank) {
   const ShardSpec& shard = model_.shard();
   if (shard.ep_size <= 1) {
     return absl::FailedPreconditionError(
@@ -148,7 +149,8 @@ absl::StatusOr<Engine::PlacementReport> Engine::Rebalance() {
     load[b].assign(loads.banks[b].begin(), loads.banks[b].end());
   }
   const int world = shard.ep_size;
-  ASSIGN_OR_RETURN(ExpertPlacement balanced, ExpertPlacement::BalanceLoads(load, world));
+  ASSIGN_OR_RETURN(ExpertPlacement balanced,
+                   ExpertPlacement::BalanceLoads(load, world, replicas_per_rank));
   const ExpertPlacement old =
       shard.placement != nullptr
           ? *shard.placement
@@ -159,6 +161,7 @@ absl::StatusOr<Engine::PlacementReport> Engine::Rebalance() {
   report.sampled_steps = loads.sampled_steps;
   report.imbalance_before = old.Imbalance(load, world);
   report.imbalance_after = balanced.Imbalance(load, world);
+  report.replicas_per_rank = balanced.replicas_per_rank();
   for (int b = 0; b < balanced.num_banks(); ++b) {
     const int E = static_cast<int>(balanced.order(b).size()), per_rank = E / world;
     std::vector<int> old_rank(E), new_rank(E);

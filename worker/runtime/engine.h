@@ -113,15 +113,17 @@ class Engine {
     int64_t sampled_steps = 0;
     double imbalance_before = 1;  // max / mean rank load under the old and new placement
     double imbalance_after = 1;
-    int64_t experts_moved = 0;  // experts now on another rank, over every bank
+    int64_t experts_moved = 0;  // experts whose primary rank changed, over every bank
+    int replicas_per_rank = 0;  // replicated hot experts per rank and bank
   };
-  absl::StatusOr<PlacementReport> RebalanceExperts();
+  // `replicas_per_rank` > 0 also replicates the hottest experts (ExpertPlacement::BalanceLoads).
+  absl::StatusOr<PlacementReport> RebalanceExperts(int replicas_per_rank = 0);
 
  private:
   Engine(HybridModel& model, const EngineOptions& options);
   void Loop();
   // The engine thread's half of RebalanceExperts.
-  absl::StatusOr<PlacementReport> Rebalance();
+  absl::StatusOr<PlacementReport> Rebalance(int replicas_per_rank);
   // Runs one scheduled step; returns false when there was nothing to do.
   bool Step();
   // Copies the scheduler's and caches' state into stats_ for GetStats.

@@ -197,16 +197,33 @@ absl::Status Run() {
     return nlohmann::json({{"banks", loads.banks}, {"sampled_steps", loads.sampled_steps}}).dump();
   };
   // POST /expert_placement: a load-aware placement from those loads, applied on every rank of
-  // the replica without a restart (Engine::RebalanceExperts).
+  // the replica without a restart (Engine::RebalanceExperts). An optional JSON body
+  // {"replicas_per_rank": N} overrides --expert-replicas.
   MetricsHttpServer::PostRoutes post_routes;
-  post_routes["/expert_placement"] = [&engine_for_routes](const std::string&) {
+  post_routes["/expert_placement"] = [&engine_for_routes](const std::string& body) {
     MetricsHttpServer::JsonResponse response;
     Engine* e = engine_for_routes.load();
     if (e == nullptr)
       return MetricsHttpServer::JsonResponse{503, R"({"error": "the engine is not running"})"};
-    absl::StatusOr<Engine::PlacementReport> report = e->RebalanceExperts();
+    int replicas = cli::ExpertReplicasFromFlags();
+    if (!body.empty()) {
+      const nlohmann::json request = nlohmann::json::parse(body, nullptr, false);
+      if (request.is_discarded() || !request.is_object() ||
+          (request.contains("replicas_per_rank") &&
+           (!request["replicas_per_rank"].is_number_integer() ||
+            request["replicas_per_rank"].get<int64_t>() < 0 ||
+            request["replicas_per_rank"].get<int64_t>() > 1 << 20))) {
+        return MetricsHttpServer::JsonResponse{
+            400, R"({"error": "body: expected {\"replicas_per_rank\": N} with N >= 0"})"};
+      }
+      if (request.contains("replicas_per_rank")) {
+        replicas = request["replicas_per_rank"].get<int>();
+      }
+    }
+    absl::StatusOr<Engine::PlacementReport> report = e->RebalanceExperts(replicas);
     if (!report.ok()) {
       response.status = absl::IsFailedPrecondition(report.status()) ? 409
+                        : absl::IsInvalidArgument(report.status())  ? 400
                         : absl::IsUnavailable(report.status())      ? 503
                                                                     : 500;
       response.body = nlohmann::json({{"error", std::string(report.status().message())}}).dump();
@@ -219,7 +236,8 @@ absl::Status Run() {
                                     {"sampled_steps", report->sampled_steps},
                                     {"imbalance_before", report->imbalance_before},
                                     {"imbalance_after", report->imbalance_after},
-                                    {"experts_moved", report->experts_moved}})
+                                    {"experts_moved", report->experts_moved},
+                                    {"replicas_per_rank", report->replicas_per_rank}})
                         .dump();
     return response;
   };
