@@ -12,6 +12,7 @@
 #ifndef MOBIUS_KERNELS_BACKEND_H_
 #define MOBIUS_KERNELS_BACKEND_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -236,6 +237,10 @@ class Backend {
   virtual void MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weights,
                           const Tensor& gate_up, const Tensor& down, int first_expert, Tensor& out,
                           std::span<int64_t> expert_tokens) = 0;
+  // ids[r] = the index of the largest entry of row r of logits F32 [R, V] (the lowest index
+  // among equal maxima, as std::max_element): greedy decoding without copying the logits.
+  // ids I32 [R]. The default goes through the host.
+  virtual void ArgmaxRows(const Tensor& logits, Tensor& ids);
   // Routes (token, expert) pairs to this rank's local expert slots under an expert placement
   // with replicas (worker/model/expert_placement.h, RouteTable):
   //   out[t, j] = routes[e * stride + 1 + t mod routes[e * stride]],  e = ids[t, j],
@@ -253,6 +258,18 @@ class Backend {
                                     const Tensor& shared, const Tensor& shared_gate, Tensor& out,
                                     std::span<int64_t> expert_tokens);
 };
+
+inline void Backend::ArgmaxRows(const Tensor& logits, Tensor& ids) {
+  const int64_t rows = ids.numel(), vocab = rows > 0 ? logits.numel() / rows : 0;
+  std::vector<float> host(static_cast<size_t>(logits.numel()));
+  CopyToHostF32(logits, host.data());
+  std::vector<int32_t> best(static_cast<size_t>(rows), 0);
+  for (int64_t r = 0; r < rows && vocab > 0; ++r) {
+    const float* row = host.data() + r * vocab;
+    best[r] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+  }
+  CopyFromHost(best.data(), DType::kI32, ids);
+}
 
 inline void Backend::MapExpertIds(const Tensor& ids, const Tensor& routes, int stride,
                                   Tensor& out) {

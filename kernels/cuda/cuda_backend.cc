@@ -277,6 +277,7 @@ class CudaBackend final : public Backend {
   void EmbeddingLookup(std::span<const int32_t> ids, const Tensor& table, Tensor& out) override;
   void GatherRows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) override;
   void CopyRows(Tensor& x, std::span<const int32_t> from, std::span<const int32_t> to) override;
+  void ArgmaxRows(const Tensor& logits, Tensor& ids) override;
   void RmsNorm1p(const Tensor& x, const Tensor& w, float eps, Tensor& out) override;
   void AddRmsNorm1p(Tensor& residual, const Tensor& delta, const Tensor& w, float eps,
                     Tensor& out) override;
@@ -733,6 +734,19 @@ void CudaBackend::CopyRows(Tensor& x, std::span<const int32_t> from, std::span<c
                             static_cast<int64_t>(from.size()), stream_)) {
     Backend::CopyRows(x, from, to);
   }
+}
+
+void CudaBackend::ArgmaxRows(const Tensor& logits, Tensor& ids) {
+  CheckTensor(logits, DType::kF32, "ArgmaxRows", "logits");
+  CheckTensor(ids, DType::kI32, "ArgmaxRows", "ids");
+  const int64_t rows = ids.numel();
+  Check(rows == 0 || (logits.numel() % rows == 0 && logits.numel() / rows > 0 &&
+                      logits.numel() / rows <= INT32_MAX),
+        "ArgmaxRows", absl::StrFormat("logits %s for %d rows", logits.ShapeString(), rows));
+  if (rows == 0) return;
+  Enter();
+  cuda::LaunchArgmaxRows(logits.data<float>(), rows, logits.numel() / rows, ids.data<int32_t>(),
+                         stream_);
 }
 
 void CudaBackend::RmsNorm1p(const Tensor& x, const Tensor& w, float eps, Tensor& out) {

@@ -38,6 +38,9 @@ struct SegmentMeta {
 // ---- dense (elementwise_kernels.cu) ----
 void LaunchGatherRows(AnyPtr src, const int32_t* rows, int64_t num_rows, int64_t width,
                       AnyMutPtr dst, cudaStream_t stream);
+// Backend::ArgmaxRows: ids[r] = argmax of logits row r (fp32 [rows, vocab]).
+void LaunchArgmaxRows(const float* logits, int64_t rows, int64_t vocab, int32_t* ids,
+                      cudaStream_t stream);
 // Backend::CopyRows in one launch: rows to[i] = from[i] of x (device arrays of num_rows). False,
 // launching nothing, when rows are not 16-byte pieces.
 bool LaunchCopyRows(void* x, int64_t row_bytes, const int32_t* from, const int32_t* to,

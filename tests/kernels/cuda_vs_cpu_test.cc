@@ -513,5 +513,33 @@ TEST(CudaVsCpuTest, CopyRowsAgrees) {
   }
 }
 
+// Backend::ArgmaxRows on the device against std::max_element: vocabulary-sized rows, a row whose
+// maximum appears twice (the lower index wins), a row of one repeated value.
+TEST(CudaVsCpuTest, ArgmaxRowsAgrees) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  auto cuda = CreateCudaBackend(0);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  std::mt19937 rng(31);
+  const int rows = 5, vocab = 151936;
+  std::vector<float> logits = Random(rng, int64_t{rows} * vocab, -20, 20);
+  logits[1 * vocab + 70000] = 50;  // row 1: two equal maxima
+  logits[1 * vocab + 90000] = 50;
+  std::fill_n(logits.begin() + 2 * vocab, vocab, 3.0f);  // row 2: all equal
+  logits[4 * vocab + vocab - 1] = 99;                    // row 4: the last entry
+  auto t = (*cuda)->Allocate(DType::kF32, {rows, vocab});
+  auto ids = (*cuda)->Allocate(DType::kI32, {rows});
+  ASSERT_TRUE(t.ok() && ids.ok());
+  (*cuda)->CopyFromHost(logits.data(), DType::kF32, *t);
+  (*cuda)->ArgmaxRows(*t, *ids);
+  std::vector<int32_t> got(rows);
+  (*cuda)->CopyToHostI32(*ids, got.data());
+  for (int r = 0; r < rows; ++r) {
+    const float* row = logits.data() + int64_t{r} * vocab;
+    EXPECT_EQ(got[r], std::max_element(row, row + vocab) - row) << "row " << r;
+  }
+  EXPECT_EQ(got[1], 70000);
+  EXPECT_EQ(got[2], 0);
+}
+
 }  // namespace
 }  // namespace mobius::kernels

@@ -349,7 +349,14 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
   } else {
     ASSIGN_OR_RETURN(out, QueueStep(ctx, ids));
   }
-  if (options.copy_logits) {
+  if (options.greedy_tokens != nullptr) {
+    const int64_t rows = out.rank() >= 1 ? out.dim(0) : 0;
+    ASSIGN_OR_RETURN(Tensor ids, Alloc(DType::kI32, {rows}));
+    backend_.ArgmaxRows(out, ids);
+    options.greedy_tokens->resize(static_cast<size_t>(rows));
+    backend_.CopyToHostI32(ids, options.greedy_tokens->data());
+    logits.clear();
+  } else if (options.copy_logits) {
     logits.resize(static_cast<size_t>(out.numel()));
     backend_.CopyToHostF32(out, logits.data());
   } else {

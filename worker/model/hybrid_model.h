@@ -52,6 +52,9 @@ struct ForwardOptions {
   // False: the logits stay on the device (`logits` comes back empty); the step is still
   // finished (synchronised) when Forward returns. Benchmarks time the model alone this way.
   bool copy_logits = true;
+  // When set, receives the argmax token of every logits row (greedy decoding), computed on the
+  // device: only the token ids come back, `logits` comes back empty.
+  std::vector<int32_t>* greedy_tokens = nullptr;
   // When set, receives the final post-norm hidden states of the logits rows, float32 [rows, H]
   // (what the MTP draft head reads as h_prev), or of every token with `hidden_all_tokens`. Such
   // steps run op by op (never recorded).

@@ -20,12 +20,17 @@ absl::Status MtpDrafter::Step(std::span<SequenceStep> batch, const std::vector<f
   ForwardOptions options;
   options.draft_hidden_in = &h_prev;
   std::vector<float> hidden, logits;
+  std::vector<int32_t> greedy;
   options.hidden_out = &hidden;
+  options.greedy_tokens = &greedy;  // the head drafts greedily: only the argmax leaves the device
   RETURN_IF_ERROR(head_->Forward(batch, options, logits));
-  const int64_t H = head_->config().hidden_size, V = head_->config().vocab_size;
+  const int64_t H = head_->config().hidden_size;
+  if (greedy.size() < targets.size()) {
+    return absl::InternalError(absl::StrFormat("MTP head: %d draft tokens for %d sequences",
+                                               greedy.size(), targets.size()));
+  }
   for (size_t i = 0; i < targets.size(); ++i) {
-    const float* row = logits.data() + i * V;
-    targets[i]->first_draft = static_cast<int32_t>(std::max_element(row, row + V) - row);
+    targets[i]->first_draft = greedy[i];
     targets[i]->h.assign(hidden.begin() + i * H, hidden.begin() + (i + 1) * H);
   }
   return absl::OkStatus();
