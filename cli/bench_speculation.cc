@@ -111,6 +111,8 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
   worker::ForwardOptions head_options;
   head_options.draft_hidden_in = &h_prev;
   head_options.hidden_out = &head_hidden;
+  std::vector<int32_t> head_greedy;
+  head_options.greedy_tokens = &head_greedy;  // as MtpDrafter runs it: only the argmax comes back
   ASSIGN_OR_RETURN(const double head_ms, TimeMs(options.steps, [&]() -> absl::Status {
                      RETURN_IF_ERROR(head->Forward(head_step, head_options, head_logits));
                      for (auto& s : head_seqs) s.num_tokens = C;
