@@ -332,6 +332,11 @@ class CudaBackend final : public Backend {
                          const cuda::DeltaGateInputs* gates, const DeltaRuleDims& dims,
                          Tensor& recurrent_states, std::span<const SequenceSegment> segments,
                          DeltaRuleAlgorithm algorithm, Tensor& out);
+  // The few-token MoE kernels (<= kMoeFewTokensMaxPairs pairs), with the shared expert's term
+  // when given; false, launching nothing, for shapes they do not take. Inputs already checked.
+  bool TryMoeFewTokens(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                       const Tensor& gate_up, const Tensor& down, int first_expert,
+                       const cuda::MoeSharedTerm* shared, Tensor& out);
   // MoeExperts's checks; returns the number of tokens.
   int64_t CheckMoe(const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate_up,
                    const Tensor& down, const Tensor& out, std::span<const int64_t> expert_tokens);
@@ -965,8 +970,9 @@ void CudaBackend::RunGatedDeltaRule(const Tensor& qkv, Tensor& g, Tensor& beta,
   cuda::TokenMeta tokens;
   cuda::SegmentMeta segs;
   UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs);
-  // The chunked kernels read the gates: with chunked segments they are computed first, for all.
-  if (gates != nullptr && num_chunks > 0) {
+  // Only the recurrent kernel computes gates itself: with chunked segments (whose kernels read
+  // g and beta) or no recurrent one, the gates kernel runs first, for every token.
+  if (gates != nullptr && (num_chunks > 0 || !any_recurrent)) {
     cuda::LaunchDeltaRuleGates(gates->a, gates->b, gates->a_log, gates->dt_bias, t, hv,
                                g.data<float>(), beta.data<float>(), stream_);
     gates = nullptr;
@@ -975,10 +981,6 @@ void CudaBackend::RunGatedDeltaRule(const Tensor& qkv, Tensor& g, Tensor& beta,
     cuda::LaunchGatedDeltaRuleRecurrent(Bf16(qkv), g.data<float>(), beta.data<float>(), gates, t,
                                         hk, hv, dk, dv, recurrent_states.data<float>(), segs,
                                         min_chunked - 1, MutBf16(out), stream_);
-  } else if (gates != nullptr) {
-    // No token runs (empty segments): the gates are still the caller's to keep.
-    cuda::LaunchDeltaRuleGates(gates->a, gates->b, gates->a_log, gates->dt_bias, t, hv,
-                               g.data<float>(), beta.data<float>(), stream_);
   }
   if (num_chunks > 0) {
     void* scratch = Scratch(cuda::ChunkedDeltaRuleScratchBytes(num_chunks, hv, dk, dv));
@@ -1200,13 +1202,9 @@ void CudaBackend::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& w
   if (t == 0 || k == 0 || experts == 0) return;
   Enter();
   const int num_local = static_cast<int>(experts);
-  if (expert_tokens.empty() && t * k <= cuda::kMoeFewTokensMaxPairs) {
-    auto* act = static_cast<uint16_t*>(Scratch(sizeof(uint16_t) * t * k * inter));
-    if (cuda::LaunchMoeExpertsFewTokens(Bf16(x), ids.data<int32_t>(), weights.data<float>(),
-                                        Bf16(gate_up), Bf16(down), t, k, num_local, first_expert,
-                                        hidden, inter, act, MutBf16(out), nullptr, stream_)) {
-      return;
-    }
+  if (expert_tokens.empty() &&
+      TryMoeFewTokens(x, ids, weights, gate_up, down, first_expert, nullptr, out)) {
+    return;
   }
   void* scratch = Scratch(cuda::MoeScratchBytes(t, k, num_local, hidden, inter));
   const int32_t* counts = cuda::LaunchMoeExperts(
@@ -1220,6 +1218,19 @@ void CudaBackend::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& w
     CheckCuda(cudaStreamSynchronize(stream_), "MoeExperts counts");
     for (int e = 0; e < num_local; ++e) expert_tokens[e] += host[e];
   }
+}
+
+bool CudaBackend::TryMoeFewTokens(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                                  const Tensor& gate_up, const Tensor& down, int first_expert,
+                                  const cuda::MoeSharedTerm* shared, Tensor& out) {
+  const int64_t t = ids.dim(0), inter = gate_up.dim(1) / 2;
+  const int k = static_cast<int>(ids.dim(1));
+  if (t * k > cuda::kMoeFewTokensMaxPairs) return false;
+  auto* act = static_cast<uint16_t*>(Scratch(sizeof(uint16_t) * t * k * inter));
+  return cuda::LaunchMoeExpertsFewTokens(Bf16(x), ids.data<int32_t>(), weights.data<float>(),
+                                         Bf16(gate_up), Bf16(down), t, k,
+                                         static_cast<int>(gate_up.dim(0)), first_expert,
+                                         gate_up.dim(2), inter, act, MutBf16(out), shared, stream_);
 }
 
 void CudaBackend::MapExpertIds(const Tensor& ids, const Tensor& routes, int stride, Tensor& out) {
@@ -1247,21 +1258,12 @@ void CudaBackend::MoeExpertsWithShared(const Tensor& x, const Tensor& ids, const
   Check(shared.numel() == out.numel() && shared_gate.numel() == t, "MoeExpertsWithShared",
         absl::StrFormat("shared %s, shared_gate %s for out %s", shared.ShapeString(),
                         shared_gate.ShapeString(), out.ShapeString()));
-  const int64_t experts = gate_up.dim(0), inter = gate_up.dim(1) / 2, hidden = gate_up.dim(2);
-  const int k = static_cast<int>(ids.dim(1));
   // Few tokens: the down kernel completes each output row in one block, so it writes
   // routed sum + gated shared expert directly (no zero fill, no separate add).
-  if (t > 0 && k > 0 && experts > 0 && expert_tokens.empty() &&
-      t * k <= cuda::kMoeFewTokensMaxPairs) {
+  const cuda::MoeSharedTerm term{Bf16(shared), gp};
+  if (t > 0 && ids.dim(1) > 0 && gate_up.dim(0) > 0 && expert_tokens.empty()) {
     Enter();
-    auto* act = static_cast<uint16_t*>(Scratch(sizeof(uint16_t) * t * k * inter));
-    const cuda::MoeSharedTerm term{Bf16(shared), gp};
-    if (cuda::LaunchMoeExpertsFewTokens(Bf16(x), ids.data<int32_t>(), weights.data<float>(),
-                                        Bf16(gate_up), Bf16(down), t, k, static_cast<int>(experts),
-                                        first_expert, hidden, inter, act, MutBf16(out), &term,
-                                        stream_)) {
-      return;
-    }
+    if (TryMoeFewTokens(x, ids, weights, gate_up, down, first_expert, &term, out)) return;
   }
   Backend::MoeExpertsWithShared(x, ids, weights, gate_up, down, first_expert, shared, shared_gate,
                                 out, expert_tokens);

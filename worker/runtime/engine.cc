@@ -442,10 +442,7 @@ bool Engine::Step() {
   // [rows, vocab] logits (155 MB of fp32 at batch 256 with a 152K vocabulary).
   bool greedy_step = !any_drafts;
   for (const ScheduledChunk& c : plan.chunks) {
-    if (!c.completes_prefill()) continue;
-    const SamplingParams& p = c.sequence->params;
-    greedy_step &= p.temperature == 0 && p.repetition_penalty == 1.0f &&
-                   p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f && p.logprobs < 0;
+    if (c.completes_prefill()) greedy_step &= c.sequence->sampler->ArgmaxOnly();
   }
   std::vector<int32_t> greedy;
   if (greedy_step) forward.greedy_tokens = &greedy;

@@ -47,6 +47,13 @@ class RequestSampler {
 
   // Samples from `logits` (one row, vocab entries; modified in place).
   SampledToken Sample(std::span<float> logits, const TokenHistory& history);
+  // True when Sample's token is the argmax of the raw logits and nothing else of its result is
+  // used (greedy, no penalties, no logprobs): the engine then takes the argmax on the device.
+  [[nodiscard]] bool ArgmaxOnly() const {
+    return params_.temperature == 0 && params_.repetition_penalty == 1.0f &&
+           params_.presence_penalty == 0.0f && params_.frequency_penalty == 0.0f &&
+           params_.logprobs < 0;
+  }
   // The distribution Sample draws from (penalties, temperature, top-k/top-p/min-p; one-hot at the
   // argmax for greedy requests), as probabilities over the vocabulary; `logits` is modified in
   // place as Sample does. Speculative decoding accepts drafts against it. Draws nothing.
