@@ -729,6 +729,16 @@ void CudaBackend::CopyRows(Tensor& x, std::span<const int32_t> from, std::span<c
           absl::StrFormat("row pair %d -> %d outside [0, %d)", from[i], to[i], rows));
   }
   if (from.empty()) return;
+  // The rows are copied in parallel: a row that is both a source and a destination would race.
+  // The interface forbids it; should it happen, the row-by-row default keeps its order.
+  std::vector<int32_t> sources(from.begin(), from.end());
+  std::sort(sources.begin(), sources.end());
+  for (int32_t r : to) {
+    if (std::binary_search(sources.begin(), sources.end(), r)) {
+      Backend::CopyRows(x, from, to);
+      return;
+    }
+  }
   Enter();
   // One upload (sources then destinations) and one launch for every row of the call.
   std::vector<int32_t> pairs(from.begin(), from.end());
