@@ -492,6 +492,11 @@ void LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint
                           block_size, tokens, segments, scale, splits, scratch, out, stream);
     return;
   }
+  if (splits == 1 && PrefillAttentionSupports(num_heads, num_kv_heads, head_dim) && aligned) {
+    LaunchPrefillAttention(q, k_cache, v_cache, num_tokens, num_heads, num_kv_heads, head_dim,
+                           block_size, tokens, segments, scale, out, stream);
+    return;
+  }
   if (FlashAttentionSupports(num_heads, num_kv_heads, head_dim) && aligned) {
     float* partial = static_cast<float*>(scratch);
     LaunchFlashPagedAttention(q, k_cache, v_cache, num_tokens, num_heads, num_kv_heads, head_dim,

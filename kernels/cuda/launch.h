@@ -134,6 +134,14 @@ void LaunchFlashPagedAttention(const uint16_t* q, const uint16_t* k_cache, const
                                int block_size, const TokenMeta& tokens, const SegmentMeta& segs,
                                float scale, int splits, float* partial, uint16_t* out,
                                cudaStream_t stream);
+// Warpgroup (wgmma) prefill attention, prefill_attention.cu: unsplit steps on sm_90, GQA groups
+// dividing 128, head dims 64/128/256 (MOBIUS_ATTENTION_PREFILL=mma turns it off).
+// PagedAttention dispatches to it when a step needs one split.
+bool PrefillAttentionSupports(int num_heads, int num_kv_heads, int head_dim);
+void LaunchPrefillAttention(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
+                            int64_t num_tokens, int num_heads, int num_kv_heads, int head_dim,
+                            int block_size, const TokenMeta& tokens, const SegmentMeta& segs,
+                            float scale, uint16_t* out, cudaStream_t stream);
 // Tensor-core decode attention, flash_attention.cu: steps of at most one token per segment
 // (num_tokens <= num_segments), GQA groups of up to 8 heads, head dims 64/128/256
 // (MOBIUS_ATTENTION_DECODE=0 turns it off). PagedAttention dispatches to it.

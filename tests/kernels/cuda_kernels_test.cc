@@ -161,6 +161,40 @@ int DealBlockTables(std::vector<SequenceSegment>& segs, int bs, int spare, std::
   return num_blocks;
 }
 
+// Causal paged GQA attention in float64 over bf16-valued inputs: q [T, nh, hd], caches
+// [blocks, bs, nkv, hd].
+std::vector<double> RefPagedAttention(const std::vector<float>& q, const std::vector<float>& kc,
+                                      const std::vector<float>& vc,
+                                      const std::vector<SequenceSegment>& segs, int nh, int nkv,
+                                      int hd, int bs, float scale) {
+  std::vector<double> ref(q.size(), 0.0);
+  for (const auto& s : segs) {
+    for (int i = 0; i < s.num_tokens; ++i) {
+      const int64_t tok = s.token_begin + i;
+      const int n = s.cached_tokens + i + 1;
+      for (int h = 0; h < nh; ++h) {
+        const int kvh = h / (nh / nkv);
+        std::vector<double> sc(n);
+        double mx = -1e300;
+        for (int pos = 0; pos < n; ++pos) {
+          const int64_t base = ((int64_t{s.kv_blocks[pos / bs]} * bs + pos % bs) * nkv + kvh) * hd;
+          double dot = 0;
+          for (int d = 0; d < hd; ++d) dot += double{q[(tok * nh + h) * hd + d]} * kc[base + d];
+          sc[pos] = dot * scale;
+          mx = std::max(mx, sc[pos]);
+        }
+        double sum = 0;
+        for (double& x : sc) sum += (x = std::exp(x - mx));
+        for (int pos = 0; pos < n; ++pos) {
+          const int64_t base = ((int64_t{s.kv_blocks[pos / bs]} * bs + pos % bs) * nkv + kvh) * hd;
+          for (int d = 0; d < hd; ++d) ref[(tok * nh + h) * hd + d] += sc[pos] / sum * vc[base + d];
+        }
+      }
+    }
+  }
+  return ref;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Memory and copies
 
@@ -719,32 +753,7 @@ TEST_P(CudaAttentionTest, QkNormRopeWriteKvCacheAndPagedAttention) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   Tensor out = Poisoned(DType::kBF16, {t, nh, hd});
   backend_->PagedAttention(q, kct, vct, segs, scale, out);
-  std::vector<double> ref(t * nh * hd, 0.0);
-  for (const auto& s : segs) {
-    for (int i = 0; i < s.num_tokens; ++i) {
-      const int64_t tok = s.token_begin + i;
-      const int n = s.cached_tokens + i + 1;
-      for (int h = 0; h < nh; ++h) {
-        const int kvh = h / (nh / nkv);
-        std::vector<double> sc(n);
-        double mx = -1e300;
-        for (int pos = 0; pos < n; ++pos) {
-          const int64_t base = ((int64_t{s.kv_blocks[pos / bs]} * bs + pos % bs) * nkv + kvh) * hd;
-          double dot = 0;
-          for (int d = 0; d < hd; ++d)
-            dot += double{q_host[(tok * nh + h) * hd + d]} * kc[base + d];
-          sc[pos] = dot * scale;
-          mx = std::max(mx, sc[pos]);
-        }
-        double sum = 0;
-        for (double& x : sc) sum += (x = std::exp(x - mx));
-        for (int pos = 0; pos < n; ++pos) {
-          const int64_t base = ((int64_t{s.kv_blocks[pos / bs]} * bs + pos % bs) * nkv + kvh) * hd;
-          for (int d = 0; d < hd; ++d) ref[(tok * nh + h) * hd + d] += sc[pos] / sum * vc[base + d];
-        }
-      }
-    }
-  }
+  const std::vector<double> ref = RefPagedAttention(q_host, kc, vc, segs, nh, nkv, hd, bs, scale);
   EXPECT_LT(Reported("paged attention", RelErr(Host(out), ref)), kBf16Tol);
 }
 
@@ -803,30 +812,7 @@ TEST_P(CudaDecodeAttentionTest, MatchesReference) {
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     Tensor out = Poisoned(DType::kBF16, {t, nh, hd});
     backend_->PagedAttention(q, kct, vct, segs, scale, out);
-    std::vector<double> ref(t * nh * hd, 0.0);
-    for (const auto& s : segs) {
-      if (s.num_tokens == 0) continue;
-      const int64_t tok = s.token_begin;
-      const int n = s.cached_tokens + 1;
-      for (int h = 0; h < nh; ++h) {
-        const int kvh = h / (nh / nkv);
-        std::vector<double> sc(n);
-        double mx = -1e300;
-        for (int pos = 0; pos < n; ++pos) {
-          const int64_t base = ((int64_t{s.kv_blocks[pos / bs]} * bs + pos % bs) * nkv + kvh) * hd;
-          double dot = 0;
-          for (int d = 0; d < hd; ++d) dot += double{qv[(tok * nh + h) * hd + d]} * kc[base + d];
-          sc[pos] = dot * scale;
-          mx = std::max(mx, sc[pos]);
-        }
-        double sum = 0;
-        for (double& x : sc) sum += (x = std::exp(x - mx));
-        for (int pos = 0; pos < n; ++pos) {
-          const int64_t base = ((int64_t{s.kv_blocks[pos / bs]} * bs + pos % bs) * nkv + kvh) * hd;
-          for (int d = 0; d < hd; ++d) ref[(tok * nh + h) * hd + d] += sc[pos] / sum * vc[base + d];
-        }
-      }
-    }
+    const std::vector<double> ref = RefPagedAttention(qv, kc, vc, segs, nh, nkv, hd, bs, scale);
     EXPECT_LT(Reported("decode attention", RelErr(Host(out), ref)), kBf16Tol)
         << "contexts " << absl::StrJoin(cached, ",");
   }
@@ -836,6 +822,45 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaDecodeAttentionTest,
                          ::testing::Values(DecodeAttnShape{16, 2, 256, 16},  // release dims
                                            DecodeAttnShape{8, 2, 128, 8},    // GQA 4
                                            DecodeAttnShape{8, 4, 64, 32},    // GQA 2
+                                           DecodeAttnShape{4, 4, 256, 16}),  // MHA
+                         [](const ::testing::TestParamInfo<DecodeAttnShape>& info) {
+                           const DecodeAttnShape& p = info.param;
+                           return absl::StrCat("nh", p.nh, "_nkv", p.nkv, "_hd", p.hd, "_bs",
+                                               p.block_size);
+                         });
+
+// Prefill steps (hundreds of tokens, so one split) take the warpgroup (wgmma) kernel on sm_90:
+// long and short segments, a one-token segment among them, prefixes already cached (the causal
+// mask then falls inside a tile's later rows), GQA 1 to 8; against a float64 reference.
+class CudaPrefillAttentionTest : public CudaKernelsTest,
+                                 public ::testing::WithParamInterface<DecodeAttnShape> {};
+
+TEST_P(CudaPrefillAttentionTest, MatchesReference) {
+  const DecodeAttnShape p = GetParam();
+  const int nh = p.nh, nkv = p.nkv, hd = p.hd, bs = p.block_size;
+  const std::vector<int> lengths = {300, 1, 77, 200, 130};
+  const std::vector<int> cached = {0, 50, 5, 1000, 3};
+  const int64_t t = std::accumulate(lengths.begin(), lengths.end(), 0);
+  auto segs = MakeSegments(lengths, cached, std::vector<int>(lengths.size(), -1));
+  std::vector<std::vector<int32_t>> tables;
+  const int num_blocks = DealBlockTables(segs, bs, /*spare=*/2, rng_, tables);
+  const int64_t cache_elems = int64_t{num_blocks} * bs * nkv * hd;
+  const std::vector<float> qv = Rand(t * nh * hd, -2, 2), kc = Rand(cache_elems, -2, 2),
+                           vc = Rand(cache_elems, -2, 2);
+  Tensor q = Make(DType::kBF16, {t, nh, hd}, qv);
+  Tensor kct = Make(DType::kBF16, {num_blocks, bs, nkv, hd}, kc);
+  Tensor vct = Make(DType::kBF16, {num_blocks, bs, nkv, hd}, vc);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  Tensor out = Poisoned(DType::kBF16, {t, nh, hd});
+  backend_->PagedAttention(q, kct, vct, segs, scale, out);
+  const std::vector<double> ref = RefPagedAttention(qv, kc, vc, segs, nh, nkv, hd, bs, scale);
+  EXPECT_LT(Reported("prefill attention", RelErr(Host(out), ref)), kBf16Tol);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaPrefillAttentionTest,
+                         ::testing::Values(DecodeAttnShape{16, 2, 256, 16},  // release dims
+                                           DecodeAttnShape{8, 2, 128, 8},    // GQA 4
+                                           DecodeAttnShape{4, 2, 64, 32},    // fixture dims
                                            DecodeAttnShape{4, 4, 256, 16}),  // MHA
                          [](const ::testing::TestParamInfo<DecodeAttnShape>& info) {
                            const DecodeAttnShape& p = info.param;
