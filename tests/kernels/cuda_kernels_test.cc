@@ -783,24 +783,16 @@ void PrintTo(const DecodeAttnShape& p, std::ostream* os) {
   *os << absl::StrCat("nh ", p.nh, " nkv ", p.nkv, " hd ", p.hd, " block ", p.block_size);
 }
 
-class CudaDecodeAttentionTest : public CudaKernelsTest,
-                                public ::testing::WithParamInterface<DecodeAttnShape> {};
-
-TEST_P(CudaDecodeAttentionTest, MatchesReference) {
-  const DecodeAttnShape p = GetParam();
-  const int nh = p.nh, nkv = p.nkv, hd = p.hd, bs = p.block_size;
-  const std::vector<std::vector<int>> steps_cached = {
-      {0, 4095, 15, 700, 31, 2000, 16, 1023}, {8191}, {40}};
-  for (const std::vector<int>& cached : steps_cached) {
-    // A segment without tokens after the first (when there are several).
-    std::vector<int> lengths(cached.size(), 1);
-    std::vector<int> all_cached = cached;
-    if (cached.size() > 1) {
-      lengths.insert(lengths.begin() + 1, 0);
-      all_cached.insert(all_cached.begin() + 1, 5);
-    }
+// Random q and caches for `segs` (cached + new positions each), PagedAttention on the backend,
+// and its relative error against the float64 reference.
+class PagedAttentionCase : public CudaKernelsTest,
+                           public ::testing::WithParamInterface<DecodeAttnShape> {
+ protected:
+  double RelErrOf(const std::vector<int>& lengths, const std::vector<int>& cached) {
+    const DecodeAttnShape p = GetParam();
+    const int nh = p.nh, nkv = p.nkv, hd = p.hd, bs = p.block_size;
     const int64_t t = std::accumulate(lengths.begin(), lengths.end(), 0);
-    auto segs = MakeSegments(lengths, all_cached, std::vector<int>(lengths.size(), -1));
+    auto segs = MakeSegments(lengths, cached, std::vector<int>(lengths.size(), -1));
     std::vector<std::vector<int32_t>> tables;
     const int num_blocks = DealBlockTables(segs, bs, /*spare=*/2, rng_, tables);
     const int64_t cache_elems = int64_t{num_blocks} * bs * nkv * hd;
@@ -812,61 +804,51 @@ TEST_P(CudaDecodeAttentionTest, MatchesReference) {
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     Tensor out = Poisoned(DType::kBF16, {t, nh, hd});
     backend_->PagedAttention(q, kct, vct, segs, scale, out);
-    const std::vector<double> ref = RefPagedAttention(qv, kc, vc, segs, nh, nkv, hd, bs, scale);
-    EXPECT_LT(Reported("decode attention", RelErr(Host(out), ref)), kBf16Tol)
+    return RelErr(Host(out), RefPagedAttention(qv, kc, vc, segs, nh, nkv, hd, bs, scale));
+  }
+};
+
+std::string AttnShapeName(const ::testing::TestParamInfo<DecodeAttnShape>& info) {
+  const DecodeAttnShape& p = info.param;
+  return absl::StrCat("nh", p.nh, "_nkv", p.nkv, "_hd", p.hd, "_bs", p.block_size);
+}
+const auto kPagedAttentionShapes =
+    ::testing::Values(DecodeAttnShape{16, 2, 256, 16},  // release dims
+                      DecodeAttnShape{8, 2, 128, 8},    // GQA 4
+                      DecodeAttnShape{8, 4, 64, 32},    // GQA 2 (the qwen fixture's head dim)
+                      DecodeAttnShape{4, 4, 256, 16});  // MHA
+
+using CudaDecodeAttentionTest = PagedAttentionCase;
+
+TEST_P(CudaDecodeAttentionTest, MatchesReference) {
+  const std::vector<std::vector<int>> steps_cached = {
+      {0, 4095, 15, 700, 31, 2000, 16, 1023}, {8191}, {40}};
+  for (const std::vector<int>& cached : steps_cached) {
+    // A segment without tokens after the first (when there are several).
+    std::vector<int> lengths(cached.size(), 1);
+    std::vector<int> all_cached = cached;
+    if (cached.size() > 1) {
+      lengths.insert(lengths.begin() + 1, 0);
+      all_cached.insert(all_cached.begin() + 1, 5);
+    }
+    EXPECT_LT(Reported("decode attention", RelErrOf(lengths, all_cached)), kBf16Tol)
         << "contexts " << absl::StrJoin(cached, ",");
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, CudaDecodeAttentionTest,
-                         ::testing::Values(DecodeAttnShape{16, 2, 256, 16},  // release dims
-                                           DecodeAttnShape{8, 2, 128, 8},    // GQA 4
-                                           DecodeAttnShape{8, 4, 64, 32},    // GQA 2
-                                           DecodeAttnShape{4, 4, 256, 16}),  // MHA
-                         [](const ::testing::TestParamInfo<DecodeAttnShape>& info) {
-                           const DecodeAttnShape& p = info.param;
-                           return absl::StrCat("nh", p.nh, "_nkv", p.nkv, "_hd", p.hd, "_bs",
-                                               p.block_size);
-                         });
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaDecodeAttentionTest, kPagedAttentionShapes, AttnShapeName);
 
 // Prefill steps (hundreds of tokens, so one split) take the warpgroup (wgmma) kernel on sm_90:
 // long and short segments, a one-token segment among them, prefixes already cached (the causal
 // mask then falls inside a tile's later rows), GQA 1 to 8; against a float64 reference.
-class CudaPrefillAttentionTest : public CudaKernelsTest,
-                                 public ::testing::WithParamInterface<DecodeAttnShape> {};
+using CudaPrefillAttentionTest = PagedAttentionCase;
 
 TEST_P(CudaPrefillAttentionTest, MatchesReference) {
-  const DecodeAttnShape p = GetParam();
-  const int nh = p.nh, nkv = p.nkv, hd = p.hd, bs = p.block_size;
-  const std::vector<int> lengths = {300, 1, 77, 200, 130};
-  const std::vector<int> cached = {0, 50, 5, 1000, 3};
-  const int64_t t = std::accumulate(lengths.begin(), lengths.end(), 0);
-  auto segs = MakeSegments(lengths, cached, std::vector<int>(lengths.size(), -1));
-  std::vector<std::vector<int32_t>> tables;
-  const int num_blocks = DealBlockTables(segs, bs, /*spare=*/2, rng_, tables);
-  const int64_t cache_elems = int64_t{num_blocks} * bs * nkv * hd;
-  const std::vector<float> qv = Rand(t * nh * hd, -2, 2), kc = Rand(cache_elems, -2, 2),
-                           vc = Rand(cache_elems, -2, 2);
-  Tensor q = Make(DType::kBF16, {t, nh, hd}, qv);
-  Tensor kct = Make(DType::kBF16, {num_blocks, bs, nkv, hd}, kc);
-  Tensor vct = Make(DType::kBF16, {num_blocks, bs, nkv, hd}, vc);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  Tensor out = Poisoned(DType::kBF16, {t, nh, hd});
-  backend_->PagedAttention(q, kct, vct, segs, scale, out);
-  const std::vector<double> ref = RefPagedAttention(qv, kc, vc, segs, nh, nkv, hd, bs, scale);
-  EXPECT_LT(Reported("prefill attention", RelErr(Host(out), ref)), kBf16Tol);
+  EXPECT_LT(Reported("prefill attention", RelErrOf({300, 1, 77, 200, 130}, {0, 50, 5, 1000, 3})),
+            kBf16Tol);
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, CudaPrefillAttentionTest,
-                         ::testing::Values(DecodeAttnShape{16, 2, 256, 16},  // release dims
-                                           DecodeAttnShape{8, 2, 128, 8},    // GQA 4
-                                           DecodeAttnShape{4, 2, 64, 32},    // fixture dims
-                                           DecodeAttnShape{4, 4, 256, 16}),  // MHA
-                         [](const ::testing::TestParamInfo<DecodeAttnShape>& info) {
-                           const DecodeAttnShape& p = info.param;
-                           return absl::StrCat("nh", p.nh, "_nkv", p.nkv, "_hd", p.hd, "_bs",
-                                               p.block_size);
-                         });
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaPrefillAttentionTest, kPagedAttentionShapes, AttnShapeName);
 
 // ---------------------------------------------------------------------------------------------
 // Mixture of experts
