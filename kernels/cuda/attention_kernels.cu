@@ -477,10 +477,10 @@ size_t PagedAttentionScratchBytes(int64_t num_tokens, int num_heads, int head_di
 }
 
 void LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
-                          int64_t num_tokens, int num_heads, int num_kv_heads, int head_dim,
-                          int block_size, const TokenMeta& tokens, const SegmentMeta& segments,
-                          float scale, int splits, void* scratch, uint16_t* out,
-                          cudaStream_t stream) {
+                          int64_t cache_blocks, int64_t num_tokens, int num_heads, int num_kv_heads,
+                          int head_dim, int block_size, const TokenMeta& tokens,
+                          const SegmentMeta& segments, float scale, int splits, void* scratch,
+                          uint16_t* out, cudaStream_t stream) {
   if (num_tokens == 0) return;
   const bool aligned = reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 &&
@@ -493,8 +493,8 @@ void LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint
     return;
   }
   if (splits == 1 && PrefillAttentionSupports(num_heads, num_kv_heads, head_dim) && aligned) {
-    LaunchPrefillAttention(q, k_cache, v_cache, num_tokens, num_heads, num_kv_heads, head_dim,
-                           block_size, tokens, segments, scale, out, stream);
+    LaunchPrefillAttention(q, k_cache, v_cache, cache_blocks, num_tokens, num_heads, num_kv_heads,
+                           head_dim, block_size, tokens, segments, scale, out, stream);
     return;
   }
   if (FlashAttentionSupports(num_heads, num_kv_heads, head_dim) && aligned) {

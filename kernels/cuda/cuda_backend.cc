@@ -1144,8 +1144,9 @@ void CudaBackend::PagedAttention(const Tensor& q, const Tensor& k_cache, const T
   cuda::TokenMeta tokens;
   cuda::SegmentMeta segs;
   UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs);
-  cuda::LaunchPagedAttention(Bf16(q), Bf16(k_cache), Bf16(v_cache), t, nh, nkv, hd, block_size,
-                             tokens, segs, scale, splits, scratch, MutBf16(out), stream_);
+  cuda::LaunchPagedAttention(Bf16(q), Bf16(k_cache), Bf16(v_cache), k_cache.dim(0), t, nh, nkv, hd,
+                             block_size, tokens, segs, scale, splits, scratch, MutBf16(out),
+                             stream_);
 }
 
 void CudaBackend::MulSigmoid(Tensor& x, const Tensor& gate) {

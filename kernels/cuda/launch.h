@@ -139,9 +139,10 @@ void LaunchFlashPagedAttention(const uint16_t* q, const uint16_t* k_cache, const
 // PagedAttention dispatches to it when a step needs one split.
 bool PrefillAttentionSupports(int num_heads, int num_kv_heads, int head_dim);
 void LaunchPrefillAttention(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
-                            int64_t num_tokens, int num_heads, int num_kv_heads, int head_dim,
-                            int block_size, const TokenMeta& tokens, const SegmentMeta& segs,
-                            float scale, uint16_t* out, cudaStream_t stream);
+                            int64_t cache_blocks, int64_t num_tokens, int num_heads,
+                            int num_kv_heads, int head_dim, int block_size, const TokenMeta& tokens,
+                            const SegmentMeta& segs, float scale, uint16_t* out,
+                            cudaStream_t stream);
 // Tensor-core decode attention, flash_attention.cu: steps of at most one token per segment
 // (num_tokens <= num_segments), GQA groups of up to 8 heads, head dims 64/128/256
 // (MOBIUS_ATTENTION_DECODE=0 turns it off). PagedAttention dispatches to it.
@@ -158,11 +159,12 @@ void LaunchDecodeAttention(const uint16_t* q, const uint16_t* k_cache, const uin
 int PagedAttentionSplits(int64_t num_tokens, int num_segments, int num_heads, int num_kv_heads,
                          int head_dim, int max_positions, int num_sms);
 size_t PagedAttentionScratchBytes(int64_t num_tokens, int num_heads, int head_dim, int splits);
+// `cache_blocks`: the caches' first dimension ([blocks, block_size, nkv, head_dim]).
 void LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
-                          int64_t num_tokens, int num_heads, int num_kv_heads, int head_dim,
-                          int block_size, const TokenMeta& tokens, const SegmentMeta& segments,
-                          float scale, int splits, void* scratch, uint16_t* out,
-                          cudaStream_t stream);
+                          int64_t cache_blocks, int64_t num_tokens, int num_heads, int num_kv_heads,
+                          int head_dim, int block_size, const TokenMeta& tokens,
+                          const SegmentMeta& segments, float scale, int splits, void* scratch,
+                          uint16_t* out, cudaStream_t stream);
 
 // ---- mixture of experts (moe_kernels.cu) ----
 void LaunchTopKSoftmax(AnyPtr logits, int64_t num_tokens, int num_experts, int k, bool renormalize,

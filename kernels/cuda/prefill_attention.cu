@@ -1,18 +1,21 @@
 // Paged causal GQA attention for prefill on Hopper's warpgroup tensor cores (wgmma, sm_90a).
 //
-// A block of two warpgroups takes 128 query rows of one kv head: (token, query head of the kv
-// head's group) pairs, so a 16/2-head model covers 16 tokens per block. Q stays in shared memory
-// for the whole walk; K and V tiles of 64 positions are gathered through the block table with
-// 16-byte cp.async copies into a double-buffered, 128-byte-swizzled staging area (wgmma.cuh). Per
-// tile each warpgroup runs S = Q K^T as m64n64k16 (both operands from shared memory), the online
-// softmax on the accumulators in registers (exp2 domain), then O += P V as m64nHk16 with P taken
-// straight from the S accumulators as register A fragments and V read N-major (transposed) from
-// shared memory: neither S nor P touches shared memory.
+// A block of three warpgroups takes 128 query rows of one kv head: (token, query head of the kv
+// head's group) pairs, so a 16/2-head model covers 16 tokens per block. A producer warpgroup
+// gathers K/V tiles of 80 (or 64) positions through the block table into a double-buffered,
+// 128-byte-swizzled staging area (wgmma.cuh), with the copy engine (TMA) where the block size
+// allows and cp.async otherwise. Two consumer warpgroups keep their 64 Q rows in shared memory
+// and per tile run S = Q K^T as m64nKk16 (both operands from shared memory), the online softmax
+// on the accumulators in registers (exp2 domain), then O += P V as m64nHk16 with P taken straight
+// from the S accumulators as register A fragments and V read N-major (transposed) from shared
+// memory: neither S nor P touches shared memory.
 //
 // Only whole prefill steps come here (one split: the launcher falls back to the mma.sync kernel
 // of flash_attention.cu when positions are split over blocks). Blocks take their tile from a walk
 // over the segments, heaviest (latest) tiles first, so that the causal triangle's long rows do
 // not trail the grid.
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -176,6 +179,22 @@ __device__ __forceinline__ void CopyAsyncArrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
+// The bulk tensor copy engine (TMA): one box of a tensor map into shared memory, completing as
+// transaction bytes on `bar`.
+__device__ __forceinline__ void TensorLoad3d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                             int c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+// Arrives on `bar` and adds `bytes` to the transactions its phase waits for.
+__device__ __forceinline__ void BarrierArriveExpect(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+
 // The online-softmax step of one warpgroup over one tile's scores s (raw Q K^T): masks positions
 // past each row's own (only where the tile reaches past the block's first query position), folds
 // the tile into the row maxima m and sums l (log2 units), overwrites s with P = 2^(s c - m) and
@@ -300,11 +319,18 @@ __device__ __forceinline__ void StoreRows(const float (&o)[kHd / 2], float (&l)[
   }
 }
 
-// Warpgroup 0 produces: it streams K/V tiles through a kStages-deep ring with cp.async (its
-// registers lowered by setmaxnreg), looking the positions' rows up through the block table a tile
-// ahead. Each stage has a "full" mbarrier (the producer's 128 threads arrive through
-// cp.async.mbarrier.arrive once their copies have landed, so no thread waits on its own copies)
-// and an "empty" one (the 256 consumer threads arrive once their products no longer read it).
+// Warpgroup 0 produces (its registers lowered by setmaxnreg) into a kStages-deep ring; each stage
+// has a "full" mbarrier and an "empty" one (the 256 consumer threads arrive once their products
+// no longer read it). Two producers:
+//  - kTma: one thread issues each tile as copy-engine boxes (cp.async.bulk.tensor) of one page
+//    of one kv head and 64 head dims, from 3-D tensor maps over the caches; the boxes complete
+//    as transaction bytes on "full" (armed by arrive.expect_tx). Needs block sizes that are a
+//    multiple of 8 and divide the tile (TmaTakes).
+//  - otherwise cp.async: threads below kKv look the tile's positions up through the block table
+//    a tile ahead and publish the rows in shared memory; all 128 copy 16-byte pieces, and
+//    cp.async.mbarrier.arrive makes the copies themselves arrive on "full".
+// The copy engine took the 1 x 4K case from 309 to 265 us: the cp.async producer's ~40 copies
+// and their address arithmetic per thread and tile competed with the consumers for issue slots.
 //
 // Warpgroups 1 and 2 consume, 64 query rows each, tile by tile: S = Q K^T, softmax, rescale,
 // O += P V. They share no block barrier, so one's softmax runs under the other's products.
@@ -312,11 +338,13 @@ __device__ __forceinline__ void StoreRows(const float (&o)[kHd / 2], float (&l)[
 // so that the softmax runs under a product, within a warpgroup (FA3's intra-warpgroup overlap,
 // K and V of a stage released separately: 445 us) or as turns alternating between the two
 // warpgroups on named barriers (ping-pong: 370 us), against 310 us for this plain order.
-template <int kHd, int kKv>
+template <int kHd, int kKv, bool kTma>
 __global__ void __launch_bounds__(kPrefillThreads, 1)
     PrefillAttentionKernel(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
-                           int num_heads, int num_kv_heads, int block_size, TokenMeta tokens,
-                           SegmentMeta segs, float scale_log2, uint16_t* out) {
+                           const __grid_constant__ CUtensorMap k_map,
+                           const __grid_constant__ CUtensorMap v_map, int cache_rows, int num_heads,
+                           int num_kv_heads, int block_size, TokenMeta tokens, SegmentMeta segs,
+                           float scale_log2, uint16_t* out) {
   constexpr int kChunks = kHd / 8;
   constexpr int kTileBytes = kKv * kHd * 2;
   extern __shared__ uint8_t prefill_smem[];
@@ -343,12 +371,37 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
 
   if (tid == 0) {
     for (int st = 0; st < kStages; ++st) {
-      BarrierInit(full(st), 128);
+      BarrierInit(full(st), kTma ? 1 : 128);
       BarrierInit(empty(st), 256);
     }
   }
   __syncthreads();
 
+  if (wg == 0 && kTma) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    // One thread issues the tile as boxes of (64 head dims, one kv head, one page of block_size
+    // positions) per page and column block; a page past the segment's table is read from beyond
+    // the tensor's last row, which the copy engine fills with zeros.
+    if (tid != 0) return;
+    const int pages = kKv / block_size, table_pages = (num_pos + block_size - 1) / block_size;
+    constexpr uint32_t kTileTx = 2 * kTileBytes;
+    for (int j = 0; j < num_tiles; ++j) {
+      const int st = j % kStages;
+      if (j >= kStages) BarrierWait(empty(st), (j / kStages - 1) & 1);
+      BarrierArriveExpect(full(st), kTileTx);
+      for (int i = 0; i < pages; ++i) {
+        const int page = j * pages + i;
+        const int row = page < table_pages ? table[page] * block_size : cache_rows;
+        const uint32_t dst = st * kTileBytes + i * block_size * 128;
+#pragma unroll
+        for (int cb = 0; cb < kHd / 64; ++cb) {
+          TensorLoad3d(k_s + dst + cb * kKv * 128, &k_map, cb * 64, kvh, row, full(st));
+          TensorLoad3d(v_s + dst + cb * kKv * 128, &v_map, cb * 64, kvh, row, full(st));
+        }
+      }
+    }
+    return;
+  }
   if (wg == 0) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     // Threads below kKv each look up one position's row, a tile ahead (the load is in flight
@@ -421,29 +474,81 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
   StoreRows<kHd>(o, l, row0, valid_rows, tok0, group, num_heads, kvh, lane, out);
 }
 
-// MOBIUS_PREFILL_KV_TILE=64 picks 64-position tiles (comparisons); the default is 80 for head
-// dim 256 (what fits twice in shared memory beside Q), 64 otherwise.
-int KvTileFromEnv() {
-  static const int tile = [] {
-    const char* v = std::getenv("MOBIUS_PREFILL_KV_TILE");
-    return v != nullptr && std::strcmp(v, "64") == 0 ? 64 : 80;
+// The driver's tensor-map encoder, through the runtime (no link against libcuda); null when the
+// driver has none.
+PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
-  return tile;
+  return encode;
+}
+
+// A paged cache [blocks, block_size, nkv, hd] as a 3-D tensor (hd, nkv, blocks * block_size) read
+// in boxes of (64, 1, block_size), 128-byte swizzled (the layout wgmma.cuh describes).
+bool EncodeCacheMap(const uint16_t* cache, int64_t rows, int nkv, int hd, int block_size,
+                    CUtensorMap* map) {
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(hd), static_cast<cuuint64_t>(nkv),
+                              static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(hd) * 2,
+                                 static_cast<cuuint64_t>(hd) * nkv * 2};
+  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(block_size)};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  return TensorMapEncoder()(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<uint16_t*>(cache),
+                            dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// Whether the copy engine can take a block size: whole pages per K/V tile, and each page's box
+// starting on the 1024-byte swizzle period.
+bool TmaTakes(int kv_tile, int block_size) {
+  return block_size % 8 == 0 && block_size <= 256 && kv_tile % block_size == 0;
+}
+
+// K/V tile positions: 80 at head dim 256 (what fits twice beside Q in 227 KB) unless only 64
+// suits the copy engine's pages, 64 below head dim 256.
+int KvTile(int head_dim, int block_size) {
+  if (head_dim != 256) return 64;
+  return !TmaTakes(80, block_size) && TmaTakes(64, block_size) ? 64 : 80;
 }
 
 template <int kHd, int kKv>
 void Launch(dim3 grid, cudaStream_t stream, const uint16_t* q, const uint16_t* k_cache,
-            const uint16_t* v_cache, int nh, int nkv, int block_size, const TokenMeta& tokens,
-            const SegmentMeta& segs, float scale_log2, uint16_t* out) {
+            const uint16_t* v_cache, int64_t cache_blocks, int nh, int nkv, int block_size,
+            const TokenMeta& tokens, const SegmentMeta& segs, float scale_log2, uint16_t* out) {
   constexpr int kSmem = PrefillSmemBytes<kHd, kKv>();
   static_assert(kSmem <= 232448, "more shared memory than a block may have");
   static const bool configured = [] {
-    return cudaFuncSetAttribute(PrefillAttentionKernel<kHd, kKv>,
+    return cudaFuncSetAttribute(PrefillAttentionKernel<kHd, kKv, true>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                kSmem) == cudaSuccess &&
+           cudaFuncSetAttribute(PrefillAttentionKernel<kHd, kKv, false>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem) == cudaSuccess;
   }();
   if (!configured) CheckLaunch("PrefillAttention (shared memory attribute)");
-  PrefillAttentionKernel<kHd, kKv><<<grid, kPrefillThreads, kSmem, stream>>>(
-      q, k_cache, v_cache, nh, nkv, block_size, tokens, segs, scale_log2, out);
+  // MOBIUS_PREFILL_TMA=0 keeps the cp.async producer (comparisons).
+  static const bool tma_wanted = [] {
+    const char* v = std::getenv("MOBIUS_PREFILL_TMA");
+    return v == nullptr || v[0] != '0';
+  }();
+  const int64_t rows = cache_blocks * block_size;
+  CUtensorMap k_map{}, v_map{};
+  const bool tma = tma_wanted && TmaTakes(kKv, block_size) && TensorMapEncoder() != nullptr &&
+                   rows < (int64_t{1} << 31) &&
+                   EncodeCacheMap(k_cache, rows, nkv, kHd, block_size, &k_map) &&
+                   EncodeCacheMap(v_cache, rows, nkv, kHd, block_size, &v_map);
+  auto kernel =
+      tma ? PrefillAttentionKernel<kHd, kKv, true> : PrefillAttentionKernel<kHd, kKv, false>;
+  kernel<<<grid, kPrefillThreads, kSmem, stream>>>(q, k_cache, v_cache, k_map, v_map,
+                                                   static_cast<int>(rows), nh, nkv, block_size,
+                                                   tokens, segs, scale_log2, out);
 }
 
 }  // namespace
@@ -469,9 +574,10 @@ bool PrefillAttentionSupports(int num_heads, int num_kv_heads, int head_dim) {
 }
 
 void LaunchPrefillAttention(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
-                            int64_t num_tokens, int num_heads, int num_kv_heads, int head_dim,
-                            int block_size, const TokenMeta& tokens, const SegmentMeta& segs,
-                            float scale, uint16_t* out, cudaStream_t stream) {
+                            int64_t cache_blocks, int64_t num_tokens, int num_heads,
+                            int num_kv_heads, int head_dim, int block_size, const TokenMeta& tokens,
+                            const SegmentMeta& segs, float scale, uint16_t* out,
+                            cudaStream_t stream) {
   const int64_t tile_tokens = kPrefillRows / (num_heads / num_kv_heads);
   // Worst case over how the tokens split into segments: every segment adds one partial tile.
   const int64_t tiles = (num_tokens + tile_tokens - 1) / tile_tokens + segs.num_segments;
@@ -479,20 +585,20 @@ void LaunchPrefillAttention(const uint16_t* q, const uint16_t* k_cache, const ui
   const float scale_log2 = scale * 1.4426950408889634f;
   switch (head_dim) {
     case 64:
-      Launch<64, 64>(grid, stream, q, k_cache, v_cache, num_heads, num_kv_heads, block_size, tokens,
-                     segs, scale_log2, out);
+      Launch<64, 64>(grid, stream, q, k_cache, v_cache, cache_blocks, num_heads, num_kv_heads,
+                     block_size, tokens, segs, scale_log2, out);
       break;
     case 128:
-      Launch<128, 64>(grid, stream, q, k_cache, v_cache, num_heads, num_kv_heads, block_size,
-                      tokens, segs, scale_log2, out);
+      Launch<128, 64>(grid, stream, q, k_cache, v_cache, cache_blocks, num_heads, num_kv_heads,
+                      block_size, tokens, segs, scale_log2, out);
       break;
     default:
-      if (KvTileFromEnv() == 64) {
-        Launch<256, 64>(grid, stream, q, k_cache, v_cache, num_heads, num_kv_heads, block_size,
-                        tokens, segs, scale_log2, out);
+      if (KvTile(head_dim, block_size) == 64) {
+        Launch<256, 64>(grid, stream, q, k_cache, v_cache, cache_blocks, num_heads, num_kv_heads,
+                        block_size, tokens, segs, scale_log2, out);
       } else {
-        Launch<256, 80>(grid, stream, q, k_cache, v_cache, num_heads, num_kv_heads, block_size,
-                        tokens, segs, scale_log2, out);
+        Launch<256, 80>(grid, stream, q, k_cache, v_cache, cache_blocks, num_heads, num_kv_heads,
+                        block_size, tokens, segs, scale_log2, out);
       }
       break;
   }
