@@ -488,8 +488,9 @@ void LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint
   if (DecodeAttentionSupports(num_tokens, segments.num_segments, num_heads, num_kv_heads,
                               head_dim) &&
       aligned) {
-    LaunchDecodeAttention(q, k_cache, v_cache, num_tokens, num_heads, num_kv_heads, head_dim,
-                          block_size, tokens, segments, scale, splits, scratch, out, stream);
+    LaunchDecodeAttention(q, k_cache, v_cache, cache_blocks, num_tokens, num_heads, num_kv_heads,
+                          head_dim, block_size, tokens, segments, scale, splits, scratch, out,
+                          stream);
     return;
   }
   if (splits == 1 && PrefillAttentionSupports(num_heads, num_kv_heads, head_dim) && aligned) {

@@ -12,6 +12,7 @@
 // The tile a block takes is found on the device from the segments (a walk over them), so the
 // grid depends only on the numbers of tokens and segments: a recorded decode step replays with
 // new block tables and positions.
+#include <cuda.h>
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -19,8 +20,11 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/paged_cache_map.h"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace mobius::kernels::cuda {
 namespace {
@@ -325,8 +329,9 @@ void Launch(dim3 grid, cudaStream_t stream, const uint16_t* q, const uint16_t* k
 //   S^T [16 positions x 8 heads] = K [16 x hd] Q^T,  O^T [hd x 8 heads] += V^T [hd x 16] P^T.
 // P^T, the B operand of the second product, is the S^T accumulator rounded to bf16 and
 // transposed within each 8x8 quarter by movmatrix. Each warp streams its own 16-position tiles
-// (every kDecodeWarps-th tile of the split) through a private kDecodeStages-deep cp.async ring,
-// with no block barrier until the warps' softmax states are merged at the end.
+// (every kDecodeWarps-th tile of the split) through a private kDecodeStages-deep ring, filled by
+// the copy engine (one page per tile, small steps) or by cp.async, with no block barrier until
+// the warps' softmax states are merged at the end. O is rescaled only when a maximum moved.
 constexpr int kDecodeTile = 16;  // positions per warp tile
 constexpr int kDecodeMaxGroup = 8;
 
@@ -338,17 +343,29 @@ __device__ __forceinline__ uint32_t TransposeBf16x8x8(uint32_t x) {
 
 template <int kHd, int kDecodeWarps, int kDecodeStages>
 constexpr size_t DecodeSmemBytes() {
-  constexpr size_t tiles = 2ull * kDecodeWarps * kDecodeStages * kDecodeTile * kHd * 2;
+  // + 1024: the rings start on the 1024-byte swizzle period (after the static shared memory).
+  constexpr size_t tiles = 2ull * kDecodeWarps * kDecodeStages * kDecodeTile * kHd * 2 + 1024;
   constexpr size_t merge = sizeof(float) * kDecodeWarps * kDecodeMaxGroup * (kHd + 4);
   return tiles > merge ? tiles : merge;
 }
 
-template <int kHd, int kDecodeWarps, int kDecodeStages>
+// Element offset of (row, 16-byte chunk) in a ring slot: the copy engine's 128-byte-swizzled
+// layout (wgmma.cuh), 64-column blocks of kDecodeTile rows; ldmatrix reads it conflict-free.
+__device__ __forceinline__ int SlotOffset(int row, int chunk) {
+  return wgmma::SwizzledOffset(kDecodeTile, row, chunk) / 2;
+}
+
+// kTma: each warp's lane 0 loads a tile (one page of 16 positions when block_size == 16) as
+// copy-engine boxes of 64 head dims into the warp's ring slot, completing on the slot's
+// mbarrier; otherwise the lanes cp.async it in 16-byte pieces.
+template <int kHd, int kDecodeWarps, int kDecodeStages, bool kTma>
 __global__ void __launch_bounds__(kDecodeWarps * 32)
     DecodeAttentionKernel(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
-                          int num_heads, int num_kv_heads, int block_size, TokenMeta tokens,
-                          SegmentMeta segs, float scale_log2, int splits, float* partial_acc,
-                          float2* partial_ml, uint16_t* out) {
+                          const __grid_constant__ CUtensorMap k_map,
+                          const __grid_constant__ CUtensorMap v_map, int cache_rows, int num_heads,
+                          int num_kv_heads, int block_size, TokenMeta tokens, SegmentMeta segs,
+                          float scale_log2, int splits, float* partial_acc, float2* partial_ml,
+                          uint16_t* out) {
   constexpr int kChunks = kHd / 8;  // 16-byte chunks per K/V row
   constexpr int kSteps = kHd / 16;  // k-steps of S^T, m-tiles of O^T
   constexpr int kTileElems = kDecodeTile * kHd;
@@ -356,9 +373,22 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   extern __shared__ uint4 decode_smem[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, qd = lane & 3;  // fragment row / column pair
-  uint16_t* k_ring = reinterpret_cast<uint16_t*>(decode_smem) +
+  uint8_t* ring_base = reinterpret_cast<uint8_t*>(decode_smem);
+  ring_base += (1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(ring_base)) & 1023)) & 1023;
+  uint16_t* k_ring = reinterpret_cast<uint16_t*>(ring_base) +
                      static_cast<size_t>(warp) * 2 * kDecodeStages * kTileElems;
   uint16_t* v_ring = k_ring + kDecodeStages * kTileElems;
+  __shared__ alignas(8) uint64_t ring_full[kDecodeWarps][kDecodeStages];
+  auto slot_bar = [&](int i) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(&ring_full[warp][i % kDecodeStages]));
+  };
+  if (kTma) {
+    if (lane == 0) {
+      for (int i = 0; i < kDecodeStages; ++i) BarrierInit(slot_bar(i), 1);
+      wgmma::FenceProxyAsync();
+    }
+    __syncwarp();
+  }
 
   PdlWait();
   PdlTrigger();
@@ -389,25 +419,49 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   // Row (in units of kHd elements) of position p0 + (lane & 15) of the warp's i-th tile, -1 past
   // the split: each lane of a half-warp looks one position up, and the copies take the rows by
   // shuffle. The table reads for tile i + kDecodeStages are issued one iteration before its copy.
+  // With kTma every lane gets the tile's page (its first position's row in the caches' position
+  // dimension) instead.
   auto tile_rows = [&](int i) -> int64_t {
-    const int p = begin + (warp + kDecodeWarps * i) * kDecodeTile + (lane & (kDecodeTile - 1));
-    if (i >= my_tiles || p >= end) return -1;
-    return (static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size) *
-               num_kv_heads +
-           kvh;
+    const int p0 = begin + (warp + kDecodeWarps * i) * kDecodeTile;
+    if constexpr (kTma) {
+      return i < my_tiles ? static_cast<int64_t>(table[p0 / kDecodeTile]) * kDecodeTile : -1;
+    } else {
+      const int p = p0 + (lane & (kDecodeTile - 1));
+      if (i >= my_tiles || p >= end) return -1;
+      return (static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size) *
+                 num_kv_heads +
+             kvh;
+    }
   };
   auto load_tile = [&](int i, int64_t rows) {  // into ring slot i % kDecodeStages
     uint16_t* kd = k_ring + (i % kDecodeStages) * kTileElems;
     uint16_t* vd = v_ring + (i % kDecodeStages) * kTileElems;
+    if constexpr (kTma) {
+      if (lane == 0) {
+        const uint32_t bar = slot_bar(i);
+        const uint32_t k_dst = static_cast<uint32_t>(__cvta_generic_to_shared(kd));
+        const uint32_t v_dst = static_cast<uint32_t>(__cvta_generic_to_shared(vd));
+        wgmma::FenceProxyAsync();  // the lanes' ldmatrix reads of this slot came first
+        BarrierArriveExpect(bar, 2 * kTileElems * 2);
 #pragma unroll
-    for (int c = lane; c < kDecodeTile * kChunks; c += 32) {
-      const int r = c / kChunks, ch = c % kChunks;
-      const int64_t row = __shfl_sync(0xffffffffu, rows, r);
-      const bool valid = row >= 0;
-      const int64_t src = (valid ? row : 0) * kHd + ch * 8;
-      const int dst = TileOffset<kHd>(r, ch);
-      CopyAsync16(kd + dst, k_cache + src, valid);
-      CopyAsync16(vd + dst, v_cache + src, valid);
+        for (int cb = 0; cb < kHd / 64; ++cb) {
+          TensorLoad3d(k_dst + cb * kDecodeTile * 128, &k_map, cb * 64, kvh, static_cast<int>(rows),
+                       bar);
+          TensorLoad3d(v_dst + cb * kDecodeTile * 128, &v_map, cb * 64, kvh, static_cast<int>(rows),
+                       bar);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int c = lane; c < kDecodeTile * kChunks; c += 32) {
+        const int r = c / kChunks, ch = c % kChunks;
+        const int64_t row = __shfl_sync(0xffffffffu, rows, r);
+        const bool valid = row >= 0;
+        const int64_t src = (valid ? row : 0) * kHd + ch * 8;
+        const int dst = SlotOffset(r, ch);
+        CopyAsync16(kd + dst, k_cache + src, valid);
+        CopyAsync16(vd + dst, v_cache + src, valid);
+      }
     }
   };
 
@@ -434,8 +488,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
     if (i + kDecodeStages - 1 < my_tiles) load_tile(i + kDecodeStages - 1, rows_next);
     CopyAsyncCommit();
     rows_next = tile_rows(i + kDecodeStages);
-    CopyAsyncWait<kDecodeStages - 1>();
-    __syncwarp();
+    if (kTma) {
+      BarrierWait(slot_bar(i), (i / kDecodeStages) & 1);
+    } else {
+      CopyAsyncWait<kDecodeStages - 1>();
+      __syncwarp();
+    }
     const uint16_t* kt = k_ring + (i % kDecodeStages) * kTileElems;
     const uint16_t* vt = v_ring + (i % kDecodeStages) * kTileElems;
     const int p0 = begin + (warp + kDecodeWarps * i) * kDecodeTile;
@@ -447,7 +505,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
 #pragma unroll
     for (int kk = 0; kk < kSteps; ++kk) {
       uint32_t a[4];
-      LoadMatrixX4(a, kt + TileOffset<kHd>((mi & 1) * 8 + (lane & 7), kk * 2 + (mi >> 1)));
+      LoadMatrixX4(a, kt + SlotOffset((mi & 1) * 8 + (lane & 7), kk * 2 + (mi >> 1)));
       Mma16816(kk % 2 == 0 ? s : s2, a, qf[kk][0], qf[kk][1]);
     }
 #pragma unroll
@@ -472,12 +530,15 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
       l[h] = l[h] * corr[h] + x[h] + x[h + 2];
       m[h] = m_new;
     }
+    // Once the maxima settle most tiles leave them unchanged: skip the multiplies then.
+    if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
 #pragma unroll
-    for (int mt = 0; mt < kSteps; ++mt) {
-      o[mt][0] *= corr[0];
-      o[mt][1] *= corr[1];
-      o[mt][2] *= corr[0];
-      o[mt][3] *= corr[1];
+      for (int mt = 0; mt < kSteps; ++mt) {
+        o[mt][0] *= corr[0];
+        o[mt][1] *= corr[1];
+        o[mt][2] *= corr[0];
+        o[mt][3] *= corr[1];
+      }
     }
     // P^T fragments: k = positions 2 qd (+1) and + 8, n = head g.
     const uint32_t b0 = TransposeBf16x8x8(PackBf16x2(x[0], x[1]));
@@ -485,7 +546,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
 #pragma unroll
     for (int mt = 0; mt < kSteps; ++mt) {
       uint32_t a[4];  // V^T: dims 16 mt (+8) x positions (+8), transposed on load
-      LoadMatrixX4Trans(a, vt + TileOffset<kHd>((mi >> 1) * 8 + (lane & 7), mt * 2 + (mi & 1)));
+      LoadMatrixX4Trans(a, vt + SlotOffset((mi >> 1) * 8 + (lane & 7), mt * 2 + (mi & 1)));
       Mma16816(o[mt], a, b0, b1);
     }
     __syncwarp();  // the ring slot is refilled by a later iteration's copy
@@ -652,12 +713,15 @@ DecodeConfig DecodeConfigFromEnv() {
 
 template <int kHd, int kWarps, int kStages>
 void LaunchDecode(int64_t num_tokens, cudaStream_t stream, const uint16_t* q,
-                  const uint16_t* k_cache, const uint16_t* v_cache, int nh, int nkv, int block_size,
-                  const TokenMeta& tokens, const SegmentMeta& segs, float scale, int splits,
-                  void* scratch, uint16_t* out) {
+                  const uint16_t* k_cache, const uint16_t* v_cache, int64_t cache_blocks, int nh,
+                  int nkv, int block_size, const TokenMeta& tokens, const SegmentMeta& segs,
+                  float scale, int splits, void* scratch, uint16_t* out) {
   constexpr size_t kSmem = DecodeSmemBytes<kHd, kWarps, kStages>();
   static const bool configured = [] {
-    return cudaFuncSetAttribute(DecodeAttentionKernel<kHd, kWarps, kStages>,
+    return cudaFuncSetAttribute(DecodeAttentionKernel<kHd, kWarps, kStages, true>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(kSmem)) == cudaSuccess &&
+           cudaFuncSetAttribute(DecodeAttentionKernel<kHd, kWarps, kStages, false>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 static_cast<int>(kSmem)) == cudaSuccess;
   }();
@@ -665,9 +729,27 @@ void LaunchDecode(int64_t num_tokens, cudaStream_t stream, const uint16_t* q,
   float* acc = static_cast<float*>(scratch);
   float2* ml = reinterpret_cast<float2*>(acc + num_tokens * nh * splits * kHd);
   const float scale_log2 = scale * 1.4426950408889634f;
-  LaunchPdl("DecodeAttentionKernel", DecodeAttentionKernel<kHd, kWarps, kStages>,
+  // The copy engine takes a tile as one page (block size 16). Measured on the H200 at the release
+  // shapes (graph-replayed, us, copy engine / cp.async): B1 6.9 / 7.9 (ctx 1K), 10.8 / 13.0 (8K);
+  // B8 10.3 / 11.0, 40.1 / 39.7; B64 37.6 / 36.9, 268.8 / 247.8; B256 133.4 / 132.5,
+  // 1045.6 / 955.3: one lane's boxes win while a step is latency-bound, 16-byte copies from every
+  // lane once it streams. MOBIUS_DECODE_TMA=0 / 1 forces one (comparisons).
+  static const int tma_forced = [] {
+    const char* v = std::getenv("MOBIUS_DECODE_TMA");
+    return v == nullptr ? -1 : (v[0] == '0' ? 0 : 1);
+  }();
+  const bool tma_wanted = tma_forced >= 0 ? tma_forced == 1 : num_tokens <= 16;
+  const int64_t rows = cache_blocks * block_size;
+  CUtensorMap k_map{}, v_map{};
+  const bool tma = tma_wanted && block_size == kDecodeTile &&
+                   EncodePagedCacheMap(k_cache, rows, nkv, kHd, kDecodeTile, &k_map) &&
+                   EncodePagedCacheMap(v_cache, rows, nkv, kHd, kDecodeTile, &v_map);
+  LaunchPdl("DecodeAttentionKernel",
+            tma ? DecodeAttentionKernel<kHd, kWarps, kStages, true>
+                : DecodeAttentionKernel<kHd, kWarps, kStages, false>,
             dim3(splits, nkv, static_cast<unsigned>(num_tokens)), kWarps * 32, kSmem, stream, q,
-            k_cache, v_cache, nh, nkv, block_size, tokens, segs, scale_log2, splits, acc, ml, out);
+            k_cache, v_cache, k_map, v_map, static_cast<int>(rows), nh, nkv, block_size, tokens,
+            segs, scale_log2, splits, acc, ml, out);
   CheckLaunch("DecodeAttention");
   if (splits > 1) {
     LaunchPdl("DecodeCombineKernel", DecodeCombineKernel<kHd>,
@@ -679,19 +761,19 @@ void LaunchDecode(int64_t num_tokens, cudaStream_t stream, const uint16_t* q,
 
 template <int kHd>
 void LaunchDecodeFor(int64_t num_tokens, cudaStream_t stream, const uint16_t* q,
-                     const uint16_t* k_cache, const uint16_t* v_cache, int nh, int nkv,
-                     int block_size, const TokenMeta& tokens, const SegmentMeta& segs, float scale,
-                     int splits, void* scratch, uint16_t* out) {
+                     const uint16_t* k_cache, const uint16_t* v_cache, int64_t cache_blocks, int nh,
+                     int nkv, int block_size, const TokenMeta& tokens, const SegmentMeta& segs,
+                     float scale, int splits, void* scratch, uint16_t* out) {
   const DecodeConfig c = DecodeConfigFromEnv();
   if (c.warps == 4 && c.stages == 2) {
-    LaunchDecode<kHd, 4, 2>(num_tokens, stream, q, k_cache, v_cache, nh, nkv, block_size, tokens,
-                            segs, scale, splits, scratch, out);
+    LaunchDecode<kHd, 4, 2>(num_tokens, stream, q, k_cache, v_cache, cache_blocks, nh, nkv,
+                            block_size, tokens, segs, scale, splits, scratch, out);
   } else if (c.warps == 6) {
-    LaunchDecode<kHd, 6, 2>(num_tokens, stream, q, k_cache, v_cache, nh, nkv, block_size, tokens,
-                            segs, scale, splits, scratch, out);
+    LaunchDecode<kHd, 6, 2>(num_tokens, stream, q, k_cache, v_cache, cache_blocks, nh, nkv,
+                            block_size, tokens, segs, scale, splits, scratch, out);
   } else {
-    LaunchDecode<kHd, 4, 3>(num_tokens, stream, q, k_cache, v_cache, nh, nkv, block_size, tokens,
-                            segs, scale, splits, scratch, out);
+    LaunchDecode<kHd, 4, 3>(num_tokens, stream, q, k_cache, v_cache, cache_blocks, nh, nkv,
+                            block_size, tokens, segs, scale, splits, scratch, out);
   }
 }
 
@@ -786,22 +868,22 @@ int DecodeAttentionSplits(int64_t num_tokens, int num_kv_heads, int max_position
 }
 
 void LaunchDecodeAttention(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
-                           int64_t num_tokens, int num_heads, int num_kv_heads, int head_dim,
-                           int block_size, const TokenMeta& tokens, const SegmentMeta& segs,
-                           float scale, int splits, void* scratch, uint16_t* out,
-                           cudaStream_t stream) {
+                           int64_t cache_blocks, int64_t num_tokens, int num_heads,
+                           int num_kv_heads, int head_dim, int block_size, const TokenMeta& tokens,
+                           const SegmentMeta& segs, float scale, int splits, void* scratch,
+                           uint16_t* out, cudaStream_t stream) {
   switch (head_dim) {
     case 64:
-      LaunchDecodeFor<64>(num_tokens, stream, q, k_cache, v_cache, num_heads, num_kv_heads,
-                          block_size, tokens, segs, scale, splits, scratch, out);
+      LaunchDecodeFor<64>(num_tokens, stream, q, k_cache, v_cache, cache_blocks, num_heads,
+                          num_kv_heads, block_size, tokens, segs, scale, splits, scratch, out);
       break;
     case 128:
-      LaunchDecodeFor<128>(num_tokens, stream, q, k_cache, v_cache, num_heads, num_kv_heads,
-                           block_size, tokens, segs, scale, splits, scratch, out);
+      LaunchDecodeFor<128>(num_tokens, stream, q, k_cache, v_cache, cache_blocks, num_heads,
+                           num_kv_heads, block_size, tokens, segs, scale, splits, scratch, out);
       break;
     default:
-      LaunchDecodeFor<256>(num_tokens, stream, q, k_cache, v_cache, num_heads, num_kv_heads,
-                           block_size, tokens, segs, scale, splits, scratch, out);
+      LaunchDecodeFor<256>(num_tokens, stream, q, k_cache, v_cache, cache_blocks, num_heads,
+                           num_kv_heads, block_size, tokens, segs, scale, splits, scratch, out);
       break;
   }
 }

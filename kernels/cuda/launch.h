@@ -150,10 +150,10 @@ bool DecodeAttentionSupports(int64_t num_tokens, int num_segments, int num_heads
                              int head_dim);
 int DecodeAttentionSplits(int64_t num_tokens, int num_kv_heads, int max_positions, int num_sms);
 void LaunchDecodeAttention(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
-                           int64_t num_tokens, int num_heads, int num_kv_heads, int head_dim,
-                           int block_size, const TokenMeta& tokens, const SegmentMeta& segs,
-                           float scale, int splits, void* scratch, uint16_t* out,
-                           cudaStream_t stream);
+                           int64_t cache_blocks, int64_t num_tokens, int num_heads,
+                           int num_kv_heads, int head_dim, int block_size, const TokenMeta& tokens,
+                           const SegmentMeta& segs, float scale, int splits, void* scratch,
+                           uint16_t* out, cudaStream_t stream);
 // Number of position splits (flash-decoding) for a step whose longest attention span is
 // `max_positions`, and the device scratch they need.
 int PagedAttentionSplits(int64_t num_tokens, int num_segments, int num_heads, int num_kv_heads,

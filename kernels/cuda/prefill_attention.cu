@@ -15,15 +15,16 @@
 // over the segments, heaviest (latest) tiles first, so that the causal triangle's long rows do
 // not trail the grid.
 #include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/paged_cache_map.h"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace mobius::kernels::cuda {
@@ -157,42 +158,6 @@ __device__ __forceinline__ void CopyKvTile(const uint16_t* k_cache, const uint16
     CopyAsync16(k_dst + off, k_cache + src, valid);
     CopyAsync16(v_dst + off, v_cache + src, valid);
   }
-}
-
-__device__ __forceinline__ void BarrierInit(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void BarrierArrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void BarrierWait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-// Arrives on `bar` once all of this thread's earlier cp.async copies have landed (counted against
-// the barrier's expected arrivals).
-__device__ __forceinline__ void CopyAsyncArrive(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-
-// The bulk tensor copy engine (TMA): one box of a tensor map into shared memory, completing as
-// transaction bytes on `bar`.
-__device__ __forceinline__ void TensorLoad3d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
-                                             int c2, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
-      "%3, %4}], [%5];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
-      : "memory");
-}
-// Arrives on `bar` and adds `bytes` to the transactions its phase waits for.
-__device__ __forceinline__ void BarrierArriveExpect(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
 }
 
 // The online-softmax step of one warpgroup over one tile's scores s (raw Q K^T): masks positions
@@ -474,38 +439,6 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
   StoreRows<kHd>(o, l, row0, valid_rows, tok0, group, num_heads, kvh, lane, out);
 }
 
-// The driver's tensor-map encoder, through the runtime (no link against libcuda); null when the
-// driver has none.
-PFN_cuTensorMapEncodeTiled_v12000 TensorMapEncoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  return encode;
-}
-
-// A paged cache [blocks, block_size, nkv, hd] as a 3-D tensor (hd, nkv, blocks * block_size) read
-// in boxes of (64, 1, block_size), 128-byte swizzled (the layout wgmma.cuh describes).
-bool EncodeCacheMap(const uint16_t* cache, int64_t rows, int nkv, int hd, int block_size,
-                    CUtensorMap* map) {
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(hd), static_cast<cuuint64_t>(nkv),
-                              static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(hd) * 2,
-                                 static_cast<cuuint64_t>(hd) * nkv * 2};
-  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(block_size)};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
-  return TensorMapEncoder()(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<uint16_t*>(cache),
-                            dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 // Whether the copy engine can take a block size: whole pages per K/V tile, and each page's box
 // starting on the 1024-byte swizzle period.
 bool TmaTakes(int kv_tile, int block_size) {
@@ -540,10 +473,9 @@ void Launch(dim3 grid, cudaStream_t stream, const uint16_t* q, const uint16_t* k
   }();
   const int64_t rows = cache_blocks * block_size;
   CUtensorMap k_map{}, v_map{};
-  const bool tma = tma_wanted && TmaTakes(kKv, block_size) && TensorMapEncoder() != nullptr &&
-                   rows < (int64_t{1} << 31) &&
-                   EncodeCacheMap(k_cache, rows, nkv, kHd, block_size, &k_map) &&
-                   EncodeCacheMap(v_cache, rows, nkv, kHd, block_size, &v_map);
+  const bool tma = tma_wanted && TmaTakes(kKv, block_size) &&
+                   EncodePagedCacheMap(k_cache, rows, nkv, kHd, block_size, &k_map) &&
+                   EncodePagedCacheMap(v_cache, rows, nkv, kHd, block_size, &v_map);
   auto kernel =
       tma ? PrefillAttentionKernel<kHd, kKv, true> : PrefillAttentionKernel<kHd, kKv, false>;
   kernel<<<grid, kPrefillThreads, kSmem, stream>>>(q, k_cache, v_cache, k_map, v_map,
