@@ -9,6 +9,24 @@
 
 namespace mobius::kernels::cuda {
 
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared; `valid` false writes zeros (src-size 0 reads nothing).
+__device__ __forceinline__ void CopyAsync16(uint32_t smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void CopyAsync16(void* smem, const void* gmem, bool valid) {
+  CopyAsync16(SharedAddress(smem), gmem, valid);
+}
+__device__ __forceinline__ void CopyAsyncCommit() { asm volatile("cp.async.commit_group;\n"); }
+template <int kPending>
+__device__ __forceinline__ void CopyAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
 __device__ __forceinline__ void BarrierInit(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }

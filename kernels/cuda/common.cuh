@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include "kernels/cuda/launch.h"
@@ -53,6 +54,14 @@ __device__ __forceinline__ void UnpackBf16x8(uint4 v, float* out) {
     out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
   }
 }
+// Two floats as one bf16x2 word (lo in the low half), round to nearest.
+__device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  uint32_t bits;
+  memcpy(&bits, &v, sizeof(bits));
+  return bits;
+}
+
 __device__ __forceinline__ uint4 PackBf16x8(const float* in) {
   uint32_t words[4];
 #pragma unroll

@@ -33,30 +33,15 @@ constexpr int kFlashThreads = 128;  // 4 warps
 constexpr int kFlashRows = 64;      // query rows per block, 16 per warp
 constexpr int kKvTile = 32;         // positions per shared-memory K/V tile
 
-__device__ __forceinline__ uint32_t SmemAddress(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared; `valid` false writes zeros (src-size 0 reads nothing).
-__device__ __forceinline__ void CopyAsync16(void* smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddress(smem)),
-               "l"(gmem), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void CopyAsyncCommit() { asm volatile("cp.async.commit_group;\n"); }
-template <int kPending>
-__device__ __forceinline__ void CopyAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
-
 __device__ __forceinline__ void LoadMatrixX4(uint32_t (&r)[4], const void* smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SmemAddress(smem)));
+               : "r"(SharedAddress(smem)));
 }
 __device__ __forceinline__ void LoadMatrixX4Trans(uint32_t (&r)[4], const void* smem) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SmemAddress(smem)));
+               : "r"(SharedAddress(smem)));
 }
 
 // c += a (16x16, row) * b (16x8, col), bf16 operands, fp32 accumulators.
@@ -67,13 +52,6 @@ __device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4], 
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  uint32_t bits;
-  memcpy(&bits, &v, sizeof(bits));
-  return bits;
 }
 
 // Swizzled element offset of (row, 16-byte chunk) in a [rows][kHd] bf16 tile.

@@ -42,33 +42,11 @@ constexpr int PrefillSmemBytes() {
   return 1024 + 2048 + kPrefillRows * kHd * 2 + 2 * kStages * kKv * kHd * 2;
 }
 
-__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared; `valid` false writes zeros (src-size 0 reads nothing).
-__device__ __forceinline__ void CopyAsync16(uint32_t smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void CopyAsyncCommit() { asm volatile("cp.async.commit_group;\n"); }
-template <int kPending>
-__device__ __forceinline__ void CopyAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
-
 // 2^x in one MUFU.EX2 (2^-inf = 0).
 __device__ __forceinline__ float FastExp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
-}
-
-__device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  uint32_t bits;
-  memcpy(&bits, &v, sizeof(bits));
-  return bits;
 }
 
 template <int kKv>
