@@ -888,8 +888,9 @@ TEST_F(CudaKernelsTest, TopKSoftmaxExpertCountsAndK) {
     int64_t t;
     int e, k;
   };
-  for (const Case c : {Case{3, 10, 8}, Case{5, 64, 10}, Case{2, 9000, 4}, Case{4, 300, 32},
-                       Case{1, 2560, 1}, Case{2, 9000, 12}, Case{7, 8, 8}}) {
+  for (const Case c :
+       {Case{3, 10, 8}, Case{5, 64, 10}, Case{2, 9000, 4}, Case{4, 300, 32}, Case{1, 2560, 1},
+        Case{2, 9000, 12}, Case{7, 8, 8}, Case{3, 4096, 8}, Case{2, 4097, 8}, Case{5, 2560, 8}}) {
     const std::vector<float> logits = Rand(c.t * c.e, -4, 4);
     Tensor lt = Make(DType::kF32, {c.t, c.e}, logits);
     Tensor ids = Poisoned(DType::kI32, {c.t, c.k}), w = Poisoned(DType::kF32, {c.t, c.k});
@@ -912,6 +913,29 @@ TEST_F(CudaKernelsTest, TopKSoftmaxManyExpertsWithTies) {
     logits[r * e + 7 + r] = 3.0f;
   }
   Tensor lt = Make(DType::kBF16, {t, e}, logits);
+  for (bool renorm : {true, false}) {
+    Tensor ids = Poisoned(DType::kI32, {t, k}), w = Poisoned(DType::kF32, {t, k});
+    backend_->TopKSoftmax(lt, k, renorm, ids, w);
+    std::vector<int32_t> ref_ids;
+    std::vector<double> ref_w;
+    RefTopK(logits, t, e, k, renorm, ref_ids, ref_w);
+    EXPECT_EQ(HostI32(ids), ref_ids) << renorm;
+    EXPECT_LT(RelErr(Host(w), ref_w), 1e-5) << renorm;
+  }
+}
+
+// Rows whose threshold admits more candidates than the filter kernel ranks (all logits equal;
+// all but three -inf) take its register-list fallback; the rows around them do not.
+TEST_F(CudaKernelsTest, TopKSoftmaxManyTiesAtTheThreshold) {
+  const int64_t t = 4;
+  const int e = 2560, k = 8;
+  std::vector<float> logits = Rand(t * e, -3, 3);
+  for (int i = 0; i < e; ++i) logits[e + i] = 0.5f;
+  for (int i = 0; i < e; ++i) logits[2 * e + i] = -INFINITY;
+  logits[2 * e + 2000] = 1.0f;
+  logits[2 * e + 17] = -2.0f;
+  logits[2 * e + 1300] = 1.0f;
+  Tensor lt = Make(DType::kF32, {t, e}, logits);
   for (bool renorm : {true, false}) {
     Tensor ids = Poisoned(DType::kI32, {t, k}), w = Poisoned(DType::kF32, {t, k});
     backend_->TopKSoftmax(lt, k, renorm, ids, w);
