@@ -197,6 +197,15 @@ constexpr int kRegTopK = 8;
 constexpr int kRegTopKThreads = 512;
 constexpr int kRegTopKLoads = 8;
 
+// An empty sorted list (every slot worse than any logit).
+__device__ __forceinline__ void ClearList(float (&lv)[kRegTopK], int (&li)[kRegTopK]) {
+#pragma unroll
+  for (int q = 0; q < kRegTopK; ++q) {
+    lv[q] = -INFINITY;
+    li[q] = INT_MAX;
+  }
+}
+
 __device__ __forceinline__ void InsertSorted(float v, int e, float (&lv)[kRegTopK],
                                              int (&li)[kRegTopK]) {
   if (!Better(v, e, lv[kRegTopK - 1], li[kRegTopK - 1])) return;
@@ -313,11 +322,7 @@ __global__ void __launch_bounds__(kRegTopKThreads)
   const int64_t base = t * num_experts;
   float lv[kRegTopK];
   int li[kRegTopK];
-#pragma unroll
-  for (int q = 0; q < kRegTopK; ++q) {
-    lv[q] = -INFINITY;
-    li[q] = INT_MAX;
-  }
+  ClearList(lv, li);
   float m = -INFINITY, sum = 0.0f;
   for (int e0 = threadIdx.x; e0 < num_experts; e0 += kRegTopKThreads * kRegTopKLoads) {
     float v[kRegTopKLoads];
@@ -415,11 +420,7 @@ __global__ void __launch_bounds__(kRegTopKThreads)
   if (count > kTopKCandidates) {
     float lv[kRegTopK];
     int li[kRegTopK];
-#pragma unroll
-    for (int q = 0; q < kRegTopK; ++q) {
-      lv[q] = -INFINITY;
-      li[q] = INT_MAX;
-    }
+    ClearList(lv, li);
 #pragma unroll
     for (int u = 0; u < kRegTopKLoads; ++u) {
       const int e = threadIdx.x + u * kRegTopKThreads;

@@ -903,7 +903,25 @@ TEST_F(CudaKernelsTest, TopKSoftmaxExpertCountsAndK) {
   }
 }
 
-TEST_F(CudaKernelsTest, TopKSoftmaxManyExpertsWithTies) {
+// Top-k tests that compare every row of a logits matrix with RefTopK, renormalised and not.
+class CudaTopKTest : public CudaKernelsTest {
+ protected:
+  void ExpectTopKMatchesReference(DType dtype, const std::vector<float>& logits, int64_t t, int e,
+                                  int k) {
+    Tensor lt = Make(dtype, {t, e}, logits);
+    for (bool renorm : {true, false}) {
+      Tensor ids = Poisoned(DType::kI32, {t, k}), w = Poisoned(DType::kF32, {t, k});
+      backend_->TopKSoftmax(lt, k, renorm, ids, w);
+      std::vector<int32_t> ref_ids;
+      std::vector<double> ref_w;
+      RefTopK(logits, t, e, k, renorm, ref_ids, ref_w);
+      EXPECT_EQ(HostI32(ids), ref_ids) << renorm;
+      EXPECT_LT(RelErr(Host(w), ref_w), 1e-5) << renorm;
+    }
+  }
+};
+
+TEST_F(CudaTopKTest, ManyExpertsWithTies) {
   const int64_t t = 13;
   const int e = 2560, k = 8;
   // bf16 logits in a narrow range: many exact ties, resolved by the lower id.
@@ -912,21 +930,12 @@ TEST_F(CudaKernelsTest, TopKSoftmaxManyExpertsWithTies) {
     logits[r * e + 2500] = 3.0f;
     logits[r * e + 7 + r] = 3.0f;
   }
-  Tensor lt = Make(DType::kBF16, {t, e}, logits);
-  for (bool renorm : {true, false}) {
-    Tensor ids = Poisoned(DType::kI32, {t, k}), w = Poisoned(DType::kF32, {t, k});
-    backend_->TopKSoftmax(lt, k, renorm, ids, w);
-    std::vector<int32_t> ref_ids;
-    std::vector<double> ref_w;
-    RefTopK(logits, t, e, k, renorm, ref_ids, ref_w);
-    EXPECT_EQ(HostI32(ids), ref_ids) << renorm;
-    EXPECT_LT(RelErr(Host(w), ref_w), 1e-5) << renorm;
-  }
+  ExpectTopKMatchesReference(DType::kBF16, logits, t, e, k);
 }
 
 // Rows whose threshold admits more candidates than the filter kernel ranks (all logits equal;
 // all but three -inf) take its register-list fallback; the rows around them do not.
-TEST_F(CudaKernelsTest, TopKSoftmaxManyTiesAtTheThreshold) {
+TEST_F(CudaTopKTest, ManyTiesAtTheThreshold) {
   const int64_t t = 4;
   const int e = 2560, k = 8;
   std::vector<float> logits = Rand(t * e, -3, 3);
@@ -935,16 +944,7 @@ TEST_F(CudaKernelsTest, TopKSoftmaxManyTiesAtTheThreshold) {
   logits[2 * e + 2000] = 1.0f;
   logits[2 * e + 17] = -2.0f;
   logits[2 * e + 1300] = 1.0f;
-  Tensor lt = Make(DType::kF32, {t, e}, logits);
-  for (bool renorm : {true, false}) {
-    Tensor ids = Poisoned(DType::kI32, {t, k}), w = Poisoned(DType::kF32, {t, k});
-    backend_->TopKSoftmax(lt, k, renorm, ids, w);
-    std::vector<int32_t> ref_ids;
-    std::vector<double> ref_w;
-    RefTopK(logits, t, e, k, renorm, ref_ids, ref_w);
-    EXPECT_EQ(HostI32(ids), ref_ids) << renorm;
-    EXPECT_LT(RelErr(Host(w), ref_w), 1e-5) << renorm;
-  }
+  ExpectTopKMatchesReference(DType::kF32, logits, t, e, k);
 }
 
 void RefMoe(const std::vector<float>& x, const std::vector<int32_t>& ids,
