@@ -354,7 +354,7 @@ __global__ void __launch_bounds__(kRegTopKThreads)
 // Up to kRegTopKThreads * kRegTopKLoads experts (2560 at release scale): the logits stay in
 // registers, and only those at or above a threshold are ranked. The threshold is the k-th
 // largest of the warps' maxima: k warps hold a logit at least that large, so the k best are all
-// at or above it, and with near-uniform logits only a few more are (about k + 5 of 2560). Warp 0
+// at or above it, and with near-uniform logits only a few more are (an estimate). Warp 0
 // ranks the candidates by counting the better ones (no merge rounds). Many ties at the threshold
 // (more than kTopKCandidates candidates: equal or -inf logits) fall back to the register lists.
 // At one token and 2560 experts the list merge took 8.5 us (ncu).

@@ -880,7 +880,8 @@ void RefTopK(const std::vector<float>& logits, int64_t t, int e, int k, bool ren
   }
 }
 
-// Every TopKSoftmax kernel: k <= 8 (registers), k up to 32 with up to 8192 experts (shared
+// Every TopKSoftmax kernel: k <= 8 (registers: the threshold filter up to 4096 experts, 4096
+// itself included, and the chunked lists from 4097), k up to 32 with up to 8192 experts (shared
 // memory), more (global memory); few experts (lanes and warps with nothing to offer) and k equal
 // to the expert count.
 TEST_F(CudaKernelsTest, TopKSoftmaxExpertCountsAndK) {
