@@ -57,6 +57,18 @@ __device__ __forceinline__ void TensorLoad3d(uint32_t dst, const CUtensorMap* ma
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
       : "memory");
 }
+// `bytes` (a multiple of 16) of contiguous global memory into shared memory by the bulk copy
+// engine, both addresses 16-byte aligned; completes as transaction bytes on `bar`. One thread
+// issues what cp.async needs a 16-byte instruction per thread for, so the issuing warps' address
+// registers are not held by a queue of copies.
+__device__ __forceinline__ void BulkLoad(uint32_t dst, const void* src, uint32_t bytes,
+                                         uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
 // Arrives on `bar` and adds `bytes` to the transactions its phase waits for.
 __device__ __forceinline__ void BarrierArriveExpect(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)

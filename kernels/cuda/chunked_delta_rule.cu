@@ -16,8 +16,9 @@
 //     e^{G_last} to scratch.
 //  2. ChunkStateKernel, one block per (segment, value head, 32 value columns), serial over the
 //     segment's chunks: keeps S (fp32) in mma accumulators, and per chunk computes X = u - w S,
-//     o = qg S + P X and S = e^{G_last} S + kd^T X, with the next chunk's inputs copied
-//     (cp.async) into shared memory while the current one is computed.
+//     o = qg S + P X and S = e^{G_last} S + kd^T X, with the next chunk's inputs copied into
+//     shared memory by the bulk copy engine (one warp issues a copy per row) while the current
+//     one is computed.
 // Matrix products use mma.sync m16n8k16 bf16 with fp32 accumulation; S and X enter them as bf16
 // (as in flash-linear-attention), so results carry bf16-level relative error (~1e-3).
 #include <atomic>
@@ -25,7 +26,9 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace mobius::kernels::cuda {
 namespace {
@@ -36,18 +39,15 @@ constexpr int kThreads = 256;  // 8 warps in both kernels
 
 // ---- mma.sync / ldmatrix helpers ----
 
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 __device__ __forceinline__ void Ldsm4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SmemAddr(p)));
+               : "r"(SharedAddress(p)));
 }
 __device__ __forceinline__ void Ldsm4T(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SmemAddr(p)));
+               : "r"(SharedAddress(p)));
 }
 __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
                                     uint32_t b1) {
@@ -58,15 +58,31 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Element offset of (row, col) in a row-major matrix of `ld` columns whose 16-byte pieces are
+// XOR-swizzled by row (piece p of row r stored at p ^ (r % 8)): ldmatrix's eight row reads of
+// one piece column then fall in eight different bank groups with no padding, so a whole matrix
+// is one contiguous run for a bulk copy and every 32-byte sector is written by one warp.
+__host__ __device__ __forceinline__ int Swizzled(int row, int col, int ld) {
+  const int piece = col >> 3;
+  return row * ld + (((piece ^ row) & 7) | (piece & ~7)) * 8 + (col & 7);
+}
+template <bool kSwizzled>
+__device__ __forceinline__ const uint16_t* At(const uint16_t* x, int ld, int row, int col) {
+  return x + (kSwizzled ? Swizzled(row, col, ld) : row * ld + col);
+}
+
 // A fragment (16 x 16) at rows m0, cols k0 of row-major X[m][k] (ld elements per row).
+template <bool kSwizzled = false>
 __device__ __forceinline__ void LoadA(uint32_t (&a)[4], const uint16_t* x, int ld, int m0, int k0,
                                       int lane) {
-  Ldsm4(a, x + (m0 + (lane & 15)) * ld + k0 + (lane >> 4) * 8);
+  Ldsm4(a, At<kSwizzled>(x, ld, m0 + (lane & 15), k0 + (lane >> 4) * 8));
 }
 // A fragment of A = Xt^T, Xt stored row-major [k][m].
+template <bool kSwizzled = false>
 __device__ __forceinline__ void LoadAT(uint32_t (&a)[4], const uint16_t* xt, int ld, int m0, int k0,
                                        int lane) {
-  Ldsm4T(a, xt + (k0 + (lane & 7) + ((lane >> 4) << 3)) * ld + m0 + ((lane >> 3) & 1) * 8);
+  Ldsm4T(a,
+         At<kSwizzled>(xt, ld, k0 + (lane & 7) + ((lane >> 4) << 3), m0 + ((lane >> 3) & 1) * 8));
 }
 // B fragments of two n-tiles (n0, n0 + 8) at k0, B stored as Bt[n][k]: {b0, b1} of tile n0 in
 // r[0], r[1], of tile n0 + 8 in r[2], r[3].
@@ -82,15 +98,6 @@ __device__ __forceinline__ void LoadBKN(uint32_t (&r)[4], const uint16_t* b, int
 
 __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return static_cast<uint32_t>(F32ToBf16(lo)) | (static_cast<uint32_t>(F32ToBf16(hi)) << 16);
-}
-
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SmemAddr(smem)), "l"(gmem));
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n"); }
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
 // ---- chunk bookkeeping ----
@@ -137,10 +144,14 @@ __device__ int FirstChunk(const SegmentMeta& segs, int min_tokens, int seg) {
   return sum;
 }
 
-// Scratch layout per (chunk, value head): bf16 w [C][Dk], qg [C][Dk], kd [C][Dk], u [C][Dv],
-// P [C][C]; then, after all of those, fp32 e^{G_last} [chunks][Hv].
-__host__ __device__ __forceinline__ int64_t ChunkElems(int dk, int dv) {
-  return static_cast<int64_t>(kC) * (3 * dk + dv + kC);
+// Scratch per (chunk, value head), bf16, laid out as a stage of the state kernel's shared memory
+// so that one bulk copy moves each part: w, qg, kd [C][Dk] and P [C][C] swizzled (`Swizzled`);
+// u in blocks of 32 value columns [Dv / 32][C][32]. After all chunks: fp32 e^{G_last}
+// [chunks][Hv].
+__host__ __device__ constexpr int64_t WqkElems(int dk) { return 3LL * kC * dk; }
+constexpr int64_t kUBlockElems = int64_t{kC} * 32;
+__host__ __device__ constexpr int64_t ChunkElems(int dk, int dv) {
+  return WqkElems(dk) + (dv / 32) * kUBlockElems + int64_t{kC} * kC;
 }
 
 template <int kDk>
@@ -244,8 +255,8 @@ __global__ void __launch_bounds__(kThreads)
   uint16_t* w_out = out;
   uint16_t* qg_out = out + kC * kDk;
   uint16_t* kd_out = out + 2 * kC * kDk;
-  uint16_t* u_out = out + 3 * kC * kDk;
-  uint16_t* p_out = u_out + kC * dv;
+  uint16_t* u_out = out + WqkElems(kDk);
+  uint16_t* p_out = u_out + (dv / 32) * kUBlockElems;
   const float g_last = sm.gcum[kC - 1];
   if (tid == 0) glast[static_cast<int64_t>(chunk) * num_v_heads + h] = __expf(g_last);
 
@@ -300,8 +311,8 @@ __global__ void __launch_bounds__(kThreads)
       }
       *reinterpret_cast<uint4*>(&sm.q[lrow][d]) = qn;
       *reinterpret_cast<uint4*>(&sm.k[lrow][d]) = kn;
-      *reinterpret_cast<uint4*>(&qg_out[lrow * kDk + d]) = qgv;
-      *reinterpret_cast<uint4*>(&kd_out[lrow * kDk + d]) = kdv;
+      *reinterpret_cast<uint4*>(&qg_out[Swizzled(lrow, d, kDk)]) = qgv;
+      *reinterpret_cast<uint4*>(&kd_out[Swizzled(lrow, d, kDk)]) = kdv;
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -350,29 +361,43 @@ __global__ void __launch_bounds__(kThreads)
           sm.l[t][j] = j < t ? bt * dec * acc_k[n][half * 2 + e] : 0.f;
           pv[e] = j <= t ? dec * acc_q[n][half * 2 + e] : 0.f;
         }
-        *reinterpret_cast<uint32_t*>(&p_out[t * kC + nb + n * 8 + tc]) = PackBf16(pv[0], pv[1]);
+        *reinterpret_cast<uint32_t*>(&p_out[Swizzled(t, nb + n * 8 + tc, kC)]) =
+            PackBf16(pv[0], pv[1]);
       }
     }
   }
   __syncthreads();
 
-  // T = (I + L)^-1, blocked by 16. The diagonal blocks by forward substitution: warp w solves
-  // columns 8 (w % 2) .. + 7 of diagonal block w / 2, four lanes per column splitting the sum.
-  // Then the off-diagonal blocks level by level:
+  // T = (I + L)^-1, blocked by 16. The diagonal blocks by forward substitution: thread
+  // tid < 64 keeps column tid % 16 of diagonal block tid / 16 in registers,
+  //   T_tc = [t == c] - sum_{j < t} L_tj T_jc,
+  // and reads row t of L as its block's 16 threads all do (a broadcast): no shuffles, no barriers,
+  // one dependent FMA per row. Then the off-diagonal blocks level by level:
   //   T_ij = -T_ii M_ij,  M_ij = sum_{j <= k < i} L_ik T_kj  (i > j, block indices),
   // with M kept in the unused upper blocks (0, 1 + n) of sm.l. Blocks above the diagonal of T
   // are never written: the bf16 conversion below treats them as zero.
-  {
-    const int base = 16 * (warp >> 1), cl = 8 * (warp & 1) + (lane >> 2), q = lane & 3;
+  if (tid < 64) {
+    const int base = 16 * (tid >> 4), cl = tid & 15;
+    float x[16];
+#pragma unroll
+    for (int t = 0; t < 16; ++t) x[t] = 0.f;
+#pragma unroll
     for (int t = 0; t < 16; ++t) {
+      // L is zero on and above the diagonal, and x[j >= t] is still zero: whole float4s add
+      // nothing extra.
       float acc = 0.f;
-      for (int j = cl + q; j < t; j += 4)
-        acc += sm.l[base + t][base + j] * sm.t[base + j][base + cl];
-      acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-      acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-      if (q == 0) sm.t[base + t][base + cl] = t == cl ? 1.f : (t > cl ? -acc : 0.f);
-      __syncwarp();
+#pragma unroll
+      for (int j4 = 0; j4 < t; j4 += 4) {
+        const float4 l4 = *reinterpret_cast<const float4*>(&sm.l[base + t][base + j4]);
+        acc += l4.x * x[j4];
+        acc += l4.y * x[j4 + 1];
+        acc += l4.z * x[j4 + 2];
+        acc += l4.w * x[j4 + 3];
+      }
+      x[t] = t == cl ? 1.f : (t > cl ? -acc : 0.f);
     }
+#pragma unroll
+    for (int t = 0; t < 16; ++t) sm.t[base + t][base + cl] = x[t];
   }
   __syncthreads();
   // Each thread computes 4 adjacent columns (n, row a, columns 4 b4 .. + 3) of a level.
@@ -426,10 +451,10 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
 
-  // w = Tw K [C, Dk] and u = Tu V [C, Dv]: warp w rows m0 .. m0 + 15, column half half_col.
+  // w = Tw K [C, Dk] and u = Tu V [C, Dv]: warp w rows m0 .. m0 + 15, column half half_col;
+  // `at(row, col)` is where an output pair goes.
   {
-    auto product = [&](const uint16_t* a_mat, const uint16_t* b_mat, int ldb, int ncols,
-                       uint16_t* dst) {
+    auto product = [&](const uint16_t* a_mat, const uint16_t* b_mat, int ldb, int ncols, auto at) {
       const int width = ncols / 2, n0 = half_col * width;  // width <= 64, a multiple of 16
       float acc[8][4];
 #pragma unroll
@@ -455,66 +480,54 @@ __global__ void __launch_bounds__(kThreads)
       for (int n = 0; n < 8; ++n) {
         if (n * 8 < width) {
           const int col = n0 + n * 8 + tc;
-          *reinterpret_cast<uint32_t*>(&dst[(m0 + gr) * ncols + col]) =
-              PackBf16(acc[n][0], acc[n][1]);
-          *reinterpret_cast<uint32_t*>(&dst[(m0 + gr + 8) * ncols + col]) =
-              PackBf16(acc[n][2], acc[n][3]);
+          *reinterpret_cast<uint32_t*>(at(m0 + gr, col)) = PackBf16(acc[n][0], acc[n][1]);
+          *reinterpret_cast<uint32_t*>(at(m0 + gr + 8, col)) = PackBf16(acc[n][2], acc[n][3]);
         }
       }
     };
-    product(tw, &sm.k[0][0], kLdK, kDk, w_out);
-    product(tu, &sm.v[0][0], kLdV, dv, u_out);
+    product(tw, &sm.k[0][0], kLdK, kDk,
+            [&](int r, int col) { return w_out + Swizzled(r, col, kDk); });
+    product(tu, &sm.v[0][0], kLdV, dv,
+            [&](int r, int col) { return u_out + ((col >> 5) * kC + r) * 32 + (col & 31); });
   }
 }
 
 template <int kDk, int kBVt>
 struct StateSmem {
-  static constexpr int kLdK = kDk + 8;
   static constexpr int kLdV = kBVt + 8;
-  static constexpr int kLdC = kC + 8;
+  // A stage holds one chunk's scratch in its layout: w, qg, kd and P whole, u's blocks
+  // v0 / 32 .. (v0 + kBVt) / 32 - 1.
   struct Stage {
-    uint16_t w[kC][kLdK];
-    uint16_t qg[kC][kLdK];
-    uint16_t kd[kC][kLdK];
-    uint16_t u[kC][kLdV];
-    uint16_t p[kC][kLdC];
+    uint16_t w[kC][kDk];
+    uint16_t qg[kC][kDk];
+    uint16_t kd[kC][kDk];
+    uint16_t u[kBVt / 32][kC][32];
+    uint16_t p[kC][kC];
   };
   Stage stage[2];
-  uint16_t s[kDk][kLdV];  // state as bf16
-  uint16_t x[kC][kLdV];   // X = u - w S as bf16
+  uint16_t s[kDk][kLdV];        // state as bf16
+  uint16_t x[kC][kLdV];         // X = u - w S as bf16
+  alignas(8) uint64_t full[2];  // stage i's copies have landed
   int first_chunk;
 };
 
-// w, qg and kd are consecutive [C][Dk] blocks in scratch and consecutive [C][kLdK] arrays in a
-// stage, so piece e (16 bytes) of the 3 C Dk elements lands in row e / (Dk / 8) of the stage's
-// [3 C][kLdK] view: every thread copies pieces tid, tid + kThreads, ... at constant strides.
+// One thread copies chunk `src`'s w, qg and kd, its u columns v0 .. v0 + kBVt - 1 and P into
+// `st`: three bulk copies (the scratch has the stage's layout), completing on `bar`. Every
+// thread must have finished reading the stage before (a block barrier).
 template <int kDk, int kBVt>
 __device__ __forceinline__ void PrefetchChunk(typename StateSmem<kDk, kBVt>::Stage& st,
-                                              const uint16_t* src, int dv, int v0, int tid) {
-  constexpr int kRowVec = kDk / 8;                     // 16-byte pieces per row
-  constexpr int kIters = 3 * kC * kRowVec / kThreads;  // exact: 12 (Dk 128) or 6 (Dk 64)
-  constexpr int kRowStep = kThreads / kRowVec;         // rows advanced per iteration
-  constexpr int kLdK = StateSmem<kDk, kBVt>::kLdK;
-  static_assert(3 * kC * kRowVec % kThreads == 0, "pieces split evenly");
-  uint16_t* dst = &st.w[0][0] + (tid / kRowVec) * kLdK + (tid % kRowVec) * 8;
-  const uint16_t* from = src + tid * 8;
-#pragma unroll
-  for (int i = 0; i < kIters; ++i) CpAsync16(dst + i * kRowStep * kLdK, from + i * kThreads * 8);
-  // u: C rows x kBVt / 8 pieces; P: C rows x 8 pieces (two per thread).
-  constexpr int kUVec = kBVt / 8;
-  static_assert(kC * kUVec % kThreads == 0, "u pieces split evenly");
-  const uint16_t* u = src + 3 * kC * kDk;
-#pragma unroll
-  for (int i = 0; i < kC * kUVec / kThreads; ++i) {
-    const int e = tid + i * kThreads, r = e / kUVec, c = (e % kUVec) * 8;
-    CpAsync16(&st.u[r][c], u + r * dv + v0 + c);
-  }
-  const uint16_t* p = u + kC * dv;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int e = tid + i * kThreads;
-    CpAsync16(&st.p[e >> 3][(e & 7) * 8], p + e * 8);
-  }
+                                              uint32_t bar, const uint16_t* src, int dv, int v0) {
+  constexpr uint32_t kWqkBytes = 2 * WqkElems(kDk);
+  constexpr uint32_t kUBytes = 2 * (kBVt / 32) * kUBlockElems;
+  constexpr uint32_t kPBytes = 2 * kC * kC;
+  static_assert(sizeof(st) == kWqkBytes + kUBytes + kPBytes, "a stage is one chunk's scratch");
+  BarrierArriveExpect(bar, kWqkBytes + kUBytes + kPBytes);
+  // The stage was last read through the generic proxy; the copies write through the async one.
+  wgmma::FenceProxyAsync();
+  const uint16_t* u = src + WqkElems(kDk);
+  BulkLoad(SharedAddress(&st.w[0][0]), src, kWqkBytes, bar);
+  BulkLoad(SharedAddress(&st.u[0][0][0]), u + (v0 / 32) * kUBlockElems, kUBytes, bar);
+  BulkLoad(SharedAddress(&st.p[0][0]), u + (dv / 32) * kUBlockElems, kPBytes, bar);
 }
 
 // 8 warps, kBVt (32 or 64) value columns per block. Token side (X, o): warp w owns rows
@@ -529,7 +542,7 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   using Smem = StateSmem<kDk, kBVt>;
   Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
-  constexpr int kLdK = Smem::kLdK, kLdV = Smem::kLdV, kLdC = Smem::kLdC;
+  constexpr int kLdV = Smem::kLdV;
   constexpr int kTN = kBVt / 16;                          // token-side n-tiles per warp
   constexpr int kSN = kDk == 128 ? kBVt / 8 : kBVt / 16;  // state n-tiles per warp
   const int seg = blockIdx.x, h = blockIdx.y, v0 = blockIdx.z * kBVt;
@@ -539,8 +552,14 @@ __global__ void __launch_bounds__(kThreads)
   if (nchunks == 0) return;
   if (warp == 0) {
     const int first = FirstChunk(segs, min_tokens, seg);
-    if (lane == 0) sm.first_chunk = first;
+    if (lane == 0) {
+      sm.first_chunk = first;
+      BarrierInit(SharedAddress(&sm.full[0]), 1);
+      BarrierInit(SharedAddress(&sm.full[1]), 1);
+      wgmma::FenceProxyAsync();  // the initialised barriers, visible to the copy engine
+    }
   }
+  auto full = [&](int c) { return SharedAddress(&sm.full[c & 1]); };
   const int begin = segs.token_begin[seg], slot = segs.state_slot[seg];
   const int gr = lane >> 2, tc = (lane & 3) * 2;
   const int64_t chunk_elems = ChunkElems(kDk, dv);
@@ -570,17 +589,16 @@ __global__ void __launch_bounds__(kThreads)
   const int first = sm.first_chunk;
   const uint16_t* src0 = scratch + (static_cast<int64_t>(first) * num_v_heads + h) * chunk_elems;
   const int64_t chunk_stride = static_cast<int64_t>(num_v_heads) * chunk_elems;
-  PrefetchChunk<kDk, kBVt>(sm.stage[0], src0, dv, v0, tid);
-  CpAsyncCommit();
+  if (tid == 0) PrefetchChunk<kDk, kBVt>(sm.stage[0], full(0), src0, dv, v0);
 
   for (int c = 0; c < nchunks; ++c) {
     typename Smem::Stage& st = sm.stage[c & 1];
     // Read early: its latency then hides behind this chunk's products.
     const float decay = glast[(static_cast<int64_t>(first) + c) * num_v_heads + h];
-    if (c + 1 < nchunks) {
-      PrefetchChunk<kDk, kBVt>(sm.stage[(c + 1) & 1], src0 + (c + 1) * chunk_stride, dv, v0, tid);
+    if (tid == 0 && c + 1 < nchunks) {
+      PrefetchChunk<kDk, kBVt>(sm.stage[(c + 1) & 1], full(c + 1), src0 + (c + 1) * chunk_stride,
+                               dv, v0);
     }
-    CpAsyncCommit();
     // S as bf16 into shared memory.
 #pragma unroll
     for (int n = 0; n < kSN; ++n) {
@@ -588,8 +606,8 @@ __global__ void __launch_bounds__(kThreads)
       *reinterpret_cast<uint32_t*>(&sm.s[d][col]) = PackBf16(acc_s[n][0], acc_s[n][1]);
       *reinterpret_cast<uint32_t*>(&sm.s[d + 8][col]) = PackBf16(acc_s[n][2], acc_s[n][3]);
     }
-    CpAsyncWait<1>();  // this chunk's stage has landed (the next one may still be in flight)
-    __syncthreads();
+    BarrierWait(full(c), (c >> 1) & 1);  // this chunk's stage has landed
+    __syncthreads();                     // and sm.s is written
 
     // X = u - w S and o = qg S for token rows m0 .. + 15, columns c0 .. + kBVt / 2 - 1.
     float acc_x[kTN][4], acc_o[kTN][4];
@@ -601,8 +619,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k0 = 0; k0 < kDk; k0 += 16) {
       uint32_t aw[4], aq[4];
-      LoadA(aw, &st.w[0][0], kLdK, m0, k0, lane);
-      LoadA(aq, &st.qg[0][0], kLdK, m0, k0, lane);
+      LoadA<true>(aw, &st.w[0][0], kDk, m0, k0, lane);
+      LoadA<true>(aq, &st.qg[0][0], kDk, m0, k0, lane);
 #pragma unroll
       for (int n = 0; n < kTN; n += 2) {
         uint32_t b[4];
@@ -618,7 +636,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = m0 + gr + 8 * half, col = c0 + n * 8 + tc;
-        const uint32_t uu = *reinterpret_cast<const uint32_t*>(&st.u[r][col]);
+        const uint32_t uu = *reinterpret_cast<const uint32_t*>(&st.u[col >> 5][r][col & 31]);
         const float x0 = __uint_as_float(uu << 16) - acc_x[n][2 * half];
         const float x1 = __uint_as_float(uu & 0xffff0000u) - acc_x[n][2 * half + 1];
         *reinterpret_cast<uint32_t*>(&sm.x[r][col]) = PackBf16(x0, x1);
@@ -630,7 +648,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k0 = 0; k0 < kC; k0 += 16) {
       uint32_t a[4];
-      LoadA(a, &st.p[0][0], kLdC, m0, k0, lane);
+      LoadA<true>(a, &st.p[0][0], kC, m0, k0, lane);
 #pragma unroll
       for (int n = 0; n < kTN; n += 2) {
         uint32_t b[4];
@@ -663,7 +681,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k0 = 0; k0 < kC; k0 += 16) {
       uint32_t a[4];
-      LoadAT(a, &st.kd[0][0], kLdK, s_row0, k0, lane);
+      LoadAT<true>(a, &st.kd[0][0], kDk, s_row0, k0, lane);
 #pragma unroll
       for (int n = 0; n < kSN; n += 2) {
         uint32_t b[4];
@@ -674,7 +692,6 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();  // sm.s, sm.x and this stage are rewritten next
   }
-  CpAsyncWait<0>();
 
   if (state != nullptr) {
 #pragma unroll
