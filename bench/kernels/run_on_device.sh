@@ -22,8 +22,10 @@
 # source on PYTHONPATH: .peers/fla by default (git-ignored copy of fla-org/flash-linear-attention,
 # commit in .peers/FLA_COMMIT), or KBENCH_FLA_PATH. fla needs einops and transformers.
 #
-# Environment: KBENCH_ITERS (default 100), KBENCH_MAX_CASE_MS (default 1000), KBENCH_PEERS=0 to
-# skip the peers, KBENCH_PEER_TIMEOUT_S (default 90 per group of peer cases: the first run
+# Environment: KBENCH_ITERS (default 100), KBENCH_MAX_CASE_MS (default 1000), KBENCH_ONLY (a bash
+# regex: only the groups of our cases and of peer cases whose name or pattern matches it, for
+# example 'gdr' for the gated delta rule; the ceilings are measured all the same), KBENCH_PEERS=0
+# to skip the peers, KBENCH_PEER_TIMEOUT_S (default 90 per group of peer cases: the first run
 # compiles and autotunes fla's Triton kernels), KBENCH_GROUP_TIMEOUT_S (default 150 per group of
 # our cases).
 #
@@ -32,7 +34,7 @@
 # process, and handed to the others.
 set -uo pipefail
 if [ $# -lt 1 ] || [ "$1" = "--help" ]; then
-  sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 bundle=$1
@@ -81,9 +83,11 @@ groups=(
   'dense:^(rmsnorm1p|add_rmsnorm1p|add|add_sigmoid_scaled|silu_mul|embedding|gather_rows)\.'
 )
 i=1
+only=${KBENCH_ONLY:-}
 for g in "${groups[@]}"; do
   name=${g%%:*}
   re=${g#*:}
+  if [ -n "$only" ] && ! [[ $name =~ $only || $re =~ $only ]]; then i=$((i + 1)); continue; fi
   echo "== ours: $name"
   bench --filter "$re" "${ceil_args[@]}" --json "$work/ours_${i}_$name.json" ||
     echo "!! group $name failed (exit $?): its cases are missing from the tables"
@@ -123,6 +127,7 @@ if [ "${KBENCH_PEERS:-1}" != 0 ]; then
   peer_timeout=${KBENCH_PEER_TIMEOUT_S:-90}
   i=0
   for re in "${peer_groups[@]}"; do
+    if [ -n "$only" ] && ! [[ $re =~ $only ]]; then i=$((i + 1)); continue; fi
     echo "== peers: $re"
     timeout "$peer_timeout" python3 "$here/peers.py" "${ceil_from[@]}" --filter "^$re" \
       --json "$work/peers_$i.json" || echo "!! peers.py group '$re' failed or timed out (exit $?)"
