@@ -505,8 +505,10 @@ struct StateSmem {
     uint16_t p[kC][kC];
   };
   Stage stage[2];
-  uint16_t s[kDk][kLdV];        // state as bf16
-  uint16_t x[kC][kLdV];         // X = u - w S as bf16
+  // Chunk c uses s[c % 2] and x[c % 2], so that the next chunk's writes need no barrier after
+  // this chunk's reads: two barriers per chunk.
+  uint16_t s[2][kDk][kLdV];     // state as bf16
+  uint16_t x[2][kC][kLdV];      // X = u - w S as bf16
   alignas(8) uint64_t full[2];  // stage i's copies have landed
   int first_chunk;
 };
@@ -591,23 +593,30 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t chunk_stride = static_cast<int64_t>(num_v_heads) * chunk_elems;
   if (tid == 0) PrefetchChunk<kDk, kBVt>(sm.stage[0], full(0), src0, dv, v0);
 
+  // e^{G_last} one chunk ahead: its load latency hides behind a chunk's products.
+  float decay_next = glast[static_cast<int64_t>(first) * num_v_heads + h];
   for (int c = 0; c < nchunks; ++c) {
     typename Smem::Stage& st = sm.stage[c & 1];
-    // Read early: its latency then hides behind this chunk's products.
-    const float decay = glast[(static_cast<int64_t>(first) + c) * num_v_heads + h];
+    uint16_t(&s_bf)[kDk][kLdV] = sm.s[c & 1];
+    uint16_t(&x_bf)[kC][kLdV] = sm.x[c & 1];
+    const float decay = decay_next;
+    if (c + 1 < nchunks) {
+      decay_next = glast[(static_cast<int64_t>(first) + c + 1) * num_v_heads + h];
+    }
+    // S as bf16 into shared memory (s[c % 2] was last read in chunk c - 2).
+#pragma unroll
+    for (int n = 0; n < kSN; ++n) {
+      const int d = s_row0 + gr, col = s_col0 + n * 8 + tc;
+      *reinterpret_cast<uint32_t*>(&s_bf[d][col]) = PackBf16(acc_s[n][0], acc_s[n][1]);
+      *reinterpret_cast<uint32_t*>(&s_bf[d + 8][col]) = PackBf16(acc_s[n][2], acc_s[n][3]);
+    }
+    BarrierWait(full(c), (c >> 1) & 1);  // this chunk's stage has landed
+    __syncthreads();  // s[c % 2] is written, and every thread is done with chunk c - 1
+    // So the stage chunk c - 1 used takes chunk c + 1.
     if (tid == 0 && c + 1 < nchunks) {
       PrefetchChunk<kDk, kBVt>(sm.stage[(c + 1) & 1], full(c + 1), src0 + (c + 1) * chunk_stride,
                                dv, v0);
     }
-    // S as bf16 into shared memory.
-#pragma unroll
-    for (int n = 0; n < kSN; ++n) {
-      const int d = s_row0 + gr, col = s_col0 + n * 8 + tc;
-      *reinterpret_cast<uint32_t*>(&sm.s[d][col]) = PackBf16(acc_s[n][0], acc_s[n][1]);
-      *reinterpret_cast<uint32_t*>(&sm.s[d + 8][col]) = PackBf16(acc_s[n][2], acc_s[n][3]);
-    }
-    BarrierWait(full(c), (c >> 1) & 1);  // this chunk's stage has landed
-    __syncthreads();                     // and sm.s is written
 
     // X = u - w S and o = qg S for token rows m0 .. + 15, columns c0 .. + kBVt / 2 - 1.
     float acc_x[kTN][4], acc_o[kTN][4];
@@ -624,7 +633,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int n = 0; n < kTN; n += 2) {
         uint32_t b[4];
-        LoadBKN(b, &sm.s[0][0], kLdV, c0 + n * 8, k0, lane);
+        LoadBKN(b, &s_bf[0][0], kLdV, c0 + n * 8, k0, lane);
         Mma(acc_x[n], aw, b[0], b[1]);
         Mma(acc_x[n + 1], aw, b[2], b[3]);
         Mma(acc_o[n], aq, b[0], b[1]);
@@ -639,7 +648,7 @@ __global__ void __launch_bounds__(kThreads)
         const uint32_t uu = *reinterpret_cast<const uint32_t*>(&st.u[col >> 5][r][col & 31]);
         const float x0 = __uint_as_float(uu << 16) - acc_x[n][2 * half];
         const float x1 = __uint_as_float(uu & 0xffff0000u) - acc_x[n][2 * half + 1];
-        *reinterpret_cast<uint32_t*>(&sm.x[r][col]) = PackBf16(x0, x1);
+        *reinterpret_cast<uint32_t*>(&x_bf[r][col]) = PackBf16(x0, x1);
       }
     }
     __syncthreads();
@@ -652,7 +661,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int n = 0; n < kTN; n += 2) {
         uint32_t b[4];
-        LoadBKN(b, &sm.x[0][0], kLdV, c0 + n * 8, k0, lane);
+        LoadBKN(b, &x_bf[0][0], kLdV, c0 + n * 8, k0, lane);
         Mma(acc_o[n], a, b[0], b[1]);
         Mma(acc_o[n + 1], a, b[2], b[3]);
       }
@@ -685,12 +694,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int n = 0; n < kSN; n += 2) {
         uint32_t b[4];
-        LoadBKN(b, &sm.x[0][0], kLdV, s_col0 + n * 8, k0, lane);
+        LoadBKN(b, &x_bf[0][0], kLdV, s_col0 + n * 8, k0, lane);
         Mma(acc_s[n], a, b[0], b[1]);
         Mma(acc_s[n + 1], a, b[2], b[3]);
       }
     }
-    __syncthreads();  // sm.s, sm.x and this stage are rewritten next
   }
 
   if (state != nullptr) {
