@@ -16,9 +16,9 @@
 //     e^{G_last} to scratch.
 //  2. ChunkStateKernel, one block per (segment, value head, 32 value columns), serial over the
 //     segment's chunks: keeps S (fp32) in mma accumulators, and per chunk computes X = u - w S,
-//     o = qg S + P X and S = e^{G_last} S + kd^T X, with the next chunk's inputs copied into
-//     shared memory by the bulk copy engine (one warp issues a copy per row) while the current
-//     one is computed.
+//     o = qg S + P X and S = e^{G_last} S + kd^T X, with the next chunk's inputs brought into
+//     shared memory by three bulk copies (the prep kernel writes them in the shared-memory
+//     layout) while the current one is computed.
 // Matrix products use mma.sync m16n8k16 bf16 with fp32 accumulation; S and X enter them as bf16
 // (as in flash-linear-attention), so results carry bf16-level relative error (~1e-3).
 #include <atomic>
