@@ -90,9 +90,11 @@ __global__ void QkNormRopeKernel(const uint16_t* q_gate, uint16_t* k, AnyPtr q_n
   }
 }
 
-// The same for head_dim % 8 == 0 (<= 256) with 16-byte aligned operands: one block per token,
-// one warp per head (lane l holds dims 8l .. 8l+7), so a head needs no block barrier, and the
-// token's rotation angles are computed once for all its heads instead of once per element.
+// The same for head_dim % 8 == 0 (<= 256) with 16-byte aligned operands: a block per token (or,
+// for a few tokens, per token and group of kRopeWarps heads: then no warp handles a second head
+// after the first, at one token 7.8 us of a serial loop over 18 heads), one warp per head (lane l
+// holds dims 8l .. 8l+7), so a head needs no block barrier, and a block's rotation angles are
+// computed once for all its heads instead of once per element.
 constexpr int kRopeWarps = 8;
 
 __global__ void __launch_bounds__(kRopeWarps * 32)
@@ -116,7 +118,8 @@ __global__ void __launch_bounds__(kRopeWarps * 32)
   __syncthreads();
   const int d0 = lane * 8;
   const bool active = d0 < head_dim;
-  for (int head = warp; head < num_heads + num_kv_heads; head += kRopeWarps) {
+  for (int head = blockIdx.y * kRopeWarps + warp; head < num_heads + num_kv_heads;
+       head += gridDim.y * kRopeWarps) {
     const QkHead h =
         QkHeadOf(t, head, q_gate, k, q, q_norm, k_norm, num_heads, num_kv_heads, head_dim);
     const bool is_q = h.is_q;
@@ -428,9 +431,13 @@ void LaunchQkNormRope(const uint16_t* q_gate, uint16_t* k, AnyPtr q_norm, AnyPtr
       IsAligned16(q_gate) && IsAligned16(k) && IsAligned16(q) && IsAligned16(gate) &&
       IsAligned16(q_norm.data) && IsAligned16(k_norm.data)) {
     const size_t smem = sizeof(float) * (rotary_dim + kRopeWarps * head_dim);
-    LaunchPdl("QkNormRopeVecKernel", QkNormRopeVecKernel, static_cast<unsigned>(num_tokens),
-              kRopeWarps * 32, smem, stream, q_gate, k, q_norm, k_norm, eps, rotary_dim, theta,
-              num_heads, num_kv_heads, head_dim, token_position, q, gate);
+    // Below a wave of blocks, a block per group of kRopeWarps heads.
+    const int heads = num_heads + num_kv_heads;
+    const unsigned groups = num_tokens < 128 ? (heads + kRopeWarps - 1) / kRopeWarps : 1;
+    LaunchPdl("QkNormRopeVecKernel", QkNormRopeVecKernel,
+              dim3(static_cast<unsigned>(num_tokens), groups), kRopeWarps * 32, smem, stream,
+              q_gate, k, q_norm, k_norm, eps, rotary_dim, theta, num_heads, num_kv_heads, head_dim,
+              token_position, q, gate);
     CheckLaunch("QkNormRope");
     return;
   }
