@@ -58,31 +58,36 @@ __device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint3
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Element offset of (row, col) in a row-major matrix of `ld` columns whose 16-byte pieces are
-// XOR-swizzled by row (piece p of row r stored at p ^ (r % 8)): ldmatrix's eight row reads of
-// one piece column then fall in eight different bank groups with no padding, so a whole matrix
-// is one contiguous run for a bulk copy and every 32-byte sector is written by one warp.
-__host__ __device__ __forceinline__ int Swizzled(int row, int col, int ld) {
-  const int piece = col >> 3;
-  return row * ld + (((piece ^ row) & 7) | (piece & ~7)) * 8 + (col & 7);
+// Element offset of (row, col) in a [rows][kLd] tile swizzled as TileOffset's: no padding, so a
+// whole matrix is one contiguous run for a bulk copy and every 32-byte sector is written by one
+// warp, and ldmatrix stays free of bank conflicts.
+template <int kLd>
+__device__ __forceinline__ int Swizzled(int row, int col) {
+  return TileOffset<kLd>(row, col >> 3) + (col & 7);
 }
-template <bool kSwizzled>
-__device__ __forceinline__ const uint16_t* At(const uint16_t* x, int ld, int row, int col) {
-  return x + (kSwizzled ? Swizzled(row, col, ld) : row * ld + col);
+// Element offset of (row, col) in row-major X of `ld` columns, or, with kSwizzledLd (== ld), in
+// the swizzled layout.
+template <int kSwizzledLd>
+__device__ __forceinline__ int OffsetOf(int ld, int row, int col) {
+  if constexpr (kSwizzledLd > 0) {
+    return Swizzled<kSwizzledLd>(row, col);
+  } else {
+    return row * ld + col;
+  }
 }
 
 // A fragment (16 x 16) at rows m0, cols k0 of row-major X[m][k] (ld elements per row).
-template <bool kSwizzled = false>
+template <int kSwizzledLd = 0>
 __device__ __forceinline__ void LoadA(uint32_t (&a)[4], const uint16_t* x, int ld, int m0, int k0,
                                       int lane) {
-  Ldsm4(a, At<kSwizzled>(x, ld, m0 + (lane & 15), k0 + (lane >> 4) * 8));
+  Ldsm4(a, x + OffsetOf<kSwizzledLd>(ld, m0 + (lane & 15), k0 + (lane >> 4) * 8));
 }
 // A fragment of A = Xt^T, Xt stored row-major [k][m].
-template <bool kSwizzled = false>
+template <int kSwizzledLd = 0>
 __device__ __forceinline__ void LoadAT(uint32_t (&a)[4], const uint16_t* xt, int ld, int m0, int k0,
                                        int lane) {
-  Ldsm4T(a,
-         At<kSwizzled>(xt, ld, k0 + (lane & 7) + ((lane >> 4) << 3), m0 + ((lane >> 3) & 1) * 8));
+  Ldsm4T(a, xt + OffsetOf<kSwizzledLd>(ld, k0 + (lane & 7) + ((lane >> 4) << 3),
+                                       m0 + ((lane >> 3) & 1) * 8));
 }
 // B fragments of two n-tiles (n0, n0 + 8) at k0, B stored as Bt[n][k]: {b0, b1} of tile n0 in
 // r[0], r[1], of tile n0 + 8 in r[2], r[3].
@@ -146,12 +151,14 @@ __device__ int FirstChunk(const SegmentMeta& segs, int min_tokens, int seg) {
 
 // Scratch per (chunk, value head), bf16, laid out as a stage of the state kernel's shared memory
 // so that one bulk copy moves each part: w, qg, kd [C][Dk] and P [C][C] swizzled (`Swizzled`);
-// u in blocks of 32 value columns [Dv / 32][C][32]. After all chunks: fp32 e^{G_last}
-// [chunks][Hv].
+// u in blocks of kUCols value columns [Dv / kUCols][C][kUCols] (a state block takes one or two).
+// After all chunks: fp32 e^{G_last} [chunks][Hv].
+constexpr int kUCols = 32;  // col >> 5 and col & 31 below are col / kUCols and col % kUCols
+static_assert(kUCols == 32, "u block indexing uses shifts");
 __host__ __device__ constexpr int64_t WqkElems(int dk) { return 3LL * kC * dk; }
-constexpr int64_t kUBlockElems = int64_t{kC} * 32;
+constexpr int64_t kUBlockElems = int64_t{kC} * kUCols;
 __host__ __device__ constexpr int64_t ChunkElems(int dk, int dv) {
-  return WqkElems(dk) + (dv / 32) * kUBlockElems + int64_t{kC} * kC;
+  return WqkElems(dk) + (dv / kUCols) * kUBlockElems + int64_t{kC} * kC;
 }
 
 template <int kDk>
@@ -256,7 +263,7 @@ __global__ void __launch_bounds__(kThreads)
   uint16_t* qg_out = out + kC * kDk;
   uint16_t* kd_out = out + 2 * kC * kDk;
   uint16_t* u_out = out + WqkElems(kDk);
-  uint16_t* p_out = u_out + (dv / 32) * kUBlockElems;
+  uint16_t* p_out = u_out + (dv / kUCols) * kUBlockElems;
   const float g_last = sm.gcum[kC - 1];
   if (tid == 0) glast[static_cast<int64_t>(chunk) * num_v_heads + h] = __expf(g_last);
 
@@ -311,8 +318,8 @@ __global__ void __launch_bounds__(kThreads)
       }
       *reinterpret_cast<uint4*>(&sm.q[lrow][d]) = qn;
       *reinterpret_cast<uint4*>(&sm.k[lrow][d]) = kn;
-      *reinterpret_cast<uint4*>(&qg_out[Swizzled(lrow, d, kDk)]) = qgv;
-      *reinterpret_cast<uint4*>(&kd_out[Swizzled(lrow, d, kDk)]) = kdv;
+      *reinterpret_cast<uint4*>(&qg_out[Swizzled<kDk>(lrow, d)]) = qgv;
+      *reinterpret_cast<uint4*>(&kd_out[Swizzled<kDk>(lrow, d)]) = kdv;
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -361,7 +368,7 @@ __global__ void __launch_bounds__(kThreads)
           sm.l[t][j] = j < t ? bt * dec * acc_k[n][half * 2 + e] : 0.f;
           pv[e] = j <= t ? dec * acc_q[n][half * 2 + e] : 0.f;
         }
-        *reinterpret_cast<uint32_t*>(&p_out[Swizzled(t, nb + n * 8 + tc, kC)]) =
+        *reinterpret_cast<uint32_t*>(&p_out[Swizzled<kC>(t, nb + n * 8 + tc)]) =
             PackBf16(pv[0], pv[1]);
       }
     }
@@ -486,9 +493,9 @@ __global__ void __launch_bounds__(kThreads)
       }
     };
     product(tw, &sm.k[0][0], kLdK, kDk,
-            [&](int r, int col) { return w_out + Swizzled(r, col, kDk); });
+            [&](int r, int col) { return w_out + Swizzled<kDk>(r, col); });
     product(tu, &sm.v[0][0], kLdV, dv,
-            [&](int r, int col) { return u_out + ((col >> 5) * kC + r) * 32 + (col & 31); });
+            [&](int r, int col) { return u_out + ((col >> 5) * kC + r) * kUCols + (col & 31); });
   }
 }
 
@@ -496,12 +503,12 @@ template <int kDk, int kBVt>
 struct StateSmem {
   static constexpr int kLdV = kBVt + 8;
   // A stage holds one chunk's scratch in its layout: w, qg, kd and P whole, u's blocks
-  // v0 / 32 .. (v0 + kBVt) / 32 - 1.
+  // v0 / kUCols .. (v0 + kBVt) / kUCols - 1.
   struct Stage {
     uint16_t w[kC][kDk];
     uint16_t qg[kC][kDk];
     uint16_t kd[kC][kDk];
-    uint16_t u[kBVt / 32][kC][32];
+    uint16_t u[kBVt / kUCols][kC][kUCols];
     uint16_t p[kC][kC];
   };
   Stage stage[2];
@@ -520,7 +527,7 @@ template <int kDk, int kBVt>
 __device__ __forceinline__ void PrefetchChunk(typename StateSmem<kDk, kBVt>::Stage& st,
                                               uint32_t bar, const uint16_t* src, int dv, int v0) {
   constexpr uint32_t kWqkBytes = 2 * WqkElems(kDk);
-  constexpr uint32_t kUBytes = 2 * (kBVt / 32) * kUBlockElems;
+  constexpr uint32_t kUBytes = 2 * (kBVt / kUCols) * kUBlockElems;
   constexpr uint32_t kPBytes = 2 * kC * kC;
   static_assert(sizeof(st) == kWqkBytes + kUBytes + kPBytes, "a stage is one chunk's scratch");
   BarrierArriveExpect(bar, kWqkBytes + kUBytes + kPBytes);
@@ -528,8 +535,8 @@ __device__ __forceinline__ void PrefetchChunk(typename StateSmem<kDk, kBVt>::Sta
   wgmma::FenceProxyAsync();
   const uint16_t* u = src + WqkElems(kDk);
   BulkLoad(SharedAddress(&st.w[0][0]), src, kWqkBytes, bar);
-  BulkLoad(SharedAddress(&st.u[0][0][0]), u + (v0 / 32) * kUBlockElems, kUBytes, bar);
-  BulkLoad(SharedAddress(&st.p[0][0]), u + (dv / 32) * kUBlockElems, kPBytes, bar);
+  BulkLoad(SharedAddress(&st.u[0][0][0]), u + (v0 / kUCols) * kUBlockElems, kUBytes, bar);
+  BulkLoad(SharedAddress(&st.p[0][0]), u + (dv / kUCols) * kUBlockElems, kPBytes, bar);
 }
 
 // 8 warps, kBVt (32 or 64) value columns per block. Token side (X, o): warp w owns rows
@@ -628,8 +635,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k0 = 0; k0 < kDk; k0 += 16) {
       uint32_t aw[4], aq[4];
-      LoadA<true>(aw, &st.w[0][0], kDk, m0, k0, lane);
-      LoadA<true>(aq, &st.qg[0][0], kDk, m0, k0, lane);
+      LoadA<kDk>(aw, &st.w[0][0], kDk, m0, k0, lane);
+      LoadA<kDk>(aq, &st.qg[0][0], kDk, m0, k0, lane);
 #pragma unroll
       for (int n = 0; n < kTN; n += 2) {
         uint32_t b[4];
@@ -657,7 +664,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k0 = 0; k0 < kC; k0 += 16) {
       uint32_t a[4];
-      LoadA<true>(a, &st.p[0][0], kC, m0, k0, lane);
+      LoadA<kC>(a, &st.p[0][0], kC, m0, k0, lane);
 #pragma unroll
       for (int n = 0; n < kTN; n += 2) {
         uint32_t b[4];
@@ -690,7 +697,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k0 = 0; k0 < kC; k0 += 16) {
       uint32_t a[4];
-      LoadAT<true>(a, &st.kd[0][0], kDk, s_row0, k0, lane);
+      LoadAT<kDk>(a, &st.kd[0][0], kDk, s_row0, k0, lane);
 #pragma unroll
       for (int n = 0; n < kSN; n += 2) {
         uint32_t b[4];

@@ -87,6 +87,17 @@ __host__ __device__ __forceinline__ bool IsAligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
 
+// Element offset of (row, 16-byte chunk) in a row-major [rows][kCols] bf16 tile whose chunks are
+// XOR-swizzled by row (chunk c of row r stored at c ^ (r % 8); rows of fewer than 8 chunks use
+// r % chunks): ldmatrix's eight row reads of one chunk column then fall in different bank
+// groups without padding the rows.
+template <int kCols>
+__host__ __device__ __forceinline__ int TileOffset(int row, int chunk) {
+  constexpr int kChunks = kCols / 8;
+  constexpr int kSwizzle = kChunks < 8 ? kChunks : 8;
+  return row * kCols + ((chunk ^ (row & (kSwizzle - 1))) * 8);
+}
+
 __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 __device__ __forceinline__ float Silu(float x) { return x / (1.0f + __expf(-x)); }
 

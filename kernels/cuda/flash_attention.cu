@@ -54,14 +54,6 @@ __device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Swizzled element offset of (row, 16-byte chunk) in a [rows][kHd] bf16 tile.
-template <int kHd>
-__device__ __forceinline__ int TileOffset(int row, int chunk) {
-  constexpr int kChunks = kHd / 8;
-  constexpr int kSwizzle = kChunks < 8 ? kChunks : 8;
-  return row * kHd + ((chunk ^ (row & (kSwizzle - 1))) * 8);
-}
-
 template <int kHd>
 __global__ void __launch_bounds__(kFlashThreads)
     FlashPagedAttentionKernel(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
