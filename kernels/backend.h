@@ -56,6 +56,17 @@ struct RopeParams {
 
 // A recorded step (a CUDA graph): the ops queued between Backend::BeginCapture and EndCapture,
 // replayed by Backend::Replay with whatever the tensors they read hold at that time.
+// A MoE layer's shared expert as Backend::MoeExpertsWithSharedExpert takes it: its gate and up
+// projections of the layer input, its down projection, the logit of its sigmoid gate, and
+// scratch for the backend that computes its output separately.
+struct SharedExpertOperands {
+  const Tensor& gate_up;      // [T, 2 Is]: gate rows, then up rows
+  const Tensor& down;         // [H, Is]
+  const Tensor& gate_logits;  // [T, 1]
+  Tensor& act;                // [T, Is] scratch
+  Tensor& out;                // [T, H] scratch
+};
+
 class CapturedStep {
  public:
   virtual ~CapturedStep() = default;
@@ -257,6 +268,15 @@ class Backend {
                                     const Tensor& gate_up, const Tensor& down, int first_expert,
                                     const Tensor& shared, const Tensor& shared_gate, Tensor& out,
                                     std::span<int64_t> expert_tokens);
+  // The same with the shared expert's down projection left to the op (the model's form):
+  //   SiluMulLinear(shared.gate_up, shared.down, shared.act, shared.out);
+  //   MoeExpertsWithShared(x, ..., shared.out, shared.gate_logits, out, expert_tokens)
+  // (the default). A backend that completes a row's routed sum in one place computes the shared
+  // expert's part of that row there too, and may leave shared.act and shared.out unwritten.
+  virtual void MoeExpertsWithSharedExpert(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                                          const Tensor& gate_up, const Tensor& down,
+                                          int first_expert, const SharedExpertOperands& shared,
+                                          Tensor& out, std::span<int64_t> expert_tokens);
 };
 
 inline void Backend::ArgmaxRows(const Tensor& logits, Tensor& ids) {
@@ -314,6 +334,16 @@ inline void Backend::MoeExpertsWithShared(const Tensor& x, const Tensor& ids, co
   ZeroFill(out);
   MoeExperts(x, ids, weights, gate_up, down, first_expert, out, expert_tokens);
   AddSigmoidScaled(out, shared, shared_gate);
+}
+
+inline void Backend::MoeExpertsWithSharedExpert(const Tensor& x, const Tensor& ids,
+                                                const Tensor& weights, const Tensor& gate_up,
+                                                const Tensor& down, int first_expert,
+                                                const SharedExpertOperands& shared, Tensor& out,
+                                                std::span<int64_t> expert_tokens) {
+  SiluMulLinear(shared.gate_up, shared.down, shared.act, shared.out);
+  MoeExpertsWithShared(x, ids, weights, gate_up, down, first_expert, shared.out, shared.gate_logits,
+                       out, expert_tokens);
 }
 
 inline void Backend::LinearFanOut(const Tensor& x, std::span<const Tensor* const> ws,

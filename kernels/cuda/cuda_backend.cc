@@ -11,8 +11,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/cuda/device_block_cache.h"
@@ -324,6 +326,10 @@ class CudaBackend final : public Backend {
                             const Tensor& gate_up, const Tensor& down, int first_expert,
                             const Tensor& shared, const Tensor& shared_gate, Tensor& out,
                             std::span<int64_t> expert_tokens) override;
+  void MoeExpertsWithSharedExpert(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                                  const Tensor& gate_up, const Tensor& down, int first_expert,
+                                  const SharedExpertOperands& shared, Tensor& out,
+                                  std::span<int64_t> expert_tokens) override;
   void MapExpertIds(const Tensor& ids, const Tensor& routes, int stride, Tensor& out) override;
 
  private:
@@ -1278,6 +1284,43 @@ void CudaBackend::MoeExpertsWithShared(const Tensor& x, const Tensor& ids, const
   }
   Backend::MoeExpertsWithShared(x, ids, weights, gate_up, down, first_expert, shared, shared_gate,
                                 out, expert_tokens);
+}
+
+void CudaBackend::MoeExpertsWithSharedExpert(const Tensor& x, const Tensor& ids,
+                                             const Tensor& weights, const Tensor& gate_up,
+                                             const Tensor& down, int first_expert,
+                                             const SharedExpertOperands& shared, Tensor& out,
+                                             std::span<int64_t> expert_tokens) {
+  const int64_t t = CheckMoe(x, ids, weights, gate_up, down, out, expert_tokens);
+  const char* op = "MoeExpertsWithSharedExpert";
+  CheckTensor(shared.gate_up, DType::kBF16, op, "shared.gate_up");
+  CheckTensor(shared.down, DType::kBF16, op, "shared.down");
+  const AnyPtr gp = Any(shared.gate_logits, op, "shared.gate_logits");
+  const int64_t hidden = out.numel() / std::max<int64_t>(t, 1);
+  Check(shared.down.rank() == 2 && shared.down.dim(0) == hidden &&
+            shared.gate_up.numel() == t * 2 * shared.down.dim(1) && shared.gate_logits.numel() == t,
+        op,
+        absl::StrFormat("shared gate_up %s, down %s, gate_logits %s for out %s",
+                        shared.gate_up.ShapeString(), shared.down.ShapeString(),
+                        shared.gate_logits.ShapeString(), out.ShapeString()));
+  // Few tokens: one more warp of each down block computes that block's rows of the shared
+  // expert, so its projection is not a launch of its own.
+  // MOBIUS_MOE_SHARED_EXPERT=N (A/B runs): fuse up to N tokens instead of the default; 0 never.
+  static const int max_tokens = [] {
+    const char* env = std::getenv("MOBIUS_MOE_SHARED_EXPERT");
+    int n = cuda::kMoeSharedExpertFusedMaxTokens;
+    return env != nullptr && absl::SimpleAtoi(env, &n) && n >= 0
+               ? n
+               : cuda::kMoeSharedExpertFusedMaxTokens;
+  }();
+  const cuda::MoeSharedTerm term{
+      nullptr, gp, Bf16(shared.gate_up), Bf16(shared.down), shared.down.dim(1), max_tokens};
+  if (t > 0 && ids.dim(1) > 0 && gate_up.dim(0) > 0 && expert_tokens.empty()) {
+    Enter();
+    if (TryMoeFewTokens(x, ids, weights, gate_up, down, first_expert, &term, out)) return;
+  }
+  Backend::MoeExpertsWithSharedExpert(x, ids, weights, gate_up, down, first_expert, shared, out,
+                                      expert_tokens);
 }
 
 }  // namespace

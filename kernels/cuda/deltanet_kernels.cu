@@ -2,6 +2,7 @@
 // activations, and the gated delta rule in its recurrent form.
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -161,6 +162,79 @@ __global__ void __launch_bounds__(kConvVecThreads)
     for (int j = 0; j < kHist; ++j) {
 #pragma unroll
       for (int c = 0; c < 8; ++c) win[j][c] = win[j + 1][c];
+    }
+  }
+}
+
+// The decode step of the conv (every segment one token, kernel size 4): a block per segment and
+// 8 x 32 channels, eight channels per thread. Everything but the token's input row is loaded
+// before PdlWait: the weights are constants, the segment metadata is staged by a copy, and the
+// conv state of a layer is written only by this layer's conv, which finished a step ago (PDL lets
+// a grid start early only while its immediate predecessor runs). The state window of the token
+// and the weights are then in registers when the input projection finishes; the chunk kernel
+// above waits first and then walks metadata -> state -> input as dependent round trips.
+constexpr int kConvDecodeThreads = 32;
+
+__global__ void __launch_bounds__(kConvDecodeThreads)
+    CausalConvDecodeKernel(const uint16_t* x, AnyPtr w, float* conv_states, int64_t channels,
+                           SegmentMeta segs, uint16_t* out) {
+  constexpr int kK = 4, kHist = kK - 1;
+  const int seg = blockIdx.x;
+  const int64_t c0 = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * 8;
+  if (c0 >= channels) return;
+  const int64_t t = segs.token_begin[seg];
+  const int slot = segs.state_slot[seg];
+  float wk[kK][8];  // wk[j][c] = w[c0 + c, j]
+#pragma unroll
+  for (int c = 0; c < 8; c += 2) {
+    float pair[8];  // w[c0 + c, 0..4) and w[c0 + c + 1, 0..4)
+    Load8(w, (c0 + c) * kK, pair);
+#pragma unroll
+    for (int j = 0; j < kK; ++j) {
+      wk[j][c] = pair[j];
+      wk[j][c + 1] = pair[kK + j];
+    }
+  }
+  // state[c * kHist + j] for the 8 channels: 24 consecutive floats, 16-byte aligned (c0 % 8 == 0
+  // and the base is).
+  float hist[8 * kHist];
+  float* state = slot < 0 ? nullptr : conv_states + (slot * channels + c0) * kHist;
+  if (state != nullptr) {
+#pragma unroll
+    for (int q = 0; q < 8 * kHist / 4; ++q) {
+      const float4 v = reinterpret_cast<const float4*>(state)[q];
+      hist[4 * q] = v.x, hist[4 * q + 1] = v.y, hist[4 * q + 2] = v.z, hist[4 * q + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8 * kHist; ++i) hist[i] = 0.0f;
+  }
+  PdlWait();  // the input row comes from the in-projection
+  PdlTrigger();
+  float cur[8];
+  UnpackBf16x8(*reinterpret_cast<const uint4*>(x + t * channels + c0), cur);
+  float acc[8];
+#pragma unroll
+  for (int c = 0; c < 8; ++c) {
+    float a = 0.0f;  // the chunk kernel's order: oldest input first
+#pragma unroll
+    for (int j = 0; j < kHist; ++j) a += wk[j][c] * hist[c * kHist + j];
+    acc[c] = Silu(a + wk[kHist][c] * cur[c]);
+  }
+  *reinterpret_cast<uint4*>(out + t * channels + c0) = PackBf16x8(acc);
+  if (state != nullptr) {
+    float next[8 * kHist];
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+#pragma unroll
+      for (int j = 0; j < kHist; ++j) {
+        next[c * kHist + j] = j + 1 < kHist ? hist[c * kHist + j + 1] : cur[c];
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < 8 * kHist / 4; ++q) {
+      reinterpret_cast<float4*>(state)[q] =
+          make_float4(next[4 * q], next[4 * q + 1], next[4 * q + 2], next[4 * q + 3]);
     }
   }
 }
@@ -540,6 +614,17 @@ void LaunchDeltaRuleWarp(const uint16_t* qkv, float* g, float* beta, const Delta
 
 }  // namespace
 
+namespace {
+// MOBIUS_CONV_DECODE=0 runs decode steps through the chunk kernel (A/B runs; read once).
+bool ConvDecodeKernelOff() {
+  static const bool off = [] {
+    const char* env = std::getenv("MOBIUS_CONV_DECODE");
+    return env != nullptr && std::string_view(env) == "0";
+  }();
+  return off;
+}
+}  // namespace
+
 void LaunchCausalConv1dSilu(const uint16_t* x, AnyPtr w, float* conv_states, int64_t num_tokens,
                             int64_t channels, int kernel_size, const TokenMeta& tokens,
                             const SegmentMeta& segments, uint16_t* out, cudaStream_t stream) {
@@ -552,6 +637,15 @@ void LaunchCausalConv1dSilu(const uint16_t* x, AnyPtr w, float* conv_states, int
   if (kernel_size == 4 && channels % 8 == 0 && IsAligned16(x) && IsAligned16(out) &&
       IsAligned16(w.data)) {
     const bool decode = num_tokens == segments.num_segments;
+    if (decode && IsAligned16(conv_states) && !ConvDecodeKernelOff()) {
+      const dim3 grid(
+          static_cast<unsigned>(segments.num_segments),
+          static_cast<unsigned>((channels / 8 + kConvDecodeThreads - 1) / kConvDecodeThreads));
+      LaunchPdl("CausalConvDecodeKernel", CausalConvDecodeKernel, grid, kConvDecodeThreads, 0,
+                stream, x, w, conv_states, channels, segments, out);
+      CheckLaunch("CausalConv1dSilu (decode)");
+      return;
+    }
     const dim3 grid(static_cast<unsigned>((num_tokens + kConvTokens - 1) / kConvTokens),
                     static_cast<unsigned>((channels / 8 + kConvVecThreads - 1) / kConvVecThreads));
     LaunchPdl("CausalConvVecKernel", CausalConvVecKernel<4>, grid, kConvVecThreads, 0, stream, x, w,

@@ -194,11 +194,21 @@ constexpr int kMaxPieces = 4;
 
 __global__ void RmsNorm1pVecKernel(const uint16_t* x, uint16_t* residual, const uint16_t* delta,
                                    AnyPtr w, float eps, int64_t dim, uint16_t* out) {
-  PdlWait();
-  PdlTrigger();
   __shared__ float red[32];
   const int64_t row = blockIdx.x;
   const int64_t pieces = dim / 8;
+  // The weights are no kernel's output: their loads go out before PdlWait, while the predecessor
+  // still runs, instead of after the block reduction (a memory round trip off the critical path of
+  // a kernel that runs twice per layer at batch 1).
+  float wv[kMaxPieces][8];
+#pragma unroll
+  for (int p = 0; p < kMaxPieces; ++p) {
+    const int64_t c8 = threadIdx.x + static_cast<int64_t>(p) * blockDim.x;
+    if (c8 >= pieces) break;
+    Load8(w, c8 * 8, wv[p]);
+  }
+  PdlWait();
+  PdlTrigger();
   float v[kMaxPieces][8];
   float sum = 0.0f;
 #pragma unroll
@@ -227,10 +237,9 @@ __global__ void RmsNorm1pVecKernel(const uint16_t* x, uint16_t* residual, const 
   for (int p = 0; p < kMaxPieces; ++p) {
     const int64_t c8 = threadIdx.x + static_cast<int64_t>(p) * blockDim.x;
     if (c8 >= pieces) break;
-    float wv[8], o[8];
-    Load8(w, c8 * 8, wv);
+    float o[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] = v[p][i] * inv * (1.0f + wv[i]);
+    for (int i = 0; i < 8; ++i) o[i] = v[p][i] * inv * (1.0f + wv[p][i]);
     *reinterpret_cast<uint4*>(out + row * dim + c8 * 8) = PackBf16x8(o);
   }
 }

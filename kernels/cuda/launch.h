@@ -190,10 +190,21 @@ inline constexpr int kMoeFewTokensMaxPairs = 64;
 // holds num_tokens * k * inter bf16 values. Counts no pairs (callers that want counts use the
 // above).
 // With `shared`, out is written (not added to) as routed sum + sigmoid(gate_logits[t]) * value[t]
-// (a MoE layer's shared expert, Backend::MoeExpertsWithShared).
+// (a MoE layer's shared expert, Backend::MoeExpertsWithShared). Instead of `value`, the shared
+// expert's own down projection can be left to the down kernel: value[t] = SiluMulLinear(gate_up[t],
+// down) is then computed inside each block of the down kernel
+// (Backend::MoeExpertsWithSharedExpert), which saves the separate projection's launch; the launcher
+// returns false where it cannot. Up to this many tokens the down kernel takes the shared expert's
+// projection in (measured: faster at batch 1, slower at batch 8; MoeFewDownRowsKernel);
+// MoeSharedTerm::fused_max_tokens overrides it.
+inline constexpr int kMoeSharedExpertFusedMaxTokens = 2;
 struct MoeSharedTerm {
-  const uint16_t* value = nullptr;  // [T, hidden]
-  AnyPtr gate_logits;               // [T]
+  const uint16_t* value = nullptr;    // [T, hidden], or null with gate_up/down
+  AnyPtr gate_logits;                 // [T]
+  const uint16_t* gate_up = nullptr;  // [T, 2 inter]: the shared expert's gate and up rows
+  const uint16_t* down = nullptr;     // [hidden, inter]
+  int64_t inter = 0;
+  int fused_max_tokens = kMoeSharedExpertFusedMaxTokens;  // more tokens: the launcher declines
 };
 bool LaunchMoeExpertsFewTokens(const uint16_t* x, const int32_t* ids, const float* weights,
                                const uint16_t* gate_up, const uint16_t* down, int64_t num_tokens,

@@ -1326,26 +1326,32 @@ __global__ void __launch_bounds__(kFewWarps * 32)
   }
 }
 
-// The few-token down kernels' result for out[i] (row t) from its routed sum: out + sum, or, when
-// the shared expert's term is fused in, sum + sigmoid(shared_gate[t]) * shared[i] (out is then
-// written without being read, so it needs no zero fill). The fused form rounds as the separate
-// ops do (the sum stored to a zeroed out, then AddSigmoidScaled), so both give the same bits and a
-// batch that takes this path and one that does not round alike.
-__device__ __forceinline__ uint16_t FewDownResult(const uint16_t* out, const uint16_t* shared,
-                                                  AnyPtr shared_gate, int64_t t, int64_t i,
-                                                  float sum) {
-  if (shared == nullptr) return F32ToBf16(Bf16ToF32(out[i]) + sum);
+// routed sum + sigmoid(shared_gate[t]) * shared[i], rounded as the separate ops round (the sum
+// stored to a zeroed out, then AddSigmoidScaled), so both give the same bits and a batch that
+// takes this path and one that does not round alike. `shared_value` holds a bf16 value.
+__device__ __forceinline__ uint16_t RoutedPlusShared(float sum, float shared_value,
+                                                     float gate_logit) {
   const float routed = Bf16ToF32(F32ToBf16(sum));
-  return F32ToBf16(routed + Sigmoid(Load(shared_gate, t)) * Bf16ToF32(shared[i]));
+  return F32ToBf16(routed + Sigmoid(gate_logit) * shared_value);
+}
+
+// The few-token down kernels' result for out[i] (row t) from its routed sum: out + sum, or, when
+// the shared expert's finished term is fused in, RoutedPlusShared (out is then written without
+// being read, so it needs no zero fill).
+__device__ __forceinline__ uint16_t FewDownResult(const uint16_t* out, const MoeSharedTerm& shared,
+                                                  int64_t t, int64_t i, float sum) {
+  if (shared.value == nullptr) return F32ToBf16(Bf16ToF32(out[i]) + sum);
+  return RoutedPlusShared(sum, Bf16ToF32(shared.value[i]), Load(shared.gate_logits, t));
 }
 
 // out[t, h] += sum_j weights[t, j] * (act[(t, j)] . down[e_j, h]): a warp computes two rows h of
 // one token over all its k experts, one expert after another. Grid (ceil(H / 16), tokens). The
-// first few-token down kernel, kept for A/B runs (MOBIUS_MOE_FEW=v1).
+// first few-token down kernel, kept for A/B runs (MOBIUS_MOE_FEW=v1); it takes a finished shared
+// term only.
 __global__ void __launch_bounds__(kFewWarps * 32)
     MoeFewDownKernel(const uint16_t* act, const int32_t* ids, const float* weights,
                      const uint16_t* down, int64_t hidden, int64_t inter, int k, int first_expert,
-                     int num_local, uint16_t* out, const uint16_t* shared, AnyPtr shared_gate) {
+                     int num_local, uint16_t* out, const MoeSharedTerm shared) {
   PdlWait();
   PdlTrigger();
   const int lane = threadIdx.x & 31;
@@ -1384,8 +1390,17 @@ __global__ void __launch_bounds__(kFewWarps * 32)
   acc[1] = WarpSum(acc[1]);
   if (lane < 2 && (lane == 0 || second)) {
     const int64_t i = t * hidden + h0 + lane;
-    out[i] = FewDownResult(out, shared, shared_gate, t, i, acc[lane]);
+    out[i] = FewDownResult(out, shared, t, i, acc[lane]);
   }
+}
+
+// silu(gate) * up for eight bf16 pairs, rounded to bf16 as SiluAndMul stores it.
+__device__ __forceinline__ void SiluMulPiece(uint4 gate, uint4 up, float (&out)[8]) {
+  float u[8];
+  UnpackBf16x8(gate, out);
+  UnpackBf16x8(up, u);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) out[i] = Bf16ToF32(F32ToBf16(Silu(out[i]) * u[i]));
 }
 
 // The same sum with the experts spread over the warps: a block computes kRows rows h of one
@@ -1393,20 +1408,58 @@ __global__ void __launch_bounds__(kFewWarps * 32)
 // blocks, one per SM, each warp walking its k experts with two short loads per lane in flight;
 // here H / 4 = 512 blocks, and each warp issues its rows of one expert and the act row at once.
 // The warps' weighted partials meet in shared memory; out is read and written once per row.
-template <int kFewDownRows>
-__global__ void __launch_bounds__(kFewWarps * 32)
+//
+// With kSharedExpert the block also computes its rows of the shared expert's down projection
+// from the shared expert's gate/up row (MoeSharedTerm): its (row, 16-byte piece) products are
+// spread over all threads (at kRows = 4 and I = 512, one piece per thread), the weight piece
+// loaded before PdlWait (weights are no kernel's output) and the gate/up pieces right after it,
+// ahead of the routed loads. At batch 1 that projection as its own launch took 5.1 us for a
+// ~0.5 us weight read. (A ninth warp per block for it instead measured 7.8 -> 10.6 us for this
+// kernel: 92 registers x 288 threads leave two blocks per SM, two waves of the 512 blocks.)
+// At 4 rows the registers are held to 3 blocks per SM (80); 4 per SM (64 registers, one wave
+// of 512 blocks) spills here and measured slower: batch 1 3.72 vs 3.62 ms, batch 8 9.36 vs
+// 8.59 ms. The shared expert's part costs each block a little latency, which batch 8 (4096
+// blocks, ~10 waves) pays ~10 times: there the fused form measured 8.59 ms against 8.39 ms
+// with the separate projection, at batch 1 3.62 against 3.70 ms (LaunchMoeExpertsFewTokens
+// takes it up to kMoeSharedExpertFusedMaxTokens).
+template <int kFewDownRows, bool kSharedExpert>
+__global__ void __launch_bounds__(kFewWarps * 32, kFewDownRows <= 4 ? 3 : 1)
     MoeFewDownRowsKernel(const uint16_t* act, const int32_t* ids, const float* weights,
                          const uint16_t* down, int64_t hidden, int64_t inter, int k,
-                         int first_expert, int num_local, uint16_t* out, const uint16_t* shared,
-                         AnyPtr shared_gate) {
-  PdlWait();
-  PdlTrigger();
+                         int first_expert, int num_local, uint16_t* out,
+                         const MoeSharedTerm shared) {
   __shared__ float partial[kFewWarps][kFewDownRows];
+  __shared__ float shared_partial[kSharedExpert ? kFewWarps : 1][kFewDownRows];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int64_t t = blockIdx.y;
   const int64_t h0 = static_cast<int64_t>(blockIdx.x) * kFewDownRows;
   const int rows = hidden - h0 < kFewDownRows ? static_cast<int>(hidden - h0) : kFewDownRows;
+
+  // The shared expert's first (row, piece) pair of this thread.
+  const int64_t s_pieces = kSharedExpert ? shared.inter / 8 : 0;
+  const int64_t s_pairs = rows * s_pieces;
+  const bool s_first = kSharedExpert && threadIdx.x < s_pairs;
+  int s_row = 0;
+  int64_t s_piece = 0;
+  uint4 s_w = make_uint4(0, 0, 0, 0), s_g = s_w, s_u = s_w;
+  const uint4* s_gu = nullptr;
+  if constexpr (kSharedExpert) {
+    s_gu = reinterpret_cast<const uint4*>(shared.gate_up + t * 2 * shared.inter);
+    if (s_first) {
+      s_row = static_cast<int>(threadIdx.x / s_pieces);
+      s_piece = threadIdx.x % s_pieces;
+      s_w = __ldg(reinterpret_cast<const uint4*>(shared.down + (h0 + s_row) * shared.inter) +
+                  s_piece);
+    }
+  }
+  PdlWait();
+  PdlTrigger();
+  if (s_first) {
+    s_g = s_gu[s_piece];
+    s_u = s_gu[s_pieces + s_piece];
+  }
+
   const int64_t pieces = inter / 8;
   float acc[kFewDownRows] = {};
   for (int j = warp; j < k; j += kFewWarps) {
@@ -1455,13 +1508,49 @@ __global__ void __launch_bounds__(kFewWarps * 32)
 #pragma unroll
     for (int rr = 0; rr < kFewDownRows; ++rr) partial[warp][rr] = acc[rr];
   }
+
+  if constexpr (kSharedExpert) {
+    float sp[kFewDownRows] = {};
+    auto add_pair = [&](int row, uint4 w, uint4 g, uint4 u) {
+      float a[8], wf[8];
+      SiluMulPiece(g, u, a);
+      UnpackBf16x8(w, wf);
+      float sum = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sum += wf[i] * a[i];
+#pragma unroll
+      for (int rr = 0; rr < kFewDownRows; ++rr) sp[rr] += rr == row ? sum : 0.f;
+    };
+    if (s_first) add_pair(s_row, s_w, s_g, s_u);
+    for (int64_t pr = threadIdx.x + blockDim.x; pr < s_pairs; pr += blockDim.x) {
+      const int row = static_cast<int>(pr / s_pieces);
+      const int64_t q = pr % s_pieces;
+      add_pair(row,
+               __ldg(reinterpret_cast<const uint4*>(shared.down + (h0 + row) * shared.inter) + q),
+               s_gu[q], s_gu[s_pieces + q]);
+    }
+#pragma unroll
+    for (int rr = 0; rr < kFewDownRows; ++rr) sp[rr] = WarpSum(sp[rr]);
+    if (lane == 0) {
+#pragma unroll
+      for (int rr = 0; rr < kFewDownRows; ++rr) shared_partial[warp][rr] = sp[rr];
+    }
+  }
   __syncthreads();
   if (threadIdx.x < rows) {
     float sum = 0.f;
 #pragma unroll
     for (int w = 0; w < kFewWarps; ++w) sum += partial[w][threadIdx.x];
     const int64_t i = t * hidden + h0 + threadIdx.x;
-    out[i] = FewDownResult(out, shared, shared_gate, t, i, sum);
+    if constexpr (kSharedExpert) {
+      float value = 0.f;
+#pragma unroll
+      for (int w = 0; w < kFewWarps; ++w) value += shared_partial[w][threadIdx.x];
+      // Rounded to bf16 as the separate projection stores it.
+      out[i] = RoutedPlusShared(sum, Bf16ToF32(F32ToBf16(value)), Load(shared.gate_logits, t));
+    } else {
+      out[i] = FewDownResult(out, shared, t, i, sum);
+    }
   }
 }
 
@@ -1670,7 +1759,7 @@ namespace {
 using FewGateUpFn = void (*)(const uint16_t*, const int32_t*, const uint16_t*, int64_t, int64_t,
                              int, int, int, uint16_t*);
 using FewDownFn = void (*)(const uint16_t*, const int32_t*, const float*, const uint16_t*, int64_t,
-                           int64_t, int, int, int, uint16_t*, const uint16_t*, AnyPtr);
+                           int64_t, int, int, int, uint16_t*, MoeSharedTerm);
 
 // The few-token kernels' shape: gate-up columns per warp group, pieces in flight per row, warps
 // per column group (split hidden), down rows per block (0: the first, expert-serial down kernel).
@@ -1720,16 +1809,24 @@ FewGateUpFn FewGateUp(const FewConfig& c) {
                         : FewGateUpSplit<1>(c);
 }
 
-FewDownFn FewDown(const FewConfig& c) {
+template <int kFewDownRows>
+FewDownFn FewDownRows(bool shared_expert) {
+  return shared_expert ? MoeFewDownRowsKernel<kFewDownRows, true>
+                       : MoeFewDownRowsKernel<kFewDownRows, false>;
+}
+
+// The down kernel of `c`, with the shared expert's projection inside (kSharedExpert) or not;
+// null where that combination does not exist (the first kernel takes a finished term only).
+FewDownFn FewDown(const FewConfig& c, bool shared_expert) {
   switch (c.down_rows) {
     case 0:
-      return MoeFewDownKernel;
+      return shared_expert ? nullptr : MoeFewDownKernel;
     case 2:
-      return MoeFewDownRowsKernel<2>;
+      return FewDownRows<2>(shared_expert);
     case 8:
-      return MoeFewDownRowsKernel<8>;
+      return FewDownRows<8>(shared_expert);
     default:
-      return MoeFewDownRowsKernel<4>;
+      return FewDownRows<4>(shared_expert);
   }
 }
 
@@ -1750,7 +1847,15 @@ bool LaunchMoeExpertsFewTokens(const uint16_t* x, const int32_t* ids, const floa
       ForcedFma() || grouped_only) {
     return false;
   }
+  const bool shared_expert = shared != nullptr && shared->value == nullptr;
+  if (shared_expert && (num_tokens > shared->fused_max_tokens || shared->gate_up == nullptr ||
+                        shared->down == nullptr || shared->inter <= 0 || shared->inter % 8 != 0 ||
+                        !Aligned16(shared->gate_up) || !Aligned16(shared->down))) {
+    return false;
+  }
   const FewConfig c = FewConfigFor();
+  const FewDownFn down_kernel = FewDown(c, shared_expert);
+  if (down_kernel == nullptr) return false;
   const int64_t cols_per_block = static_cast<int64_t>(c.cols) * kFewWarps / c.split;
   LaunchPdl("MoeFewGateUpKernel", FewGateUp(c),
             dim3(static_cast<unsigned>((inter + cols_per_block - 1) / cols_per_block),
@@ -1760,12 +1865,11 @@ bool LaunchMoeExpertsFewTokens(const uint16_t* x, const int32_t* ids, const floa
   CheckLaunch("MoeFewGateUp");
   // The first down kernel: two rows per warp, 16 per block.
   const int64_t rows_per_block = c.down_rows == 0 ? 2 * kFewWarps : c.down_rows;
-  LaunchPdl("MoeFewDownKernel", FewDown(c),
+  LaunchPdl("MoeFewDownKernel", down_kernel,
             dim3(static_cast<unsigned>((hidden + rows_per_block - 1) / rows_per_block),
                  static_cast<unsigned>(num_tokens)),
             kFewWarps * 32, 0, stream, act_scratch, ids, weights, down, hidden, inter, k,
-            first_expert, num_local_experts, out, shared == nullptr ? nullptr : shared->value,
-            shared == nullptr ? AnyPtr{} : shared->gate_logits);
+            first_expert, num_local_experts, out, shared == nullptr ? MoeSharedTerm{} : *shared);
   CheckLaunch("MoeFewDown");
   return true;
 }

@@ -1170,6 +1170,35 @@ TEST_F(CudaKernelsTest, SegmentWithoutStateSlotStartsFromZero) {
   EXPECT_EQ(Host(rs), rec0);
 }
 
+TEST_F(CudaKernelsTest, DecodeConvWithoutStateSlotStartsFromZero) {
+  // A decode step (one token per segment, the decode conv kernel) where one segment has no state
+  // slot: zero history for it, its slot-less state untouched, the other segment's state shifted.
+  const int64_t c = 24, kk = 4;
+  const std::vector<float> x = Rand(2 * c), w = Rand(c * kk), conv0 = Rand(2 * c * (kk - 1));
+  Tensor xt = Make(DType::kBF16, {2, c}, x), wt = Make(DType::kBF16, {c, kk}, w);
+  Tensor cs = Make(DType::kF32, {2, c, kk - 1}, conv0);
+  const auto segs = MakeSegments({1, 1}, {0, 7}, {-1, 1});
+  Tensor out = Poisoned(DType::kBF16, {2, c});
+  backend_->CausalConv1dSilu(xt, wt, cs, segs, out);
+  std::vector<double> ref(2 * c);
+  std::vector<float> state = conv0;
+  for (int64_t ch = 0; ch < c; ++ch) {
+    ref[ch] = Silu(double{w[ch * kk + kk - 1]} * x[ch]);
+    const float* h = &conv0[(c + ch) * (kk - 1)];
+    double acc = double{w[ch * kk + kk - 1]} * x[c + ch];
+    for (int j = 0; j < kk - 1; ++j) acc += double{w[ch * kk + j]} * h[j];
+    ref[c + ch] = Silu(acc);
+    float* s = &state[(c + ch) * (kk - 1)];
+    s[0] = h[1], s[1] = h[2], s[2] = x[c + ch];
+  }
+  EXPECT_LT(RelErr(Host(out), ref), kBf16Tol);
+  const std::vector<float> got = Host(cs);
+  for (size_t i = 0; i < state.size(); ++i) {
+    // the new inputs were stored from bf16: compare within the input's rounding
+    EXPECT_NEAR(got[i], state[i], 1e-2 * std::fabs(state[i]) + 1e-6) << i;
+  }
+}
+
 // The grouping and the grouped GEMM launch a grid fixed by the shapes and never read the
 // routing on the host: the whole op captures into a CUDA graph, and replays with new routings
 // and inputs give the direct launch's results bit for bit (the combine is deterministic).

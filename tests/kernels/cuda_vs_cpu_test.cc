@@ -451,6 +451,41 @@ TEST(CudaVsCpuTest, FusedOpsEqualTheirParts) {
       p.cuda().AddSigmoidScaled(parts.second, shared.second, gate.second);
       // The fused kernel rounds as the parts do: the same bits.
       EXPECT_EQ(host(p.cuda(), out.second), host(p.cuda(), parts.second)) << what;
+
+      // MoeExpertsWithSharedExpert: the shared expert's down projection inside the few-token
+      // down kernel at T = 1 (up to kMoeSharedExpertFusedMaxTokens), the default's
+      // SiluMulLinear + MoeExpertsWithShared at T = 8 (few-token kernels) and T = 40 (grouped).
+      const int Is = 96;  // not a multiple of the 64 columns one prefetch line covers
+      auto sgu = p.Make({T, 2 * Is}, Random(rng, T * 2 * Is, -3, 3));
+      auto sdn = p.Make({H, Is}, Random(rng, H * Is, -0.1f, 0.1f));
+      auto sact = p.Make({T, Is}, std::vector<float>(T * Is));
+      auto sout = p.Make({T, H}, std::vector<float>(T * H));
+      auto out2 = p.Make({T, H}, Random(rng, T * H, -9, 9));
+      const SharedExpertOperands cpu_shared{sgu.first, sdn.first, gate.first, sact.first,
+                                            sout.first};
+      const SharedExpertOperands cuda_shared{sgu.second, sdn.second, gate.second, sact.second,
+                                             sout.second};
+      p.cpu().MoeExpertsWithSharedExpert(x.first, ids.first, wts.first, gu.first, dn.first, first,
+                                         cpu_shared, out2.first, {});
+      p.cuda().MoeExpertsWithSharedExpert(x.second, ids.second, wts.second, gu.second, dn.second,
+                                          first, cuda_shared, out2.second, {});
+      const std::string what2 =
+          "MoeExpertsWithSharedExpert T=" + std::to_string(T) + " first=" + std::to_string(first);
+      EXPECT_LT(p.Compare(what2.c_str(), out2.first, out2.second), kTol);
+      // Against the CUDA parts: the shared projection sums in its own order, so within a bf16
+      // rounding step of the parts rather than bit-equal.
+      auto parts2 = p.Make({T, H}, std::vector<float>(T * H));
+      p.cuda().SiluMulLinear(sgu.second, sdn.second, sact.second, sout.second);
+      p.cuda().MoeExpertsWithShared(x.second, ids.second, wts.second, gu.second, dn.second, first,
+                                    sout.second, gate.second, parts2.second, {});
+      const std::vector<float> fused = host(p.cuda(), out2.second),
+                               split = host(p.cuda(), parts2.second);
+      double diff = 0, ref = 0;
+      for (size_t i = 0; i < fused.size(); ++i) {
+        diff = std::max(diff, double(std::fabs(fused[i] - split[i])));
+        ref = std::max(ref, double(std::fabs(split[i])));
+      }
+      EXPECT_LT(diff, 1e-2 * ref) << what2 << ": fused vs the CUDA parts";
     }
   }
 }

@@ -734,7 +734,8 @@ absl::Status HybridModel::FeedForward(StepContext& ctx, int layer, const Tensor&
     backend_.LinearFanOut(x, ws, ys);
   }
   ASSIGN_OR_RETURN(Tensor shared, Alloc({T, config_.hidden_size}));
-  backend_.SiluMulLinear(gate_up, lw.shared_expert.down, act, shared);
+  const kernels::SharedExpertOperands shared_expert{gate_up, lw.shared_expert.down, shared_gate,
+                                                    act, shared};
 
   // Routed experts of this layer's bank.
   ASSIGN_OR_RETURN(Tensor ids, Alloc(DType::kI32, {T, k}));
@@ -749,8 +750,8 @@ absl::Status HybridModel::FeedForward(StepContext& ctx, int layer, const Tensor&
     backend_.MapExpertIds(ids, expert_routes_[b], shard_.ep_size + 1, slots);
     std::vector<int64_t> slot_counts;
     if (ctx.options.expert_tokens != nullptr) slot_counts.assign(local_experts, 0);
-    backend_.MoeExpertsWithShared(x, slots, weights, bank.gate_up, bank.down, 0, shared,
-                                  shared_gate, out, slot_counts);
+    backend_.MoeExpertsWithSharedExpert(x, slots, weights, bank.gate_up, bank.down, 0,
+                                        shared_expert, out, slot_counts);
     if (ctx.options.expert_tokens != nullptr) {
       std::vector<int64_t>& layer_counts = (*ctx.options.expert_tokens)[layer];
       layer_counts.resize(E, 0);
@@ -766,8 +767,8 @@ absl::Status HybridModel::FeedForward(StepContext& ctx, int layer, const Tensor&
     layer_counts.resize(E, 0);
     counts = std::span(layer_counts).subspan(first_expert_, local_experts);
   }
-  backend_.MoeExpertsWithShared(x, ids, weights, bank.gate_up, bank.down, first_expert_, shared,
-                                shared_gate, out, counts);
+  backend_.MoeExpertsWithSharedExpert(x, ids, weights, bank.gate_up, bank.down, first_expert_,
+                                      shared_expert, out, counts);
   return absl::OkStatus();
 }
 
