@@ -96,6 +96,32 @@ bool IsJsonContentType(const HttpRequest& request) {
   return absl::EqualsIgnoreCase(absl::StripAsciiWhitespace(type), "application/json");
 }
 
+// Holds back a completion's whole response (an error or a non-streamed answer) until the
+// request has been counted: a client that reads /metrics right after its answer then finds it
+// (the counter was bumped after the send, and CI once scraped in between). A stream's header and
+// events go out at once; its end is held the same way, though its [DONE] event is already out.
+class CountedResponseSink final : public ResponseSink {
+ public:
+  explicit CountedResponseSink(ResponseSink& inner) : inner_(inner) {}
+  void Send(HttpResponse response) override { response_ = std::move(response); }
+  bool StartStream(HttpResponseHeader header) override {
+    return inner_.StartStream(std::move(header));
+  }
+  bool Write(std::string data) override { return inner_.Write(std::move(data)); }
+  void EndStream(bool close) override { end_close_ = close; }
+  [[nodiscard]] const std::atomic<bool>& cancelled() const override { return inner_.cancelled(); }
+  // Sends what was held back.
+  void Release() {
+    if (response_.has_value()) inner_.Send(*std::move(response_));
+    if (end_close_.has_value()) inner_.EndStream(*end_close_);
+  }
+
+ private:
+  ResponseSink& inner_;
+  std::optional<HttpResponse> response_;
+  std::optional<bool> end_close_;
+};
+
 }  // namespace
 
 HttpResponse ErrorResponse(const HttpRequest& request, const absl::Status& status) {
@@ -130,9 +156,12 @@ void OpenAiApi::Handle(const HttpRequest& request, ResponseSink& sink) {
 
   if (path == "/v1/completions" || path == "/v1/chat/completions") {
     if (!allow_only(http::verb::post)) return;
-    const absl::Status status = Generate(
-        request, path == "/v1/chat/completions" ? Endpoint::kChat : Endpoint::kCompletions, sink);
+    CountedResponseSink counted(sink);
+    const absl::Status status =
+        Generate(request, path == "/v1/chat/completions" ? Endpoint::kChat : Endpoint::kCompletions,
+                 counted);
     if (options_.on_generate_done) options_.on_generate_done(status.code());
+    counted.Release();
   } else if (path == "/v1/models") {
     if (allow_only(http::verb::get)) ListModels(request, sink);
   } else if (absl::StartsWith(path, "/v1/models/")) {
