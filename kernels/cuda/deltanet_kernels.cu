@@ -73,6 +73,30 @@ __global__ void ConvStateUpdateKernel(const uint16_t* x, float* conv_states, int
 constexpr int kConvTokens = 16;
 constexpr int kConvVecThreads = 64;
 
+// wk[j][c] = w[c0 + c, j] for the 8 channels from c0 (w [C, kK], 16-byte aligned): at kK = 4 two
+// channels' taps per 16-byte load.
+template <int kK>
+__device__ __forceinline__ void LoadConvWeights(AnyPtr w, int64_t c0, float (&wk)[kK][8]) {
+#pragma unroll
+  for (int c = 0; c < 8; c += 2) {
+    if constexpr (kK == 4) {
+      float pair[8];  // w[c0 + c, 0..4) and w[c0 + c + 1, 0..4)
+      Load8(w, (c0 + c) * kK, pair);
+#pragma unroll
+      for (int j = 0; j < kK; ++j) {
+        wk[j][c] = pair[j];
+        wk[j][c + 1] = pair[kK + j];
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kK; ++j) {
+        wk[j][c] = Load(w, (c0 + c) * kK + j);
+        wk[j][c + 1] = Load(w, (c0 + c + 1) * kK + j);
+      }
+    }
+  }
+}
+
 template <int kK>
 __global__ void __launch_bounds__(kConvVecThreads)
     CausalConvVecKernel(const uint16_t* x, AnyPtr w, float* conv_states, int64_t num_tokens,
@@ -95,24 +119,7 @@ __global__ void __launch_bounds__(kConvVecThreads)
   const int64_t c0 = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * 8;
   if (c0 >= channels) return;
   float wk[kK][8];  // wk[j][c] = w[c0 + c, j]
-#pragma unroll
-  for (int c = 0; c < 8; c += 2) {
-    if constexpr (kK == 4) {
-      float pair[8];  // w[c0 + c, 0..4) and w[c0 + c + 1, 0..4)
-      Load8(w, (c0 + c) * kK, pair);
-#pragma unroll
-      for (int j = 0; j < kK; ++j) {
-        wk[j][c] = pair[j];
-        wk[j][c + 1] = pair[kK + j];
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < kK; ++j) {
-        wk[j][c] = Load(w, (c0 + c) * kK + j);
-        wk[j][c + 1] = Load(w, (c0 + c + 1) * kK + j);
-      }
-    }
-  }
+  LoadConvWeights<kK>(w, c0, wk);
   float win[kHist + 1][8];  // win[kHist] = row t; win[j] = row t - kHist + j
   int seg = -1;
   uint4 next = *reinterpret_cast<const uint4*>(x + t_begin * channels + c0);
@@ -185,16 +192,7 @@ __global__ void __launch_bounds__(kConvDecodeThreads)
   const int64_t t = segs.token_begin[seg];
   const int slot = segs.state_slot[seg];
   float wk[kK][8];  // wk[j][c] = w[c0 + c, j]
-#pragma unroll
-  for (int c = 0; c < 8; c += 2) {
-    float pair[8];  // w[c0 + c, 0..4) and w[c0 + c + 1, 0..4)
-    Load8(w, (c0 + c) * kK, pair);
-#pragma unroll
-    for (int j = 0; j < kK; ++j) {
-      wk[j][c] = pair[j];
-      wk[j][c + 1] = pair[kK + j];
-    }
-  }
+  LoadConvWeights<kK>(w, c0, wk);
   // state[c * kHist + j] for the 8 channels: 24 consecutive floats, 16-byte aligned (c0 % 8 == 0
   // and the base is).
   float hist[8 * kHist];
