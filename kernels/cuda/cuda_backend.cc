@@ -879,8 +879,11 @@ void CudaBackend::CausalConv1dSilu(const Tensor& x, const Tensor& w, Tensor& con
   cuda::TokenMeta tokens;
   cuda::SegmentMeta segs;
   UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs);
+  const bool single_token_segments =
+      std::all_of(segments.begin(), segments.end(),
+                  [](const SequenceSegment& seg) { return seg.num_tokens == 1; });
   cuda::LaunchCausalConv1dSilu(Bf16(x), wp, conv_states.data<float>(), t, channels, kernel, tokens,
-                               segs, MutBf16(out), stream_);
+                               segs, single_token_segments, MutBf16(out), stream_);
 }
 
 void CudaBackend::DeltaRuleGates(const Tensor& a, const Tensor& b, const Tensor& a_log,
@@ -1296,7 +1299,7 @@ void CudaBackend::MoeExpertsWithSharedExpert(const Tensor& x, const Tensor& ids,
   CheckTensor(shared.gate_up, DType::kBF16, op, "shared.gate_up");
   CheckTensor(shared.down, DType::kBF16, op, "shared.down");
   const AnyPtr gp = Any(shared.gate_logits, op, "shared.gate_logits");
-  const int64_t hidden = out.numel() / std::max<int64_t>(t, 1);
+  const int64_t hidden = gate_up.dim(2);  // (CheckMoe checked x, out and the weights against it)
   Check(shared.down.rank() == 2 && shared.down.dim(0) == hidden &&
             shared.gate_up.numel() == t * 2 * shared.down.dim(1) && shared.gate_logits.numel() == t,
         op,

@@ -625,7 +625,8 @@ bool ConvDecodeKernelOff() {
 
 void LaunchCausalConv1dSilu(const uint16_t* x, AnyPtr w, float* conv_states, int64_t num_tokens,
                             int64_t channels, int kernel_size, const TokenMeta& tokens,
-                            const SegmentMeta& segments, uint16_t* out, cudaStream_t stream) {
+                            const SegmentMeta& segments, bool single_token_segments, uint16_t* out,
+                            cudaStream_t stream) {
   if (num_tokens == 0 || channels == 0) return;
   if (kernel_size < 1 || kernel_size > kMaxConvKernel) {
     std::fprintf(stderr, "mobius cuda: conv kernel size %d outside [1, %d]\n", kernel_size,
@@ -634,8 +635,10 @@ void LaunchCausalConv1dSilu(const uint16_t* x, AnyPtr w, float* conv_states, int
   }
   if (kernel_size == 4 && channels % 8 == 0 && IsAligned16(x) && IsAligned16(out) &&
       IsAligned16(w.data)) {
+    // (as many tokens as segments also holds with empty segments beside longer ones: the chunk
+    // kernel below handles those, its update_state walking each segment's tokens in order)
     const bool decode = num_tokens == segments.num_segments;
-    if (decode && IsAligned16(conv_states) && !ConvDecodeKernelOff()) {
+    if (decode && single_token_segments && IsAligned16(conv_states) && !ConvDecodeKernelOff()) {
       const dim3 grid(
           static_cast<unsigned>(segments.num_segments),
           static_cast<unsigned>((channels / 8 + kConvDecodeThreads - 1) / kConvDecodeThreads));

@@ -80,9 +80,12 @@ void LaunchSkinnyGemm(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarge
                       int num_targets, cudaStream_t stream, bool silu_mul = false);
 
 // ---- gated DeltaNet (deltanet_kernels.cu) ----
+// `single_token_segments`: every segment holds exactly one token (a decode step; the host knows,
+// the device metadata would have to be read to find out), which the decode kernel requires.
 void LaunchCausalConv1dSilu(const uint16_t* x, AnyPtr w, float* conv_states, int64_t num_tokens,
                             int64_t channels, int kernel_size, const TokenMeta& tokens,
-                            const SegmentMeta& segments, uint16_t* out, cudaStream_t stream);
+                            const SegmentMeta& segments, bool single_token_segments, uint16_t* out,
+                            cudaStream_t stream);
 void LaunchDeltaRuleGates(const uint16_t* a, const uint16_t* b, AnyPtr a_log, AnyPtr dt_bias,
                           int64_t num_tokens, int num_v_heads, float* g, float* beta,
                           cudaStream_t stream);

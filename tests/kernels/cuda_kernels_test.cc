@@ -517,10 +517,15 @@ INSTANTIATE_TEST_SUITE_P(
                       ConvCase{264, {6, 1, 11, 2}, {9, 30, 0, 4}, {3, 0, 4, 1}},
                       ConvCase{264, {1, 1, 1}, {9, 0, 2}, {3, 0, 4}},
                       ConvCase{8192, {1}, {40}, {2}}, ConvCase{203, {1, 1}, {5, 1}, {1, 2}},
+                      // as many tokens as segments, but not one each: the chunk kernel
+                      ConvCase{264, {2, 0, 1}, {3, 5, 0}, {3, 0, 4}},
                       ConvCase{264, {40, 3}, {0, 5}, {1, 2}}),
     [](const ::testing::TestParamInfo<ConvCase>& info) {
-      return absl::StrCat("c", info.param.channels, "_seqs", info.param.lengths.size(), "_tokens",
-                          std::accumulate(info.param.lengths.begin(), info.param.lengths.end(), 0));
+      const std::vector<int>& lengths = info.param.lengths;
+      const bool empty_segment = std::find(lengths.begin(), lengths.end(), 0) != lengths.end();
+      return absl::StrCat("c", info.param.channels, "_seqs", lengths.size(), "_tokens",
+                          std::accumulate(lengths.begin(), lengths.end(), 0),
+                          empty_segment ? "_with_empty" : "");
     });
 
 TEST_F(CudaKernelsTest, DeltaRuleGates) {

@@ -3,6 +3,7 @@
 // Skipped without a GPU.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -455,11 +456,15 @@ TEST(CudaVsCpuTest, FusedOpsEqualTheirParts) {
       // MoeExpertsWithSharedExpert: the shared expert's down projection inside the few-token
       // down kernel at T = 1 (up to kMoeSharedExpertFusedMaxTokens), the default's
       // SiluMulLinear + MoeExpertsWithShared at T = 8 (few-token kernels) and T = 40 (grouped).
-      const int Is = 96;  // not a multiple of the 64 columns one prefetch line covers
+      // Is = 1040: 4 rows x 130 pieces per block, more (row, piece) pairs than the block's 256
+      // threads, so the kernel's loop over the pairs past each thread's first runs too.
+      const int Is = 1040;
       auto sgu = p.Make({T, 2 * Is}, Random(rng, T * 2 * Is, -3, 3));
       auto sdn = p.Make({H, Is}, Random(rng, H * Is, -0.1f, 0.1f));
       auto sact = p.Make({T, Is}, std::vector<float>(T * Is));
-      auto sout = p.Make({T, H}, std::vector<float>(T * H));
+      // The default writes the shared expert's output to this scratch; the fused kernel does not.
+      constexpr float kUnwritten = 7.0f;
+      auto sout = p.Make({T, H}, std::vector<float>(T * H, kUnwritten));
       auto out2 = p.Make({T, H}, Random(rng, T * H, -9, 9));
       const SharedExpertOperands cpu_shared{sgu.first, sdn.first, gate.first, sact.first,
                                             sout.first};
@@ -472,6 +477,13 @@ TEST(CudaVsCpuTest, FusedOpsEqualTheirParts) {
       const std::string what2 =
           "MoeExpertsWithSharedExpert T=" + std::to_string(T) + " first=" + std::to_string(first);
       EXPECT_LT(p.Compare(what2.c_str(), out2.first, out2.second), kTol);
+      {
+        // Which path ran: fused up to kMoeSharedExpertFusedMaxTokens (2) tokens, else the parts.
+        const std::vector<float> scratch = host(p.cuda(), sout.second);
+        const bool untouched =
+            std::all_of(scratch.begin(), scratch.end(), [](float v) { return v == kUnwritten; });
+        EXPECT_EQ(untouched, T <= 2) << what2 << ": the shared expert's scratch output";
+      }
       // Against the CUDA parts: the shared projection sums in its own order, so within a bf16
       // rounding step of the parts rather than bit-equal.
       auto parts2 = p.Make({T, H}, std::vector<float>(T * H));
