@@ -49,14 +49,6 @@ __device__ __forceinline__ void Ldsm4T(uint32_t (&r)[4], const void* p) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(SharedAddress(p)));
 }
-__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // Element offset of (row, col) in a [rows][kLd] tile swizzled as TileOffset's: no padding, so a
 // whole matrix is one contiguous run for a bulk copy and every 32-byte sector is written by one
@@ -345,14 +337,14 @@ __global__ void __launch_bounds__(kThreads)
       LoadA(aq, &sm.q[0][0], kLdK, m0, k0, lane);
       LoadBNK(b, &sm.k[0][0], kLdK, nb, k0, lane);
       LoadBNK(b2, &sm.k[0][0], kLdK, nb + 16, k0, lane);
-      Mma(acc_k[0], ak, b[0], b[1]);
-      Mma(acc_k[1], ak, b[2], b[3]);
-      Mma(acc_k[2], ak, b2[0], b2[1]);
-      Mma(acc_k[3], ak, b2[2], b2[3]);
-      Mma(acc_q[0], aq, b[0], b[1]);
-      Mma(acc_q[1], aq, b[2], b[3]);
-      Mma(acc_q[2], aq, b2[0], b2[1]);
-      Mma(acc_q[3], aq, b2[2], b2[3]);
+      MmaBf16(acc_k[0], ak, b[0], b[1]);
+      MmaBf16(acc_k[1], ak, b[2], b[3]);
+      MmaBf16(acc_k[2], ak, b2[0], b2[1]);
+      MmaBf16(acc_k[3], ak, b2[2], b2[3]);
+      MmaBf16(acc_q[0], aq, b[0], b[1]);
+      MmaBf16(acc_q[1], aq, b[2], b[3]);
+      MmaBf16(acc_q[2], aq, b2[0], b2[1]);
+      MmaBf16(acc_q[3], aq, b2[2], b2[3]);
     }
 #pragma unroll
     for (int n = 0; n < 4; ++n) {
@@ -478,8 +470,8 @@ __global__ void __launch_bounds__(kThreads)
           if (n * 8 < width) {
             uint32_t b[4];
             LoadBKN(b, b_mat, ldb, n0 + n * 8, k0, lane);
-            Mma(acc[n], a, b[0], b[1]);
-            Mma(acc[n + 1], a, b[2], b[3]);
+            MmaBf16(acc[n], a, b[0], b[1]);
+            MmaBf16(acc[n + 1], a, b[2], b[3]);
           }
         }
       }
@@ -641,10 +633,10 @@ __global__ void __launch_bounds__(kThreads)
       for (int n = 0; n < kTN; n += 2) {
         uint32_t b[4];
         LoadBKN(b, &s_bf[0][0], kLdV, c0 + n * 8, k0, lane);
-        Mma(acc_x[n], aw, b[0], b[1]);
-        Mma(acc_x[n + 1], aw, b[2], b[3]);
-        Mma(acc_o[n], aq, b[0], b[1]);
-        Mma(acc_o[n + 1], aq, b[2], b[3]);
+        MmaBf16(acc_x[n], aw, b[0], b[1]);
+        MmaBf16(acc_x[n + 1], aw, b[2], b[3]);
+        MmaBf16(acc_o[n], aq, b[0], b[1]);
+        MmaBf16(acc_o[n + 1], aq, b[2], b[3]);
       }
     }
 #pragma unroll
@@ -669,8 +661,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int n = 0; n < kTN; n += 2) {
         uint32_t b[4];
         LoadBKN(b, &x_bf[0][0], kLdV, c0 + n * 8, k0, lane);
-        Mma(acc_o[n], a, b[0], b[1]);
-        Mma(acc_o[n + 1], a, b[2], b[3]);
+        MmaBf16(acc_o[n], a, b[0], b[1]);
+        MmaBf16(acc_o[n + 1], a, b[2], b[3]);
       }
     }
     const int valid = min(kC, len - c * kC);
@@ -702,8 +694,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int n = 0; n < kSN; n += 2) {
         uint32_t b[4];
         LoadBKN(b, &x_bf[0][0], kLdV, s_col0 + n * 8, k0, lane);
-        Mma(acc_s[n], a, b[0], b[1]);
-        Mma(acc_s[n + 1], a, b[2], b[3]);
+        MmaBf16(acc_s[n], a, b[0], b[1]);
+        MmaBf16(acc_s[n + 1], a, b[2], b[3]);
       }
     }
   }

@@ -133,6 +133,17 @@ __device__ __forceinline__ float BlockMax(float v, float* shared) {
   return WarpMax(v);
 }
 
+// The warp-level tensor-core product (mma.sync m16n8k16): d += a (16 x 16, row-major fragment)
+// * b (16 x 8, column-major fragment), bf16 in, fp32 accumulate.
+__device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // Programmatic dependent launch (sm_90): a kernel launched with LaunchPdl may be scheduled while
 // its predecessor on the stream is still running (hiding the launch gap between the short
 // kernels of a decode step); it calls PdlWait before touching memory the predecessor may write or

@@ -381,6 +381,14 @@ class CudaBackend final : public Backend {
     const char* v = std::getenv("MOBIUS_SKINNY_GEMM");
     return v != nullptr && v[0] == '0';
   }();
+  // MOBIUS_TC_GEMV=1 sends projections of 3-8 rows (below the skinny kernel's limit: 1-2) to the
+  // tensor-core GEMV instead of cuBLASLt. Off by default until it is validated and timed on a
+  // GPU (tc_gemv.cu).
+  const bool tc_gemv_on_ = [] {
+    const char* v = std::getenv("MOBIUS_TC_GEMV");
+    return v != nullptr && v[0] == '1';
+  }();
+  bool TcGemvFor(int64_t m) const { return tc_gemv_on_ && m > cuda::kMaxSkinnyRows && m <= 8; }
   std::shared_ptr<cuda::DeviceBlockCache> blocks_ =
       std::make_shared<cuda::DeviceBlockCache>(device_);
   void* scratch_ = nullptr;
@@ -660,6 +668,11 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor& y) {
     cuda::LaunchSkinnyGemm(Bf16(x), s.m, s.k, &target, 1, stream_);
     return;
   }
+  if (TcGemvFor(s.m) && cuda::TcGemvSupports(s.m, s.k, x.raw(), w.raw())) {
+    const cuda::SkinnyTarget target{Bf16(w), s.n, AnyMutPtr{y.raw(), y_f32}};
+    cuda::LaunchTcGemv(Bf16(x), s.m, s.k, &target, 1, stream_);
+    return;
+  }
   if (!gemm_->Run(Bf16(x), Bf16(w), y.raw(), y_f32, s.m, s.n, s.k, stream_)) {
     cuda::LaunchGemmFallback(Bf16(x), Bf16(w), s.m, s.n, s.k, AnyMutPtr{y.raw(), y_f32}, stream_);
   }
@@ -671,15 +684,16 @@ void CudaBackend::LinearFanOut(const Tensor& x, std::span<const Tensor* const> w
         absl::StrFormat("%d weights but %d outputs", ws.size(), ys.size()));
   std::vector<cuda::SkinnyTarget> targets;
   int64_t m = -1, k = -1;
-  bool skinny = !skinny_off_;
+  bool skinny = !skinny_off_, tc = true;
   for (size_t i = 0; i < ws.size(); ++i) {
     const LinearShape s = CheckLinear("LinearFanOut", x, *ws[i], *ys[i]);
     m = s.m;
     k = s.k;
     skinny = skinny && cuda::SkinnyGemmSupports(s.m, s.k, x.raw(), ws[i]->raw());
+    tc = tc && TcGemvFor(s.m) && cuda::TcGemvSupports(s.m, s.k, x.raw(), ws[i]->raw());
     targets.push_back({Bf16(*ws[i]), s.n, AnyMutPtr{ys[i]->raw(), ys[i]->dtype() == DType::kF32}});
   }
-  if (!skinny || m <= 0) {
+  if ((!skinny && !tc) || m <= 0) {
     for (size_t i = 0; i < ws.size(); ++i) Linear(x, *ws[i], *ys[i]);
     return;
   }
@@ -687,7 +701,11 @@ void CudaBackend::LinearFanOut(const Tensor& x, std::span<const Tensor* const> w
   for (size_t i = 0; i < targets.size(); i += cuda::kMaxSkinnyTargets) {
     const int count =
         static_cast<int>(std::min<size_t>(cuda::kMaxSkinnyTargets, targets.size() - i));
-    cuda::LaunchSkinnyGemm(Bf16(x), m, k, targets.data() + i, count, stream_);
+    if (skinny) {
+      cuda::LaunchSkinnyGemm(Bf16(x), m, k, targets.data() + i, count, stream_);
+    } else {
+      cuda::LaunchTcGemv(Bf16(x), m, k, targets.data() + i, count, stream_);
+    }
   }
 }
 

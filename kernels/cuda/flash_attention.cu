@@ -44,16 +44,6 @@ __device__ __forceinline__ void LoadMatrixX4Trans(uint32_t (&r)[4], const void* 
                : "r"(SharedAddress(smem)));
 }
 
-// c += a (16x16, row) * b (16x8, col), bf16 operands, fp32 accumulators.
-__device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 template <int kHd>
 __global__ void __launch_bounds__(kFlashThreads)
     FlashPagedAttentionKernel(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
@@ -176,8 +166,8 @@ __global__ void __launch_bounds__(kFlashThreads)
           const int r = np * 16 + (mi >> 1) * 8 + (lane & 7);
           uint32_t bk[4];
           LoadMatrixX4(bk, kt + TileOffset<kHd>(r, kk * 2 + (mi & 1)));
-          Mma16816(s[np * 2], qf[kk], bk[0], bk[1]);
-          Mma16816(s[np * 2 + 1], qf[kk], bk[2], bk[3]);
+          MmaBf16(s[np * 2], qf[kk], bk[0], bk[1]);
+          MmaBf16(s[np * 2 + 1], qf[kk], bk[2], bk[3]);
         }
       }
       // Scale, causal mask, online softmax (rows are shared by the 4 threads of a quad).
@@ -236,8 +226,8 @@ __global__ void __launch_bounds__(kFlashThreads)
           const int r = ks * 16 + (mi & 1) * 8 + (lane & 7);
           uint32_t bv[4];
           LoadMatrixX4Trans(bv, vt + TileOffset<kHd>(r, dp * 2 + (mi >> 1)));
-          Mma16816(o[dp * 2], a, bv[0], bv[1]);
-          Mma16816(o[dp * 2 + 1], a, bv[2], bv[3]);
+          MmaBf16(o[dp * 2], a, bv[0], bv[1]);
+          MmaBf16(o[dp * 2 + 1], a, bv[2], bv[3]);
         }
       }
     }
@@ -476,7 +466,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
     for (int kk = 0; kk < kSteps; ++kk) {
       uint32_t a[4];
       LoadMatrixX4(a, kt + SlotOffset((mi & 1) * 8 + (lane & 7), kk * 2 + (mi >> 1)));
-      Mma16816(kk % 2 == 0 ? s : s2, a, qf[kk][0], qf[kk][1]);
+      MmaBf16(kk % 2 == 0 ? s : s2, a, qf[kk][0], qf[kk][1]);
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) s[e] += s2[e];
@@ -517,7 +507,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
     for (int mt = 0; mt < kSteps; ++mt) {
       uint32_t a[4];  // V^T: dims 16 mt (+8) x positions (+8), transposed on load
       LoadMatrixX4Trans(a, vt + SlotOffset((mi >> 1) * 8 + (lane & 7), mt * 2 + (mi & 1)));
-      Mma16816(o[mt], a, b0, b1);
+      MmaBf16(o[mt], a, b0, b1);
     }
     __syncwarp();  // the ring slot is refilled by a later iteration's copy
   }

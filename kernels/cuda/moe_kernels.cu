@@ -664,15 +664,6 @@ __device__ __forceinline__ void LdMatrixX2(uint32_t addr, uint32_t& r0, uint32_t
                : "=r"(r0), "=r"(r1)
                : "r"(addr));
 }
-// d += a (16x16, row) * b (16x8, col), bf16 in, fp32 accumulate.
-__device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                        uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 // Byte offset of 16-byte chunk `chunk` (0..7) of shared row `row` (XOR swizzle).
 __device__ __forceinline__ uint32_t Swizzle(int row, int chunk) {
   return static_cast<uint32_t>(row * kTcRowBytes + ((chunk ^ (row & 7)) << 4));

@@ -15,11 +15,11 @@
 // rows and for single projections of at most 16M weights (1 x 2048 x 4096: 9.2 vs 10.3 us).
 // MOBIUS_SKINNY_SHAPE=RxU picks R rows per warp and U pieces in flight per row (2x4 default, 4x2,
 // 1x8), for timing.
-#include <algorithm>
 #include <cstdlib>
 #include <string_view>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/skinny_targets.cuh"
 
 namespace mobius::kernels::cuda {
 namespace {
@@ -31,22 +31,8 @@ struct SkinnyArgs {
   const uint16_t* x = nullptr;
   int64_t k = 0;
   int64_t x_stride = 0;  // elements between rows of x: k, or 2k for a gate/up input
-  int num_targets = 0;
-  SkinnyTarget targets[kMaxSkinnyTargets];
-  int64_t row_end[kMaxSkinnyTargets] = {};  // cumulative rows over the targets
+  SkinnyTargetTable table;
 };
-
-// The target and first row of row group `group` (targets start on a group, so a group lies in
-// one target); false past the last target.
-__device__ __forceinline__ bool LocateGroup(const SkinnyArgs& args, int64_t group,
-                                            int rows_per_group, int& target, int64_t& row0) {
-  row0 = group * rows_per_group;
-  target = 0;
-  while (target < args.num_targets && row0 >= args.row_end[target]) ++target;
-  if (target >= args.num_targets) return false;
-  if (target > 0) row0 -= args.row_end[target - 1];
-  return true;
-}
 
 // Block = kWarpsPerBlock warps = (kWarpsPerBlock / k_split) row groups of kRowsPerWarp rows;
 // the k_split warps of a group take contiguous parts of K and add their sums in shared memory
@@ -68,10 +54,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, 2)
   const int group_in_block = warp_in_block / k_split, part = warp_in_block % k_split;
   const int64_t groups_per_block = kWarpsPerBlock / k_split;
   int target = 0;
-  int64_t row0 = 0;
-  const bool valid =
-      LocateGroup(args, blockIdx.x * groups_per_block + group_in_block, kRowsPerWarp, target, row0);
-  const SkinnyTarget& tg = args.targets[valid ? target : 0];
+  int64_t row0 = (blockIdx.x * groups_per_block + group_in_block) * kRowsPerWarp;
+  const bool valid = LocateTargetRow(args.table, row0, target);
+  const SkinnyTarget& tg = args.table.targets[valid ? target : 0];
   const int64_t k = args.k, pieces = k / 8;
   const int64_t p_begin = pieces * part / k_split, p_end = pieces * (part + 1) / k_split;
 
@@ -213,14 +198,8 @@ void LaunchSkinnyGemm(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarge
   args.x = x;
   args.k = k;
   args.x_stride = silu_mul ? 2 * k : k;
-  args.num_targets = std::min(num_targets, kMaxSkinnyTargets);
   int64_t rows = 0;
-  for (int i = 0; i < args.num_targets; ++i) {
-    args.targets[i] = targets[i];
-    // Each target starts on a warp's first row, so no warp straddles two targets.
-    rows += (targets[i].n + kRowAlign - 1) / kRowAlign * kRowAlign;
-    args.row_end[i] = rows;
-  }
+  args.table = MakeSkinnyTargetTable(targets, num_targets, kRowAlign, &rows);
   if (rows == 0) return;
   if (m == 1) {
     LaunchShape<1>(args, rows, silu_mul, stream);

@@ -1,0 +1,153 @@
+// Projections of 1-8 rows on tensor cores: y_i[M, N_i] = x[M, K] @ w_i[N_i, K]^T, M <= 8, for up
+// to kMaxSkinnyTargets weights that share x, in one launch (the skinny GEMM's interface).
+//
+// At batch 8 the CUDA-core skinny kernel is ALU-bound (8 rows x 8 products per 16-byte weight
+// piece; 6.4 -> 10.3 ms a batch-8 step when it took 3-8 rows), and cuBLASLt streams the dense
+// projections at ~1.2 TB/s (ncu of a batch-8 step, performance.md tenth version). Here a warp
+// owns 16 weight rows and multiplies them with mma.sync m16n8k16: the weights are the A operand
+// (16 rows), x^T the B operand (its M <= 8 rows are the n = 8 columns), so one instruction does
+// 16 x 8 x 16 products.
+//
+// The fragments come straight from global memory, with no shared memory: lane (g, q) = (lane /
+// 4, lane % 4) loads 16 bytes (8 consecutive k) of weight rows g and g + 8 and of x row g at k
+// offset 8q of each 32-wide step. A product sums over k, so any assignment of physical k to the
+// fragments' k slots is right as long as A and B use the same one: lane (g, q) holds A's k slots
+// {2q, 2q + 1, 2q + 8, 2q + 9} of rows g and g + 8 and B's same slots of column g, so it puts its
+// words 0 and 1 in the first product's slots and words 2 and 3 in the second's.
+//
+// Not measured yet (written without device time, off unless MOBIUS_TC_GEMV=1): the next GPU run
+// has to validate (CudaKernelsTest.TcGemv*) and time it against cuBLASLt before it becomes the
+// default for 3-8 rows.
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/skinny_targets.cuh"
+
+namespace mobius::kernels::cuda {
+namespace {
+
+constexpr int kTcGemvWarps = 8;
+constexpr int kTcGemvRows = 16;  // weight rows per warp (the mma M)
+constexpr int kTcGemvSteps = 4;  // 32-wide k steps of loads in flight per warp
+
+struct TcGemvArgs {
+  const uint16_t* x = nullptr;
+  int m = 0;
+  int64_t k = 0;
+  SkinnyTargetTable table;  // targets start on multiples of 16 rows
+};
+
+union Words {
+  uint4 v;
+  uint32_t w[4];
+};
+
+// Block = kTcGemvWarps warps = (kTcGemvWarps / k_split) groups of 16 weight rows; the k_split
+// warps of a group take contiguous parts of K and add their sums in shared memory.
+__global__ void __launch_bounds__(kTcGemvWarps * 32)
+    TcGemvKernel(const TcGemvArgs args, int k_split) {
+  __shared__ float partial[kTcGemvWarps][kTcGemvRows * 8];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  const int part = warp % k_split;
+  const int64_t group =
+      static_cast<int64_t>(blockIdx.x) * (kTcGemvWarps / k_split) + warp / k_split;
+  int64_t row0 = group * kTcGemvRows;
+  int target = 0;
+  const bool valid = LocateTargetRow(args.table, row0, target);
+  const SkinnyTarget& tg = args.table.targets[valid ? target : 0];
+
+  const int64_t k = args.k, steps = k / 32;
+  const int64_t s_begin = steps * part / k_split, s_end = steps * (part + 1) / k_split;
+  const bool lo_ok = valid && row0 + g < tg.n, hi_ok = valid && row0 + g + 8 < tg.n;
+  const uint4* w_lo = reinterpret_cast<const uint4*>(tg.w + (lo_ok ? row0 + g : 0) * k) + q;
+  const uint4* w_hi = reinterpret_cast<const uint4*>(tg.w + (hi_ok ? row0 + g + 8 : 0) * k) + q;
+  const bool x_ok = g < args.m;
+  const uint4* xr = reinterpret_cast<const uint4*>(args.x + (x_ok ? g : 0) * k) + q;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+
+  // Each step is 4 pieces of 16 bytes per row (one per q): piece index 4 s + q.
+  Words a_lo[kTcGemvSteps], a_hi[kTcGemvSteps];
+  auto load_weights = [&](int64_t s0) {
+#pragma unroll
+    for (int i = 0; i < kTcGemvSteps; ++i) {
+      const int64_t s = s0 + i;
+      a_lo[i].v = lo_ok && s < s_end ? __ldg(w_lo + 4 * s) : zero;
+      a_hi[i].v = hi_ok && s < s_end ? __ldg(w_hi + 4 * s) : zero;
+    }
+  };
+  // The weights are no kernel's output: the first loads go out before the PDL wait.
+  if (s_begin < s_end) load_weights(s_begin);
+  PdlWait();
+  PdlTrigger();
+  float c[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int64_t s0 = s_begin; s0 < s_end; s0 += kTcGemvSteps) {
+    Words b[kTcGemvSteps];
+#pragma unroll
+    for (int i = 0; i < kTcGemvSteps; ++i) {
+      b[i].v = x_ok && s0 + i < s_end ? __ldg(xr + 4 * (s0 + i)) : zero;
+    }
+#pragma unroll
+    for (int i = 0; i < kTcGemvSteps; ++i) {
+      const uint32_t a0[4] = {a_lo[i].w[0], a_hi[i].w[0], a_lo[i].w[1], a_hi[i].w[1]};
+      const uint32_t a1[4] = {a_lo[i].w[2], a_hi[i].w[2], a_lo[i].w[3], a_hi[i].w[3]};
+      MmaBf16(c, a0, b[i].w[0], b[i].w[1]);
+      MmaBf16(c, a1, b[i].w[2], b[i].w[3]);
+    }
+    if (s0 + kTcGemvSteps < s_end) load_weights(s0 + kTcGemvSteps);
+  }
+  // c[0], c[1]: row g, columns (x rows) 2q, 2q + 1; c[2], c[3]: row g + 8, the same columns.
+  if (k_split > 1) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) partial[warp][lane * 4 + i] = c[i];
+    __syncthreads();
+    if (part != 0) return;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float sum = 0.f;
+      for (int p = 0; p < k_split; ++p) sum += partial[warp + p][lane * 4 + i];
+      c[i] = sum;
+    }
+  }
+  if (!valid) return;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t row = row0 + g + (i >= 2 ? 8 : 0);
+    const int col = 2 * q + (i & 1);
+    if (row < tg.n && col < args.m) Store(tg.y, col * tg.n + row, c[i]);
+  }
+}
+
+// Warps per 16-row group: split K until the grid has ~16 warps per SM, keeping at least two
+// rounds of loads per warp.
+int TcGemvSplit(int64_t groups, int64_t steps) {
+  int split = 1;
+  while (split < kTcGemvWarps && groups * split < 2048 && steps / (2 * split) >= 2 * kTcGemvSteps) {
+    split *= 2;
+  }
+  return split;
+}
+
+}  // namespace
+
+bool TcGemvSupports(int64_t m, int64_t k, const void* x, const void* w) {
+  return m >= 1 && m <= 8 && k > 0 && k % 32 == 0 && IsAligned16(x) && IsAligned16(w);
+}
+
+void LaunchTcGemv(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* targets,
+                  int num_targets, cudaStream_t stream) {
+  TcGemvArgs args;
+  args.x = x;
+  args.m = static_cast<int>(m);
+  args.k = k;
+  int64_t rows = 0;
+  args.table = MakeSkinnyTargetTable(targets, num_targets, kTcGemvRows, &rows);
+  if (rows == 0 || m == 0) return;
+  const int64_t groups = rows / kTcGemvRows;
+  const int split = TcGemvSplit(groups, k / 32);
+  const int64_t groups_per_block = kTcGemvWarps / split;
+  const auto blocks = static_cast<unsigned>((groups + groups_per_block - 1) / groups_per_block);
+  LaunchPdl("TcGemvKernel", TcGemvKernel, blocks, kTcGemvWarps * 32, 0, stream, args, split);
+  CheckLaunch("TcGemv");
+}
+
+}  // namespace mobius::kernels::cuda
