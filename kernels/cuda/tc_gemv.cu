@@ -65,22 +65,23 @@ __global__ void __launch_bounds__(kTcGemvWarps * 32)
   const uint4* xr = reinterpret_cast<const uint4*>(args.x + (x_ok ? g : 0) * k) + q;
   const uint4 zero = make_uint4(0, 0, 0, 0);
 
-  // Each step is 4 pieces of 16 bytes per row (one per q): piece index 4 s + q.
-  Words a_lo[kTcGemvSteps], a_hi[kTcGemvSteps];
-  auto load_weights = [&](int64_t s0) {
+  // Each step is 4 pieces of 16 bytes per row (one per q): piece index 4 s + q. Two rounds of
+  // kTcGemvSteps steps alternate between buffers A and B, so the next round's weight loads are
+  // in flight while the current round multiplies (the loop is unrolled by two rounds to keep
+  // both buffers in registers).
+  struct Round {
+    Words lo[kTcGemvSteps], hi[kTcGemvSteps];
+  };
+  auto load_weights = [&](Round& r, int64_t s0) {
 #pragma unroll
     for (int i = 0; i < kTcGemvSteps; ++i) {
       const int64_t s = s0 + i;
-      a_lo[i].v = lo_ok && s < s_end ? __ldg(w_lo + 4 * s) : zero;
-      a_hi[i].v = hi_ok && s < s_end ? __ldg(w_hi + 4 * s) : zero;
+      r.lo[i].v = lo_ok && s < s_end ? __ldg(w_lo + 4 * s) : zero;
+      r.hi[i].v = hi_ok && s < s_end ? __ldg(w_hi + 4 * s) : zero;
     }
   };
-  // The weights are no kernel's output: the first loads go out before the PDL wait.
-  if (s_begin < s_end) load_weights(s_begin);
-  PdlWait();
-  PdlTrigger();
   float c[4] = {0.f, 0.f, 0.f, 0.f};
-  for (int64_t s0 = s_begin; s0 < s_end; s0 += kTcGemvSteps) {
+  auto multiply = [&](const Round& r, int64_t s0) {
     Words b[kTcGemvSteps];
 #pragma unroll
     for (int i = 0; i < kTcGemvSteps; ++i) {
@@ -88,12 +89,24 @@ __global__ void __launch_bounds__(kTcGemvWarps * 32)
     }
 #pragma unroll
     for (int i = 0; i < kTcGemvSteps; ++i) {
-      const uint32_t a0[4] = {a_lo[i].w[0], a_hi[i].w[0], a_lo[i].w[1], a_hi[i].w[1]};
-      const uint32_t a1[4] = {a_lo[i].w[2], a_hi[i].w[2], a_lo[i].w[3], a_hi[i].w[3]};
+      const uint32_t a0[4] = {r.lo[i].w[0], r.hi[i].w[0], r.lo[i].w[1], r.hi[i].w[1]};
+      const uint32_t a1[4] = {r.lo[i].w[2], r.hi[i].w[2], r.lo[i].w[3], r.hi[i].w[3]};
       MmaBf16(c, a0, b[i].w[0], b[i].w[1]);
       MmaBf16(c, a1, b[i].w[2], b[i].w[3]);
     }
-    if (s0 + kTcGemvSteps < s_end) load_weights(s0 + kTcGemvSteps);
+  };
+  Round a, b;
+  // The weights are no kernel's output: the first loads go out before the PDL wait.
+  if (s_begin < s_end) load_weights(a, s_begin);
+  PdlWait();
+  PdlTrigger();
+  constexpr int kRound = kTcGemvSteps;
+  for (int64_t s0 = s_begin; s0 < s_end; s0 += 2 * kRound) {
+    if (s0 + kRound < s_end) load_weights(b, s0 + kRound);
+    multiply(a, s0);
+    if (s0 + kRound >= s_end) break;
+    if (s0 + 2 * kRound < s_end) load_weights(a, s0 + 2 * kRound);
+    multiply(b, s0 + kRound);
   }
   // c[0], c[1]: row g, columns (x rows) 2q, 2q + 1; c[2], c[3]: row g + 8, the same columns.
   if (k_split > 1) {
