@@ -4,6 +4,8 @@
 // same greedy tokens as one process; and a replica that loses a rank fails as a whole while the
 // router routes around it. (Logits of the sharded forward against the fixture's reference are
 // checked in-process by tests/distributed/sharded_model_test.cc, with load-aware placements too.)
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <fstream>
@@ -11,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/serving_deployment.h"
@@ -37,10 +40,13 @@ struct Layout {
 
 // A measured-load file for --expert-placement load-aware on the fixture (3 banks of 40 experts):
 // the experts the contiguous placement gives rank 0 are the hot ones, so the balanced placement
-// must move experts between ranks.
+// must move experts between ranks. One file per test process: ctest runs the layouts as
+// separate processes in parallel, and a shared path let one truncate the file while another's
+// worker read it (CI: "expected {"banks": ...}", the replica never came up).
 std::string ExpertLoadFile() {
   static const std::string path = [] {
-    const std::string p = ::testing::TempDir() + "/mobius_replica_expert_load.json";
+    const std::string p =
+        absl::StrCat(::testing::TempDir(), "/mobius_replica_expert_load_", getpid(), ".json");
     std::string json = R"({"banks": [)";
     for (int b = 0; b < 3; ++b) {
       json += b ? ",[" : "[";

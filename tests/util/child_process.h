@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <mutex>
 #include <set>
 #include <string>
@@ -20,27 +21,47 @@
 
 namespace mobius::testing {
 
-// A port the kernel considers free right now.
+// A port that is free right now and that the kernel does not hand out by itself. Ports from
+// binding port 0 come from the ephemeral range, which every outgoing connection (gRPC clients,
+// UCX between the ranks of a replica) also draws from, so a port handed out that way could be
+// taken before the server bound it (CI: "cannot serve metrics on ...: Address already in use"
+// with tests running in parallel). So ports come from below the ephemeral range, each process
+// starting at its own offset (from its pid) and walking up, and a number is handed out once per
+// process; a port counts as free when a bind to it succeeds.
 inline int FreePort() {
-  // A port the kernel just had free. Binding port 0 and closing can hand the same number out
-  // twice (a deployment's router and worker once got the same port in CI), so a process never
-  // gets a number it was given before.
   static std::mutex mu;
   static std::set<int> given;
+  static int next = -1;
+  constexpr int kLow = 10000;
   std::lock_guard<std::mutex> lock(mu);
-  for (int attempt = 0;; ++attempt) {
+  static const int high = [] {  // the first ephemeral port (Linux default 32768)
+    int low = 32768, top = 60999;
+    if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+      if (std::fscanf(f, "%d %d", &low, &top) != 2) low = 32768;
+      std::fclose(f);
+    }
+    return low > kLow + 1000 ? low : 32768;
+  }();
+  const int span = high - kLow;
+  if (next < 0)
+    next = kLow + static_cast<int>((static_cast<unsigned>(getpid()) * 2654435761u) % span);
+  for (int attempt = 0; attempt < span; ++attempt) {
+    const int port = next;
+    next = kLow + (next - kLow + 1) % span;
+    if (given.count(port) != 0) continue;
     const int fd = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = 0;
-    bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-    socklen_t len = sizeof(addr);
-    getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
     close(fd);
-    const int port = ntohs(addr.sin_port);
-    if (given.insert(port).second || attempt >= 100) return port;
+    if (free) {
+      given.insert(port);
+      return port;
+    }
   }
+  return 0;  // nothing free below the ephemeral range: the caller's bind then fails loudly
 }
 
 // A port that stays taken and refuses connections while this object lives: bound, never
