@@ -54,8 +54,6 @@ struct RopeParams {
   float theta = 10000.f;
 };
 
-// A recorded step (a CUDA graph): the ops queued between Backend::BeginCapture and EndCapture,
-// replayed by Backend::Replay with whatever the tensors they read hold at that time.
 // A MoE layer's shared expert as Backend::MoeExpertsWithSharedExpert takes it: its gate and up
 // projections of the layer input, its down projection, the logit of its sigmoid gate, and
 // scratch for the backend that computes its output separately.
@@ -67,6 +65,8 @@ struct SharedExpertOperands {
   Tensor& out;                // [T, H] scratch
 };
 
+// A recorded step (a CUDA graph): the ops queued between Backend::BeginCapture and EndCapture,
+// replayed by Backend::Replay with whatever the tensors they read hold at that time.
 class CapturedStep {
  public:
   virtual ~CapturedStep() = default;

@@ -133,6 +133,16 @@ __device__ __forceinline__ float BlockMax(float v, float* shared) {
   return WarpMax(v);
 }
 
+// silu(gate) * up for eight bf16 pairs, rounded to bf16 as SiluAndMul stores it (the
+// projections that form their input from a gate/up row).
+__device__ __forceinline__ void SiluMulPiece(uint4 gate, uint4 up, float (&out)[8]) {
+  float u[8];
+  UnpackBf16x8(gate, out);
+  UnpackBf16x8(up, u);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) out[i] = Bf16ToF32(F32ToBf16(Silu(out[i]) * u[i]));
+}
+
 // The warp-level tensor-core product (mma.sync m16n8k16): d += a (16 x 16, row-major fragment)
 // * b (16 x 8, column-major fragment), bf16 in, fp32 accumulate.
 __device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,

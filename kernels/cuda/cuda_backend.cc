@@ -388,7 +388,9 @@ class CudaBackend final : public Backend {
     const char* v = std::getenv("MOBIUS_TC_GEMV");
     return v != nullptr && v[0] == '1';
   }();
-  bool TcGemvFor(int64_t m) const { return tc_gemv_on_ && m > cuda::kMaxSkinnyRows && m <= 8; }
+  bool TcGemvFor(int64_t m) const {
+    return tc_gemv_on_ && m > cuda::kMaxSkinnyRows && m <= cuda::kMaxTcGemvRows;
+  }
   std::shared_ptr<cuda::DeviceBlockCache> blocks_ =
       std::make_shared<cuda::DeviceBlockCache>(device_);
   void* scratch_ = nullptr;
@@ -1324,8 +1326,8 @@ void CudaBackend::MoeExpertsWithSharedExpert(const Tensor& x, const Tensor& ids,
         absl::StrFormat("shared gate_up %s, down %s, gate_logits %s for out %s",
                         shared.gate_up.ShapeString(), shared.down.ShapeString(),
                         shared.gate_logits.ShapeString(), out.ShapeString()));
-  // Few tokens: one more warp of each down block computes that block's rows of the shared
-  // expert, so its projection is not a launch of its own.
+  // Few tokens: each down block also computes its rows of the shared expert, so that
+  // projection is not a launch of its own (MoeFewDownRowsKernel).
   // MOBIUS_MOE_SHARED_EXPERT=N (A/B runs): fuse up to N tokens instead of the default; 0 never.
   static const int max_tokens = [] {
     const char* env = std::getenv("MOBIUS_MOE_SHARED_EXPERT");

@@ -1385,15 +1385,6 @@ __global__ void __launch_bounds__(kFewWarps * 32)
   }
 }
 
-// silu(gate) * up for eight bf16 pairs, rounded to bf16 as SiluAndMul stores it.
-__device__ __forceinline__ void SiluMulPiece(uint4 gate, uint4 up, float (&out)[8]) {
-  float u[8];
-  UnpackBf16x8(gate, out);
-  UnpackBf16x8(up, u);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) out[i] = Bf16ToF32(F32ToBf16(Silu(out[i]) * u[i]));
-}
-
 // The same sum with the experts spread over the warps: a block computes kRows rows h of one
 // token, warp w the expert slots j = w, w + 8, ... At one token the kernel above ran H / 16 = 128
 // blocks, one per SM, each warp walking its k experts with two short loads per lane in flight;

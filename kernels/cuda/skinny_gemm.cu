@@ -96,12 +96,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, 2)
       for (int m = 0; m < kM; ++m) {
         float xv[8];
         const uint4* xr = reinterpret_cast<const uint4*>(args.x + m * args.x_stride);
-        UnpackBf16x8(__ldg(xr + p), xv);
         if constexpr (kSiluMul) {
-          float up[8];
-          UnpackBf16x8(__ldg(xr + pieces + p), up);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) xv[i] = Bf16ToF32(F32ToBf16(Silu(xv[i]) * up[i]));
+          SiluMulPiece(__ldg(xr + p), __ldg(xr + pieces + p), xv);
+        } else {
+          UnpackBf16x8(__ldg(xr + p), xv);
         }
 #pragma unroll
         for (int r = 0; r < kRowsPerWarp; ++r) {

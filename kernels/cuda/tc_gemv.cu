@@ -1,9 +1,9 @@
 // Projections of 1-8 rows on tensor cores: y_i[M, N_i] = x[M, K] @ w_i[N_i, K]^T, M <= 8, for up
 // to kMaxSkinnyTargets weights that share x, in one launch (the skinny GEMM's interface).
 //
-// At batch 8 the CUDA-core skinny kernel is ALU-bound (8 rows x 8 products per 16-byte weight
-// piece; 6.4 -> 10.3 ms a batch-8 step when it took 3-8 rows), and cuBLASLt streams the dense
-// projections at ~1.2 TB/s (ncu of a batch-8 step, performance.md tenth version). Here a warp
+// The CUDA-core skinny kernel, given 3-8 rows, made a batch-8 step slower (8.46 -> 10.30 ms;
+// 8 rows x 8 fp32 products per 16-byte weight piece; not profiled), and cuBLASLt streams the
+// dense projections at ~1.2 TB/s (ncu of a batch-8 step, performance.md tenth version). Here a warp
 // owns 16 weight rows and multiplies them with mma.sync m16n8k16: the weights are the A operand
 // (16 rows), x^T the B operand (its M <= 8 rows are the n = 8 columns), so one instruction does
 // 16 x 8 x 16 products.
@@ -143,7 +143,7 @@ int TcGemvSplit(int64_t groups, int64_t steps) {
 }  // namespace
 
 bool TcGemvSupports(int64_t m, int64_t k, const void* x, const void* w) {
-  return m >= 1 && m <= 8 && k > 0 && k % 32 == 0 && IsAligned16(x) && IsAligned16(w);
+  return m >= 1 && m <= kMaxTcGemvRows && k > 0 && k % 32 == 0 && IsAligned16(x) && IsAligned16(w);
 }
 
 void LaunchTcGemv(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* targets,

@@ -484,8 +484,10 @@ TEST(CudaVsCpuTest, FusedOpsEqualTheirParts) {
             std::all_of(scratch.begin(), scratch.end(), [](float v) { return v == kUnwritten; });
         EXPECT_EQ(untouched, T <= 2) << what2 << ": the shared expert's scratch output";
       }
-      // Against the CUDA parts: the shared projection sums in its own order, so within a bf16
-      // rounding step of the parts rather than bit-equal.
+      // Against the CUDA parts where the fused path ran (elsewhere the op is those parts): the
+      // shared projection sums in its own order, so within a bf16 rounding step of the parts
+      // rather than bit-equal.
+      if (T > 2) continue;
       auto parts2 = p.Make({T, H}, std::vector<float>(T * H));
       p.cuda().SiluMulLinear(sgu.second, sdn.second, sact.second, sout.second);
       p.cuda().MoeExpertsWithShared(x.second, ids.second, wts.second, gu.second, dn.second, first,
