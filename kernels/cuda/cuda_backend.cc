@@ -376,21 +376,24 @@ class CudaBackend final : public Backend {
   std::unique_ptr<cuda::LtGemm> gemm_;
   const std::string device_name_;
   const int num_sms_;
-  // MOBIUS_SKINNY_GEMM=0 sends few-row GEMMs to cuBLASLt too (for before/after timings).
+  // MOBIUS_SKINNY_GEMM=0 sends few-row GEMMs to cuBLASLt (skinny kernel and tensor-core GEMV
+  // both off), for before/after timings.
   const bool skinny_off_ = [] {
     const char* v = std::getenv("MOBIUS_SKINNY_GEMM");
     return v != nullptr && v[0] == '0';
   }();
-  // MOBIUS_TC_GEMV=1 sends projections of 3-8 rows (below the skinny kernel's limit: 1-2) to the
-  // tensor-core GEMV instead of cuBLASLt. Off by default until it is validated and timed on a
-  // GPU (tc_gemv.cu).
-  const bool tc_gemv_on_ = [] {
+  // Projections of 2-8 rows go to the tensor-core GEMV (tc_gemv.cu); against cuBLASLt a
+  // batch-4 decode step 6.35 -> 5.63 ms, batch 8 8.42 -> 7.75 ms, and at 2 rows against the
+  // skinny kernel 4.66 -> 4.54 ms; at 1 row the skinny kernel stays ahead (3.61 vs 3.85 ms;
+  // performance.md, eleventh version). MOBIUS_TC_GEMV=N (1-8) sets the fewest rows it takes,
+  // 0 turns it off.
+  const int tc_gemv_min_rows_ = [this] {
     const char* v = std::getenv("MOBIUS_TC_GEMV");
-    return v != nullptr && v[0] == '1';
+    int rows = 2;
+    if (v != nullptr && !absl::SimpleAtoi(v, &rows)) rows = 2;
+    return skinny_off_ || rows <= 0 ? cuda::kMaxTcGemvRows + 1 : rows;
   }();
-  bool TcGemvFor(int64_t m) const {
-    return tc_gemv_on_ && m > cuda::kMaxSkinnyRows && m <= cuda::kMaxTcGemvRows;
-  }
+  bool TcGemvFor(int64_t m) const { return m >= tc_gemv_min_rows_ && m <= cuda::kMaxTcGemvRows; }
   std::shared_ptr<cuda::DeviceBlockCache> blocks_ =
       std::make_shared<cuda::DeviceBlockCache>(device_);
   void* scratch_ = nullptr;
@@ -660,19 +663,21 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor& y) {
   if (s.m == 0 || s.n == 0) return;
   Enter();
   const bool y_f32 = y.dtype() == DType::kF32;
-  // One or two rows through weights of up to 32 MB: the skinny kernel beat cuBLASLt on the
-  // release shapes (1 x 2048 x 4096: 9.2 vs 10.3 us, 1 x 2048 x 512: 4.9 vs 5.5 us; a gate
+  // 2-8 rows on the tensor-core GEMV, any weight size (the lm_head included): it streams weights
+  // faster than cuBLASLt and the skinny kernel do at these row counts.
+  if (TcGemvFor(s.m) && cuda::TcGemvSupports(s.m, s.k, x.raw(), w.raw())) {
+    const cuda::SkinnyTarget target{Bf16(w), s.n, AnyMutPtr{y.raw(), y_f32}};
+    cuda::LaunchTcGemv(Bf16(x), s.m, s.k, &target, 1, stream_);
+    return;
+  }
+  // Otherwise one or two rows through weights of up to 32 MB: the skinny kernel beat cuBLASLt on
+  // the release shapes (1 x 2048 x 4096: 9.2 vs 10.3 us, 1 x 2048 x 512: 4.9 vs 5.5 us; a gate
   // projection of a few columns: one launch instead of a GEMV plus a reduction). Larger weights
   // stay with cuBLASLt, which was as fast there (skinny_gemm.cu).
   if (s.n * s.k <= (int64_t{16} << 20) && cuda::SkinnyGemmSupports(s.m, s.k, x.raw(), w.raw()) &&
       !skinny_off_) {
     const cuda::SkinnyTarget target{Bf16(w), s.n, AnyMutPtr{y.raw(), y_f32}};
     cuda::LaunchSkinnyGemm(Bf16(x), s.m, s.k, &target, 1, stream_);
-    return;
-  }
-  if (TcGemvFor(s.m) && cuda::TcGemvSupports(s.m, s.k, x.raw(), w.raw())) {
-    const cuda::SkinnyTarget target{Bf16(w), s.n, AnyMutPtr{y.raw(), y_f32}};
-    cuda::LaunchTcGemv(Bf16(x), s.m, s.k, &target, 1, stream_);
     return;
   }
   if (!gemm_->Run(Bf16(x), Bf16(w), y.raw(), y_f32, s.m, s.n, s.k, stream_)) {
@@ -703,10 +708,10 @@ void CudaBackend::LinearFanOut(const Tensor& x, std::span<const Tensor* const> w
   for (size_t i = 0; i < targets.size(); i += cuda::kMaxSkinnyTargets) {
     const int count =
         static_cast<int>(std::min<size_t>(cuda::kMaxSkinnyTargets, targets.size() - i));
-    if (skinny) {
-      cuda::LaunchSkinnyGemm(Bf16(x), m, k, targets.data() + i, count, stream_);
-    } else {
+    if (tc) {
       cuda::LaunchTcGemv(Bf16(x), m, k, targets.data() + i, count, stream_);
+    } else {
+      cuda::LaunchSkinnyGemm(Bf16(x), m, k, targets.data() + i, count, stream_);
     }
   }
 }

@@ -15,9 +15,12 @@
 // {2q, 2q + 1, 2q + 8, 2q + 9} of rows g and g + 8 and B's same slots of column g, so it puts its
 // words 0 and 1 in the first product's slots and words 2 and 3 in the second's.
 //
-// Not measured yet (written without device time, off unless MOBIUS_TC_GEMV=1): the next GPU run
-// has to validate (CudaKernelsTest.TcGemv*) and time it against cuBLASLt before it becomes the
-// default for 3-8 rows.
+// Measured on an H200 (release config, dummy weights, performance.md eleventh version): against
+// cuBLASLt for the 3-8 row projections, a batch-4 decode step 6.34 -> 5.58 ms and batch 8
+// 8.41 -> 7.66 ms; validated by CudaKernelsTest.TcGemvMatchesReference and the CUDA-vs-CPU tests.
+
+#include <algorithm>
+#include <cstdlib>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/skinny_targets.cuh"
@@ -130,11 +133,22 @@ __global__ void __launch_bounds__(kTcGemvWarps * 32)
   }
 }
 
-// Warps per 16-row group: split K until the grid has ~16 warps per SM, keeping at least two
-// rounds of loads per warp.
+// Warps per 16-row group: the largest split (K parts of at least 8 steps) whose warps all fit in
+// one wave of resident blocks. Measured with mobius_kernel_bench at 4-8 rows, forcing each split
+// (MOBIUS_TC_GEMV_SPLIT): the in-projection fan-out (772 groups, K 2048) 19.2 us at split 2
+// (1544 warps) against 22.4 at 4 (3088 warps, 1.5 waves) and 22.6 at 8; the out-projection
+// (128 groups, K 4096) 12.1 us at 8 against 14.2 at 4 and 20.9 at 2; the shared expert + router
+// fan-out (225 groups) 10.6 us at 8 against 11.2 at 4 (performance.md, eleventh version).
 int TcGemvSplit(int64_t groups, int64_t steps) {
+  static const int64_t resident_warps = [] {
+    int device = 0, sms = 0, per_sm = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, TcGemvKernel, kTcGemvWarps * 32, 0);
+    return static_cast<int64_t>(std::max(1, sms)) * std::max(1, per_sm) * kTcGemvWarps;
+  }();
   int split = 1;
-  while (split < kTcGemvWarps && groups * split < 2048 && steps / (2 * split) >= 2 * kTcGemvSteps) {
+  while (split < kTcGemvWarps && groups * split * 2 <= resident_warps && steps / (split * 2) >= 8) {
     split *= 2;
   }
   return split;
@@ -156,7 +170,15 @@ void LaunchTcGemv(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* t
   args.table = MakeSkinnyTargetTable(targets, num_targets, kTcGemvRows, &rows);
   if (rows == 0 || m == 0) return;
   const int64_t groups = rows / kTcGemvRows;
-  const int split = TcGemvSplit(groups, k / 32);
+  // MOBIUS_TC_GEMV_SPLIT=1|2|4|8 forces the K split (A/B runs).
+  static const int forced_split = [] {
+    const char* v = std::getenv("MOBIUS_TC_GEMV_SPLIT");
+    const int s = v != nullptr ? std::atoi(v) : 0;
+    return s == 1 || s == 2 || s == 4 || s == 8 ? s : 0;
+  }();
+  const int64_t steps = k / 32;
+  const int split =
+      forced_split > 0 && steps >= forced_split ? forced_split : TcGemvSplit(groups, steps);
   const int64_t groups_per_block = kTcGemvWarps / split;
   const auto blocks = static_cast<unsigned>((groups + groups_per_block - 1) / groups_per_block);
   LaunchPdl("TcGemvKernel", TcGemvKernel, blocks, kTcGemvWarps * 32, 0, stream, args, split);
