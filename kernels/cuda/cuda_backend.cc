@@ -850,9 +850,11 @@ void CudaBackend::SiluMulLinear(const Tensor& gate_up, const Tensor& w, Tensor& 
         absl::StrFormat("gate_up %s, act %s, w %s", gate_up.ShapeString(), act.ShapeString(),
                         w.ShapeString()));
   const LinearShape s = CheckLinear("SiluMulLinear", act, w, out);
-  // One or two rows (decode): the skinny kernel forms silu(gate) * up as it reads the row, one
-  // launch instead of two (see Linear for when the skinny kernel is used).
-  if (s.m > 0 && s.n > 0 && s.n * s.k <= (int64_t{16} << 20) && !skinny_off_ &&
+  // Where Linear takes the skinny kernel (one row; two with MOBIUS_TC_GEMV=0 or >2) it forms
+  // silu(gate) * up as it reads the row, one launch instead of two and the same bits as the
+  // parts. Rows the tensor-core GEMV takes stay two ops: its silu-mul form measured 19.6 us
+  // against ~5.7 us for the plain one at 4 rows (performance.md, eleventh version).
+  if (s.m > 0 && s.n > 0 && !TcGemvFor(s.m) && s.n * s.k <= (int64_t{16} << 20) && !skinny_off_ &&
       cuda::SkinnyGemmSupports(s.m, s.k, gate_up.raw(), w.raw())) {
     Enter();
     const cuda::SkinnyTarget target{Bf16(w), s.n, AnyMutPtr{out.raw(), out.dtype() == DType::kF32}};
