@@ -383,7 +383,7 @@ class CudaBackend final : public Backend {
     return v != nullptr && v[0] == '0';
   }();
   // Projections of 2-8 rows go to the tensor-core GEMV (tc_gemv.cu); against cuBLASLt a
-  // batch-4 decode step 6.35 -> 5.63 ms, batch 8 8.42 -> 7.75 ms, and at 2 rows against the
+  // batch-4 decode step 6.35 -> 5.58 ms, batch 8 8.41 -> 7.60 ms, and at 2 rows against the
   // skinny kernel 4.66 -> 4.54 ms; at 1 row the skinny kernel stays ahead (3.61 vs 3.85 ms;
   // performance.md, eleventh version). MOBIUS_TC_GEMV=N (1-8) sets the fewest rows it takes,
   // 0 turns it off.

@@ -85,7 +85,7 @@ inline constexpr int kMaxTcGemvRows = 8;  // x rows: the n = 8 side of the mma
 // 16-byte aligned; check every weight).
 bool TcGemvSupports(int64_t m, int64_t k, const void* x, const void* w);
 // The skinny GEMM's fan-out (every weight has K columns) with mma.sync; the backend's path for
-// 3-8 rows (MOBIUS_TC_GEMV in cuda_backend.cc).
+// 2-8 rows (MOBIUS_TC_GEMV in cuda_backend.cc).
 void LaunchTcGemv(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* targets,
                   int num_targets, cudaStream_t stream);
 

@@ -15,9 +15,10 @@
 // {2q, 2q + 1, 2q + 8, 2q + 9} of rows g and g + 8 and B's same slots of column g, so it puts its
 // words 0 and 1 in the first product's slots and words 2 and 3 in the second's.
 //
-// Measured on an H200 (release config, dummy weights, performance.md eleventh version): against
-// cuBLASLt for the 3-8 row projections, a batch-4 decode step 6.34 -> 5.58 ms and batch 8
-// 8.41 -> 7.66 ms; validated by CudaKernelsTest.TcGemvMatchesReference and the CUDA-vs-CPU tests.
+// Measured on an H200 (release config, dummy weights, performance.md eleventh version): the
+// backend's path for 2-8 rows, where it replaced cuBLASLt (3-8 rows) and the skinny kernel
+// (2 rows): a batch-8 decode step 8.41 -> 7.60 ms, batch 2 4.66 -> 4.54 ms; validated by
+// CudaKernelsTest.TcGemvMatchesReference and the CUDA-vs-CPU tests.
 
 #include <algorithm>
 #include <cstdlib>
