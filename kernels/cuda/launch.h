@@ -86,8 +86,13 @@ inline constexpr int kMaxTcGemvRows = 8;  // x rows: the n = 8 side of the mma
 bool TcGemvSupports(int64_t m, int64_t k, const void* x, const void* w);
 // The skinny GEMM's fan-out (every weight has K columns) with mma.sync; the backend's path for
 // 2-8 rows (MOBIUS_TC_GEMV in cuda_backend.cc).
+// How the GEMV keeps weight loads in flight: in registers (two rounds per warp; what kAuto runs
+// unless MOBIUS_TC_GEMV_RING is set) or in a per-warp shared-memory ring of cp.async stages (not
+// yet timed on a GPU).
+enum class TcGemvPipeline { kAuto, kRegisters, kSharedRing };
 void LaunchTcGemv(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* targets,
-                  int num_targets, cudaStream_t stream);
+                  int num_targets, cudaStream_t stream,
+                  TcGemvPipeline pipeline = TcGemvPipeline::kAuto);
 
 // ---- gated DeltaNet (deltanet_kernels.cu) ----
 // `single_token_segments`: every segment holds exactly one token (a decode step; the host knows,
