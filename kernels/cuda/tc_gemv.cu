@@ -222,6 +222,8 @@ __global__ void __launch_bounds__(kTcGemvWarps * 32)
     issue(r + kStages - 1);
     load_x(x_next, r + 1);
     CopyAsyncWait<kStages - 1>();  // this lane's copies of round r have landed
+    // The wait's asm does not clobber memory: keep the compiler from reading the ring before it.
+    asm volatile("" ::: "memory");
     const int stage = static_cast<int>(r % kStages);
 #pragma unroll
     for (int i = 0; i < kSteps; ++i) {
