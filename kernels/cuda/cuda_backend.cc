@@ -1003,7 +1003,9 @@ int* CudaBackend::DeltaRuleNormCounters() {
   }
   void* p = nullptr;
   const size_t bytes = sizeof(int) * cuda::kDeltaRuleNormCounters;
-  if (cudaMalloc(&p, bytes) != cudaSuccess || cudaMemset(p, 0, bytes) != cudaSuccess) {
+  // Zeroed on the backend's stream: it does not synchronise with the legacy default stream.
+  if (cudaMalloc(&p, bytes) != cudaSuccess ||
+      cudaMemsetAsync(p, 0, bytes, stream_) != cudaSuccess) {
     cudaGetLastError();
     if (p != nullptr) cudaFree(p);
     return nullptr;
