@@ -232,6 +232,93 @@ struct DeviceSegments {
   }
 };
 
+// The DeltaNet output norm folded into the recurrent kernel (DeltaRuleNormFold), launched
+// directly so the test sees that the fold ran (the launch returns true) and not only that the
+// result is right: its gated rows must be the bits LaunchGatedRmsNorm gives for the same out, and
+// the counters must be back at zero. Release head dims (8 column blocks per head at 1-3
+// sequences), decode and short multi-token layouts; Dv = 96 (rows of 12 pieces) is refused.
+TEST(CudaDeltaRuleTest, NormFoldRunsAndMatchesTheNormKernel) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937 rng(41);
+  std::vector<void*> allocations;
+  auto put_bf16 = [&](const std::vector<float>& v) {
+    std::vector<uint16_t> h(v.size());
+    for (size_t i = 0; i < v.size(); ++i) h[i] = FloatToBF16(v[i]);
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, h.size() * 2 + 16), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(p, h.data(), h.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    allocations.push_back(p);
+    return static_cast<uint16_t*>(p);
+  };
+  auto put_f32 = [&](const std::vector<float>& v) {
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, v.size() * 4 + 16), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(p, v.data(), v.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    allocations.push_back(p);
+    return static_cast<float*>(p);
+  };
+  auto get_u16 = [](const uint16_t* d, int64_t n) {
+    std::vector<uint16_t> h(static_cast<size_t>(n));
+    EXPECT_EQ(cudaMemcpy(h.data(), d, n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  };
+  int* counters = nullptr;
+  ASSERT_EQ(cudaMalloc(&counters, sizeof(int) * cuda::kDeltaRuleNormCounters), cudaSuccess);
+  ASSERT_EQ(cudaMemset(counters, 0, sizeof(int) * cuda::kDeltaRuleNormCounters), cudaSuccess);
+  const int hk = 2, hv = 4, dk = 128;
+  for (const int dv : {128, 96}) {
+    for (const std::vector<int>& lengths : {std::vector<int>{1, 1, 1}, std::vector<int>{3, 1, 5}}) {
+      const int64_t t = std::accumulate(lengths.begin(), lengths.end(), 0);
+      const int64_t row = 2LL * hk * dk + int64_t{hv} * dv;
+      const int nseg = static_cast<int>(lengths.size());
+      uint16_t* qkv = put_bf16(Random(rng, t * row, -1, 1));
+      uint16_t* a = put_bf16(Random(rng, t * hv, -3, 3));
+      uint16_t* b = put_bf16(Random(rng, t * hv, -3, 3));
+      float* a_log = put_f32(Random(rng, hv, 0, 2.5f));
+      float* dt_bias = put_f32(Random(rng, hv, -1, 1));
+      float* states = put_f32(Random(rng, int64_t{nseg} * hv * dk * dv, -0.2f, 0.2f));
+      float* g = put_f32(std::vector<float>(t * hv));
+      float* beta = put_f32(std::vector<float>(t * hv));
+      const int64_t outs = t * hv * dv;
+      uint16_t* out = put_bf16(std::vector<float>(outs));
+      uint16_t* z = put_bf16(Random(rng, outs, -3, 3));
+      float* w = put_f32(Random(rng, dv, 0.5f, 1.5f));
+      uint16_t* gated = put_bf16(std::vector<float>(outs, NAN));
+      uint16_t* gated_ref = put_bf16(std::vector<float>(outs, NAN));
+      DeviceSegments meta(lengths, 0);
+      const cuda::DeltaGateInputs gates{a, b, cuda::AnyPtr{a_log, true},
+                                        cuda::AnyPtr{dt_bias, true}};
+      const cuda::DeltaRuleNormFold fold{z, cuda::AnyPtr{w, true}, 1e-6f, gated, counters};
+      const bool folded =
+          cuda::LaunchGatedDeltaRuleRecurrent(qkv, g, beta, &gates, t, hk, hv, dk, dv, states,
+                                              meta.meta, INT32_MAX, out, nullptr, &fold);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::string what = "dv " + std::to_string(dv) + ", " + std::to_string(nseg) +
+                               " sequences of " + std::to_string(t) + " tokens";
+      if (dv == 96) {
+        EXPECT_FALSE(folded) << what;  // 12 pieces a row: not a power of two
+        const std::vector<uint16_t> untouched = get_u16(gated, outs);
+        EXPECT_TRUE(std::all_of(untouched.begin(), untouched.end(), [](uint16_t v) {
+          return std::isnan(BF16ToFloat(v));
+        })) << what;
+        continue;
+      }
+      EXPECT_TRUE(folded) << what;
+      cuda::LaunchGatedRmsNorm(out, z, cuda::AnyPtr{w, true}, 1e-6f, t * hv, dv, gated_ref,
+                               nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(get_u16(gated, outs), get_u16(gated_ref, outs)) << what;
+      std::vector<int> left(static_cast<size_t>(nseg * hv));
+      ASSERT_EQ(
+          cudaMemcpy(left.data(), counters, left.size() * sizeof(int), cudaMemcpyDeviceToHost),
+          cudaSuccess);
+      EXPECT_TRUE(std::all_of(left.begin(), left.end(), [](int c) { return c == 0; })) << what;
+    }
+  }
+  cudaFree(counters);
+  for (void* p : allocations) cudaFree(p);
+}
+
 class CudaDeltaRuleBench : public ::testing::Test {
  protected:
   void SetUp() override {
