@@ -237,7 +237,7 @@ struct DeviceSegments {
 // result is right: its gated rows must be the bits LaunchGatedRmsNorm gives for the same out, and
 // the counters must be back at zero. Release head dims (8 column blocks per head at 1-3
 // sequences), decode and short multi-token layouts; Dv = 96 (rows of 12 pieces) is refused.
-TEST(CudaDeltaRuleTest, NormFoldRunsAndMatchesTheNormKernel) {
+TEST(CudaDeltaRuleNormFoldTest, RunsAndMatchesTheNormKernel) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   std::mt19937 rng(41);
   std::vector<void*> allocations;
