@@ -1030,6 +1030,7 @@ void CudaBackend::GatedDeltaRuleWithGatesAndNorm(
         absl::StrFormat("norm z %s, w %s, gated %s for out %s and Dv = %d", norm.z.ShapeString(),
                         norm.w.ShapeString(), norm.gated.ShapeString(), out.ShapeString(),
                         dims.v_head_dim));
+  Enter();  // the counters are allocated on this backend's device
   int* counters = fold_delta_rule_norm_ ? DeltaRuleNormCounters() : nullptr;
   const cuda::DeltaRuleNormFold fold{Bf16(norm.z), wp, norm.eps, MutBf16(norm.gated), counters};
   const bool folded = RunGatedDeltaRule(qkv, g, beta, &gates, dims, recurrent_states, segments,

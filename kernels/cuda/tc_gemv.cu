@@ -21,6 +21,7 @@
 // CudaKernelsTest.TcGemvMatchesReference and the CUDA-vs-CPU tests.
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -268,9 +269,10 @@ struct TcGemvLaunchShape {
 };
 
 TcGemvLaunchShape MakeTcGemvLaunchShape(TcGemvFn kernel, size_t smem) {
-  if (smem > 48 * 1024) {
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(smem));
+  // (Also below 48 KB: the kernel's static shared memory counts against the default limit.)
+  if (smem > 0 && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem)) != cudaSuccess) {
+    cudaGetLastError();  // not this launch's error: the ring's launches report it if they fail
   }
   int device = 0, sms = 0, per_sm = 0;
   cudaGetDevice(&device);
@@ -292,6 +294,12 @@ TcGemvPipeline AutoTcGemvPipeline(std::string* ring_shape) {
   const char* v = std::getenv("MOBIUS_TC_GEMV_RING");
   if (v == nullptr || v[0] == '\0' || v[0] == '0') return TcGemvPipeline::kRegisters;
   *ring_shape = v;
+  const std::string shape = v;
+  if (shape != "1" && shape != "4x2" && shape != "8x1" && shape != "3x4" && shape != "6x2") {
+    std::fprintf(stderr,
+                 "mobius cuda: MOBIUS_TC_GEMV_RING=%s is not 1, 4x2, 8x1, 3x4 or 6x2; using 4x2\n",
+                 v);
+  }
   return TcGemvPipeline::kSharedRing;
 }
 
@@ -334,6 +342,11 @@ void LaunchTcGemv(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* t
   const int split = forced_split > 0 && steps >= forced_split
                         ? forced_split
                         : TcGemvSplit(groups, steps, shape.resident_warps);
+  if (shape.smem > 0) {
+    // The shared-memory limit is a per-device attribute: set it for the current device too.
+    cudaFuncSetAttribute(shape.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(shape.smem));
+  }
   const int64_t groups_per_block = kTcGemvWarps / split;
   const auto blocks = static_cast<unsigned>((groups + groups_per_block - 1) / groups_per_block);
   LaunchPdl("TcGemvKernel", shape.kernel, blocks, kTcGemvWarps * 32, shape.smem, stream, args,

@@ -267,7 +267,11 @@ TEST(CudaDeltaRuleNormFoldTest, RunsAndMatchesTheNormKernel) {
   ASSERT_EQ(cudaMemset(counters, 0, sizeof(int) * cuda::kDeltaRuleNormCounters), cudaSuccess);
   const int hk = 2, hv = 4, dk = 128;
   for (const int dv : {128, 96}) {
-    for (const std::vector<int>& lengths : {std::vector<int>{1, 1, 1}, std::vector<int>{3, 1, 5}}) {
+    // 1-3 sequences: 8 columns a warp, rows split over warp pairs; 4-15: 16 columns, split;
+    // 16 and more: 16 columns, whole rows (the variant whose warps could leave early).
+    for (const std::vector<int>& lengths :
+         {std::vector<int>{1, 1, 1}, std::vector<int>{3, 1, 5}, std::vector<int>(4, 1),
+          std::vector<int>{2, 1, 1, 4, 1, 1}, std::vector<int>(20, 1)}) {
       const int64_t t = std::accumulate(lengths.begin(), lengths.end(), 0);
       const int64_t row = 2LL * hk * dk + int64_t{hv} * dv;
       const int nseg = static_cast<int>(lengths.size());

@@ -385,8 +385,10 @@ TEST(CudaVsCpuTest, LongSegmentsAgree) {
 // read when the backend is created): the same bits as the delta rule and GatedRmsNorm run one
 // after the other on the same backend, and the CPU reference's values. Decode layouts (one token
 // per sequence, a slot-less one among them), short multi-token segments (verify steps), and a
-// layout with a chunked segment, where the norm runs as its own kernel. Dv = 32 gives the
-// folding kernel two column blocks per head, Dv = 128 (the release dims) eight.
+// layout with a 40-token segment: chunked at Dv = 128, where the norm runs as its own kernel; at
+// Dv = 32 (which the chunked kernels do not take) recurrent and folded, several rows a pass.
+// Dv = 32 gives the folding kernel two column blocks per head, Dv = 128 (the release dims) eight.
+// That the fold runs at all is checked at the launch (CudaDeltaRuleNormFoldTest).
 TEST(CudaVsCpuTest, DeltaRuleNormFoldEqualsItsParts) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   setenv("MOBIUS_DELTA_RULE_NORM", "1", 1);
