@@ -9,6 +9,7 @@
 #include <string_view>
 #include <utility>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
 
 namespace mobius::kernels::cuda {
@@ -642,18 +643,6 @@ struct TcArgs {
   int64_t ldc = 0;
 };
 
-__device__ __forceinline__ uint32_t SharedAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
 __device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -749,7 +738,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
     b_dst[i] = r < kBN ? Cfg::kStageA + Swizzle(r, chunk) : 0xffffffffu;
   }
 
-  const uint32_t smem_base = SharedAddr(smem);
+  const uint32_t smem_base = SharedAddress(smem);
   const int num_k = static_cast<int>((args.k + kTcBK - 1) / kTcBK);
   auto load_weights = [&](int kt) {
     const uint32_t base = smem_base + (kt % kStages) * Cfg::kStageBytes;
@@ -758,7 +747,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
 #pragma unroll
     for (int i = 0; i < Cfg::kChunksA; ++i) {
       const bool ok = k_ok && a_src[i] != nullptr;
-      CpAsync16(base + a_dst[i], ok ? a_src[i] + k0 : w, ok);
+      CopyAsync16(base + a_dst[i], ok ? a_src[i] + k0 : w, ok);
     }
   };
   auto load_tokens = [&](int kt) {
@@ -769,7 +758,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
     for (int i = 0; i < Cfg::kChunksB; ++i) {
       if (b_dst[i] == 0xffffffffu) continue;
       const bool ok = k_ok && b_src[i] != nullptr;
-      CpAsync16(base + b_dst[i], ok ? b_src[i] + k0 : args.a, ok);
+      CopyAsync16(base + b_dst[i], ok ? b_src[i] + k0 : args.a, ok);
     }
   };
 
@@ -790,7 +779,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
         load_weights(s);
         load_tokens(s);
       }
-      CpAsyncCommit();
+      CopyAsyncCommit();
     }
   } else {
 #pragma unroll
@@ -802,17 +791,17 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < num_k) load_tokens(s);
-      CpAsyncCommit();
+      CopyAsyncCommit();
     }
   }
   for (int kt = 0; kt < num_k; ++kt) {
-    CpAsyncWait<kStages - 2>();
+    CopyAsyncWait<kStages - 2>();
     __syncthreads();  // stage kt landed for every thread; stage kt - 1 is free for reuse
     if (kt + kStages - 1 < num_k) {
       load_weights(kt + kStages - 1);
       load_tokens(kt + kStages - 1);
     }
-    CpAsyncCommit();
+    CopyAsyncCommit();
     const uint32_t base = smem_base + (kt % kStages) * Cfg::kStageBytes;
 #pragma unroll
     for (int s = 0; s < kKSteps; ++s) {
@@ -848,7 +837,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
         }
     }
   }
-  CpAsyncWait<0>();
+  CopyAsyncWait<0>();
 
   if constexpr (kWarpsK > 1) {
     __syncthreads();  // every warp is done with the pipeline buffers
