@@ -8,8 +8,9 @@
 // (16 rows), x^T the B operand (its M <= 8 rows are the n = 8 columns), so one instruction does
 // 16 x 8 x 16 products.
 //
-// The fragments come straight from global memory, with no shared memory: lane (g, q) = (lane /
-// 4, lane % 4) loads 16 bytes (8 consecutive k) of weight rows g and g + 8 and of x row g at k
+// The fragments come straight from global memory (TcGemvKernel; TcGemvRingKernel stages the
+// weight pieces through shared memory first, each lane its own): lane (g, q) = (lane / 4,
+// lane % 4) loads 16 bytes (8 consecutive k) of weight rows g and g + 8 and of x row g at k
 // offset 8q of each 32-wide step. A product sums over k, so any assignment of physical k to the
 // fragments' k slots is right as long as A and B use the same one: lane (g, q) holds A's k slots
 // {2q, 2q + 1, 2q + 8, 2q + 9} of rows g and g + 8 and B's same slots of column g, so it puts its
@@ -18,7 +19,8 @@
 // Measured on an H200 (release config, dummy weights, performance.md eleventh version): the
 // backend's path for 2-8 rows, where it replaced cuBLASLt (3-8 rows) and the skinny kernel
 // (2 rows): a batch-8 decode step 8.41 -> 7.60 ms, batch 2 4.66 -> 4.54 ms; validated by
-// CudaKernelsTest.TcGemvMatchesReference and the CUDA-vs-CPU tests.
+// CudaKernelsTest.TcGemvMatchesReference and the CUDA-vs-CPU tests. The ring pipeline
+// (MOBIUS_TC_GEMV_RING) is not yet run on a GPU.
 
 #include <algorithm>
 #include <cstdio>
