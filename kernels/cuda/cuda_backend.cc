@@ -877,8 +877,9 @@ void CudaBackend::SiluMulLinear(const Tensor& gate_up, const Tensor& w, Tensor& 
   const LinearShape s = CheckLinear("SiluMulLinear", act, w, out);
   // Where Linear takes the skinny kernel (one row; two with MOBIUS_TC_GEMV=0 or >2) it forms
   // silu(gate) * up as it reads the row, one launch instead of two and the same bits as the
-  // parts. Rows the tensor-core GEMV takes stay two ops: its silu-mul form measured 19.6 us
-  // against ~5.7 us for the plain one at 4 rows (performance.md, eleventh version).
+  // parts. Rows the tensor-core GEMV takes stay two ops: its silu-mul form of the shared expert's
+  // down projection took 19.6 us at 4 rows, the plain GEMV of that shape 5.7 us at 8 rows (ncu;
+  // performance.md, eleventh version).
   if (s.m > 0 && s.n > 0 && !TcGemvFor(s.m) && s.n * s.k <= (int64_t{16} << 20) && !skinny_off_ &&
       cuda::SkinnyGemmSupports(s.m, s.k, gate_up.raw(), w.raw())) {
     Enter();
@@ -1001,6 +1002,7 @@ int* CudaBackend::DeltaRuleNormCounters() {
     cudaGetLastError();
     return nullptr;  // no allocation inside a recorded step
   }
+  Enter();  // allocated on this backend's device
   void* p = nullptr;
   const size_t bytes = sizeof(int) * cuda::kDeltaRuleNormCounters;
   // Zeroed on the backend's stream: it does not synchronise with the legacy default stream.
@@ -1030,7 +1032,6 @@ void CudaBackend::GatedDeltaRuleWithGatesAndNorm(
         absl::StrFormat("norm z %s, w %s, gated %s for out %s and Dv = %d", norm.z.ShapeString(),
                         norm.w.ShapeString(), norm.gated.ShapeString(), out.ShapeString(),
                         dims.v_head_dim));
-  Enter();  // the counters are allocated on this backend's device
   int* counters = fold_delta_rule_norm_ ? DeltaRuleNormCounters() : nullptr;
   const cuda::DeltaRuleNormFold fold{Bf16(norm.z), wp, norm.eps, MutBf16(norm.gated), counters};
   const bool folded = RunGatedDeltaRule(qkv, g, beta, &gates, dims, recurrent_states, segments,

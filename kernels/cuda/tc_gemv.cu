@@ -25,7 +25,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <string>
+#include <string_view>
 
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
@@ -290,30 +290,41 @@ TcGemvLaunchShape RingShape() {
                                TcGemvRingBytes<kStages, kSteps>());
 }
 
-// MOBIUS_TC_GEMV_RING (A/B runs) picks the pipeline of kAuto: unset or 0 the registers, 1 the
-// ring of 4 stages x 2 steps, or SxP among 4x2, 8x1, 3x4, 6x2 (stages x steps per stage).
-TcGemvPipeline AutoTcGemvPipeline(std::string* ring_shape) {
+// The ring kernel's shapes (stages x 32-wide steps per stage); the first is the default.
+struct TcGemvRingShape {
+  const char* name;
+  TcGemvLaunchShape (*make)();
+};
+constexpr TcGemvRingShape kTcGemvRingShapes[] = {{"4x2", RingShape<4, 2>},
+                                                 {"8x1", RingShape<8, 1>},
+                                                 {"3x4", RingShape<3, 4>},
+                                                 {"6x2", RingShape<6, 2>}};
+
+// MOBIUS_TC_GEMV_RING (A/B runs) picks the pipeline of kAuto: unset or 0 the registers (null),
+// 1 the default ring shape, or a shape by name (an unknown name is reported and gets the
+// default).
+const TcGemvRingShape* RingShapeFromEnv() {
   const char* v = std::getenv("MOBIUS_TC_GEMV_RING");
-  if (v == nullptr || v[0] == '\0' || v[0] == '0') return TcGemvPipeline::kRegisters;
-  *ring_shape = v;
-  const std::string shape = v;
-  if (shape != "1" && shape != "4x2" && shape != "8x1" && shape != "3x4" && shape != "6x2") {
+  if (v == nullptr || v[0] == '\0' || std::string_view(v) == "0") return nullptr;
+  for (const TcGemvRingShape& shape : kTcGemvRingShapes) {
+    if (std::string_view(v) == shape.name) return &shape;
+  }
+  if (std::string_view(v) != "1") {
     std::fprintf(stderr,
                  "mobius cuda: MOBIUS_TC_GEMV_RING=%s is not 1, 4x2, 8x1, 3x4 or 6x2; using 4x2\n",
                  v);
   }
-  return TcGemvPipeline::kSharedRing;
+  return &kTcGemvRingShapes[0];
 }
 
 const TcGemvLaunchShape& TcGemvLaunchShapeFor(TcGemvPipeline pipeline) {
-  static std::string ring_shape;
-  static const TcGemvPipeline automatic = AutoTcGemvPipeline(&ring_shape);
+  static const TcGemvRingShape* const env_ring = RingShapeFromEnv();
   static const TcGemvLaunchShape registers = MakeTcGemvLaunchShape(TcGemvKernel, 0);
-  static const TcGemvLaunchShape ring = ring_shape == "8x1"   ? RingShape<8, 1>()
-                                        : ring_shape == "3x4" ? RingShape<3, 4>()
-                                        : ring_shape == "6x2" ? RingShape<6, 2>()
-                                                              : RingShape<4, 2>();
-  if (pipeline == TcGemvPipeline::kAuto) pipeline = automatic;
+  static const TcGemvLaunchShape ring =
+      (env_ring != nullptr ? env_ring : &kTcGemvRingShapes[0])->make();
+  if (pipeline == TcGemvPipeline::kAuto) {
+    pipeline = env_ring != nullptr ? TcGemvPipeline::kSharedRing : TcGemvPipeline::kRegisters;
+  }
   return pipeline == TcGemvPipeline::kSharedRing ? ring : registers;
 }
 
