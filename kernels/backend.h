@@ -65,15 +65,6 @@ struct SharedExpertOperands {
   Tensor& out;                // [T, H] scratch
 };
 
-// A DeltaNet layer's output norm as Backend::GatedDeltaRuleWithGatesAndNorm takes it: gated =
-// GatedRmsNorm(out, z, w, eps) over rows of Dv = w.numel() elements.
-struct DeltaRuleOutputNorm {
-  const Tensor& z;  // [T, Hv * Dv], the gate of every row
-  const Tensor& w;  // [Dv]
-  float eps;
-  Tensor& gated;  // [T, Hv * Dv]
-};
-
 // A recorded step (a CUDA graph): the ops queued between Backend::BeginCapture and EndCapture,
 // replayed by Backend::Replay with whatever the tensors they read hold at that time.
 class CapturedStep {
@@ -214,14 +205,6 @@ class Backend {
                                        std::span<const SequenceSegment> segments,
                                        DeltaRuleAlgorithm algorithm, Tensor& g, Tensor& beta,
                                        Tensor& out);
-  // GatedDeltaRuleWithGates, then GatedRmsNorm(out, norm.z, norm.w, norm.eps, norm.gated) (the
-  // default). A backend may apply the norm inside the delta rule (out is written either way).
-  virtual void GatedDeltaRuleWithGatesAndNorm(const Tensor& qkv, const Tensor& a, const Tensor& b,
-                                              const Tensor& a_log, const Tensor& dt_bias,
-                                              const DeltaRuleDims& dims, Tensor& recurrent_states,
-                                              std::span<const SequenceSegment> segments,
-                                              DeltaRuleAlgorithm algorithm, Tensor& g, Tensor& beta,
-                                              Tensor& out, const DeltaRuleOutputNorm& norm);
   // out[r, :] = x[r, :] / sqrt(mean(x[r]^2) + eps) * w * silu(z[r, :]). x, z, out [R, D]; w [D]
   // (a plain weight, not 1 + w).
   virtual void GatedRmsNorm(const Tensor& x, const Tensor& z, const Tensor& w, float eps,
@@ -341,16 +324,6 @@ inline void Backend::GatedDeltaRuleWithGates(const Tensor& qkv, const Tensor& a,
                                              Tensor& out) {
   DeltaRuleGates(a, b, a_log, dt_bias, g, beta);
   GatedDeltaRule(qkv, g, beta, dims, recurrent_states, segments, algorithm, out);
-}
-
-inline void Backend::GatedDeltaRuleWithGatesAndNorm(
-    const Tensor& qkv, const Tensor& a, const Tensor& b, const Tensor& a_log, const Tensor& dt_bias,
-    const DeltaRuleDims& dims, Tensor& recurrent_states, std::span<const SequenceSegment> segments,
-    DeltaRuleAlgorithm algorithm, Tensor& g, Tensor& beta, Tensor& out,
-    const DeltaRuleOutputNorm& norm) {
-  GatedDeltaRuleWithGates(qkv, a, b, a_log, dt_bias, dims, recurrent_states, segments, algorithm, g,
-                          beta, out);
-  GatedRmsNorm(out, norm.z, norm.w, norm.eps, norm.gated);
 }
 
 inline void Backend::MoeExpertsWithShared(const Tensor& x, const Tensor& ids, const Tensor& weights,

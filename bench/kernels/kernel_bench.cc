@@ -96,7 +96,6 @@ namespace {
 using kernels::Backend;
 using kernels::DeltaRuleAlgorithm;
 using kernels::DeltaRuleDims;
-using kernels::DeltaRuleOutputNorm;
 using kernels::DType;
 using kernels::RopeParams;
 using kernels::SequenceSegment;
@@ -355,7 +354,7 @@ class Bench {
   void Add(std::string name, std::function<Case()> make) {
     specs_.push_back({std::move(name), std::move(make)});
   }
-  Case DeltaRule(int seqs, int len, DeltaRuleAlgorithm algo, bool gates_and_norm = false);
+  Case DeltaRule(int seqs, int len, DeltaRuleAlgorithm algo);
   Case Conv(int seqs, int len);
   Case Attention(int seqs, int ctx, bool prefill);
   Case Moe(int tokens);
@@ -438,25 +437,23 @@ std::function<void()> Bench::Stager(std::shared_ptr<SegmentSet> segs, int64_t to
   return [this, segs, ids, max_positions] { be_->StageStep(*ids, segs->segs, max_positions); };
 }
 
-Case Bench::DeltaRule(int seqs, int len, DeltaRuleAlgorithm algo, bool gates_and_norm) {
+Case Bench::DeltaRule(int seqs, int len, DeltaRuleAlgorithm algo) {
   const int64_t t = static_cast<int64_t>(seqs) * len;
   const int conv_dim = d_.conv_dim();
   const double state_bytes = 4.0 * d_.hv * d_.dk * d_.dv;
   Case c;
-  c.op = gates_and_norm ? "GatedDeltaRuleWithGatesAndNorm" : "GatedDeltaRule";
+  c.op = "GatedDeltaRule";
   c.shape = absl::StrFormat("%d seq x %d tok, Hk %d Hv %d Dk %d Dv %d, %s", seqs, len, d_.hk, d_.hv,
                             d_.dk, d_.dv, AlgoName(algo));
   c.bytes = t * conv_dim * ActSize() + t * d_.hv * 8.0 + 2.0 * seqs * state_bytes +
             t * d_.hv * d_.dv * ActSize();
-  // With the gates and the norm: a and b in, z in and the normed rows out.
-  if (gates_and_norm) c.bytes += 2.0 * t * d_.hv * ActSize() + 2.0 * t * d_.hv * d_.dv * ActSize();
   // Recurrent form per token and value head: decay Dk*Dv, S^T k and the rank-1 update 2 Dk*Dv
   // each, o = S^T q 2 Dk*Dv (the chunked form does a little more, on tensor cores).
   c.flops = 7.0 * t * d_.hv * d_.dk * d_.dv;
   c.sets = Sets(c.bytes);
   // One step's segments for every set; each set has its own states (as each layer in the engine).
   struct Set {
-    Tensor qkv, g, beta, states, out, a, b, z, gated;
+    Tensor qkv, g, beta, states, out;
   };
   auto sets = std::make_shared<std::vector<Set>>();
   const int cached = len == 1 ? 100 : 0;
@@ -468,33 +465,13 @@ Case Bench::DeltaRule(int seqs, int len, DeltaRuleAlgorithm algo, bool gates_and
     x.beta = Rand(DType::kF32, {t, d_.hv}, 0.05f, 0.95f);
     x.states = Rand(DType::kF32, {seqs, d_.hv, d_.dk, d_.dv}, -0.05f, 0.05f);
     x.out = Act({t, d_.hv * d_.dv});
-    if (gates_and_norm) {
-      x.a = Rand(act_, {t, d_.hv}, -3.f, 3.f);
-      x.b = Rand(act_, {t, d_.hv}, -3.f, 3.f);
-      x.z = Rand(act_, {t, d_.hv * d_.dv});
-      x.gated = Act({t, d_.hv * d_.dv});
-    }
     sets->push_back(std::move(x));
   }
   const DeltaRuleDims dims{d_.hk, d_.hv, d_.dk, d_.dv};
-  if (gates_and_norm) {
-    // The layer's per-head parameters, shared by the sets.
-    auto params = std::make_shared<std::vector<Tensor>>(std::vector<Tensor>{
-        Rand(DType::kF32, {d_.hv}, 0.f, 2.5f), Rand(DType::kF32, {d_.hv}, -1.f, 1.f),
-        Rand(act_, {d_.dv}, 0.5f, 1.5f)});
-    c.run = [this, sets, segs, dims, algo, params](int s) {
-      Set& x = (*sets)[s];
-      const std::vector<Tensor>& p = *params;  // a_log, dt_bias, norm weight
-      be_->GatedDeltaRuleWithGatesAndNorm(x.qkv, x.a, x.b, p[0], p[1], dims, x.states, segs->segs,
-                                          algo, x.g, x.beta, x.out,
-                                          DeltaRuleOutputNorm{x.z, p[2], 1e-6f, x.gated});
-    };
-  } else {
-    c.run = [this, sets, segs, dims, algo](int s) {
-      Set& x = (*sets)[s];
-      be_->GatedDeltaRule(x.qkv, x.g, x.beta, dims, x.states, segs->segs, algo, x.out);
-    };
-  }
+  c.run = [this, sets, segs, dims, algo](int s) {
+    Set& x = (*sets)[s];
+    be_->GatedDeltaRule(x.qkv, x.g, x.beta, dims, x.states, segs->segs, algo, x.out);
+  };
   c.stage = Stager(segs, t, cached + len);
   return c;
 }
@@ -704,10 +681,6 @@ void Bench::BuildSpecs() {
   for (int b : d.decode_batches) {
     Add(absl::StrFormat("gdr.decode.B%d", b),
         [=, this] { return DeltaRule(b, 1, DeltaRuleAlgorithm::kAuto); });
-    // The layer's whole recurrent part: gates, delta rule and output norm (one kernel with
-    // MOBIUS_DELTA_RULE_NORM=1, two without).
-    Add(absl::StrFormat("gdr_norm.decode.B%d", b),
-        [=, this] { return DeltaRule(b, 1, DeltaRuleAlgorithm::kAuto, true); });
   }
   for (auto algo :
        {DeltaRuleAlgorithm::kAuto, DeltaRuleAlgorithm::kRecurrent, DeltaRuleAlgorithm::kChunked}) {

@@ -143,24 +143,6 @@ __device__ __forceinline__ void SiluMulPiece(uint4 gate, uint4 up, float (&out)[
   for (int i = 0; i < 8; ++i) out[i] = Bf16ToF32(F32ToBf16(Silu(out[i]) * u[i]));
 }
 
-// One 16-byte piece of a gated RMSNorm row (x * rsqrt(mean(x^2) + eps) * w * silu(z)) whose
-// dim / 8 pieces sit on `lanes` adjacent lanes (a power of two up to 32): the sum of squares is
-// shuffled across them, so every lane of the warp must call it (lanes past the rows with zeros).
-// The sub-warp norm kernel and the delta rule's folded norm share it, so both round alike.
-__device__ __forceinline__ uint4 GatedRmsNormPiece(const float (&v)[8], const float (&zv)[8],
-                                                   const float (&wv)[8], int lanes, int64_t dim,
-                                                   float eps) {
-  float sum = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) sum += v[i] * v[i];
-  for (int o = lanes / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  const float inv = rsqrtf(sum / static_cast<float>(dim) + eps);
-  float o[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) o[i] = v[i] * inv * wv[i] * Silu(zv[i]);
-  return PackBf16x8(o);
-}
-
 // The warp-level tensor-core product (mma.sync m16n8k16): d += a (16 x 16, row-major fragment)
 // * b (16 x 8, column-major fragment), bf16 in, fp32 accumulate.
 __device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,

@@ -98,7 +98,6 @@ class CudaBackend final : public Backend {
     gemm_.reset();
     if (scratch_ != nullptr) cudaFree(scratch_);
     if (meta_ != nullptr) cudaFree(meta_);
-    if (norm_counters_ != nullptr) cudaFree(norm_counters_);
     if (step_meta_ != nullptr) cudaFree(step_meta_);
     if (step_host_ != nullptr) cudaFreeHost(step_host_);
     if (step_copied_ != nullptr) cudaEventDestroy(step_copied_);
@@ -304,12 +303,6 @@ class CudaBackend final : public Backend {
                                std::span<const SequenceSegment> segments,
                                DeltaRuleAlgorithm algorithm, Tensor& g, Tensor& beta,
                                Tensor& out) override;
-  void GatedDeltaRuleWithGatesAndNorm(const Tensor& qkv, const Tensor& a, const Tensor& b,
-                                      const Tensor& a_log, const Tensor& dt_bias,
-                                      const DeltaRuleDims& dims, Tensor& recurrent_states,
-                                      std::span<const SequenceSegment> segments,
-                                      DeltaRuleAlgorithm algorithm, Tensor& g, Tensor& beta,
-                                      Tensor& out, const DeltaRuleOutputNorm& norm) override;
   void GatedRmsNorm(const Tensor& x, const Tensor& z, const Tensor& w, float eps,
                     Tensor& out) override;
 
@@ -341,20 +334,10 @@ class CudaBackend final : public Backend {
 
  private:
   // The delta rule, computing its gates from `gates` (and storing them to g and beta) when given.
-  // Returns true when `norm` (if given) was applied inside the recurrent kernel; false leaves
-  // the norm to the caller.
-  bool RunGatedDeltaRule(const Tensor& qkv, Tensor& g, Tensor& beta,
+  void RunGatedDeltaRule(const Tensor& qkv, Tensor& g, Tensor& beta,
                          const cuda::DeltaGateInputs* gates, const DeltaRuleDims& dims,
                          Tensor& recurrent_states, std::span<const SequenceSegment> segments,
-                         DeltaRuleAlgorithm algorithm, Tensor& out,
-                         const cuda::DeltaRuleNormFold* norm = nullptr);
-  // The gates of GatedDeltaRuleWithGates, checked.
-  cuda::DeltaGateInputs CheckedGates(const char* op, const Tensor& a, const Tensor& b,
-                                     const Tensor& a_log, const Tensor& dt_bias,
-                                     const DeltaRuleDims& dims, const Tensor& g);
-  // The zeroed counters of the folded DeltaNet output norm, allocated on first use outside a
-  // capture; null when they cannot be (the norm then runs as its own kernel).
-  int* DeltaRuleNormCounters();
+                         DeltaRuleAlgorithm algorithm, Tensor& out);
   // The few-token MoE kernels (<= kMoeFewTokensMaxPairs pairs), with the shared expert's term
   // when given; false, launching nothing, for shapes they do not take. Inputs already checked.
   bool TryMoeFewTokens(const Tensor& x, const Tensor& ids, const Tensor& weights,
@@ -411,14 +394,6 @@ class CudaBackend final : public Backend {
     return skinny_off_ || rows <= 0 ? cuda::kMaxTcGemvRows + 1 : rows;
   }();
   bool TcGemvFor(int64_t m) const { return m >= tc_gemv_min_rows_ && m <= cuda::kMaxTcGemvRows; }
-  // MOBIUS_DELTA_RULE_NORM=1 folds the DeltaNet output norm into the recurrent delta-rule kernel
-  // (GatedDeltaRuleWithGatesAndNorm). Off by default: written without device time, not yet
-  // validated or timed. Read when the backend is created.
-  const bool fold_delta_rule_norm_ = [] {
-    const char* v = std::getenv("MOBIUS_DELTA_RULE_NORM");
-    return v != nullptr && v[0] == '1';
-  }();
-  int* norm_counters_ = nullptr;
   std::shared_ptr<cuda::DeviceBlockCache> blocks_ =
       std::make_shared<cuda::DeviceBlockCache>(device_);
   void* scratch_ = nullptr;
@@ -877,9 +852,8 @@ void CudaBackend::SiluMulLinear(const Tensor& gate_up, const Tensor& w, Tensor& 
   const LinearShape s = CheckLinear("SiluMulLinear", act, w, out);
   // Where Linear takes the skinny kernel (one row; two with MOBIUS_TC_GEMV=0 or >2) it forms
   // silu(gate) * up as it reads the row, one launch instead of two and the same bits as the
-  // parts. Rows the tensor-core GEMV takes stay two ops: its silu-mul form of the shared expert's
-  // down projection took 19.6 us at 4 rows, the plain GEMV of that shape 5.7 us at 8 rows (ncu;
-  // performance.md, eleventh version).
+  // parts. Rows the tensor-core GEMV takes stay two ops: its silu-mul form measured 19.6 us
+  // against ~5.7 us for the plain one at 4 rows (performance.md, eleventh version).
   if (s.m > 0 && s.n > 0 && !TcGemvFor(s.m) && s.n * s.k <= (int64_t{16} << 20) && !skinny_off_ &&
       cuda::SkinnyGemmSupports(s.m, s.k, gate_up.raw(), w.raw())) {
     Enter();
@@ -967,84 +941,31 @@ void CudaBackend::GatedDeltaRule(const Tensor& qkv, const Tensor& g, const Tenso
                     recurrent_states, segments, algorithm, out);
 }
 
-cuda::DeltaGateInputs CudaBackend::CheckedGates(const char* op, const Tensor& a, const Tensor& b,
-                                                const Tensor& a_log, const Tensor& dt_bias,
-                                                const DeltaRuleDims& dims, const Tensor& g) {
-  CheckTensor(a, DType::kBF16, op, "a");
-  CheckTensor(b, DType::kBF16, op, "b");
-  const AnyPtr al = Any(a_log, op, "a_log");
-  const AnyPtr db = Any(dt_bias, op, "dt_bias");
-  Check(a_log.numel() == dims.num_v_heads && dt_bias.numel() == dims.num_v_heads &&
-            a.numel() == g.numel() && b.numel() == g.numel(),
-        op,
-        absl::StrFormat("a %s, b %s, a_log %s, dt_bias %s, g %s for Hv = %d", a.ShapeString(),
-                        b.ShapeString(), a_log.ShapeString(), dt_bias.ShapeString(),
-                        g.ShapeString(), dims.num_v_heads));
-  return cuda::DeltaGateInputs{Bf16(a), Bf16(b), al, db};
-}
-
 void CudaBackend::GatedDeltaRuleWithGates(const Tensor& qkv, const Tensor& a, const Tensor& b,
                                           const Tensor& a_log, const Tensor& dt_bias,
                                           const DeltaRuleDims& dims, Tensor& recurrent_states,
                                           std::span<const SequenceSegment> segments,
                                           DeltaRuleAlgorithm algorithm, Tensor& g, Tensor& beta,
                                           Tensor& out) {
-  const cuda::DeltaGateInputs gates =
-      CheckedGates("GatedDeltaRuleWithGates", a, b, a_log, dt_bias, dims, g);
+  CheckTensor(a, DType::kBF16, "GatedDeltaRuleWithGates", "a");
+  CheckTensor(b, DType::kBF16, "GatedDeltaRuleWithGates", "b");
+  const AnyPtr al = Any(a_log, "GatedDeltaRuleWithGates", "a_log");
+  const AnyPtr db = Any(dt_bias, "GatedDeltaRuleWithGates", "dt_bias");
+  Check(a_log.numel() == dims.num_v_heads && dt_bias.numel() == dims.num_v_heads &&
+            a.numel() == g.numel() && b.numel() == g.numel(),
+        "GatedDeltaRuleWithGates",
+        absl::StrFormat("a %s, b %s, a_log %s, dt_bias %s, g %s for Hv = %d", a.ShapeString(),
+                        b.ShapeString(), a_log.ShapeString(), dt_bias.ShapeString(),
+                        g.ShapeString(), dims.num_v_heads));
+  const cuda::DeltaGateInputs gates{Bf16(a), Bf16(b), al, db};
   RunGatedDeltaRule(qkv, g, beta, &gates, dims, recurrent_states, segments, algorithm, out);
 }
 
-int* CudaBackend::DeltaRuleNormCounters() {
-  if (norm_counters_ != nullptr) return norm_counters_;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream_, &capture) != cudaSuccess ||
-      capture != cudaStreamCaptureStatusNone) {
-    cudaGetLastError();
-    return nullptr;  // no allocation inside a recorded step
-  }
-  Enter();  // allocated on this backend's device
-  void* p = nullptr;
-  const size_t bytes = sizeof(int) * cuda::kDeltaRuleNormCounters;
-  // Zeroed on the backend's stream: it does not synchronise with the legacy default stream.
-  if (cudaMalloc(&p, bytes) != cudaSuccess ||
-      cudaMemsetAsync(p, 0, bytes, stream_) != cudaSuccess) {
-    cudaGetLastError();
-    if (p != nullptr) cudaFree(p);
-    return nullptr;
-  }
-  norm_counters_ = static_cast<int*>(p);
-  return norm_counters_;
-}
-
-void CudaBackend::GatedDeltaRuleWithGatesAndNorm(
-    const Tensor& qkv, const Tensor& a, const Tensor& b, const Tensor& a_log, const Tensor& dt_bias,
-    const DeltaRuleDims& dims, Tensor& recurrent_states, std::span<const SequenceSegment> segments,
-    DeltaRuleAlgorithm algorithm, Tensor& g, Tensor& beta, Tensor& out,
-    const DeltaRuleOutputNorm& norm) {
-  const char* op = "GatedDeltaRuleWithGatesAndNorm";
-  const cuda::DeltaGateInputs gates = CheckedGates(op, a, b, a_log, dt_bias, dims, g);
-  CheckTensor(norm.z, DType::kBF16, op, "norm.z");
-  CheckTensor(norm.gated, DType::kBF16, op, "norm.gated");
-  const AnyPtr wp = Any(norm.w, op, "norm.w");
-  Check(norm.w.numel() == dims.v_head_dim && norm.z.numel() == out.numel() &&
-            norm.gated.numel() == out.numel(),
-        op,
-        absl::StrFormat("norm z %s, w %s, gated %s for out %s and Dv = %d", norm.z.ShapeString(),
-                        norm.w.ShapeString(), norm.gated.ShapeString(), out.ShapeString(),
-                        dims.v_head_dim));
-  int* counters = fold_delta_rule_norm_ ? DeltaRuleNormCounters() : nullptr;
-  const cuda::DeltaRuleNormFold fold{Bf16(norm.z), wp, norm.eps, MutBf16(norm.gated), counters};
-  const bool folded = RunGatedDeltaRule(qkv, g, beta, &gates, dims, recurrent_states, segments,
-                                        algorithm, out, counters != nullptr ? &fold : nullptr);
-  if (!folded) GatedRmsNorm(out, norm.z, norm.w, norm.eps, norm.gated);
-}
-
-bool CudaBackend::RunGatedDeltaRule(const Tensor& qkv, Tensor& g, Tensor& beta,
+void CudaBackend::RunGatedDeltaRule(const Tensor& qkv, Tensor& g, Tensor& beta,
                                     const cuda::DeltaGateInputs* gates, const DeltaRuleDims& dims,
                                     Tensor& recurrent_states,
                                     std::span<const SequenceSegment> segments,
-                                    DeltaRuleAlgorithm algorithm, Tensor& out,
-                                    const cuda::DeltaRuleNormFold* norm) {
+                                    DeltaRuleAlgorithm algorithm, Tensor& out) {
   CheckTensor(qkv, DType::kBF16, "GatedDeltaRule", "qkv");
   CheckTensor(g, DType::kF32, "GatedDeltaRule", "g");
   CheckTensor(beta, DType::kF32, "GatedDeltaRule", "beta");
@@ -1068,7 +989,7 @@ bool CudaBackend::RunGatedDeltaRule(const Tensor& qkv, Tensor& g, Tensor& beta,
     Check(seg.state_slot < recurrent_states.dim(0), "GatedDeltaRule",
           absl::StrFormat("state slot %d >= %d slots", seg.state_slot, recurrent_states.dim(0)));
   }
-  if (t == 0) return true;  // no rows to normalise either
+  if (t == 0) return;
   Enter();
   // kAuto: segments of at least kChunkedMinTokens tokens take the chunked (WY/UT) kernels and
   // shorter ones the recurrent kernel; dims the chunked kernels do not take (see
@@ -1102,15 +1023,10 @@ bool CudaBackend::RunGatedDeltaRule(const Tensor& qkv, Tensor& g, Tensor& beta,
                                g.data<float>(), beta.data<float>(), stream_);
     gates = nullptr;
   }
-  // The norm folds only into a recurrent kernel that has every token (and computes the gates).
-  const cuda::DeltaRuleNormFold* fold = num_chunks == 0 && gates != nullptr ? norm : nullptr;
-  bool folded = false;
   if (any_recurrent) {
-    folded =
-        cuda::LaunchGatedDeltaRuleRecurrent(Bf16(qkv), g.data<float>(), beta.data<float>(), gates,
-                                            t, hk, hv, dk, dv, recurrent_states.data<float>(), segs,
-                                            min_chunked - 1, MutBf16(out), stream_, fold) &&
-        fold != nullptr;
+    cuda::LaunchGatedDeltaRuleRecurrent(Bf16(qkv), g.data<float>(), beta.data<float>(), gates, t,
+                                        hk, hv, dk, dv, recurrent_states.data<float>(), segs,
+                                        min_chunked - 1, MutBf16(out), stream_);
   }
   if (num_chunks > 0) {
     void* scratch = Scratch(cuda::ChunkedDeltaRuleScratchBytes(num_chunks, hv, dk, dv));
@@ -1118,7 +1034,6 @@ bool CudaBackend::RunGatedDeltaRule(const Tensor& qkv, Tensor& g, Tensor& beta,
                                       dv, recurrent_states.data<float>(), segs, min_chunked,
                                       num_chunks, chunked_segments, scratch, MutBf16(out), stream_);
   }
-  return folded;
 }
 
 void CudaBackend::GatedRmsNorm(const Tensor& x, const Tensor& z, const Tensor& w, float eps,

@@ -394,18 +394,12 @@ constexpr int kWarpsPerBlock = 4;
 // lets this grid start early only while its immediate predecessor runs, and the predecessor
 // itself waited for everything before it; the predecessor of a delta rule is the conv or the gates
 // kernel). So the state's trip from memory overlaps the conv's tail.
-//
-// With kNorm (and kGates) the layer's output norm is folded in (DeltaRuleNormFold): the blocks of
-// a (segment, head) count themselves out on a counter once their outputs are written, and the
-// last one reads the head's rows back through L2 and normalises them. No block waits for another,
-// so any grid size is safe; the host launches it only when every block has whole columns.
-template <int kMaxDk, int kCols, int kRowSplit, bool kGates, bool kNorm>
+template <int kMaxDk, int kCols, int kRowSplit, bool kGates>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     GatedDeltaRuleWarpKernel(const uint16_t* __restrict__ qkv, float* g, float* beta,
                              DeltaGateInputs gates, int num_k_heads, int num_v_heads, int dk,
                              int dv, float* states, SegmentMeta segs, int max_tokens,
-                             uint16_t* __restrict__ out, const DeltaRuleNormFold norm) {
-  static_assert(!kNorm || kGates, "the norm is folded only into the kernel with the gates");
+                             uint16_t* __restrict__ out) {
   constexpr int kLpr = kCols / 4;
   constexpr int kRowsPerPass = 32 / kLpr;
   constexpr int kPasses = kMaxDk / kRowsPerPass / kRowSplit;  // this warp's share
@@ -589,38 +583,6 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
       if (r < dk) *reinterpret_cast<float4*>(state + static_cast<int64_t>(r) * dv + col) = S[p];
     }
   }
-  if constexpr (kNorm) {
-    __shared__ int is_last;
-    __threadfence();  // this thread's outputs are visible before the block counts itself out
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int* counter = norm.counters + static_cast<int64_t>(seg) * num_v_heads + h;
-      is_last = atomicAdd(counter, 1) == static_cast<int>(gridDim.z) - 1;
-      if (is_last) *counter = 0;  // every block of this (segment, head) has counted
-    }
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    // Rows t = begin .. begin + len - 1 of head h, dv / 8 lanes a row (the sub-warp norm kernel's
-    // layout; whole rows per warp since 32 is a multiple of dv / 8).
-    const int lanes = dv / 8;
-    const int rows_per_pass = 32 * kWarpsPerBlock / lanes;
-    const int piece = threadIdx.x % lanes;
-    for (int base = 0; base < len; base += rows_per_pass) {
-      const int step = base + static_cast<int>(threadIdx.x) / lanes;
-      const bool active = step < len;
-      const int64_t off =
-          ((begin + (active ? step : 0)) * int64_t{num_v_heads} + h) * dv + piece * 8;
-      float v[8] = {}, zv[8] = {}, wv[8] = {};
-      if (active) {
-        UnpackBf16x8(__ldcg(reinterpret_cast<const uint4*>(out + off)), v);  // other blocks' rows
-        UnpackBf16x8(*reinterpret_cast<const uint4*>(norm.z + off), zv);
-        Load8(norm.w, piece * 8, wv);
-      }
-      const uint4 normed = GatedRmsNormPiece(v, zv, wv, lanes, dv, norm.eps);
-      if (active) *reinterpret_cast<uint4*>(norm.gated + off) = normed;
-    }
-  }
 }
 
 template <int kRows>
@@ -631,29 +593,20 @@ void LaunchDeltaRule(dim3 grid, int threads, size_t smem, cudaStream_t stream, c
                                                                segs, max_tokens, out);
 }
 
-// `norm` (with gates only) folds the output norm in; the caller has checked that it can.
 template <int kMaxDk, int kCols, int kRowSplit>
 void LaunchDeltaRuleWarp(const uint16_t* qkv, float* g, float* beta, const DeltaGateInputs* gates,
                          int hk, int hv, int dk, int dv, float* states, const SegmentMeta& segs,
-                         int max_tokens, uint16_t* out, cudaStream_t stream,
-                         const DeltaRuleNormFold* norm) {
+                         int max_tokens, uint16_t* out, cudaStream_t stream) {
   const int cols_per_block = kCols * kWarpsPerBlock / kRowSplit;
   const dim3 grid(hv, segs.num_segments, (dv + cols_per_block - 1) / cols_per_block);
-  if (gates != nullptr && norm != nullptr) {
-    LaunchPdl("GatedDeltaRuleWarpKernel (gates, norm)",
-              GatedDeltaRuleWarpKernel<kMaxDk, kCols, kRowSplit, true, true>, grid,
-              32 * kWarpsPerBlock, 0, stream, qkv, g, beta, *gates, hk, hv, dk, dv, states, segs,
-              max_tokens, out, *norm);
-  } else if (gates != nullptr) {
+  if (gates != nullptr) {
     LaunchPdl("GatedDeltaRuleWarpKernel (gates)",
-              GatedDeltaRuleWarpKernel<kMaxDk, kCols, kRowSplit, true, false>, grid,
-              32 * kWarpsPerBlock, 0, stream, qkv, g, beta, *gates, hk, hv, dk, dv, states, segs,
-              max_tokens, out, DeltaRuleNormFold{});
+              GatedDeltaRuleWarpKernel<kMaxDk, kCols, kRowSplit, true>, grid, 32 * kWarpsPerBlock,
+              0, stream, qkv, g, beta, *gates, hk, hv, dk, dv, states, segs, max_tokens, out);
   } else {
-    LaunchPdl("GatedDeltaRuleWarpKernel",
-              GatedDeltaRuleWarpKernel<kMaxDk, kCols, kRowSplit, false, false>, grid,
-              32 * kWarpsPerBlock, 0, stream, qkv, g, beta, DeltaGateInputs{}, hk, hv, dk, dv,
-              states, segs, max_tokens, out, DeltaRuleNormFold{});
+    LaunchPdl("GatedDeltaRuleWarpKernel", GatedDeltaRuleWarpKernel<kMaxDk, kCols, kRowSplit, false>,
+              grid, 32 * kWarpsPerBlock, 0, stream, qkv, g, beta, DeltaGateInputs{}, hk, hv, dk, dv,
+              states, segs, max_tokens, out);
   }
 }
 
@@ -728,13 +681,12 @@ void LaunchDeltaRuleGates(const uint16_t* a, const uint16_t* b, AnyPtr a_log, An
   CheckLaunch("DeltaRuleGates");
 }
 
-bool LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, float* g, float* beta,
+void LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, float* g, float* beta,
                                    const DeltaGateInputs* gates, int64_t num_tokens,
                                    int num_k_heads, int num_v_heads, int k_head_dim, int v_head_dim,
                                    float* states, const SegmentMeta& segments, int max_tokens,
-                                   uint16_t* out, cudaStream_t stream,
-                                   const DeltaRuleNormFold* norm) {
-  if (segments.num_segments == 0 || num_v_heads == 0) return norm == nullptr;
+                                   uint16_t* out, cudaStream_t stream) {
+  if (segments.num_segments == 0 || num_v_heads == 0) return;
   if (k_head_dim > 256 || k_head_dim < 1 || v_head_dim < 1) {
     std::fprintf(stderr, "mobius cuda: delta rule key head dim %d outside [1, 256]\n", k_head_dim);
     std::abort();
@@ -768,32 +720,20 @@ bool LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, float* g, float* beta,
   const bool row_split =
       forced_split == 2 || (forced_split != 1 && segments.num_segments < kRowSplitMaxSegments);
   if (dv % 4 == 0 && aligned && !force_generic) {
-    // The folded norm needs every block to hold whole columns (no warp leaves early), rows of
-    // dv / 8 lanes dividing a warp, 16-byte rows and a counter per (segment, head).
-    const int cols_per_block = warp_cols * kWarpsPerBlock / (row_split ? 2 : 1);
-    const int lanes = dv / 8;
-    const bool fold = norm != nullptr && gates != nullptr && dv % cols_per_block == 0 &&
-                      dv % 8 == 0 && lanes <= 16 && (lanes & (lanes - 1)) == 0 &&
-                      int64_t{segments.num_segments} * hv <= kDeltaRuleNormCounters &&
-                      reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
-                      reinterpret_cast<uintptr_t>(norm->z) % 16 == 0 &&
-                      reinterpret_cast<uintptr_t>(norm->gated) % 16 == 0 &&
-                      reinterpret_cast<uintptr_t>(norm->w.data) % 16 == 0;
-    const DeltaRuleNormFold* fold_norm = fold ? norm : nullptr;
     auto launch = [&](auto max_dk) {
       constexpr int kMaxDk = decltype(max_dk)::value;
       if (row_split && warp_cols == 16) {
         LaunchDeltaRuleWarp<kMaxDk, 16, 2>(qkv, g, beta, gates, hk, hv, dk, dv, states, segments,
-                                           max_tokens, out, stream, fold_norm);
+                                           max_tokens, out, stream);
       } else if (row_split) {
         LaunchDeltaRuleWarp<kMaxDk, 8, 2>(qkv, g, beta, gates, hk, hv, dk, dv, states, segments,
-                                          max_tokens, out, stream, fold_norm);
+                                          max_tokens, out, stream);
       } else if (warp_cols == 16) {
         LaunchDeltaRuleWarp<kMaxDk, 16, 1>(qkv, g, beta, gates, hk, hv, dk, dv, states, segments,
-                                           max_tokens, out, stream, fold_norm);
+                                           max_tokens, out, stream);
       } else {
         LaunchDeltaRuleWarp<kMaxDk, 8, 1>(qkv, g, beta, gates, hk, hv, dk, dv, states, segments,
-                                          max_tokens, out, stream, fold_norm);
+                                          max_tokens, out, stream);
       }
     };
     if (dk <= 32) {
@@ -806,7 +746,7 @@ bool LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, float* g, float* beta,
       launch(std::integral_constant<int, 256>());
     }
     CheckLaunch("GatedDeltaRule (warp)");
-    return fold || norm == nullptr;
+    return;
   }
   // The generic kernel reads its gates: compute them first.
   if (gates != nullptr) {
@@ -828,7 +768,6 @@ bool LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, float* g, float* beta,
                         max_tokens, out);
   }
   CheckLaunch("GatedDeltaRule");
-  return norm == nullptr;
 }
 
 }  // namespace mobius::kernels::cuda

@@ -297,8 +297,16 @@ __global__ void GatedRmsNormSubWarpKernel(const uint16_t* x, const uint16_t* z, 
     UnpackBf16x8(*reinterpret_cast<const uint4*>(z + off), zv);
     Load8(w, piece * 8, wv);
   }
-  const uint4 piece_out = GatedRmsNormPiece(v, zv, wv, lanes, dim, eps);
-  if (active) *reinterpret_cast<uint4*>(out + off) = piece_out;
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) sum += v[i] * v[i];
+  for (int o = lanes / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (!active) return;
+  const float inv = rsqrtf(sum / static_cast<float>(dim) + eps);
+  float o[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) o[i] = v[i] * inv * wv[i] * Silu(zv[i]);
+  *reinterpret_cast<uint4*>(out + off) = PackBf16x8(o);
 }
 
 // out = silu(gate) * up, eight columns per thread (inter % 8 == 0).

@@ -86,13 +86,8 @@ inline constexpr int kMaxTcGemvRows = 8;  // x rows: the n = 8 side of the mma
 bool TcGemvSupports(int64_t m, int64_t k, const void* x, const void* w);
 // The skinny GEMM's fan-out (every weight has K columns) with mma.sync; the backend's path for
 // 2-8 rows (MOBIUS_TC_GEMV in cuda_backend.cc).
-// How the GEMV keeps weight loads in flight: in registers (two rounds per warp; what kAuto runs
-// unless MOBIUS_TC_GEMV_RING is set) or in a per-warp shared-memory ring of cp.async stages (not
-// yet timed on a GPU).
-enum class TcGemvPipeline { kAuto, kRegisters, kSharedRing };
 void LaunchTcGemv(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* targets,
-                  int num_targets, cudaStream_t stream,
-                  TcGemvPipeline pipeline = TcGemvPipeline::kAuto);
+                  int num_targets, cudaStream_t stream);
 
 // ---- gated DeltaNet (deltanet_kernels.cu) ----
 // `single_token_segments`: every segment holds exactly one token (a decode step; the host knows,
@@ -112,30 +107,14 @@ struct DeltaGateInputs {
   AnyPtr a_log;
   AnyPtr dt_bias;
 };
-// The DeltaNet output norm folded into the recurrent kernel: gated[t, h, :] =
-// GatedRmsNorm(out[t, h, :], z[t, h, :], w, eps) (LaunchGatedRmsNorm's sub-warp form). `counters`
-// holds kDeltaRuleNormCounters zeroed ints (one per segment and value head; the kernel leaves
-// them zero again).
-inline constexpr int64_t kDeltaRuleNormCounters = 1 << 16;
-struct DeltaRuleNormFold {
-  const uint16_t* z = nullptr;
-  AnyPtr w;
-  float eps = 0.f;
-  uint16_t* gated = nullptr;
-  int* counters = nullptr;
-};
 // Token by token; segments longer than `max_tokens` are skipped (left to the chunked form).
 // Without `gates` the kernel reads g and beta [num_tokens, Hv]; with them it computes the gates
-// and writes them to g and beta too. With `norm` (and gates) the kernel also applies the output
-// norm where it can (the warp kernel, Dv / 8 a power of two up to 16, whole column blocks,
-// segments x Hv <= kDeltaRuleNormCounters) and returns true; false means the caller still has to
-// run the norm.
-bool LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, float* g, float* beta,
+// and writes them to g and beta too.
+void LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, float* g, float* beta,
                                    const DeltaGateInputs* gates, int64_t num_tokens,
                                    int num_k_heads, int num_v_heads, int k_head_dim, int v_head_dim,
                                    float* states, const SegmentMeta& segments, int max_tokens,
-                                   uint16_t* out, cudaStream_t stream,
-                                   const DeltaRuleNormFold* norm = nullptr);
+                                   uint16_t* out, cudaStream_t stream);
 // Chunked (WY/UT) form over the segments of at least `min_tokens` tokens (chunked_delta_rule.cu).
 // Supported: Dk 64 or 128, Dv a multiple of 32 up to 128 (ChunkedDeltaRuleSupports).
 // `num_chunks` = sum over those segments of ceil(tokens / 64), `num_chunked_segments` their

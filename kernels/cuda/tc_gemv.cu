@@ -8,9 +8,8 @@
 // (16 rows), x^T the B operand (its M <= 8 rows are the n = 8 columns), so one instruction does
 // 16 x 8 x 16 products.
 //
-// The fragments come straight from global memory (TcGemvKernel; TcGemvRingKernel stages the
-// weight pieces through shared memory first, each lane its own): lane (g, q) = (lane / 4,
-// lane % 4) loads 16 bytes (8 consecutive k) of weight rows g and g + 8 and of x row g at k
+// The fragments come straight from global memory, with no shared memory: lane (g, q) = (lane /
+// 4, lane % 4) loads 16 bytes (8 consecutive k) of weight rows g and g + 8 and of x row g at k
 // offset 8q of each 32-wide step. A product sums over k, so any assignment of physical k to the
 // fragments' k slots is right as long as A and B use the same one: lane (g, q) holds A's k slots
 // {2q, 2q + 1, 2q + 8, 2q + 9} of rows g and g + 8 and B's same slots of column g, so it puts its
@@ -19,15 +18,11 @@
 // Measured on an H200 (release config, dummy weights, performance.md eleventh version): the
 // backend's path for 2-8 rows, where it replaced cuBLASLt (3-8 rows) and the skinny kernel
 // (2 rows): a batch-8 decode step 8.41 -> 7.60 ms, batch 2 4.66 -> 4.54 ms; validated by
-// CudaKernelsTest.TcGemvMatchesReference and the CUDA-vs-CPU tests. The ring pipeline
-// (MOBIUS_TC_GEMV_RING) is not yet run on a GPU.
+// CudaKernelsTest.TcGemvMatchesReference and the CUDA-vs-CPU tests.
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
-#include <string_view>
 
-#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/skinny_targets.cuh"
 
@@ -50,93 +45,34 @@ union Words {
   uint32_t w[4];
 };
 
-// One warp's share of the work: 16 weight rows of one target and a contiguous part of K (steps
-// of 32), with the lane's fragment pointers. Block = kTcGemvWarps warps = (kTcGemvWarps /
-// k_split) groups of 16 weight rows; the k_split warps of a group take contiguous parts of K and
-// add their sums in shared memory (TcGemvFinish).
-struct TcGemvWarpPart {
-  int lane, warp, g, q, part;
-  int64_t row0;
-  bool valid;
-  const SkinnyTarget* tg;
-  int64_t s_begin, s_end;  // 32-wide k steps of this warp
-  bool lo_ok, hi_ok, x_ok;
-  const uint4* w_lo;  // weight row g, piece q of step 0 (step s: + 4 s)
-  const uint4* w_hi;  // weight row g + 8
-  const uint4* xr;    // x row g
-};
-
-__device__ __forceinline__ TcGemvWarpPart TcGemvPartOf(const TcGemvArgs& args, int k_split) {
-  TcGemvWarpPart w;
-  w.lane = threadIdx.x & 31;
-  w.warp = threadIdx.x >> 5;
-  w.g = w.lane >> 2;
-  w.q = w.lane & 3;
-  w.part = w.warp % k_split;
-  const int64_t group =
-      static_cast<int64_t>(blockIdx.x) * (kTcGemvWarps / k_split) + w.warp / k_split;
-  w.row0 = group * kTcGemvRows;
-  int target = 0;
-  w.valid = LocateTargetRow(args.table, w.row0, target);
-  w.tg = &args.table.targets[w.valid ? target : 0];
-  const int64_t k = args.k, steps = k / 32;
-  w.s_begin = steps * w.part / k_split;
-  w.s_end = steps * (w.part + 1) / k_split;
-  w.lo_ok = w.valid && w.row0 + w.g < w.tg->n;
-  w.hi_ok = w.valid && w.row0 + w.g + 8 < w.tg->n;
-  w.w_lo = reinterpret_cast<const uint4*>(w.tg->w + (w.lo_ok ? w.row0 + w.g : 0) * k) + w.q;
-  w.w_hi = reinterpret_cast<const uint4*>(w.tg->w + (w.hi_ok ? w.row0 + w.g + 8 : 0) * k) + w.q;
-  w.x_ok = w.g < args.m;
-  w.xr = reinterpret_cast<const uint4*>(args.x + (w.x_ok ? w.g : 0) * k) + w.q;
-  return w;
-}
-
-// c += the products of one 32-wide step: weight rows g, g + 8 (lo, hi) and x (b), as laid out
-// by the file comment.
-__device__ __forceinline__ void TcGemvStep(float (&c)[4], const Words& lo, const Words& hi,
-                                           const Words& b) {
-  const uint32_t a0[4] = {lo.w[0], hi.w[0], lo.w[1], hi.w[1]};
-  const uint32_t a1[4] = {lo.w[2], hi.w[2], lo.w[3], hi.w[3]};
-  MmaBf16(c, a0, b.w[0], b.w[1]);
-  MmaBf16(c, a1, b.w[2], b.w[3]);
-}
-
-// The k_split warps of a group add their sums (every warp of the block must call it) and the
-// first stores the group's rows. c[0], c[1]: row g, columns (x rows) 2q, 2q + 1; c[2], c[3]: row
-// g + 8, the same columns.
-__device__ __forceinline__ void TcGemvFinish(const TcGemvArgs& args, const TcGemvWarpPart& w,
-                                             int k_split, float (&c)[4],
-                                             float (&partial)[kTcGemvWarps][kTcGemvRows * 8]) {
-  if (k_split > 1) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) partial[w.warp][w.lane * 4 + i] = c[i];
-    __syncthreads();
-    if (w.part != 0) return;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float sum = 0.f;
-      for (int p = 0; p < k_split; ++p) sum += partial[w.warp + p][w.lane * 4 + i];
-      c[i] = sum;
-    }
-  }
-  if (!w.valid) return;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t row = w.row0 + w.g + (i >= 2 ? 8 : 0);
-    const int col = 2 * w.q + (i & 1);
-    if (row < w.tg->n && col < args.m) Store(w.tg->y, col * w.tg->n + row, c[i]);
-  }
-}
-
-// Weight loads in registers: two rounds of kTcGemvSteps steps alternate between buffers A and B,
-// so the next round's loads are in flight while the current round multiplies (the loop is
-// unrolled by two rounds to keep both buffers in registers).
+// Block = kTcGemvWarps warps = (kTcGemvWarps / k_split) groups of 16 weight rows; the k_split
+// warps of a group take contiguous parts of K and add their sums in shared memory.
 __global__ void __launch_bounds__(kTcGemvWarps * 32)
     TcGemvKernel(const TcGemvArgs args, int k_split) {
   __shared__ float partial[kTcGemvWarps][kTcGemvRows * 8];
-  const TcGemvWarpPart w = TcGemvPartOf(args, k_split);
-  const int64_t s_end = w.s_end;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  const int part = warp % k_split;
+  const int64_t group =
+      static_cast<int64_t>(blockIdx.x) * (kTcGemvWarps / k_split) + warp / k_split;
+  int64_t row0 = group * kTcGemvRows;
+  int target = 0;
+  const bool valid = LocateTargetRow(args.table, row0, target);
+  const SkinnyTarget& tg = args.table.targets[valid ? target : 0];
+
+  const int64_t k = args.k, steps = k / 32;
+  const int64_t s_begin = steps * part / k_split, s_end = steps * (part + 1) / k_split;
+  const bool lo_ok = valid && row0 + g < tg.n, hi_ok = valid && row0 + g + 8 < tg.n;
+  const uint4* w_lo = reinterpret_cast<const uint4*>(tg.w + (lo_ok ? row0 + g : 0) * k) + q;
+  const uint4* w_hi = reinterpret_cast<const uint4*>(tg.w + (hi_ok ? row0 + g + 8 : 0) * k) + q;
+  const bool x_ok = g < args.m;
+  const uint4* xr = reinterpret_cast<const uint4*>(args.x + (x_ok ? g : 0) * k) + q;
   const uint4 zero = make_uint4(0, 0, 0, 0);
+
+  // Each step is 4 pieces of 16 bytes per row (one per q): piece index 4 s + q. Two rounds of
+  // kTcGemvSteps steps alternate between buffers A and B, so the next round's weight loads are
+  // in flight while the current round multiplies (the loop is unrolled by two rounds to keep
+  // both buffers in registers).
   struct Round {
     Words lo[kTcGemvSteps], hi[kTcGemvSteps];
   };
@@ -144,8 +80,8 @@ __global__ void __launch_bounds__(kTcGemvWarps * 32)
 #pragma unroll
     for (int i = 0; i < kTcGemvSteps; ++i) {
       const int64_t s = s0 + i;
-      r.lo[i].v = w.lo_ok && s < s_end ? __ldg(w.w_lo + 4 * s) : zero;
-      r.hi[i].v = w.hi_ok && s < s_end ? __ldg(w.w_hi + 4 * s) : zero;
+      r.lo[i].v = lo_ok && s < s_end ? __ldg(w_lo + 4 * s) : zero;
+      r.hi[i].v = hi_ok && s < s_end ? __ldg(w_hi + 4 * s) : zero;
     }
   };
   float c[4] = {0.f, 0.f, 0.f, 0.f};
@@ -153,97 +89,49 @@ __global__ void __launch_bounds__(kTcGemvWarps * 32)
     Words b[kTcGemvSteps];
 #pragma unroll
     for (int i = 0; i < kTcGemvSteps; ++i) {
-      b[i].v = w.x_ok && s0 + i < s_end ? __ldg(w.xr + 4 * (s0 + i)) : zero;
+      b[i].v = x_ok && s0 + i < s_end ? __ldg(xr + 4 * (s0 + i)) : zero;
     }
 #pragma unroll
-    for (int i = 0; i < kTcGemvSteps; ++i) TcGemvStep(c, r.lo[i], r.hi[i], b[i]);
+    for (int i = 0; i < kTcGemvSteps; ++i) {
+      const uint32_t a0[4] = {r.lo[i].w[0], r.hi[i].w[0], r.lo[i].w[1], r.hi[i].w[1]};
+      const uint32_t a1[4] = {r.lo[i].w[2], r.hi[i].w[2], r.lo[i].w[3], r.hi[i].w[3]};
+      MmaBf16(c, a0, b[i].w[0], b[i].w[1]);
+      MmaBf16(c, a1, b[i].w[2], b[i].w[3]);
+    }
   };
   Round a, b;
   // The weights are no kernel's output: the first loads go out before the PDL wait.
-  if (w.s_begin < s_end) load_weights(a, w.s_begin);
+  if (s_begin < s_end) load_weights(a, s_begin);
   PdlWait();
   PdlTrigger();
   constexpr int kRound = kTcGemvSteps;
-  for (int64_t s0 = w.s_begin; s0 < s_end; s0 += 2 * kRound) {
+  for (int64_t s0 = s_begin; s0 < s_end; s0 += 2 * kRound) {
     if (s0 + kRound < s_end) load_weights(b, s0 + kRound);
     multiply(a, s0);
     if (s0 + kRound >= s_end) break;
     if (s0 + 2 * kRound < s_end) load_weights(a, s0 + 2 * kRound);
     multiply(b, s0 + kRound);
   }
-  TcGemvFinish(args, w, k_split, c, partial);
-}
-
-// Weight loads through shared memory: each lane streams its own pieces into a private ring of
-// kStages stages of kSteps steps with cp.async (no registers held while they are in flight, so
-// kStages - 1 stages can be outstanding), reading back only what it copied itself (no barrier;
-// program order covers reuse of a slot). x for the next stage is loaded into registers while the
-// current stage multiplies. Ring: [warp][stage][step][lo, hi][lane] of 16 bytes, dynamic shared
-// memory of TcGemvRingBytes.
-template <int kStages, int kSteps>
-__global__ void __launch_bounds__(kTcGemvWarps * 32)
-    TcGemvRingKernel(const TcGemvArgs args, int k_split) {
-  __shared__ float partial[kTcGemvWarps][kTcGemvRows * 8];
-  extern __shared__ uint4 ring[];
-  const TcGemvWarpPart w = TcGemvPartOf(args, k_split);
-  const int64_t s_end = w.s_end;
-  const uint4 zero = make_uint4(0, 0, 0, 0);
-  uint4* mine = ring + static_cast<size_t>(w.warp) * kStages * kSteps * 2 * 32 + w.lane;
-  auto slot = [&](int stage, int i, int half) {
-    return mine + ((stage * kSteps + i) * 2 + half) * 32;
-  };
-  const int64_t rounds = (s_end - w.s_begin + kSteps - 1) / kSteps;
-  auto issue = [&](int64_t r) {
-    if (r < rounds) {
-      const int stage = static_cast<int>(r % kStages);
+  // c[0], c[1]: row g, columns (x rows) 2q, 2q + 1; c[2], c[3]: row g + 8, the same columns.
+  if (k_split > 1) {
 #pragma unroll
-      for (int i = 0; i < kSteps; ++i) {
-        const int64_t s = w.s_begin + r * kSteps + i;
-        const bool in = s < s_end;
-        CopyAsync16(slot(stage, i, 0), w.w_lo + 4 * (in ? s : 0), w.lo_ok && in);
-        CopyAsync16(slot(stage, i, 1), w.w_hi + 4 * (in ? s : 0), w.hi_ok && in);
-      }
+    for (int i = 0; i < 4; ++i) partial[warp][lane * 4 + i] = c[i];
+    __syncthreads();
+    if (part != 0) return;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float sum = 0.f;
+      for (int p = 0; p < k_split; ++p) sum += partial[warp + p][lane * 4 + i];
+      c[i] = sum;
     }
-    CopyAsyncCommit();  // one group per round, empty past the end, so the waits count alike
-  };
-  auto load_x = [&](Words(&b)[kSteps], int64_t r) {
-#pragma unroll
-    for (int i = 0; i < kSteps; ++i) {
-      const int64_t s = w.s_begin + r * kSteps + i;
-      b[i].v = w.x_ok && r < rounds && s < s_end ? __ldg(w.xr + 4 * s) : zero;
-    }
-  };
-  // The weights are no kernel's output: the first kStages - 1 stages go out before the PDL wait.
-#pragma unroll
-  for (int r = 0; r < kStages - 1; ++r) issue(r);
-  PdlWait();
-  PdlTrigger();
-  float c[4] = {0.f, 0.f, 0.f, 0.f};
-  Words x_now[kSteps], x_next[kSteps];
-  load_x(x_now, 0);
-  for (int64_t r = 0; r < rounds; ++r) {
-    issue(r + kStages - 1);
-    load_x(x_next, r + 1);
-    CopyAsyncWait<kStages - 1>();  // this lane's copies of round r have landed
-    // The wait's asm does not clobber memory: keep the compiler from reading the ring before it.
-    asm volatile("" ::: "memory");
-    const int stage = static_cast<int>(r % kStages);
-#pragma unroll
-    for (int i = 0; i < kSteps; ++i) {
-      Words lo, hi;
-      lo.v = *slot(stage, i, 0);
-      hi.v = *slot(stage, i, 1);
-      TcGemvStep(c, lo, hi, x_now[i]);
-    }
-#pragma unroll
-    for (int i = 0; i < kSteps; ++i) x_now[i] = x_next[i];
   }
-  TcGemvFinish(args, w, k_split, c, partial);
-}
-
-template <int kStages, int kSteps>
-constexpr size_t TcGemvRingBytes() {
-  return sizeof(uint4) * kTcGemvWarps * kStages * kSteps * 2 * 32;
+  if (!valid) return;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t row = row0 + g + (i >= 2 ? 8 : 0);
+    const int col = 2 * q + (i & 1);
+    if (row < tg.n && col < args.m) Store(tg.y, col * tg.n + row, c[i]);
+  }
 }
 
 // Warps per 16-row group: the largest split (K parts of at least 8 steps) whose warps all fit in
@@ -252,80 +140,19 @@ constexpr size_t TcGemvRingBytes() {
 // (1544 warps) against 22.4 at 4 (3088 warps, 1.5 waves) and 22.6 at 8; the out-projection
 // (128 groups, K 4096) 12.1 us at 8 against 14.2 at 4 and 20.9 at 2; the shared expert + router
 // fan-out (225 groups) 10.6 us at 8 against 11.2 at 4 (performance.md, eleventh version).
-int TcGemvSplit(int64_t groups, int64_t steps, int64_t resident_warps) {
+int TcGemvSplit(int64_t groups, int64_t steps) {
+  static const int64_t resident_warps = [] {
+    int device = 0, sms = 0, per_sm = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, TcGemvKernel, kTcGemvWarps * 32, 0);
+    return static_cast<int64_t>(std::max(1, sms)) * std::max(1, per_sm) * kTcGemvWarps;
+  }();
   int split = 1;
   while (split < kTcGemvWarps && groups * split * 2 <= resident_warps && steps / (split * 2) >= 8) {
     split *= 2;
   }
   return split;
-}
-
-using TcGemvFn = void (*)(TcGemvArgs, int);
-
-// A kernel of the GEMV with its dynamic shared memory and how many of its warps are resident at
-// once on this device (for the K split).
-struct TcGemvLaunchShape {
-  TcGemvFn kernel = nullptr;
-  size_t smem = 0;
-  int64_t resident_warps = 0;
-};
-
-TcGemvLaunchShape MakeTcGemvLaunchShape(TcGemvFn kernel, size_t smem) {
-  // (Also below 48 KB: the kernel's static shared memory counts against the default limit.)
-  if (smem > 0 && cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(smem)) != cudaSuccess) {
-    cudaGetLastError();  // not this launch's error: the ring's launches report it if they fail
-  }
-  int device = 0, sms = 0, per_sm = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kTcGemvWarps * 32, smem);
-  return {kernel, smem,
-          static_cast<int64_t>(std::max(1, sms)) * std::max(1, per_sm) * kTcGemvWarps};
-}
-
-template <int kStages, int kSteps>
-TcGemvLaunchShape RingShape() {
-  return MakeTcGemvLaunchShape(TcGemvRingKernel<kStages, kSteps>,
-                               TcGemvRingBytes<kStages, kSteps>());
-}
-
-// The ring kernel's shapes (stages x 32-wide steps per stage); the first is the default.
-struct TcGemvRingShape {
-  const char* name;
-  TcGemvLaunchShape (*make)();
-};
-constexpr TcGemvRingShape kTcGemvRingShapes[] = {{"4x2", RingShape<4, 2>},
-                                                 {"8x1", RingShape<8, 1>},
-                                                 {"3x4", RingShape<3, 4>},
-                                                 {"6x2", RingShape<6, 2>}};
-
-// MOBIUS_TC_GEMV_RING (A/B runs) picks the pipeline of kAuto: unset or 0 the registers (null),
-// 1 the default ring shape, or a shape by name (an unknown name is reported and gets the
-// default).
-const TcGemvRingShape* RingShapeFromEnv() {
-  const char* v = std::getenv("MOBIUS_TC_GEMV_RING");
-  if (v == nullptr || v[0] == '\0' || std::string_view(v) == "0") return nullptr;
-  for (const TcGemvRingShape& shape : kTcGemvRingShapes) {
-    if (std::string_view(v) == shape.name) return &shape;
-  }
-  if (std::string_view(v) != "1") {
-    std::fprintf(stderr,
-                 "mobius cuda: MOBIUS_TC_GEMV_RING=%s is not 1, 4x2, 8x1, 3x4 or 6x2; using 4x2\n",
-                 v);
-  }
-  return &kTcGemvRingShapes[0];
-}
-
-const TcGemvLaunchShape& TcGemvLaunchShapeFor(TcGemvPipeline pipeline) {
-  static const TcGemvRingShape* const env_ring = RingShapeFromEnv();
-  static const TcGemvLaunchShape registers = MakeTcGemvLaunchShape(TcGemvKernel, 0);
-  static const TcGemvLaunchShape ring =
-      (env_ring != nullptr ? env_ring : &kTcGemvRingShapes[0])->make();
-  if (pipeline == TcGemvPipeline::kAuto) {
-    pipeline = env_ring != nullptr ? TcGemvPipeline::kSharedRing : TcGemvPipeline::kRegisters;
-  }
-  return pipeline == TcGemvPipeline::kSharedRing ? ring : registers;
 }
 
 }  // namespace
@@ -335,7 +162,7 @@ bool TcGemvSupports(int64_t m, int64_t k, const void* x, const void* w) {
 }
 
 void LaunchTcGemv(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* targets,
-                  int num_targets, cudaStream_t stream, TcGemvPipeline pipeline) {
+                  int num_targets, cudaStream_t stream) {
   TcGemvArgs args;
   args.x = x;
   args.m = static_cast<int>(m);
@@ -351,19 +178,11 @@ void LaunchTcGemv(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* t
     return s == 1 || s == 2 || s == 4 || s == 8 ? s : 0;
   }();
   const int64_t steps = k / 32;
-  const TcGemvLaunchShape& shape = TcGemvLaunchShapeFor(pipeline);
-  const int split = forced_split > 0 && steps >= forced_split
-                        ? forced_split
-                        : TcGemvSplit(groups, steps, shape.resident_warps);
-  if (shape.smem > 0) {
-    // The shared-memory limit is a per-device attribute: set it for the current device too.
-    cudaFuncSetAttribute(shape.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(shape.smem));
-  }
+  const int split =
+      forced_split > 0 && steps >= forced_split ? forced_split : TcGemvSplit(groups, steps);
   const int64_t groups_per_block = kTcGemvWarps / split;
   const auto blocks = static_cast<unsigned>((groups + groups_per_block - 1) / groups_per_block);
-  LaunchPdl("TcGemvKernel", shape.kernel, blocks, kTcGemvWarps * 32, shape.smem, stream, args,
-            split);
+  LaunchPdl("TcGemvKernel", TcGemvKernel, blocks, kTcGemvWarps * 32, 0, stream, args, split);
   CheckLaunch("TcGemv");
 }
 

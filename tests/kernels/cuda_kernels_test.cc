@@ -1180,41 +1180,36 @@ TEST_F(CudaKernelsTest, SegmentWithoutStateSlotStartsFromZero) {
 // reference. K = 96 (3 steps, fewer than a round of loads, no split), 512, 1024 and 4096 (K split
 // over 2, 4 and 8 warps by TcGemvSplit at these 68 row groups).
 TEST_F(CudaKernelsTest, TcGemvMatchesReference) {
-  // Both pipelines of the weight loads: registers (the default) and the shared-memory ring.
-  for (const auto pipeline : {cuda::TcGemvPipeline::kRegisters, cuda::TcGemvPipeline::kSharedRing})
-    for (const int64_t k : {96, 512, 1024, 4096}) {
-      for (int m = 1; m <= 8; ++m) {
-        const int64_t n0 = 40, n1 = 1037;
-        const std::vector<float> x = Rand(m * k), w0 = Rand(n0 * k), w1 = Rand(n1 * k);
-        Tensor xt = Make(DType::kBF16, {m, k}, x), w0t = Make(DType::kBF16, {n0, k}, w0),
-               w1t = Make(DType::kBF16, {n1, k}, w1);
-        Tensor y0 = Poisoned(DType::kBF16, {m, n0}), y1 = Poisoned(DType::kF32, {m, n1});
-        ASSERT_TRUE(cuda::TcGemvSupports(m, k, xt.raw(), w0t.raw()));
-        const cuda::SkinnyTarget targets[2] = {
-            {static_cast<const uint16_t*>(w0t.raw()), n0, cuda::AnyMutPtr{y0.raw(), false}},
-            {static_cast<const uint16_t*>(w1t.raw()), n1, cuda::AnyMutPtr{y1.raw(), true}}};
-        backend_->Synchronize();
-        cuda::LaunchTcGemv(static_cast<const uint16_t*>(xt.raw()), m, k, targets, 2, nullptr,
-                           pipeline);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        auto reference = [&](const std::vector<float>& w, int64_t n) {
-          std::vector<double> ref(static_cast<size_t>(m * n));
-          for (int r = 0; r < m; ++r) {
-            for (int64_t j = 0; j < n; ++j) {
-              double acc = 0;
-              for (int64_t i = 0; i < k; ++i) acc += double{x[r * k + i]} * w[j * k + i];
-              ref[r * n + j] = acc;
-            }
+  for (const int64_t k : {96, 512, 1024, 4096}) {
+    for (int m = 1; m <= 8; ++m) {
+      const int64_t n0 = 40, n1 = 1037;
+      const std::vector<float> x = Rand(m * k), w0 = Rand(n0 * k), w1 = Rand(n1 * k);
+      Tensor xt = Make(DType::kBF16, {m, k}, x), w0t = Make(DType::kBF16, {n0, k}, w0),
+             w1t = Make(DType::kBF16, {n1, k}, w1);
+      Tensor y0 = Poisoned(DType::kBF16, {m, n0}), y1 = Poisoned(DType::kF32, {m, n1});
+      ASSERT_TRUE(cuda::TcGemvSupports(m, k, xt.raw(), w0t.raw()));
+      const cuda::SkinnyTarget targets[2] = {
+          {static_cast<const uint16_t*>(w0t.raw()), n0, cuda::AnyMutPtr{y0.raw(), false}},
+          {static_cast<const uint16_t*>(w1t.raw()), n1, cuda::AnyMutPtr{y1.raw(), true}}};
+      backend_->Synchronize();
+      cuda::LaunchTcGemv(static_cast<const uint16_t*>(xt.raw()), m, k, targets, 2, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      auto reference = [&](const std::vector<float>& w, int64_t n) {
+        std::vector<double> ref(static_cast<size_t>(m * n));
+        for (int r = 0; r < m; ++r) {
+          for (int64_t j = 0; j < n; ++j) {
+            double acc = 0;
+            for (int64_t i = 0; i < k; ++i) acc += double{x[r * k + i]} * w[j * k + i];
+            ref[r * n + j] = acc;
           }
-          return ref;
-        };
-        const std::string what = absl::StrCat(
-            "m ", m, " k ", k,
-            pipeline == cuda::TcGemvPipeline::kSharedRing ? " (ring)" : " (registers)");
-        EXPECT_LT(RelErr(Host(y0), reference(w0, n0)), kBf16Tol) << what;
-        EXPECT_LT(RelErr(Host(y1), reference(w1, n1)), 1e-4) << what << " (fp32 output)";
-      }
+        }
+        return ref;
+      };
+      const std::string what = absl::StrCat("m ", m, " k ", k);
+      EXPECT_LT(RelErr(Host(y0), reference(w0, n0)), kBf16Tol) << what;
+      EXPECT_LT(RelErr(Host(y1), reference(w1, n1)), 1e-4) << what << " (fp32 output)";
     }
+  }
 }
 
 TEST_F(CudaKernelsTest, DecodeConvWithoutStateSlotStartsFromZero) {

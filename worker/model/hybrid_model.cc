@@ -663,16 +663,16 @@ absl::Status HybridModel::DeltaNetMixer(StepContext& ctx, int layer, const Tenso
   dims.k_head_dim = config_.linear_key_head_dim;
   dims.v_head_dim = Dv;
   ASSIGN_OR_RETURN(Tensor core, Alloc({T, vd}));
-  ASSIGN_OR_RETURN(Tensor gated, Alloc({T, vd}));
-  // The delta rule, then the gated RMSNorm of each head's output row (Dv elements).
-  backend_.GatedDeltaRuleWithGatesAndNorm(
-      conv_out, a, b, w.a_log, w.dt_bias, dims, state_slots_->recurrent_states(slot_layer),
-      ctx.segments, ctx.options.delta_rule, g, beta, core,
-      kernels::DeltaRuleOutputNorm{z, w.norm, config_.rms_norm_eps, gated});
+  backend_.GatedDeltaRuleWithGates(conv_out, a, b, w.a_log, w.dt_bias, dims,
+                                   state_slots_->recurrent_states(slot_layer), ctx.segments,
+                                   ctx.options.delta_rule, g, beta, core);
   // The replay of a rejected speculative step re-runs the conv and the delta rule from these.
   if (ctx.options.keep_state_inputs) kept_state_inputs_[slot_layer] = {mixed, g, beta};
 
-  backend_.Linear(gated, w.out_proj, out);
+  ASSIGN_OR_RETURN(Tensor gated, Alloc({T * Hv, Dv}));
+  backend_.GatedRmsNorm(core.Reshape({T * Hv, Dv}), z.Reshape({T * Hv, Dv}), w.norm,
+                        config_.rms_norm_eps, gated);
+  backend_.Linear(gated.Reshape({T, vd}), w.out_proj, out);
   return absl::OkStatus();
 }
 
