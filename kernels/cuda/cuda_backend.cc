@@ -1273,7 +1273,8 @@ bool CudaBackend::TryMoeFewTokens(const Tensor& x, const Tensor& ids, const Tens
   const int64_t t = ids.dim(0), inter = gate_up.dim(1) / 2;
   const int k = static_cast<int>(ids.dim(1));
   if (t * k > cuda::kMoeFewTokensMaxPairs) return false;
-  auto* act = static_cast<uint16_t*>(Scratch(sizeof(uint16_t) * t * k * inter));
+  auto* act = static_cast<uint16_t*>(
+      Scratch(sizeof(uint16_t) * cuda::MoeFewTokensScratchElems(t, k, gate_up.dim(2), inter)));
   return cuda::LaunchMoeExpertsFewTokens(Bf16(x), ids.data<int32_t>(), weights.data<float>(),
                                          Bf16(gate_up), Bf16(down), t, k,
                                          static_cast<int>(gate_up.dim(0)), first_expert,

@@ -218,7 +218,16 @@ struct MoeSharedTerm {
   const uint16_t* down = nullptr;     // [hidden, inter]
   int64_t inter = 0;
   int fused_max_tokens = kMoeSharedExpertFusedMaxTokens;  // more tokens: the launcher declines
+  // Where the fused projection runs: the gate-up kernel (unless MOBIUS_MOE_SHARED_IN_GATEUP=0)
+  // or, false, the down kernel. The same bits either way.
+  bool rows_in_gate_up = true;
 };
+// Elements of the few-token kernels' scratch: the pairs' activations, then the shared expert's
+// finished rows.
+inline int64_t MoeFewTokensScratchElems(int64_t num_tokens, int k, int64_t hidden, int64_t inter) {
+  return (num_tokens * k * inter + 7) / 8 * 8 + num_tokens * hidden;
+}
+// act_scratch: MoeFewTokensScratchElems elements.
 bool LaunchMoeExpertsFewTokens(const uint16_t* x, const int32_t* ids, const float* weights,
                                const uint16_t* gate_up, const uint16_t* down, int64_t num_tokens,
                                int k, int num_local_experts, int first_expert, int64_t hidden,

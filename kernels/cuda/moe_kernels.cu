@@ -1221,18 +1221,101 @@ MoeScratch CarveMoeScratch(char* base, int64_t num_tokens, int k, int num_local,
 
 constexpr int kFewWarps = 8;
 
+// The shared expert's down projection inside the few-token kernels, for kRows rows h0.. of token
+// t: a block's threads take its (row, 16-byte piece) pairs pr = row * pieces + piece, thread i
+// the pairs i, i + blockDim.x, ..., each adding w[h0 + row, piece] . silu(gate) * up (the act
+// piece formed from the fan-out's gate/up row, as SiluAndMul rounds it) into sp[row]; the
+// per-warp sums then meet in shared memory in warp order (SharedRowsSum). The down kernel (at
+// most kMoeSharedExpertFusedMaxTokens tokens) and the gate-up kernel both compute it this way,
+// so either gives the same bits.
+template <int kRows>
+__device__ __forceinline__ void AddSharedPair(int row, uint4 w, uint4 g, uint4 u,
+                                              float (&sp)[kRows]) {
+  float a[8], wf[8];
+  SiluMulPiece(g, u, a);
+  UnpackBf16x8(w, wf);
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) sum += wf[i] * a[i];
+#pragma unroll
+  for (int rr = 0; rr < kRows; ++rr) sp[rr] += rr == row ? sum : 0.f;
+}
+
+// Pairs first, first + blockDim.x, ... below `pairs` of rows h0.. of token t.
+template <int kRows>
+__device__ __forceinline__ void AddSharedPairs(const MoeSharedTerm& shared, int64_t t, int64_t h0,
+                                               int64_t first, int64_t pairs, float (&sp)[kRows]) {
+  const int64_t pieces = shared.inter / 8;
+  const uint4* gu = reinterpret_cast<const uint4*>(shared.gate_up + t * 2 * shared.inter);
+  for (int64_t pr = first; pr < pairs; pr += blockDim.x) {
+    const int row = static_cast<int>(pr / pieces);
+    const int64_t q = pr % pieces;
+    AddSharedPair<kRows>(
+        row, __ldg(reinterpret_cast<const uint4*>(shared.down + (h0 + row) * shared.inter) + q),
+        gu[q], gu[pieces + q], sp);
+  }
+}
+
+// Each warp's sp into partial[warp]; after the barrier row r's sum (thread r < rows) is
+// sum_w partial[w][r].
+template <int kRows>
+__device__ __forceinline__ float SharedRowsSum(float (&sp)[kRows], float (*partial)[kRows],
+                                               int rows) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int rr = 0; rr < kRows; ++rr) sp[rr] = WarpSum(sp[rr]);
+  if (lane == 0) {
+#pragma unroll
+    for (int rr = 0; rr < kRows; ++rr) partial[warp][rr] = sp[rr];
+  }
+  __syncthreads();
+  float value = 0.f;
+  if (threadIdx.x < rows) {
+    for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) value += partial[w][threadIdx.x];
+  }
+  return value;
+}
+
+// Rows of the shared expert's down projection a gate-up kernel computes before its PdlWait (the
+// gate/up rows come from the fan-out, two launches back, the weights are constants): at one
+// token the top-k kernel between them runs on one SM, so this 2 MB read overlaps it instead of
+// lengthening the down kernel. The same four-row pieces as the default down kernel.
+constexpr int kSharedRowsInGateUp = 4;
+
+__device__ __forceinline__ void SharedExpertInGateUp(const MoeSharedTerm& shared,
+                                                     int64_t num_tokens, int64_t hidden,
+                                                     uint16_t* shared_out) {
+  __shared__ float partial[kFewWarps][kSharedRowsInGateUp];
+  const int64_t row_blocks = (hidden + kSharedRowsInGateUp - 1) / kSharedRowsInGateUp;
+  const int64_t blocks = static_cast<int64_t>(gridDim.x) * gridDim.y;
+  for (int64_t u = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+       u < num_tokens * row_blocks; u += blocks) {
+    const int64_t t = u / row_blocks, h0 = (u % row_blocks) * kSharedRowsInGateUp;
+    const int rows =
+        static_cast<int>(hidden - h0 < kSharedRowsInGateUp ? hidden - h0 : kSharedRowsInGateUp);
+    float sp[kSharedRowsInGateUp] = {};
+    AddSharedPairs(shared, t, h0, threadIdx.x, rows * (shared.inter / 8), sp);
+    const float value = SharedRowsSum(sp, partial, rows);
+    if (threadIdx.x < rows) shared_out[t * hidden + h0 + threadIdx.x] = F32ToBf16(value);
+    __syncthreads();  // partial is reused by the next unit
+  }
+}
+
 // act[p, i] = silu(x[t] . gate[e, i]) * (x[t] . up[e, i]) for pair p = (t, j), e = ids[p]: kSplit
 // warps compute kCols columns i (2 kCols weight rows) together, each taking every kSplit-th
 // 32-piece stretch of the hidden dimension, each lane keeping kUnroll 16-byte pieces of each row in
 // flight; with kSplit > 1 the warps' sums meet in shared memory. Grid (ceil(I / (8 kCols /
 // kSplit)), pairs).
-template <int kCols, int kUnroll, int kSplit>
+template <int kCols, int kUnroll, int kSplit, bool kSharedRows = false>
 __global__ void __launch_bounds__(kFewWarps * 32)
     MoeFewGateUpKernel(const uint16_t* x, const int32_t* ids, const uint16_t* gate_up,
                        int64_t hidden, int64_t inter, int k, int first_expert, int num_local,
-                       uint16_t* act) {
+                       uint16_t* act, const MoeSharedTerm shared, int64_t num_tokens,
+                       uint16_t* shared_out) {
   static_assert(kFewWarps % kSplit == 0);
   constexpr int kRows = 2 * kCols;
+  // (A template flag, so the other variants keep their 40 registers: 6 blocks per SM.)
+  if constexpr (kSharedRows) SharedExpertInGateUp(shared, num_tokens, hidden, shared_out);
   PdlWait();
   PdlTrigger();
   const int lane = threadIdx.x & 31;
@@ -1392,7 +1475,9 @@ __global__ void __launch_bounds__(kFewWarps * 32)
 // 8.59 ms. The shared expert's part costs each block a little latency, which batch 8 (4096
 // blocks, ~10 waves) pays ~10 times: there the fused form measured 8.59 ms against 8.39 ms
 // with the separate projection, at batch 1 3.62 against 3.70 ms (LaunchMoeExpertsFewTokens
-// takes it up to kMoeSharedExpertFusedMaxTokens).
+// takes it up to kMoeSharedExpertFusedMaxTokens). By default those rows now come from the
+// gate-up kernel (SharedExpertInGateUp) and this kernel adds them as a finished term; this form
+// stays for MOBIUS_MOE_SHARED_IN_GATEUP=0 and the non-default gate-up shapes.
 template <int kFewDownRows, bool kSharedExpert>
 __global__ void __launch_bounds__(kFewWarps * 32, kFewDownRows <= 4 ? 3 : 1)
     MoeFewDownRowsKernel(const uint16_t* act, const int32_t* ids, const float* weights,
@@ -1480,45 +1565,24 @@ __global__ void __launch_bounds__(kFewWarps * 32, kFewDownRows <= 4 ? 3 : 1)
     for (int rr = 0; rr < kFewDownRows; ++rr) partial[warp][rr] = acc[rr];
   }
 
+  float shared_value = 0.f;
   if constexpr (kSharedExpert) {
     float sp[kFewDownRows] = {};
-    auto add_pair = [&](int row, uint4 w, uint4 g, uint4 u) {
-      float a[8], wf[8];
-      SiluMulPiece(g, u, a);
-      UnpackBf16x8(w, wf);
-      float sum = 0.f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) sum += wf[i] * a[i];
-#pragma unroll
-      for (int rr = 0; rr < kFewDownRows; ++rr) sp[rr] += rr == row ? sum : 0.f;
-    };
-    if (s_first) add_pair(s_row, s_w, s_g, s_u);
-    for (int64_t pr = threadIdx.x + blockDim.x; pr < s_pairs; pr += blockDim.x) {
-      const int row = static_cast<int>(pr / s_pieces);
-      const int64_t q = pr % s_pieces;
-      add_pair(row,
-               __ldg(reinterpret_cast<const uint4*>(shared.down + (h0 + row) * shared.inter) + q),
-               s_gu[q], s_gu[s_pieces + q]);
-    }
-#pragma unroll
-    for (int rr = 0; rr < kFewDownRows; ++rr) sp[rr] = WarpSum(sp[rr]);
-    if (lane == 0) {
-#pragma unroll
-      for (int rr = 0; rr < kFewDownRows; ++rr) shared_partial[warp][rr] = sp[rr];
-    }
+    if (s_first) AddSharedPair<kFewDownRows>(s_row, s_w, s_g, s_u, sp);
+    AddSharedPairs(shared, t, h0, threadIdx.x + blockDim.x, s_pairs, sp);
+    shared_value = SharedRowsSum(sp, shared_partial, rows);  // (its barrier covers partial too)
+  } else {
+    __syncthreads();
   }
-  __syncthreads();
   if (threadIdx.x < rows) {
     float sum = 0.f;
 #pragma unroll
     for (int w = 0; w < kFewWarps; ++w) sum += partial[w][threadIdx.x];
     const int64_t i = t * hidden + h0 + threadIdx.x;
     if constexpr (kSharedExpert) {
-      float value = 0.f;
-#pragma unroll
-      for (int w = 0; w < kFewWarps; ++w) value += shared_partial[w][threadIdx.x];
-      // Rounded to bf16 as the separate projection stores it.
-      out[i] = RoutedPlusShared(sum, Bf16ToF32(F32ToBf16(value)), Load(shared.gate_logits, t));
+      // Rounded to bf16 as the separate projection (and SharedExpertInGateUp) stores it.
+      out[i] =
+          RoutedPlusShared(sum, Bf16ToF32(F32ToBf16(shared_value)), Load(shared.gate_logits, t));
     } else {
       out[i] = FewDownResult(out, shared, t, i, sum);
     }
@@ -1728,7 +1792,7 @@ const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const flo
 namespace {
 
 using FewGateUpFn = void (*)(const uint16_t*, const int32_t*, const uint16_t*, int64_t, int64_t,
-                             int, int, int, uint16_t*);
+                             int, int, int, uint16_t*, MoeSharedTerm, int64_t, uint16_t*);
 using FewDownFn = void (*)(const uint16_t*, const int32_t*, const float*, const uint16_t*, int64_t,
                            int64_t, int, int, int, uint16_t*, MoeSharedTerm);
 
@@ -1772,6 +1836,15 @@ FewGateUpFn FewGateUpSplit(const FewConfig& c) {
   return c.unroll == 4   ? MoeFewGateUpKernel<2, 4, kSplit>
          : c.unroll == 8 ? MoeFewGateUpKernel<2, 8, kSplit>
                          : MoeFewGateUpKernel<2, 2, kSplit>;
+}
+
+// The gate-up kernel that also computes the shared expert's rows: the default shape only
+// (null otherwise, and the down kernel computes them).
+FewGateUpFn FewGateUpWithSharedRows(const FewConfig& c) {
+  const FewConfig d;
+  return c.cols == d.cols && c.unroll == d.unroll && c.split == d.split
+             ? MoeFewGateUpKernel<1, 2, 1, true>
+             : nullptr;
 }
 
 FewGateUpFn FewGateUp(const FewConfig& c) {
@@ -1825,14 +1898,32 @@ bool LaunchMoeExpertsFewTokens(const uint16_t* x, const int32_t* ids, const floa
     return false;
   }
   const FewConfig c = FewConfigFor();
-  const FewDownFn down_kernel = FewDown(c, shared_expert);
+  // The shared expert's down projection: in the gate-up kernel (before its PdlWait) by default,
+  // the down kernel then adding the finished rows; MOBIUS_MOE_SHARED_IN_GATEUP=0 leaves it to
+  // the down kernel (A/B runs). Both give the same bits.
+  static const bool in_gate_up = [] {
+    const char* env = std::getenv("MOBIUS_MOE_SHARED_IN_GATEUP");
+    return env == nullptr || env[0] != '0';
+  }();
+  MoeSharedTerm down_term = shared == nullptr ? MoeSharedTerm{} : *shared;
+  uint16_t* shared_out = nullptr;
+  FewGateUpFn gate_up_kernel = FewGateUp(c);
+  FewDownFn down_kernel = FewDown(c, shared_expert);
+  if (shared_expert && in_gate_up && shared->rows_in_gate_up &&
+      FewGateUpWithSharedRows(c) != nullptr) {
+    shared_out = act_scratch + (pairs * inter + 7) / 8 * 8;
+    down_term.value = shared_out;
+    gate_up_kernel = FewGateUpWithSharedRows(c);
+    down_kernel = FewDown(c, /*shared_expert=*/false);
+  }
   if (down_kernel == nullptr) return false;
   const int64_t cols_per_block = static_cast<int64_t>(c.cols) * kFewWarps / c.split;
-  LaunchPdl("MoeFewGateUpKernel", FewGateUp(c),
+  LaunchPdl("MoeFewGateUpKernel", gate_up_kernel,
             dim3(static_cast<unsigned>((inter + cols_per_block - 1) / cols_per_block),
                  static_cast<unsigned>(pairs)),
             kFewWarps * 32, 0, stream, x, ids, gate_up, hidden, inter, k, first_expert,
-            num_local_experts, act_scratch);
+            num_local_experts, act_scratch, shared == nullptr ? MoeSharedTerm{} : *shared,
+            num_tokens, shared_out);
   CheckLaunch("MoeFewGateUp");
   // The first down kernel: two rows per warp, 16 per block.
   const int64_t rows_per_block = c.down_rows == 0 ? 2 * kFewWarps : c.down_rows;
@@ -1840,7 +1931,7 @@ bool LaunchMoeExpertsFewTokens(const uint16_t* x, const int32_t* ids, const floa
             dim3(static_cast<unsigned>((hidden + rows_per_block - 1) / rows_per_block),
                  static_cast<unsigned>(num_tokens)),
             kFewWarps * 32, 0, stream, act_scratch, ids, weights, down, hidden, inter, k,
-            first_expert, num_local_experts, out, shared == nullptr ? MoeSharedTerm{} : *shared);
+            first_expert, num_local_experts, out, down_term);
   CheckLaunch("MoeFewDown");
   return true;
 }
