@@ -278,6 +278,8 @@ class Backend {
   //   MoeExpertsWithShared(x, ..., shared.out, shared.gate_logits, out, expert_tokens)
   // (the default). A backend that completes a row's routed sum in one place computes the shared
   // expert's part of that row there too, and may leave shared.act and shared.out unwritten.
+  // Callers launch at least one op (the routing) between the op that writes shared.gate_up and
+  // this one: the CUDA backend reads it ahead of its wait for the previous kernel.
   virtual void MoeExpertsWithSharedExpert(const Tensor& x, const Tensor& ids, const Tensor& weights,
                                           const Tensor& gate_up, const Tensor& down,
                                           int first_expert, const SharedExpertOperands& shared,

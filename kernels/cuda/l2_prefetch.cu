@@ -31,6 +31,7 @@ __device__ __forceinline__ void PrefetchL2(const void* p, uint32_t bytes) {
 // kPrefetchThreads, ... of each region.
 __global__ void __launch_bounds__(kPrefetchThreads) L2PrefetchKernel(const PrefetchArgs args) {
   PdlWait();
+  PdlTrigger();  // the prefetches below are only issued, never waited for
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kPrefetchThreads + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kPrefetchThreads;
   for (int r = 0; r < args.count; ++r) {
@@ -41,7 +42,6 @@ __global__ void __launch_bounds__(kPrefetchThreads) L2PrefetchKernel(const Prefe
       PrefetchL2(base + off, static_cast<uint32_t>(n));
     }
   }
-  PdlTrigger();
 }
 
 }  // namespace

@@ -210,7 +210,7 @@ void LaunchMapExpertIds(const int32_t* ids, const int32_t* routes, int stride, i
 inline constexpr int kMoeFewTokensMaxPairs = 64;
 // The same for a few tokens (at most kMoeFewTokensMaxPairs pairs: decode), without routing tiles or
 // a combine pass: returns false, launching nothing, for shapes it does not take. `act_scratch`
-// holds num_tokens * k * inter bf16 values. Counts no pairs (callers that want counts use the
+// holds MoeFewTokensScratchElems bf16 values. Counts no pairs (callers that want counts use the
 // above).
 // With `shared`, out is written (not added to) as routed sum + sigmoid(gate_logits[t]) * value[t]
 // (a MoE layer's shared expert, Backend::MoeExpertsWithShared). Instead of `value`, the shared
@@ -229,7 +229,10 @@ struct MoeSharedTerm {
   int64_t inter = 0;
   int fused_max_tokens = kMoeSharedExpertFusedMaxTokens;  // more tokens: the launcher declines
   // Where the fused projection runs: the gate-up kernel (unless MOBIUS_MOE_SHARED_IN_GATEUP=0)
-  // or, false, the down kernel. The same bits either way.
+  // or, false, the down kernel. The same bits either way. The gate-up kernel reads gate_up and
+  // writes its rows into act_scratch before its PDL wait, so the kernel launched just before
+  // it must neither write gate_up nor touch act_scratch (the model's fan-out -> top-k -> MoE
+  // order: top-k sits between and uses no scratch).
   bool rows_in_gate_up = true;
 };
 // Elements of the few-token kernels' scratch: the pairs' activations, then the shared expert's

@@ -1252,7 +1252,7 @@ __device__ __forceinline__ void AddSharedPairs(const MoeSharedTerm& shared, int6
     const int64_t q = pr % pieces;
     AddSharedPair<kRows>(
         row, __ldg(reinterpret_cast<const uint4*>(shared.down + (h0 + row) * shared.inter) + q),
-        gu[q], gu[pieces + q], sp);
+        __ldcg(gu + q), __ldcg(gu + pieces + q), sp);
   }
 }
 
@@ -1838,11 +1838,13 @@ FewGateUpFn FewGateUpSplit(const FewConfig& c) {
                          : MoeFewGateUpKernel<2, 2, kSplit>;
 }
 
-// The gate-up kernel that also computes the shared expert's rows: the default shape only
-// (null otherwise, and the down kernel computes them).
+// The gate-up kernel that also computes the shared expert's rows: the default shape only, with
+// the default four-row down blocks whose per-row sums it reproduces (null otherwise, and the
+// down kernel computes them).
 FewGateUpFn FewGateUpWithSharedRows(const FewConfig& c) {
   const FewConfig d;
-  return c.cols == d.cols && c.unroll == d.unroll && c.split == d.split
+  return c.cols == d.cols && c.unroll == d.unroll && c.split == d.split &&
+                 c.down_rows == kSharedRowsInGateUp
              ? MoeFewGateUpKernel<1, 2, 1, true>
              : nullptr;
 }

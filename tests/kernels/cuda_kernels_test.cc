@@ -1214,57 +1214,72 @@ TEST_F(CudaKernelsTest, TcGemvMatchesReference) {
 
 // The shared expert's down projection fused into the few-token MoE kernels: computed by the
 // gate-up kernel (the default) or by the down kernel, the same bits, at one and two tokens, with
-// one (row, piece) pair per thread (I = 512) and more pairs than threads (I = 1040), and an
-// expert of another rank (-1) in the routing.
+// one (row, piece) pair per thread (I = 512) and more pairs than threads (I = 1040), an expert
+// of another rank (-1) in the routing, and hidden 2048 with few gate-up blocks (each then
+// computes many four-row pieces). The scratch's shared-row part shows which kernel ran.
 TEST_F(CudaKernelsTest, MoeSharedExpertRowsSameInGateUpAndDown) {
-  const int64_t h = 256, inter = 128;
-  const int k = 8, experts = 40;
-  Tensor gut =
-      Make(DType::kBF16, {experts, 2 * inter, h}, Rand(experts * 2 * inter * h, -0.2f, 0.2f));
-  Tensor dnt = Make(DType::kBF16, {experts, h, inter}, Rand(experts * h * inter, -0.2f, 0.2f));
-  for (const int t : {1, 2}) {
-    for (const int64_t s_inter : {int64_t{512}, int64_t{1040}}) {
-      std::vector<int32_t> ids;
-      for (int r = 0; r < t; ++r) {
-        for (int j = 0; j < k; ++j) ids.push_back(j == 3 ? -1 : (r * 11 + j * 5) % experts);
+  const bool forced = std::getenv("MOBIUS_MOE_SHARED_IN_GATEUP") != nullptr ||
+                      std::getenv("MOBIUS_MOE_FEW") != nullptr;
+  struct Dims {
+    int64_t h, inter;
+    int k, experts;
+  };
+  for (const Dims d : {Dims{256, 128, 8, 40}, Dims{2048, 64, 2, 16}}) {
+    const int64_t h = d.h, inter = d.inter;
+    const int k = d.k, experts = d.experts;
+    Tensor gut =
+        Make(DType::kBF16, {experts, 2 * inter, h}, Rand(experts * 2 * inter * h, -0.2f, 0.2f));
+    Tensor dnt = Make(DType::kBF16, {experts, h, inter}, Rand(experts * h * inter, -0.2f, 0.2f));
+    for (const int t : {1, 2}) {
+      for (const int64_t s_inter : {int64_t{512}, int64_t{1040}}) {
+        std::vector<int32_t> ids;
+        for (int r = 0; r < t; ++r) {
+          for (int j = 0; j < k; ++j) ids.push_back(j == 1 ? -1 : (r * 11 + j * 5) % experts);
+        }
+        Tensor xt = Make(DType::kBF16, {t, h}, Rand(t * h));
+        Tensor idt = MakeI32({t, k}, ids);
+        Tensor wt = Make(DType::kF32, {t, k}, Rand(t * k, 0.05f, 0.5f));
+        Tensor sgu = Make(DType::kBF16, {t, 2 * s_inter}, Rand(t * 2 * s_inter, -3.0f, 3.0f));
+        Tensor sdn = Make(DType::kBF16, {h, s_inter}, Rand(h * s_inter, -0.1f, 0.1f));
+        Tensor gate = Make(DType::kF32, {t, 1}, Rand(t, -3.0f, 3.0f));
+        Tensor in_gate_up = Poisoned(DType::kBF16, {t, h});
+        Tensor in_down = Poisoned(DType::kBF16, {t, h});
+        const int64_t elems = cuda::MoeFewTokensScratchElems(t, k, h, inter);
+        const int64_t rows_at = (t * k * inter + 7) / 8 * 8;  // the shared rows' part
+        Tensor act = Make(DType::kBF16, {elems}, std::vector<float>(elems, 0.0f));
+        backend_->Synchronize();
+        cuda::MoeSharedTerm term;
+        term.gate_logits = cuda::AnyPtr{gate.raw(), true};
+        term.gate_up = static_cast<const uint16_t*>(sgu.raw());
+        term.down = static_cast<const uint16_t*>(sdn.raw());
+        term.inter = s_inter;
+        const std::string what = absl::StrCat("h ", h, " t ", t, " shared inter ", s_inter);
+        for (const bool gate_up_side : {false, true}) {
+          term.rows_in_gate_up = gate_up_side;
+          ASSERT_TRUE(cuda::LaunchMoeExpertsFewTokens(
+              static_cast<const uint16_t*>(xt.raw()), static_cast<const int32_t*>(idt.raw()),
+              static_cast<const float*>(wt.raw()), static_cast<const uint16_t*>(gut.raw()),
+              static_cast<const uint16_t*>(dnt.raw()), t, k, experts, 0, h, inter,
+              static_cast<uint16_t*>(act.raw()),
+              static_cast<uint16_t*>((gate_up_side ? in_gate_up : in_down).raw()), &term, nullptr));
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          const std::vector<float> scratch = Host(act);
+          const bool rows_written = std::any_of(scratch.begin() + rows_at, scratch.end(),
+                                                [](float v) { return v != 0.0f; });
+          if (!forced) EXPECT_EQ(rows_written, gate_up_side) << what << ": which kernel ran";
+        }
+        const std::vector<float> a = Host(in_gate_up), b = Host(in_down);
+        EXPECT_EQ(a, b) << what;
+        EXPECT_TRUE(std::all_of(a.begin(), a.end(), [](float v) { return std::isfinite(v); }))
+            << what;
       }
-      Tensor xt = Make(DType::kBF16, {t, h}, Rand(t * h));
-      Tensor idt = MakeI32({t, k}, ids);
-      Tensor wt = Make(DType::kF32, {t, k}, Rand(t * k, 0.05f, 0.5f));
-      Tensor sgu = Make(DType::kBF16, {t, 2 * s_inter}, Rand(t * 2 * s_inter, -3.0f, 3.0f));
-      Tensor sdn = Make(DType::kBF16, {h, s_inter}, Rand(h * s_inter, -0.1f, 0.1f));
-      Tensor gate = Make(DType::kF32, {t, 1}, Rand(t, -3.0f, 3.0f));
-      Tensor in_gate_up = Poisoned(DType::kBF16, {t, h}), in_down = Poisoned(DType::kBF16, {t, h});
-      Tensor act = Make(DType::kBF16, {cuda::MoeFewTokensScratchElems(t, k, h, inter)},
-                        std::vector<float>(cuda::MoeFewTokensScratchElems(t, k, h, inter), 0.0f));
-      backend_->Synchronize();
-      cuda::MoeSharedTerm term;
-      term.gate_logits = cuda::AnyPtr{gate.raw(), true};
-      term.gate_up = static_cast<const uint16_t*>(sgu.raw());
-      term.down = static_cast<const uint16_t*>(sdn.raw());
-      term.inter = s_inter;
-      for (const bool gate_up_side : {true, false}) {
-        term.rows_in_gate_up = gate_up_side;
-        ASSERT_TRUE(cuda::LaunchMoeExpertsFewTokens(
-            static_cast<const uint16_t*>(xt.raw()), static_cast<const int32_t*>(idt.raw()),
-            static_cast<const float*>(wt.raw()), static_cast<const uint16_t*>(gut.raw()),
-            static_cast<const uint16_t*>(dnt.raw()), t, k, experts, 0, h, inter,
-            static_cast<uint16_t*>(act.raw()),
-            static_cast<uint16_t*>((gate_up_side ? in_gate_up : in_down).raw()), &term, nullptr));
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      }
-      const std::vector<float> a = Host(in_gate_up), b = Host(in_down);
-      const std::string what = absl::StrCat("t ", t, " shared inter ", s_inter);
-      EXPECT_EQ(a, b) << what;
-      EXPECT_TRUE(std::all_of(a.begin(), a.end(), [](float v) { return std::isfinite(v); }))
-          << what;
     }
   }
 }
 
 // Backend::PrefetchWeights with the L2 prefetch on (MOBIUS_L2_PREFETCH=1, read when a backend is
-// created): the prefetch kernel runs over regions of any size (below one 64 KB piece, several
-// pieces, a ragged tail), skips an unaligned view and an empty tensor, leaves no CUDA error and
+// created): the prefetch kernel runs over regions of any size (18 bytes, several 64 KB pieces,
+// a ragged tail), skips an unaligned view and an empty tensor, leaves no CUDA error and
 // changes no data.
 TEST(CudaL2PrefetchTest, PrefetchRunsAndChangesNothing) {
   if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
@@ -1275,7 +1290,7 @@ TEST(CudaL2PrefetchTest, PrefetchRunsAndChangesNothing) {
   Backend& be = **backend;
   std::vector<Tensor> ts;
   std::vector<std::vector<float>> values;
-  for (const int64_t n : {int64_t{8}, int64_t{100000}, int64_t{3 * 32768 + 24}}) {
+  for (const int64_t n : {int64_t{9}, int64_t{100000}, int64_t{3 * 32768 + 24}}) {
     std::vector<float> v(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(i % 251) - 125.0f;
     auto t = be.Allocate(DType::kBF16, {n});
