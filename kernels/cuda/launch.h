@@ -235,10 +235,13 @@ struct MoeSharedTerm {
   // order: top-k sits between and uses no scratch).
   bool rows_in_gate_up = true;
 };
-// Elements of the few-token kernels' scratch: the pairs' activations, then the shared expert's
-// finished rows.
+// The few-token kernels' scratch: the pairs' activations, then (from a 16-byte boundary, this
+// element) the shared expert's finished rows [num_tokens, hidden].
+inline int64_t MoeFewTokensSharedRowsOffset(int64_t num_tokens, int k, int64_t inter) {
+  return (num_tokens * k * inter + 7) / 8 * 8;
+}
 inline int64_t MoeFewTokensScratchElems(int64_t num_tokens, int k, int64_t hidden, int64_t inter) {
-  return (num_tokens * k * inter + 7) / 8 * 8 + num_tokens * hidden;
+  return MoeFewTokensSharedRowsOffset(num_tokens, k, inter) + num_tokens * hidden;
 }
 // act_scratch: MoeFewTokensScratchElems elements.
 bool LaunchMoeExpertsFewTokens(const uint16_t* x, const int32_t* ids, const float* weights,

@@ -1907,15 +1907,16 @@ bool LaunchMoeExpertsFewTokens(const uint16_t* x, const int32_t* ids, const floa
     const char* env = std::getenv("MOBIUS_MOE_SHARED_IN_GATEUP");
     return env == nullptr || env[0] != '0';
   }();
-  MoeSharedTerm down_term = shared == nullptr ? MoeSharedTerm{} : *shared;
+  const MoeSharedTerm term = shared == nullptr ? MoeSharedTerm{} : *shared;
+  MoeSharedTerm down_term = term;
   uint16_t* shared_out = nullptr;
   FewGateUpFn gate_up_kernel = FewGateUp(c);
   FewDownFn down_kernel = FewDown(c, shared_expert);
-  if (shared_expert && in_gate_up && shared->rows_in_gate_up &&
-      FewGateUpWithSharedRows(c) != nullptr) {
-    shared_out = act_scratch + (pairs * inter + 7) / 8 * 8;
+  const FewGateUpFn with_rows = FewGateUpWithSharedRows(c);
+  if (shared_expert && in_gate_up && term.rows_in_gate_up && with_rows != nullptr) {
+    shared_out = act_scratch + MoeFewTokensSharedRowsOffset(num_tokens, k, inter);
     down_term.value = shared_out;
-    gate_up_kernel = FewGateUpWithSharedRows(c);
+    gate_up_kernel = with_rows;
     down_kernel = FewDown(c, /*shared_expert=*/false);
   }
   if (down_kernel == nullptr) return false;
@@ -1924,8 +1925,7 @@ bool LaunchMoeExpertsFewTokens(const uint16_t* x, const int32_t* ids, const floa
             dim3(static_cast<unsigned>((inter + cols_per_block - 1) / cols_per_block),
                  static_cast<unsigned>(pairs)),
             kFewWarps * 32, 0, stream, x, ids, gate_up, hidden, inter, k, first_expert,
-            num_local_experts, act_scratch, shared == nullptr ? MoeSharedTerm{} : *shared,
-            num_tokens, shared_out);
+            num_local_experts, act_scratch, term, num_tokens, shared_out);
   CheckLaunch("MoeFewGateUp");
   // The first down kernel: two rows per warp, 16 per block.
   const int64_t rows_per_block = c.down_rows == 0 ? 2 * kFewWarps : c.down_rows;

@@ -1245,7 +1245,7 @@ TEST_F(CudaKernelsTest, MoeSharedExpertRowsSameInGateUpAndDown) {
         Tensor in_gate_up = Poisoned(DType::kBF16, {t, h});
         Tensor in_down = Poisoned(DType::kBF16, {t, h});
         const int64_t elems = cuda::MoeFewTokensScratchElems(t, k, h, inter);
-        const int64_t rows_at = (t * k * inter + 7) / 8 * 8;  // the shared rows' part
+        const int64_t rows_at = cuda::MoeFewTokensSharedRowsOffset(t, k, inter);
         Tensor act = Make(DType::kBF16, {elems}, std::vector<float>(elems, 0.0f));
         backend_->Synchronize();
         cuda::MoeSharedTerm term;
