@@ -173,11 +173,6 @@ class Backend {
   // default); a backend that forms the activation inside the projection leaves it unwritten.
   virtual void SiluMulLinear(const Tensor& gate_up, const Tensor& w, Tensor& act, Tensor& out);
 
-  // A hint: the caller will read these weights within the next few ops, and the ops before
-  // that read little memory. A backend may start moving them closer to the compute now (CUDA:
-  // L2 prefetch); results do not change. The default does nothing.
-  virtual void PrefetchWeights(std::span<const Tensor* const> /*ws*/) {}
-
   // ---- gated DeltaNet (linear attention) ----
   // Causal depthwise conv over time followed by SiLU, per sequence:
   //   out[t, c] = silu(sum_j w[c, j] * x[t - K + 1 + j, c]),

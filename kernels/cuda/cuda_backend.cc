@@ -285,7 +285,6 @@ class CudaBackend final : public Backend {
                     Tensor& out) override;
   void Add(Tensor& x, const Tensor& y) override;
   void SiluAndMul(const Tensor& gate_up, Tensor& out) override;
-  void PrefetchWeights(std::span<const Tensor* const> ws) override;
   void AddSigmoidScaled(Tensor& x, const Tensor& y, const Tensor& gate_logits) override;
   void SiluMulLinear(const Tensor& gate_up, const Tensor& w, Tensor& act, Tensor& out) override;
 
@@ -395,11 +394,6 @@ class CudaBackend final : public Backend {
     return skinny_off_ || rows <= 0 ? cuda::kMaxTcGemvRows + 1 : rows;
   }();
   bool TcGemvFor(int64_t m) const { return m >= tc_gemv_min_rows_ && m <= cuda::kMaxTcGemvRows; }
-  // PrefetchWeights launches its L2 prefetch only with MOBIUS_L2_PREFETCH=1 (not yet timed).
-  const bool l2_prefetch_ = [] {
-    const char* v = std::getenv("MOBIUS_L2_PREFETCH");
-    return v != nullptr && v[0] == '1';
-  }();
   std::shared_ptr<cuda::DeviceBlockCache> blocks_ =
       std::make_shared<cuda::DeviceBlockCache>(device_);
   void* scratch_ = nullptr;
@@ -827,18 +821,6 @@ void CudaBackend::AddRmsNorm1p(Tensor& residual, const Tensor& delta, const Tens
   Enter();
   cuda::LaunchAddRmsNorm1p(MutBf16(residual), Bf16(delta), wp, eps, residual.numel() / d, d,
                            MutBf16(out), stream_);
-}
-
-void CudaBackend::PrefetchWeights(std::span<const Tensor* const> ws) {
-  if (!l2_prefetch_) return;
-  std::vector<cuda::L2PrefetchRegion> regions;
-  for (const Tensor* w : ws) {
-    if (w == nullptr || w->empty() || w->device() != Device::kCuda) continue;
-    regions.push_back({w->raw(), static_cast<int64_t>(w->nbytes())});
-  }
-  if (regions.empty()) return;
-  Enter();
-  cuda::LaunchL2Prefetch(regions.data(), static_cast<int>(regions.size()), stream_);
 }
 
 void CudaBackend::Add(Tensor& x, const Tensor& y) {

@@ -89,16 +89,6 @@ bool TcGemvSupports(int64_t m, int64_t k, const void* x, const void* w);
 void LaunchTcGemv(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* targets,
                   int num_targets, cudaStream_t stream);
 
-// ---- weights into L2 ahead of their reader (l2_prefetch.cu) ----
-struct L2PrefetchRegion {
-  const void* data = nullptr;  // 16-byte aligned (others are skipped)
-  int64_t bytes = 0;
-};
-inline constexpr int kMaxL2PrefetchRegions = 8;
-// One small kernel in the stream's PDL chain: after its predecessor finishes it issues bulk L2
-// prefetches of the regions (the first kMaxL2PrefetchRegions), then lets its successor start.
-void LaunchL2Prefetch(const L2PrefetchRegion* regions, int count, cudaStream_t stream);
-
 // ---- gated DeltaNet (deltanet_kernels.cu) ----
 // `single_token_segments`: every segment holds exactly one token (a decode step; the host knows,
 // the device metadata would have to be read to find out), which the decode kernel requires.

@@ -45,34 +45,99 @@ union Words {
   uint32_t w[4];
 };
 
-// Block = kTcGemvWarps warps = (kTcGemvWarps / k_split) groups of 16 weight rows; the k_split
-// warps of a group take contiguous parts of K and add their sums in shared memory.
+// The kernel is written as a warp part (TcGemvPartOf), a main loop and a finish (TcGemvFinish):
+// the same arithmetic as the one-function form session 11 had, but that form measured slower on
+// the out-projection at 8 rows (ncu 10.38 against 9.81 us; a batch-8 step 7.594-7.609 against
+// 7.564-7.572 ms in one call; performance.md fourteenth version). The difference is in the
+// generated code (126 registers either way), so keep this form when editing.
+//
+// One warp's share of the work: 16 weight rows of one target and a contiguous part of K (steps
+// of 32), with the lane's fragment pointers. Block = kTcGemvWarps warps = (kTcGemvWarps /
+// k_split) groups of 16 weight rows; the k_split warps of a group take contiguous parts of K and
+// add their sums in shared memory (TcGemvFinish).
+struct TcGemvWarpPart {
+  int lane, warp, g, q, part;
+  int64_t row0;
+  bool valid;
+  const SkinnyTarget* tg;
+  int64_t s_begin, s_end;  // 32-wide k steps of this warp
+  bool lo_ok, hi_ok, x_ok;
+  const uint4* w_lo;  // weight row g, piece q of step 0 (step s: + 4 s)
+  const uint4* w_hi;  // weight row g + 8
+  const uint4* xr;    // x row g
+};
+
+__device__ __forceinline__ TcGemvWarpPart TcGemvPartOf(const TcGemvArgs& args, int k_split) {
+  TcGemvWarpPart w;
+  w.lane = threadIdx.x & 31;
+  w.warp = threadIdx.x >> 5;
+  w.g = w.lane >> 2;
+  w.q = w.lane & 3;
+  w.part = w.warp % k_split;
+  const int64_t group =
+      static_cast<int64_t>(blockIdx.x) * (kTcGemvWarps / k_split) + w.warp / k_split;
+  w.row0 = group * kTcGemvRows;
+  int target = 0;
+  w.valid = LocateTargetRow(args.table, w.row0, target);
+  w.tg = &args.table.targets[w.valid ? target : 0];
+  const int64_t k = args.k, steps = k / 32;
+  w.s_begin = steps * w.part / k_split;
+  w.s_end = steps * (w.part + 1) / k_split;
+  w.lo_ok = w.valid && w.row0 + w.g < w.tg->n;
+  w.hi_ok = w.valid && w.row0 + w.g + 8 < w.tg->n;
+  w.w_lo = reinterpret_cast<const uint4*>(w.tg->w + (w.lo_ok ? w.row0 + w.g : 0) * k) + w.q;
+  w.w_hi = reinterpret_cast<const uint4*>(w.tg->w + (w.hi_ok ? w.row0 + w.g + 8 : 0) * k) + w.q;
+  w.x_ok = w.g < args.m;
+  w.xr = reinterpret_cast<const uint4*>(args.x + (w.x_ok ? w.g : 0) * k) + w.q;
+  return w;
+}
+
+// c += the products of one 32-wide step: weight rows g, g + 8 (lo, hi) and x (b), as laid out
+// by the file comment.
+__device__ __forceinline__ void TcGemvStep(float (&c)[4], const Words& lo, const Words& hi,
+                                           const Words& b) {
+  const uint32_t a0[4] = {lo.w[0], hi.w[0], lo.w[1], hi.w[1]};
+  const uint32_t a1[4] = {lo.w[2], hi.w[2], lo.w[3], hi.w[3]};
+  MmaBf16(c, a0, b.w[0], b.w[1]);
+  MmaBf16(c, a1, b.w[2], b.w[3]);
+}
+
+// The k_split warps of a group add their sums (every warp of the block must call it) and the
+// first stores the group's rows. c[0], c[1]: row g, columns (x rows) 2q, 2q + 1; c[2], c[3]: row
+// g + 8, the same columns.
+__device__ __forceinline__ void TcGemvFinish(const TcGemvArgs& args, const TcGemvWarpPart& w,
+                                             int k_split, float (&c)[4],
+                                             float (&partial)[kTcGemvWarps][kTcGemvRows * 8]) {
+  if (k_split > 1) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) partial[w.warp][w.lane * 4 + i] = c[i];
+    __syncthreads();
+    if (w.part != 0) return;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float sum = 0.f;
+      for (int p = 0; p < k_split; ++p) sum += partial[w.warp + p][w.lane * 4 + i];
+      c[i] = sum;
+    }
+  }
+  if (!w.valid) return;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t row = w.row0 + w.g + (i >= 2 ? 8 : 0);
+    const int col = 2 * w.q + (i & 1);
+    if (row < w.tg->n && col < args.m) Store(w.tg->y, col * w.tg->n + row, c[i]);
+  }
+}
+
+// Weight loads in registers: two rounds of kTcGemvSteps steps alternate between buffers A and B,
+// so the next round's loads are in flight while the current round multiplies (the loop is
+// unrolled by two rounds to keep both buffers in registers).
 __global__ void __launch_bounds__(kTcGemvWarps * 32)
     TcGemvKernel(const TcGemvArgs args, int k_split) {
   __shared__ float partial[kTcGemvWarps][kTcGemvRows * 8];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, q = lane & 3;
-  const int part = warp % k_split;
-  const int64_t group =
-      static_cast<int64_t>(blockIdx.x) * (kTcGemvWarps / k_split) + warp / k_split;
-  int64_t row0 = group * kTcGemvRows;
-  int target = 0;
-  const bool valid = LocateTargetRow(args.table, row0, target);
-  const SkinnyTarget& tg = args.table.targets[valid ? target : 0];
-
-  const int64_t k = args.k, steps = k / 32;
-  const int64_t s_begin = steps * part / k_split, s_end = steps * (part + 1) / k_split;
-  const bool lo_ok = valid && row0 + g < tg.n, hi_ok = valid && row0 + g + 8 < tg.n;
-  const uint4* w_lo = reinterpret_cast<const uint4*>(tg.w + (lo_ok ? row0 + g : 0) * k) + q;
-  const uint4* w_hi = reinterpret_cast<const uint4*>(tg.w + (hi_ok ? row0 + g + 8 : 0) * k) + q;
-  const bool x_ok = g < args.m;
-  const uint4* xr = reinterpret_cast<const uint4*>(args.x + (x_ok ? g : 0) * k) + q;
+  const TcGemvWarpPart w = TcGemvPartOf(args, k_split);
+  const int64_t s_end = w.s_end;
   const uint4 zero = make_uint4(0, 0, 0, 0);
-
-  // Each step is 4 pieces of 16 bytes per row (one per q): piece index 4 s + q. Two rounds of
-  // kTcGemvSteps steps alternate between buffers A and B, so the next round's weight loads are
-  // in flight while the current round multiplies (the loop is unrolled by two rounds to keep
-  // both buffers in registers).
   struct Round {
     Words lo[kTcGemvSteps], hi[kTcGemvSteps];
   };
@@ -80,8 +145,8 @@ __global__ void __launch_bounds__(kTcGemvWarps * 32)
 #pragma unroll
     for (int i = 0; i < kTcGemvSteps; ++i) {
       const int64_t s = s0 + i;
-      r.lo[i].v = lo_ok && s < s_end ? __ldg(w_lo + 4 * s) : zero;
-      r.hi[i].v = hi_ok && s < s_end ? __ldg(w_hi + 4 * s) : zero;
+      r.lo[i].v = w.lo_ok && s < s_end ? __ldg(w.w_lo + 4 * s) : zero;
+      r.hi[i].v = w.hi_ok && s < s_end ? __ldg(w.w_hi + 4 * s) : zero;
     }
   };
   float c[4] = {0.f, 0.f, 0.f, 0.f};
@@ -89,49 +154,25 @@ __global__ void __launch_bounds__(kTcGemvWarps * 32)
     Words b[kTcGemvSteps];
 #pragma unroll
     for (int i = 0; i < kTcGemvSteps; ++i) {
-      b[i].v = x_ok && s0 + i < s_end ? __ldg(xr + 4 * (s0 + i)) : zero;
+      b[i].v = w.x_ok && s0 + i < s_end ? __ldg(w.xr + 4 * (s0 + i)) : zero;
     }
 #pragma unroll
-    for (int i = 0; i < kTcGemvSteps; ++i) {
-      const uint32_t a0[4] = {r.lo[i].w[0], r.hi[i].w[0], r.lo[i].w[1], r.hi[i].w[1]};
-      const uint32_t a1[4] = {r.lo[i].w[2], r.hi[i].w[2], r.lo[i].w[3], r.hi[i].w[3]};
-      MmaBf16(c, a0, b[i].w[0], b[i].w[1]);
-      MmaBf16(c, a1, b[i].w[2], b[i].w[3]);
-    }
+    for (int i = 0; i < kTcGemvSteps; ++i) TcGemvStep(c, r.lo[i], r.hi[i], b[i]);
   };
   Round a, b;
   // The weights are no kernel's output: the first loads go out before the PDL wait.
-  if (s_begin < s_end) load_weights(a, s_begin);
+  if (w.s_begin < s_end) load_weights(a, w.s_begin);
   PdlWait();
   PdlTrigger();
   constexpr int kRound = kTcGemvSteps;
-  for (int64_t s0 = s_begin; s0 < s_end; s0 += 2 * kRound) {
+  for (int64_t s0 = w.s_begin; s0 < s_end; s0 += 2 * kRound) {
     if (s0 + kRound < s_end) load_weights(b, s0 + kRound);
     multiply(a, s0);
     if (s0 + kRound >= s_end) break;
     if (s0 + 2 * kRound < s_end) load_weights(a, s0 + 2 * kRound);
     multiply(b, s0 + kRound);
   }
-  // c[0], c[1]: row g, columns (x rows) 2q, 2q + 1; c[2], c[3]: row g + 8, the same columns.
-  if (k_split > 1) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) partial[warp][lane * 4 + i] = c[i];
-    __syncthreads();
-    if (part != 0) return;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float sum = 0.f;
-      for (int p = 0; p < k_split; ++p) sum += partial[warp + p][lane * 4 + i];
-      c[i] = sum;
-    }
-  }
-  if (!valid) return;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t row = row0 + g + (i >= 2 ? 8 : 0);
-    const int col = 2 * q + (i & 1);
-    if (row < tg.n && col < args.m) Store(tg.y, col * tg.n + row, c[i]);
-  }
+  TcGemvFinish(args, w, k_split, c, partial);
 }
 
 // Warps per 16-row group: the largest split (K parts of at least 8 steps) whose warps all fit in

@@ -1277,41 +1277,6 @@ TEST_F(CudaKernelsTest, MoeSharedExpertRowsSameInGateUpAndDown) {
   }
 }
 
-// Backend::PrefetchWeights with the L2 prefetch on (MOBIUS_L2_PREFETCH=1, read when a backend is
-// created): the prefetch kernel runs over regions of any size (18 bytes, several 64 KB pieces,
-// a ragged tail), skips an unaligned view and an empty tensor, leaves no CUDA error and
-// changes no data.
-TEST(CudaL2PrefetchTest, PrefetchRunsAndChangesNothing) {
-  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
-  setenv("MOBIUS_L2_PREFETCH", "1", /*overwrite=*/1);
-  auto backend = CreateCudaBackend(0);
-  unsetenv("MOBIUS_L2_PREFETCH");
-  ASSERT_TRUE(backend.ok()) << backend.status();
-  Backend& be = **backend;
-  std::vector<Tensor> ts;
-  std::vector<std::vector<float>> values;
-  for (const int64_t n : {int64_t{9}, int64_t{100000}, int64_t{3 * 32768 + 24}}) {
-    std::vector<float> v(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(i % 251) - 125.0f;
-    auto t = be.Allocate(DType::kBF16, {n});
-    ASSERT_TRUE(t.ok()) << t.status();
-    be.CopyFromHost(v.data(), DType::kF32, *t);
-    ts.push_back(*t);
-    values.push_back(std::move(v));
-  }
-  Tensor odd = ts[1].Reshape({100000, 1}).Rows(1, 7);  // starts 2 bytes in: skipped
-  Tensor empty;
-  std::vector<const Tensor*> ws = {&ts[0], &ts[1], &ts[2], &odd, &empty};
-  be.PrefetchWeights(ws);
-  be.Synchronize();
-  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-  for (size_t i = 0; i < ts.size(); ++i) {
-    std::vector<float> back(values[i].size());
-    be.CopyToHostF32(ts[i], back.data());
-    EXPECT_EQ(back, values[i]) << "tensor " << i;
-  }
-}
-
 TEST_F(CudaKernelsTest, DecodeConvWithoutStateSlotStartsFromZero) {
   // A decode step (one token per segment, the decode conv kernel) where one segment has no state
   // slot: zero history for it, its slot-less state untouched, the other segment's state shifted.

@@ -636,20 +636,6 @@ absl::Status HybridModel::DraftInput(std::span<const int32_t> ids, const std::ve
   return absl::OkStatus();
 }
 
-void HybridModel::PrefetchAfterMixer(int num_tokens, int layer, const Tensor& out_proj) {
-  // Decode-sized steps only: there the mixer's small kernels leave memory idle, and the
-  // projections that follow stream their weights at a few rows.
-  if (num_tokens > 8) return;
-  const LayerWeights& lw = weights_.layers[layer];
-  std::vector<const Tensor*> ws = {&out_proj};
-  if (config_.mlp_types[layer] != MlpType::kDense) {
-    ws.push_back(&lw.shared_expert.gate_up);
-    ws.push_back(&lw.shared_expert_gate);
-    ws.push_back(&weights_.banks[config_.BankOfLayer(layer)].router);
-  }
-  backend_.PrefetchWeights(ws);
-}
-
 absl::Status HybridModel::DeltaNetMixer(StepContext& ctx, int layer, const Tensor& x, Tensor& out) {
   const DeltaNetWeights& w = *weights_.layers[layer].linear;
   const int T = ctx.num_tokens, Hv = local_.linear_num_value_heads,
@@ -664,7 +650,6 @@ absl::Status HybridModel::DeltaNetMixer(StepContext& ctx, int layer, const Tenso
     Tensor* ys[] = {&mixed, &z, &b, &a};
     backend_.LinearFanOut(x, ws, ys);
   }
-  PrefetchAfterMixer(T, layer, w.out_proj);
 
   const int slot_layer = cache_index_[layer];
   ASSIGN_OR_RETURN(Tensor conv_out, Alloc({T, cd}));
@@ -706,7 +691,6 @@ absl::Status HybridModel::AttentionMixer(StepContext& ctx, int layer, const Tens
     Tensor* ys[] = {&q2, &k2, &v2};
     backend_.LinearFanOut(x, ws, ys);
   }
-  PrefetchAfterMixer(T, layer, w.o_proj);
   ASSIGN_OR_RETURN(Tensor q, Alloc({T, nh, hd}));
   ASSIGN_OR_RETURN(Tensor gate, Alloc({T, nh, hd}));
   kernels::RopeParams rope;

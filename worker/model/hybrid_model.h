@@ -217,10 +217,6 @@ class HybridModel {
   // The MTP draft head's input: fc over the normalised embedding and h_prev of each token.
   absl::Status DraftInput(std::span<const int32_t> ids, const std::vector<float>& h_prev,
                           kernels::Tensor& hidden);
-  // After a mixer's input projections: hints the backend to bring the weights its next
-  // projections read (its output projection, the feed-forward's fan-out) closer while the
-  // mixer's small kernels run (decode-sized steps).
-  void PrefetchAfterMixer(int num_tokens, int layer, const kernels::Tensor& out_proj);
   absl::Status DeltaNetMixer(StepContext& ctx, int layer, const kernels::Tensor& x,
                              kernels::Tensor& out);
   absl::Status AttentionMixer(StepContext& ctx, int layer, const kernels::Tensor& x,
