@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "kernels/cuda/launch.h"
 
@@ -30,6 +31,23 @@ inline SkinnyTargetTable MakeSkinnyTargetTable(const SkinnyTarget* targets, int 
   }
   *total_rows = rows;
   return table;
+}
+
+// MOBIUS_GEMV_BLOCKS_PER_SM=N caps the grids of the skinny and tensor-core GEMVs at N blocks per
+// SM, their blocks then walking the row blocks (0 or unset: one block per row block, the
+// default). Not yet timed: the question is whether a successor's first blocks, resident in the
+// slots this leaves free, start their weight stream earlier.
+inline int64_t GemvGridCap() {
+  static const int64_t cap = [] {
+    const char* v = std::getenv("MOBIUS_GEMV_BLOCKS_PER_SM");
+    const int n = v != nullptr ? std::atoi(v) : 0;
+    if (n <= 0) return int64_t{0};
+    int device = 0, sms = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    return int64_t{n} * std::max(1, sms);
+  }();
+  return cap;
 }
 
 #ifdef __CUDACC__
