@@ -12,12 +12,14 @@
 //   barrier    one cooperative kernel of G co-resident blocks taking `steps` grid-wide barriers
 //              (an arrive counter and a generation word).
 //
-// Every step carries a real dependency: block 0 reads the word the previous step wrote and
-// writes it + 1; the final value is checked. Times are per step: the median over `--repeats`
-// timed replays (or launches) divided by the steps.
+// Every step carries a real dependency: one block reads the word the previous step wrote and
+// writes it + 1 (block 0 in the chains, a different block at each barrier step), and the final
+// value is checked, so an ordering that lets a step start early shows as lost increments. Times are
+// per step: the median over `--repeats` timed replays (or launches) divided by the steps.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -67,12 +69,16 @@ __global__ void TicketStepKernel(unsigned* word, unsigned* counter) {
   }
 }
 
-// `steps` grid-wide barriers in one kernel of co-resident blocks. Barrier: thread 0 of each
-// block adds to `arrived`; the last arrival resets it and bumps `generation`, which the others
-// poll with acquire loads.
+// `steps` grid-wide barriers in one kernel of co-resident blocks; step s advances the word from
+// block s % gridDim.x, so each step reads what another SM wrote before the barrier. Barrier:
+// thread 0 of each block adds to `arrived`; the last arrival resets it and bumps `generation`,
+// which the others poll with acquire loads.
 __global__ void BarrierKernel(unsigned* word, unsigned* arrived, unsigned* generation, int steps) {
   for (int s = 0; s < steps; ++s) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) *word = *word + 1;
+    if (blockIdx.x == static_cast<unsigned>(s) % gridDim.x && threadIdx.x == 0) {
+      volatile unsigned* w = word;
+      *w = *w + 1;
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
       unsigned gen = 0;
@@ -110,6 +116,20 @@ void Usage() {
       "  --help         this text\n");
 }
 
+// A flag's value: a whole positive number up to kMaxValue, or exit 2 naming the flag.
+constexpr long kMaxValue = 1 << 20;
+int PositiveInt(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0 || v <= 0 || v > kMaxValue) {
+    std::fprintf(stderr, "mobius_chain_bench: %s: '%s' is not a whole number in 1..%ld\n",
+                 flag.c_str(), text.c_str(), kMaxValue);
+    std::exit(2);
+  }
+  return static_cast<int>(v);
+}
+
 Options Parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -119,13 +139,8 @@ Options Parse(int argc, char** argv) {
         std::fprintf(stderr, "mobius_chain_bench: %s needs a value\n", argv[i]);
         std::exit(2);
       }
-      const int v = std::atoi(argv[++i]);
-      if (v <= 0) {
-        std::fprintf(stderr, "mobius_chain_bench: %s must be a positive integer, got '%s'\n",
-                     argv[i - 1], argv[i]);
-        std::exit(2);
-      }
-      return v;
+      ++i;
+      return PositiveInt(argv[i - 1], argv[i]);
     };
     if (a == "--help" || a == "-h") {
       Usage();
@@ -143,13 +158,7 @@ Options Parse(int argc, char** argv) {
       std::string list = argv[++i];
       for (size_t pos = 0; pos <= list.size();) {
         const size_t comma = std::min(list.find(',', pos), list.size());
-        const int g = std::atoi(list.substr(pos, comma - pos).c_str());
-        if (g <= 0) {
-          std::fprintf(stderr, "mobius_chain_bench: --grids: '%s' is not a positive integer\n",
-                       list.substr(pos, comma - pos).c_str());
-          std::exit(2);
-        }
-        o.grids.push_back(g);
+        o.grids.push_back(PositiveInt("--grids", list.substr(pos, comma - pos)));
         pos = comma + 1;
       }
     } else {
@@ -169,8 +178,9 @@ float Median(std::vector<float> v) {
 // median microseconds per step; checks the word advanced by steps on every replay.
 float TimeChain(int grid, bool pdl, bool ticket, const Options& o, cudaStream_t stream,
                 unsigned* word, unsigned* counter) {
-  Check(cudaMemset(word, 0, sizeof(unsigned)), "memset");
-  Check(cudaMemset(counter, 0, sizeof(unsigned)), "memset");
+  // On the timing stream: a non-blocking stream is not ordered after the legacy default one.
+  Check(cudaMemsetAsync(word, 0, sizeof(unsigned), stream), "memset");
+  Check(cudaMemsetAsync(counter, 0, sizeof(unsigned), stream), "memset");
   cudaGraph_t graph = nullptr;
   Check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
   cudaLaunchAttribute attr = {};
@@ -221,9 +231,9 @@ float TimeChain(int grid, bool pdl, bool ticket, const Options& o, cudaStream_t 
 // One cooperative launch of BarrierKernel per timed run; microseconds per barrier step.
 float TimeBarrier(int grid, const Options& o, cudaStream_t stream, unsigned* word,
                   unsigned* arrived, unsigned* generation) {
-  Check(cudaMemset(word, 0, sizeof(unsigned)), "memset");
-  Check(cudaMemset(arrived, 0, sizeof(unsigned)), "memset");
-  Check(cudaMemset(generation, 0, sizeof(unsigned)), "memset");
+  Check(cudaMemsetAsync(word, 0, sizeof(unsigned), stream), "memset");
+  Check(cudaMemsetAsync(arrived, 0, sizeof(unsigned), stream), "memset");
+  Check(cudaMemsetAsync(generation, 0, sizeof(unsigned), stream), "memset");
   cudaEvent_t start, stop;
   Check(cudaEventCreate(&start), "event");
   Check(cudaEventCreate(&stop), "event");

@@ -193,6 +193,14 @@ void Launch(const SkinnyArgs& args, int64_t total_rows, bool silu_mul, cudaStrea
             static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream, args, k_split, blocks);
 }
 
+// Blocks of `kernel` that fit on one SM.
+template <typename Kernel>
+int ResidentPerSm(Kernel* kernel) {
+  int per_sm = 0;
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarpsPerBlock * 32, 0);
+  return std::max(1, per_sm);
+}
+
 // The default shape as a looping grid of at most `grid_cap` blocks (GemvGridCap).
 template <int kM>
 void LaunchLooping(const SkinnyArgs& args, int64_t total_rows, bool silu_mul, int64_t grid_cap,
@@ -215,7 +223,10 @@ void LaunchShape(const SkinnyArgs& args, int64_t total_rows, bool silu_mul, cuda
     const std::string_view v = env == nullptr ? "" : env;
     return v == "4x2" ? 1 : v == "1x8" ? 2 : 0;
   }();
-  if (const int64_t cap = GemvGridCap(); cap > 0 && shape == 0) {
+  static const int64_t cap =
+      GemvGridCap(std::min(ResidentPerSm(SkinnyGemmKernel<kM, 2, 4, false, true>),
+                           ResidentPerSm(SkinnyGemmKernel<kM, 2, 4, true, true>)));
+  if (cap > 0 && shape == 0) {
     LaunchLooping<kM>(args, total_rows, silu_mul, cap, stream);
   } else if (shape == 1) {
     Launch<kM, 4, 2>(args, total_rows, silu_mul, stream);

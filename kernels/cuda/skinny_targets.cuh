@@ -36,18 +36,23 @@ inline SkinnyTargetTable MakeSkinnyTargetTable(const SkinnyTarget* targets, int 
 // MOBIUS_GEMV_BLOCKS_PER_SM=N caps the grids of the skinny and tensor-core GEMVs at N blocks per
 // SM, their blocks then walking the row blocks (0 or unset: one block per row block, the
 // default). Not yet timed: the question is whether a successor's first blocks, resident in the
-// slots this leaves free, start their weight stream earlier.
-inline int64_t GemvGridCap() {
-  static const int64_t cap = [] {
+// slots this leaves free, start their weight stream earlier. Returns the grid cap for a kernel of
+// which `resident_per_sm` blocks fit on an SM (N is clamped to it, so that the whole grid starts
+// at once), or 0 when off.
+inline int64_t GemvGridCap(int resident_per_sm) {
+  static const int blocks_per_sm = [] {
     const char* v = std::getenv("MOBIUS_GEMV_BLOCKS_PER_SM");
     const int n = v != nullptr ? std::atoi(v) : 0;
-    if (n <= 0) return int64_t{0};
-    int device = 0, sms = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    return int64_t{n} * std::max(1, sms);
+    return n > 0 ? n : 0;
   }();
-  return cap;
+  static const int sms = [] {
+    int device = 0, count = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+    return std::max(1, count);
+  }();
+  if (blocks_per_sm == 0) return 0;
+  return int64_t{std::max(1, std::min(blocks_per_sm, resident_per_sm))} * sms;
 }
 
 #ifdef __CUDACC__

@@ -244,7 +244,13 @@ void LaunchTcGemv(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* t
       forced_split > 0 && steps >= forced_split ? forced_split : TcGemvSplit(groups, steps);
   const int64_t groups_per_block = kTcGemvWarps / split;
   const int64_t blocks = (groups + groups_per_block - 1) / groups_per_block;
-  if (const int64_t cap = GemvGridCap(); cap > 0) {
+  static const int64_t cap = [] {
+    int per_sm = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, TcGemvKernel<true>, kTcGemvWarps * 32,
+                                                  0);
+    return GemvGridCap(std::max(1, per_sm));
+  }();
+  if (cap > 0) {
     LaunchPdl("TcGemvKernel (looping)", TcGemvKernel<true>,
               static_cast<unsigned>(std::min(blocks, cap)), kTcGemvWarps * 32, 0, stream, args,
               split, blocks);
