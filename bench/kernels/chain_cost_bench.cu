@@ -174,6 +174,38 @@ float Median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
+// Runs `run` (one timed run of o.steps steps on `stream`) o.repeats + 1 times, the first untimed
+// (it uploads a graph, warms caches), and returns the median microseconds per step; exits when
+// `word` did not advance once per step of every run.
+template <typename Run>
+float TimedRuns(const Options& o, cudaStream_t stream, unsigned* word, const std::string& what,
+                Run&& run) {
+  cudaEvent_t start, stop;
+  Check(cudaEventCreate(&start), "event");
+  Check(cudaEventCreate(&stop), "event");
+  std::vector<float> per_step;
+  for (int r = 0; r <= o.repeats; ++r) {
+    Check(cudaEventRecord(start, stream), "record");
+    run();
+    Check(cudaEventRecord(stop, stream), "record");
+    Check(cudaEventSynchronize(stop), "synchronize");
+    float ms = 0;
+    Check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+    if (r > 0) per_step.push_back(ms * 1e3f / static_cast<float>(o.steps));
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  unsigned value = 0;
+  Check(cudaMemcpy(&value, word, sizeof(value), cudaMemcpyDeviceToHost), "read back");
+  const unsigned expected = static_cast<unsigned>(o.steps) * static_cast<unsigned>(o.repeats + 1);
+  if (value != expected) {
+    std::fprintf(stderr, "mobius_chain_bench: %s advanced %u steps, not %u\n", what.c_str(), value,
+                 expected);
+    std::exit(1);
+  }
+  return Median(per_step);
+}
+
 // Records `steps` launches of the chain into a graph, replays it `repeats` times and returns the
 // median microseconds per step; checks the word advanced by steps on every replay.
 float TimeChain(int grid, bool pdl, bool ticket, const Options& o, cudaStream_t stream,
@@ -200,32 +232,11 @@ float TimeChain(int grid, bool pdl, bool ticket, const Options& o, cudaStream_t 
   Check(cudaStreamEndCapture(stream, &graph), "end capture");
   cudaGraphExec_t exec = nullptr;
   Check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-  cudaEvent_t start, stop;
-  Check(cudaEventCreate(&start), "event");
-  Check(cudaEventCreate(&stop), "event");
-  std::vector<float> per_step;
-  for (int r = 0; r <= o.repeats; ++r) {  // replay 0 uploads the graph and is not timed
-    Check(cudaEventRecord(start, stream), "record");
-    Check(cudaGraphLaunch(exec, stream), "graph launch");
-    Check(cudaEventRecord(stop, stream), "record");
-    Check(cudaEventSynchronize(stop), "synchronize");
-    float ms = 0;
-    Check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-    if (r > 0) per_step.push_back(ms * 1e3f / static_cast<float>(o.steps));
-  }
-  unsigned value = 0;
-  Check(cudaMemcpy(&value, word, sizeof(value), cudaMemcpyDeviceToHost), "read back");
-  const unsigned expected = static_cast<unsigned>(o.steps) * static_cast<unsigned>(o.repeats + 1);
-  if (value != expected) {
-    std::fprintf(stderr, "mobius_chain_bench: chain of %d blocks advanced %u steps, not %u\n", grid,
-                 value, expected);
-    std::exit(1);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  const float us = TimedRuns(o, stream, word, "chain of " + std::to_string(grid) + " blocks",
+                             [&] { Check(cudaGraphLaunch(exec, stream), "graph launch"); });
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  return Median(per_step);
+  return us;
 }
 
 // One cooperative launch of BarrierKernel per timed run; microseconds per barrier step.
@@ -234,34 +245,13 @@ float TimeBarrier(int grid, const Options& o, cudaStream_t stream, unsigned* wor
   Check(cudaMemsetAsync(word, 0, sizeof(unsigned), stream), "memset");
   Check(cudaMemsetAsync(arrived, 0, sizeof(unsigned), stream), "memset");
   Check(cudaMemsetAsync(generation, 0, sizeof(unsigned), stream), "memset");
-  cudaEvent_t start, stop;
-  Check(cudaEventCreate(&start), "event");
-  Check(cudaEventCreate(&stop), "event");
   int steps = o.steps;
   void* args[] = {&word, &arrived, &generation, &steps};
-  std::vector<float> per_step;
-  for (int r = 0; r <= o.repeats; ++r) {
-    Check(cudaEventRecord(start, stream), "record");
+  return TimedRuns(o, stream, word, "barrier over " + std::to_string(grid) + " blocks", [&] {
     Check(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(BarrierKernel), dim3(grid),
                                       dim3(kThreads), args, 0, stream),
           "cooperative launch");
-    Check(cudaEventRecord(stop, stream), "record");
-    Check(cudaEventSynchronize(stop), "synchronize");
-    float ms = 0;
-    Check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-    if (r > 0) per_step.push_back(ms * 1e3f / static_cast<float>(o.steps));
-  }
-  unsigned value = 0;
-  Check(cudaMemcpy(&value, word, sizeof(value), cudaMemcpyDeviceToHost), "read back");
-  const unsigned expected = static_cast<unsigned>(o.steps) * static_cast<unsigned>(o.repeats + 1);
-  if (value != expected) {
-    std::fprintf(stderr, "mobius_chain_bench: barrier over %d blocks advanced %u steps, not %u\n",
-                 grid, value, expected);
-    std::exit(1);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return Median(per_step);
+  });
 }
 
 }  // namespace

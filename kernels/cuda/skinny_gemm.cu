@@ -181,18 +181,6 @@ int KSplit(int64_t k, int unroll) {
   return split;
 }
 
-template <int kM, int kRowsPerWarp, int kUnroll>
-void Launch(const SkinnyArgs& args, int64_t total_rows, bool silu_mul, cudaStream_t stream) {
-  const int k_split = KSplit(args.k, kUnroll);
-  const int64_t groups = total_rows / kRowsPerWarp;
-  const int64_t groups_per_block = kWarpsPerBlock / k_split;
-  const int64_t blocks = (groups + groups_per_block - 1) / groups_per_block;
-  auto* kernel = silu_mul ? SkinnyGemmKernel<kM, kRowsPerWarp, kUnroll, true, false>
-                          : SkinnyGemmKernel<kM, kRowsPerWarp, kUnroll, false, false>;
-  LaunchPdl(silu_mul ? "SkinnyGemmKernel (silu-mul)" : "SkinnyGemmKernel", kernel,
-            static_cast<unsigned>(blocks), kWarpsPerBlock * 32, 0, stream, args, k_split, blocks);
-}
-
 // Blocks of `kernel` that fit on one SM.
 template <typename Kernel>
 int ResidentPerSm(Kernel* kernel) {
@@ -201,18 +189,20 @@ int ResidentPerSm(Kernel* kernel) {
   return std::max(1, per_sm);
 }
 
-// The default shape as a looping grid of at most `grid_cap` blocks (GemvGridCap).
-template <int kM>
-void LaunchLooping(const SkinnyArgs& args, int64_t total_rows, bool silu_mul, int64_t grid_cap,
-                   cudaStream_t stream) {
-  constexpr int kRows = 2, kUnroll = 4;
+// One block per row block, or (kLoop) a looping grid of at most `grid_cap` blocks (GemvGridCap).
+template <int kM, int kRowsPerWarp, int kUnroll, bool kLoop = false>
+void Launch(const SkinnyArgs& args, int64_t total_rows, bool silu_mul, cudaStream_t stream,
+            int64_t grid_cap = 0) {
   const int k_split = KSplit(args.k, kUnroll);
-  const int64_t groups = total_rows / kRows;
+  const int64_t groups = total_rows / kRowsPerWarp;
   const int64_t groups_per_block = kWarpsPerBlock / k_split;
   const int64_t blocks = (groups + groups_per_block - 1) / groups_per_block;
-  auto* kernel = silu_mul ? SkinnyGemmKernel<kM, kRows, kUnroll, true, true>
-                          : SkinnyGemmKernel<kM, kRows, kUnroll, false, true>;
-  LaunchPdl("SkinnyGemmKernel (looping)", kernel, static_cast<unsigned>(std::min(blocks, grid_cap)),
+  auto* kernel = silu_mul ? SkinnyGemmKernel<kM, kRowsPerWarp, kUnroll, true, kLoop>
+                          : SkinnyGemmKernel<kM, kRowsPerWarp, kUnroll, false, kLoop>;
+  const char* name = kLoop      ? "SkinnyGemmKernel (looping)"
+                     : silu_mul ? "SkinnyGemmKernel (silu-mul)"
+                                : "SkinnyGemmKernel";
+  LaunchPdl(name, kernel, static_cast<unsigned>(kLoop ? std::min(blocks, grid_cap) : blocks),
             kWarpsPerBlock * 32, 0, stream, args, k_split, blocks);
 }
 
@@ -227,7 +217,7 @@ void LaunchShape(const SkinnyArgs& args, int64_t total_rows, bool silu_mul, cuda
       GemvGridCap(std::min(ResidentPerSm(SkinnyGemmKernel<kM, 2, 4, false, true>),
                            ResidentPerSm(SkinnyGemmKernel<kM, 2, 4, true, true>)));
   if (cap > 0 && shape == 0) {
-    LaunchLooping<kM>(args, total_rows, silu_mul, cap, stream);
+    Launch<kM, 2, 4, true>(args, total_rows, silu_mul, stream, cap);
   } else if (shape == 1) {
     Launch<kM, 4, 2>(args, total_rows, silu_mul, stream);
   } else if (shape == 2) {
