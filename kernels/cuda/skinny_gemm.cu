@@ -162,15 +162,9 @@ template <int kM, int kRowsPerWarp, int kUnroll, bool kSiluMul, bool kLoop>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, 2)
     SkinnyGemmKernel(SkinnyArgs args, int k_split, int64_t num_blocks) {
   __shared__ float partial[kWarpsPerBlock][kRowsPerWarp * kM];
-  if constexpr (!kLoop) {
-    SkinnyGemmBlock<kM, kRowsPerWarp, kUnroll, kSiluMul>(args, k_split, blockIdx.x, true, partial);
-  } else {
-    for (int64_t b = blockIdx.x; b < num_blocks; b += gridDim.x) {
-      if (b != blockIdx.x) __syncthreads();  // the previous row block's reads of `partial`
-      SkinnyGemmBlock<kM, kRowsPerWarp, kUnroll, kSiluMul>(args, k_split, b, b == blockIdx.x,
-                                                           partial);
-    }
-  }
+  ForEachRowBlock<kLoop>(num_blocks, [&](int64_t block, bool first) {
+    SkinnyGemmBlock<kM, kRowsPerWarp, kUnroll, kSiluMul>(args, k_split, block, first, partial);
+  });
 }
 
 // Warps per row group: enough that each lane streams at least kUnroll 16-byte pieces per row.
@@ -213,9 +207,10 @@ void LaunchShape(const SkinnyArgs& args, int64_t total_rows, bool silu_mul, cuda
     const std::string_view v = env == nullptr ? "" : env;
     return v == "4x2" ? 1 : v == "1x8" ? 2 : 0;
   }();
-  static const int64_t cap =
-      GemvGridCap(std::min(ResidentPerSm(SkinnyGemmKernel<kM, 2, 4, false, true>),
-                           ResidentPerSm(SkinnyGemmKernel<kM, 2, 4, true, true>)));
+  static const int64_t cap = GemvGridCap([] {
+    return std::min(ResidentPerSm(SkinnyGemmKernel<kM, 2, 4, false, true>),
+                    ResidentPerSm(SkinnyGemmKernel<kM, 2, 4, true, true>));
+  });
   if (cap > 0 && shape == 0) {
     Launch<kM, 2, 4, true>(args, total_rows, silu_mul, stream, cap);
   } else if (shape == 1) {

@@ -129,11 +129,11 @@ __device__ __forceinline__ void TcGemvFinish(const TcGemvArgs& args, const TcGem
   }
 }
 
-// Weight loads in registers: two rounds of kTcGemvSteps steps alternate between buffers A and B,
-// so the next round's loads are in flight while the current round multiplies (the loop is
-// unrolled by two rounds to keep both buffers in registers).
 // One block's groups (`block`: its index in the grid, or the logical block a looping grid is
-// on); with `first` it waits for the predecessor after issuing its first weight loads.
+// on); with `first` it waits for the predecessor after issuing its first weight loads. Weight
+// loads in registers: two rounds of kTcGemvSteps steps alternate between buffers A and B, so the
+// next round's loads are in flight while the current round multiplies (the loop is unrolled by
+// two rounds to keep both buffers in registers).
 __device__ __forceinline__ void TcGemvBlock(const TcGemvArgs& args, int k_split, int64_t block,
                                             bool first,
                                             float (&partial)[kTcGemvWarps][kTcGemvRows * 8]) {
@@ -185,14 +185,9 @@ template <bool kLoop>
 __global__ void __launch_bounds__(kTcGemvWarps * 32)
     TcGemvKernel(const TcGemvArgs args, int k_split, int64_t num_blocks) {
   __shared__ float partial[kTcGemvWarps][kTcGemvRows * 8];
-  if constexpr (!kLoop) {
-    TcGemvBlock(args, k_split, blockIdx.x, true, partial);
-  } else {
-    for (int64_t b = blockIdx.x; b < num_blocks; b += gridDim.x) {
-      if (b != blockIdx.x) __syncthreads();  // the previous row block's reads of `partial`
-      TcGemvBlock(args, k_split, b, b == blockIdx.x, partial);
-    }
-  }
+  ForEachRowBlock<kLoop>(num_blocks, [&](int64_t block, bool first) {
+    TcGemvBlock(args, k_split, block, first, partial);
+  });
 }
 
 // Warps per 16-row group: the largest split (K parts of at least 8 steps) whose warps all fit in
@@ -244,12 +239,12 @@ void LaunchTcGemv(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* t
       forced_split > 0 && steps >= forced_split ? forced_split : TcGemvSplit(groups, steps);
   const int64_t groups_per_block = kTcGemvWarps / split;
   const int64_t blocks = (groups + groups_per_block - 1) / groups_per_block;
-  static const int64_t cap = [] {
+  static const int64_t cap = GemvGridCap([] {
     int per_sm = 0;
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, TcGemvKernel<true>, kTcGemvWarps * 32,
                                                   0);
-    return GemvGridCap(std::max(1, per_sm));
-  }();
+    return std::max(1, per_sm);
+  });
   if (cap > 0) {
     LaunchPdl("TcGemvKernel (looping)", TcGemvKernel<true>,
               static_cast<unsigned>(std::min(blocks, cap)), kTcGemvWarps * 32, 0, stream, args,
