@@ -15,7 +15,6 @@
 // rows and for single projections of at most 16M weights (1 x 2048 x 4096: 9.2 vs 10.3 us).
 // MOBIUS_SKINNY_SHAPE=RxU picks R rows per warp and U pieces in flight per row (2x4 default, 4x2,
 // 1x8), for timing.
-#include <algorithm>
 #include <cstdlib>
 #include <string_view>
 
@@ -42,22 +41,20 @@ struct SkinnyArgs {
 // kRowsPerWarp rows per warp, kUnroll 16-byte pieces per row in flight per lane and iteration.
 // With kSiluMul, x holds [gate; up] rows of 2k and the kernel multiplies by silu(gate) * up,
 // rounded to bf16 as SiluAndMul stores it (so the fused projection equals the two-op one).
-// One block's rows (`block`: its index in the grid, or the logical block a looping grid is on).
-// With `first` it waits for the predecessor (PdlWait) after issuing its first weight loads.
 template <int kM, int kRowsPerWarp, int kUnroll, bool kSiluMul>
-__device__ __forceinline__ void SkinnyGemmBlock(
-    const SkinnyArgs& args, int k_split, int64_t block, bool first,
-    float (&partial)[kWarpsPerBlock][kRowsPerWarp * kM]) {
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, 2)
+    SkinnyGemmKernel(SkinnyArgs args, int k_split) {
   // Everything up to PdlWait reads only weights and arguments, which no kernel of the step
   // writes: so while the predecessor still runs, the blocks of the first wave issue their first
   // weight loads, and the weight stream starts before the input exists. (An L2 bulk prefetch of
   // the next waves' rows from the first wave, up to 24 MB, measured slower: the 1 x 12352 x 2048
   // fan-out 18.3 -> 20.8 us, a batch-1 decode step 4.03 -> 4.11 ms.)
+  __shared__ float partial[kWarpsPerBlock][kRowsPerWarp * kM];
   const int lane = threadIdx.x & 31, warp_in_block = threadIdx.x >> 5;
   const int group_in_block = warp_in_block / k_split, part = warp_in_block % k_split;
   const int64_t groups_per_block = kWarpsPerBlock / k_split;
   int target = 0;
-  int64_t row0 = (block * groups_per_block + group_in_block) * kRowsPerWarp;
+  int64_t row0 = (blockIdx.x * groups_per_block + group_in_block) * kRowsPerWarp;
   const bool valid = LocateTargetRow(args.table, row0, target);
   const SkinnyTarget& tg = args.table.targets[valid ? target : 0];
   const int64_t k = args.k, pieces = k / 8;
@@ -84,10 +81,8 @@ __device__ __forceinline__ void SkinnyGemmBlock(
   };
   int64_t base = p_begin + lane;
   if (valid && base < p_end) load_pieces(base);
-  if (first) {
-    PdlWait();
-    PdlTrigger();
-  }
+  PdlWait();
+  PdlTrigger();
   float acc[kRowsPerWarp][kM] = {};
   while (valid && base < p_end) {
 #pragma unroll
@@ -153,20 +148,6 @@ __device__ __forceinline__ void SkinnyGemmBlock(
   }
 }
 
-// A grid of one block per row block (kLoop false), or a grid capped at a few blocks per SM whose
-// blocks walk the `num_blocks` row blocks (kLoop true): then every block of the grid starts at
-// once and lets the successor launch (PdlTrigger) at its start, so the successor's first blocks
-// can sit in the SM slots left free and issue their own first weight loads while this kernel
-// still streams (MOBIUS_GEMV_BLOCKS_PER_SM).
-template <int kM, int kRowsPerWarp, int kUnroll, bool kSiluMul, bool kLoop>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32, 2)
-    SkinnyGemmKernel(SkinnyArgs args, int k_split, int64_t num_blocks) {
-  __shared__ float partial[kWarpsPerBlock][kRowsPerWarp * kM];
-  ForEachRowBlock<kLoop>(num_blocks, [&](int64_t block, bool first) {
-    SkinnyGemmBlock<kM, kRowsPerWarp, kUnroll, kSiluMul>(args, k_split, block, first, partial);
-  });
-}
-
 // Warps per row group: enough that each lane streams at least kUnroll 16-byte pieces per row.
 int KSplit(int64_t k, int unroll) {
   const int64_t pieces = k / 8;
@@ -175,29 +156,16 @@ int KSplit(int64_t k, int unroll) {
   return split;
 }
 
-// Blocks of `kernel` that fit on one SM.
-template <typename Kernel>
-int ResidentPerSm(Kernel* kernel) {
-  int per_sm = 0;
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarpsPerBlock * 32, 0);
-  return std::max(1, per_sm);
-}
-
-// One block per row block, or (kLoop) a looping grid of at most `grid_cap` blocks (GemvGridCap).
-template <int kM, int kRowsPerWarp, int kUnroll, bool kLoop = false>
-void Launch(const SkinnyArgs& args, int64_t total_rows, bool silu_mul, cudaStream_t stream,
-            int64_t grid_cap = 0) {
+template <int kM, int kRowsPerWarp, int kUnroll>
+void Launch(const SkinnyArgs& args, int64_t total_rows, bool silu_mul, cudaStream_t stream) {
   const int k_split = KSplit(args.k, kUnroll);
   const int64_t groups = total_rows / kRowsPerWarp;
   const int64_t groups_per_block = kWarpsPerBlock / k_split;
-  const int64_t blocks = (groups + groups_per_block - 1) / groups_per_block;
-  auto* kernel = silu_mul ? SkinnyGemmKernel<kM, kRowsPerWarp, kUnroll, true, kLoop>
-                          : SkinnyGemmKernel<kM, kRowsPerWarp, kUnroll, false, kLoop>;
-  const char* name = kLoop      ? "SkinnyGemmKernel (looping)"
-                     : silu_mul ? "SkinnyGemmKernel (silu-mul)"
-                                : "SkinnyGemmKernel";
-  LaunchPdl(name, kernel, static_cast<unsigned>(kLoop ? std::min(blocks, grid_cap) : blocks),
-            kWarpsPerBlock * 32, 0, stream, args, k_split, blocks);
+  const auto blocks = static_cast<unsigned>((groups + groups_per_block - 1) / groups_per_block);
+  auto* kernel = silu_mul ? SkinnyGemmKernel<kM, kRowsPerWarp, kUnroll, true>
+                          : SkinnyGemmKernel<kM, kRowsPerWarp, kUnroll, false>;
+  LaunchPdl(silu_mul ? "SkinnyGemmKernel (silu-mul)" : "SkinnyGemmKernel", kernel, blocks,
+            kWarpsPerBlock * 32, 0, stream, args, k_split);
 }
 
 template <int kM>
@@ -207,13 +175,7 @@ void LaunchShape(const SkinnyArgs& args, int64_t total_rows, bool silu_mul, cuda
     const std::string_view v = env == nullptr ? "" : env;
     return v == "4x2" ? 1 : v == "1x8" ? 2 : 0;
   }();
-  static const int64_t cap = GemvGridCap([] {
-    return std::min(ResidentPerSm(SkinnyGemmKernel<kM, 2, 4, false, true>),
-                    ResidentPerSm(SkinnyGemmKernel<kM, 2, 4, true, true>));
-  });
-  if (cap > 0 && shape == 0) {
-    Launch<kM, 2, 4, true>(args, total_rows, silu_mul, stream, cap);
-  } else if (shape == 1) {
+  if (shape == 1) {
     Launch<kM, 4, 2>(args, total_rows, silu_mul, stream);
   } else if (shape == 2) {
     Launch<kM, 1, 8>(args, total_rows, silu_mul, stream);

@@ -67,15 +67,15 @@ struct TcGemvWarpPart {
   const uint4* xr;    // x row g
 };
 
-__device__ __forceinline__ TcGemvWarpPart TcGemvPartOf(const TcGemvArgs& args, int k_split,
-                                                       int64_t block) {
+__device__ __forceinline__ TcGemvWarpPart TcGemvPartOf(const TcGemvArgs& args, int k_split) {
   TcGemvWarpPart w;
   w.lane = threadIdx.x & 31;
   w.warp = threadIdx.x >> 5;
   w.g = w.lane >> 2;
   w.q = w.lane & 3;
   w.part = w.warp % k_split;
-  const int64_t group = block * (kTcGemvWarps / k_split) + w.warp / k_split;
+  const int64_t group =
+      static_cast<int64_t>(blockIdx.x) * (kTcGemvWarps / k_split) + w.warp / k_split;
   w.row0 = group * kTcGemvRows;
   int target = 0;
   w.valid = LocateTargetRow(args.table, w.row0, target);
@@ -129,15 +129,13 @@ __device__ __forceinline__ void TcGemvFinish(const TcGemvArgs& args, const TcGem
   }
 }
 
-// One block's groups (`block`: its index in the grid, or the logical block a looping grid is
-// on); with `first` it waits for the predecessor after issuing its first weight loads. Weight
-// loads in registers: two rounds of kTcGemvSteps steps alternate between buffers A and B, so the
-// next round's loads are in flight while the current round multiplies (the loop is unrolled by
-// two rounds to keep both buffers in registers).
-__device__ __forceinline__ void TcGemvBlock(const TcGemvArgs& args, int k_split, int64_t block,
-                                            bool first,
-                                            float (&partial)[kTcGemvWarps][kTcGemvRows * 8]) {
-  const TcGemvWarpPart w = TcGemvPartOf(args, k_split, block);
+// Weight loads in registers: two rounds of kTcGemvSteps steps alternate between buffers A and B,
+// so the next round's loads are in flight while the current round multiplies (the loop is
+// unrolled by two rounds to keep both buffers in registers).
+__global__ void __launch_bounds__(kTcGemvWarps * 32)
+    TcGemvKernel(const TcGemvArgs args, int k_split) {
+  __shared__ float partial[kTcGemvWarps][kTcGemvRows * 8];
+  const TcGemvWarpPart w = TcGemvPartOf(args, k_split);
   const int64_t s_end = w.s_end;
   const uint4 zero = make_uint4(0, 0, 0, 0);
   struct Round {
@@ -164,10 +162,8 @@ __device__ __forceinline__ void TcGemvBlock(const TcGemvArgs& args, int k_split,
   Round a, b;
   // The weights are no kernel's output: the first loads go out before the PDL wait.
   if (w.s_begin < s_end) load_weights(a, w.s_begin);
-  if (first) {
-    PdlWait();
-    PdlTrigger();
-  }
+  PdlWait();
+  PdlTrigger();
   constexpr int kRound = kTcGemvSteps;
   for (int64_t s0 = w.s_begin; s0 < s_end; s0 += 2 * kRound) {
     if (s0 + kRound < s_end) load_weights(b, s0 + kRound);
@@ -177,17 +173,6 @@ __device__ __forceinline__ void TcGemvBlock(const TcGemvArgs& args, int k_split,
     multiply(b, s0 + kRound);
   }
   TcGemvFinish(args, w, k_split, c, partial);
-}
-
-// One block per row block, or (kLoop) a grid capped at a few blocks per SM walking `num_blocks`
-// row blocks (GemvGridCap; see SkinnyGemmKernel).
-template <bool kLoop>
-__global__ void __launch_bounds__(kTcGemvWarps * 32)
-    TcGemvKernel(const TcGemvArgs args, int k_split, int64_t num_blocks) {
-  __shared__ float partial[kTcGemvWarps][kTcGemvRows * 8];
-  ForEachRowBlock<kLoop>(num_blocks, [&](int64_t block, bool first) {
-    TcGemvBlock(args, k_split, block, first, partial);
-  });
 }
 
 // Warps per 16-row group: the largest split (K parts of at least 8 steps) whose warps all fit in
@@ -201,8 +186,7 @@ int TcGemvSplit(int64_t groups, int64_t steps) {
     int device = 0, sms = 0, per_sm = 0;
     cudaGetDevice(&device);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, TcGemvKernel<false>, kTcGemvWarps * 32,
-                                                  0);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, TcGemvKernel, kTcGemvWarps * 32, 0);
     return static_cast<int64_t>(std::max(1, sms)) * std::max(1, per_sm) * kTcGemvWarps;
   }();
   int split = 1;
@@ -238,21 +222,8 @@ void LaunchTcGemv(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* t
   const int split =
       forced_split > 0 && steps >= forced_split ? forced_split : TcGemvSplit(groups, steps);
   const int64_t groups_per_block = kTcGemvWarps / split;
-  const int64_t blocks = (groups + groups_per_block - 1) / groups_per_block;
-  static const int64_t cap = GemvGridCap([] {
-    int per_sm = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, TcGemvKernel<true>, kTcGemvWarps * 32,
-                                                  0);
-    return std::max(1, per_sm);
-  });
-  if (cap > 0) {
-    LaunchPdl("TcGemvKernel (looping)", TcGemvKernel<true>,
-              static_cast<unsigned>(std::min(blocks, cap)), kTcGemvWarps * 32, 0, stream, args,
-              split, blocks);
-  } else {
-    LaunchPdl("TcGemvKernel", TcGemvKernel<false>, static_cast<unsigned>(blocks), kTcGemvWarps * 32,
-              0, stream, args, split, blocks);
-  }
+  const auto blocks = static_cast<unsigned>((groups + groups_per_block - 1) / groups_per_block);
+  LaunchPdl("TcGemvKernel", TcGemvKernel, blocks, kTcGemvWarps * 32, 0, stream, args, split);
   CheckLaunch("TcGemv");
 }
 
