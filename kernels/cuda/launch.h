@@ -79,14 +79,6 @@ bool SkinnyGemmSupports(int64_t m, int64_t k, const void* x, const void* w);
 void LaunchSkinnyGemm(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* targets,
                       int num_targets, cudaStream_t stream, bool silu_mul = false);
 
-// The same product with the weights streamed by the bulk copy engine, one block per SM
-// (stream_gemv.cu): LaunchSkinnyGemm's path when StreamGemvSupports(m, k) and
-// MOBIUS_SKINNY_STREAM is 1 (always) or 2 (fan-outs of at least 32 MB of weights).
-int StreamGemvMode();
-bool StreamGemvSupports(int64_t m, int64_t k);
-void LaunchStreamGemv(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* targets,
-                      int num_targets, cudaStream_t stream, bool silu_mul);
-
 // ---- projections of 1-8 rows on tensor cores (tc_gemv.cu) ----
 inline constexpr int kMaxTcGemvRows = 8;  // x rows: the n = 8 side of the mma
 // True when LaunchTcGemv takes x [m, k] and a weight at `w` (m <= kMaxTcGemvRows, k % 32 == 0,

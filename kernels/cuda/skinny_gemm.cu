@@ -192,14 +192,6 @@ bool SkinnyGemmSupports(int64_t m, int64_t k, const void* x, const void* w) {
 
 void LaunchSkinnyGemm(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* targets,
                       int num_targets, cudaStream_t stream, bool silu_mul) {
-  int64_t weight_bytes = 0;
-  for (int i = 0; i < num_targets; ++i) weight_bytes += targets[i].n * k * 2;
-  const int stream_mode = StreamGemvMode();
-  if ((stream_mode == 1 || (stream_mode == 2 && weight_bytes >= (int64_t{32} << 20))) &&
-      StreamGemvSupports(m, k)) {
-    LaunchStreamGemv(x, m, k, targets, num_targets, stream, silu_mul);
-    return;
-  }
   SkinnyArgs args;
   args.x = x;
   args.k = k;
