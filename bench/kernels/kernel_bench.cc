@@ -215,7 +215,7 @@ struct Dims {
   int multi_seqs = 8;  // 8 x 1024
   int multi_len = 1024;
   std::vector<int> rows = {64, 4096};  // elementwise ops: a decode batch and a prefill
-  std::vector<int> moe_tokens = {1, 8, 64, 256, 4096};
+  std::vector<int> moe_tokens = {1, 8, 64, 256, 4096, 8192};
   int gemm = 8192;  // the matrix-rate probe: gemm x gemm x gemm
   [[nodiscard]] int conv_dim() const { return 2 * hk * dk + hv * dv; }
 };

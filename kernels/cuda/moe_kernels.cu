@@ -616,7 +616,8 @@ void LaunchGroupedGemm(GemmArgs args, int bm, int64_t tiles, cudaStream_t stream
 // The weights are the big operand and go on the mma M dimension (16 weight rows per fragment);
 // the tile's tokens go on N (8 per fragment), so a tile of one token wastes columns of cheap
 // arithmetic, not rows of expensive weight traffic. A block owns one (expert, token tile) from
-// the tile table (blockIdx.x) and one slice of weight rows (blockIdx.y), streams its weight rows
+// the tile table and one slice of weight rows (consecutive blocks: the slices of one tile, see
+// TcArgs::slices_consecutive), streams its weight rows
 // over the whole K through a kStages-deep cp.async pipeline of 64-wide K slices (16-byte copies,
 // 128-byte shared rows with an XOR swizzle so ldmatrix is conflict-free), and holds the
 // accumulators in registers. Each warp owns 32 weight rows (two m16 fragments: for gate_up the
@@ -641,6 +642,13 @@ struct TcArgs {
   const int32_t* num_tiles = nullptr;
   void* c = nullptr;  // bf16 act [pairs, I] (gate_up) or f32 pair_out [pairs, H] (down)
   int64_t ldc = 0;
+  // Grid order: a one-dimensional grid whose consecutive blocks are the weight-row slices of one
+  // tile (true), or tiles on x and slices on y (false, MOBIUS_MOE_SLICE_ORDER=0). Blocks start in
+  // index order, so with slices consecutive the tile's activation rows, read by every slice, are
+  // still in L2 when the next slice reads them; with tiles on x each slice passes over all the
+  // activations (67 MB for the down projection at 8192 tokens, more than L2) before the next
+  // slice starts, and ncu counted them read from DRAM again by every slice.
+  bool slices_consecutive = true;
 };
 
 __device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t (&r)[4]) {
@@ -687,7 +695,13 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
     PdlWait();
     PdlTrigger();
   }
-  const int tile = blockIdx.x;
+  constexpr int kSliceRows = (kGateUp ? 16 : 32) * kWarpsM;
+  int tile = blockIdx.x, slice = blockIdx.y;
+  if (args.slices_consecutive) {
+    const int slices = static_cast<int>((args.n_out + kSliceRows - 1) / kSliceRows);
+    tile = blockIdx.x / slices;
+    slice = blockIdx.x % slices;
+  }
   if (tile >= *args.num_tiles) return;
   const int64_t group = args.tile_group[tile];
   const int64_t row0 = args.tile_row0[tile];
@@ -695,7 +709,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
   // n8 fragments that hold tokens of this tile (the expert's last tile is usually partial):
   // the others are neither multiplied nor read from shared memory.
   const int live_nt = static_cast<int>((min(static_cast<int64_t>(kBN), row_end - row0) + 7) / 8);
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * (kGateUp ? 16 : 32) * kWarpsM;
+  const int64_t m0 = static_cast<int64_t>(slice) * kSliceRows;
   const uint16_t* w = args.w + group * args.w_group_stride;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp % kWarpsM, wk = warp / kWarpsM;
@@ -917,10 +931,17 @@ void LaunchTc(const TcArgs& args, int64_t max_tiles, cudaStream_t stream) {
     raised.fetch_or(bit, std::memory_order_relaxed);
   }
   const int64_t rows = kGateUp ? 16 * kWarpsM : 32 * kWarpsM;
-  const dim3 grid(static_cast<unsigned>(max_tiles),
-                  static_cast<unsigned>((args.n_out + rows - 1) / rows));
-  LaunchPdl(kGateUp ? "MoeGateUp" : "MoeDown", kernel, grid, Cfg::kThreads, Cfg::kSmem, stream,
-            args);
+  const int64_t slices = (args.n_out + rows - 1) / rows;
+  static const bool consecutive = [] {
+    const char* env = std::getenv("MOBIUS_MOE_SLICE_ORDER");
+    return !(env != nullptr && env[0] == '0');
+  }();
+  TcArgs a = args;
+  a.slices_consecutive = consecutive && max_tiles * slices <= int64_t{0x7fffffff};
+  const dim3 grid = a.slices_consecutive
+                        ? dim3(static_cast<unsigned>(max_tiles * slices))
+                        : dim3(static_cast<unsigned>(max_tiles), static_cast<unsigned>(slices));
+  LaunchPdl(kGateUp ? "MoeGateUp" : "MoeDown", kernel, grid, Cfg::kThreads, Cfg::kSmem, stream, a);
 }
 
 // Token-tile widths of the tensor-core path, chosen from the mean number of pairs per local
