@@ -1266,7 +1266,9 @@ TEST_F(CudaKernelsTest, MoeSharedExpertRowsSameInGateUpAndDown) {
           const std::vector<float> scratch = Host(act);
           const bool rows_written = std::any_of(scratch.begin() + rows_at, scratch.end(),
                                                 [](float v) { return v != 0.0f; });
-          if (!forced) EXPECT_EQ(rows_written, gate_up_side) << what << ": which kernel ran";
+          if (!forced) {
+            EXPECT_EQ(rows_written, gate_up_side) << what << ": which kernel ran";
+          }
         }
         const std::vector<float> a = Host(in_gate_up), b = Host(in_down);
         EXPECT_EQ(a, b) << what;
