@@ -649,6 +649,8 @@ struct TcArgs {
   // activations (67 MB for the down projection at 8192 tokens, more than L2) before the next
   // slice starts, and ncu counted them read from DRAM again by every slice.
   bool slices_consecutive = true;
+  // down only: c holds bf16 pair rows instead of fp32 (MOBIUS_MOE_PAIR_BF16=1, see PairRowsBf16).
+  bool c_bf16 = false;
 };
 
 __device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t (&r)[4]) {
@@ -901,7 +903,11 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
         for (int mt = 0; mt < 2; ++mt) {
           const int64_t feature = m0 + wm * 32 + mt * 16 + g + 8 * (e >> 1);
           if (feature < args.n_out) {
-            static_cast<float*>(args.c)[pos * args.ldc + feature] = acc[mt][j][e];
+            if (args.c_bf16) {
+              static_cast<uint16_t*>(args.c)[pos * args.ldc + feature] = F32ToBf16(acc[mt][j][e]);
+            } else {
+              static_cast<float*>(args.c)[pos * args.ldc + feature] = acc[mt][j][e];
+            }
           }
         }
       }
@@ -961,6 +967,19 @@ bool ForcedFma() {
     return env != nullptr && std::string_view(env) == "fma";
   }();
   return forced;
+}
+
+// MOBIUS_MOE_PAIR_BF16=1 (read once): the tensor-core down GEMM writes its per-pair rows in bf16
+// and the combine reads them so, halving the rows' traffic (at 8192 tokens 0.54 GB written and
+// read back per layer in fp32, ~0.13 ms of the layer's MoE). Each row is rounded once before the
+// weighted sum (fp32 accumulation in the combine). Written in session 13 without device time:
+// off until measured.
+bool PairRowsBf16() {
+  static const bool on = [] {
+    const char* env = std::getenv("MOBIUS_MOE_PAIR_BF16");
+    return env != nullptr && env[0] == '1';
+  }();
+  return on;
 }
 
 int TcTileTokens(int64_t pairs, int64_t num_local) {
@@ -1150,9 +1169,23 @@ __global__ void ScatterPairsKernel(const int32_t* ids, int64_t num_pairs, int k,
 // owns 4 adjacent features (16-byte loads of pair_out, 8-byte bf16 read-modify-write of out).
 constexpr int kCombineThreads = 128;
 
-template <bool kVec>
+// Four pair-row values from fp32 or bf16 rows (PairRowsBf16).
+__device__ __forceinline__ float4 LoadPairRow4(const float* rows, int64_t i) {
+  return *reinterpret_cast<const float4*>(rows + i);
+}
+__device__ __forceinline__ float4 LoadPairRow4(const uint16_t* rows, int64_t i) {
+  const uint2 v = *reinterpret_cast<const uint2*>(rows + i);
+  return make_float4(Bf16ToF32(v.x & 0xffffu), Bf16ToF32(v.x >> 16), Bf16ToF32(v.y & 0xffffu),
+                     Bf16ToF32(v.y >> 16));
+}
+__device__ __forceinline__ float LoadPairRow(const float* rows, int64_t i) { return rows[i]; }
+__device__ __forceinline__ float LoadPairRow(const uint16_t* rows, int64_t i) {
+  return Bf16ToF32(rows[i]);
+}
+
+template <bool kVec, typename PairRow>
 __global__ void __launch_bounds__(kCombineThreads)
-    CombineKernel(const float* pair_out, const int32_t* pair_pos, const float* weights, int k,
+    CombineKernel(const PairRow* pair_out, const int32_t* pair_pos, const float* weights, int k,
                   int64_t hidden, uint16_t* out) {
   PdlWait();  // pair_out comes from the down GEMM
   const int64_t t = blockIdx.y;
@@ -1165,13 +1198,13 @@ __global__ void __launch_bounds__(kCombineThreads)
     if (pos < 0) continue;
     const float wj = weights[t * k + j];
     if constexpr (kVec) {
-      const float4 v = *reinterpret_cast<const float4*>(pair_out + pos * hidden + h);
+      const float4 v = LoadPairRow4(pair_out, pos * hidden + h);
       acc[0] += wj * v.x;
       acc[1] += wj * v.y;
       acc[2] += wj * v.z;
       acc[3] += wj * v.w;
     } else {
-      acc[0] += wj * pair_out[pos * hidden + h];
+      acc[0] += wj * LoadPairRow(pair_out, pos * hidden + h);
     }
   }
   if constexpr (kVec) {
@@ -1764,6 +1797,7 @@ const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const flo
     dn.k = inter;
     dn.c = s.pair_out;
     dn.ldc = hidden;
+    dn.c_bf16 = PairRowsBf16();
     LaunchTcGroupedGemm<false>(dn, s.bm, s.max_tiles, stream);
     CheckLaunch("MoeDown (tensor cores)");
   } else {
@@ -1802,10 +1836,16 @@ const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const flo
   const int64_t per_block = kCombineThreads * (vec ? 4 : 1);
   const dim3 grid(static_cast<unsigned>((hidden + per_block - 1) / per_block),
                   static_cast<unsigned>(num_tokens));
-  const float* pair_out = s.pair_out;
   const int32_t* pair_pos = s.pair_pos;
-  LaunchPdl("MoeCombine", vec ? CombineKernel<true> : CombineKernel<false>, grid, kCombineThreads,
-            0, stream, pair_out, pair_pos, weights, k, hidden, out);
+  if (tc && PairRowsBf16()) {
+    const uint16_t* pair_out = reinterpret_cast<const uint16_t*>(s.pair_out);
+    LaunchPdl("MoeCombine", vec ? CombineKernel<true, uint16_t> : CombineKernel<false, uint16_t>,
+              grid, kCombineThreads, 0, stream, pair_out, pair_pos, weights, k, hidden, out);
+  } else {
+    const float* pair_out = s.pair_out;
+    LaunchPdl("MoeCombine", vec ? CombineKernel<true, float> : CombineKernel<false, float>, grid,
+              kCombineThreads, 0, stream, pair_out, pair_pos, weights, k, hidden, out);
+  }
   CheckLaunch("MoeCombine");
   return s.counts;
 }
