@@ -350,7 +350,9 @@ float TimeOverlap(PairCase which, int64_t stream_bytes, bool plain, const Option
   cudaGraphExec_t exec = nullptr;
   Check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
   const float us = TimedRuns(
-      o, stream, word, "overlap case",
+      o, stream, word,
+      "overlap case " + std::to_string(static_cast<int>(which)) + " of " +
+          std::to_string(stream_bytes >> 20) + " MB",
       [&] { Check(cudaGraphLaunch(exec, stream), "graph launch"); },
       (streams ? 1u : 0u) + (smalls ? 1u : 0u));
   cudaGraphExecDestroy(exec);
@@ -420,7 +422,8 @@ int main(int argc, char** argv) {
   constexpr int kRowN = 2048;  // a hidden row, as the norm reads it
   Check(cudaMalloc(&pool, pool_bytes), "pool allocation");
   Check(cudaMemsetAsync(pool, 0x3c, pool_bytes, stream), "pool fill");
-  Check(cudaMalloc(&sink, 1 << 20), "sink allocation");
+  // One word per streaming block: at most 4096 MB / 32 KB = 131072 blocks (Parse caps the MB).
+  Check(cudaMalloc(&sink, 131072 * sizeof(unsigned)), "sink allocation");
   Check(cudaMalloc(&row, kRowN * sizeof(float)), "row allocation");
   Check(cudaMemsetAsync(row, 0x3f, kRowN * sizeof(float), stream), "row fill");
   const int64_t pool_pieces = pool_bytes / 16;

@@ -640,7 +640,8 @@ struct TcArgs {
   const int32_t* tile_row0 = nullptr;
   const int32_t* group_end = nullptr;
   const int32_t* num_tiles = nullptr;
-  void* c = nullptr;  // bf16 act [pairs, I] (gate_up) or f32 pair_out [pairs, H] (down)
+  // bf16 act [pairs, I] (gate_up), or pair_out [pairs, H] (down): f32, bf16 with c_bf16.
+  void* c = nullptr;
   int64_t ldc = 0;
   // Grid order: a one-dimensional grid whose consecutive blocks are the weight-row slices of one
   // tile (true), or tiles on x and slices on y (false, MOBIUS_MOE_SLICE_ORDER=0). Blocks start in
@@ -1166,7 +1167,8 @@ __global__ void ScatterPairsKernel(const int32_t* ids, int64_t num_pairs, int k,
 
 // out[t, :] += sum_j weights[t, j] * pair_out[pair_pos[t, j], :], adding j in order (so the
 // result does not depend on the grouping). Grid (hidden chunks, tokens): with kVec each thread
-// owns 4 adjacent features (16-byte loads of pair_out, 8-byte bf16 read-modify-write of out).
+// owns 4 adjacent features (16-byte loads of fp32 pair rows or 8-byte loads of bf16 ones, an
+// 8-byte bf16 read-modify-write of out).
 constexpr int kCombineThreads = 128;
 
 // Four pair-row values from fp32 or bf16 rows (PairRowsBf16).
@@ -1229,7 +1231,7 @@ struct MoeScratch {
   int32_t* sorted_token;
   int32_t* pair_pos;
   uint16_t* act;
-  float* pair_out;
+  float* pair_out;  // sized for fp32 rows; holds bf16 ones with PairRowsBf16 (tensor-core path)
   int64_t max_tiles;
   int bm;
   size_t bytes;
