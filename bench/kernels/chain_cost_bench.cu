@@ -271,37 +271,57 @@ float TimedRuns(const Options& o, cudaStream_t stream, unsigned* word, const std
   return Median(per_step);
 }
 
-// Records `steps` launches of the chain into a graph, replays it `repeats` times and returns the
-// median microseconds per step; checks the word advanced by steps on every replay.
+// The programmatic-serialization attribute the backend launches with (LaunchPdl).
+const cudaLaunchAttribute kPdlAttribute = [] {
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  return attr;
+}();
+
+// A launch of `grid` blocks of kThreads on `stream`, with programmatic dependent launch or not.
+cudaLaunchConfig_t StepConfig(int64_t grid, bool pdl, cudaStream_t stream) {
+  cudaLaunchConfig_t c = {};
+  c.gridDim = dim3(static_cast<unsigned>(grid));
+  c.blockDim = dim3(kThreads);
+  c.stream = stream;
+  c.attrs = const_cast<cudaLaunchAttribute*>(&kPdlAttribute);
+  c.numAttrs = pdl ? 1 : 0;
+  return c;
+}
+
+// Records `record(s)` for o.steps steps into a CUDA graph, replays it (TimedRuns) and returns the
+// median microseconds per step; each step advances `word` by `increments_per_step`.
+template <typename Record>
+float RecordAndTime(const Options& o, cudaStream_t stream, unsigned* word, const std::string& what,
+                    unsigned increments_per_step, Record&& record) {
+  cudaGraph_t graph = nullptr;
+  Check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
+  for (int s = 0; s < o.steps; ++s) record(s);
+  Check(cudaStreamEndCapture(stream, &graph), "end capture");
+  cudaGraphExec_t exec = nullptr;
+  Check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  const float us = TimedRuns(
+      o, stream, word, what, [&] { Check(cudaGraphLaunch(exec, stream), "graph launch"); },
+      increments_per_step);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return us;
+}
+
+// The chain: o.steps launches of StepKernel (or TicketStepKernel) of `grid` blocks.
 float TimeChain(int grid, bool pdl, bool ticket, const Options& o, cudaStream_t stream,
                 unsigned* word, unsigned* counter) {
   // On the timing stream: a non-blocking stream is not ordered after the legacy default one.
   Check(cudaMemsetAsync(word, 0, sizeof(unsigned), stream), "memset");
   Check(cudaMemsetAsync(counter, 0, sizeof(unsigned), stream), "memset");
-  cudaGraph_t graph = nullptr;
-  Check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
-  cudaLaunchAttribute attr = {};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  for (int s = 0; s < o.steps; ++s) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(static_cast<unsigned>(grid));
-    config.blockDim = dim3(kThreads);
-    config.stream = stream;
-    config.attrs = &attr;
-    config.numAttrs = pdl ? 1 : 0;
-    const cudaError_t err = ticket ? cudaLaunchKernelEx(&config, TicketStepKernel, word, counter)
-                                   : cudaLaunchKernelEx(&config, StepKernel, word);
-    Check(err, "launch into the graph");
-  }
-  Check(cudaStreamEndCapture(stream, &graph), "end capture");
-  cudaGraphExec_t exec = nullptr;
-  Check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-  const float us = TimedRuns(o, stream, word, "chain of " + std::to_string(grid) + " blocks",
-                             [&] { Check(cudaGraphLaunch(exec, stream), "graph launch"); });
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  return us;
+  return RecordAndTime(o, stream, word, "chain of " + std::to_string(grid) + " blocks", 1,
+                       [&](int) {
+                         const cudaLaunchConfig_t c = StepConfig(grid, pdl, stream);
+                         Check(ticket ? cudaLaunchKernelEx(&c, TicketStepKernel, word, counter)
+                                      : cudaLaunchKernelEx(&c, StepKernel, word),
+                               "launch into the graph");
+                       });
 }
 
 // The kernels of one overlap case, per step of the recorded chain.
@@ -316,48 +336,24 @@ float TimeOverlap(PairCase which, int64_t stream_bytes, bool plain, const Option
   Check(cudaMemsetAsync(word, 0, sizeof(unsigned), stream), "memset");
   const int64_t blocks = std::max<int64_t>(1, stream_bytes / (kStreamBlockPieces * 16));
   const int64_t step_pieces = blocks * kStreamBlockPieces;
-  cudaLaunchAttribute attr = {};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  auto config = [&](int64_t grid) {
-    cudaLaunchConfig_t c = {};
-    c.gridDim = dim3(static_cast<unsigned>(grid));
-    c.blockDim = dim3(kThreads);
-    c.stream = stream;
-    c.attrs = &attr;
-    c.numAttrs = plain ? 0 : 1;
-    return c;
-  };
   const bool streams = which != PairCase::kSmallOnly, smalls = which != PairCase::kStreamOnly;
-  cudaGraph_t graph = nullptr;
-  Check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
-  for (int s = 0; s < o.steps; ++s) {
+  const std::string what = "overlap case " + std::to_string(static_cast<int>(which)) + " of " +
+                           std::to_string(stream_bytes >> 20) + " MB";
+  return RecordAndTime(o, stream, word, what, (streams ? 1u : 0u) + (smalls ? 1u : 0u), [&](int s) {
     if (streams) {
       const int64_t offset = (s * step_pieces) % (pool_pieces - step_pieces + 1);
-      const cudaLaunchConfig_t c = config(blocks);
+      const cudaLaunchConfig_t c = StepConfig(blocks, !plain, stream);
       Check(cudaLaunchKernelEx(&c, StreamStepKernel, pool, offset, sink, word),
             "launch into the graph");
     }
     if (smalls) {
-      const cudaLaunchConfig_t c = config(1);
+      const cudaLaunchConfig_t c = StepConfig(1, !plain, stream);
       Check(which == PairCase::kPairEarly
                 ? cudaLaunchKernelEx(&c, SmallStepKernel<true>, row, row_n, word)
                 : cudaLaunchKernelEx(&c, SmallStepKernel<false>, row, row_n, word),
             "launch into the graph");
     }
-  }
-  Check(cudaStreamEndCapture(stream, &graph), "end capture");
-  cudaGraphExec_t exec = nullptr;
-  Check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-  const float us = TimedRuns(
-      o, stream, word,
-      "overlap case " + std::to_string(static_cast<int>(which)) + " of " +
-          std::to_string(stream_bytes >> 20) + " MB",
-      [&] { Check(cudaGraphLaunch(exec, stream), "graph launch"); },
-      (streams ? 1u : 0u) + (smalls ? 1u : 0u));
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  return us;
+  });
 }
 
 // One cooperative launch of BarrierKernel per timed run; microseconds per barrier step.
