@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include "kernels/cuda/async_copy.cuh"
@@ -617,7 +618,7 @@ void LaunchGroupedGemm(GemmArgs args, int bm, int64_t tiles, cudaStream_t stream
 // the tile's tokens go on N (8 per fragment), so a tile of one token wastes columns of cheap
 // arithmetic, not rows of expensive weight traffic. A block owns one (expert, token tile) from
 // the tile table and one slice of weight rows (consecutive blocks: the slices of one tile, see
-// TcArgs::slices_consecutive), streams its weight rows
+// TcArgs::consecutive_slices), streams its weight rows
 // over the whole K through a kStages-deep cp.async pipeline of 64-wide K slices (16-byte copies,
 // 128-byte shared rows with an XOR swizzle so ldmatrix is conflict-free), and holds the
 // accumulators in registers. Each warp owns 32 weight rows (two m16 fragments: for gate_up the
@@ -643,13 +644,14 @@ struct TcArgs {
   // bf16 act [pairs, I] (gate_up), or pair_out [pairs, H] (down): f32, bf16 with c_bf16.
   void* c = nullptr;
   int64_t ldc = 0;
-  // Grid order: a one-dimensional grid whose consecutive blocks are the weight-row slices of one
-  // tile (true), or tiles on x and slices on y (false, MOBIUS_MOE_SLICE_ORDER=0). Blocks start in
-  // index order, so with slices consecutive the tile's activation rows, read by every slice, are
-  // still in L2 when the next slice reads them; with tiles on x each slice passes over all the
-  // activations (67 MB for the down projection at 8192 tokens, more than L2) before the next
-  // slice starts, and ncu counted them read from DRAM again by every slice.
-  bool slices_consecutive = true;
+  // Grid order (set by LaunchTc): with consecutive_slices > 0, a one-dimensional grid whose
+  // consecutive blocks are the consecutive_slices weight-row slices of one tile; with 0, tiles
+  // on x and slices on y (MOBIUS_MOE_SLICE_ORDER=0). Blocks start in index order, so with slices
+  // consecutive the tile's activation rows, read by every slice, are still in L2 when the next
+  // slice reads them; with tiles on x each slice passes over all the activations (67 MB for the
+  // down projection at 8192 tokens, more than L2) before the next slice starts, and ncu counted
+  // them read from DRAM again by every slice.
+  int consecutive_slices = 0;
   // down only: c holds bf16 pair rows instead of fp32 (MOBIUS_MOE_PAIR_BF16=1, see PairRowsBf16).
   bool c_bf16 = false;
 };
@@ -698,12 +700,10 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
     PdlWait();
     PdlTrigger();
   }
-  constexpr int kSliceRows = (kGateUp ? 16 : 32) * kWarpsM;
   int tile = blockIdx.x, slice = blockIdx.y;
-  if (args.slices_consecutive) {
-    const int slices = static_cast<int>((args.n_out + kSliceRows - 1) / kSliceRows);
-    tile = blockIdx.x / slices;
-    slice = blockIdx.x % slices;
+  if (args.consecutive_slices > 0) {
+    tile = blockIdx.x / args.consecutive_slices;
+    slice = blockIdx.x % args.consecutive_slices;
   }
   if (tile >= *args.num_tiles) return;
   const int64_t group = args.tile_group[tile];
@@ -712,7 +712,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
   // n8 fragments that hold tokens of this tile (the expert's last tile is usually partial):
   // the others are neither multiplied nor read from shared memory.
   const int live_nt = static_cast<int>((min(static_cast<int64_t>(kBN), row_end - row0) + 7) / 8);
-  const int64_t m0 = static_cast<int64_t>(slice) * kSliceRows;
+  const int64_t m0 = static_cast<int64_t>(slice) * (kGateUp ? 16 : 32) * kWarpsM;
   const uint16_t* w = args.w + group * args.w_group_stride;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp % kWarpsM, wk = warp / kWarpsM;
@@ -944,8 +944,9 @@ void LaunchTc(const TcArgs& args, int64_t max_tiles, cudaStream_t stream) {
     return !(env != nullptr && env[0] == '0');
   }();
   TcArgs a = args;
-  a.slices_consecutive = consecutive && max_tiles * slices <= int64_t{0x7fffffff};
-  const dim3 grid = a.slices_consecutive
+  a.consecutive_slices =
+      consecutive && max_tiles * slices <= int64_t{0x7fffffff} ? static_cast<int>(slices) : 0;
+  const dim3 grid = a.consecutive_slices > 0
                         ? dim3(static_cast<unsigned>(max_tiles * slices))
                         : dim3(static_cast<unsigned>(max_tiles), static_cast<unsigned>(slices));
   LaunchPdl(kGateUp ? "MoeGateUp" : "MoeDown", kernel, grid, Cfg::kThreads, Cfg::kSmem, stream, a);
@@ -972,9 +973,9 @@ bool ForcedFma() {
 
 // MOBIUS_MOE_PAIR_BF16=1 (read once): the tensor-core down GEMM writes its per-pair rows in bf16
 // and the combine reads them so, halving the rows' traffic (at 8192 tokens 0.54 GB written and
-// read back per layer in fp32, ~0.13 ms of the layer's MoE). Each row is rounded once before the
-// weighted sum (fp32 accumulation in the combine). Written in session 13 without device time:
-// off until measured.
+// read back per layer in fp32, an estimated ~0.13 ms of the layer's MoE, not measured). Each row is
+// rounded once before the weighted sum (fp32 accumulation in the combine). Written in session 13
+// without device time: off until measured.
 bool PairRowsBf16() {
   static const bool on = [] {
     const char* env = std::getenv("MOBIUS_MOE_PAIR_BF16");
@@ -1839,14 +1840,15 @@ const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const flo
   const dim3 grid(static_cast<unsigned>((hidden + per_block - 1) / per_block),
                   static_cast<unsigned>(num_tokens));
   const int32_t* pair_pos = s.pair_pos;
-  if (tc && PairRowsBf16()) {
-    const uint16_t* pair_out = reinterpret_cast<const uint16_t*>(s.pair_out);
-    LaunchPdl("MoeCombine", vec ? CombineKernel<true, uint16_t> : CombineKernel<false, uint16_t>,
+  auto combine = [&](auto* pair_out) {
+    using PairRow = std::remove_const_t<std::remove_pointer_t<decltype(pair_out)>>;
+    LaunchPdl("MoeCombine", vec ? CombineKernel<true, PairRow> : CombineKernel<false, PairRow>,
               grid, kCombineThreads, 0, stream, pair_out, pair_pos, weights, k, hidden, out);
+  };
+  if (tc && PairRowsBf16()) {
+    combine(reinterpret_cast<const uint16_t*>(s.pair_out));
   } else {
-    const float* pair_out = s.pair_out;
-    LaunchPdl("MoeCombine", vec ? CombineKernel<true, float> : CombineKernel<false, float>, grid,
-              kCombineThreads, 0, stream, pair_out, pair_pos, weights, k, hidden, out);
+    combine(static_cast<const float*>(s.pair_out));
   }
   CheckLaunch("MoeCombine");
   return s.counts;
