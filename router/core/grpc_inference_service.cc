@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
-#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/ext/health_check_service_server_builder_option.h"
 #include "grpcpp/server_builder.h"
 
 namespace mobius::router {
@@ -87,35 +87,45 @@ grpc::Status GrpcInferenceService::Abort(grpc::ServerContext*, const v1::AbortRe
 }
 
 GrpcFrontEnd::GrpcFrontEnd(InferenceService& service, const GrpcServerOptions& options)
-    : service_(service), options_(options), adapter_(service, options.on_generate_done) {}
+    : service_(service),
+      options_(options),
+      adapter_(service, options.on_generate_done),
+      health_([this] { return Serving(); }, v1::Inference::service_full_name(),
+              options.health_update_interval) {}
+
+bool GrpcFrontEnd::Serving() {
+  absl::MutexLock lock(&mu_);
+  return !draining_ && !stopping_ && service_.Ready();
+}
 
 absl::StatusOr<std::unique_ptr<GrpcFrontEnd>> GrpcFrontEnd::Start(
     InferenceService& service, const GrpcServerOptions& options) {
   std::unique_ptr<GrpcFrontEnd> front(new GrpcFrontEnd(service, options));
-  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   const std::string address = absl::StrCat(options.host, ":", options.port);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &front->port_);
   builder.RegisterService(&front->adapter_);
+  // Health from ServingHealthService only (answered from the live state), not gRPC's default
+  // service with its stored status.
+  builder.SetOption(std::make_unique<grpc::HealthCheckServiceServerBuilderOption>(nullptr));
+  builder.RegisterService(&front->health_);
   front->server_ = builder.BuildAndStart();
   if (front->server_ == nullptr || front->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen for gRPC on ", address));
   }
-  front->server_->GetHealthCheckService()->SetServingStatus(service.Ready());
-  front->health_thread_ = std::thread([f = front.get()] { f->UpdateHealthLoop(); });
+  front->health_thread_ = std::thread([f = front.get()] { f->LogHealthLoop(); });
   return front;
 }
 
 GrpcFrontEnd::~GrpcFrontEnd() { Shutdown(absl::Now()); }
 
-void GrpcFrontEnd::UpdateHealthLoop() {
+void GrpcFrontEnd::LogHealthLoop() {
   bool serving = false;
   bool first = true;
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
     const bool now_serving = !draining_ && service_.Ready();
     if (first || now_serving != serving) {
-      server_->GetHealthCheckService()->SetServingStatus(now_serving);
       MOBIUS_LOG(INFO, "router", "") << "health: " << (now_serving ? "SERVING" : "NOT_SERVING");
       serving = now_serving;
       first = false;
@@ -125,10 +135,9 @@ void GrpcFrontEnd::UpdateHealthLoop() {
 }
 
 void GrpcFrontEnd::SetDraining() {
+  // Health answers NOT_SERVING from the next check on, so load balancers stop sending at once.
   absl::MutexLock lock(&mu_);
   draining_ = true;
-  // At once rather than at the next update, so that load balancers stop sending right away.
-  server_->GetHealthCheckService()->SetServingStatus(false);
 }
 
 void GrpcFrontEnd::Shutdown(absl::Time deadline) {
@@ -138,7 +147,7 @@ void GrpcFrontEnd::Shutdown(absl::Time deadline) {
     stopping_ = true;
   }
   if (health_thread_.joinable()) health_thread_.join();
-  server_->GetHealthCheckService()->SetServingStatus(false);
+  health_.Stop();
   server_->Shutdown(absl::ToChronoTime(deadline));
   server_->Wait();
 }

@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/server.h"
 #include "inference.grpc.pb.h"
+#include "router/core/serving_health_service.h"
 #include "router/inference_service.h"
 
 namespace mobius::router {
@@ -55,7 +56,8 @@ class GrpcInferenceService final : public v1::Inference::Service {
 struct GrpcServerOptions {
   std::string host = "0.0.0.0";
   int port = 50050;  // 0 picks a free port
-  // How often the health status follows InferenceService::Ready().
+  // How often a health Watch and the health log look at InferenceService::Ready() (a Check asks
+  // it at once).
   absl::Duration health_update_interval = absl::Milliseconds(200);
   // Called once per Generate call with its final status (see GrpcInferenceService).
   std::function<void(absl::StatusCode)> on_generate_done;
@@ -77,11 +79,15 @@ class GrpcFrontEnd {
 
  private:
   GrpcFrontEnd(InferenceService& service, const GrpcServerOptions& options);
-  void UpdateHealthLoop();
+  // What health reports: the service is Ready() and the front end neither draining nor stopping.
+  bool Serving();
+  // Logs the health status when it changes.
+  void LogHealthLoop();
 
   InferenceService& service_;
   const GrpcServerOptions options_;
   GrpcInferenceService adapter_;
+  ServingHealthService health_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   absl::Mutex mu_;
