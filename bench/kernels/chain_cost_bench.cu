@@ -154,6 +154,8 @@ struct Options {
   int repeats = 20;
   std::vector<int> grids = {1, 132, 528, 1544};
   std::vector<int> stream_mb = {16, 50};  // bytes of each streaming kernel of the overlap pairs
+  // Streaming blocks resident per SM, capped through dynamic shared memory (0: no cap).
+  int stream_blocks_per_sm = 0;
 };
 
 void Usage() {
@@ -167,6 +169,8 @@ void Usage() {
       "                 1,132,528,1544; the barrier uses the SM count and twice it)\n"
       "  --stream-mb LIST  comma-separated MB read by each streaming kernel of the overlap\n"
       "                 pairs (default 16,50: an out-projection and a DeltaNet in-projection)\n"
+      "  --stream-blocks-per-sm N  cap the streaming blocks resident per SM at N (unused\n"
+      "                 dynamic shared memory sized to allow no more; default: as many as fit)\n"
       "  --help         this text\n");
 }
 
@@ -203,6 +207,8 @@ Options Parse(int argc, char** argv) {
       o.steps = value();
     } else if (a == "--repeats") {
       o.repeats = value();
+    } else if (a == "--stream-blocks-per-sm") {
+      o.stream_blocks_per_sm = value();
     } else if (a == "--grids" || a == "--stream-mb") {
       if (i + 1 >= argc) {
         std::fprintf(stderr, "mobius_chain_bench: %s needs a value\n", argv[i]);
@@ -325,6 +331,17 @@ float TimeChain(int grid, bool pdl, bool ticket, const Options& o, cudaStream_t 
 }
 
 // The kernels of one overlap case, per step of the recorded chain.
+// Dynamic shared memory that leaves room for o.stream_blocks_per_sm streaming blocks per SM (the
+// kernel does not touch it): 0 without a cap.
+size_t StreamSmemBytes(const Options& o) {
+  if (o.stream_blocks_per_sm <= 0) return 0;
+  cudaDeviceProp prop{};
+  Check(cudaGetDeviceProperties(&prop, 0), "device properties");
+  const size_t per_block =
+      prop.sharedMemPerMultiprocessor / o.stream_blocks_per_sm - prop.reservedSharedMemPerBlock;
+  return std::min(per_block, prop.sharedMemPerBlockOptin);
+}
+
 enum class PairCase { kStreamOnly, kSmallOnly, kPairLate, kPairEarly };
 
 // Records o.steps steps of `which` (a streaming kernel of `stream_bytes` and/or a small kernel;
@@ -342,7 +359,8 @@ float TimeOverlap(PairCase which, int64_t stream_bytes, bool plain, const Option
   return RecordAndTime(o, stream, word, what, (streams ? 1u : 0u) + (smalls ? 1u : 0u), [&](int s) {
     if (streams) {
       const int64_t offset = (s * step_pieces) % (pool_pieces - step_pieces + 1);
-      const cudaLaunchConfig_t c = StepConfig(blocks, !plain, stream);
+      cudaLaunchConfig_t c = StepConfig(blocks, !plain, stream);
+      c.dynamicSmemBytes = StreamSmemBytes(o);
       Check(cudaLaunchKernelEx(&c, StreamStepKernel, pool, offset, sink, word),
             "launch into the graph");
     }
@@ -423,12 +441,21 @@ int main(int argc, char** argv) {
   Check(cudaMalloc(&row, kRowN * sizeof(float)), "row allocation");
   Check(cudaMemsetAsync(row, 0x3f, kRowN * sizeof(float), stream), "row fill");
   const int64_t pool_pieces = pool_bytes / 16;
+  const size_t stream_smem = StreamSmemBytes(o);
+  Check(cudaFuncSetAttribute(StreamStepKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(stream_smem)),
+        "shared memory attribute");
+  int stream_per_sm = 0;
+  Check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&stream_per_sm, StreamStepKernel, kThreads,
+                                                      stream_smem),
+        "occupancy");
   auto overlap = [&](PairCase which, int64_t bytes, bool plain) {
     return TimeOverlap(which, bytes, plain, o, stream, pool, pool_pieces, sink, row, kRowN, words);
   };
   std::printf(
       "\noverlap pairs (streaming kernel of N MB, 32 KB a block, loads before its PDL "
-      "wait;\none-block norm-like kernel); us per step\n");
+      "wait, %d blocks resident per SM;\none-block norm-like kernel); us per step\n",
+      stream_per_sm);
   std::printf("%-10s %9s %9s %11s %11s %11s %15s\n", "stream MB", "stream", "small", "pair plain",
               "pair late", "pair early", "early overlap");
   for (const int mb : o.stream_mb) {

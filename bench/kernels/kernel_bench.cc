@@ -46,6 +46,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "bench/kernels/bench_device.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -124,6 +125,8 @@ struct Options {
   bool smoke = false;
   bool unstaged = false;  // segment ops: time only without staging (no StageStep)
   bool no_graph = false;  // staged ops: skip the recorded (CUDA graph) timing
+  // --chain: each entry names cases recorded one after another, round after round, in one graph.
+  std::vector<std::vector<std::string>> chains;
 };
 
 void PrintHelp() {
@@ -151,6 +154,10 @@ void PrintHelp() {
       "                        the staged median is the time)\n"
       "  --no-graph            staged ops: skip the timing of a recorded CUDA graph of calls\n"
       "                        (the \"graph us\" column)\n"
+      "  --chain A,B,...       also record rounds of the named cases, one call of each in turn,\n"
+      "                        as one CUDA graph (the engine's order of kernels) and print the\n"
+      "                        time per round; a chain of one case times that case alone in a\n"
+      "                        recording. At most one case with segments per chain. Repeatable\n"
       "  --help                this text\n");
 }
 
@@ -189,6 +196,10 @@ Options ParseOptions(int argc, char** argv) {
       o.unstaged = true;
     } else if (a == "--no-graph") {
       o.no_graph = true;
+    } else if (a == "--chain") {
+      std::vector<std::string> names = absl::StrSplit(value(), ',', absl::SkipEmpty());
+      if (names.empty()) Die("--chain needs at least one case name");
+      o.chains.push_back(std::move(names));
     } else {
       Die("unknown option " + a + " (see --help)");
     }
@@ -368,6 +379,8 @@ class Bench {
   void TimeCalls(Case& c, Result& r);
   // Staged cases: records many calls as one CUDA graph and sets r.graph_us from its replays.
   void TimeRecorded(Case& c, Result& r);
+  // --chain: rounds of the named cases (one call each) recorded as one graph; prints us per round.
+  void TimeChain(const std::vector<std::string>& names);
   void MeasureCeilings();
   void Print(const std::vector<Result>& results) const;
   void WriteJson(const std::vector<Result>& results) const;
@@ -859,8 +872,10 @@ void Bench::BuildSpecs() {
   for (int t : d.moe_tokens) {
     Add(absl::StrFormat("moe.T%d", t), [=, this] { return Moe(t); });
   }
-  // Dense.
-  for (int t : d.rows) {
+  // Dense. The norms also at one row: the one-block kernel between a decode step's projections.
+  std::vector<int> norm_rows = d.rows;
+  norm_rows.insert(norm_rows.begin(), 1);
+  for (int t : norm_rows) {
     Add(absl::StrFormat("rmsnorm1p.T%d", t), [=, this] {
       Case c;
       c.op = "RmsNorm1p";
@@ -1098,6 +1113,61 @@ void Bench::TimeRecorded(Case& c, Result& r) {
   r.graph_us = Median(per_call);
 }
 
+void Bench::TimeChain(const std::vector<std::string>& names) {
+  const std::string label = absl::StrJoin(names, " -> ");
+  if (stream_ == nullptr || !be_->SupportsCapture()) {
+    std::printf("chain %s: needs the CUDA backend's stream and graph capture\n", label.c_str());
+    return;
+  }
+  std::vector<Case> cases;
+  int staged = 0, rounds = 64;
+  for (const std::string& name : names) {
+    auto it =
+        std::find_if(specs_.begin(), specs_.end(), [&](const Spec& s) { return s.name == name; });
+    if (it == specs_.end()) Die("--chain: no case named " + name + " (see --list)");
+    cases.push_back(it->make());
+    if (cases.back().stage) ++staged;
+    rounds = std::max(rounds, cases.back().sets);
+  }
+  if (staged > 1) Die("--chain " + label + ": more than one case with segments");
+  if (staged == 0) {
+    // Capture needs a staged step even when no case reads one: a one-token step.
+    Stager(std::make_shared<SegmentSet>(MakeSegments(1, 1, 0, 0, 0, nullptr, 0)), 1, 1)();
+  }
+  for (Case& c : cases) {
+    if (c.stage) c.stage();
+    for (int s = 0; s < c.sets; ++s) c.run(s);  // warm-up: modules, heuristics, scratch
+  }
+  be_->Synchronize();
+  if (absl::Status began = be_->BeginCapture(); !began.ok()) {
+    Die("--chain " + label + ": " + std::string(began.message()));
+  }
+  for (int i = 0; i < rounds; ++i) {
+    for (Case& c : cases) c.run(i % c.sets);
+  }
+  auto step = be_->EndCapture();
+  if (!step.ok()) Die("--chain " + label + ": " + std::string(step.status().message()));
+  std::vector<double> per_round;
+  for (int rep = 0; rep < 8; ++rep) {
+    CheckCuda(cudaEventRecord(events_[0], stream_), "cudaEventRecord");
+    if (absl::Status replayed = be_->Replay(**step); !replayed.ok()) {
+      Die("--chain " + label + ": " + std::string(replayed.message()));
+    }
+    CheckCuda(cudaEventRecord(events_[1], stream_), "cudaEventRecord");
+    be_->Synchronize();
+    float ms = 0;
+    CheckCuda(cudaEventElapsedTime(&ms, events_[0], events_[1]), "cudaEventElapsedTime");
+    if (rep > 0) per_round.push_back(ms * 1e3 / rounds);  // the first replay uploads the graph
+  }
+  be_->ClearStep();
+  double bytes = 0;
+  for (const Case& c : cases) bytes += c.bytes;
+  const double bound = bandwidth_ > 0 ? bytes / bandwidth_ * 1e6 : 0;
+  std::printf("chain %s: %.2f us per round (%d rounds in one graph; bytes bound %.2f us)\n",
+              label.c_str(), Median(per_round), rounds, bound);
+  std::fflush(stdout);
+}
+
 void Bench::TimeCalls(Case& c, Result& r) {
   int next = 0;
   auto run_next = [&] {
@@ -1312,6 +1382,7 @@ int Bench::Run() {
   }
   Print(results);
   if (!opt_.json.empty()) WriteJson(results);
+  for (const auto& chain : opt_.chains) TimeChain(chain);
   return 0;
 }
 
