@@ -454,6 +454,159 @@ __global__ void __launch_bounds__(kRegTopKThreads)
   }
 }
 
+// Many tokens (prefill, large decode batches): one warp per token, so that a 256-thread block
+// keeps eight tokens' logits in flight where the block-per-token kernels keep one, and no
+// barrier. (At 8192 tokens and 2560 experts the filter kernel moved 0.92 TB/s: ncu of an 8K
+// prefill, 3.66 ms over 40 layers.) Each lane holds up to kWarpTopKGroups groups of 8 logits in
+// registers, all loads issued at once. The threshold is the k-th largest of the lanes' maxima: k
+// lanes hold a logit at least that large, so the k best are all at or above it, and with
+// near-uniform logits few others are. The candidates go to shared memory, each ranked by
+// counting the better ones; more than kWarpTopKCandidates (ties, -inf rows) fall back to sorted
+// register lists merged across the warp. (A first form that kept a sorted list per lane for
+// every logit measured 53 us at 4096 tokens against the filter kernel's 49 us, and 21 against 6
+// at 64: the insertions, not the loads, set its time.)
+constexpr int kWarpTopKWarps = 8;
+constexpr int kWarpTopKGroups = 10;  // experts <= 32 * 8 * kWarpTopKGroups (2560)
+constexpr int kWarpTopKCandidates = 64;
+
+__global__ void __launch_bounds__(kWarpTopKWarps * 32, 2)
+    TopKSoftmaxWarpKernel(AnyPtr logits, int64_t num_tokens, int num_experts, int k,
+                          bool renormalize, int32_t* ids, float* weights) {
+  __shared__ float cand_v[kWarpTopKWarps][kWarpTopKCandidates];
+  __shared__ int cand_i[kWarpTopKWarps][kWarpTopKCandidates];
+  __shared__ float sel_p[kWarpTopKWarps][kRegTopK];
+  __shared__ int sel_i[kWarpTopKWarps][kRegTopK];
+  PdlWait();
+  PdlTrigger();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t t = blockIdx.x * int64_t{kWarpTopKWarps} + warp;
+  if (t >= num_tokens) return;
+  const int64_t base = t * num_experts;
+  const int groups = num_experts / 8;  // num_experts % 8 == 0 (launcher)
+  float v[kWarpTopKGroups][8];
+#pragma unroll
+  for (int j = 0; j < kWarpTopKGroups; ++j) {
+    const int g = lane + 32 * j;
+    if (g < groups) {
+      Load8(logits, base + 8 * int64_t{g}, v[j]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[j][i] = -INFINITY;
+    }
+  }
+  float lmax = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kWarpTopKGroups; ++j) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) lmax = fmaxf(lmax, v[j][i]);
+  }
+  // The warp's maximum and the rank of this lane's maximum (ties to the lower lane).
+  float mx = lmax;
+  int rank = 0;
+  for (int o = 0; o < 32; ++o) {
+    const float other = __shfl_sync(0xffffffffu, lmax, o);
+    mx = fmaxf(mx, other);
+    rank += (other > lmax || (other == lmax && o < lane)) ? 1 : 0;
+  }
+  const unsigned at = __ballot_sync(0xffffffffu, rank == k - 1);
+  const float threshold = __shfl_sync(0xffffffffu, lmax, __ffs(at) - 1);
+  float sum = 0.0f;
+  int mine = 0;
+#pragma unroll
+  for (int j = 0; j < kWarpTopKGroups; ++j) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if (v[j][i] != -INFINITY) sum += expf(v[j][i] - mx);
+      mine += v[j][i] >= threshold && lane + 32 * j < groups ? 1 : 0;
+    }
+  }
+  sum = WarpSum(sum);
+  int before = mine;  // inclusive prefix over the lanes, then exclusive
+  for (int o = 1; o < 32; o <<= 1) {
+    const int other = __shfl_up_sync(0xffffffffu, before, o);
+    if (lane >= o) before += other;
+  }
+  const int count = __shfl_sync(0xffffffffu, before, 31);
+  before -= mine;
+  float wv[kRegTopK];
+  int wi[kRegTopK];
+  if (count > kWarpTopKCandidates || threshold == -INFINITY) {
+    float lv[kRegTopK];
+    int li[kRegTopK];
+    ClearList(lv, li);
+#pragma unroll
+    for (int j = 0; j < kWarpTopKGroups; ++j) {
+      const int g = lane + 32 * j;
+      if (g < groups) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) InsertSorted(v[j][i], 8 * g + i, lv, li);
+      }
+    }
+    WarpMergeLists(lv, li, k, wv, wi);
+    float selected = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kRegTopK; ++q) {
+      if (q < k) {
+        wv[q] = expf(wv[q] - mx) / sum;
+        selected += wv[q];
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < kRegTopK; ++q) {
+      if (q < k && lane == q) {
+        ids[t * k + q] = wi[q];
+        weights[t * k + q] = renormalize ? wv[q] / selected : wv[q];
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < kWarpTopKGroups; ++j) {
+    const int g = lane + 32 * j;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if (g < groups && v[j][i] >= threshold) {
+        cand_v[warp][before] = v[j][i];
+        cand_i[warp][before] = 8 * g + i;
+        ++before;
+      }
+    }
+  }
+  __syncwarp();
+  for (int c = lane; c < count; c += 32) {
+    const float cv = cand_v[warp][c];
+    const int ci = cand_i[warp][c];
+    int better = 0;
+    for (int o = 0; o < count; ++o) better += Better(cand_v[warp][o], cand_i[warp][o], cv, ci);
+    if (better < k) {
+      sel_p[warp][better] = expf(cv - mx) / sum;
+      sel_i[warp][better] = ci;
+    }
+  }
+  __syncwarp();
+  if (lane < k) {
+    float selected = 0.0f;
+    for (int q = 0; q < k; ++q) selected += sel_p[warp][q];
+    ids[t * k + lane] = sel_i[warp][lane];
+    weights[t * k + lane] = renormalize ? sel_p[warp][lane] / selected : sel_p[warp][lane];
+  }
+}
+
+// MOBIUS_TOPK=block / warp (read once) forces the block-per-token or the warp-per-token kernel
+// where both apply, for timing and tests. By default the warp kernel from kWarpTopKMinTokens
+// tokens: measured on the H200 (mobius_kernel_bench, 2560 experts, block / warp kernel) 49.3 /
+// 27.0 us at 4096 tokens, 5.9 / 12.0 us at 64, and in the engine the warp kernel cost batch 64
+// and 256 decode 0.3 ms a step each (the crossover between 256 and 4096 is not measured).
+constexpr int64_t kWarpTopKMinTokens = 4096;
+int ForcedTopK() {
+  static const int forced = [] {
+    const char* env = std::getenv("MOBIUS_TOPK");
+    const std::string_view v = env == nullptr ? "" : env;
+    return v == "block" ? 1 : v == "warp" ? 2 : 0;
+  }();
+  return forced;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Grouped GEMM: C[row, n] = A[a_row(row), :] @ W_g[n, :]^T for the rows of each group g, with
 // groups described by a tile table (tile -> group, first row; group -> end row). With kGateUp,
@@ -652,7 +805,7 @@ struct TcArgs {
   // down projection at 8192 tokens, more than L2) before the next slice starts, and ncu counted
   // them read from DRAM again by every slice.
   int consecutive_slices = 0;
-  // down only: c holds bf16 pair rows instead of fp32 (the default, see PairRowsBf16).
+  // down only: c holds bf16 pair rows instead of fp32 (MOBIUS_MOE_PAIR_BF16=1, see PairRowsBf16).
   bool c_bf16 = false;
 };
 
@@ -971,16 +1124,19 @@ bool ForcedFma() {
   return forced;
 }
 
-// The tensor-core down GEMM writes its per-pair rows in bf16 and the combine reads them so,
-// halving the rows' traffic (at 8192 tokens 0.54 GB written and read back per layer in fp32).
-// Each row is rounded once before the weighted sum (fp32 accumulation in the combine). Measured
-// on the H200 (session 14, kernel bench, fp32 / bf16 rows): moe.T8192 4259 / 4213 us, T4096
-// 3952 / 3916, T256 2087 / 2074; engine 8K prefill 274.0 / 270.9 ms, batch-256 decode 100.39 /
-// 100.13 ms. MOBIUS_MOE_PAIR_BF16=0 (read once) keeps fp32 rows.
+// MOBIUS_MOE_PAIR_BF16=1 (read once): the tensor-core down GEMM writes its per-pair rows in bf16
+// and the combine reads them so, halving the rows' traffic (at 8192 tokens 0.54 GB written and
+// read back per layer in fp32). Each row is rounded once more before the weighted sum (fp32
+// accumulation in the combine). Measured on the H200 (session 14, fp32 / bf16 rows): moe.T8192
+// 4259 / 4213 us, T4096 3952 / 3916; engine 8K prefill 274.0 / 270.9 ms, batch-256 decode 100.39
+// / 100.13 ms. Off by default: the extra rounding separates the tensor-core path (verify steps of
+// k + 1 tokens) from the few-token kernels (plain one-token steps) enough that on the tiny
+// fixtures the MTP verify accepted 11% of the target's own greedy drafts instead of over 90%
+// (CudaSpeculativeTest), so greedy outputs with MTP would no longer match those without.
 bool PairRowsBf16() {
   static const bool on = [] {
     const char* env = std::getenv("MOBIUS_MOE_PAIR_BF16");
-    return env == nullptr || env[0] != '0';
+    return env != nullptr && env[0] == '1';
   }();
   return on;
 }
@@ -1679,6 +1835,16 @@ void LaunchMapExpertIds(const int32_t* ids, const int32_t* routes, int stride, i
 void LaunchTopKSoftmax(AnyPtr logits, int64_t num_tokens, int num_experts, int k, bool renormalize,
                        int32_t* ids, float* weights, cudaStream_t stream) {
   if (num_tokens == 0 || k == 0) return;
+  const int forced = ForcedTopK();
+  if (k <= kRegTopK && k <= num_experts && num_experts % 8 == 0 &&
+      num_experts <= 32 * 8 * kWarpTopKGroups && IsAligned16(logits.data) &&
+      (forced == 2 || (forced == 0 && num_tokens >= kWarpTopKMinTokens))) {
+    const auto blocks = static_cast<unsigned>((num_tokens + kWarpTopKWarps - 1) / kWarpTopKWarps);
+    LaunchPdl("TopKSoftmaxWarpKernel", TopKSoftmaxWarpKernel, blocks, kWarpTopKWarps * 32, 0,
+              stream, logits, num_tokens, num_experts, k, renormalize, ids, weights);
+    CheckLaunch("TopKSoftmax");
+    return;
+  }
   if (k <= kRegTopK && k <= num_experts && num_experts <= kRegTopKThreads * kRegTopKLoads) {
     LaunchPdl("TopKSoftmaxFilterKernel", TopKSoftmaxFilterKernel, static_cast<unsigned>(num_tokens),
               kRegTopKThreads, 0, stream, logits, num_experts, k, renormalize, ids, weights);

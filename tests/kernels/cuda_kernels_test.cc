@@ -953,6 +953,35 @@ TEST_F(CudaTopKTest, ManyTiesAtTheThreshold) {
   ExpectTopKMatchesReference(DType::kF32, logits, t, e, k);
 }
 
+// Prefill-sized batches (from 4096 tokens a warp per token, TopKSoftmaxWarpKernel, for expert
+// counts that are multiples of 8 up to 2560) with ties at the top, a row of all-equal logits, a
+// row of -inf but three, fp32 and bf16 logits, and an expert count that is not a multiple of 8
+// (the block kernels). The ctest CudaKernelsTest.TopKWarpKernelForced runs every top-k test with
+// the warp kernel wherever it applies (MOBIUS_TOPK=warp).
+TEST_F(CudaTopKTest, ManyTokensOneWarpEach) {
+  struct Case {
+    DType dtype;
+    int64_t t;
+    int e, k;
+  };
+  for (const Case c : {Case{DType::kBF16, 4096, 2560, 8}, Case{DType::kF32, 300, 2560, 8},
+                       Case{DType::kF32, 129, 64, 8}, Case{DType::kF32, 70, 1000, 3},
+                       Case{DType::kBF16, 65, 8, 8}, Case{DType::kF32, 100, 1004, 8}}) {
+    std::vector<float> logits = Rand(c.t * c.e, -2, 2);
+    for (int64_t r = 0; r < c.t; r += 7) {  // ties at the top of some rows
+      logits[r * c.e + c.e - 1] = 3.0f;
+      logits[r * c.e + (r % c.e)] = 3.0f;
+    }
+    for (int i = 0; i < c.e; ++i) logits[c.e + i] = 0.5f;
+    for (int i = 0; i < c.e; ++i) logits[2 * c.e + i] = -INFINITY;
+    logits[2 * c.e + c.e / 2] = 1.0f;
+    logits[2 * c.e + 3] = -2.0f;
+    logits[2 * c.e + c.e - 2] = 1.0f;
+    SCOPED_TRACE(::testing::Message() << c.t << " tokens, " << c.e << " experts, k " << c.k);
+    ExpectTopKMatchesReference(c.dtype, logits, c.t, c.e, c.k);
+  }
+}
+
 void RefMoe(const std::vector<float>& x, const std::vector<int32_t>& ids,
             const std::vector<float>& w, const std::vector<float>& gate_up,
             const std::vector<float>& down, int64_t t, int k, int experts, int first, int64_t h,
