@@ -331,15 +331,32 @@ float TimeChain(int grid, bool pdl, bool ticket, const Options& o, cudaStream_t 
 }
 
 // The kernels of one overlap case, per step of the recorded chain.
-// Dynamic shared memory that leaves room for o.stream_blocks_per_sm streaming blocks per SM (the
-// kernel does not touch it): 0 without a cap.
+// Dynamic shared memory (unused by the kernel) that leaves room for o.stream_blocks_per_sm
+// streaming blocks per SM and no more, from the occupancy API (which knows the allocation unit
+// and the per-block reserve); 0 without a cap. Computed once; exits when N cannot be met.
 size_t StreamSmemBytes(const Options& o) {
-  if (o.stream_blocks_per_sm <= 0) return 0;
-  cudaDeviceProp prop{};
-  Check(cudaGetDeviceProperties(&prop, 0), "device properties");
-  const size_t per_block =
-      prop.sharedMemPerMultiprocessor / o.stream_blocks_per_sm - prop.reservedSharedMemPerBlock;
-  return std::min(per_block, prop.sharedMemPerBlockOptin);
+  static const size_t bytes = [&o]() -> size_t {
+    if (o.stream_blocks_per_sm <= 0) return 0;
+    cudaDeviceProp prop{};
+    Check(cudaGetDeviceProperties(&prop, 0), "device properties");
+    if (o.stream_blocks_per_sm > prop.maxBlocksPerMultiProcessor) {
+      std::fprintf(
+          stderr,
+          "mobius_chain_bench: --stream-blocks-per-sm: %d is over the %d blocks an SM holds\n",
+          o.stream_blocks_per_sm, prop.maxBlocksPerMultiProcessor);
+      std::exit(2);
+    }
+    // The largest shared-memory share, so that the cap is the only limit.
+    Check(cudaFuncSetAttribute(StreamStepKernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               cudaSharedmemCarveoutMaxShared),
+          "carveout attribute");
+    size_t avail = 0;
+    Check(cudaOccupancyAvailableDynamicSMemPerBlock(&avail, StreamStepKernel,
+                                                    o.stream_blocks_per_sm, kThreads),
+          "available shared memory");
+    return std::min(avail, prop.sharedMemPerBlockOptin);
+  }();
+  return bytes;
 }
 
 enum class PairCase { kStreamOnly, kSmallOnly, kPairLate, kPairEarly };
@@ -449,6 +466,13 @@ int main(int argc, char** argv) {
   Check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&stream_per_sm, StreamStepKernel, kThreads,
                                                       stream_smem),
         "occupancy");
+  if (o.stream_blocks_per_sm > 0 && stream_per_sm != o.stream_blocks_per_sm) {
+    std::fprintf(stderr,
+                 "mobius_chain_bench: --stream-blocks-per-sm %d: %zu bytes of shared memory a "
+                 "block leave %d blocks per SM (the kernel's registers or threads limit it)\n",
+                 o.stream_blocks_per_sm, stream_smem, stream_per_sm);
+    std::exit(2);
+  }
   auto overlap = [&](PairCase which, int64_t bytes, bool plain) {
     return TimeOverlap(which, bytes, plain, o, stream, pool, pool_pieces, sink, row, kRowN, words);
   };

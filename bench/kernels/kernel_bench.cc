@@ -157,7 +157,9 @@ void PrintHelp() {
       "  --chain A,B,...       also record rounds of the named cases, one call of each in turn,\n"
       "                        as one CUDA graph (the engine's order of kernels) and print the\n"
       "                        time per round; a chain of one case times that case alone in a\n"
-      "                        recording. At most one case with segments per chain. Repeatable\n"
+      "                        recording. At most one case with segments per chain; cases that\n"
+      "                        upload host data (embedding, gather_rows) cannot be recorded.\n"
+      "                        Repeatable\n"
       "  --help                this text\n");
 }
 
@@ -1130,9 +1132,13 @@ void Bench::TimeChain(const std::vector<std::string>& names) {
     rounds = std::max(rounds, cases.back().sets);
   }
   if (staged > 1) Die("--chain " + label + ": more than one case with segments");
+  // Capture needs a staged step even when no case reads one: a one-token step, kept alive until
+  // ClearStep (the backend keeps the spans' addresses).
+  std::function<void()> one_token_step;
   if (staged == 0) {
-    // Capture needs a staged step even when no case reads one: a one-token step.
-    Stager(std::make_shared<SegmentSet>(MakeSegments(1, 1, 0, 0, 0, nullptr, 0)), 1, 1)();
+    one_token_step =
+        Stager(std::make_shared<SegmentSet>(MakeSegments(1, 1, 0, 0, 0, nullptr, 0)), 1, 1);
+    one_token_step();
   }
   for (Case& c : cases) {
     if (c.stage) c.stage();
@@ -1352,6 +1358,13 @@ int Bench::Run() {
   if (opt_.list) {
     for (const Spec& s : specs_) std::printf("%s\n", s.name.c_str());
     return 0;
+  }
+  for (const auto& chain : opt_.chains) {  // names checked before any timing
+    for (const std::string& name : chain) {
+      if (std::none_of(specs_.begin(), specs_.end(),
+                       [&](const Spec& sp) { return sp.name == name; }))
+        Die("--chain: no case named " + name + " (see --list)");
+    }
   }
   std::printf("mobius_kernel_bench on %s (%s), %s; L2 %.0f MB, input sets rotated over %.0f MB\n",
               be_->name().c_str(), gpu_.c_str(),
