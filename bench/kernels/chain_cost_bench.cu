@@ -346,15 +346,29 @@ size_t StreamSmemBytes(const Options& o) {
           o.stream_blocks_per_sm, prop.maxBlocksPerMultiProcessor);
       std::exit(2);
     }
-    // The largest shared-memory share, so that the cap is the only limit.
+    // The largest shared-memory share, so that the cap is the only limit, and any block size up
+    // to the opt-in maximum (without it the occupancy calculation admits no block over 48 KB).
     Check(cudaFuncSetAttribute(StreamStepKernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                cudaSharedmemCarveoutMaxShared),
           "carveout attribute");
+    Check(cudaFuncSetAttribute(StreamStepKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(prop.sharedMemPerBlockOptin)),
+          "shared memory attribute");
     size_t avail = 0;
     Check(cudaOccupancyAvailableDynamicSMemPerBlock(&avail, StreamStepKernel,
                                                     o.stream_blocks_per_sm, kThreads),
           "available shared memory");
-    return std::min(avail, prop.sharedMemPerBlockOptin);
+    // The API's answer can still leave one block fewer (on the H200, 5 per SM: 46592 bytes gave
+    // 4), so step down until the occupancy calculation admits N.
+    size_t bytes = std::min(avail, prop.sharedMemPerBlockOptin);
+    for (;;) {
+      int per_sm = 0;
+      Check(
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, StreamStepKernel, kThreads, bytes),
+          "occupancy");
+      if (per_sm >= o.stream_blocks_per_sm || bytes < 128) return bytes;
+      bytes -= 128;
+    }
   }();
   return bytes;
 }
@@ -469,7 +483,7 @@ int main(int argc, char** argv) {
   if (o.stream_blocks_per_sm > 0 && stream_per_sm != o.stream_blocks_per_sm) {
     std::fprintf(stderr,
                  "mobius_chain_bench: --stream-blocks-per-sm %d: %zu bytes of shared memory a "
-                 "block leave %d blocks per SM (the kernel's registers or threads limit it)\n",
+                 "block leave %d blocks per SM\n",
                  o.stream_blocks_per_sm, stream_smem, stream_per_sm);
     std::exit(2);
   }

@@ -249,6 +249,29 @@ __device__ __forceinline__ void WarpMergeLists(float (&lv)[kRegTopK], int (&li)[
   }
 }
 
+// The k merged logits (wv, ids wi: the same in every lane) as softmax probabilities over all
+// experts (maximum mx, sum of exp(v - mx) total), renormalised over the k or not; lane j < k
+// writes token t's j-th id and weight.
+__device__ __forceinline__ void WriteMergedTopK(float (&wv)[kRegTopK], const int (&wi)[kRegTopK],
+                                                int k, float mx, float total, bool renormalize,
+                                                int lane, int64_t t, int32_t* ids, float* weights) {
+  float selected = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kRegTopK; ++j) {
+    if (j < k) {
+      wv[j] = expf(wv[j] - mx) / total;
+      selected += wv[j];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kRegTopK; ++j) {
+    if (j < k && lane == j) {
+      ids[t * k + j] = wi[j];
+      weights[t * k + j] = renormalize ? wv[j] / selected : wv[j];
+    }
+  }
+}
+
 // The end of the register top-k kernels: every thread holds a sorted list (lv, li) of its best
 // kRegTopK logits and its softmax statistics (m, sum: the sum of exp(v - m) over its logits);
 // each warp merges its lanes' lists, warp 0 merges the warps' lists and writes token t's ids and
@@ -298,21 +321,7 @@ __device__ __forceinline__ void FinishTopKFromLists(float (&lv)[kRegTopK], int (
     li[q] = lane < kWarps ? cand_i[lane][q] : INT_MAX;
   }
   WarpMergeLists(lv, li, k, wv, wi);
-  float selected = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kRegTopK; ++j) {
-    if (j < k) {
-      wv[j] = expf(wv[j] - mx) / total;
-      selected += wv[j];
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < kRegTopK; ++j) {
-    if (j < k && lane == j) {
-      ids[t * k + j] = wi[j];
-      weights[t * k + j] = renormalize ? wv[j] / selected : wv[j];
-    }
-  }
+  WriteMergedTopK(wv, wi, k, mx, total, renormalize, lane, t, ids, weights);
 }
 
 __global__ void __launch_bounds__(kRegTopKThreads)
@@ -543,21 +552,7 @@ __global__ void __launch_bounds__(kWarpTopKWarps * 32, 2)
       }
     }
     WarpMergeLists(lv, li, k, wv, wi);
-    float selected = 0.0f;
-#pragma unroll
-    for (int q = 0; q < kRegTopK; ++q) {
-      if (q < k) {
-        wv[q] = expf(wv[q] - mx) / sum;
-        selected += wv[q];
-      }
-    }
-#pragma unroll
-    for (int q = 0; q < kRegTopK; ++q) {
-      if (q < k && lane == q) {
-        ids[t * k + q] = wi[q];
-        weights[t * k + q] = renormalize ? wv[q] / selected : wv[q];
-      }
-    }
+    WriteMergedTopK(wv, wi, k, mx, sum, renormalize, lane, t, ids, weights);
     return;
   }
 #pragma unroll
