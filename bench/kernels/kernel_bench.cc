@@ -229,6 +229,7 @@ struct Dims {
   int multi_len = 1024;
   std::vector<int> rows = {64, 4096};  // elementwise ops: a decode batch and a prefill
   std::vector<int> moe_tokens = {1, 8, 64, 256, 4096, 8192};
+  std::vector<int> topk_tokens = {1, 64, 256, 1024, 2048, 4096, 8192};
   int gemm = 8192;  // the matrix-rate probe: gemm x gemm x gemm
   [[nodiscard]] int conv_dim() const { return 2 * hk * dk + hv * dv; }
 };
@@ -247,6 +248,7 @@ Dims SmokeDims() {
   d.multi_len = 20;
   d.rows = {5, 70};
   d.moe_tokens = {1, 9};
+  d.topk_tokens = {1, 70};
   d.gemm = 256;
   return d;
 }
@@ -850,18 +852,19 @@ void Bench::BuildSpecs() {
       return c;
     });
   }
-  // MoE.
-  for (int t : d.rows) {
+  // MoE. Top-k over fp32 logits, as the engine's router writes them, from one token to a long
+  // prefill (the block- and warp-per-token kernels cross over in between; MOBIUS_TOPK).
+  for (int t : d.topk_tokens) {
     Add(absl::StrFormat("topk_softmax.T%d", t), [=, this] {
       Case c;
       c.op = "TopKSoftmax";
-      c.shape = absl::StrFormat("[%d, %d], k %d", t, d.experts, d.topk);
-      c.bytes = static_cast<double>(t) * d.experts * ActSize() + 8.0 * t * d.topk;
+      c.shape = absl::StrFormat("[%d, %d] fp32, k %d", t, d.experts, d.topk);
+      c.bytes = static_cast<double>(t) * d.experts * 4.0 + 8.0 * t * d.topk;
       c.flops = 4.0 * t * d.experts;
       c.sets = Sets(c.bytes);
       auto v = std::make_shared<std::vector<std::array<Tensor, 3>>>();
       for (int s = 0; s < c.sets; ++s) {
-        v->push_back({Rand(act_, {t, d.experts}, -4.f, 4.f), Alloc(DType::kI32, {t, d.topk}),
+        v->push_back({Rand(DType::kF32, {t, d.experts}, -4.f, 4.f), Alloc(DType::kI32, {t, d.topk}),
                       F32({t, d.topk})});
       }
       c.run = [this, v, d](int s) {
