@@ -1,0 +1,657 @@
+// mobius_kernel_bench's cases: every custom op of the CUDA backend at the release shapes of
+// Intern-S2-Mobius 35B (or the smoke shapes), each with the bytes and FLOPs its bound counts and
+// enough input sets to rotate past the L2.
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "bench/kernels/kernel_bench.h"
+
+namespace mobius::bench {
+namespace {
+
+std::string AlgoName(DeltaRuleAlgorithm a) {
+  switch (a) {
+    case DeltaRuleAlgorithm::kAuto:
+      return "auto";
+    case DeltaRuleAlgorithm::kRecurrent:
+      return "recurrent";
+    case DeltaRuleAlgorithm::kChunked:
+      return "chunked";
+  }
+  return "?";
+}
+
+std::string K(int n) {  // 1024 -> "1K", 4096 -> "4K"
+  return n % 1024 == 0 ? absl::StrFormat("%dK", n / 1024) : absl::StrFormat("%d", n);
+}
+
+}  // namespace
+
+// Segments of `seqs` sequences of `len` new tokens after `cached` tokens, state slots from
+// `slot0`, with `blocks_per_seq` blocks each taken from `table` starting at `table_off`.
+
+SegmentSet MakeSegments(int seqs, int len, int cached, int slot0, int blocks_per_seq,
+                        const std::vector<int32_t>* table, size_t table_off) {
+  SegmentSet s;
+  s.tables.resize(seqs);
+  for (int i = 0; i < seqs; ++i) {
+    if (table != nullptr) {
+      s.tables[i].assign(table->begin() + table_off + static_cast<size_t>(i) * blocks_per_seq,
+                         table->begin() + table_off + static_cast<size_t>(i + 1) * blocks_per_seq);
+    }
+  }
+  for (int i = 0; i < seqs; ++i) {
+    SequenceSegment g;
+    g.token_begin = i * len;
+    g.num_tokens = len;
+    g.cached_tokens = cached;
+    g.state_slot = slot0 + i;
+    g.kv_blocks = s.tables[i];
+    s.segs.push_back(g);
+  }
+  return s;
+}
+
+std::function<void()> Bench::Stager(std::shared_ptr<SegmentSet> segs, int64_t tokens,
+                                    int max_positions) {
+  auto ids = std::make_shared<std::vector<int32_t>>(static_cast<size_t>(tokens), 0);
+  return [this, segs, ids, max_positions] { be_->StageStep(*ids, segs->segs, max_positions); };
+}
+
+Case Bench::DeltaRule(int seqs, int len, DeltaRuleAlgorithm algo) {
+  const int64_t t = static_cast<int64_t>(seqs) * len;
+  const int conv_dim = d_.conv_dim();
+  const double state_bytes = 4.0 * d_.hv * d_.dk * d_.dv;
+  Case c;
+  c.op = "GatedDeltaRule";
+  c.shape = absl::StrFormat("%d seq x %d tok, Hk %d Hv %d Dk %d Dv %d, %s", seqs, len, d_.hk, d_.hv,
+                            d_.dk, d_.dv, AlgoName(algo));
+  c.bytes = t * conv_dim * ActSize() + t * d_.hv * 8.0 + 2.0 * seqs * state_bytes +
+            t * d_.hv * d_.dv * ActSize();
+  // Recurrent form per token and value head: decay Dk*Dv, S^T k and the rank-1 update 2 Dk*Dv
+  // each, o = S^T q 2 Dk*Dv (the chunked form does a little more, on tensor cores).
+  c.flops = 7.0 * t * d_.hv * d_.dk * d_.dv;
+  c.sets = Sets(c.bytes);
+  // One step's segments for every set; each set has its own states (as each layer in the engine).
+  struct Set {
+    Tensor qkv, g, beta, states, out;
+  };
+  auto sets = std::make_shared<std::vector<Set>>();
+  const int cached = len == 1 ? 100 : 0;
+  auto segs = std::make_shared<SegmentSet>(MakeSegments(seqs, len, cached, 0, 0, nullptr, 0));
+  for (int s = 0; s < c.sets; ++s) {
+    Set x;
+    x.qkv = Rand(act_, {t, conv_dim});
+    x.g = Rand(DType::kF32, {t, d_.hv}, -0.5f, -0.01f);  // log-space decay
+    x.beta = Rand(DType::kF32, {t, d_.hv}, 0.05f, 0.95f);
+    x.states = Rand(DType::kF32, {seqs, d_.hv, d_.dk, d_.dv}, -0.05f, 0.05f);
+    x.out = Act({t, d_.hv * d_.dv});
+    sets->push_back(std::move(x));
+  }
+  const DeltaRuleDims dims{d_.hk, d_.hv, d_.dk, d_.dv};
+  c.run = [this, sets, segs, dims, algo](int s) {
+    Set& x = (*sets)[s];
+    be_->GatedDeltaRule(x.qkv, x.g, x.beta, dims, x.states, segs->segs, algo, x.out);
+  };
+  c.stage = Stager(segs, t, cached + len);
+  return c;
+}
+
+Case Bench::Conv(int seqs, int len) {
+  const int64_t t = static_cast<int64_t>(seqs) * len;
+  const int cd = d_.conv_dim();
+  Case c;
+  c.op = "CausalConv1dSilu";
+  c.shape = absl::StrFormat("%d seq x %d tok, C %d, K %d", seqs, len, cd, d_.conv_k);
+  c.bytes = 2.0 * t * cd * ActSize() + cd * d_.conv_k * ActSize() +
+            2.0 * seqs * cd * (d_.conv_k - 1) * 4.0;
+  c.flops = 2.0 * t * cd * d_.conv_k;
+  c.sets = Sets(c.bytes);
+  struct Set {
+    Tensor x, states, out;
+  };
+  auto sets = std::make_shared<std::vector<Set>>();
+  auto w = std::make_shared<Tensor>(Rand(act_, {cd, d_.conv_k}, -0.5f, 0.5f));
+  const int cached = len == 1 ? 100 : 0;
+  auto segs = std::make_shared<SegmentSet>(MakeSegments(seqs, len, cached, 0, 0, nullptr, 0));
+  for (int s = 0; s < c.sets; ++s) {
+    Set x;
+    x.x = Rand(act_, {t, cd});
+    x.states = Rand(DType::kF32, {seqs, cd, d_.conv_k - 1});
+    x.out = Act({t, cd});
+    sets->push_back(std::move(x));
+  }
+  c.run = [this, sets, segs, w](int s) {
+    Set& x = (*sets)[s];
+    be_->CausalConv1dSilu(x.x, *w, x.states, segs->segs, x.out);
+  };
+  c.stage = Stager(segs, t, cached + len);
+  return c;
+}
+
+Case Bench::Attention(int seqs, int ctx, bool prefill) {
+  // Decode: each sequence has ctx - 1 cached positions and one new token (attends ctx positions).
+  // Prefill: one sequence of ctx new tokens, causal.
+  const int len = prefill ? ctx : 1;
+  const int cached = ctx - len;
+  const int64_t t = static_cast<int64_t>(seqs) * len;
+  const int blocks_per_seq = (ctx + d_.block - 1) / d_.block;
+  const double kv_row = 2.0 * d_.nkv * d_.hd * ActSize();  // K and V of one position
+  Case c;
+  c.op = "PagedAttention";
+  c.shape = absl::StrFormat("%d seq x %d tok, ctx %d, %d/%d heads, hd %d, block %d", seqs, len, ctx,
+                            d_.nh, d_.nkv, d_.hd, d_.block);
+  c.bytes = 2.0 * t * d_.nh * d_.hd * ActSize() + static_cast<double>(seqs) * ctx * kv_row;
+  // QK^T and PV: 4 FLOPs per (query head, attended position, dim).
+  const double attended =
+      prefill ? static_cast<double>(ctx) * (ctx + 1) / 2.0 : static_cast<double>(seqs) * ctx;
+  c.flops = 4.0 * d_.nh * d_.hd * attended;
+  c.sets = Sets(c.bytes);
+  // One step's block tables (a random permutation) for every set; each set has its own K/V cache
+  // (as each attention layer in the engine).
+  const int num_blocks = seqs * blocks_per_seq;
+  const std::vector<int32_t> table = Permutation(num_blocks);
+  auto segs =
+      std::make_shared<SegmentSet>(MakeSegments(seqs, len, cached, -1, blocks_per_seq, &table, 0));
+  struct Set {
+    Tensor q, kc, vc, out;
+  };
+  auto sets = std::make_shared<std::vector<Set>>();
+  for (int s = 0; s < c.sets; ++s) {
+    Set x;
+    x.q = Rand(act_, {t, d_.nh, d_.hd});
+    x.kc = Rand(act_, {num_blocks, d_.block, d_.nkv, d_.hd});
+    x.vc = Rand(act_, {num_blocks, d_.block, d_.nkv, d_.hd});
+    x.out = Act({t, d_.nh, d_.hd});
+    sets->push_back(std::move(x));
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d_.hd));
+  c.run = [this, sets, segs, scale](int s) {
+    Set& x = (*sets)[s];
+    be_->PagedAttention(x.q, x.kc, x.vc, segs->segs, scale, x.out);
+  };
+  c.stage = Stager(segs, t, ctx);
+  return c;
+}
+
+Case Bench::Moe(int tokens) {
+  const int64_t h = d_.hidden, inter = d_.inter, e = d_.experts, k = d_.topk;
+  if (!moe_bank_) {
+    moe_bank_ = std::make_shared<std::pair<Tensor, Tensor>>(
+        Rand(act_, {e, 2 * inter, h}, -0.03f, 0.03f), Rand(act_, {e, h, inter}, -0.03f, 0.03f));
+  }
+  const double expert_bytes = 3.0 * inter * h * ActSize();
+  Case c;
+  c.op = "MoeExperts";
+  c.sets = 0;
+  struct Set {
+    Tensor x, ids, weights, out;
+  };
+  auto sets = std::make_shared<std::vector<Set>>();
+  // Uniform routing: k distinct experts per token. Sets until 4 x L2 of touched weights.
+  double touched_sum = 0;
+  int touched_first = 0;
+  std::vector<char> seen(e);
+  while (c.sets == 0 || (c.sets < 64 && touched_sum < rotate_bytes_ && cuda_) ||
+         (!cuda_ && c.sets < 2)) {
+    std::vector<int32_t> ids(tokens * k);
+    std::vector<float> w(tokens * k);
+    std::fill(seen.begin(), seen.end(), 0);
+    int touched = 0;
+    for (int t = 0; t < tokens; ++t) {
+      std::vector<int32_t> pick;
+      while (static_cast<int64_t>(pick.size()) < k) {
+        const int32_t id = static_cast<int32_t>(rng_() % e);
+        if (std::find(pick.begin(), pick.end(), id) == pick.end()) pick.push_back(id);
+      }
+      float sum = 0;
+      for (int j = 0; j < k; ++j) {
+        ids[t * k + j] = pick[j];
+        w[t * k + j] = 0.05f + static_cast<float>(rng_() % 1000) / 1000.f;
+        sum += w[t * k + j];
+        if (!seen[pick[j]]) ++touched;
+        seen[pick[j]] = 1;
+      }
+      for (int j = 0; j < k; ++j) w[t * k + j] /= sum;
+    }
+    Set x;
+    x.x = Rand(act_, {tokens, h});
+    x.ids = Ints(ids, {tokens, k});
+    x.weights = F32({tokens, k});
+    be_->CopyFromHost(w.data(), DType::kF32, x.weights);
+    x.out = Rand(act_, {tokens, h});
+    sets->push_back(std::move(x));
+    if (c.sets == 0) touched_first = touched;
+    touched_sum += touched * expert_bytes;
+    ++c.sets;
+  }
+  c.shape = absl::StrFormat("%d tok, top-%d of %d experts (%d touched), H %d, I %d", tokens, k, e,
+                            touched_first, h, inter);
+  c.note = absl::StrFormat("touched %d", touched_first);
+  c.bytes = touched_sum / c.sets + tokens * h * ActSize() * 3.0 + tokens * k * 8.0;
+  c.flops = 2.0 * tokens * k * 3.0 * inter * h;
+  auto bank = moe_bank_;
+  c.run = [this, sets, bank](int s) {
+    Set& x = (*sets)[s];
+    be_->MoeExperts(x.x, x.ids, x.weights, bank->first, bank->second, 0, x.out, {});
+  };
+  return c;
+}
+
+Case Bench::Linear(int m, int n, int k) {
+  Case c;
+  c.op = "Linear";
+  c.shape = absl::StrFormat("[%d, %d] x [%d, %d]^T (cuBLASLt)", m, k, n, k);
+  c.bytes = (static_cast<double>(m) * k + static_cast<double>(n) * k + static_cast<double>(m) * n) *
+            ActSize();
+  c.flops = 2.0 * m * static_cast<double>(n) * k;
+  c.sets = Sets(c.bytes);
+  auto w = std::make_shared<std::vector<Tensor>>();
+  auto x = std::make_shared<std::vector<Tensor>>();
+  auto y = std::make_shared<std::vector<Tensor>>();
+  for (int s = 0; s < c.sets; ++s) {
+    x->push_back(Rand(act_, {m, k}));
+    w->push_back(Rand(act_, {n, k}, -0.05f, 0.05f));
+    y->push_back(Act({m, n}));
+  }
+  c.run = [this, x, w, y](int s) { be_->Linear((*x)[s], (*w)[s], (*y)[s]); };
+  return c;
+}
+
+// Several projections of one input through Backend::LinearFanOut (bf16 outputs).
+Case Bench::LinearFanOut(int m, std::vector<int> ns, int k) {
+  Case c;
+  c.op = "LinearFanOut";
+  double n_total = 0;
+  for (int n : ns) n_total += n;
+  c.shape = absl::StrFormat("[%d, %d] x %d weights [%s, %d]^T", m, k, ns.size(),
+                            absl::StrJoin(ns, "|"), k);
+  c.bytes = (static_cast<double>(m) * k + n_total * k + m * n_total) * ActSize();
+  c.flops = 2.0 * m * n_total * k;
+  c.sets = Sets(c.bytes);
+  struct Set {
+    Tensor x;
+    std::vector<Tensor> w, y;
+  };
+  auto v = std::make_shared<std::vector<Set>>();
+  for (int s = 0; s < c.sets; ++s) {
+    Set set;
+    set.x = Rand(act_, {m, k});
+    for (int n : ns) {
+      set.w.push_back(Rand(act_, {n, k}, -0.05f, 0.05f));
+      set.y.push_back(Act({m, n}));
+    }
+    v->push_back(std::move(set));
+  }
+  c.run = [this, v](int s) {
+    Set& set = (*v)[s];
+    std::vector<const Tensor*> ws;
+    std::vector<Tensor*> ys;
+    for (size_t i = 0; i < set.w.size(); ++i) {
+      ws.push_back(&set.w[i]);
+      ys.push_back(&set.y[i]);
+    }
+    be_->LinearFanOut(set.x, ws, ys);
+  };
+  return c;
+}
+
+void Bench::BuildSpecs() {
+  const Dims& d = d_;
+  // Gated DeltaNet.
+  for (int b : d.decode_batches) {
+    Add(absl::StrFormat("gdr.decode.B%d", b),
+        [=, this] { return DeltaRule(b, 1, DeltaRuleAlgorithm::kAuto); });
+  }
+  for (auto algo :
+       {DeltaRuleAlgorithm::kAuto, DeltaRuleAlgorithm::kRecurrent, DeltaRuleAlgorithm::kChunked}) {
+    Add(absl::StrFormat("gdr.prefill.1x%s.%s", K(d.prefill), AlgoName(algo)),
+        [=, this] { return DeltaRule(1, d.prefill, algo); });
+    Add(absl::StrFormat("gdr.prefill.%dx%s.%s", d.multi_seqs, K(d.multi_len), AlgoName(algo)),
+        [=, this] { return DeltaRule(d.multi_seqs, d.multi_len, algo); });
+  }
+  std::vector<int> conv_batches = {d.decode_batches.front(),
+                                   d.decode_batches[d.decode_batches.size() / 2],
+                                   d.decode_batches.back()};
+  conv_batches.erase(std::unique(conv_batches.begin(), conv_batches.end()), conv_batches.end());
+  for (int b : conv_batches) {
+    Add(absl::StrFormat("conv.decode.B%d", b), [=, this] { return Conv(b, 1); });
+  }
+  Add(absl::StrFormat("conv.prefill.1x%s", K(d.prefill)), [=, this] { return Conv(1, d.prefill); });
+  Add(absl::StrFormat("conv.prefill.%dx%s", d.multi_seqs, K(d.multi_len)),
+      [=, this] { return Conv(d.multi_seqs, d.multi_len); });
+  for (int t : d.rows) {
+    Add(absl::StrFormat("gates.T%d", t), [=, this] {
+      Case c;
+      c.op = "DeltaRuleGates";
+      c.shape = absl::StrFormat("[%d, %d]", t, d.hv);
+      c.bytes = 2.0 * t * d.hv * ActSize() + 2.0 * d.hv * ActSize() + 2.0 * t * d.hv * 4;
+      c.flops = 10.0 * t * d.hv;
+      c.sets = Sets(c.bytes);
+      auto a_log = std::make_shared<Tensor>(Rand(act_, {d.hv}, -1.f, 1.f));
+      auto dt_bias = std::make_shared<Tensor>(Rand(act_, {d.hv}, -1.f, 1.f));
+      auto v = std::make_shared<std::vector<std::array<Tensor, 4>>>();
+      for (int s = 0; s < c.sets; ++s) {
+        v->push_back(
+            {Rand(act_, {t, d.hv}), Rand(act_, {t, d.hv}), F32({t, d.hv}), F32({t, d.hv})});
+      }
+      c.run = [this, v, a_log, dt_bias](int s) {
+        auto& x = (*v)[s];
+        be_->DeltaRuleGates(x[0], x[1], *a_log, *dt_bias, x[2], x[3]);
+      };
+      return c;
+    });
+    Add(absl::StrFormat("gated_rmsnorm.T%d", t), [=, this] {
+      const int64_t r = static_cast<int64_t>(t) * d.hv;
+      Case c;
+      c.op = "GatedRmsNorm";
+      c.shape = absl::StrFormat("[%d, %d] (T %d x Hv %d)", r, d.dv, t, d.hv);
+      c.bytes = 3.0 * r * d.dv * ActSize() + d.dv * ActSize();
+      c.flops = 8.0 * r * d.dv;
+      c.sets = Sets(c.bytes);
+      auto w = std::make_shared<Tensor>(Rand(act_, {d.dv}, 0.5f, 1.5f));
+      auto v = std::make_shared<std::vector<std::array<Tensor, 3>>>();
+      for (int s = 0; s < c.sets; ++s) {
+        v->push_back({Rand(act_, {r, d.dv}), Rand(act_, {r, d.dv}), Act({r, d.dv})});
+      }
+      c.run = [this, v, w, d](int s) {
+        auto& x = (*v)[s];
+        be_->GatedRmsNorm(x[0], x[1], *w, d.eps, x[2]);
+      };
+      return c;
+    });
+  }
+  // Gated attention.
+  for (int t : d.rows) {
+    const bool decode = t == d.rows.front();
+    Add(absl::StrFormat("qknorm_rope.T%d", t), [=, this] {
+      Case c;
+      c.op = "QkNormRope";
+      c.shape = absl::StrFormat("%s, q_gate [%d, %d, %d], k [%d, %d, %d], rotary %d",
+                                decode ? "decode" : "prefill", t, d.nh, 2 * d.hd, t, d.nkv, d.hd,
+                                d.rotary);
+      c.bytes = (static_cast<double>(t) * d.nh * 2 * d.hd + 2.0 * t * d.nkv * d.hd +
+                 2.0 * t * d.nh * d.hd + 2.0 * d.hd) *
+                ActSize();
+      c.flops = 10.0 * t * (d.nh + d.nkv) * d.hd;
+      c.sets = Sets(c.bytes);
+      struct Set {
+        Tensor qg, k, q, gate;
+      };
+      auto v = std::make_shared<std::vector<Set>>();
+      auto qn = std::make_shared<Tensor>(Rand(act_, {d.hd}, -0.1f, 0.1f));
+      auto kn = std::make_shared<Tensor>(Rand(act_, {d.hd}, -0.1f, 0.1f));
+      auto segs = std::make_shared<SegmentSet>(decode ? MakeSegments(t, 1, 1000, -1, 0, nullptr, 0)
+                                                      : MakeSegments(1, t, 0, -1, 0, nullptr, 0));
+      for (int s = 0; s < c.sets; ++s) {
+        Set x;
+        x.qg = Rand(act_, {t, d.nh, 2 * d.hd});
+        x.k = Rand(act_, {t, d.nkv, d.hd});
+        x.q = Act({t, d.nh, d.hd});
+        x.gate = Act({t, d.nh, d.hd});
+        v->push_back(std::move(x));
+      }
+      const RopeParams rope{d.rotary, d.rope_theta};
+      c.run = [this, v, segs, qn, kn, rope, d](int s) {
+        Set& x = (*v)[s];
+        be_->QkNormRope(x.qg, x.k, *qn, *kn, d.eps, rope, segs->segs, x.q, x.gate);
+      };
+      c.stage = Stager(segs, t, decode ? 1001 : t);
+      return c;
+    });
+    Add(absl::StrFormat("write_kv.T%d", t), [=, this] {
+      const int seqs = decode ? t : 1, len = decode ? 1 : t, cached = decode ? 1000 : 0;
+      const int bps = (cached + len + d.block - 1) / d.block;
+      Case c;
+      c.op = "WriteKvCache";
+      c.shape = absl::StrFormat("%s, k/v [%d, %d, %d], block %d", decode ? "decode" : "prefill", t,
+                                d.nkv, d.hd, d.block);
+      c.bytes = 4.0 * t * d.nkv * d.hd * ActSize();
+      c.flops = 0;
+      c.sets = Sets(c.bytes);
+      // One step's block tables for every set, a K/V cache per set (as per layer in the engine).
+      const int num_blocks = seqs * bps;
+      const std::vector<int32_t> table = Permutation(num_blocks);
+      auto segs = std::make_shared<SegmentSet>(MakeSegments(seqs, len, cached, -1, bps, &table, 0));
+      struct Set {
+        Tensor k, v, kc, vc;
+      };
+      auto v = std::make_shared<std::vector<Set>>();
+      for (int s = 0; s < c.sets; ++s) {
+        Set x;
+        x.k = Rand(act_, {t, d.nkv, d.hd});
+        x.v = Rand(act_, {t, d.nkv, d.hd});
+        x.kc = Act({num_blocks, d.block, d.nkv, d.hd});
+        x.vc = Act({num_blocks, d.block, d.nkv, d.hd});
+        v->push_back(std::move(x));
+      }
+      c.run = [this, v, segs](int s) {
+        Set& x = (*v)[s];
+        be_->WriteKvCache(x.k, x.v, segs->segs, x.kc, x.vc);
+      };
+      c.stage = Stager(segs, t, cached + len);
+      return c;
+    });
+  }
+  for (int b : d.decode_batches) {
+    for (int ctx : d.contexts) {
+      Add(absl::StrFormat("attn.decode.B%d.ctx%s", b, K(ctx)),
+          [=, this] { return Attention(b, ctx, false); });
+    }
+  }
+  Add(absl::StrFormat("attn.prefill.1x%s", K(d.prefill)),
+      [=, this] { return Attention(1, d.prefill, true); });
+  for (int t : d.rows) {
+    Add(absl::StrFormat("mul_sigmoid.T%d", t), [=, this] {
+      const int64_t n = static_cast<int64_t>(d.nh) * d.hd;
+      Case c;
+      c.op = "MulSigmoid";
+      c.shape = absl::StrFormat("[%d, %d]", t, n);
+      c.bytes = 3.0 * t * n * ActSize();
+      c.flops = 4.0 * t * n;
+      c.sets = Sets(c.bytes);
+      auto v = std::make_shared<std::vector<std::array<Tensor, 2>>>();
+      for (int s = 0; s < c.sets; ++s) v->push_back({Rand(act_, {t, n}), Rand(act_, {t, n})});
+      c.run = [this, v](int s) { be_->MulSigmoid((*v)[s][0], (*v)[s][1]); };
+      return c;
+    });
+  }
+  // MoE. Top-k over fp32 logits, as the engine's router writes them, from one token to a long
+  // prefill (the block- and warp-per-token kernels cross over in between; MOBIUS_TOPK).
+  for (int t : d.topk_tokens) {
+    Add(absl::StrFormat("topk_softmax.T%d", t), [=, this] {
+      Case c;
+      c.op = "TopKSoftmax";
+      c.shape = absl::StrFormat("[%d, %d] fp32, k %d", t, d.experts, d.topk);
+      c.bytes = static_cast<double>(t) * d.experts * 4.0 + 8.0 * t * d.topk;
+      c.flops = 4.0 * t * d.experts;
+      c.sets = Sets(c.bytes);
+      auto v = std::make_shared<std::vector<std::array<Tensor, 3>>>();
+      for (int s = 0; s < c.sets; ++s) {
+        v->push_back({Rand(DType::kF32, {t, d.experts}, -4.f, 4.f), Alloc(DType::kI32, {t, d.topk}),
+                      F32({t, d.topk})});
+      }
+      c.run = [this, v, d](int s) {
+        auto& x = (*v)[s];
+        be_->TopKSoftmax(x[0], d.topk, true, x[1], x[2]);
+      };
+      return c;
+    });
+  }
+  for (int t : d.moe_tokens) {
+    Add(absl::StrFormat("moe.T%d", t), [=, this] { return Moe(t); });
+  }
+  // Dense. The norms also at one row: the one-block kernel between a decode step's projections.
+  std::vector<int> norm_rows = d.rows;
+  norm_rows.insert(norm_rows.begin(), 1);
+  for (int t : norm_rows) {
+    Add(absl::StrFormat("rmsnorm1p.T%d", t), [=, this] {
+      Case c;
+      c.op = "RmsNorm1p";
+      c.shape = absl::StrFormat("[%d, %d]", t, d.hidden);
+      c.bytes = 2.0 * t * d.hidden * ActSize() + d.hidden * ActSize();
+      c.flops = 4.0 * t * d.hidden;
+      c.sets = Sets(c.bytes);
+      auto w = std::make_shared<Tensor>(Rand(act_, {d.hidden}, -0.1f, 0.1f));
+      auto v = std::make_shared<std::vector<std::array<Tensor, 2>>>();
+      for (int s = 0; s < c.sets; ++s)
+        v->push_back({Rand(act_, {t, d.hidden}), Act({t, d.hidden})});
+      c.run = [this, v, w, d](int s) { be_->RmsNorm1p((*v)[s][0], *w, d.eps, (*v)[s][1]); };
+      return c;
+    });
+    Add(absl::StrFormat("add_rmsnorm1p.T%d", t), [=, this] {
+      Case c;
+      c.op = "AddRmsNorm1p";
+      c.shape = absl::StrFormat("[%d, %d]", t, d.hidden);
+      c.bytes = 4.0 * t * d.hidden * ActSize() + d.hidden * ActSize();
+      c.flops = 5.0 * t * d.hidden;
+      c.sets = Sets(c.bytes);
+      auto w = std::make_shared<Tensor>(Rand(act_, {d.hidden}, -0.1f, 0.1f));
+      auto v = std::make_shared<std::vector<std::array<Tensor, 3>>>();
+      for (int s = 0; s < c.sets; ++s) {
+        v->push_back({Rand(act_, {t, d.hidden}), Rand(act_, {t, d.hidden}), Act({t, d.hidden})});
+      }
+      c.run = [this, v, w, d](int s) {
+        auto& x = (*v)[s];
+        be_->AddRmsNorm1p(x[0], x[1], *w, d.eps, x[2]);
+      };
+      return c;
+    });
+    Add(absl::StrFormat("add.T%d", t), [=, this] {
+      Case c;
+      c.op = "Add";
+      c.shape = absl::StrFormat("[%d, %d]", t, d.hidden);
+      c.bytes = 3.0 * t * d.hidden * ActSize();
+      c.flops = 1.0 * t * d.hidden;
+      c.sets = Sets(c.bytes);
+      auto v = std::make_shared<std::vector<std::array<Tensor, 2>>>();
+      for (int s = 0; s < c.sets; ++s) {
+        v->push_back({Rand(act_, {t, d.hidden}), Rand(act_, {t, d.hidden}, -1e-3f, 1e-3f)});
+      }
+      c.run = [this, v](int s) { be_->Add((*v)[s][0], (*v)[s][1]); };
+      return c;
+    });
+    Add(absl::StrFormat("add_sigmoid_scaled.T%d", t), [=, this] {
+      Case c;
+      c.op = "AddSigmoidScaled";
+      c.shape = absl::StrFormat("[%d, %d], gate [%d, 1]", t, d.hidden, t);
+      c.bytes = 3.0 * t * d.hidden * ActSize() + t * ActSize();
+      c.flops = 2.0 * t * d.hidden;
+      c.sets = Sets(c.bytes);
+      auto v = std::make_shared<std::vector<std::array<Tensor, 3>>>();
+      for (int s = 0; s < c.sets; ++s) {
+        v->push_back({Rand(act_, {t, d.hidden}), Rand(act_, {t, d.hidden}, -1e-3f, 1e-3f),
+                      Rand(act_, {t, 1}, -2.f, 2.f)});
+      }
+      c.run = [this, v](int s) {
+        auto& x = (*v)[s];
+        be_->AddSigmoidScaled(x[0], x[1], x[2]);
+      };
+      return c;
+    });
+    Add(absl::StrFormat("silu_mul.T%d", t), [=, this] {
+      Case c;
+      c.op = "SiluAndMul";
+      c.shape = absl::StrFormat("[%d, %d] -> [%d, %d]", t, 2 * d.shared_inter, t, d.shared_inter);
+      c.bytes = 3.0 * t * d.shared_inter * ActSize();
+      c.flops = 6.0 * t * d.shared_inter;
+      c.sets = Sets(c.bytes);
+      auto v = std::make_shared<std::vector<std::array<Tensor, 2>>>();
+      for (int s = 0; s < c.sets; ++s) {
+        v->push_back({Rand(act_, {t, 2 * d.shared_inter}), Act({t, d.shared_inter})});
+      }
+      c.run = [this, v](int s) { be_->SiluAndMul((*v)[s][0], (*v)[s][1]); };
+      return c;
+    });
+    Add(absl::StrFormat("embedding.T%d", t), [=, this] {
+      Case c;
+      c.op = "EmbeddingLookup";
+      c.shape = absl::StrFormat("%d ids, table [%d, %d]", t, d.vocab, d.hidden);
+      c.bytes = 2.0 * t * d.hidden * ActSize() + 4.0 * t;
+      c.flops = 0;
+      c.sets = Sets(c.bytes);
+      auto table = std::make_shared<Tensor>(Rand(act_, {d.vocab, d.hidden}));
+      struct Set {
+        std::vector<int32_t> ids;
+        Tensor out;
+      };
+      auto v = std::make_shared<std::vector<Set>>();
+      for (int s = 0; s < c.sets; ++s) {
+        Set x;
+        for (int i = 0; i < t; ++i) x.ids.push_back(static_cast<int32_t>(rng_() % d.vocab));
+        x.out = Act({t, d.hidden});
+        v->push_back(std::move(x));
+      }
+      c.run = [this, v, table](int s) { be_->EmbeddingLookup((*v)[s].ids, *table, (*v)[s].out); };
+      return c;
+    });
+    Add(absl::StrFormat("gather_rows.T%d", t), [=, this] {
+      Case c;
+      c.op = "GatherRows";
+      c.shape = absl::StrFormat("%d of %d rows of %d", t, t, d.hidden);
+      c.bytes = 2.0 * t * d.hidden * ActSize() + 4.0 * t;
+      c.flops = 0;
+      c.sets = Sets(c.bytes);
+      struct Set {
+        std::vector<int32_t> rows;
+        Tensor x, out;
+      };
+      auto v = std::make_shared<std::vector<Set>>();
+      for (int s = 0; s < c.sets; ++s) {
+        Set x;
+        x.rows = Permutation(t);
+        x.x = Rand(act_, {t, d.hidden});
+        x.out = Act({t, d.hidden});
+        v->push_back(std::move(x));
+      }
+      c.run = [this, v](int s) { be_->GatherRows((*v)[s].x, (*v)[s].rows, (*v)[s].out); };
+      return c;
+    });
+  }
+  // Dense projections through cuBLASLt, for reference (the in-projection of a DeltaNet layer is
+  // [T, 2048] -> 12352; 8192 is a round stand-in), the lm_head, and the matrix-rate probe.
+  const int in_proj = 2 * d.hk * d.dk + 2 * d.hv * d.dv + 2 * d.hv;
+  for (int t : {1, d.rows.front(), d.rows.back()}) {
+    Add(absl::StrFormat("linear.%dx%dx%d", t, in_proj, d.hidden),
+        [=, this] { return Linear(t, in_proj, d.hidden); });
+  }
+  // The DeltaNet out-projection at decode batches 1 and 8 (K = 4096: split K in the skinny
+  // kernel) and the in-projection at batch 8.
+  for (int t : {1, 8}) {
+    Add(absl::StrFormat("linear.%dx%dx%d", t, d.hidden, d.hv * d.dv),
+        [=, this] { return Linear(t, d.hidden, d.hv * d.dv); });
+  }
+  Add(absl::StrFormat("linear.%dx%dx%d", 8, in_proj, d.hidden),
+      [=, this] { return Linear(8, in_proj, d.hidden); });
+  // The fan-outs of a decode step (skinny kernel at 1 row, tensor-core GEMV at 2-8): a DeltaNet
+  // layer's four in-projections, and the shared expert's gate_up + its gate + the router.
+  for (int t : {1, 2, 4, 8}) {
+    Add(absl::StrFormat("fanout.deltanet_in.T%d", t), [=, this] {
+      return LinearFanOut(t, {2 * d.hk * d.dk + d.hv * d.dv, d.hv * d.dv, d.hv, d.hv}, d.hidden);
+    });
+    Add(absl::StrFormat("fanout.ffn_in.T%d", t), [=, this] {
+      return LinearFanOut(t, {2 * d.shared_inter, 1, d.experts}, d.hidden);
+    });
+  }
+  // Single projections through the skinny kernel (a fan-out of one), beside linear.* (cuBLASLt):
+  // the DeltaNet out-projection and the shared expert's down projection at batch 1.
+  for (int t : {1, 4, 8}) {
+    Add(absl::StrFormat("fanout.single.%dx%dx%d", t, d.hidden, d.hv * d.dv),
+        [=, this] { return LinearFanOut(t, {d.hidden}, d.hv * d.dv); });
+  }
+  Add("fanout.single.1x2048x512",
+      [=, this] { return LinearFanOut(1, {d.hidden}, d.shared_inter); });
+  Add("linear.1x2048x512", [=, this] { return Linear(1, d.hidden, d.shared_inter); });
+  Add(absl::StrFormat("linear.lm_head.%dx%dx%d", 1, d.vocab, d.hidden),
+      [=, this] { return Linear(1, d.vocab, d.hidden); });
+  Add(absl::StrFormat("linear.%dx%dx%d", d.gemm, d.gemm, d.gemm),
+      [=, this] { return Linear(d.gemm, d.gemm, d.gemm); });
+}
+
+}  // namespace mobius::bench
