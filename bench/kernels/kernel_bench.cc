@@ -264,20 +264,27 @@ void Bench::TimeRecorded(Case& c, Result& r) {
                  std::string(step.status().message()).c_str());
     return;
   }
+  absl::StatusOr<double> per_call = ReplayMedianUs(**step, calls, /*replays=*/6);
+  if (!per_call.ok()) {
+    std::fprintf(stderr, "graph timing skipped: %s\n",
+                 std::string(per_call.status().message()).c_str());
+    return;
+  }
+  r.graph_us = *per_call;
+}
+
+absl::StatusOr<double> Bench::ReplayMedianUs(kernels::CapturedStep& step, int calls, int replays) {
   std::vector<double> per_call;
-  for (int rep = 0; rep < 6; ++rep) {
+  for (int rep = 0; rep < replays; ++rep) {
     CheckCuda(cudaEventRecord(events_[0], stream_), "cudaEventRecord");
-    if (absl::Status replayed = be_->Replay(**step); !replayed.ok()) {
-      std::fprintf(stderr, "graph timing skipped: %s\n", std::string(replayed.message()).c_str());
-      return;
-    }
+    if (absl::Status replayed = be_->Replay(step); !replayed.ok()) return replayed;
     CheckCuda(cudaEventRecord(events_[1], stream_), "cudaEventRecord");
     be_->Synchronize();
     float ms = 0;
     CheckCuda(cudaEventElapsedTime(&ms, events_[0], events_[1]), "cudaEventElapsedTime");
     if (rep > 0) per_call.push_back(ms * 1e3 / calls);  // the first replay uploads the graph
   }
-  r.graph_us = Median(per_call);
+  return Median(per_call);
 }
 
 void Bench::TimeChain(const std::vector<std::string>& names) {
@@ -318,24 +325,14 @@ void Bench::TimeChain(const std::vector<std::string>& names) {
   }
   auto step = be_->EndCapture();
   if (!step.ok()) Die("--chain " + label + ": " + std::string(step.status().message()));
-  std::vector<double> per_round;
-  for (int rep = 0; rep < 8; ++rep) {
-    CheckCuda(cudaEventRecord(events_[0], stream_), "cudaEventRecord");
-    if (absl::Status replayed = be_->Replay(**step); !replayed.ok()) {
-      Die("--chain " + label + ": " + std::string(replayed.message()));
-    }
-    CheckCuda(cudaEventRecord(events_[1], stream_), "cudaEventRecord");
-    be_->Synchronize();
-    float ms = 0;
-    CheckCuda(cudaEventElapsedTime(&ms, events_[0], events_[1]), "cudaEventElapsedTime");
-    if (rep > 0) per_round.push_back(ms * 1e3 / rounds);  // the first replay uploads the graph
-  }
+  absl::StatusOr<double> per_round = ReplayMedianUs(**step, rounds, /*replays=*/8);
+  if (!per_round.ok()) Die("--chain " + label + ": " + std::string(per_round.status().message()));
   be_->ClearStep();
   double bytes = 0;
   for (const Case& c : cases) bytes += c.bytes;
   const double bound = bandwidth_ > 0 ? bytes / bandwidth_ * 1e6 : 0;
   std::printf("chain %s: %.2f us per round (%d rounds in one graph; bytes bound %.2f us)\n",
-              label.c_str(), Median(per_round), rounds, bound);
+              label.c_str(), *per_round, rounds, bound);
   std::fflush(stdout);
 }
 

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "bench/kernels/bench_device.h"
 #include "kernels/backend.h"
 #include "kernels/dtype.h"
@@ -213,6 +214,9 @@ class Bench {
   void TimeRecorded(Case& c, Result& r);
   // --chain: rounds of the named cases (one call each) recorded as one graph; prints us per round.
   void TimeChain(const std::vector<std::string>& names);
+  // Replays `step` `replays` times between two events and returns the median microseconds per
+  // call (`calls` recorded in it), the first replay (which uploads the graph) left out.
+  absl::StatusOr<double> ReplayMedianUs(kernels::CapturedStep& step, int calls, int replays);
   void MeasureCeilings();
   void Print(const std::vector<Result>& results) const;
   void WriteJson(const std::vector<Result>& results) const;

@@ -537,11 +537,9 @@ __global__ void __launch_bounds__(kWarpTopKWarps * 32, 2)
   }
   const int count = __shfl_sync(0xffffffffu, before, 31);
   before -= mine;
-  float wv[kRegTopK];
-  int wi[kRegTopK];
   if (count > kWarpTopKCandidates || threshold == -INFINITY) {
-    float lv[kRegTopK];
-    int li[kRegTopK];
+    float lv[kRegTopK], wv[kRegTopK];
+    int li[kRegTopK], wi[kRegTopK];
     ClearList(lv, li);
 #pragma unroll
     for (int j = 0; j < kWarpTopKGroups; ++j) {
