@@ -65,6 +65,16 @@ struct SharedExpertOperands {
   Tensor& out;                // [T, H] scratch
 };
 
+// The dimensions of a model's ops that a backend's kernels may bound (head sizes, conv taps),
+// checked once before any weight is loaded. Each field is named after the Hugging Face config
+// field it comes from; 0 means the model has no such op.
+struct ModelOpShapes {
+  int head_dim = 0;                // gated attention: head size
+  int linear_key_head_dim = 0;     // gated DeltaNet: Dk
+  int linear_value_head_dim = 0;   // Dv
+  int linear_conv_kernel_dim = 0;  // causal conv taps
+};
+
 // A recorded step (a CUDA graph): the ops queued between Backend::BeginCapture and EndCapture,
 // replayed by Backend::Replay with whatever the tensors they read hold at that time.
 class CapturedStep {
@@ -86,6 +96,12 @@ class Backend {
   // dtype in which the backend keeps weights and activations (cpu: F32, cuda: BF16).
   [[nodiscard]] virtual DType activation_dtype() const = 0;
 
+  // OK when this backend runs every op of a model with these shapes; otherwise InvalidArgument
+  // naming the field, its value and the backend's limit, so that loading fails before any
+  // weight is read instead of an op failing mid-step. The default (the CPU reference) takes any.
+  virtual absl::Status CheckModelOpShapes(const ModelOpShapes& shapes) const {
+    return absl::OkStatus();
+  }
   // Zero-initialised storage. ResourceExhausted when it does not fit.
   virtual absl::StatusOr<Tensor> Allocate(DType dtype, std::vector<int64_t> shape) = 0;
   // Copies `count` host elements of type `src_dtype` into `dst` (count == dst.numel()),

@@ -537,11 +537,12 @@ void LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint
   if (head_dim <= 128) {
     LaunchAttention<4>(grid, smem, stream, q, k_cache, v_cache, num_heads, num_kv_heads, head_dim,
                        block_size, tokens, segments, scale, out);
-  } else if (head_dim <= 256) {
+  } else if (head_dim <= kMaxAttentionHeadDim) {
     LaunchAttention<8>(grid, smem, stream, q, k_cache, v_cache, num_heads, num_kv_heads, head_dim,
                        block_size, tokens, segments, scale, out);
   } else {
-    std::fprintf(stderr, "mobius cuda: attention head dim %d > 256 is not supported\n", head_dim);
+    std::fprintf(stderr, "mobius cuda: attention head dim %d > %d is not supported\n", head_dim,
+                 kMaxAttentionHeadDim);
     std::abort();
   }
   CheckLaunch("PagedAttention");

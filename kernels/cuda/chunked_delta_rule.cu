@@ -28,6 +28,7 @@
 
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/tuning_knobs.h"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace mobius::kernels::cuda {
@@ -756,13 +757,10 @@ void LaunchChunked(const uint16_t* qkv, const float* g, const float* beta, int h
   // 8 x 1024 655 us vs 550 us.
   // Profiling knobs: MOBIUS_CHUNKED_STAGE=prep|state runs one of the two kernels;
   // MOBIUS_CHUNKED_BV=32|64 forces the value columns per state block.
-  const char* stage = std::getenv("MOBIUS_CHUNKED_STAGE");
-  const bool prep = stage == nullptr || std::strcmp(stage, "state") != 0;
-  const bool state = stage == nullptr || std::strcmp(stage, "prep") != 0;
-  static const int forced_bv = [] {
-    const char* env = std::getenv("MOBIUS_CHUNKED_BV");
-    return env == nullptr ? 0 : std::atoi(env);
-  }();
+  static const int stage = KnobChoice("MOBIUS_CHUNKED_STAGE", {"prep", "state"});
+  const bool prep = stage != 2;
+  const bool state = stage != 1;
+  static const int forced_bv = KnobChoice("MOBIUS_CHUNKED_BV", {"32", "64"}) * 32;
   int num_sms = 132;
   cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device);
   const int64_t blocks32 = int64_t{num_chunked_segments} * hv * (dv / 32);

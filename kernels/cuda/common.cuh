@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/tuning_knobs.h"
 
 namespace mobius::kernels::cuda {
 
@@ -165,11 +166,8 @@ __device__ __forceinline__ void PdlTrigger() {
 }
 // MOBIUS_PDL=0 launches everything the ordinary way (read once; before/after timings).
 inline bool PdlEnabled() {
-  static const bool on = [] {
-    const char* env = std::getenv("MOBIUS_PDL");
-    const char* moe = std::getenv("MOBIUS_MOE_PDL");  // the older, MoE-only name
-    return !(env != nullptr && env[0] == '0') && !(moe != nullptr && moe[0] == '0');
-  }();
+  static const bool on = KnobChoice("MOBIUS_PDL", {"0", "1"}) != 1 &&
+                         KnobChoice("MOBIUS_MOE_PDL", {"0", "1"}) != 1;  // the older name
   return on;
 }
 // Launches `kernel` with the programmatic-serialization attribute (see PdlWait); aborts with

@@ -20,6 +20,7 @@
 #include "kernels/cuda/device_block_cache.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/lt_gemm.h"
+#include "kernels/cuda/tuning_knobs.h"
 
 namespace mobius::kernels {
 namespace {
@@ -268,6 +269,9 @@ class CudaBackend final : public Backend {
                  int max_positions) override;
   void ClearStep() override { staged_ = StagedStep{}; }
   [[nodiscard]] bool SupportsCapture() const override { return true; }
+  absl::Status CheckModelOpShapes(const ModelOpShapes& shapes) const override {
+    return CheckCudaModelOpShapes(shapes);
+  }
   absl::Status BeginCapture() override;
   absl::StatusOr<std::unique_ptr<CapturedStep>> EndCapture() override;
   absl::Status Replay(CapturedStep& step) override;
@@ -378,19 +382,14 @@ class CudaBackend final : public Backend {
   const int num_sms_;
   // MOBIUS_SKINNY_GEMM=0 sends few-row GEMMs to cuBLASLt (skinny kernel and tensor-core GEMV
   // both off), for before/after timings.
-  const bool skinny_off_ = [] {
-    const char* v = std::getenv("MOBIUS_SKINNY_GEMM");
-    return v != nullptr && v[0] == '0';
-  }();
+  const bool skinny_off_ = cuda::KnobChoice("MOBIUS_SKINNY_GEMM", {"0", "1"}) == 1;
   // Projections of 2-8 rows go to the tensor-core GEMV (tc_gemv.cu); against cuBLASLt a
   // batch-4 decode step 6.35 -> 5.58 ms, batch 8 8.41 -> 7.60 ms, and at 2 rows against the
   // skinny kernel 4.66 -> 4.54 ms; at 1 row the skinny kernel stays ahead (3.61 vs 3.85 ms;
   // performance.md, eleventh version). MOBIUS_TC_GEMV=N (1-8) sets the fewest rows it takes,
   // 0 turns it off.
   const int tc_gemv_min_rows_ = [this] {
-    const char* v = std::getenv("MOBIUS_TC_GEMV");
-    int rows = 2;
-    if (v != nullptr && !absl::SimpleAtoi(v, &rows)) rows = 2;
+    const int rows = cuda::KnobInt("MOBIUS_TC_GEMV", 2, 0, cuda::kMaxTcGemvRows);
     return skinny_off_ || rows <= 0 ? cuda::kMaxTcGemvRows + 1 : rows;
   }();
   bool TcGemvFor(int64_t m) const { return m >= tc_gemv_min_rows_ && m <= cuda::kMaxTcGemvRows; }
@@ -1337,13 +1336,8 @@ void CudaBackend::MoeExpertsWithSharedExpert(const Tensor& x, const Tensor& ids,
   // Few tokens: each down block also computes its rows of the shared expert, so that
   // projection is not a launch of its own (MoeFewDownRowsKernel).
   // MOBIUS_MOE_SHARED_EXPERT=N (A/B runs): fuse up to N tokens instead of the default; 0 never.
-  static const int max_tokens = [] {
-    const char* env = std::getenv("MOBIUS_MOE_SHARED_EXPERT");
-    int n = cuda::kMoeSharedExpertFusedMaxTokens;
-    return env != nullptr && absl::SimpleAtoi(env, &n) && n >= 0
-               ? n
-               : cuda::kMoeSharedExpertFusedMaxTokens;
-  }();
+  static const int max_tokens =
+      cuda::KnobInt("MOBIUS_MOE_SHARED_EXPERT", cuda::kMoeSharedExpertFusedMaxTokens, 0, 1 << 20);
   const cuda::MoeSharedTerm term{
       nullptr, gp, Bf16(shared.gate_up), Bf16(shared.down), shared.down.dim(1), max_tokens};
   if (t > 0 && ids.dim(1) > 0 && gate_up.dim(0) > 0 && expert_tokens.empty()) {
@@ -1355,6 +1349,27 @@ void CudaBackend::MoeExpertsWithSharedExpert(const Tensor& x, const Tensor& ids,
 }
 
 }  // namespace
+
+absl::Status CheckCudaModelOpShapes(const ModelOpShapes& shapes) {
+  auto too_large = [](const char* field, int value, int limit, const char* which) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s = %d is not supported by the CUDA backend: its %s take at most %d",
+                        field, value, which, limit));
+  };
+  if (shapes.head_dim > cuda::kMaxAttentionHeadDim) {
+    return too_large("head_dim", shapes.head_dim, cuda::kMaxAttentionHeadDim,
+                     "paged-attention kernels");
+  }
+  if (shapes.linear_key_head_dim > cuda::kMaxDeltaRuleKeyHeadDim) {
+    return too_large("linear_key_head_dim", shapes.linear_key_head_dim,
+                     cuda::kMaxDeltaRuleKeyHeadDim, "gated delta rule kernels");
+  }
+  if (shapes.linear_conv_kernel_dim > cuda::kMaxConvKernel) {
+    return too_large("linear_conv_kernel_dim", shapes.linear_conv_kernel_dim, cuda::kMaxConvKernel,
+                     "causal conv kernels");
+  }
+  return absl::OkStatus();
+}
 
 CUstream_st* CudaBackendStream(Backend& backend) {
   auto* cuda = dynamic_cast<CudaBackend*>(&backend);

@@ -17,6 +17,10 @@ namespace mobius::kernels {
 // Internal when the CUDA runtime or cuBLASLt cannot be initialised on it.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device_ordinal = 0);
 
+// The CUDA backend's limits on a model's shapes (Backend::CheckModelOpShapes; a host function,
+// so that it runs without a GPU): head_dim, linear_key_head_dim and linear_conv_kernel_dim.
+absl::Status CheckCudaModelOpShapes(const ModelOpShapes& shapes);
+
 // The stream every op of `backend` is queued on (so that NCCL collectives order with them), or
 // null when `backend` is not a CUDA backend.
 CUstream_st* CudaBackendStream(Backend& backend);

@@ -6,12 +6,12 @@
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/tuning_knobs.h"
 
 namespace mobius::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMaxConvKernel = 16;
 constexpr int kDeltaCols = 32;
 constexpr int kDeltaThreads = 4 * kDeltaCols;
 
@@ -615,10 +615,7 @@ void LaunchDeltaRuleWarp(const uint16_t* qkv, float* g, float* beta, const Delta
 namespace {
 // MOBIUS_CONV_DECODE=0 runs decode steps through the chunk kernel (A/B runs; read once).
 bool ConvDecodeKernelOff() {
-  static const bool off = [] {
-    const char* env = std::getenv("MOBIUS_CONV_DECODE");
-    return env != nullptr && std::string_view(env) == "0";
-  }();
+  static const bool off = KnobChoice("MOBIUS_CONV_DECODE", {"0", "1"}) == 1;
   return off;
 }
 }  // namespace
@@ -687,8 +684,9 @@ void LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, float* g, float* beta,
                                    float* states, const SegmentMeta& segments, int max_tokens,
                                    uint16_t* out, cudaStream_t stream) {
   if (segments.num_segments == 0 || num_v_heads == 0) return;
-  if (k_head_dim > 256 || k_head_dim < 1 || v_head_dim < 1) {
-    std::fprintf(stderr, "mobius cuda: delta rule key head dim %d outside [1, 256]\n", k_head_dim);
+  if (k_head_dim > kMaxDeltaRuleKeyHeadDim || k_head_dim < 1 || v_head_dim < 1) {
+    std::fprintf(stderr, "mobius cuda: delta rule key head dim %d outside [1, %d]\n", k_head_dim,
+                 kMaxDeltaRuleKeyHeadDim);
     std::abort();
   }
   const int hk = num_k_heads, hv = num_v_heads, dk = k_head_dim, dv = v_head_dim;
@@ -696,26 +694,17 @@ void LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, float* g, float* beta,
                        reinterpret_cast<uintptr_t>(out) % 8 == 0 &&
                        reinterpret_cast<uintptr_t>(states) % 16 == 0 && (hk * dk) % 2 == 0;
   // MOBIUS_DELTA_RULE_GENERIC=1 forces the generic block kernel (for before/after timings).
-  static const bool force_generic = [] {
-    const char* env = std::getenv("MOBIUS_DELTA_RULE_GENERIC");
-    return env != nullptr && env[0] == '1';
-  }();
+  static const bool force_generic = KnobChoice("MOBIUS_DELTA_RULE_GENERIC", {"0", "1"}) == 2;
   // Value columns per warp: 8 keeps more warps busy for a few sequences, 16 (64-byte state row
   // pieces) moves the state faster once there are several (measured on the H200, see
   // docs/cuda-backend.md). MOBIUS_DELTA_RULE_COLS=8|16 forces one (timing).
-  static const int forced_cols = [] {
-    const char* env = std::getenv("MOBIUS_DELTA_RULE_COLS");
-    return env == nullptr ? 0 : std::atoi(env);
-  }();
+  static const int forced_cols = KnobChoice("MOBIUS_DELTA_RULE_COLS", {"8", "16"}) * 8;
   const int warp_cols = forced_cols == 8 || forced_cols == 16 ? forced_cols
                         : segments.num_segments >= 4          ? 16
                                                               : 8;
   // Rows split over warp pairs: MOBIUS_DELTA_RULE_SPLIT=1|2 forces off/on (timing); default on
   // below kRowSplitMaxSegments sequences.
-  static const int forced_split = [] {
-    const char* env = std::getenv("MOBIUS_DELTA_RULE_SPLIT");
-    return env == nullptr ? 0 : std::atoi(env);
-  }();
+  static const int forced_split = KnobChoice("MOBIUS_DELTA_RULE_SPLIT", {"1", "2"});
   constexpr int kRowSplitMaxSegments = 16;
   const bool row_split =
       forced_split == 2 || (forced_split != 1 && segments.num_segments < kRowSplitMaxSegments);

@@ -24,6 +24,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/paged_cache_map.h"
+#include "kernels/cuda/tuning_knobs.h"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace mobius::kernels::cuda {
@@ -663,10 +664,14 @@ struct DecodeConfig {
 };
 DecodeConfig DecodeConfigFromEnv() {
   static const DecodeConfig config = [] {
-    const char* v = std::getenv("MOBIUS_DECODE_CFG");
-    if (v != nullptr && std::strcmp(v, "4x2") == 0) return DecodeConfig{4, 2};
-    if (v != nullptr && std::strcmp(v, "6x2") == 0) return DecodeConfig{6, 2};
-    return DecodeConfig{4, 3};
+    switch (KnobChoice("MOBIUS_DECODE_CFG", {"4x3", "4x2", "6x2"})) {
+      case 2:
+        return DecodeConfig{4, 2};
+      case 3:
+        return DecodeConfig{6, 2};
+      default:
+        return DecodeConfig{4, 3};
+    }
   }();
   return config;
 }
@@ -694,10 +699,7 @@ void LaunchDecode(int64_t num_tokens, cudaStream_t stream, const uint16_t* q,
   // B8 10.3 / 11.0, 40.1 / 39.7; B64 37.6 / 36.9, 268.8 / 247.8; B256 133.4 / 132.5,
   // 1045.6 / 955.3: one lane's boxes win while a step is latency-bound, 16-byte copies from every
   // lane once it streams. MOBIUS_DECODE_TMA=0 / 1 forces one (comparisons).
-  static const int tma_forced = [] {
-    const char* v = std::getenv("MOBIUS_DECODE_TMA");
-    return v == nullptr ? -1 : (v[0] == '0' ? 0 : 1);
-  }();
+  static const int tma_forced = KnobChoice("MOBIUS_DECODE_TMA", {"0", "1"}) - 1;
   const bool tma_wanted = tma_forced >= 0 ? tma_forced == 1 : num_tokens <= 16;
   const int64_t rows = cache_blocks * block_size;
   CUtensorMap k_map{}, v_map{};
@@ -741,10 +743,7 @@ void LaunchDecodeFor(int64_t num_tokens, cudaStream_t stream, const uint16_t* q,
 
 bool FlashAttentionSupports(int num_heads, int num_kv_heads, int head_dim) {
   // MOBIUS_ATTENTION=simt keeps the CUDA-core kernels (for comparisons).
-  static const bool disabled = [] {
-    const char* v = std::getenv("MOBIUS_ATTENTION");
-    return v != nullptr && std::strcmp(v, "simt") == 0;
-  }();
+  static const bool disabled = KnobChoice("MOBIUS_ATTENTION", {"simt"}) == 1;
   if (disabled || num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return false;
   const int group = num_heads / num_kv_heads;
   return kFlashRows % group == 0 &&
@@ -788,10 +787,7 @@ void LaunchFlashPagedAttention(const uint16_t* q, const uint16_t* k_cache, const
 bool DecodeAttentionSupports(int64_t num_tokens, int num_segments, int num_heads, int num_kv_heads,
                              int head_dim) {
   // MOBIUS_ATTENTION_DECODE=0 keeps the tile kernel for decode steps too (comparisons).
-  static const bool disabled = [] {
-    const char* v = std::getenv("MOBIUS_ATTENTION_DECODE");
-    return v != nullptr && v[0] == '0';
-  }();
+  static const bool disabled = KnobChoice("MOBIUS_ATTENTION_DECODE", {"0", "1"}) == 1;
   if (disabled || !FlashAttentionSupports(num_heads, num_kv_heads, head_dim)) return false;
   return num_tokens <= num_segments && num_tokens <= 65535 &&
          num_heads / num_kv_heads <= kDecodeMaxGroup &&
@@ -803,10 +799,7 @@ int DecodeAttentionSplits(int64_t num_tokens, int num_kv_heads, int max_position
   // round (every warp one 16-position tile): waves x (rounds + fixed cost of a block) plus one
   // round for the combine kernel; fewest splits on ties.
   // MOBIUS_DECODE_SPLITS=N forces N (timing).
-  static const int forced = [] {
-    const char* v = std::getenv("MOBIUS_DECODE_SPLITS");
-    return v == nullptr ? 0 : std::atoi(v);
-  }();
+  static const int forced = KnobInt("MOBIUS_DECODE_SPLITS", 0, 1, kCombineMaxSplits);
   if (forced > 0) return std::min(forced, kCombineMaxSplits);
   const int warps = DecodeConfigFromEnv().warps;
   const int64_t pairs = num_tokens * num_kv_heads;

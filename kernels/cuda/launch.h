@@ -90,6 +90,9 @@ void LaunchTcGemv(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* t
                   int num_targets, cudaStream_t stream);
 
 // ---- gated DeltaNet (deltanet_kernels.cu) ----
+// Limits the model's shapes must meet (checked at load: CheckCudaModelOpShapes).
+inline constexpr int kMaxConvKernel = 16;            // causal conv taps
+inline constexpr int kMaxDeltaRuleKeyHeadDim = 256;  // recurrent delta rule: Dk in registers
 // `single_token_segments`: every segment holds exactly one token (a decode step; the host knows,
 // the device metadata would have to be read to find out), which the decode kernel requires.
 void LaunchCausalConv1dSilu(const uint16_t* x, AnyPtr w, float* conv_states, int64_t num_tokens,
@@ -129,6 +132,8 @@ void LaunchGatedDeltaRuleChunked(const uint16_t* qkv, const float* g, const floa
                                  uint16_t* out, cudaStream_t stream);
 
 // ---- gated attention (attention_kernels.cu) ----
+// The largest head size the paged-attention kernels take (checked at load).
+inline constexpr int kMaxAttentionHeadDim = 256;
 void LaunchQkNormRope(const uint16_t* q_gate, uint16_t* k, AnyPtr q_norm, AnyPtr k_norm, float eps,
                       int rotary_dim, float theta, int64_t num_tokens, int num_heads,
                       int num_kv_heads, int head_dim, const int32_t* token_position, uint16_t* q,
@@ -182,6 +187,20 @@ void LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint
 // ---- mixture of experts (moe_kernels.cu) ----
 void LaunchTopKSoftmax(AnyPtr logits, int64_t num_tokens, int num_experts, int k, bool renormalize,
                        int32_t* ids, float* weights, cudaStream_t stream);
+// The kernel LaunchTopKSoftmax takes (a host function, so that tests can check the choice
+// without a GPU): one warp per token for prefill-sized batches, one block per token otherwise,
+// in the first form whose limits (k, expert count, alignment) the call meets.
+enum class TopKKernel {
+  kWarpPerToken,
+  kBlockFilter,
+  kBlockRegisterLists,
+  kBlockSharedMemory,
+  kBlockGeneric
+};
+// kBlock / kWarp: use that form wherever it applies regardless of the batch (MOBIUS_TOPK).
+enum class TopKOverride { kNone, kBlock, kWarp };
+TopKKernel SelectTopKKernel(int64_t num_tokens, int num_experts, int k, bool logits_aligned16,
+                            TopKOverride forced);
 
 // Device scratch needed by LaunchMoeExperts, in bytes.
 size_t MoeScratchBytes(int64_t num_tokens, int k, int num_local_experts, int64_t hidden,

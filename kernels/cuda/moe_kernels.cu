@@ -12,6 +12,7 @@
 
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/tuning_knobs.h"
 
 namespace mobius::kernels::cuda {
 namespace {
@@ -586,17 +587,11 @@ __global__ void __launch_bounds__(kWarpTopKWarps * 32, 2)
 }
 
 // MOBIUS_TOPK=block / warp (read once) forces the block-per-token or the warp-per-token kernel
-// where both apply, for timing and tests. By default the warp kernel from kWarpTopKMinTokens
-// tokens: measured on the H200 (mobius_kernel_bench, 2560 experts, bf16 logits, block / warp) 49.3
-// / 27.0 us at 4096 tokens, 5.9 / 12.0 us at 64, and in the engine the warp kernel cost batch 64
-// and 256 decode 0.3 ms a step each (the crossover between 256 and 4096 is not measured).
-constexpr int64_t kWarpTopKMinTokens = 4096;
-int ForcedTopK() {
-  static const int forced = [] {
-    const char* env = std::getenv("MOBIUS_TOPK");
-    const std::string_view v = env == nullptr ? "" : env;
-    return v == "block" ? 1 : v == "warp" ? 2 : 0;
-  }();
+// where both apply, for timing and tests (TopKOverride).
+TopKOverride TopKOverrideFromEnv() {
+  // The choices in TopKOverride's order (0 = unset: kNone).
+  static const TopKOverride forced =
+      static_cast<TopKOverride>(KnobChoice("MOBIUS_TOPK", {"block", "warp"}));
   return forced;
 }
 
@@ -1085,10 +1080,7 @@ void LaunchTc(const TcArgs& args, int64_t max_tiles, cudaStream_t stream) {
   }
   const int64_t rows = kGateUp ? 16 * kWarpsM : 32 * kWarpsM;
   const int64_t slices = (args.n_out + rows - 1) / rows;
-  static const bool consecutive = [] {
-    const char* env = std::getenv("MOBIUS_MOE_SLICE_ORDER");
-    return !(env != nullptr && env[0] == '0');
-  }();
+  static const bool consecutive = KnobChoice("MOBIUS_MOE_SLICE_ORDER", {"0", "1"}) != 1;
   TcArgs a = args;
   a.consecutive_slices =
       consecutive && max_tiles * slices <= int64_t{0x7fffffff} ? static_cast<int>(slices) : 0;
@@ -1102,18 +1094,21 @@ void LaunchTc(const TcArgs& args, int64_t max_tiles, cudaStream_t stream) {
 // expert (shapes only, so the launch does not depend on the routing).
 // Benchmark knobs (read once): MOBIUS_MOE_TILE_N=8|16|32|64 forces the token-tile width;
 // MOBIUS_MOE_GEMM=fma forces the CUDA-core path with the multi-launch grouping (the old kernel).
+// MOBIUS_MOE_GEMM: 1 for "fma", 2 for "grouped" (read once; see ForcedFma and
+// LaunchMoeExpertsFewTokens).
+int MoeGemmKnob() {
+  static const int choice = KnobChoice("MOBIUS_MOE_GEMM", {"fma", "grouped"});
+  return choice;
+}
 int ForcedTileTokens() {
   static const int forced = [] {
-    const char* env = std::getenv("MOBIUS_MOE_TILE_N");
-    return env != nullptr ? std::atoi(env) : 0;
+    const int choice = KnobChoice("MOBIUS_MOE_TILE_N", {"8", "16", "32", "64"});
+    return choice == 0 ? 0 : 4 << choice;
   }();
   return forced;
 }
 bool ForcedFma() {
-  static const bool forced = [] {
-    const char* env = std::getenv("MOBIUS_MOE_GEMM");
-    return env != nullptr && std::string_view(env) == "fma";
-  }();
+  static const bool forced = MoeGemmKnob() == 1;
   return forced;
 }
 
@@ -1127,10 +1122,7 @@ bool ForcedFma() {
 // fixtures the MTP verify accepted 11% of the target's own greedy drafts instead of over 90%
 // (CudaSpeculativeTest), so greedy outputs with MTP would no longer match those without.
 bool PairRowsBf16() {
-  static const bool on = [] {
-    const char* env = std::getenv("MOBIUS_MOE_PAIR_BF16");
-    return env != nullptr && env[0] == '1';
-  }();
+  static const bool on = KnobChoice("MOBIUS_MOE_PAIR_BF16", {"0", "1"}) == 2;
   return on;
 }
 
@@ -1825,42 +1817,63 @@ void LaunchMapExpertIds(const int32_t* ids, const int32_t* routes, int stride, i
   CheckLaunch("MapExpertIds");
 }
 
+// By default the warp kernel from kWarpTopKMinTokens tokens. Measured on the H200 (session 15,
+// mobius_kernel_bench, 2560 experts, fp32 logits, graph-replayed us, block / warp): 6.6 / 12.0 at
+// 256 tokens, 15.7 / 14.0 at 1024, 26.9 / 17.5 at 2048, 48.9 / 29.1 at 4096, 91.5 / 50.0 at
+// 8192 (crossover near 850 tokens); in the engine the warp kernel cost batch 64 and 256 decode
+// 0.3 ms a step each when it took them (session 14).
+constexpr int64_t kWarpTopKMinTokens = 1024;
+
+TopKKernel SelectTopKKernel(int64_t num_tokens, int num_experts, int k, bool logits_aligned16,
+                            TopKOverride forced) {
+  const bool few_k = k <= kRegTopK && k <= num_experts;
+  if (few_k && num_experts % 8 == 0 && num_experts <= 32 * 8 * kWarpTopKGroups &&
+      logits_aligned16 &&
+      (forced == TopKOverride::kWarp ||
+       (forced == TopKOverride::kNone && num_tokens >= kWarpTopKMinTokens))) {
+    return TopKKernel::kWarpPerToken;
+  }
+  if (few_k && num_experts <= kRegTopKThreads * kRegTopKLoads) return TopKKernel::kBlockFilter;
+  if (few_k) return TopKKernel::kBlockRegisterLists;
+  if (num_experts <= kSmemTopKExperts && k <= kSmemTopKMaxK && k <= num_experts) {
+    return TopKKernel::kBlockSharedMemory;
+  }
+  return TopKKernel::kBlockGeneric;
+}
+
 void LaunchTopKSoftmax(AnyPtr logits, int64_t num_tokens, int num_experts, int k, bool renormalize,
                        int32_t* ids, float* weights, cudaStream_t stream) {
   if (num_tokens == 0 || k == 0) return;
-  const int forced = ForcedTopK();
-  if (k <= kRegTopK && k <= num_experts && num_experts % 8 == 0 &&
-      num_experts <= 32 * 8 * kWarpTopKGroups && IsAligned16(logits.data) &&
-      (forced == 2 || (forced == 0 && num_tokens >= kWarpTopKMinTokens))) {
-    const auto blocks = static_cast<unsigned>((num_tokens + kWarpTopKWarps - 1) / kWarpTopKWarps);
-    LaunchPdl("TopKSoftmaxWarpKernel", TopKSoftmaxWarpKernel, blocks, kWarpTopKWarps * 32, 0,
-              stream, logits, num_tokens, num_experts, k, renormalize, ids, weights);
-    CheckLaunch("TopKSoftmax");
-    return;
+  const auto tokens = static_cast<unsigned>(num_tokens);
+  switch (SelectTopKKernel(num_tokens, num_experts, k, IsAligned16(logits.data),
+                           TopKOverrideFromEnv())) {
+    case TopKKernel::kWarpPerToken:
+      LaunchPdl("TopKSoftmaxWarpKernel", TopKSoftmaxWarpKernel,
+                static_cast<unsigned>((num_tokens + kWarpTopKWarps - 1) / kWarpTopKWarps),
+                kWarpTopKWarps * 32, 0, stream, logits, num_tokens, num_experts, k, renormalize,
+                ids, weights);
+      break;
+    case TopKKernel::kBlockFilter:
+      LaunchPdl("TopKSoftmaxFilterKernel", TopKSoftmaxFilterKernel, tokens, kRegTopKThreads, 0,
+                stream, logits, num_experts, k, renormalize, ids, weights);
+      break;
+    case TopKKernel::kBlockRegisterLists:
+      LaunchPdl("TopKSoftmaxRegKernel", TopKSoftmaxRegKernel, tokens, kRegTopKThreads, 0, stream,
+                logits, num_experts, k, renormalize, ids, weights);
+      break;
+    case TopKKernel::kBlockSharedMemory: {
+      const int warps = kTopKThreads / 32;
+      const size_t smem =
+          (sizeof(float) + 1) * num_experts + (sizeof(float) + sizeof(int)) * warps * k;
+      TopKSoftmaxSmemKernel<<<tokens, kTopKThreads, smem, stream>>>(logits, num_experts, k,
+                                                                    renormalize, ids, weights);
+      break;
+    }
+    case TopKKernel::kBlockGeneric:
+      TopKSoftmaxKernel<<<tokens, kTopKThreads, sizeof(int) * k, stream>>>(
+          logits, num_experts, k, renormalize, ids, weights);
+      break;
   }
-  if (k <= kRegTopK && k <= num_experts && num_experts <= kRegTopKThreads * kRegTopKLoads) {
-    LaunchPdl("TopKSoftmaxFilterKernel", TopKSoftmaxFilterKernel, static_cast<unsigned>(num_tokens),
-              kRegTopKThreads, 0, stream, logits, num_experts, k, renormalize, ids, weights);
-    CheckLaunch("TopKSoftmax");
-    return;
-  }
-  if (k <= kRegTopK && k <= num_experts) {
-    LaunchPdl("TopKSoftmaxRegKernel", TopKSoftmaxRegKernel, static_cast<unsigned>(num_tokens),
-              kRegTopKThreads, 0, stream, logits, num_experts, k, renormalize, ids, weights);
-    CheckLaunch("TopKSoftmax");
-    return;
-  }
-  if (num_experts <= kSmemTopKExperts && k <= kSmemTopKMaxK && k <= num_experts) {
-    const int warps = kTopKThreads / 32;
-    const size_t smem =
-        (sizeof(float) + 1) * num_experts + (sizeof(float) + sizeof(int)) * warps * k;
-    TopKSoftmaxSmemKernel<<<static_cast<unsigned>(num_tokens), kTopKThreads, smem, stream>>>(
-        logits, num_experts, k, renormalize, ids, weights);
-    CheckLaunch("TopKSoftmax");
-    return;
-  }
-  TopKSoftmaxKernel<<<static_cast<unsigned>(num_tokens), kTopKThreads, sizeof(int) * k, stream>>>(
-      logits, num_experts, k, renormalize, ids, weights);
   CheckLaunch("TopKSoftmax");
 }
 
@@ -2108,10 +2121,7 @@ bool LaunchMoeExpertsFewTokens(const uint16_t* x, const int32_t* ids, const floa
                                int k, int num_local_experts, int first_expert, int64_t hidden,
                                int64_t inter, uint16_t* act_scratch, uint16_t* out,
                                const MoeSharedTerm* shared, cudaStream_t stream) {
-  static const bool grouped_only = [] {
-    const char* env = std::getenv("MOBIUS_MOE_GEMM");
-    return env != nullptr && std::string_view(env) == "grouped";
-  }();
+  static const bool grouped_only = MoeGemmKnob() == 2;
   const int64_t pairs = num_tokens * k;
   if (pairs == 0 || pairs > kMoeFewTokensMaxPairs || hidden % 8 != 0 || inter % 8 != 0 ||
       !Aligned16(x) || !Aligned16(gate_up) || !Aligned16(down) || !Aligned16(act_scratch) ||
@@ -2128,10 +2138,7 @@ bool LaunchMoeExpertsFewTokens(const uint16_t* x, const int32_t* ids, const floa
   // The shared expert's down projection: in the gate-up kernel (before its PdlWait) by default,
   // the down kernel then adding the finished rows; MOBIUS_MOE_SHARED_IN_GATEUP=0 leaves it to
   // the down kernel (A/B runs). Both give the same bits.
-  static const bool in_gate_up = [] {
-    const char* env = std::getenv("MOBIUS_MOE_SHARED_IN_GATEUP");
-    return env == nullptr || env[0] != '0';
-  }();
+  static const bool in_gate_up = KnobChoice("MOBIUS_MOE_SHARED_IN_GATEUP", {"0", "1"}) != 1;
   const MoeSharedTerm term = shared == nullptr ? MoeSharedTerm{} : *shared;
   MoeSharedTerm down_term = term;
   uint16_t* shared_out = nullptr;

@@ -25,6 +25,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/paged_cache_map.h"
+#include "kernels/cuda/tuning_knobs.h"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace mobius::kernels::cuda {
@@ -445,10 +446,7 @@ void Launch(dim3 grid, cudaStream_t stream, const uint16_t* q, const uint16_t* k
   }();
   if (!configured) CheckLaunch("PrefillAttention (shared memory attribute)");
   // MOBIUS_PREFILL_TMA=0 keeps the cp.async producer (comparisons).
-  static const bool tma_wanted = [] {
-    const char* v = std::getenv("MOBIUS_PREFILL_TMA");
-    return v == nullptr || v[0] != '0';
-  }();
+  static const bool tma_wanted = KnobChoice("MOBIUS_PREFILL_TMA", {"0", "1"}) != 1;
   const int64_t rows = cache_blocks * block_size;
   CUtensorMap k_map{}, v_map{};
   const bool tma = tma_wanted && TmaTakes(kKv, block_size) &&
@@ -465,10 +463,7 @@ void Launch(dim3 grid, cudaStream_t stream, const uint16_t* q, const uint16_t* k
 
 bool PrefillAttentionSupports(int num_heads, int num_kv_heads, int head_dim) {
   // MOBIUS_ATTENTION_PREFILL=mma keeps the mma.sync tile kernel for prefill (comparisons).
-  static const bool disabled = [] {
-    const char* v = std::getenv("MOBIUS_ATTENTION_PREFILL");
-    return v != nullptr && std::strcmp(v, "mma") == 0;
-  }();
+  static const bool disabled = KnobChoice("MOBIUS_ATTENTION_PREFILL", {"mma"}) == 1;
   if (disabled || num_kv_heads <= 0 || num_heads % num_kv_heads != 0) return false;
   static const int cc_major = [] {
     int device = 0, major = 0;

@@ -20,6 +20,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/skinny_targets.cuh"
+#include "kernels/cuda/tuning_knobs.h"
 
 namespace mobius::kernels::cuda {
 namespace {
@@ -170,14 +171,10 @@ void Launch(const SkinnyArgs& args, int64_t total_rows, bool silu_mul, cudaStrea
 
 template <int kM>
 void LaunchShape(const SkinnyArgs& args, int64_t total_rows, bool silu_mul, cudaStream_t stream) {
-  static const int shape = [] {
-    const char* env = std::getenv("MOBIUS_SKINNY_SHAPE");
-    const std::string_view v = env == nullptr ? "" : env;
-    return v == "4x2" ? 1 : v == "1x8" ? 2 : 0;
-  }();
-  if (shape == 1) {
+  static const int shape = KnobChoice("MOBIUS_SKINNY_SHAPE", {"2x4", "4x2", "1x8"});
+  if (shape == 2) {
     Launch<kM, 4, 2>(args, total_rows, silu_mul, stream);
-  } else if (shape == 2) {
+  } else if (shape == 3) {
     Launch<kM, 1, 8>(args, total_rows, silu_mul, stream);
   } else {
     Launch<kM, 2, 4>(args, total_rows, silu_mul, stream);

@@ -25,6 +25,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/skinny_targets.cuh"
+#include "kernels/cuda/tuning_knobs.h"
 
 namespace mobius::kernels::cuda {
 namespace {
@@ -214,9 +215,8 @@ void LaunchTcGemv(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* t
   const int64_t groups = rows / kTcGemvRows;
   // MOBIUS_TC_GEMV_SPLIT=1|2|4|8 forces the K split (A/B runs).
   static const int forced_split = [] {
-    const char* v = std::getenv("MOBIUS_TC_GEMV_SPLIT");
-    const int s = v != nullptr ? std::atoi(v) : 0;
-    return s == 1 || s == 2 || s == 4 || s == 8 ? s : 0;
+    const int choice = KnobChoice("MOBIUS_TC_GEMV_SPLIT", {"1", "2", "4", "8"});
+    return choice == 0 ? 0 : 1 << (choice - 1);
   }();
   const int64_t steps = k / 32;
   const int split =

@@ -22,6 +22,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/tuning_knobs.h"
 #include "kernels/dtype.h"
 
 namespace mobius::kernels {
@@ -953,20 +954,22 @@ TEST_F(CudaTopKTest, ManyTiesAtTheThreshold) {
   ExpectTopKMatchesReference(DType::kF32, logits, t, e, k);
 }
 
-// Prefill-sized batches (from 4096 tokens a warp per token, TopKSoftmaxWarpKernel, for expert
+// Prefill-sized batches (from 1024 tokens a warp per token, TopKSoftmaxWarpKernel, for expert
 // counts that are multiples of 8 up to 2560) with ties at the top, a row of all-equal logits, a
 // row of -inf but three, fp32 and bf16 logits, and an expert count that is not a multiple of 8
 // (the block kernels). The ctest CudaKernelsTest.TopKWarpKernelForced runs every top-k test with
-// the warp kernel wherever it applies (MOBIUS_TOPK=warp).
+// the warp kernel wherever it applies (MOBIUS_TOPK=warp); TopKKernelSelection says which kernel
+// each case takes by default.
 TEST_F(CudaTopKTest, ManyTokensOneWarpEach) {
   struct Case {
     DType dtype;
     int64_t t;
     int e, k;
   };
-  for (const Case c : {Case{DType::kBF16, 4096, 2560, 8}, Case{DType::kF32, 300, 2560, 8},
-                       Case{DType::kF32, 129, 64, 8}, Case{DType::kF32, 70, 1000, 3},
-                       Case{DType::kBF16, 65, 8, 8}, Case{DType::kF32, 100, 1004, 8}}) {
+  for (const Case c : {Case{DType::kBF16, 4096, 2560, 8}, Case{DType::kF32, 1024, 2560, 8},
+                       Case{DType::kF32, 300, 2560, 8}, Case{DType::kF32, 129, 64, 8},
+                       Case{DType::kF32, 70, 1000, 3}, Case{DType::kBF16, 65, 8, 8},
+                       Case{DType::kF32, 100, 1004, 8}}) {
     std::vector<float> logits = Rand(c.t * c.e, -2, 2);
     for (int64_t r = 0; r < c.t; r += 7) {  // ties at the top of some rows
       logits[r * c.e + c.e - 1] = 3.0f;
@@ -980,6 +983,84 @@ TEST_F(CudaTopKTest, ManyTokensOneWarpEach) {
     SCOPED_TRACE(::testing::Message() << c.t << " tokens, " << c.e << " experts, k " << c.k);
     ExpectTopKMatchesReference(c.dtype, logits, c.t, c.e, c.k);
   }
+}
+
+// Which top-k kernel a call takes (a host function: runs without a GPU too).
+TEST(TopKKernelSelection, WarpPerTokenForPrefillBatchesOnly) {
+  using cuda::SelectTopKKernel;
+  using cuda::TopKKernel;
+  using cuda::TopKOverride;
+  constexpr auto kNone = TopKOverride::kNone;
+  // Release routing (2560 experts, k 8): block per token for decode batches, warp per token from
+  // 1024 tokens (the measured crossover, moe_kernels.cu).
+  EXPECT_EQ(SelectTopKKernel(1, 2560, 8, true, kNone), TopKKernel::kBlockFilter);
+  EXPECT_EQ(SelectTopKKernel(256, 2560, 8, true, kNone), TopKKernel::kBlockFilter);
+  EXPECT_EQ(SelectTopKKernel(1023, 2560, 8, true, kNone), TopKKernel::kBlockFilter);
+  EXPECT_EQ(SelectTopKKernel(1024, 2560, 8, true, kNone), TopKKernel::kWarpPerToken);
+  EXPECT_EQ(SelectTopKKernel(4096, 2560, 8, true, kNone), TopKKernel::kWarpPerToken);
+  // The warp kernel's limits: logits 16-byte aligned, experts a multiple of 8 and at most 2560.
+  EXPECT_EQ(SelectTopKKernel(4096, 2560, 8, false, kNone), TopKKernel::kBlockFilter);
+  EXPECT_EQ(SelectTopKKernel(4096, 1004, 8, true, kNone), TopKKernel::kBlockFilter);
+  EXPECT_EQ(SelectTopKKernel(4096, 2568, 8, true, kNone), TopKKernel::kBlockFilter);
+  // Overrides apply only where the forced form's limits hold.
+  EXPECT_EQ(SelectTopKKernel(1, 2560, 8, true, TopKOverride::kWarp), TopKKernel::kWarpPerToken);
+  EXPECT_EQ(SelectTopKKernel(8192, 2560, 8, true, TopKOverride::kBlock), TopKKernel::kBlockFilter);
+  EXPECT_EQ(SelectTopKKernel(1, 1004, 8, true, TopKOverride::kWarp), TopKKernel::kBlockFilter);
+  // Past the register forms: more than 4096 experts, or k above 8.
+  EXPECT_EQ(SelectTopKKernel(1, 6000, 8, true, kNone), TopKKernel::kBlockRegisterLists);
+  EXPECT_EQ(SelectTopKKernel(4096, 2560, 16, true, kNone), TopKKernel::kBlockSharedMemory);
+  EXPECT_EQ(SelectTopKKernel(1, 9000, 16, true, kNone), TopKKernel::kBlockGeneric);
+  EXPECT_EQ(SelectTopKKernel(1, 64, 40, true, kNone), TopKKernel::kBlockGeneric);
+}
+
+// The MOBIUS_* override readers (host functions: run without a GPU too).
+TEST(TuningKnobs, ChoicesAndIntegersReportWhatTheyIgnore) {
+  constexpr const char* kName = "MOBIUS_TEST_KNOB";
+  unsetenv(kName);
+  EXPECT_EQ(cuda::KnobChoice(kName, {"block", "warp"}), 0);
+  EXPECT_EQ(cuda::KnobInt(kName, 7, 0, 8), 7);
+  setenv(kName, "warp", 1);
+  EXPECT_EQ(cuda::KnobChoice(kName, {"block", "warp"}), 2);
+  setenv(kName, "wrap", 1);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(cuda::KnobChoice(kName, {"block", "warp"}), 0);
+  std::string report = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(report.find("MOBIUS_TEST_KNOB=\"wrap\""), std::string::npos) << report;
+  EXPECT_NE(report.find("block, warp"), std::string::npos) << report;
+  setenv(kName, "4", 1);
+  EXPECT_EQ(cuda::KnobInt(kName, 7, 0, 8), 4);
+  for (const char* bad : {"9", "-1", "4x", "many"}) {
+    setenv(kName, bad, 1);
+    ::testing::internal::CaptureStderr();
+    EXPECT_EQ(cuda::KnobInt(kName, 7, 0, 8), 7) << bad;
+    report = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(report.find("an integer in [0, 8]"), std::string::npos) << report;
+  }
+  unsetenv(kName);
+}
+
+// The CUDA backend's limits on a model's shapes (checked at load; a host function: runs without a
+// GPU too): the release shapes pass, each limit fails with its config field and value named.
+TEST(CudaModelOpShapes, LimitsNameTheField) {
+  ModelOpShapes release{.head_dim = 256,
+                        .linear_key_head_dim = 128,
+                        .linear_value_head_dim = 128,
+                        .linear_conv_kernel_dim = 4};
+  EXPECT_TRUE(CheckCudaModelOpShapes(release).ok());
+  EXPECT_TRUE(CheckCudaModelOpShapes(ModelOpShapes{}).ok());  // no attention, no DeltaNet
+  ModelOpShapes bad = release;
+  bad.head_dim = 288;
+  absl::Status s = CheckCudaModelOpShapes(bad);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("head_dim = 288"), std::string_view::npos) << s;
+  bad = release;
+  bad.linear_key_head_dim = 512;
+  s = CheckCudaModelOpShapes(bad);
+  EXPECT_NE(s.message().find("linear_key_head_dim = 512"), std::string_view::npos) << s;
+  bad = release;
+  bad.linear_conv_kernel_dim = 17;
+  s = CheckCudaModelOpShapes(bad);
+  EXPECT_NE(s.message().find("linear_conv_kernel_dim = 17"), std::string_view::npos) << s;
 }
 
 void RefMoe(const std::vector<float>& x, const std::vector<int32_t>& ids,

@@ -12,10 +12,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "nlohmann/json.hpp"
 #include "tests/model/fixture_util.h"
+#include "worker/model/model_factory.h"
 
 namespace mobius::testing {
 namespace {
@@ -141,6 +147,37 @@ TEST_P(CudaFixtureTest, RecordedDecodeStepsMatchOpByOpSteps) {
   ASSERT_TRUE(model->CreateCaches(8, 256, 4).ok());
   const std::vector<float> again = DecodeBatch(*model, ref, kSteps);
   EXPECT_LT(RelativeError(again.data(), eager.data(), eager.size()), 1e-3);
+}
+
+// A config whose shapes the CUDA kernels do not take fails at load with the field named, before
+// any weight is read, instead of aborting in the first step.
+TEST(CudaModelLoad, UnsupportedShapesFailBeforeLoading) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  auto backend = kernels::CreateCudaBackend(0);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / "cuda_unsupported_shapes";
+  std::filesystem::create_directories(dir);
+  std::ifstream in(std::filesystem::path(FixtureModelDir("qwen3next-tiny")) / "config.json");
+  const nlohmann::json base = nlohmann::json::parse(in);
+  struct Case {
+    const char* field;
+    int value;
+  };
+  for (const Case c : {Case{"head_dim", 512}, Case{"linear_key_head_dim", 320},
+                       Case{"linear_conv_kernel_dim", 32}}) {
+    nlohmann::json config = base;
+    config[c.field] = c.value;
+    const std::filesystem::path file = dir / (std::string(c.field) + ".json");
+    std::ofstream(file) << config.dump();
+    worker::ModelSource source;
+    source.config_path = file.string();
+    source.load_format = worker::LoadFormat::kDummy;
+    const absl::Status s = worker::LoadHybridModel(source, **backend).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(absl::StrCat(c.field, " = ", c.value)), std::string_view::npos) << s;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFixtureTest, ::testing::ValuesIn(kFixtureModels),

@@ -24,6 +24,17 @@ absl::StatusOr<std::unique_ptr<HybridModel>> LoadHybridModel(const ModelSource& 
         "--load-format dummy)");
   }
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(config_path));
+  // Shapes the backend's kernels do not take fail here, before any weight is read.
+  const kernels::ModelOpShapes shapes{
+      .head_dim = config.head_dim,
+      .linear_key_head_dim = config.linear_key_head_dim,
+      .linear_value_head_dim = config.linear_value_head_dim,
+      .linear_conv_kernel_dim = config.linear_conv_kernel_dim,
+  };
+  if (absl::Status s = backend.CheckModelOpShapes(shapes); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("model config ", config_path, " on the ",
+                                                   backend.name(), " backend: ", s.message()));
+  }
   ModelWeights weights;
   if (source.load_format == LoadFormat::kDummy) {
     ASSIGN_OR_RETURN(
