@@ -103,6 +103,17 @@ absl::Status BenchEngine() {
               "bound", "experts/layer", "tokens/s", "of bound");
   for (int context : contexts) {
     for (int batch : batches) {
+      // Positions past the model's range are an error of the step; say so per configuration and
+      // time the others.
+      const int64_t positions = int64_t{context} + steps + 8;
+      if (positions > config.max_position_embeddings) {
+        std::printf(
+            "%-8s %6d %8d   skipped: context + %d timed steps exceeds "
+            "max_position_embeddings (%lld)\n",
+            "decode", batch, context, steps + 8,
+            static_cast<long long>(config.max_position_embeddings));
+        continue;
+      }
       model->DropCaches();
       absl::Status caches = model->CreateCaches(batch, context + steps + 8);
       if (!caches.ok()) {
@@ -123,7 +134,9 @@ absl::Status BenchEngine() {
         continue;
       }
       std::vector<int32_t> tokens(batch);
-      for (int i = 0; i < batch; ++i) tokens[i] = (i * 7919 + 13) % config.vocab_size;
+      for (int i = 0; i < batch; ++i) {
+        tokens[i] = static_cast<int32_t>((int64_t{i} * 7919 + 13) % config.vocab_size);
+      }
       std::vector<worker::SequenceStep> step;
       for (int i = 0; i < batch; ++i) step.push_back({std::span(&tokens[i], 1), &seqs[i]});
       std::vector<float> logits;
@@ -193,6 +206,11 @@ absl::Status BenchEngine() {
     }
   }
   for (int length : prefills) {
+    if (int64_t{length} > config.max_position_embeddings) {
+      std::printf("%-8s %6d %8d   skipped: exceeds max_position_embeddings (%lld)\n", "prefill", 1,
+                  length, static_cast<long long>(config.max_position_embeddings));
+      continue;
+    }
     model->DropCaches();
     absl::Status caches = model->CreateCaches(1, length + 1);
     if (!caches.ok()) {
@@ -201,7 +219,9 @@ absl::Status BenchEngine() {
       continue;
     }
     std::vector<int32_t> prompt(length);
-    for (int i = 0; i < length; ++i) prompt[i] = (i * 104729 + 7) % config.vocab_size;
+    for (int i = 0; i < length; ++i) {
+      prompt[i] = static_cast<int32_t>((int64_t{i} * 104729 + 7) % config.vocab_size);
+    }
     double best = 1e30;
     for (int r = 0; r < 3; ++r) {
       worker::SequenceCache seq;

@@ -67,6 +67,20 @@ TEST(CliTest, PromptIdOutsideVocabularyIsAClearError) {
   EXPECT_THAT(r.out, HasSubstr("vocabulary"));
 }
 
+// Configurations past the model's positions are skipped with the reason, the others still timed
+// (a 300000-token prefill once overflowed the synthetic prompt's ids instead).
+TEST(CliTest, BenchEngineSkipsConfigurationsPastMaxPositions) {
+  Result r = RunMobius("bench engine --config " + Fixture("qwen3next-tiny") +
+                       "/config.json --load-format dummy --batches 1 --contexts 5000,8 "
+                       "--prefill-lengths 5000,16 --steps 1");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("5000   skipped: context + 9 timed steps exceeds "
+                               "max_position_embeddings (4096)"));
+  EXPECT_THAT(r.out, HasSubstr("5000   skipped: exceeds max_position_embeddings (4096)"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("decode +1 +8 +[0-9.]+ ms"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("prefill +1 +16 +[0-9.]+ ms"));
+}
+
 TEST(CliTest, BadUsageIsReported) {
   Result missing = RunMobius("generate --model /nonexistent --prompt-ids 1");
   EXPECT_NE(missing.exit_code, 0);

@@ -159,6 +159,7 @@ TEST(CudaModelLoad, UnsupportedShapesFailBeforeLoading) {
       std::filesystem::path(::testing::TempDir()) / "cuda_unsupported_shapes";
   std::filesystem::create_directories(dir);
   std::ifstream in(std::filesystem::path(FixtureModelDir("qwen3next-tiny")) / "config.json");
+  ASSERT_TRUE(in) << "cannot read the qwen3next-tiny fixture's config.json";
   const nlohmann::json base = nlohmann::json::parse(in);
   struct Case {
     const char* field;

@@ -103,6 +103,17 @@ TEST(ModelConfigTest, InconsistentValuesAreNamed) {
     ASSERT_FALSE(c.ok()) << bad.field;
     EXPECT_THAT(c.status().message(), HasSubstr(bad.field));
   }
+  // The MTP head's routing: more experts per token than its bank holds (given, or inherited
+  // from num_experts_per_tok) would fail only in the first draft step.
+  for (const int per_tok : {5, 0}) {
+    nlohmann::json j = MobiusConfig();
+    j["text_config"]["mtp_num_hidden_layers"] = 1;
+    j["text_config"]["mtp_num_experts"] = per_tok == 0 ? 2 : 4;
+    if (per_tok > 0) j["text_config"]["mtp_num_experts_per_tok"] = per_tok;
+    auto c = ParseModelConfig(j.dump(), "config.json");
+    ASSERT_FALSE(c.ok()) << per_tok;
+    EXPECT_THAT(c.status().message(), HasSubstr("mtp_num_experts_per_tok"));
+  }
 }
 
 TEST(ModelConfigTest, RejectsUnknownModelTypeAndBadJson) {

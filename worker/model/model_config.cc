@@ -295,6 +295,11 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
     ASSIGN_OR_RETURN(c.mtp_num_experts, r.PositiveInt("mtp_num_experts", c.num_experts));
     ASSIGN_OR_RETURN(c.mtp_num_experts_per_tok,
                      r.PositiveInt("mtp_num_experts_per_tok", c.num_experts_per_tok));
+    if (c.mtp_num_experts_per_tok > c.mtp_num_experts) {
+      return r.Invalid("mtp_num_experts_per_tok",
+                       absl::StrFormat("(%d) exceeds mtp_num_experts (%d)",
+                                       c.mtp_num_experts_per_tok, c.mtp_num_experts));
+    }
   }
   return c;
 }
