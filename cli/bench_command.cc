@@ -108,14 +108,14 @@ absl::Status BenchEngine() {
       const int64_t positions = int64_t{context} + steps + 8;
       if (positions > config.max_position_embeddings) {
         std::printf(
-            "%-8s %6d %8d   skipped: context + %d timed steps exceeds "
-            "max_position_embeddings (%lld)\n",
+            "%-8s %6d %8d   skipped: context + %d positions of the warm-up and timed steps "
+            "exceeds max_position_embeddings (%lld)\n",
             "decode", batch, context, steps + 8,
             static_cast<long long>(config.max_position_embeddings));
         continue;
       }
       model->DropCaches();
-      absl::Status caches = model->CreateCaches(batch, context + steps + 8);
+      absl::Status caches = model->CreateCaches(batch, static_cast<int>(positions));
       if (!caches.ok()) {
         std::printf("%-8s %6d %8d   skipped: %s\n", "decode", batch, context,
                     std::string(caches.message()).c_str());

@@ -34,6 +34,7 @@
 #include <string_view>
 #include <vector>
 
+#include "bench/kernels/grid_barrier.cuh"
 #include "kernels/cuda/common.cuh"
 
 namespace {
@@ -76,10 +77,8 @@ __global__ void TicketStepKernel(unsigned* word, unsigned* counter) {
   }
 }
 
-// `steps` grid-wide barriers in one kernel of co-resident blocks; step s advances the word from
-// block s % gridDim.x, so each step reads what another SM wrote before the barrier. Barrier:
-// thread 0 of each block adds to `arrived`; the last arrival resets it and bumps `generation`,
-// which the others poll with acquire loads.
+// `steps` grid-wide barriers in one kernel of co-resident blocks (GridBarrier); step s advances
+// the word from block s % gridDim.x, so each step reads what another SM wrote before the barrier.
 __global__ void BarrierKernel(unsigned* word, unsigned* arrived, unsigned* generation, int steps) {
   for (int s = 0; s < steps; ++s) {
     if (blockIdx.x == static_cast<unsigned>(s) % gridDim.x && threadIdx.x == 0) {
@@ -87,21 +86,7 @@ __global__ void BarrierKernel(unsigned* word, unsigned* arrived, unsigned* gener
       *w = *w + 1;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      unsigned gen = 0;
-      asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(gen) : "l"(generation) : "memory");
-      __threadfence();
-      if (atomicAdd(arrived, 1u) == gridDim.x - 1) {
-        *arrived = 0;
-        __threadfence();
-        atomicAdd(generation, 1u);
-      } else {
-        unsigned now = gen;
-        while (now == gen) {
-          asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(now) : "l"(generation) : "memory");
-        }
-      }
-    }
+    if (threadIdx.x == 0) mobius::bench::GridBarrier(arrived, generation);
     __syncthreads();
   }
 }

@@ -30,10 +30,13 @@
 #include <string_view>
 #include <vector>
 
+#include "bench/kernels/grid_barrier.cuh"
 #include "kernels/cuda/async_copy.cuh"
 
 namespace {
 
+using mobius::bench::GridBarrier;
+using mobius::bench::LoadAcquire;
 using mobius::kernels::cuda::BarrierArrive;
 using mobius::kernels::cuda::BarrierArriveExpect;
 using mobius::kernels::cuda::BarrierInit;
@@ -76,26 +79,6 @@ struct Params {
   float* act;       // each op's outputs, read by other blocks after the barrier
   float* sink;
 };
-
-__device__ __forceinline__ unsigned LoadAcquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// Thread 0 of each block: arrive, and wait until every block has (mobius_chain_bench's barrier).
-__device__ void GridBarrier(unsigned* arrived, unsigned* generation) {
-  const unsigned gen = LoadAcquire(generation);
-  __threadfence();
-  if (atomicAdd(arrived, 1u) == gridDim.x - 1) {
-    *arrived = 0;
-    __threadfence();
-    atomicAdd(generation, 1u);
-  } else {
-    while (LoadAcquire(generation) == gen) {
-    }
-  }
-}
 
 // Warp 0 of each block: publish this block's arrival at barrier `n` (1, 2, ...) in its own line,
 // then poll every block's line until all have reached n. No atomic, no word every block updates.

@@ -74,8 +74,8 @@ TEST(CliTest, BenchEngineSkipsConfigurationsPastMaxPositions) {
                        "/config.json --load-format dummy --batches 1 --contexts 5000,8 "
                        "--prefill-lengths 5000,16 --steps 1");
   EXPECT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_THAT(r.out, HasSubstr("5000   skipped: context + 9 timed steps exceeds "
-                               "max_position_embeddings (4096)"));
+  EXPECT_THAT(r.out, HasSubstr("5000   skipped: context + 9 positions of the warm-up and timed "
+                               "steps exceeds max_position_embeddings (4096)"));
   EXPECT_THAT(r.out, HasSubstr("5000   skipped: exceeds max_position_embeddings (4096)"));
   EXPECT_THAT(r.out, ::testing::ContainsRegex("decode +1 +8 +[0-9.]+ ms"));
   EXPECT_THAT(r.out, ::testing::ContainsRegex("prefill +1 +16 +[0-9.]+ ms"));
