@@ -65,6 +65,29 @@ struct SharedExpertOperands {
   Tensor& out;                // [T, H] scratch
 };
 
+// A gated DeltaNet mixer between its in- and out-projections, as Backend::GatedDeltaNetMixer
+// takes it: the in-projection's outputs, the layer's mixer weights, the sequence states it
+// updates in place, the gates it writes (speculative decoding replays a step from mixed, g and
+// beta), and scratch for the backend that runs the parts separately.
+struct DeltaNetMixerOperands {
+  const Tensor& mixed;    // [T, 2*Hk*Dk + Hv*Dv]: q, k, v before the conv
+  const Tensor& z;        // [T, Hv*Dv]
+  const Tensor& a;        // [T, Hv]
+  const Tensor& b;        // [T, Hv]
+  const Tensor& conv_w;   // [2*Hk*Dk + Hv*Dv, K]
+  const Tensor& a_log;    // [Hv]
+  const Tensor& dt_bias;  // [Hv]
+  const Tensor& norm_w;   // [Dv]
+  float eps;
+  DeltaRuleDims dims;
+  Tensor& conv_states;       // F32 [slots, 2*Hk*Dk + Hv*Dv, K-1]
+  Tensor& recurrent_states;  // F32 [slots, Hv, Dk, Dv]
+  Tensor& g;                 // F32 [T, Hv]
+  Tensor& beta;              // F32 [T, Hv]
+  Tensor& conv_out;          // [T, 2*Hk*Dk + Hv*Dv] scratch
+  Tensor& core;              // [T, Hv*Dv] scratch
+};
+
 // The dimensions of a model's ops that a backend's kernels may bound (head sizes, conv taps),
 // checked once before any weight is loaded. Each field is named after the Hugging Face config
 // field it comes from; 0 means the model has no such op.
@@ -225,6 +248,13 @@ class Backend {
   // (a plain weight, not 1 + w).
   virtual void GatedRmsNorm(const Tensor& x, const Tensor& z, const Tensor& w, float eps,
                             Tensor& out) = 0;
+  // The mixer between a DeltaNet layer's projections: CausalConv1dSilu(mixed) into conv_out,
+  // GatedDeltaRuleWithGates(conv_out) into core, then GatedRmsNorm(core per value head, z) into
+  // out [T, Hv*Dv]. Backends fuse the parts where it pays (the CUDA backend: decode steps in one
+  // launch), leaving the scratch tensors unwritten; the states, g and beta are updated either way.
+  virtual void GatedDeltaNetMixer(const DeltaNetMixerOperands& op,
+                                  std::span<const SequenceSegment> segments,
+                                  DeltaRuleAlgorithm algorithm, Tensor& out);
 
   // ---- gated full attention ----
   // Splits q_gate [T, nh, 2*hd] (per head: query then gate) into q [T, nh, hd] and gate
@@ -342,6 +372,18 @@ inline void Backend::GatedDeltaRuleWithGates(const Tensor& qkv, const Tensor& a,
                                              Tensor& out) {
   DeltaRuleGates(a, b, a_log, dt_bias, g, beta);
   GatedDeltaRule(qkv, g, beta, dims, recurrent_states, segments, algorithm, out);
+}
+
+inline void Backend::GatedDeltaNetMixer(const DeltaNetMixerOperands& op,
+                                        std::span<const SequenceSegment> segments,
+                                        DeltaRuleAlgorithm algorithm, Tensor& out) {
+  CausalConv1dSilu(op.mixed, op.conv_w, op.conv_states, segments, op.conv_out);
+  GatedDeltaRuleWithGates(op.conv_out, op.a, op.b, op.a_log, op.dt_bias, op.dims,
+                          op.recurrent_states, segments, algorithm, op.g, op.beta, op.core);
+  const int64_t rows = op.core.numel() / std::max(op.dims.v_head_dim, 1);
+  Tensor heads_out = out.Reshape({rows, op.dims.v_head_dim});
+  GatedRmsNorm(op.core.Reshape({rows, op.dims.v_head_dim}),
+               op.z.Reshape({rows, op.dims.v_head_dim}), op.norm_w, op.eps, heads_out);
 }
 
 inline void Backend::MoeExpertsWithShared(const Tensor& x, const Tensor& ids, const Tensor& weights,

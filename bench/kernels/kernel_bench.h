@@ -200,6 +200,9 @@ class Bench {
   }
   Case DeltaRule(int seqs, int len, DeltaRuleAlgorithm algo);
   Case Conv(int seqs, int len);
+  // Backend::GatedDeltaNetMixer at a decode step of `seqs` sequences (the CUDA backend's one
+  // clustered launch; MOBIUS_DELTANET_STEP=0 times its three parts instead).
+  Case DeltaNetMixerStep(int seqs);
   Case Attention(int seqs, int ctx, bool prefill);
   Case Moe(int tokens);
   // Stages `segs` (with `tokens` placeholder token ids) for the timed calls of a case.

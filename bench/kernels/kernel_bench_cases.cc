@@ -135,6 +135,56 @@ Case Bench::Conv(int seqs, int len) {
   return c;
 }
 
+Case Bench::DeltaNetMixerStep(int seqs) {
+  const int64_t t = seqs;
+  const int cd = d_.conv_dim(), vd = d_.hv * d_.dv;
+  Case c;
+  c.op = "GatedDeltaNetMixer";
+  c.shape = absl::StrFormat("%d seq x 1 tok, Hk %d Hv %d Dk %d Dv %d, conv K %d", seqs, d_.hk,
+                            d_.hv, d_.dk, d_.dv, d_.conv_k);
+  // In: q, k, v, z, a, b; the conv and norm weights; both states read and written. Out: the
+  // normed rows and the gates.
+  c.bytes = t * (cd + vd + 2.0 * d_.hv) * ActSize() + (cd * d_.conv_k + d_.dv) * ActSize() +
+            2.0 * seqs * (cd * (d_.conv_k - 1) + static_cast<double>(d_.hv) * d_.dk * d_.dv) * 4.0 +
+            t * vd * ActSize() + 2.0 * t * d_.hv * 4.0;
+  c.flops = 2.0 * t * cd * d_.conv_k + 7.0 * t * d_.hv * d_.dk * d_.dv + 8.0 * t * vd;
+  c.sets = Sets(c.bytes);
+  struct Set {
+    Tensor mixed, z, a, b, conv_states, states, g, beta, conv_out, core, out;
+  };
+  auto sets = std::make_shared<std::vector<Set>>();
+  auto conv_w = std::make_shared<Tensor>(Rand(act_, {cd, d_.conv_k}, -0.5f, 0.5f));
+  auto a_log = std::make_shared<Tensor>(Rand(act_, {d_.hv}, 0.f, 2.f));
+  auto dt_bias = std::make_shared<Tensor>(Rand(act_, {d_.hv}, -1.f, 1.f));
+  auto norm_w = std::make_shared<Tensor>(Rand(act_, {d_.dv}, 0.5f, 1.5f));
+  auto segs = std::make_shared<SegmentSet>(MakeSegments(seqs, 1, 100, 0, 0, nullptr, 0));
+  for (int s = 0; s < c.sets; ++s) {
+    Set x;
+    x.mixed = Rand(act_, {t, cd});
+    x.z = Rand(act_, {t, vd});
+    x.a = Rand(act_, {t, d_.hv});
+    x.b = Rand(act_, {t, d_.hv});
+    x.conv_states = Rand(DType::kF32, {seqs, cd, d_.conv_k - 1});
+    x.states = Rand(DType::kF32, {seqs, d_.hv, d_.dk, d_.dv}, -0.05f, 0.05f);
+    x.g = F32({t, d_.hv});
+    x.beta = F32({t, d_.hv});
+    x.conv_out = Act({t, cd});
+    x.core = Act({t, vd});
+    x.out = Act({t, vd});
+    sets->push_back(std::move(x));
+  }
+  const DeltaRuleDims dims{d_.hk, d_.hv, d_.dk, d_.dv};
+  c.run = [this, sets, segs, dims, conv_w, a_log, dt_bias, norm_w](int s) {
+    Set& x = (*sets)[s];
+    const kernels::DeltaNetMixerOperands op{
+        x.mixed, x.z,  x.a,           x.b,      *conv_w, *a_log, *dt_bias,   *norm_w,
+        d_.eps,  dims, x.conv_states, x.states, x.g,     x.beta, x.conv_out, x.core};
+    be_->GatedDeltaNetMixer(op, segs->segs, DeltaRuleAlgorithm::kAuto, x.out);
+  };
+  c.stage = Stager(segs, t, 101);
+  return c;
+}
+
 Case Bench::Attention(int seqs, int ctx, bool prefill) {
   // Decode: each sequence has ctx - 1 cached positions and one new token (attends ctx positions).
   // Prefill: one sequence of ctx new tokens, causal.
@@ -322,6 +372,10 @@ void Bench::BuildSpecs() {
   conv_batches.erase(std::unique(conv_batches.begin(), conv_batches.end()), conv_batches.end());
   for (int b : conv_batches) {
     Add(absl::StrFormat("conv.decode.B%d", b), [=, this] { return Conv(b, 1); });
+  }
+  for (int b : d.decode_batches) {
+    Add(absl::StrFormat("deltanet_mixer.decode.B%d", b),
+        [=, this] { return DeltaNetMixerStep(b); });
   }
   Add(absl::StrFormat("conv.prefill.1x%s", K(d.prefill)), [=, this] { return Conv(1, d.prefill); });
   Add(absl::StrFormat("conv.prefill.%dx%s", d.multi_seqs, K(d.multi_len)),

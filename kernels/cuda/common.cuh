@@ -170,26 +170,45 @@ inline bool PdlEnabled() {
                          KnobChoice("MOBIUS_MOE_PDL", {"0", "1"}) != 1;  // the older name
   return on;
 }
-// Launches `kernel` with the programmatic-serialization attribute (see PdlWait); aborts with
-// `what` named when the launch fails.
+// Launches `kernel` with the programmatic-serialization attribute (see PdlWait) and, where
+// `cluster_blocks` > 1, in thread-block clusters of that many blocks along x; aborts with `what`
+// named when the launch fails.
 template <typename... Params, typename... Args>
-void LaunchPdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-               cudaStream_t stream, Args&&... args) {
+void LaunchPdlInClusters(const char* what, unsigned cluster_blocks, void (*kernel)(Params...),
+                         dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attr = {};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attr;
-  config.numAttrs = PdlEnabled() ? 1 : 0;
+  cudaLaunchAttribute attrs[2] = {};
+  unsigned num_attrs = 0;
+  if (cluster_blocks > 1) {
+    attrs[num_attrs].id = cudaLaunchAttributeClusterDimension;
+    attrs[num_attrs].val.clusterDim.x = cluster_blocks;
+    attrs[num_attrs].val.clusterDim.y = 1;
+    attrs[num_attrs].val.clusterDim.z = 1;
+    ++num_attrs;
+  }
+  if (PdlEnabled()) {
+    attrs[num_attrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[num_attrs].val.programmaticStreamSerializationAllowed = 1;
+    ++num_attrs;
+  }
+  config.attrs = attrs;
+  config.numAttrs = num_attrs;
   const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
   if (err != cudaSuccess) {
     std::fprintf(stderr, "mobius cuda: launch of %s failed: %s\n", what, cudaGetErrorString(err));
     std::abort();
   }
+}
+// Launches `kernel` with the programmatic-serialization attribute (see PdlWait); aborts with
+// `what` named when the launch fails.
+template <typename... Params, typename... Args>
+void LaunchPdl(const char* what, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+               cudaStream_t stream, Args&&... args) {
+  LaunchPdlInClusters(what, 1, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 inline unsigned GridFor(int64_t n, int threads) {

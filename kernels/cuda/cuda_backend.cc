@@ -309,6 +309,9 @@ class CudaBackend final : public Backend {
                                Tensor& out) override;
   void GatedRmsNorm(const Tensor& x, const Tensor& z, const Tensor& w, float eps,
                     Tensor& out) override;
+  void GatedDeltaNetMixer(const DeltaNetMixerOperands& op,
+                          std::span<const SequenceSegment> segments, DeltaRuleAlgorithm algorithm,
+                          Tensor& out) override;
 
   // ---- gated attention ----
   void QkNormRope(const Tensor& q_gate, Tensor& k, const Tensor& q_norm, const Tensor& k_norm,
@@ -1048,6 +1051,84 @@ void CudaBackend::GatedRmsNorm(const Tensor& x, const Tensor& z, const Tensor& w
                         w.ShapeString(), out.ShapeString()));
   Enter();
   cuda::LaunchGatedRmsNorm(Bf16(x), Bf16(z), wp, eps, x.numel() / d, d, MutBf16(out), stream_);
+}
+
+// The batches (sequences in a decode step) that take the one-launch DeltaNet step by default,
+// from engine A/B runs on the H200 at release shapes (docs/performance.md, eighteenth version):
+// it saved 0.06-0.11 ms a step at batch 1-4, 0.1 at 128 and 0.55 at 256, was even at 8, and cost
+// 0.04-0.08 ms at 16-64, where its clusters start later behind the in-projection than the
+// separate kernels do (not diagnosed further).
+bool UseDeltaNetDecodeStep(size_t num_segments) { return num_segments < 16 || num_segments >= 128; }
+
+void CudaBackend::GatedDeltaNetMixer(const DeltaNetMixerOperands& op,
+                                     std::span<const SequenceSegment> segments,
+                                     DeltaRuleAlgorithm algorithm, Tensor& out) {
+  // MOBIUS_DELTANET_STEP=0 runs decode steps through the three separate kernels, =1 through the
+  // one-launch step at any batch (A/B runs); by default the step takes the batches where it
+  // measured faster in the engine (UseDeltaNetDecodeStep).
+  static const int forced = cuda::KnobChoice("MOBIUS_DELTANET_STEP", {"0", "1"});
+  const bool step_off = forced == 1 || (forced != 2 && !UseDeltaNetDecodeStep(segments.size()));
+  const DeltaRuleDims& d = op.dims;
+  const int64_t channels =
+      2LL * d.num_k_heads * d.k_head_dim + static_cast<int64_t>(d.num_v_heads) * d.v_head_dim;
+  const int64_t t = op.mixed.rank() == 2 ? op.mixed.dim(0) : -1;
+  const bool decode =
+      !segments.empty() && std::all_of(segments.begin(), segments.end(),
+                                       [](const SequenceSegment& s) { return s.num_tokens == 1; });
+  const bool types = op.mixed.dtype() == DType::kBF16 && op.z.dtype() == DType::kBF16 &&
+                     op.a.dtype() == DType::kBF16 && op.b.dtype() == DType::kBF16 &&
+                     out.dtype() == DType::kBF16 && op.conv_states.dtype() == DType::kF32 &&
+                     op.recurrent_states.dtype() == DType::kF32 && op.g.dtype() == DType::kF32 &&
+                     op.beta.dtype() == DType::kF32;
+  const bool shapes =
+      t == static_cast<int64_t>(segments.size()) && op.mixed.dim(1) == channels &&
+      op.z.numel() == t * d.num_v_heads * d.v_head_dim && out.numel() == op.z.numel() &&
+      op.a.numel() == t * d.num_v_heads && op.b.numel() == op.a.numel() &&
+      op.g.numel() == op.a.numel() && op.beta.numel() == op.a.numel() &&
+      op.a_log.numel() == d.num_v_heads && op.dt_bias.numel() == d.num_v_heads &&
+      op.norm_w.numel() == d.v_head_dim && op.conv_w.numel() == channels * 4 &&
+      op.conv_states.rank() == 3 && op.conv_states.dim(1) == channels &&
+      op.conv_states.dim(2) == 3 && op.recurrent_states.rank() == 4 &&
+      op.recurrent_states.dim(1) == d.num_v_heads && op.recurrent_states.dim(2) == d.k_head_dim &&
+      op.recurrent_states.dim(3) == d.v_head_dim;
+  if (step_off || !decode || !types || !shapes ||
+      !cuda::DeltaNetDecodeStepSupports(d.num_k_heads, d.num_v_heads, d.k_head_dim, d.v_head_dim, 4,
+                                        static_cast<int>(segments.size()), op.z.raw(), out.raw(),
+                                        op.conv_w.raw(), op.norm_w.raw(), op.conv_states.raw(),
+                                        op.recurrent_states.raw())) {
+    Backend::GatedDeltaNetMixer(op, segments, algorithm, out);
+    return;
+  }
+  for (const SequenceSegment& seg : segments) {
+    Check(seg.state_slot < op.conv_states.dim(0) && seg.state_slot < op.recurrent_states.dim(0),
+          "GatedDeltaNetMixer",
+          absl::StrFormat("state slot %d >= %d conv / %d recurrent slots", seg.state_slot,
+                          op.conv_states.dim(0), op.recurrent_states.dim(0)));
+  }
+  cuda::DeltaNetDecodeStepArgs args;
+  args.mixed = Bf16(op.mixed);
+  args.z = Bf16(op.z);
+  args.a = Bf16(op.a);
+  args.b = Bf16(op.b);
+  args.conv_w = Any(op.conv_w, "GatedDeltaNetMixer", "conv_w");
+  args.a_log = Any(op.a_log, "GatedDeltaNetMixer", "a_log");
+  args.dt_bias = Any(op.dt_bias, "GatedDeltaNetMixer", "dt_bias");
+  args.norm_w = Any(op.norm_w, "GatedDeltaNetMixer", "norm_w");
+  args.eps = op.eps;
+  args.num_k_heads = d.num_k_heads;
+  args.num_v_heads = d.num_v_heads;
+  args.head_dim = d.k_head_dim;
+  args.conv_states = op.conv_states.data<float>();
+  args.states = op.recurrent_states.data<float>();
+  args.g = op.g.data<float>();
+  args.beta = op.beta.data<float>();
+  args.out = MutBf16(out);
+  Enter();
+  const PackedSegments packed = PackSegments("GatedDeltaNetMixer", segments, t, false);
+  cuda::TokenMeta tokens;
+  cuda::SegmentMeta segs;
+  UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs);
+  cuda::LaunchDeltaNetDecodeStep(args, segs, stream_);
 }
 
 // ---- gated attention ----

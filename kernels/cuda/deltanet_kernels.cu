@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/deltanet_recurrence.cuh"
 #include "kernels/cuda/tuning_knobs.h"
 
 namespace mobius::kernels::cuda {
@@ -255,15 +256,6 @@ __global__ void ConvStateUpdateVecKernel(const uint16_t* x, float* conv_states, 
   }
 }
 
-// g = -exp(a_log) * softplus(a + dt_bias), beta = sigmoid(b): one definition for the gates kernel
-// and the delta rule that computes its own gates, so both give the same bits.
-__device__ __forceinline__ float DeltaGateG(float a, float a_log, float dt_bias) {
-  const float av = a + dt_bias;
-  const float softplus = av > 20.0f ? av : log1pf(expf(av));
-  return -expf(a_log) * softplus;
-}
-__device__ __forceinline__ float DeltaGateBeta(float b) { return 1.0f / (1.0f + expf(-b)); }
-
 __global__ void DeltaRuleGatesKernel(const uint16_t* a, const uint16_t* b, AnyPtr a_log,
                                      AnyPtr dt_bias, int64_t n, int num_v_heads, float* g,
                                      float* beta) {
@@ -480,20 +472,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 
   for (int step = 0; step < len; ++step) {
     const int64_t t = begin + step;
-    float qss = 0.f, kss = 0.f, qk = 0.f;
-#pragma unroll
-    for (int e = 0; e < kPer; ++e) {
-      qss += qn[e] * qn[e];
-      kss += kn[e] * kn[e];
-      qk += qn[e] * kn[e];
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      qss += __shfl_xor_sync(0xffffffffu, qss, o);
-      kss += __shfl_xor_sync(0xffffffffu, kss, o);
-      qk += __shfl_xor_sync(0xffffffffu, qk, o);
-    }
-    const float qinv = rsqrtf(qss + 1e-6f) * q_scale, kinv = rsqrtf(kss + 1e-6f);
+    float qinv, kinv, kq;
+    DeltaRuleQkNorms<kPer>(qn, kn, q_scale, qinv, kinv, kq);
     __syncwarp();  // the previous token's reads of q_s / k_s are done
 #pragma unroll
     for (int e = 0; e < kPer; ++e) {
@@ -503,37 +483,13 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
         k_s[d] = kn[e] * kinv;
       }
     }
-    const float kq = qk * qinv * kinv;
     const float4 v = vn;
     const float decay = __expf(gn), b = bn;
     __syncwarp();
     if (step + 1 < len) load(t + 1);
 
-    float4 u = make_float4(0.f, 0.f, 0.f, 0.f), sq = u;
-#pragma unroll
-    for (int p = 0; p < kPasses; ++p) {
-      const int r = r0 + kRowsPerPass * p;
-      const float kr = k_s[r], qr = q_s[r];  // zero beyond dk
-      u.x += S[p].x * kr;
-      u.y += S[p].y * kr;
-      u.z += S[p].z * kr;
-      u.w += S[p].w * kr;
-      sq.x += S[p].x * qr;
-      sq.y += S[p].y * qr;
-      sq.z += S[p].z * qr;
-      sq.w += S[p].w * qr;
-    }
-#pragma unroll
-    for (int o = kLpr; o < 32; o <<= 1) {
-      u.x += __shfl_xor_sync(0xffffffffu, u.x, o);
-      u.y += __shfl_xor_sync(0xffffffffu, u.y, o);
-      u.z += __shfl_xor_sync(0xffffffffu, u.z, o);
-      u.w += __shfl_xor_sync(0xffffffffu, u.w, o);
-      sq.x += __shfl_xor_sync(0xffffffffu, sq.x, o);
-      sq.y += __shfl_xor_sync(0xffffffffu, sq.y, o);
-      sq.z += __shfl_xor_sync(0xffffffffu, sq.z, o);
-      sq.w += __shfl_xor_sync(0xffffffffu, sq.w, o);
-    }
+    float4 u, sq;  // k_s and q_s are zero beyond dk
+    DeltaRuleProducts<kPasses, kLpr>(S, k_s, q_s, r0, u, sq);
     if constexpr (kRowSplit == 2) {
       if (lane < kLpr) {
         part_s[step & 1][warp][lane][0] = u;
@@ -542,38 +498,17 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
       __syncthreads();
       const float4 pu = part_s[step & 1][warp ^ 1][lane % kLpr][0];
       const float4 pq = part_s[step & 1][warp ^ 1][lane % kLpr][1];
-      u.x += pu.x;
-      u.y += pu.y;
-      u.z += pu.z;
-      u.w += pu.w;
-      sq.x += pq.x;
-      sq.y += pq.y;
-      sq.z += pq.z;
-      sq.w += pq.w;
+      DeltaRuleAddPartner(u, sq, pu, pq);
     }
-    float4 delta;
-    delta.x = b * (v.x - decay * u.x);
-    delta.y = b * (v.y - decay * u.y);
-    delta.z = b * (v.z - decay * u.z);
-    delta.w = b * (v.w - decay * u.w);
+    const float4 delta = DeltaRuleDelta(v, u, decay, b);
     if (lane < kLpr && col_ok && (kRowSplit == 1 || warp % 2 == 0)) {
-      const float o0 = decay * sq.x + delta.x * kq, o1 = decay * sq.y + delta.y * kq;
-      const float o2 = decay * sq.z + delta.z * kq, o3 = decay * sq.w + delta.w * kq;
+      const float4 o = DeltaRuleOutput(sq, delta, decay, kq);
       uint2 packed;
-      packed.x =
-          static_cast<uint32_t>(F32ToBf16(o0)) | (static_cast<uint32_t>(F32ToBf16(o1)) << 16);
-      packed.y =
-          static_cast<uint32_t>(F32ToBf16(o2)) | (static_cast<uint32_t>(F32ToBf16(o3)) << 16);
+      packed.x = PackBf16x2(o.x, o.y);
+      packed.y = PackBf16x2(o.z, o.w);
       *reinterpret_cast<uint2*>(out + t * num_v_heads * dv + int64_t{h} * dv + col) = packed;
     }
-#pragma unroll
-    for (int p = 0; p < kPasses; ++p) {
-      const float kr = k_s[r0 + kRowsPerPass * p];
-      S[p].x = decay * S[p].x + kr * delta.x;
-      S[p].y = decay * S[p].y + kr * delta.y;
-      S[p].z = decay * S[p].z + kr * delta.z;
-      S[p].w = decay * S[p].w + kr * delta.w;
-    }
+    DeltaRuleUpdate<kPasses, kLpr>(S, k_s, r0, decay, delta);
   }
 
   if (state != nullptr && col_ok) {
@@ -678,6 +613,24 @@ void LaunchDeltaRuleGates(const uint16_t* a, const uint16_t* b, AnyPtr a_log, An
   CheckLaunch("DeltaRuleGates");
 }
 
+DeltaRuleLayout SelectDeltaRuleLayout(int num_segments) {
+  // MOBIUS_DELTA_RULE_GENERIC=1 forces the generic block kernel (for before/after timings).
+  static const bool force_generic = KnobChoice("MOBIUS_DELTA_RULE_GENERIC", {"0", "1"}) == 2;
+  if (force_generic) return {0, 1};
+  // Value columns per warp: 8 keeps more warps busy for a few sequences, 16 (64-byte state row
+  // pieces) moves the state faster once there are several (measured on the H200, see
+  // docs/cuda-backend.md). MOBIUS_DELTA_RULE_COLS=8|16 forces one (timing).
+  static const int forced_cols = KnobChoice("MOBIUS_DELTA_RULE_COLS", {"8", "16"}) * 8;
+  const int cols = forced_cols == 8 || forced_cols == 16 ? forced_cols : num_segments >= 4 ? 16 : 8;
+  // Rows split over warp pairs: MOBIUS_DELTA_RULE_SPLIT=1|2 forces off/on (timing); default on
+  // below kRowSplitMaxSegments sequences.
+  static const int forced_split = KnobChoice("MOBIUS_DELTA_RULE_SPLIT", {"1", "2"});
+  constexpr int kRowSplitMaxSegments = 16;
+  const bool split =
+      forced_split == 2 || (forced_split != 1 && num_segments < kRowSplitMaxSegments);
+  return {cols, split ? 2 : 1};
+}
+
 void LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, float* g, float* beta,
                                    const DeltaGateInputs* gates, int64_t num_tokens,
                                    int num_k_heads, int num_v_heads, int k_head_dim, int v_head_dim,
@@ -693,22 +646,10 @@ void LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, float* g, float* beta,
   const bool aligned = reinterpret_cast<uintptr_t>(qkv) % 8 == 0 &&
                        reinterpret_cast<uintptr_t>(out) % 8 == 0 &&
                        reinterpret_cast<uintptr_t>(states) % 16 == 0 && (hk * dk) % 2 == 0;
-  // MOBIUS_DELTA_RULE_GENERIC=1 forces the generic block kernel (for before/after timings).
-  static const bool force_generic = KnobChoice("MOBIUS_DELTA_RULE_GENERIC", {"0", "1"}) == 2;
-  // Value columns per warp: 8 keeps more warps busy for a few sequences, 16 (64-byte state row
-  // pieces) moves the state faster once there are several (measured on the H200, see
-  // docs/cuda-backend.md). MOBIUS_DELTA_RULE_COLS=8|16 forces one (timing).
-  static const int forced_cols = KnobChoice("MOBIUS_DELTA_RULE_COLS", {"8", "16"}) * 8;
-  const int warp_cols = forced_cols == 8 || forced_cols == 16 ? forced_cols
-                        : segments.num_segments >= 4          ? 16
-                                                              : 8;
-  // Rows split over warp pairs: MOBIUS_DELTA_RULE_SPLIT=1|2 forces off/on (timing); default on
-  // below kRowSplitMaxSegments sequences.
-  static const int forced_split = KnobChoice("MOBIUS_DELTA_RULE_SPLIT", {"1", "2"});
-  constexpr int kRowSplitMaxSegments = 16;
-  const bool row_split =
-      forced_split == 2 || (forced_split != 1 && segments.num_segments < kRowSplitMaxSegments);
-  if (dv % 4 == 0 && aligned && !force_generic) {
+  const DeltaRuleLayout layout = SelectDeltaRuleLayout(segments.num_segments);
+  const int warp_cols = layout.cols;
+  const bool row_split = layout.row_split == 2;
+  if (dv % 4 == 0 && aligned && warp_cols != 0) {
     auto launch = [&](auto max_dk) {
       constexpr int kMaxDk = decltype(max_dk)::value;
       if (row_split && warp_cols == 16) {

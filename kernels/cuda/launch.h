@@ -110,6 +110,14 @@ struct DeltaGateInputs {
   AnyPtr a_log;
   AnyPtr dt_bias;
 };
+// How the recurrent warp kernel lays out a head's state for a step of `num_segments` sequences:
+// `cols` value columns per group of `row_split` warps (which split the state rows); cols = 0 when
+// the generic kernel is forced (MOBIUS_DELTA_RULE_GENERIC). The reduction order follows it.
+struct DeltaRuleLayout {
+  int cols = 0;
+  int row_split = 1;
+};
+DeltaRuleLayout SelectDeltaRuleLayout(int num_segments);
 // Token by token; segments longer than `max_tokens` are skipped (left to the chunked form).
 // Without `gates` the kernel reads g and beta [num_tokens, Hv]; with them it computes the gates
 // and writes them to g and beta too.
@@ -130,6 +138,41 @@ void LaunchGatedDeltaRuleChunked(const uint16_t* qkv, const float* g, const floa
                                  float* states, const SegmentMeta& segments, int min_tokens,
                                  int64_t num_chunks, int num_chunked_segments, void* scratch,
                                  uint16_t* out, cudaStream_t stream);
+
+// The DeltaNet mixer of a decode step in one launch (deltanet_decode_step.cu): the conv (kernel
+// size 4) + SiLU of the in-projection's q, k, v, the gates, the recurrent delta rule and the gated
+// RMSNorm, with the same roundings as those kernels run one by one (conv output and delta-rule
+// output to bf16). A cluster of eight blocks per key head and segment shares q and k and each
+// value head's sum of squares through distributed shared memory. Every segment must hold exactly
+// one token.
+struct DeltaNetDecodeStepArgs {
+  const uint16_t* mixed = nullptr;  // [T, 2*Hk*D + Hv*D]: q, k, v before the conv
+  const uint16_t* z = nullptr;      // [T, Hv*D]
+  const uint16_t* a = nullptr;      // [T, Hv]
+  const uint16_t* b = nullptr;      // [T, Hv]
+  AnyPtr conv_w;                    // [2*Hk*D + Hv*D, 4]
+  AnyPtr a_log;                     // [Hv]
+  AnyPtr dt_bias;                   // [Hv]
+  AnyPtr norm_w;                    // [D]
+  float eps = 0.0f;
+  int num_k_heads = 0;
+  int num_v_heads = 0;
+  int head_dim = 0;              // Dk = Dv
+  float* conv_states = nullptr;  // [slots, 2*Hk*D + Hv*D, 3]
+  float* states = nullptr;       // [slots, Hv, D, D]
+  float* g = nullptr;            // [T, Hv]
+  float* beta = nullptr;         // [T, Hv]
+  uint16_t* out = nullptr;       // [T, Hv*D]
+};
+// True when LaunchDeltaNetDecodeStep takes these shapes: Dk = Dv in {32, 64, 128}, Hv = 2 Hk,
+// conv kernel size 4, a delta-rule layout for `num_segments` (SelectDeltaRuleLayout) that a block
+// of D / 4 columns holds, and z, out, the conv and norm weights and the states 16-byte aligned.
+bool DeltaNetDecodeStepSupports(int num_k_heads, int num_v_heads, int k_head_dim, int v_head_dim,
+                                int conv_kernel, int num_segments, const void* z, const void* out,
+                                const void* conv_w, const void* norm_w, const void* conv_states,
+                                const void* states);
+void LaunchDeltaNetDecodeStep(const DeltaNetDecodeStepArgs& args, const SegmentMeta& segments,
+                              cudaStream_t stream);
 
 // ---- gated attention (attention_kernels.cu) ----
 // The largest head size the paged-attention kernels take (checked at load).

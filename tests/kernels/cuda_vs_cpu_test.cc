@@ -506,6 +506,117 @@ TEST(CudaVsCpuTest, FusedOpsEqualTheirParts) {
   }
 }
 
+// GatedDeltaNetMixer: the CUDA backend runs a decode step (every segment one token) as one
+// clustered kernel at Dk = Dv in {32, 64, 128} with Hv = 2 Hk (the fixtures' and the release
+// shapes), and anything else through its three parts. Against the CPU backend, and against the
+// CUDA parts from the same states: the same bits.
+TEST(CudaVsCpuTest, DeltaNetMixerDecodeStep) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  Pair p;
+  std::mt19937 rng(31);
+  auto host = [&](const Tensor& t) {
+    std::vector<float> v(t.numel());
+    p.cuda().CopyToHostF32(t, v.data());
+    return v;
+  };
+  std::vector<int32_t> none;
+  const std::vector<std::vector<SequenceSegment>> layouts = {
+      {{0, 1, 7, 2, none}},
+      {{0, 1, 5, 3, none},
+       {1, 1, 0, 0, none},
+       {2, 1, 9, -1, none},
+       {3, 1, 2, 4, none},
+       {4, 1, 1, 1, none}},
+      {{0, 3, 4, 1, none}, {3, 1, 8, 3, none}}};  // a 3-token segment: the parts run
+  // 17 sequences: the delta rule's layout without split rows.
+  std::vector<SequenceSegment> many;
+  for (int i = 0; i < 17; ++i) many.push_back({i, 1, 3 + i, i < 16 ? i : -1, none});
+  for (const auto& [Hk, D] : std::vector<std::pair<int, int>>{{2, 32}, {4, 64}, {16, 128}}) {
+    const int Hv = 2 * Hk, C = 2 * Hk * D + Hv * D, slots = 18;
+    std::vector<std::vector<SequenceSegment>> cases = layouts;
+    cases.push_back(many);
+    for (const auto& segs : cases) {
+      const int T = segs.back().token_begin + segs.back().num_tokens;
+      const std::string what = "GatedDeltaNetMixer D=" + std::to_string(D) +
+                               " T=" + std::to_string(T) +
+                               " segments=" + std::to_string(segs.size());
+      auto mixed = p.Make({T, C}, Random(rng, T * C, -2, 2));
+      auto z = p.Make({T, Hv * D}, Random(rng, T * Hv * D, -2, 2));
+      auto a = p.Make({T, Hv}, Random(rng, T * Hv, -3, 3));
+      auto b = p.Make({T, Hv}, Random(rng, T * Hv, -3, 3));
+      auto conv_w = p.Make({C, 4}, Random(rng, C * 4, -0.5f, 0.5f));
+      auto a_log = p.Make({Hv}, Random(rng, Hv, 0, 2.5f));
+      auto dt = p.Make({Hv}, Random(rng, Hv, -1, 1));
+      auto norm_w = p.Make({D}, Random(rng, D, 0.5f, 1.5f));
+      const std::vector<float> conv0 = Random(rng, slots * C * 3, -2, 2);
+      const std::vector<float> state0 = Random(rng, slots * Hv * D * D, -0.2f, 0.2f);
+      auto conv_states = p.Make({slots, C, 3}, conv0, DType::kF32);
+      auto states = p.Make({slots, Hv, D, D}, state0, DType::kF32);
+      auto g = p.Make({T, Hv}, std::vector<float>(T * Hv), DType::kF32);
+      auto beta = p.Make({T, Hv}, std::vector<float>(T * Hv), DType::kF32);
+      auto conv_out = p.Make({T, C}, std::vector<float>(T * C));
+      auto core = p.Make({T, Hv * D}, std::vector<float>(T * Hv * D));
+      auto out = p.Make({T, Hv * D}, std::vector<float>(T * Hv * D));
+      const DeltaRuleDims dims{Hk, Hv, D, D};
+      const float eps = 1e-6f;
+      p.cpu().GatedDeltaNetMixer({mixed.first, z.first, a.first, b.first, conv_w.first, a_log.first,
+                                  dt.first, norm_w.first, eps, dims, conv_states.first,
+                                  states.first, g.first, beta.first, conv_out.first, core.first},
+                                 segs, DeltaRuleAlgorithm::kAuto, out.first);
+      p.cuda().GatedDeltaNetMixer(
+          {mixed.second, z.second, a.second, b.second, conv_w.second, a_log.second, dt.second,
+           norm_w.second, eps, dims, conv_states.second, states.second, g.second, beta.second,
+           conv_out.second, core.second},
+          segs, DeltaRuleAlgorithm::kAuto, out.second);
+      // The output passes two bf16 roundings (the conv's and the delta rule's stored outputs) that
+      // the fp32 CPU backend does not make, before a normalisation that scales them up where a
+      // head's rows are small: 3e-2 here; the CUDA parts below are held to a bf16 step.
+      EXPECT_LT(p.Compare((what + " (out)").c_str(), out.first, out.second), 3e-2);
+      EXPECT_LT(p.Compare((what + " (conv states)").c_str(), conv_states.first, conv_states.second),
+                kTol);
+      EXPECT_LT(p.Compare((what + " (states)").c_str(), states.first, states.second), kTol);
+      EXPECT_LT(p.Compare((what + " (g)").c_str(), g.first, g.second), kTol);
+      EXPECT_LT(p.Compare((what + " (beta)").c_str(), beta.first, beta.second), kTol);
+
+      // The CUDA parts from the same starting states.
+      auto conv_states2 = p.Make({slots, C, 3}, conv0, DType::kF32);
+      auto states2 = p.Make({slots, Hv, D, D}, state0, DType::kF32);
+      auto g2 = p.Make({T, Hv}, std::vector<float>(T * Hv), DType::kF32);
+      auto beta2 = p.Make({T, Hv}, std::vector<float>(T * Hv), DType::kF32);
+      auto out2 = p.Make({T, Hv * D}, std::vector<float>(T * Hv * D));
+      p.cuda().CausalConv1dSilu(mixed.second, conv_w.second, conv_states2.second, segs,
+                                conv_out.second);
+      p.cuda().GatedDeltaRuleWithGates(conv_out.second, a.second, b.second, a_log.second, dt.second,
+                                       dims, states2.second, segs, DeltaRuleAlgorithm::kAuto,
+                                       g2.second, beta2.second, core.second);
+      Tensor heads_out = out2.second.Reshape({T * Hv, D});
+      p.cuda().GatedRmsNorm(core.second.Reshape({T * Hv, D}), z.second.Reshape({T * Hv, D}),
+                            norm_w.second, eps, heads_out);
+      EXPECT_EQ(host(conv_states.second), host(conv_states2.second)) << what;
+      EXPECT_EQ(host(g.second), host(g2.second)) << what;
+      EXPECT_EQ(host(beta.second), host(beta2.second)) << what;
+      // The one-launch step keeps the parts' reduction orders (the delta rule's layout for this
+      // many sequences, the norm's piece tree): a speculative verify step runs the parts, and its
+      // greedy tokens must equal a plain decode step's.
+      EXPECT_EQ(host(states2.second), host(states.second)) << what;
+      EXPECT_EQ(host(out2.second), host(out.second)) << what;
+      // Slots that no segment names (a segment of slot -1 has no state) keep their states.
+      std::vector<bool> named(slots, false);
+      for (const SequenceSegment& seg : segs) {
+        if (seg.state_slot >= 0) named[seg.state_slot] = true;
+      }
+      const std::vector<float> after = host(states.second);
+      const size_t per_slot = static_cast<size_t>(Hv) * D * D;
+      for (int s = 0; s < slots; ++s) {
+        if (named[s]) continue;
+        EXPECT_TRUE(std::equal(after.begin() + s * per_slot, after.begin() + (s + 1) * per_slot,
+                               state0.begin() + s * per_slot))
+            << what << ": slot " << s << " changed";
+      }
+    }
+  }
+}
+
 // Expert ids routed through a replicated placement's table (Backend::MapExpertIds): the CUDA
 // kernel and the host default agree, ids outside the bank give -1.
 TEST(CudaVsCpuTest, MapExpertIdsAgrees) {

@@ -653,26 +653,35 @@ absl::Status HybridModel::DeltaNetMixer(StepContext& ctx, int layer, const Tenso
 
   const int slot_layer = cache_index_[layer];
   ASSIGN_OR_RETURN(Tensor conv_out, Alloc({T, cd}));
-  backend_.CausalConv1dSilu(mixed, w.conv1d, state_slots_->conv_states(slot_layer), ctx.segments,
-                            conv_out);
   ASSIGN_OR_RETURN(Tensor g, Alloc(DType::kF32, {T, Hv}));
   ASSIGN_OR_RETURN(Tensor beta, Alloc(DType::kF32, {T, Hv}));
+  ASSIGN_OR_RETURN(Tensor core, Alloc({T, vd}));
+  ASSIGN_OR_RETURN(Tensor gated, Alloc({T, vd}));
   kernels::DeltaRuleDims dims;
   dims.num_k_heads = local_.linear_num_key_heads;
   dims.num_v_heads = Hv;
   dims.k_head_dim = config_.linear_key_head_dim;
   dims.v_head_dim = Dv;
-  ASSIGN_OR_RETURN(Tensor core, Alloc({T, vd}));
-  backend_.GatedDeltaRuleWithGates(conv_out, a, b, w.a_log, w.dt_bias, dims,
-                                   state_slots_->recurrent_states(slot_layer), ctx.segments,
-                                   ctx.options.delta_rule, g, beta, core);
+  const kernels::DeltaNetMixerOperands mixer{mixed,
+                                             z,
+                                             a,
+                                             b,
+                                             w.conv1d,
+                                             w.a_log,
+                                             w.dt_bias,
+                                             w.norm,
+                                             config_.rms_norm_eps,
+                                             dims,
+                                             state_slots_->conv_states(slot_layer),
+                                             state_slots_->recurrent_states(slot_layer),
+                                             g,
+                                             beta,
+                                             conv_out,
+                                             core};
+  backend_.GatedDeltaNetMixer(mixer, ctx.segments, ctx.options.delta_rule, gated);
   // The replay of a rejected speculative step re-runs the conv and the delta rule from these.
   if (ctx.options.keep_state_inputs) kept_state_inputs_[slot_layer] = {mixed, g, beta};
-
-  ASSIGN_OR_RETURN(Tensor gated, Alloc({T * Hv, Dv}));
-  backend_.GatedRmsNorm(core.Reshape({T * Hv, Dv}), z.Reshape({T * Hv, Dv}), w.norm,
-                        config_.rms_norm_eps, gated);
-  backend_.Linear(gated.Reshape({T, vd}), w.out_proj, out);
+  backend_.Linear(gated, w.out_proj, out);
   return absl::OkStatus();
 }
 
