@@ -35,22 +35,21 @@
 #include <vector>
 
 #include "bench/kernels/grid_barrier.cuh"
+#include "bench/kernels/probe_util.h"
 #include "kernels/cuda/common.cuh"
 
 namespace {
+
+using mobius::bench::CheckCudaOrExit;
+using mobius::bench::Median;
+using mobius::bench::ParseWholeNumber;
 
 using mobius::kernels::cuda::PdlTrigger;
 using mobius::kernels::cuda::PdlWait;
 
 constexpr int kThreads = 256;
 
-void Die(const std::string& what, cudaError_t err) {
-  std::fprintf(stderr, "mobius_chain_bench: %s: %s\n", what.c_str(), cudaGetErrorString(err));
-  std::exit(1);
-}
-void Check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) Die(what, err);
-}
+void Check(cudaError_t err, const char* what) { CheckCudaOrExit("mobius_chain_bench", err, what); }
 
 // One step of a chain: block 0 advances the word after the previous kernel finished.
 __global__ void StepKernel(unsigned* word) {
@@ -162,15 +161,13 @@ void Usage() {
 // A flag's value: a whole positive number up to kMaxValue, or exit 2 naming the flag.
 constexpr long kMaxValue = 1 << 20;
 int PositiveInt(const std::string& flag, const std::string& text) {
-  char* end = nullptr;
-  errno = 0;
-  const long v = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno != 0 || v <= 0 || v > kMaxValue) {
+  const std::optional<long> v = ParseWholeNumber(text, 1, kMaxValue);
+  if (!v) {
     std::fprintf(stderr, "mobius_chain_bench: %s: '%s' is not a whole number in 1..%ld\n",
                  flag.c_str(), text.c_str(), kMaxValue);
     std::exit(2);
   }
-  return static_cast<int>(v);
+  return static_cast<int>(*v);
 }
 
 Options Parse(int argc, char** argv) {
@@ -221,11 +218,6 @@ Options Parse(int argc, char** argv) {
     }
   }
   return o;
-}
-
-float Median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // Runs `run` (one timed run of o.steps steps on `stream`, advancing `word` by

@@ -49,6 +49,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/kernels/bench_device.h"
 #include "bench/kernels/kernel_bench.h"
+#include "bench/kernels/probe_util.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/dtype.h"
@@ -202,12 +203,6 @@ Options ParseOptions(int argc, char** argv) {
     }
   }
   return o;
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
 }
 
 using Clock = std::chrono::steady_clock;

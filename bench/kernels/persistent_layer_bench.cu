@@ -31,9 +31,14 @@
 #include <vector>
 
 #include "bench/kernels/grid_barrier.cuh"
+#include "bench/kernels/probe_util.h"
 #include "kernels/cuda/async_copy.cuh"
 
 namespace {
+
+using mobius::bench::CheckCudaOrExit;
+using mobius::bench::Median;
+using mobius::bench::ParseWholeNumber;
 
 using mobius::bench::GridBarrier;
 using mobius::bench::LoadAcquire;
@@ -51,10 +56,7 @@ constexpr int kMaxStages = 16;
 constexpr int kActWords = 1 << 16;
 
 void Check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    std::fprintf(stderr, "mobius_persistent_bench: %s: %s\n", what, cudaGetErrorString(err));
-    std::exit(1);
-  }
+  CheckCudaOrExit("mobius_persistent_bench", err, what);
 }
 
 struct Op {
@@ -228,12 +230,9 @@ void Usage() {
 }
 
 bool ParseInt(std::string_view text, int lo, int hi, int* out) {
-  char* end = nullptr;
-  const std::string s(text);
-  const long v = std::strtol(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || v < lo || v > hi) return false;
-  *out = static_cast<int>(v);
-  return true;
+  const std::optional<long> v = ParseWholeNumber(text, lo, hi);
+  if (v) *out = static_cast<int>(*v);
+  return v.has_value();
 }
 
 // "0,50.6,33.5:n" -> ops with offsets; false on a malformed entry.
@@ -259,11 +258,6 @@ bool ParseOps(const std::string& list, std::vector<Op>* ops, int64_t* layer_byte
   }
   *layer_bytes = offset;
   return !ops->empty();
-}
-
-float Median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 }  // namespace
