@@ -200,9 +200,10 @@ class Bench {
   }
   Case DeltaRule(int seqs, int len, DeltaRuleAlgorithm algo);
   Case Conv(int seqs, int len);
-  // Backend::GatedDeltaNetMixer at a decode step of `seqs` sequences (the CUDA backend's one
-  // clustered launch; MOBIUS_DELTANET_STEP=0 times its three parts instead).
-  Case DeltaNetMixerStep(int seqs);
+  // Backend::GatedDeltaNetMixer at a step of `seqs` sequences of `len` tokens (a decode step, or a
+  // speculative verify step; the CUDA backend's one clustered launch, MOBIUS_DELTANET_STEP=0
+  // times its parts instead).
+  Case DeltaNetMixerStep(int seqs, int len);
   Case Attention(int seqs, int ctx, bool prefill);
   Case Moe(int tokens);
   // Stages `segs` (with `tokens` placeholder token ids) for the timed calls of a case.

@@ -135,12 +135,12 @@ Case Bench::Conv(int seqs, int len) {
   return c;
 }
 
-Case Bench::DeltaNetMixerStep(int seqs) {
-  const int64_t t = seqs;
+Case Bench::DeltaNetMixerStep(int seqs, int len) {
+  const int64_t t = static_cast<int64_t>(seqs) * len;
   const int cd = d_.conv_dim(), vd = d_.hv * d_.dv;
   Case c;
   c.op = "GatedDeltaNetMixer";
-  c.shape = absl::StrFormat("%d seq x 1 tok, Hk %d Hv %d Dk %d Dv %d, conv K %d", seqs, d_.hk,
+  c.shape = absl::StrFormat("%d seq x %d tok, Hk %d Hv %d Dk %d Dv %d, conv K %d", seqs, len, d_.hk,
                             d_.hv, d_.dk, d_.dv, d_.conv_k);
   // In: q, k, v, z, a, b; the conv and norm weights; both states read and written. Out: the
   // normed rows and the gates.
@@ -157,7 +157,7 @@ Case Bench::DeltaNetMixerStep(int seqs) {
   auto a_log = std::make_shared<Tensor>(Rand(act_, {d_.hv}, 0.f, 2.f));
   auto dt_bias = std::make_shared<Tensor>(Rand(act_, {d_.hv}, -1.f, 1.f));
   auto norm_w = std::make_shared<Tensor>(Rand(act_, {d_.dv}, 0.5f, 1.5f));
-  auto segs = std::make_shared<SegmentSet>(MakeSegments(seqs, 1, 100, 0, 0, nullptr, 0));
+  auto segs = std::make_shared<SegmentSet>(MakeSegments(seqs, len, 100, 0, 0, nullptr, 0));
   for (int s = 0; s < c.sets; ++s) {
     Set x;
     x.mixed = Rand(act_, {t, cd});
@@ -181,7 +181,7 @@ Case Bench::DeltaNetMixerStep(int seqs) {
         d_.eps,  dims, x.conv_states, x.states, x.g,     x.beta, x.conv_out, x.core};
     be_->GatedDeltaNetMixer(op, segs->segs, DeltaRuleAlgorithm::kAuto, x.out);
   };
-  c.stage = Stager(segs, t, 101);
+  c.stage = Stager(segs, t, 100 + len);
   return c;
 }
 
@@ -375,8 +375,10 @@ void Bench::BuildSpecs() {
   }
   for (int b : d.decode_batches) {
     Add(absl::StrFormat("deltanet_mixer.decode.B%d", b),
-        [=, this] { return DeltaNetMixerStep(b); });
+        [=, this] { return DeltaNetMixerStep(b, 1); });
   }
+  // A speculative verify step with 4 drafts at batch 1.
+  Add("deltanet_mixer.verify.1x5", [=, this] { return DeltaNetMixerStep(1, 5); });
   Add(absl::StrFormat("conv.prefill.1x%s", K(d.prefill)), [=, this] { return Conv(1, d.prefill); });
   Add(absl::StrFormat("conv.prefill.%dx%s", d.multi_seqs, K(d.multi_len)),
       [=, this] { return Conv(d.multi_seqs, d.multi_len); });

@@ -1072,26 +1072,47 @@ void CudaBackend::GatedDeltaNetMixer(const DeltaNetMixerOperands& op,
   const int64_t channels =
       2LL * d.num_k_heads * d.k_head_dim + static_cast<int64_t>(d.num_v_heads) * d.v_head_dim;
   const int64_t t = op.mixed.rank() == 2 ? op.mixed.dim(0) : -1;
-  const bool decode =
-      !segments.empty() && std::all_of(segments.begin(), segments.end(),
-                                       [](const SequenceSegment& s) { return s.num_tokens == 1; });
-  const bool types = op.mixed.dtype() == DType::kBF16 && op.z.dtype() == DType::kBF16 &&
-                     op.a.dtype() == DType::kBF16 && op.b.dtype() == DType::kBF16 &&
-                     out.dtype() == DType::kBF16 && op.conv_states.dtype() == DType::kF32 &&
-                     op.recurrent_states.dtype() == DType::kF32 && op.g.dtype() == DType::kF32 &&
-                     op.beta.dtype() == DType::kF32;
+  // Decode and speculative verify steps: every segment 1 to kMaxDeltaNetStepTokens tokens.
+  int64_t step_tokens = 0;
+  int max_tokens = 0;
+  const bool short_segments =
+      !segments.empty() &&
+      std::all_of(segments.begin(), segments.end(), [&](const SequenceSegment& s) {
+        step_tokens += s.num_tokens;
+        max_tokens = std::max(max_tokens, s.num_tokens);
+        return s.num_tokens >= 1 && s.num_tokens <= cuda::kMaxDeltaNetStepTokens;
+      });
+  // kChunked asks for the chunked kernels even at one token (the parts honour it).
+  if (step_off || !short_segments || algorithm == DeltaRuleAlgorithm::kChunked) {
+    Backend::GatedDeltaNetMixer(op, segments, algorithm, out);
+    return;
+  }
+  // The parts would abort on these with the same messages.
+  CheckTensor(op.mixed, DType::kBF16, "GatedDeltaNetMixer", "mixed");
+  CheckTensor(op.z, DType::kBF16, "GatedDeltaNetMixer", "z");
+  CheckTensor(op.a, DType::kBF16, "GatedDeltaNetMixer", "a");
+  CheckTensor(op.b, DType::kBF16, "GatedDeltaNetMixer", "b");
+  CheckTensor(out, DType::kBF16, "GatedDeltaNetMixer", "out");
+  CheckTensor(op.conv_states, DType::kF32, "GatedDeltaNetMixer", "conv_states");
+  CheckTensor(op.recurrent_states, DType::kF32, "GatedDeltaNetMixer", "recurrent_states");
+  CheckTensor(op.g, DType::kF32, "GatedDeltaNetMixer", "g");
+  CheckTensor(op.beta, DType::kF32, "GatedDeltaNetMixer", "beta");
   const bool shapes =
-      t == static_cast<int64_t>(segments.size()) && op.mixed.dim(1) == channels &&
+      t == step_tokens && op.mixed.dim(1) == channels &&
       op.z.numel() == t * d.num_v_heads * d.v_head_dim && out.numel() == op.z.numel() &&
       op.a.numel() == t * d.num_v_heads && op.b.numel() == op.a.numel() &&
       op.g.numel() == op.a.numel() && op.beta.numel() == op.a.numel() &&
       op.a_log.numel() == d.num_v_heads && op.dt_bias.numel() == d.num_v_heads &&
-      op.norm_w.numel() == d.v_head_dim && op.conv_w.numel() == channels * 4 &&
-      op.conv_states.rank() == 3 && op.conv_states.dim(1) == channels &&
-      op.conv_states.dim(2) == 3 && op.recurrent_states.rank() == 4 &&
-      op.recurrent_states.dim(1) == d.num_v_heads && op.recurrent_states.dim(2) == d.k_head_dim &&
-      op.recurrent_states.dim(3) == d.v_head_dim;
-  if (step_off || !decode || !types || !shapes ||
+      op.norm_w.numel() == d.v_head_dim && op.conv_w.rank() >= 2 && op.conv_w.dim(0) == channels &&
+      op.conv_w.numel() == channels * 4 && op.conv_states.rank() == 3 &&
+      op.conv_states.dim(1) == channels && op.conv_states.dim(2) == 3 &&
+      op.recurrent_states.rank() == 4 && op.recurrent_states.dim(1) == d.num_v_heads &&
+      op.recurrent_states.dim(2) == d.k_head_dim && op.recurrent_states.dim(3) == d.v_head_dim;
+  // Where the scratch tensors are misaligned the parts take the generic delta rule kernel, whose
+  // bits differ: run the parts then too.
+  const bool scratch_aligned = reinterpret_cast<uintptr_t>(op.conv_out.raw()) % 8 == 0 &&
+                               reinterpret_cast<uintptr_t>(op.core.raw()) % 8 == 0;
+  if (!shapes || !scratch_aligned ||
       !cuda::DeltaNetDecodeStepSupports(d.num_k_heads, d.num_v_heads, d.k_head_dim, d.v_head_dim, 4,
                                         static_cast<int>(segments.size()), op.z.raw(), out.raw(),
                                         op.conv_w.raw(), op.norm_w.raw(), op.conv_states.raw(),
@@ -1128,7 +1149,7 @@ void CudaBackend::GatedDeltaNetMixer(const DeltaNetMixerOperands& op,
   cuda::TokenMeta tokens;
   cuda::SegmentMeta segs;
   UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs);
-  cuda::LaunchDeltaNetDecodeStep(args, segs, stream_);
+  cuda::LaunchDeltaNetDecodeStep(args, segs, max_tokens, stream_);
 }
 
 // ---- gated attention ----

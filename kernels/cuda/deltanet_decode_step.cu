@@ -1,6 +1,9 @@
-// The gated DeltaNet mixer of a decode step (one token per segment) in one launch: conv + SiLU,
-// gates, recurrent delta rule and gated RMSNorm, which otherwise take three kernels (the conv,
-// the delta rule with its gates, the norm) between the in- and out-projections.
+// The gated DeltaNet mixer of a decode step or a speculative verify step (1 to
+// kMaxDeltaNetStepTokens tokens per segment) in one launch: conv + SiLU, gates, recurrent delta
+// rule and gated RMSNorm, which otherwise take three or four kernels (the conv and, past one
+// token, its state update; the delta rule with its gates; the norm) between the in- and
+// out-projections. The tokens of a segment are walked in order inside the cluster, with three
+// cluster barriers per step whatever their number.
 //
 // Why clusters: each of those kernels needs data from outside a block's own slice. A value
 // column block of the delta rule needs its key head's whole q and k after the conv; the norm
@@ -16,9 +19,8 @@
 //
 // Roundings follow the separate kernels: the conv output and the delta rule's output are rounded
 // to bf16 as their tensors store them, the gates use DeltaGateG/Beta, and the delta rule's
-// arithmetic is the warp kernel's, in its two layouts: 8 columns per warp pair with the rows
-// split over the pair (few sequences: more warps), or 16 columns per warp (many: more state in
-// flight per thread).
+// arithmetic is the warp kernel's (deltanet_recurrence.cuh) in the layout that kernel picks for
+// the step's sequence count: 8 or 16 columns per warp, rows split over a warp pair or not.
 #include <cooperative_groups.h>
 
 #include "kernels/cuda/common.cuh"
@@ -51,19 +53,22 @@ struct StepShape {
   static_assert(kGroups >= 1 && kPasses >= 1 && kPerLane >= 1 && kConvChannels <= kThreads);
 };
 
-template <int kD, int kGroupCols, int kRowSplit>
+// kT: the most tokens of a segment (1 for decode steps, whose loops then unroll away).
+template <int kD, int kGroupCols, int kRowSplit, int kT>
 __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads)
     DeltaNetDecodeStepKernel(DeltaNetDecodeStepArgs p, SegmentMeta segs) {
   using Shape = StepShape<kD, kGroupCols, kRowSplit>;
   constexpr int kQk = Shape::kQkPerBlock, kCols = Shape::kColsPerBlock;
   constexpr int kPasses = Shape::kPasses, kLpr = Shape::kLpr, kRowsPerPass = Shape::kRowsPerPass;
-  __shared__ float conv_s[2 * kQk];  // this block's q channels, then its k channels (conv out)
-  __shared__ float v_s[kCols];       // the conv output of this block's value columns
+  constexpr int kPiecesPerBlock = kCols / 8;
+  __shared__ float conv_s[kT][2 * kQk];  // per token: this block's q channels, then its k channels
+  __shared__ float v_s[kT][kCols];       // per token: the conv output of this block's columns
   __shared__ float qk_s[Shape::kWarps][2][kD];
-  __shared__ float4 part_s[Shape::kWarps][kLpr][2];
-  __shared__ float o_s[kCols];  // the delta rule's output (bf16-rounded) of this block's columns
-  __shared__ float piece_s[kCols / 8];  // sums of squares of its pieces of 8 columns
-  __shared__ float gate_s[2];
+  __shared__ float4 part_s[2][Shape::kWarps][kLpr][2];  // [token parity][warp][lane] (u, sq)
+  __shared__ float o_s[kT]
+                      [kCols];  // the delta rule's output (bf16-rounded) of this block's columns
+  __shared__ float piece_s[kT][kPiecesPerBlock];  // sums of squares of its pieces of 8 columns
+  __shared__ float gate_s[kT][2];
 
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
@@ -73,21 +78,26 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
   const int block_col0 = (rank % Shape::kBlocksPerHead) * kCols;
   const int64_t channels = 2LL * hk * kD + static_cast<int64_t>(hv) * kD;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, group = warp / kRowSplit;
-  // The segment metadata is staged by a copy, not by a kernel: readable before PdlWait.
-  const int64_t t = segs.token_begin[seg];
+  // The segment metadata is staged by a copy, not by a kernel: readable before PdlWait. The host
+  // guarantees 1 <= len <= kT; every thread of the cluster walks the same tokens.
+  const int64_t begin = segs.token_begin[seg];
+  const int len = kT == 1 ? 1 : segs.num_tokens[seg];
   const int slot = segs.state_slot[seg];
 
   // This thread's conv channel: q channels, then k channels, then value columns.
   int64_t conv_c = -1;
-  float* conv_dst = nullptr;
+  float* conv_dst = nullptr;  // token 0's output; token i's is conv_dst + i * conv_stride
+  int conv_stride = 0;
   if (threadIdx.x < 2 * kQk) {
     const int i = threadIdx.x % kQk, is_k = threadIdx.x / kQk;
     conv_c = int64_t{is_k} * hk * kD + int64_t{kh} * kD + rank * kQk + i;
-    conv_dst = &conv_s[threadIdx.x];
+    conv_dst = &conv_s[0][threadIdx.x];
+    conv_stride = 2 * kQk;
   } else if (threadIdx.x < Shape::kConvChannels) {
     const int i = threadIdx.x - 2 * kQk;
     conv_c = 2LL * hk * kD + int64_t{h} * kD + block_col0 + i;
-    conv_dst = &v_s[i];
+    conv_dst = &v_s[0][i];
+    conv_stride = kCols;
   }
   // Everything that no kernel of this step writes is loaded before PdlWait: the conv weights and
   // the states (written only by this layer's mixer, a step ago), the gate and norm parameters.
@@ -110,6 +120,7 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
     dt_bias = Load(p.dt_bias, h);
   }
   const int col = block_col0 + group * kGroupCols + 4 * (lane % kLpr);  // in head h
+  const int local_col = group * kGroupCols + 4 * (lane % kLpr);
   const int r0 = lane / kLpr + kRowsPerPass * ((warp % kRowSplit) * kPasses);
   float* state = slot < 0 ? nullptr : p.states + (static_cast<int64_t>(slot) * hv + h) * kD * kD;
   float4 S[kPasses];
@@ -131,165 +142,178 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
   PdlTrigger();
 
   if (conv_c >= 0) {
-    const float cur = Bf16ToF32(p.mixed[t * channels + conv_c]);
-    float acc = 0.0f;  // the conv kernels' order: oldest input first
+    // The conv kernels' order: oldest input first; the window slides over the segment's tokens
+    // and ends as the new state (the last K - 1 inputs).
+    for (int i = 0; i < len; ++i) {
+      const float cur = Bf16ToF32(p.mixed[(begin + i) * channels + conv_c]);
+      float acc = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kConvTaps - 1; ++j) acc += wk[j] * hist[j];
-    *conv_dst = Bf16ToF32(F32ToBf16(Silu(acc + wk[kConvTaps - 1] * cur)));
+      for (int j = 0; j < kConvTaps - 1; ++j) acc += wk[j] * hist[j];
+      conv_dst[i * conv_stride] = Bf16ToF32(F32ToBf16(Silu(acc + wk[kConvTaps - 1] * cur)));
+#pragma unroll
+      for (int j = 0; j + 1 < kConvTaps - 1; ++j) hist[j] = hist[j + 1];
+      hist[kConvTaps - 2] = cur;
+    }
     if (conv_state != nullptr) {
 #pragma unroll
-      for (int j = 0; j + 1 < kConvTaps - 1; ++j) conv_state[j] = hist[j + 1];
-      conv_state[kConvTaps - 2] = cur;
+      for (int j = 0; j < kConvTaps - 1; ++j) conv_state[j] = hist[j];
     }
   }
   if (gate_thread) {
-    const float gn = DeltaGateG(Bf16ToF32(p.a[t * hv + h]), a_log, dt_bias);
-    const float bn = DeltaGateBeta(Bf16ToF32(p.b[t * hv + h]));
-    gate_s[0] = gn;
-    gate_s[1] = bn;
-    if (rank % Shape::kBlocksPerHead == 0) {  // one block per value head keeps them
-      p.g[t * hv + h] = gn;
-      p.beta[t * hv + h] = bn;
+    for (int i = 0; i < len; ++i) {
+      const int64_t gi = (begin + i) * hv + h;
+      const float gn = DeltaGateG(Bf16ToF32(p.a[gi]), a_log, dt_bias);
+      const float bn = DeltaGateBeta(Bf16ToF32(p.b[gi]));
+      gate_s[i][0] = gn;
+      gate_s[i][1] = bn;
+      if (rank % Shape::kBlocksPerHead == 0) {  // one block per value head keeps them
+        p.g[gi] = gn;
+        p.beta[gi] = bn;
+      }
     }
   }
-  float zv[4] = {};
-  if (owner) {
-    const uint2 raw =
-        *reinterpret_cast<const uint2*>(p.z + t * hv * kD + static_cast<int64_t>(h) * kD + col);
-    zv[0] = __uint_as_float(raw.x << 16);
-    zv[1] = __uint_as_float(raw.x & 0xffff0000u);
-    zv[2] = __uint_as_float(raw.y << 16);
-    zv[3] = __uint_as_float(raw.y & 0xffff0000u);
-  }
-  cluster.sync();  // every block's q, k and v conv outputs are in its shared memory
-
-  // Lane l takes q and k elements l, l + 32, ... of the key head from the blocks that own them.
-  float qn[Shape::kPerLane], kn[Shape::kPerLane];
-#pragma unroll
-  for (int e = 0; e < Shape::kPerLane; ++e) {
-    const int d = lane + 32 * e;
-    const float* owner_s = cluster.map_shared_rank(conv_s, d / kQk);
-    qn[e] = owner_s[d % kQk];
-    kn[e] = owner_s[kQk + d % kQk];
-  }
-  const int local_col = group * kGroupCols + 4 * (lane % kLpr);
-  const float4 v =
-      make_float4(v_s[local_col], v_s[local_col + 1], v_s[local_col + 2], v_s[local_col + 3]);
-  const float decay = __expf(gate_s[0]), b = gate_s[1];
+  cluster.sync();  // every block's q, k and v conv outputs of every token are published
 
   // Dk^-0.5 from the runtime head size, as the delta rule kernel forms it: a constant-folded
   // rsqrtf(kD) is the correctly rounded value, which the hardware's rsqrt need not return.
   const float q_scale = rsqrtf(static_cast<float>(p.head_dim));
-  float qinv, kinv, kq;
-  DeltaRuleQkNorms<Shape::kPerLane>(qn, kn, q_scale, qinv, kinv, kq);
   float* q_s = qk_s[warp][0];
   float* k_s = qk_s[warp][1];
+  for (int i = 0; i < len; ++i) {
+    // Lane l takes q and k elements l, l + 32, ... of the key head from the blocks that own them.
+    float qn[Shape::kPerLane], kn[Shape::kPerLane];
 #pragma unroll
-  for (int e = 0; e < Shape::kPerLane; ++e) {
-    q_s[lane + 32 * e] = qn[e] * qinv;
-    k_s[lane + 32 * e] = kn[e] * kinv;
-  }
-  __syncwarp();
+    for (int e = 0; e < Shape::kPerLane; ++e) {
+      const int d = lane + 32 * e;
+      const float* owner_s = cluster.map_shared_rank(&conv_s[i][0], d / kQk);
+      qn[e] = owner_s[d % kQk];
+      kn[e] = owner_s[kQk + d % kQk];
+    }
+    const float4 v = make_float4(v_s[i][local_col], v_s[i][local_col + 1], v_s[i][local_col + 2],
+                                 v_s[i][local_col + 3]);
+    const float decay = __expf(gate_s[i][0]), b = gate_s[i][1];
+    float qinv, kinv, kq;
+    DeltaRuleQkNorms<Shape::kPerLane>(qn, kn, q_scale, qinv, kinv, kq);
+    __syncwarp();  // the previous token's reads of q_s / k_s are done
+#pragma unroll
+    for (int e = 0; e < Shape::kPerLane; ++e) {
+      q_s[lane + 32 * e] = qn[e] * qinv;
+      k_s[lane + 32 * e] = kn[e] * kinv;
+    }
+    __syncwarp();
 
-  float4 u, sq;
-  DeltaRuleProducts<kPasses, kLpr>(S, k_s, q_s, r0, u, sq);
-  // The two warps of a split group hold the partial products of half the rows each.
-  if (kRowSplit == 2 && lane < kLpr) {
-    part_s[warp][lane][0] = u;
-    part_s[warp][lane][1] = sq;
+    float4 u, sq;
+    DeltaRuleProducts<kPasses, kLpr>(S, k_s, q_s, r0, u, sq);
+    if constexpr (kRowSplit == 2) {
+      // The two warps of a pair hold the partial products of half the rows each.
+      if (lane < kLpr) {
+        part_s[i & 1][warp][lane][0] = u;
+        part_s[i & 1][warp][lane][1] = sq;
+      }
+      __syncthreads();
+      DeltaRuleAddPartner(u, sq, part_s[i & 1][warp ^ 1][lane % kLpr][0],
+                          part_s[i & 1][warp ^ 1][lane % kLpr][1]);
+    }
+    const float4 delta = DeltaRuleDelta(v, u, decay, b);
+    if (owner) {
+      // The delta rule's output, rounded as its bf16 tensor would hold it.
+      const float4 o = DeltaRuleOutput(sq, delta, decay, kq);
+      o_s[i][local_col] = Bf16ToF32(F32ToBf16(o.x));
+      o_s[i][local_col + 1] = Bf16ToF32(F32ToBf16(o.y));
+      o_s[i][local_col + 2] = Bf16ToF32(F32ToBf16(o.z));
+      o_s[i][local_col + 3] = Bf16ToF32(F32ToBf16(o.w));
+    }
+    DeltaRuleUpdate<kPasses, kLpr>(S, k_s, r0, decay, delta);
   }
-  __syncthreads();
-  if constexpr (kRowSplit == 2) {
-    const float4 pu = part_s[warp ^ 1][lane % kLpr][0];
-    const float4 pq = part_s[warp ^ 1][lane % kLpr][1];
-    DeltaRuleAddPartner(u, sq, pu, pq);
-  }
-  const float4 delta = DeltaRuleDelta(v, u, decay, b);
-  // The delta rule's output, rounded as its bf16 tensor would hold it.
-  float o[4] = {};
-  if (owner) {
-    const float4 raw = DeltaRuleOutput(sq, delta, decay, kq);
-    o[0] = Bf16ToF32(F32ToBf16(raw.x));
-    o[1] = Bf16ToF32(F32ToBf16(raw.y));
-    o[2] = Bf16ToF32(F32ToBf16(raw.z));
-    o[3] = Bf16ToF32(F32ToBf16(raw.w));
-#pragma unroll
-    for (int i = 0; i < 4; ++i) o_s[local_col + i] = o[i];
-  }
-  DeltaRuleUpdate<kPasses, kLpr>(S, k_s, r0, decay, delta);
   if (state != nullptr) {
 #pragma unroll
     for (int pp = 0; pp < kPasses; ++pp) {
       *reinterpret_cast<float4*>(state + (r0 + kRowsPerPass * pp) * kD + col) = S[pp];
     }
   }
-  // The norm's sum of squares in GatedRmsNormSubWarpKernel's order, so that a decode step gives
-  // the bits of the separate kernels (which a speculative verify step runs): each piece of 8
-  // columns summed in order, then the pieces combined as its xor-shuffle tree combines lanes.
+  // The norm's sum of squares in GatedRmsNormSubWarpKernel's order, so that a step gives the bits
+  // of the separate kernels: each piece of 8 columns summed in order, then the pieces combined as
+  // its xor-shuffle tree combines lanes.
   __syncthreads();
-  if (threadIdx.x < kCols / 8) {
+  for (int q = threadIdx.x; q < len * kPiecesPerBlock; q += Shape::kThreads) {
+    const int i = q / kPiecesPerBlock, piece = q % kPiecesPerBlock;
     float ss = 0.f;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) ss += o_s[8 * threadIdx.x + i] * o_s[8 * threadIdx.x + i];
-    piece_s[threadIdx.x] = ss;
+    for (int c = 0; c < 8; ++c) ss += o_s[i][8 * piece + c] * o_s[i][8 * piece + c];
+    piece_s[i][piece] = ss;
   }
   cluster.sync();  // every block's piece sums of its value head are published
 
   if (owner) {
-    constexpr int kPieces = kD / 8, kPiecesPerBlock = kCols / 8;
+    constexpr int kPieces = kD / 8;
     const int first = (rank / Shape::kBlocksPerHead) * Shape::kBlocksPerHead;
-    float tree[kPieces];
+    for (int i = 0; i < len; ++i) {
+      float tree[kPieces];
 #pragma unroll
-    for (int q = 0; q < kPieces; ++q) {
-      tree[q] =
-          *cluster.map_shared_rank(&piece_s[q % kPiecesPerBlock], first + q / kPiecesPerBlock);
+      for (int q = 0; q < kPieces; ++q) {
+        tree[q] =
+            *cluster.map_shared_rank(&piece_s[i][q % kPiecesPerBlock], first + q / kPiecesPerBlock);
+      }
+#pragma unroll
+      for (int step = kPieces / 2; step > 0; step >>= 1) {
+        float next[kPieces];
+#pragma unroll
+        for (int q = 0; q < kPieces; ++q) next[q] = tree[q] + tree[q ^ step];
+#pragma unroll
+        for (int q = 0; q < kPieces; ++q) tree[q] = next[q];
+      }
+      const float inv = rsqrtf(tree[0] / static_cast<float>(kD) + p.eps);
+      const int64_t row = (begin + i) * hv * kD + static_cast<int64_t>(h) * kD + col;
+      const uint2 zraw = *reinterpret_cast<const uint2*>(p.z + row);
+      const float zv[4] = {__uint_as_float(zraw.x << 16), __uint_as_float(zraw.x & 0xffff0000u),
+                           __uint_as_float(zraw.y << 16), __uint_as_float(zraw.y & 0xffff0000u)};
+      float y[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) y[c] = o_s[i][local_col + c] * inv * nw[c] * Silu(zv[c]);
+      uint2 packed;
+      packed.x = PackBf16x2(y[0], y[1]);
+      packed.y = PackBf16x2(y[2], y[3]);
+      *reinterpret_cast<uint2*>(p.out + row) = packed;
     }
-#pragma unroll
-    for (int step = kPieces / 2; step > 0; step >>= 1) {
-      float next[kPieces];
-#pragma unroll
-      for (int q = 0; q < kPieces; ++q) next[q] = tree[q] + tree[q ^ step];
-#pragma unroll
-      for (int q = 0; q < kPieces; ++q) tree[q] = next[q];
-    }
-    const float sum = tree[0];
-    const float inv = rsqrtf(sum / static_cast<float>(kD) + p.eps);
-    float y[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) y[i] = o[i] * inv * nw[i] * Silu(zv[i]);
-    uint2 packed;
-    packed.x = PackBf16x2(y[0], y[1]);
-    packed.y = PackBf16x2(y[2], y[3]);
-    *reinterpret_cast<uint2*>(p.out + t * hv * kD + static_cast<int64_t>(h) * kD + col) = packed;
   }
   cluster.sync();  // no block leaves while another still reads its shared memory
 }
 
 template <int kD, int kGroupCols, int kRowSplit>
-void LaunchStep(const DeltaNetDecodeStepArgs& args, const SegmentMeta& segs, cudaStream_t stream) {
+void LaunchStep(const DeltaNetDecodeStepArgs& args, const SegmentMeta& segs, int max_tokens,
+                cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(args.num_k_heads * kClusterBlocks),
                   static_cast<unsigned>(segs.num_segments));
-  LaunchPdlInClusters("DeltaNetDecodeStepKernel", kClusterBlocks,
-                      DeltaNetDecodeStepKernel<kD, kGroupCols, kRowSplit>, grid,
-                      StepShape<kD, kGroupCols, kRowSplit>::kThreads, 0, stream, args, segs);
+  const unsigned threads = StepShape<kD, kGroupCols, kRowSplit>::kThreads;
+  if (max_tokens == 1) {
+    LaunchPdlInClusters("DeltaNetDecodeStepKernel", kClusterBlocks,
+                        DeltaNetDecodeStepKernel<kD, kGroupCols, kRowSplit, 1>, grid, threads, 0,
+                        stream, args, segs);
+  } else {
+    LaunchPdlInClusters("DeltaNetDecodeStepKernel (verify)", kClusterBlocks,
+                        DeltaNetDecodeStepKernel<kD, kGroupCols, kRowSplit, kMaxDeltaNetStepTokens>,
+                        grid, threads, 0, stream, args, segs);
+  }
 }
 
 // The delta rule warp kernel's layout for this many sequences (SelectDeltaRuleLayout), so that
-// a decode step and the separate kernels give the same bits.
+// a step and the separate kernels give the same bits.
 template <int kD>
-void LaunchForDim(const DeltaNetDecodeStepArgs& args, const SegmentMeta& segs,
+void LaunchForDim(const DeltaNetDecodeStepArgs& args, const SegmentMeta& segs, int max_tokens,
                   cudaStream_t stream) {
   const DeltaRuleLayout layout = SelectDeltaRuleLayout(segs.num_segments);
-  if (layout.cols == 8 && layout.row_split == 2) return LaunchStep<kD, 8, 2>(args, segs, stream);
+  if (layout.cols == 8 && layout.row_split == 2)
+    return LaunchStep<kD, 8, 2>(args, segs, max_tokens, stream);
   if constexpr (kD >= 64) {
     if (layout.cols == 16 && layout.row_split == 2) {
-      return LaunchStep<kD, 16, 2>(args, segs, stream);
+      return LaunchStep<kD, 16, 2>(args, segs, max_tokens, stream);
     }
     if (layout.cols == 16 && layout.row_split == 1) {
-      return LaunchStep<kD, 16, 1>(args, segs, stream);
+      return LaunchStep<kD, 16, 1>(args, segs, max_tokens, stream);
     }
   }
-  if (layout.cols == 8 && layout.row_split == 1) return LaunchStep<kD, 8, 1>(args, segs, stream);
+  if (layout.cols == 8 && layout.row_split == 1)
+    return LaunchStep<kD, 8, 1>(args, segs, max_tokens, stream);
   std::fprintf(stderr, "mobius cuda: DeltaNet decode step without the layout %d x %d at D = %d\n",
                layout.cols, layout.row_split, kD);
   std::abort();
@@ -307,22 +331,25 @@ bool DeltaNetDecodeStepSupports(int num_k_heads, int num_v_heads, int k_head_dim
   // A block holds D / 4 value columns: the layouts of wider column groups need D >= 64.
   const DeltaRuleLayout layout = SelectDeltaRuleLayout(num_segments);
   const bool layout_ok = layout.cols == 8 || (layout.cols == 16 && k_head_dim >= 64);
-  return dims && layout_ok && IsAligned16(z) && IsAligned16(out) && IsAligned16(conv_w) &&
-         IsAligned16(norm_w) && IsAligned16(conv_states) && IsAligned16(states);
+  // Segments run on the grid's y dimension.
+  const bool grid_ok = num_segments >= 1 && num_segments <= 65535;
+  return dims && layout_ok && grid_ok && IsAligned16(z) && IsAligned16(out) &&
+         IsAligned16(conv_w) && IsAligned16(norm_w) && IsAligned16(conv_states) &&
+         IsAligned16(states);
 }
 
 void LaunchDeltaNetDecodeStep(const DeltaNetDecodeStepArgs& args, const SegmentMeta& segments,
-                              cudaStream_t stream) {
+                              int max_tokens, cudaStream_t stream) {
   if (segments.num_segments == 0) return;
   switch (args.head_dim) {
     case 32:
-      LaunchForDim<32>(args, segments, stream);
+      LaunchForDim<32>(args, segments, max_tokens, stream);
       break;
     case 64:
-      LaunchForDim<64>(args, segments, stream);
+      LaunchForDim<64>(args, segments, max_tokens, stream);
       break;
     case 128:
-      LaunchForDim<128>(args, segments, stream);
+      LaunchForDim<128>(args, segments, max_tokens, stream);
       break;
     default:
       std::fprintf(stderr, "mobius cuda: DeltaNet decode step for head dim %d\n", args.head_dim);

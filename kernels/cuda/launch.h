@@ -139,12 +139,13 @@ void LaunchGatedDeltaRuleChunked(const uint16_t* qkv, const float* g, const floa
                                  int64_t num_chunks, int num_chunked_segments, void* scratch,
                                  uint16_t* out, cudaStream_t stream);
 
-// The DeltaNet mixer of a decode step in one launch (deltanet_decode_step.cu): the conv (kernel
-// size 4) + SiLU of the in-projection's q, k, v, the gates, the recurrent delta rule and the gated
-// RMSNorm, with the same roundings as those kernels run one by one (conv output and delta-rule
-// output to bf16). A cluster of eight blocks per key head and segment shares q and k and each
-// value head's sum of squares through distributed shared memory. Every segment must hold exactly
-// one token.
+// The DeltaNet mixer of a decode or speculative verify step in one launch
+// (deltanet_decode_step.cu): the conv (kernel size 4) + SiLU of the in-projection's q, k, v, the
+// gates, the recurrent delta rule and the gated RMSNorm, with the same roundings and summation
+// orders as those kernels run one by one (conv output and delta-rule output to bf16). A cluster of
+// eight blocks per key head and segment shares q and k and each value head's sums of squares
+// through distributed shared memory. Every segment must hold 1 to kMaxDeltaNetStepTokens tokens.
+inline constexpr int kMaxDeltaNetStepTokens = 8;
 struct DeltaNetDecodeStepArgs {
   const uint16_t* mixed = nullptr;  // [T, 2*Hk*D + Hv*D]: q, k, v before the conv
   const uint16_t* z = nullptr;      // [T, Hv*D]
@@ -171,8 +172,9 @@ bool DeltaNetDecodeStepSupports(int num_k_heads, int num_v_heads, int k_head_dim
                                 int conv_kernel, int num_segments, const void* z, const void* out,
                                 const void* conv_w, const void* norm_w, const void* conv_states,
                                 const void* states);
+// `max_tokens`: the longest segment (1 for a decode step, which takes a leaner kernel).
 void LaunchDeltaNetDecodeStep(const DeltaNetDecodeStepArgs& args, const SegmentMeta& segments,
-                              cudaStream_t stream);
+                              int max_tokens, cudaStream_t stream);
 
 // ---- gated attention (attention_kernels.cu) ----
 // The largest head size the paged-attention kernels take (checked at load).

@@ -506,9 +506,9 @@ TEST(CudaVsCpuTest, FusedOpsEqualTheirParts) {
   }
 }
 
-// GatedDeltaNetMixer: the CUDA backend runs a decode step (every segment one token) as one
-// clustered kernel at Dk = Dv in {32, 64, 128} with Hv = 2 Hk (the fixtures' and the release
-// shapes), and anything else through its three parts. Against the CPU backend, and against the
+// GatedDeltaNetMixer: the CUDA backend runs a decode or verify step (every segment 1 to 8 tokens)
+// as one clustered kernel at Dk = Dv in {32, 64, 128} with Hv = 2 Hk (the fixtures' and the
+// release shapes), and anything else through its parts. Against the CPU backend, and against the
 // CUDA parts from the same states: the same bits.
 TEST(CudaVsCpuTest, DeltaNetMixerDecodeStep) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
@@ -527,13 +527,18 @@ TEST(CudaVsCpuTest, DeltaNetMixerDecodeStep) {
        {2, 1, 9, -1, none},
        {3, 1, 2, 4, none},
        {4, 1, 1, 1, none}},
-      {{0, 3, 4, 1, none}, {3, 1, 8, 3, none}}};  // a 3-token segment: the parts run
-  // 17 sequences: the delta rule's layout without split rows.
-  std::vector<SequenceSegment> many;
-  for (int i = 0; i < 17; ++i) many.push_back({i, 1, 3 + i, i < 16 ? i : -1, none});
+      {{0, 3, 4, 1, none}, {3, 1, 8, 3, none}},   // a 3-token segment beside a 1-token one
+      {{0, 5, 11, 2, none}},                      // a verify step of 4 drafts
+      {{0, 9, 0, 1, none}, {9, 2, 6, 4, none}}};  // 9 tokens: more than the step takes
+  // 17 sequences run the parts (UseDeltaNetDecodeStep); 130, every other one without a slot,
+  // the one-launch step in the delta rule's layout without split rows.
+  std::vector<SequenceSegment> seventeen, many;
+  for (int i = 0; i < 17; ++i) seventeen.push_back({i, 1, 3 + i, i < 16 ? i : -1, none});
+  for (int i = 0; i < 130; ++i) many.push_back({i, 1, 3 + i, i % 2 == 0 ? i / 2 : -1, none});
   for (const auto& [Hk, D] : std::vector<std::pair<int, int>>{{2, 32}, {4, 64}, {16, 128}}) {
-    const int Hv = 2 * Hk, C = 2 * Hk * D + Hv * D, slots = 18;
+    const int Hv = 2 * Hk, C = 2 * Hk * D + Hv * D, slots = 65;
     std::vector<std::vector<SequenceSegment>> cases = layouts;
+    cases.push_back(seventeen);
     cases.push_back(many);
     for (const auto& segs : cases) {
       const int T = segs.back().token_begin + segs.back().num_tokens;
@@ -554,10 +559,19 @@ TEST(CudaVsCpuTest, DeltaNetMixerDecodeStep) {
       auto states = p.Make({slots, Hv, D, D}, state0, DType::kF32);
       auto g = p.Make({T, Hv}, std::vector<float>(T * Hv), DType::kF32);
       auto beta = p.Make({T, Hv}, std::vector<float>(T * Hv), DType::kF32);
-      auto conv_out = p.Make({T, C}, std::vector<float>(T * C));
-      auto core = p.Make({T, Hv * D}, std::vector<float>(T * Hv * D));
+      // The scratch starts as a sentinel: the one-launch step leaves it, the parts overwrite it.
+      constexpr float kSentinel = 7.0f;
+      auto conv_out = p.Make({T, C}, std::vector<float>(T * C, kSentinel));
+      auto core = p.Make({T, Hv * D}, std::vector<float>(T * Hv * D, kSentinel));
       auto out = p.Make({T, Hv * D}, std::vector<float>(T * Hv * D));
       const DeltaRuleDims dims{Hk, Hv, D, D};
+      // Where the step should run: 1 to 8 tokens per segment, a block of D / 4 columns holding
+      // the delta rule's layout (16 columns from 4 sequences), and the batches of
+      // UseDeltaNetDecodeStep (below 16 and from 128).
+      const int n = static_cast<int>(segs.size());
+      const bool short_segments = std::all_of(
+          segs.begin(), segs.end(), [](const SequenceSegment& s) { return s.num_tokens <= 8; });
+      const bool expect_step = short_segments && (D >= 64 || n < 4) && (n < 16 || n >= 128);
       const float eps = 1e-6f;
       p.cpu().GatedDeltaNetMixer({mixed.first, z.first, a.first, b.first, conv_w.first, a_log.first,
                                   dt.first, norm_w.first, eps, dims, conv_states.first,
@@ -578,6 +592,11 @@ TEST(CudaVsCpuTest, DeltaNetMixerDecodeStep) {
       EXPECT_LT(p.Compare((what + " (g)").c_str(), g.first, g.second), kTol);
       EXPECT_LT(p.Compare((what + " (beta)").c_str(), beta.first, beta.second), kTol);
 
+      const std::vector<float> scratch = host(conv_out.second);
+      const bool untouched =
+          std::all_of(scratch.begin(), scratch.end(), [](float v) { return v == kSentinel; });
+      EXPECT_EQ(untouched, expect_step)
+          << what << ": the one-launch step " << (expect_step ? "did not run" : "ran");
       // The CUDA parts from the same starting states.
       auto conv_states2 = p.Make({slots, C, 3}, conv0, DType::kF32);
       auto states2 = p.Make({slots, Hv, D, D}, state0, DType::kF32);
