@@ -1013,6 +1013,43 @@ TEST(TopKKernelSelection, WarpPerTokenForPrefillBatchesOnly) {
   EXPECT_EQ(SelectTopKKernel(1, 64, 40, true, kNone), TopKKernel::kBlockGeneric);
 }
 
+// Which DeltaNet steps the one-launch clustered kernel takes (host functions: run without a GPU
+// too). Its layout must be the recurrent warp kernel's for the same sequence count, since the
+// two give equal bits only in the same layout (CudaVsCpuTest.DeltaNetMixerDecodeStep).
+TEST(DeltaNetStepSelection, FollowsTheDeltaRuleLayout) {
+  using cuda::DeltaNetDecodeStepSupports;
+  using cuda::SelectDeltaRuleLayout;
+  // The warp kernel: 8 columns split over a warp pair below 4 sequences, 16 columns split below
+  // 16, whole rows from 16.
+  EXPECT_EQ(SelectDeltaRuleLayout(1).cols, 8);
+  EXPECT_EQ(SelectDeltaRuleLayout(3).row_split, 2);
+  EXPECT_EQ(SelectDeltaRuleLayout(4).cols, 16);
+  EXPECT_EQ(SelectDeltaRuleLayout(15).row_split, 2);
+  EXPECT_EQ(SelectDeltaRuleLayout(16).cols, 16);
+  EXPECT_EQ(SelectDeltaRuleLayout(16).row_split, 1);
+  // Any 16-byte aligned address stands in for the operands here.
+  alignas(16) static char buffer[64];
+  const void* a = buffer;
+  const void* misaligned = buffer + 8;
+  auto supports = [&](int hk, int hv, int d, int conv, int segments, const void* z) {
+    return DeltaNetDecodeStepSupports(hk, hv, d, d, conv, segments, z, a, a, a, a, a);
+  };
+  // Release shapes (16 key heads, 32 value heads, dims 128) at every batch the engine runs.
+  for (int n : {1, 3, 4, 16, 128, 256, 65535}) EXPECT_TRUE(supports(16, 32, 128, 4, n, a)) << n;
+  // The fixtures' dims 32: a block holds 8 columns, so only the 8-column layout (below 4).
+  EXPECT_TRUE(supports(2, 4, 32, 4, 3, a));
+  EXPECT_FALSE(supports(2, 4, 32, 4, 4, a));
+  // Outside the kernel: other head ratios, dims, conv sizes, grids, misaligned operands.
+  EXPECT_FALSE(supports(16, 16, 128, 4, 1, a));
+  EXPECT_FALSE(supports(16, 32, 256, 4, 1, a));
+  EXPECT_FALSE(supports(16, 32, 96, 4, 1, a));
+  EXPECT_FALSE(supports(16, 32, 128, 3, 1, a));
+  EXPECT_FALSE(supports(16, 32, 128, 4, 65536, a));
+  EXPECT_FALSE(supports(16, 32, 128, 4, 0, a));
+  EXPECT_FALSE(supports(16, 32, 128, 4, 1, misaligned));
+  EXPECT_FALSE(DeltaNetDecodeStepSupports(16, 32, 128, 64, 4, 1, a, a, a, a, a, a));
+}
+
 // The MOBIUS_* override readers (host functions: run without a GPU too).
 TEST(TuningKnobs, ChoicesAndIntegersReportWhatTheyIgnore) {
   constexpr const char* kName = "MOBIUS_TEST_KNOB";
