@@ -186,6 +186,24 @@ TEST_P(FixtureModelTest, MixedPrefillAndDecodeStepMatchesReference) {
             std::vector<int32_t>(expected0.begin(), expected0.begin() + k));
 }
 
+TEST_P(FixtureModelTest, SequenceTwiceInOneStepIsRejectedWithoutChangingState) {
+  SequenceCache seq, other;
+  ASSERT_TRUE(model_->StartSequence(seq).ok());
+  ASSERT_TRUE(model_->StartSequence(other).ok());
+  std::vector<int32_t> first = {1, 2}, second = {3};
+  std::vector<SequenceStep> steps = {{first, &seq}, {second, &other}, {second, &seq}};
+  std::vector<float> logits;
+  absl::Status s = model_->Forward(steps, {}, logits);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("sequences 0 and 2 share state slot"), std::string_view::npos) << s;
+  EXPECT_EQ(seq.num_tokens, 0);
+  EXPECT_EQ(other.num_tokens, 0);
+  // Each once: accepted.
+  steps.pop_back();
+  EXPECT_TRUE(model_->Forward(steps, {}, logits).ok());
+  EXPECT_EQ(seq.num_tokens, 2);
+}
+
 TEST_P(FixtureModelTest, TokenOutsideVocabularyIsRejectedWithoutChangingState) {
   SequenceCache seq;
   ASSERT_TRUE(model_->StartSequence(seq).ok());

@@ -233,6 +233,16 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
     if (step.tokens.empty()) {
       return absl::InvalidArgumentError(absl::StrFormat("sequence %d has no tokens", s));
     }
+    // A sequence's tokens of a step form one segment: twice in a batch, its two segments would
+    // read and write the same conv and recurrent state at once (the kernels of a step run every
+    // segment in parallel).
+    for (size_t o = 0; o < s; ++o) {
+      if (batch[o].cache->state_slot == step.cache->state_slot) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "sequences %d and %d share state slot %d: a sequence may appear once in a step", o, s,
+            step.cache->state_slot));
+      }
+    }
     for (size_t i = 0; i < step.tokens.size(); ++i) {
       const int32_t id = step.tokens[i];
       if (id < 0 || id >= config_.vocab_size) {
