@@ -250,8 +250,9 @@ class Backend {
                             Tensor& out) = 0;
   // The mixer between a DeltaNet layer's projections: CausalConv1dSilu(mixed) into conv_out,
   // GatedDeltaRuleWithGates(conv_out) into core, then GatedRmsNorm(core per value head, z) into
-  // out [T, Hv*Dv]. Backends fuse the parts where it pays (the CUDA backend: decode steps in one
-  // launch), leaving the scratch tensors unwritten; the states, g and beta are updated either way.
+  // out [T, Hv*Dv]. Backends fuse the parts where it pays (the CUDA backend: decode and
+  // speculative verify steps in one launch), leaving the scratch tensors unwritten; the states, g
+  // and beta are updated either way.
   virtual void GatedDeltaNetMixer(const DeltaNetMixerOperands& op,
                                   std::span<const SequenceSegment> segments,
                                   DeltaRuleAlgorithm algorithm, Tensor& out);

@@ -201,8 +201,8 @@ class Bench {
   Case DeltaRule(int seqs, int len, DeltaRuleAlgorithm algo);
   Case Conv(int seqs, int len);
   // Backend::GatedDeltaNetMixer at a step of `seqs` sequences of `len` tokens (a decode step, or a
-  // speculative verify step; the CUDA backend's one clustered launch, MOBIUS_DELTANET_STEP=0
-  // times its parts instead).
+  // speculative verify step): the CUDA backend's default choice between its one clustered launch
+  // and the parts; MOBIUS_DELTANET_STEP=0|1 forces either.
   Case DeltaNetMixerStep(int seqs, int len);
   Case Attention(int seqs, int ctx, bool prefill);
   Case Moe(int tokens);

@@ -1,6 +1,7 @@
-// What the kernel benchmarks share: exiting on a failed CUDA call, the median of a run's
-// timings, and whole-number flag values. Header-only and CUDA-runtime-only, so the standalone
-// probes (mobius_chain_bench, mobius_persistent_bench) still run on a GPU host with cudart alone.
+// What the kernel benchmarks share: the median of a run's timings (all three), and for the
+// standalone probes (mobius_chain_bench, mobius_persistent_bench) exiting on a failed CUDA call and
+// whole-number flag values. Header-only and CUDA-runtime-only, so the probes still run on a GPU
+// host with cudart alone.
 #ifndef MOBIUS_BENCH_KERNELS_PROBE_UTIL_H_
 #define MOBIUS_BENCH_KERNELS_PROBE_UTIL_H_
 

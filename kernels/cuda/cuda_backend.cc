@@ -1055,17 +1055,18 @@ void CudaBackend::GatedRmsNorm(const Tensor& x, const Tensor& z, const Tensor& w
 
 // The batches (sequences in a decode step) that take the one-launch DeltaNet step by default,
 // from engine A/B runs on the H200 at release shapes (docs/performance.md, eighteenth version):
-// it saved 0.06-0.11 ms a step at batch 1-4, 0.1 at 128 and 0.55 at 256, was even at 8, and cost
-// 0.04-0.08 ms at 16-64, where its clusters start later behind the in-projection than the
+// it saved 0.06-0.11 ms a step at batch 1-4, 0.1 at 128 and 0.49-0.59 at 256, was even at 8, and
+// cost 0.04-0.08 ms at 16-64, where its clusters start later behind the in-projection than the
 // separate kernels do (not diagnosed further).
 bool UseDeltaNetDecodeStep(size_t num_segments) { return num_segments < 16 || num_segments >= 128; }
 
 void CudaBackend::GatedDeltaNetMixer(const DeltaNetMixerOperands& op,
                                      std::span<const SequenceSegment> segments,
                                      DeltaRuleAlgorithm algorithm, Tensor& out) {
-  // MOBIUS_DELTANET_STEP=0 runs decode steps through the three separate kernels, =1 through the
-  // one-launch step at any batch (A/B runs); by default the step takes the batches where it
-  // measured faster in the engine (UseDeltaNetDecodeStep).
+  // MOBIUS_DELTANET_STEP=0 runs decode and verify steps through the separate kernels (three for
+  // a decode step, four for a verify step), =1 through the one-launch step at any batch (A/B
+  // runs); by default the step takes the batches where it measured faster in the engine
+  // (UseDeltaNetDecodeStep).
   static const int forced = cuda::KnobChoice("MOBIUS_DELTANET_STEP", {"0", "1"});
   const bool step_off = forced == 1 || (forced != 2 && !UseDeltaNetDecodeStep(segments.size()));
   const DeltaRuleDims& d = op.dims;
@@ -1075,13 +1076,13 @@ void CudaBackend::GatedDeltaNetMixer(const DeltaNetMixerOperands& op,
   // Decode and speculative verify steps: every segment 1 to kMaxDeltaNetStepTokens tokens.
   int64_t step_tokens = 0;
   int max_tokens = 0;
-  const bool short_segments =
-      !segments.empty() &&
-      std::all_of(segments.begin(), segments.end(), [&](const SequenceSegment& s) {
-        step_tokens += s.num_tokens;
-        max_tokens = std::max(max_tokens, s.num_tokens);
-        return s.num_tokens >= 1 && s.num_tokens <= cuda::kMaxDeltaNetStepTokens;
-      });
+  bool short_segments = !segments.empty();
+  for (const SequenceSegment& s : segments) {
+    step_tokens += s.num_tokens;
+    max_tokens = std::max(max_tokens, s.num_tokens);
+    short_segments =
+        short_segments && s.num_tokens >= 1 && s.num_tokens <= cuda::kMaxDeltaNetStepTokens;
+  }
   // kChunked asks for the chunked kernels even at one token (the parts honour it).
   if (step_off || !short_segments || algorithm == DeltaRuleAlgorithm::kChunked) {
     Backend::GatedDeltaNetMixer(op, segments, algorithm, out);
@@ -1113,7 +1114,8 @@ void CudaBackend::GatedDeltaNetMixer(const DeltaNetMixerOperands& op,
   const bool scratch_aligned = reinterpret_cast<uintptr_t>(op.conv_out.raw()) % 8 == 0 &&
                                reinterpret_cast<uintptr_t>(op.core.raw()) % 8 == 0;
   if (!shapes || !scratch_aligned ||
-      !cuda::DeltaNetDecodeStepSupports(d.num_k_heads, d.num_v_heads, d.k_head_dim, d.v_head_dim, 4,
+      !cuda::DeltaNetDecodeStepSupports(d.num_k_heads, d.num_v_heads, d.k_head_dim, d.v_head_dim,
+                                        static_cast<int>(op.conv_w.dim(op.conv_w.rank() - 1)),
                                         static_cast<int>(segments.size()), op.z.raw(), out.raw(),
                                         op.conv_w.raw(), op.norm_w.raw(), op.conv_states.raw(),
                                         op.recurrent_states.raw())) {

@@ -65,8 +65,8 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
   __shared__ float v_s[kT][kCols];       // per token: the conv output of this block's columns
   __shared__ float qk_s[Shape::kWarps][2][kD];
   __shared__ float4 part_s[2][Shape::kWarps][kLpr][2];  // [token parity][warp][lane] (u, sq)
-  __shared__ float o_s[kT]
-                      [kCols];  // the delta rule's output (bf16-rounded) of this block's columns
+  // The delta rule's output (bf16-rounded) of this block's columns, per token.
+  __shared__ float o_s[kT][kCols];
   __shared__ float piece_s[kT][kPiecesPerBlock];  // sums of squares of its pieces of 8 columns
   __shared__ float gate_s[kT][2];
 
@@ -235,8 +235,8 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
   // of the separate kernels: each piece of 8 columns summed in order, then the pieces combined as
   // its xor-shuffle tree combines lanes.
   __syncthreads();
-  for (int q = threadIdx.x; q < len * kPiecesPerBlock; q += Shape::kThreads) {
-    const int i = q / kPiecesPerBlock, piece = q % kPiecesPerBlock;
+  for (int n = threadIdx.x; n < len * kPiecesPerBlock; n += Shape::kThreads) {
+    const int i = n / kPiecesPerBlock, piece = n % kPiecesPerBlock;
     float ss = 0.f;
 #pragma unroll
     for (int c = 0; c < 8; ++c) ss += o_s[i][8 * piece + c] * o_s[i][8 * piece + c];
@@ -250,17 +250,18 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
     for (int i = 0; i < len; ++i) {
       float tree[kPieces];
 #pragma unroll
-      for (int q = 0; q < kPieces; ++q) {
-        tree[q] =
-            *cluster.map_shared_rank(&piece_s[i][q % kPiecesPerBlock], first + q / kPiecesPerBlock);
+      for (int piece = 0; piece < kPieces; ++piece) {
+        tree[piece] = *cluster.map_shared_rank(&piece_s[i][piece % kPiecesPerBlock],
+                                               first + piece / kPiecesPerBlock);
       }
 #pragma unroll
       for (int step = kPieces / 2; step > 0; step >>= 1) {
         float next[kPieces];
 #pragma unroll
-        for (int q = 0; q < kPieces; ++q) next[q] = tree[q] + tree[q ^ step];
+        for (int piece = 0; piece < kPieces; ++piece)
+          next[piece] = tree[piece] + tree[piece ^ step];
 #pragma unroll
-        for (int q = 0; q < kPieces; ++q) tree[q] = next[q];
+        for (int piece = 0; piece < kPieces; ++piece) tree[piece] = next[piece];
       }
       const float inv = rsqrtf(tree[0] / static_cast<float>(kD) + p.eps);
       const int64_t row = (begin + i) * hv * kD + static_cast<int64_t>(h) * kD + col;
@@ -302,8 +303,9 @@ template <int kD>
 void LaunchForDim(const DeltaNetDecodeStepArgs& args, const SegmentMeta& segs, int max_tokens,
                   cudaStream_t stream) {
   const DeltaRuleLayout layout = SelectDeltaRuleLayout(segs.num_segments);
-  if (layout.cols == 8 && layout.row_split == 2)
+  if (layout.cols == 8 && layout.row_split == 2) {
     return LaunchStep<kD, 8, 2>(args, segs, max_tokens, stream);
+  }
   if constexpr (kD >= 64) {
     if (layout.cols == 16 && layout.row_split == 2) {
       return LaunchStep<kD, 16, 2>(args, segs, max_tokens, stream);
@@ -312,8 +314,9 @@ void LaunchForDim(const DeltaNetDecodeStepArgs& args, const SegmentMeta& segs, i
       return LaunchStep<kD, 16, 1>(args, segs, max_tokens, stream);
     }
   }
-  if (layout.cols == 8 && layout.row_split == 1)
+  if (layout.cols == 8 && layout.row_split == 1) {
     return LaunchStep<kD, 8, 1>(args, segs, max_tokens, stream);
+  }
   std::fprintf(stderr, "mobius cuda: DeltaNet decode step without the layout %d x %d at D = %d\n",
                layout.cols, layout.row_split, kD);
   std::abort();

@@ -1,7 +1,8 @@
 // The gated DeltaNet's per-token arithmetic as the kernels that form it share it: the gates
-// kernel, the recurrent delta rule and the one-launch decode step. A speculative verify step runs
-// the separate kernels and a plain decode step the fused one, and their greedy tokens must agree,
-// so these pieces are written once and the kernels give the same bits.
+// kernel, the recurrent delta rule and the one-launch step (deltanet_decode_step.cu). Which of
+// them a step runs depends on its batch and token counts, and greedy tokens must not: a
+// speculative verify step's must equal a plain decode step's. So these pieces are written once
+// and the kernels give the same bits.
 #ifndef MOBIUS_KERNELS_CUDA_DELTANET_RECURRENCE_CUH_
 #define MOBIUS_KERNELS_CUDA_DELTANET_RECURRENCE_CUH_
 

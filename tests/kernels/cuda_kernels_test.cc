@@ -1025,8 +1025,8 @@ TEST(DeltaNetStepSelection, FollowsTheDeltaRuleLayout) {
   EXPECT_EQ(SelectDeltaRuleLayout(3).row_split, 2);
   EXPECT_EQ(SelectDeltaRuleLayout(4).cols, 16);
   EXPECT_EQ(SelectDeltaRuleLayout(15).row_split, 2);
-  EXPECT_EQ(SelectDeltaRuleLayout(16).cols, 16);
   EXPECT_EQ(SelectDeltaRuleLayout(16).row_split, 1);
+  EXPECT_EQ(SelectDeltaRuleLayout(256).cols, 16);
   // Any 16-byte aligned address stands in for the operands here.
   alignas(16) static char buffer[64];
   const void* a = buffer;

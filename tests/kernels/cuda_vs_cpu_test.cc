@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <numeric>
 #include <random>
@@ -14,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/launch.h"
 
 namespace mobius::kernels {
 namespace {
@@ -570,8 +572,15 @@ TEST(CudaVsCpuTest, DeltaNetMixerDecodeStep) {
       // UseDeltaNetDecodeStep (below 16 and from 128).
       const int n = static_cast<int>(segs.size());
       const bool short_segments = std::all_of(
-          segs.begin(), segs.end(), [](const SequenceSegment& s) { return s.num_tokens <= 8; });
+          segs.begin(), segs.end(),
+          [](const SequenceSegment& s) { return s.num_tokens <= cuda::kMaxDeltaNetStepTokens; });
       const bool expect_step = short_segments && (D >= 64 || n < 4) && (n < 16 || n >= 128);
+      // Knobs that force either path or another delta rule layout change where the step runs
+      // (not its bits): the sentinel check holds for the defaults only.
+      const bool defaults = std::getenv("MOBIUS_DELTANET_STEP") == nullptr &&
+                            std::getenv("MOBIUS_DELTA_RULE_COLS") == nullptr &&
+                            std::getenv("MOBIUS_DELTA_RULE_SPLIT") == nullptr &&
+                            std::getenv("MOBIUS_DELTA_RULE_GENERIC") == nullptr;
       const float eps = 1e-6f;
       p.cpu().GatedDeltaNetMixer({mixed.first, z.first, a.first, b.first, conv_w.first, a_log.first,
                                   dt.first, norm_w.first, eps, dims, conv_states.first,
@@ -595,8 +604,9 @@ TEST(CudaVsCpuTest, DeltaNetMixerDecodeStep) {
       const std::vector<float> scratch = host(conv_out.second);
       const bool untouched =
           std::all_of(scratch.begin(), scratch.end(), [](float v) { return v == kSentinel; });
-      EXPECT_EQ(untouched, expect_step)
-          << what << ": the one-launch step " << (expect_step ? "did not run" : "ran");
+      if (defaults)
+        EXPECT_EQ(untouched, expect_step)
+            << what << ": the one-launch step " << (expect_step ? "did not run" : "ran");
       // The CUDA parts from the same starting states.
       auto conv_states2 = p.Make({slots, C, 3}, conv0, DType::kF32);
       auto states2 = p.Make({slots, Hv, D, D}, state0, DType::kF32);
@@ -615,8 +625,9 @@ TEST(CudaVsCpuTest, DeltaNetMixerDecodeStep) {
       EXPECT_EQ(host(g.second), host(g2.second)) << what;
       EXPECT_EQ(host(beta.second), host(beta2.second)) << what;
       // The one-launch step keeps the parts' reduction orders (the delta rule's layout for this
-      // many sequences, the norm's piece tree): a speculative verify step runs the parts, and its
-      // greedy tokens must equal a plain decode step's.
+      // many sequences, the norm's piece tree): which of the two a step takes depends on its
+      // batch and token counts, and greedy tokens must not (a verify step's must equal a plain
+      // decode step's).
       EXPECT_EQ(host(states2.second), host(states.second)) << what;
       EXPECT_EQ(host(out2.second), host(out.second)) << what;
       // Slots that no segment names (a segment of slot -1 has no state) keep their states.

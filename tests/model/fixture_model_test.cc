@@ -198,10 +198,18 @@ TEST_P(FixtureModelTest, SequenceTwiceInOneStepIsRejectedWithoutChangingState) {
   EXPECT_NE(s.message().find("sequences 0 and 2 share state slot"), std::string_view::npos) << s;
   EXPECT_EQ(seq.num_tokens, 0);
   EXPECT_EQ(other.num_tokens, 0);
-  // Each once: accepted.
+  // Each once: accepted, with the logits of the same step on fresh sequences (so the rejected
+  // call changed no state).
   steps.pop_back();
-  EXPECT_TRUE(model_->Forward(steps, {}, logits).ok());
+  ASSERT_TRUE(model_->Forward(steps, {}, logits).ok());
   EXPECT_EQ(seq.num_tokens, 2);
+  SequenceCache fresh, fresh_other;
+  ASSERT_TRUE(model_->StartSequence(fresh).ok());
+  ASSERT_TRUE(model_->StartSequence(fresh_other).ok());
+  std::vector<SequenceStep> fresh_steps = {{first, &fresh}, {second, &fresh_other}};
+  std::vector<float> fresh_logits;
+  ASSERT_TRUE(model_->Forward(fresh_steps, {}, fresh_logits).ok());
+  EXPECT_EQ(logits, fresh_logits);
 }
 
 TEST_P(FixtureModelTest, TokenOutsideVocabularyIsRejectedWithoutChangingState) {

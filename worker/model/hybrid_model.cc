@@ -157,6 +157,12 @@ absl::Status HybridModel::ReplayStateInputs(std::span<const StateReplay> replays
           absl::StrFormat("replay %d: rows [%d, +%d) outside the kept step's %d rows", i,
                           r.first_row, r.num_tokens, kept_rows));
     }
+    for (size_t o = 0; o < i; ++o) {  // one segment per state, as in Forward
+      if (replays[o].cache->state_slot == r.cache->state_slot) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("replays %d and %d share state slot %d", o, i, r.cache->state_slot));
+      }
+    }
     kernels::SequenceSegment seg;
     seg.token_begin = static_cast<int32_t>(rows.size());
     seg.num_tokens = r.num_tokens;
@@ -672,22 +678,23 @@ absl::Status HybridModel::DeltaNetMixer(StepContext& ctx, int layer, const Tenso
   dims.num_v_heads = Hv;
   dims.k_head_dim = config_.linear_key_head_dim;
   dims.v_head_dim = Dv;
-  const kernels::DeltaNetMixerOperands mixer{mixed,
-                                             z,
-                                             a,
-                                             b,
-                                             w.conv1d,
-                                             w.a_log,
-                                             w.dt_bias,
-                                             w.norm,
-                                             config_.rms_norm_eps,
-                                             dims,
-                                             state_slots_->conv_states(slot_layer),
-                                             state_slots_->recurrent_states(slot_layer),
-                                             g,
-                                             beta,
-                                             conv_out,
-                                             core};
+  const kernels::DeltaNetMixerOperands mixer{
+      .mixed = mixed,
+      .z = z,
+      .a = a,
+      .b = b,
+      .conv_w = w.conv1d,
+      .a_log = w.a_log,
+      .dt_bias = w.dt_bias,
+      .norm_w = w.norm,
+      .eps = config_.rms_norm_eps,
+      .dims = dims,
+      .conv_states = state_slots_->conv_states(slot_layer),
+      .recurrent_states = state_slots_->recurrent_states(slot_layer),
+      .g = g,
+      .beta = beta,
+      .conv_out = conv_out,
+      .core = core};
   backend_.GatedDeltaNetMixer(mixer, ctx.segments, ctx.options.delta_rule, gated);
   // The replay of a rejected speculative step re-runs the conv and the delta rule from these.
   if (ctx.options.keep_state_inputs) kept_state_inputs_[slot_layer] = {mixed, g, beta};
