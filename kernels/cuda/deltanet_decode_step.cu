@@ -204,16 +204,8 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
 
     float4 u, sq;
     DeltaRuleProducts<kPasses, kLpr>(S, k_s, q_s, r0, u, sq);
-    if constexpr (kRowSplit == 2) {
-      // The two warps of a pair hold the partial products of half the rows each.
-      if (lane < kLpr) {
-        part_s[i & 1][warp][lane][0] = u;
-        part_s[i & 1][warp][lane][1] = sq;
-      }
-      __syncthreads();
-      DeltaRuleAddPartner(u, sq, part_s[i & 1][warp ^ 1][lane % kLpr][0],
-                          part_s[i & 1][warp ^ 1][lane % kLpr][1]);
-    }
+    // The two warps of a pair hold the partial products of half the rows each.
+    if constexpr (kRowSplit == 2) DeltaRuleAddPartner<kLpr>(part_s[i & 1], warp, lane, u, sq);
     const float4 delta = DeltaRuleDelta(v, u, decay, b);
     if (owner) {
       // The delta rule's output, rounded as its bf16 tensor would hold it.

@@ -490,16 +490,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 
     float4 u, sq;  // k_s and q_s are zero beyond dk
     DeltaRuleProducts<kPasses, kLpr>(S, k_s, q_s, r0, u, sq);
-    if constexpr (kRowSplit == 2) {
-      if (lane < kLpr) {
-        part_s[step & 1][warp][lane][0] = u;
-        part_s[step & 1][warp][lane][1] = sq;
-      }
-      __syncthreads();
-      const float4 pu = part_s[step & 1][warp ^ 1][lane % kLpr][0];
-      const float4 pq = part_s[step & 1][warp ^ 1][lane % kLpr][1];
-      DeltaRuleAddPartner(u, sq, pu, pq);
-    }
+    if constexpr (kRowSplit == 2) DeltaRuleAddPartner<kLpr>(part_s[step & 1], warp, lane, u, sq);
     const float4 delta = DeltaRuleDelta(v, u, decay, b);
     if (lane < kLpr && col_ok && (kRowSplit == 1 || warp % 2 == 0)) {
       const float4 o = DeltaRuleOutput(sq, delta, decay, kq);

@@ -80,8 +80,20 @@ __device__ __forceinline__ void DeltaRuleProducts(const float4 (&S)[kPasses], co
   }
 }
 
-// The partner warp's products when a warp pair splits the rows (own part first).
-__device__ __forceinline__ void DeltaRuleAddPartner(float4& u, float4& sq, float4 pu, float4 pq) {
+// When a warp pair splits the rows: each warp publishes its partial products in `part`
+// ([warp][lane][u, sq]; callers alternate two buffers by token parity, so that the next token's
+// writes cannot race this token's reads), meets its partner at a block barrier and adds the
+// partner's part to its own. Contains __syncthreads: call from uniform control flow.
+template <int kLpr>
+__device__ __forceinline__ void DeltaRuleAddPartner(float4 (*part)[kLpr][2], int warp, int lane,
+                                                    float4& u, float4& sq) {
+  if (lane < kLpr) {
+    part[warp][lane][0] = u;
+    part[warp][lane][1] = sq;
+  }
+  __syncthreads();
+  const float4 pu = part[warp ^ 1][lane % kLpr][0];
+  const float4 pq = part[warp ^ 1][lane % kLpr][1];
   u.x += pu.x;
   u.y += pu.y;
   u.z += pu.z;
