@@ -17,6 +17,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -127,6 +128,13 @@ class Backend {
   }
   // Zero-initialised storage. ResourceExhausted when it does not fit.
   virtual absl::StatusOr<Tensor> Allocate(DType dtype, std::vector<int64_t> shape) = 0;
+  // Storage whose contents are unspecified, for a tensor that the op producing it writes whole
+  // (every element, on every call) before anything reads it. The CUDA backend then queues no
+  // fill: a recorded decode step allocates several hundred such temporaries, and each zero-fill
+  // would be a node of its graph. The default zero-fills (Allocate).
+  virtual absl::StatusOr<Tensor> AllocateUninitialized(DType dtype, std::vector<int64_t> shape) {
+    return Allocate(dtype, std::move(shape));
+  }
   // Copies `count` host elements of type `src_dtype` into `dst` (count == dst.numel()),
   // converting to dst's dtype (F32/BF16/F16 sources into F32 or BF16; I32 into I32).
   virtual void CopyFromHost(const void* src, DType src_dtype, Tensor& dst) = 0;

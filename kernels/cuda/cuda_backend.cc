@@ -114,32 +114,10 @@ class CudaBackend final : public Backend {
   [[nodiscard]] DType activation_dtype() const override { return DType::kBF16; }
 
   absl::StatusOr<Tensor> Allocate(DType dtype, std::vector<int64_t> shape) override {
-    int64_t numel = 1;
-    for (int64_t d : shape) {
-      if (d < 0) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("Allocate: negative dimension in %s",
-                            Tensor({}, nullptr, dtype, shape, Device::kCuda).ShapeString()));
-      }
-      numel *= d;
-    }
-    const size_t bytes = static_cast<size_t>(numel) * DTypeSize(dtype);
-    CheckCuda(cudaSetDevice(device_), "cudaSetDevice");
-    // Zero-sized tensors still get a (tiny) allocation so that they are not empty().
-    std::shared_ptr<void> storage =
-        capturing_ ? std::shared_ptr<void>(PoolGet(std::max<size_t>(bytes, 16)), [](void*) {})
-                   : blocks_->Get(std::max<size_t>(bytes, 16));
-    if (storage == nullptr) {
-      size_t free_bytes = 0, total_bytes = 0;
-      cudaMemGetInfo(&free_bytes, &total_bytes);
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "cuda:%d: cannot allocate %d bytes for %s %s; %d of %d bytes free", device_, bytes,
-          DTypeName(dtype), Tensor({}, nullptr, dtype, shape, Device::kCuda).ShapeString(),
-          free_bytes, total_bytes));
-    }
-    void* ptr = storage.get();
-    CheckCuda(cudaMemsetAsync(ptr, 0, std::max<size_t>(bytes, 16), stream_), "Allocate memset");
-    return Tensor(std::move(storage), ptr, dtype, std::move(shape), Device::kCuda);
+    return AllocateAndFill(dtype, std::move(shape), /*zero=*/true);
+  }
+  absl::StatusOr<Tensor> AllocateUninitialized(DType dtype, std::vector<int64_t> shape) override {
+    return AllocateAndFill(dtype, std::move(shape), /*zero=*/false);
   }
 
   absl::StatusOr<DeviceMemoryInfo> MemoryInfo() override {
@@ -428,6 +406,7 @@ class CudaBackend final : public Backend {
     void* ptr;
     size_t bytes;
   };
+  absl::StatusOr<Tensor> AllocateAndFill(DType dtype, std::vector<int64_t> shape, bool zero);
   void* PoolGet(size_t bytes);
   bool capturing_ = false;
   std::vector<PoolChunk> pool_;
@@ -575,6 +554,40 @@ void CudaBackend::StageStep(std::span<const int32_t> ids, std::span<const Sequen
   staged_.packed = std::move(packed);
 }
 
+absl::StatusOr<Tensor> CudaBackend::AllocateAndFill(DType dtype, std::vector<int64_t> shape,
+                                                    bool zero) {
+  int64_t numel = 1;
+  for (int64_t d : shape) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("Allocate: negative dimension in %s",
+                          Tensor({}, nullptr, dtype, shape, Device::kCuda).ShapeString()));
+    }
+    numel *= d;
+  }
+  // Zero-sized tensors still get a (tiny) allocation so that they are not empty().
+  const size_t bytes = std::max<size_t>(static_cast<size_t>(numel) * DTypeSize(dtype), 16);
+  CheckCuda(cudaSetDevice(device_), "cudaSetDevice");
+  std::shared_ptr<void> storage =
+      capturing_ ? std::shared_ptr<void>(PoolGet(bytes), [](void*) {}) : blocks_->Get(bytes);
+  if (storage == nullptr) {
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "cuda:%d: cannot allocate %d bytes for %s %s; %d of %d bytes free", device_, bytes,
+        DTypeName(dtype), Tensor({}, nullptr, dtype, shape, Device::kCuda).ShapeString(),
+        free_bytes, total_bytes));
+  }
+  void* ptr = storage.get();
+  // MOBIUS_UNINITIALIZED_FILL=zero fills uninitialised tensors as Allocate does (the timing
+  // baseline), =poison with 0xff bytes (NaN in bf16 and fp32, -1 in int32), so that a test shows
+  // an op that reads what it was supposed to write first.
+  static const int fill = cuda::KnobChoice("MOBIUS_UNINITIALIZED_FILL", {"none", "zero", "poison"});
+  const int byte = (zero || fill == 2) ? 0 : (fill == 3 ? 0xff : -1);  // -1: no fill
+  if (byte >= 0) CheckCuda(cudaMemsetAsync(ptr, byte, bytes, stream_), "Allocate memset");
+  return Tensor(std::move(storage), ptr, dtype, std::move(shape), Device::kCuda);
+}
+
 void* CudaBackend::PoolGet(size_t bytes) {
   bytes = (bytes + 255) / 256 * 256;
   while (pool_chunk_ < pool_.size() && pool_offset_ + bytes > pool_[pool_chunk_].bytes) {
@@ -617,6 +630,28 @@ absl::StatusOr<std::unique_ptr<CapturedStep>> CudaBackend::EndCapture() {
   if (err != cudaSuccess) {
     cudaGetLastError();
     return absl::InternalError(absl::StrCat("cudaStreamEndCapture: ", cudaGetErrorString(err)));
+  }
+  static const bool census = cuda::KnobChoice("MOBIUS_GRAPH_CENSUS", {"0", "1"}) == 2;
+  if (census) {
+    size_t count = 0;
+    cudaGraphGetNodes(graph, nullptr, &count);
+    std::vector<cudaGraphNode_t> nodes(count);
+    cudaGraphGetNodes(graph, nodes.data(), &count);
+    int kernels = 0, memsets = 0, copies = 0, others = 0;
+    for (cudaGraphNode_t node : nodes) {
+      cudaGraphNodeType type;
+      cudaGraphNodeGetType(node, &type);
+      if (type == cudaGraphNodeTypeKernel)
+        ++kernels;
+      else if (type == cudaGraphNodeTypeMemset)
+        ++memsets;
+      else if (type == cudaGraphNodeTypeMemcpy)
+        ++copies;
+      else
+        ++others;
+    }
+    std::fprintf(stderr, "graph census: %zu nodes: %d kernels, %d memsets, %d copies, %d other\n",
+                 count, kernels, memsets, copies, others);
   }
   cudaGraphExec_t exec = nullptr;
   err = cudaGraphInstantiate(&exec, graph, 0);

@@ -218,6 +218,12 @@ absl::StatusOr<Tensor> HybridModel::Alloc(std::vector<int64_t> shape) {
 absl::StatusOr<Tensor> HybridModel::Alloc(DType dtype, std::vector<int64_t> shape) {
   return backend_.Allocate(dtype, std::move(shape));
 }
+absl::StatusOr<Tensor> HybridModel::AllocOutput(std::vector<int64_t> shape) {
+  return backend_.AllocateUninitialized(backend_.activation_dtype(), std::move(shape));
+}
+absl::StatusOr<Tensor> HybridModel::AllocOutput(DType dtype, std::vector<int64_t> shape) {
+  return backend_.AllocateUninitialized(dtype, std::move(shape));
+}
 
 absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOptions& options,
                                   std::vector<float>& logits) {
@@ -657,10 +663,10 @@ absl::Status HybridModel::DeltaNetMixer(StepContext& ctx, int layer, const Tenso
   const int T = ctx.num_tokens, Hv = local_.linear_num_value_heads,
             Dv = config_.linear_value_head_dim;
   const int cd = local_.conv_dim(), vd = local_.value_dim();
-  ASSIGN_OR_RETURN(Tensor mixed, Alloc({T, cd}));
-  ASSIGN_OR_RETURN(Tensor z, Alloc({T, vd}));
-  ASSIGN_OR_RETURN(Tensor b, Alloc({T, Hv}));
-  ASSIGN_OR_RETURN(Tensor a, Alloc({T, Hv}));
+  ASSIGN_OR_RETURN(Tensor mixed, AllocOutput({T, cd}));
+  ASSIGN_OR_RETURN(Tensor z, AllocOutput({T, vd}));
+  ASSIGN_OR_RETURN(Tensor b, AllocOutput({T, Hv}));
+  ASSIGN_OR_RETURN(Tensor a, AllocOutput({T, Hv}));
   {
     const Tensor* ws[] = {&w.in_proj_qkv, &w.in_proj_z, &w.in_proj_b, &w.in_proj_a};
     Tensor* ys[] = {&mixed, &z, &b, &a};
@@ -668,11 +674,11 @@ absl::Status HybridModel::DeltaNetMixer(StepContext& ctx, int layer, const Tenso
   }
 
   const int slot_layer = cache_index_[layer];
-  ASSIGN_OR_RETURN(Tensor conv_out, Alloc({T, cd}));
-  ASSIGN_OR_RETURN(Tensor g, Alloc(DType::kF32, {T, Hv}));
-  ASSIGN_OR_RETURN(Tensor beta, Alloc(DType::kF32, {T, Hv}));
-  ASSIGN_OR_RETURN(Tensor core, Alloc({T, vd}));
-  ASSIGN_OR_RETURN(Tensor gated, Alloc({T, vd}));
+  ASSIGN_OR_RETURN(Tensor conv_out, AllocOutput({T, cd}));
+  ASSIGN_OR_RETURN(Tensor g, AllocOutput(DType::kF32, {T, Hv}));
+  ASSIGN_OR_RETURN(Tensor beta, AllocOutput(DType::kF32, {T, Hv}));
+  ASSIGN_OR_RETURN(Tensor core, AllocOutput({T, vd}));
+  ASSIGN_OR_RETURN(Tensor gated, AllocOutput({T, vd}));
   kernels::DeltaRuleDims dims;
   dims.num_k_heads = local_.linear_num_key_heads;
   dims.num_v_heads = Hv;
@@ -707,9 +713,9 @@ absl::Status HybridModel::AttentionMixer(StepContext& ctx, int layer, const Tens
   const AttentionWeights& w = *weights_.layers[layer].attention;
   const int T = ctx.num_tokens, nh = local_.num_attention_heads, nkv = local_.num_key_value_heads,
             hd = config_.head_dim;
-  ASSIGN_OR_RETURN(Tensor q_gate, Alloc({T, nh, 2 * hd}));
-  ASSIGN_OR_RETURN(Tensor k, Alloc({T, nkv, hd}));
-  ASSIGN_OR_RETURN(Tensor v, Alloc({T, nkv, hd}));
+  ASSIGN_OR_RETURN(Tensor q_gate, AllocOutput({T, nh, 2 * hd}));
+  ASSIGN_OR_RETURN(Tensor k, AllocOutput({T, nkv, hd}));
+  ASSIGN_OR_RETURN(Tensor v, AllocOutput({T, nkv, hd}));
   {
     Tensor q2 = q_gate.Reshape({T, nh * 2 * hd}), k2 = k.Reshape({T, nkv * hd}),
            v2 = v.Reshape({T, nkv * hd});
@@ -717,8 +723,8 @@ absl::Status HybridModel::AttentionMixer(StepContext& ctx, int layer, const Tens
     Tensor* ys[] = {&q2, &k2, &v2};
     backend_.LinearFanOut(x, ws, ys);
   }
-  ASSIGN_OR_RETURN(Tensor q, Alloc({T, nh, hd}));
-  ASSIGN_OR_RETURN(Tensor gate, Alloc({T, nh, hd}));
+  ASSIGN_OR_RETURN(Tensor q, AllocOutput({T, nh, hd}));
+  ASSIGN_OR_RETURN(Tensor gate, AllocOutput({T, nh, hd}));
   kernels::RopeParams rope;
   rope.rotary_dim = config_.rotary_dim();
   rope.theta = static_cast<float>(config_.rope_theta);
@@ -726,7 +732,7 @@ absl::Status HybridModel::AttentionMixer(StepContext& ctx, int layer, const Tens
                       gate);
   const int kv_layer = cache_index_[layer];
   backend_.WriteKvCache(k, v, ctx.segments, kv_cache_->keys(kv_layer), kv_cache_->values(kv_layer));
-  ASSIGN_OR_RETURN(Tensor attn, Alloc({T, nh, hd}));
+  ASSIGN_OR_RETURN(Tensor attn, AllocOutput({T, nh, hd}));
   backend_.PagedAttention(q, kv_cache_->keys(kv_layer), kv_cache_->values(kv_layer), ctx.segments,
                           1.0f / std::sqrt(static_cast<float>(hd)), attn);
   backend_.MulSigmoid(attn, gate);
@@ -740,8 +746,8 @@ absl::Status HybridModel::FeedForward(StepContext& ctx, int layer, const Tensor&
   const int64_t I2 = lw.shared_expert.gate_up.dim(0);
 
   // Shared expert (or the dense MLP).
-  ASSIGN_OR_RETURN(Tensor gate_up, Alloc({T, I2}));
-  ASSIGN_OR_RETURN(Tensor act, Alloc({T, I2 / 2}));
+  ASSIGN_OR_RETURN(Tensor gate_up, AllocOutput({T, I2}));
+  ASSIGN_OR_RETURN(Tensor act, AllocOutput({T, I2 / 2}));
   if (config_.mlp_types[layer] == MlpType::kDense) {
     backend_.Linear(x, lw.shared_expert.gate_up, gate_up);
     backend_.SiluMulLinear(gate_up, lw.shared_expert.down, act, out);
@@ -750,29 +756,29 @@ absl::Status HybridModel::FeedForward(StepContext& ctx, int layer, const Tensor&
   // The projections of x (shared expert, its gate, the router) in one fan-out.
   const ExpertBankWeights& bank = weights_.banks[config_.BankOfLayer(layer)];
   const int E = config_.num_experts, k = config_.num_experts_per_tok;
-  ASSIGN_OR_RETURN(Tensor shared_gate, Alloc({T, 1}));
+  ASSIGN_OR_RETURN(Tensor shared_gate, AllocOutput({T, 1}));
   // Router logits stay fp32 (MODEL.md section 5): rounding them to bf16 flips near-tied top-k
   // choices, which then changes the token's whole expert mix.
-  ASSIGN_OR_RETURN(Tensor router_logits, Alloc(DType::kF32, {T, E}));
+  ASSIGN_OR_RETURN(Tensor router_logits, AllocOutput(DType::kF32, {T, E}));
   {
     const Tensor* ws[] = {&lw.shared_expert.gate_up, &lw.shared_expert_gate, &bank.router};
     Tensor* ys[] = {&gate_up, &shared_gate, &router_logits};
     backend_.LinearFanOut(x, ws, ys);
   }
-  ASSIGN_OR_RETURN(Tensor shared, Alloc({T, config_.hidden_size}));
+  ASSIGN_OR_RETURN(Tensor shared, AllocOutput({T, config_.hidden_size}));
   const kernels::SharedExpertOperands shared_expert{gate_up, lw.shared_expert.down, shared_gate,
                                                     act, shared};
 
   // Routed experts of this layer's bank.
-  ASSIGN_OR_RETURN(Tensor ids, Alloc(DType::kI32, {T, k}));
-  ASSIGN_OR_RETURN(Tensor weights, Alloc(DType::kF32, {T, k}));
+  ASSIGN_OR_RETURN(Tensor ids, AllocOutput(DType::kI32, {T, k}));
+  ASSIGN_OR_RETURN(Tensor weights, AllocOutput(DType::kF32, {T, k}));
   backend_.TopKSoftmax(router_logits, k, config_.norm_topk_prob, ids, weights);
   // With expert parallelism this rank counts (and computes) only its own experts.
   const int local_experts = static_cast<int>(bank.gate_up.dim(0));
   const int b = config_.BankOfLayer(layer);
   if (b < static_cast<int>(expert_routes_.size())) {
     // Replicated experts: the routed positions become local slots (or -1, another rank's pair).
-    ASSIGN_OR_RETURN(Tensor slots, Alloc(DType::kI32, {T, k}));
+    ASSIGN_OR_RETURN(Tensor slots, AllocOutput(DType::kI32, {T, k}));
     backend_.MapExpertIds(ids, expert_routes_[b], shard_.ep_size + 1, slots);
     std::vector<int64_t> slot_counts;
     if (ctx.options.expert_tokens != nullptr) slot_counts.assign(local_experts, 0);

@@ -234,9 +234,14 @@ class HybridModel {
   // Builds expert_routes_ / held_positions_ from shard_.placement (clears them without
   // replicas).
   absl::Status BuildExpertRoutes();
-  // Scratch in the backend's activation dtype, or in `dtype`.
+  // Zero-filled scratch in the backend's activation dtype, or in `dtype`.
   absl::StatusOr<kernels::Tensor> Alloc(std::vector<int64_t> shape);
   absl::StatusOr<kernels::Tensor> Alloc(kernels::DType dtype, std::vector<int64_t> shape);
+  // Scratch with unspecified contents, for an op's output that the op writes whole
+  // (Backend::AllocateUninitialized): a layer's temporaries, so that a recorded step holds no
+  // fill for them.
+  absl::StatusOr<kernels::Tensor> AllocOutput(std::vector<int64_t> shape);
+  absl::StatusOr<kernels::Tensor> AllocOutput(kernels::DType dtype, std::vector<int64_t> shape);
 
   ModelConfig config_;
   ModelWeights weights_;
