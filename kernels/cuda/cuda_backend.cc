@@ -325,6 +325,12 @@ class CudaBackend final : public Backend {
                          DeltaRuleAlgorithm algorithm, Tensor& out);
   // The few-token MoE kernels (<= kMoeFewTokensMaxPairs pairs), with the shared expert's term
   // when given; false, launching nothing, for shapes they do not take. Inputs already checked.
+  // MoeExperts on the grouped kernels (routing, gate-up, down, combine) after CheckMoe; with
+  // `shared`, the combine writes out = routed sum + gated shared expert (LaunchMoeExperts).
+  void RunMoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                     const Tensor& gate_up, const Tensor& down, int first_expert,
+                     const cuda::MoeSharedTerm* shared, Tensor& out,
+                     std::span<int64_t> expert_tokens);
   bool TryMoeFewTokens(const Tensor& x, const Tensor& ids, const Tensor& weights,
                        const Tensor& gate_up, const Tensor& down, int first_expert,
                        const cuda::MoeSharedTerm* shared, Tensor& out);
@@ -1382,19 +1388,25 @@ void CudaBackend::MoeExperts(const Tensor& x, const Tensor& ids, const Tensor& w
                              const Tensor& gate_up, const Tensor& down, int first_expert,
                              Tensor& out, std::span<int64_t> expert_tokens) {
   const int64_t t = CheckMoe(x, ids, weights, gate_up, down, out, expert_tokens);
-  const int64_t experts = gate_up.dim(0), inter = gate_up.dim(1) / 2, hidden = gate_up.dim(2);
-  const int k = static_cast<int>(ids.dim(1));
-  if (t == 0 || k == 0 || experts == 0) return;
+  if (t == 0 || ids.dim(1) == 0 || gate_up.dim(0) == 0) return;
   Enter();
-  const int num_local = static_cast<int>(experts);
   if (expert_tokens.empty() &&
       TryMoeFewTokens(x, ids, weights, gate_up, down, first_expert, nullptr, out)) {
     return;
   }
+  RunMoeExperts(x, ids, weights, gate_up, down, first_expert, nullptr, out, expert_tokens);
+}
+
+void CudaBackend::RunMoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weights,
+                                const Tensor& gate_up, const Tensor& down, int first_expert,
+                                const cuda::MoeSharedTerm* shared, Tensor& out,
+                                std::span<int64_t> expert_tokens) {
+  const int64_t t = ids.dim(0), inter = gate_up.dim(1) / 2, hidden = gate_up.dim(2);
+  const int k = static_cast<int>(ids.dim(1)), num_local = static_cast<int>(gate_up.dim(0));
   void* scratch = Scratch(cuda::MoeScratchBytes(t, k, num_local, hidden, inter));
   const int32_t* counts = cuda::LaunchMoeExperts(
       Bf16(x), ids.data<int32_t>(), weights.data<float>(), Bf16(gate_up), Bf16(down), t, k,
-      num_local, first_expert, hidden, inter, scratch, MutBf16(out), stream_);
+      num_local, first_expert, hidden, inter, scratch, shared, MutBf16(out), stream_);
   if (!expert_tokens.empty()) {
     std::vector<int32_t> host(static_cast<size_t>(num_local));
     CheckCuda(cudaMemcpyAsync(host.data(), counts, host.size() * sizeof(int32_t),
@@ -1450,6 +1462,13 @@ void CudaBackend::MoeExpertsWithShared(const Tensor& x, const Tensor& ids, const
   if (t > 0 && ids.dim(1) > 0 && gate_up.dim(0) > 0 && expert_tokens.empty()) {
     Enter();
     if (TryMoeFewTokens(x, ids, weights, gate_up, down, first_expert, &term, out)) return;
+  }
+  // More tokens: the combine kernel writes routed sum + gated shared expert (no zero fill, no
+  // separate add). Without local experts (expert parallelism) nothing combines: the default.
+  if (t > 0 && ids.dim(1) > 0 && gate_up.dim(0) > 0) {
+    Enter();
+    RunMoeExperts(x, ids, weights, gate_up, down, first_expert, &term, out, expert_tokens);
+    return;
   }
   Backend::MoeExpertsWithShared(x, ids, weights, gate_up, down, first_expert, shared, shared_gate,
                                 out, expert_tokens);

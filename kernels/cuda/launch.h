@@ -250,12 +250,18 @@ TopKKernel SelectTopKKernel(int64_t num_tokens, int num_experts, int k, bool log
 // Device scratch needed by LaunchMoeExperts, in bytes.
 size_t MoeScratchBytes(int64_t num_tokens, int k, int num_local_experts, int64_t hidden,
                        int64_t inter);
+struct MoeSharedTerm;  // below
+
 // Returns the device array (inside `scratch`, [E_local] int32) holding the number of
 // (token, expert) pairs routed to each local expert, valid once the stream reaches it.
+// Without `shared` the routed sum is added to out (Backend::MoeExperts); with it (its finished
+// `value` and `gate_logits`; num_local_experts > 0) out = routed sum + sigmoid(gate) * value,
+// rounded as MoeExperts into a zeroed out followed by AddSigmoidScaled round, and out is not read.
 const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const float* weights,
                                 const uint16_t* gate_up, const uint16_t* down, int64_t num_tokens,
                                 int k, int num_local_experts, int first_expert, int64_t hidden,
-                                int64_t inter, void* scratch, uint16_t* out, cudaStream_t stream);
+                                int64_t inter, void* scratch, const MoeSharedTerm* shared,
+                                uint16_t* out, cudaStream_t stream);
 
 // Backend::MapExpertIds: ids, out I32 [num_pairs] (k per token); routes I32 [experts * stride].
 void LaunchMapExpertIds(const int32_t* ids, const int32_t* routes, int stride, int64_t experts,

@@ -1308,10 +1308,21 @@ __global__ void ScatterPairsKernel(const int32_t* ids, int64_t num_pairs, int k,
   }
 }
 
+// routed sum + sigmoid(shared_gate[t]) * shared[i], rounded as the separate ops round (the sum
+// stored to a zeroed out, then AddSigmoidScaled), so both give the same bits and a batch that
+// takes this path and one that does not round alike. `shared_value` holds a bf16 value.
+__device__ __forceinline__ uint16_t RoutedPlusShared(float sum, float shared_value,
+                                                     float gate_logit) {
+  const float routed = Bf16ToF32(F32ToBf16(sum));
+  return F32ToBf16(routed + Sigmoid(gate_logit) * shared_value);
+}
+
 // out[t, :] += sum_j weights[t, j] * pair_out[pair_pos[t, j], :], adding j in order (so the
-// result does not depend on the grouping). Grid (hidden chunks, tokens): with kVec each thread
-// owns 4 adjacent features (16-byte loads of fp32 pair rows or 8-byte loads of bf16 ones, an
-// 8-byte bf16 read-modify-write of out).
+// result does not depend on the grouping); with a shared term (shared_value not null) out[t, :] =
+// RoutedPlusShared of that sum instead, written without being read, so that the layer needs no
+// zero fill of out and no separate AddSigmoidScaled. Grid (hidden chunks, tokens): with kVec
+// each thread owns 4 adjacent features (16-byte loads of fp32 pair rows or 8-byte loads of bf16
+// ones, an 8-byte bf16 read-modify-write or write of out).
 constexpr int kCombineThreads = 128;
 
 // Four pair-row values from fp32 or bf16 rows (PairRowsBf16).
@@ -1331,7 +1342,7 @@ __device__ __forceinline__ float LoadPairRow(const uint16_t* rows, int64_t i) {
 template <bool kVec, typename PairRow>
 __global__ void __launch_bounds__(kCombineThreads)
     CombineKernel(const PairRow* pair_out, const int32_t* pair_pos, const float* weights, int k,
-                  int64_t hidden, uint16_t* out) {
+                  int64_t hidden, const uint16_t* shared_value, AnyPtr shared_gate, uint16_t* out) {
   PdlWait();  // pair_out comes from the down GEMM
   const int64_t t = blockIdx.y;
   constexpr int kPer = kVec ? 4 : 1;
@@ -1352,15 +1363,24 @@ __global__ void __launch_bounds__(kCombineThreads)
       acc[0] += wj * LoadPairRow(pair_out, pos * hidden + h);
     }
   }
+  const int64_t i = t * hidden + h;
+  if (shared_value != nullptr) {
+    const float gate_logit = Load(shared_gate, t);
+#pragma unroll
+    for (int c = 0; c < kPer; ++c) {
+      out[i + c] = RoutedPlusShared(acc[c], Bf16ToF32(shared_value[i + c]), gate_logit);
+    }
+    return;
+  }
   if constexpr (kVec) {
-    uint2 o = *reinterpret_cast<const uint2*>(out + t * hidden + h);
+    uint2 o = *reinterpret_cast<const uint2*>(out + i);
     const float r0 = Bf16ToF32(o.x & 0xffffu) + acc[0], r1 = Bf16ToF32(o.x >> 16) + acc[1];
     const float r2 = Bf16ToF32(o.y & 0xffffu) + acc[2], r3 = Bf16ToF32(o.y >> 16) + acc[3];
     o.x = F32ToBf16(r0) | (static_cast<uint32_t>(F32ToBf16(r1)) << 16);
     o.y = F32ToBf16(r2) | (static_cast<uint32_t>(F32ToBf16(r3)) << 16);
-    *reinterpret_cast<uint2*>(out + t * hidden + h) = o;
+    *reinterpret_cast<uint2*>(out + i) = o;
   } else {
-    out[t * hidden + h] = F32ToBf16(Bf16ToF32(out[t * hidden + h]) + acc[0]);
+    out[i] = F32ToBf16(Bf16ToF32(out[i]) + acc[0]);
   }
 }
 
@@ -1586,15 +1606,6 @@ __global__ void __launch_bounds__(kFewWarps * 32)
       act[p * inter + i0 + c] = F32ToBf16(Silu(acc[c]) * acc[kCols + c]);
     }
   }
-}
-
-// routed sum + sigmoid(shared_gate[t]) * shared[i], rounded as the separate ops round (the sum
-// stored to a zeroed out, then AddSigmoidScaled), so both give the same bits and a batch that
-// takes this path and one that does not round alike. `shared_value` holds a bf16 value.
-__device__ __forceinline__ uint16_t RoutedPlusShared(float sum, float shared_value,
-                                                     float gate_logit) {
-  const float routed = Bf16ToF32(F32ToBf16(sum));
-  return F32ToBf16(routed + Sigmoid(gate_logit) * shared_value);
 }
 
 // The few-token down kernels' result for out[i] (row t) from its routed sum: out + sum, or, when
@@ -1901,7 +1912,8 @@ size_t MoeScratchBytes(int64_t num_tokens, int k, int num_local_experts, int64_t
 const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const float* weights,
                                 const uint16_t* gate_up, const uint16_t* down, int64_t num_tokens,
                                 int k, int num_local_experts, int first_expert, int64_t hidden,
-                                int64_t inter, void* scratch, uint16_t* out, cudaStream_t stream) {
+                                int64_t inter, void* scratch, const MoeSharedTerm* shared,
+                                uint16_t* out, cudaStream_t stream) {
   MoeScratch s =
       CarveMoeScratch(static_cast<char*>(scratch), num_tokens, k, num_local_experts, hidden, inter);
   const int64_t pairs = num_tokens * k;
@@ -2016,7 +2028,9 @@ const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const flo
   auto combine = [&](auto* pair_out) {
     using PairRow = std::remove_const_t<std::remove_pointer_t<decltype(pair_out)>>;
     LaunchPdl("MoeCombine", vec ? CombineKernel<true, PairRow> : CombineKernel<false, PairRow>,
-              grid, kCombineThreads, 0, stream, pair_out, pair_pos, weights, k, hidden, out);
+              grid, kCombineThreads, 0, stream, pair_out, pair_pos, weights, k, hidden,
+              shared != nullptr ? shared->value : nullptr,
+              shared != nullptr ? shared->gate_logits : AnyPtr{}, out);
   };
   if (tc && PairRowsBf16()) {
     combine(reinterpret_cast<const uint16_t*>(s.pair_out));

@@ -1478,7 +1478,7 @@ TEST_F(CudaKernelsTest, MoeExpertsCapturedInGraphMatchesDirectLaunch) {
     cuda::LaunchMoeExperts(
         static_cast<const uint16_t*>(xt.raw()), static_cast<const int32_t*>(idt.raw()),
         static_cast<const float*>(wt.raw()), static_cast<const uint16_t*>(gut.raw()),
-        static_cast<const uint16_t*>(dnt.raw()), t, k, experts, 0, h, inter, scratch,
+        static_cast<const uint16_t*>(dnt.raw()), t, k, experts, 0, h, inter, scratch, nullptr,
         static_cast<uint16_t*>(out.raw()), stream);
   };
   cudaGraph_t graph;
@@ -1706,7 +1706,7 @@ TEST_F(CudaTimingTest, MoeGroupedGemmReleaseDims) {
       cuda::LaunchMoeExperts(
           static_cast<const uint16_t*>(x.raw()), static_cast<const int32_t*>(ids[s].raw()),
           static_cast<const float*>(w[s].raw()), static_cast<const uint16_t*>(gu.raw()),
-          static_cast<const uint16_t*>(dn.raw()), t, k, e, 0, h, inter, scratch,
+          static_cast<const uint16_t*>(dn.raw()), t, k, e, 0, h, inter, scratch, nullptr,
           static_cast<uint16_t*>(out.raw()), stream);
     };
     const int iters = t >= 4096 ? 12 : 40;

@@ -423,8 +423,9 @@ TEST(CudaVsCpuTest, FusedOpsEqualTheirParts) {
       EXPECT_EQ(host(p.cuda(), beta.second), host(p.cuda(), beta2.second)) << what;
     }
   }
-  // MoeExpertsWithShared: few pairs (fused into the down kernel) at T = 1, 8; the grouped path
-  // at T = 40; and an expert-parallel slice that some tokens do not route to at all.
+  // MoeExpertsWithShared: few pairs (the shared term fused into the down kernel) at T = 1, 8;
+  // the grouped path (fused into the combine kernel) at T = 40; and an expert-parallel slice that
+  // some tokens do not route to at all.
   for (int first : {0, 24}) {
     for (int T : {1, 8, 40}) {
       const int H = 128, E = 16, k = 4, I = 64, bank = 40;
@@ -454,7 +455,7 @@ TEST(CudaVsCpuTest, FusedOpsEqualTheirParts) {
       p.cuda().MoeExperts(x.second, ids.second, wts.second, gu.second, dn.second, first,
                           parts.second, {});
       p.cuda().AddSigmoidScaled(parts.second, shared.second, gate.second);
-      // The fused kernel rounds as the parts do: the same bits.
+      // The down kernel (T <= 8) and the combine (T = 40) round as the parts do: the same bits.
       EXPECT_EQ(host(p.cuda(), out.second), host(p.cuda(), parts.second)) << what;
 
       // MoeExpertsWithSharedExpert: the shared expert's down projection inside the few-token

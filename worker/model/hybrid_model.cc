@@ -568,9 +568,14 @@ absl::StatusOr<Tensor> HybridModel::QueueStep(StepContext& ctx, std::span<const 
   const int W = shard_.world_size();
   const int Tp = sp ? (T + W - 1) / W * W : T, Tl = Tp / (sp ? W : 1);
 
-  ASSIGN_OR_RETURN(Tensor hidden, Alloc({Tl, H}));
-  ASSIGN_OR_RETURN(Tensor normed, Alloc({Tl, H}));
-  ASSIGN_OR_RETURN(Tensor delta, Alloc({Tl, H}));
+  // Sequence parallel leaves the padding rows of hidden unwritten (zero); otherwise the embedding
+  // (or the draft input), the norms and every sublayer write these whole.
+  auto alloc_rows = [&](std::vector<int64_t> shape) {
+    return sp ? Alloc(std::move(shape)) : AllocOutput(std::move(shape));
+  };
+  ASSIGN_OR_RETURN(Tensor hidden, alloc_rows({Tl, H}));
+  ASSIGN_OR_RETURN(Tensor normed, alloc_rows({Tl, H}));
+  ASSIGN_OR_RETURN(Tensor delta, alloc_rows({Tl, H}));
   Tensor gathered, partial;  // [Tp, H], sequence parallel only
   if (sp) {
     ASSIGN_OR_RETURN(gathered, Alloc({Tp, H}));
@@ -624,11 +629,11 @@ absl::StatusOr<Tensor> HybridModel::QueueStep(StepContext& ctx, std::span<const 
   const int R = static_cast<int>(rows.size()), V = config_.vocab_size;
   Tensor selected = final_normed;
   if (R != T) {
-    ASSIGN_OR_RETURN(selected, Alloc({R, H}));
+    ASSIGN_OR_RETURN(selected, AllocOutput({R, H}));
     backend_.GatherRows(final_normed, rows, selected);
   }
   ctx.hidden_rows = ctx.options.hidden_all_tokens ? final_normed : selected;
-  ASSIGN_OR_RETURN(Tensor out, Alloc(DType::kF32, {R, V}));
+  ASSIGN_OR_RETURN(Tensor out, AllocOutput(DType::kF32, {R, V}));
   backend_.Linear(selected, weights_.lm_head, out);
   return out;
 }
