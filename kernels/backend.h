@@ -199,11 +199,12 @@ class Backend {
   virtual void EmbeddingLookup(std::span<const int32_t> ids, const Tensor& table, Tensor& out) = 0;
   // out[i, :] = x[rows[i], :] (rows are host values).
   virtual void GatherRows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) = 0;
-  // In place: x[to[i], :] = x[from[i], :] for every i (host values; no row in `to` may appear in
-  // `from`). Speculative decoding's state snapshots and restores of a whole step in one call.
-  // The default copies row by row through GatherRows; the CUDA backend copies every row in one
-  // launch.
-  virtual void CopyRows(Tensor& x, std::span<const int32_t> from, std::span<const int32_t> to);
+  // In place, for every x of `xs`: x[to[i], :] = x[from[i], :] for every i (host values; no row
+  // in `to` may appear in `from`). Speculative decoding's state snapshots and restores of a whole
+  // step, every layer's conv and recurrent states, in one call. The default copies row by row
+  // through GatherRows; the CUDA backend copies every row of every tensor in one launch.
+  virtual void CopyRows(std::span<Tensor* const> xs, std::span<const int32_t> from,
+                        std::span<const int32_t> to);
   // out = x / sqrt(mean(x^2) + eps) * (1 + w) per row, computed in fp32. x [R, D], w [D].
   virtual void RmsNorm1p(const Tensor& x, const Tensor& w, float eps, Tensor& out) = 0;
   // In place: residual += delta; then out = RmsNorm1p(residual, w, eps).
@@ -420,11 +421,13 @@ inline void Backend::LinearFanOut(const Tensor& x, std::span<const Tensor* const
   for (size_t i = 0; i < ws.size() && i < ys.size(); ++i) Linear(x, *ws[i], *ys[i]);
 }
 
-inline void Backend::CopyRows(Tensor& x, std::span<const int32_t> from,
+inline void Backend::CopyRows(std::span<Tensor* const> xs, std::span<const int32_t> from,
                               std::span<const int32_t> to) {
-  for (size_t i = 0; i < from.size() && i < to.size(); ++i) {
-    Tensor dst = x.Rows(to[i], 1);
-    GatherRows(x, from.subspan(i, 1), dst);
+  for (Tensor* x : xs) {
+    for (size_t i = 0; i < from.size() && i < to.size(); ++i) {
+      Tensor dst = x->Rows(to[i], 1);
+      GatherRows(*x, from.subspan(i, 1), dst);
+    }
   }
 }
 

@@ -260,7 +260,8 @@ class CudaBackend final : public Backend {
                     std::span<Tensor* const> ys) override;
   void EmbeddingLookup(std::span<const int32_t> ids, const Tensor& table, Tensor& out) override;
   void GatherRows(const Tensor& x, std::span<const int32_t> rows, Tensor& out) override;
-  void CopyRows(Tensor& x, std::span<const int32_t> from, std::span<const int32_t> to) override;
+  void CopyRows(std::span<Tensor* const> xs, std::span<const int32_t> from,
+                std::span<const int32_t> to) override;
   void ArgmaxRows(const Tensor& logits, Tensor& ids) override;
   void RmsNorm1p(const Tensor& x, const Tensor& w, float eps, Tensor& out) override;
   void AddRmsNorm1p(Tensor& residual, const Tensor& delta, const Tensor& w, float eps,
@@ -792,36 +793,50 @@ void CudaBackend::GatherRows(const Tensor& x, std::span<const int32_t> rows, Ten
   Gather("GatherRows", x, rows, out);
 }
 
-void CudaBackend::CopyRows(Tensor& x, std::span<const int32_t> from, std::span<const int32_t> to) {
-  Check(!x.empty() && x.device() == Device::kCuda && x.rank() >= 1, "CopyRows",
-        "x must be a CUDA tensor with rows");
+void CudaBackend::CopyRows(std::span<Tensor* const> xs, std::span<const int32_t> from,
+                           std::span<const int32_t> to) {
   Check(from.size() == to.size(), "CopyRows",
         absl::StrFormat("%d source rows but %d destination rows", from.size(), to.size()));
-  const int64_t rows = x.dim(0);
-  for (size_t i = 0; i < from.size(); ++i) {
-    Check(from[i] >= 0 && from[i] < rows && to[i] >= 0 && to[i] < rows, "CopyRows",
-          absl::StrFormat("row pair %d -> %d outside [0, %d)", from[i], to[i], rows));
+  std::vector<cuda::CopyRowsTarget> targets;
+  for (Tensor* x : xs) {
+    Check(x != nullptr && !x->empty() && x->device() == Device::kCuda && x->rank() >= 1, "CopyRows",
+          "every x must be a CUDA tensor with rows");
+    const int64_t rows = x->dim(0);
+    for (size_t i = 0; i < from.size(); ++i) {
+      Check(from[i] >= 0 && from[i] < rows && to[i] >= 0 && to[i] < rows, "CopyRows",
+            absl::StrFormat("row pair %d -> %d outside [0, %d)", from[i], to[i], rows));
+    }
+    // Only a call without rows to copy (it returns below) can hold a tensor without rows, so
+    // targets[i] is xs[i] wherever a launch happens.
+    if (rows > 0) {
+      targets.push_back(
+          {x->raw(), x->numel() / rows * static_cast<int64_t>(DTypeSize(x->dtype()))});
+    }
   }
-  if (from.empty()) return;
+  if (from.empty() || targets.empty()) return;
   // The rows are copied in parallel: a row that is both a source and a destination would race.
   // The interface forbids it; should it happen, the row-by-row default keeps its order.
   std::vector<int32_t> sources(from.begin(), from.end());
   std::sort(sources.begin(), sources.end());
   for (int32_t r : to) {
     if (std::binary_search(sources.begin(), sources.end(), r)) {
-      Backend::CopyRows(x, from, to);
+      Backend::CopyRows(xs, from, to);
       return;
     }
   }
   Enter();
-  // One upload (sources then destinations) and one launch for every row of the call.
+  // One upload (sources then destinations) for every row of the call, and one launch per
+  // kMaxCopyRowsTargets tensors.
   std::vector<int32_t> pairs(from.begin(), from.end());
   pairs.insert(pairs.end(), to.begin(), to.end());
   const int32_t* d = Upload(pairs);
-  const int64_t row_bytes = x.numel() / rows * static_cast<int64_t>(DTypeSize(x.dtype()));
-  if (!cuda::LaunchCopyRows(x.raw(), row_bytes, d, d + from.size(),
-                            static_cast<int64_t>(from.size()), stream_)) {
-    Backend::CopyRows(x, from, to);
+  const auto n = static_cast<int64_t>(from.size());
+  for (size_t first = 0; first < targets.size(); first += cuda::kMaxCopyRowsTargets) {
+    const int count =
+        static_cast<int>(std::min<size_t>(cuda::kMaxCopyRowsTargets, targets.size() - first));
+    if (!cuda::LaunchCopyRows(targets.data() + first, count, d, d + n, n, stream_)) {
+      Backend::CopyRows(xs.subspan(first, count), from, to);  // rows not in 16-byte pieces
+    }
   }
 }
 

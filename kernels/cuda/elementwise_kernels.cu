@@ -41,16 +41,25 @@ __global__ void GatherRowsVecKernel(const uint4* src, const int32_t* rows, int64
   }
 }
 
-// In place: row to[r] = row from[r] of x, 16 bytes at a time, rows over blockIdx.x and each
-// row's pieces over blockIdx.y (Backend::CopyRows; no row is both a source and a destination).
-__global__ void CopyRowsVecKernel(uint4* x, const int32_t* from, const int32_t* to,
-                                  int64_t vecs_per_row) {
+// The tensors of one CopyRowsVecKernel launch, by value in its parameters (1 KB).
+struct CopyRowsTable {
+  uint4* base[kMaxCopyRowsTargets];
+  int64_t vecs_per_row[kMaxCopyRowsTargets];
+};
+
+// In place: row to[r] = row from[r] of tensor blockIdx.z, 16 bytes at a time, rows over
+// blockIdx.x and each row's pieces over blockIdx.y (Backend::CopyRows; no row is both a source
+// and a destination). blockIdx.y covers the widest tensor's rows; narrower ones exit early.
+__global__ void CopyRowsVecKernel(const CopyRowsTable table, const int32_t* from,
+                                  const int32_t* to) {
   PdlWait();
   PdlTrigger();
-  const int64_t r = blockIdx.x;
+  const int64_t r = blockIdx.x, vecs_per_row = table.vecs_per_row[blockIdx.z];
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * blockDim.x * kCopyVecPerThread;
+  if (begin >= vecs_per_row) return;
+  uint4* x = table.base[blockIdx.z];
   const uint4* src = x + static_cast<int64_t>(from[r]) * vecs_per_row;
   uint4* dst = x + static_cast<int64_t>(to[r]) * vecs_per_row;
-  const int64_t begin = static_cast<int64_t>(blockIdx.y) * blockDim.x * kCopyVecPerThread;
 #pragma unroll
   for (int i = 0; i < kCopyVecPerThread; ++i) {
     const int64_t v = begin + i * blockDim.x + threadIdx.x;
@@ -408,18 +417,24 @@ void LaunchArgmaxRows(const float* logits, int64_t rows, int64_t vocab, int32_t*
   CheckLaunch("ArgmaxRows");
 }
 
-bool LaunchCopyRows(void* x, int64_t row_bytes, const int32_t* from, const int32_t* to,
-                    int64_t num_rows, cudaStream_t stream) {
-  if (num_rows == 0 || row_bytes == 0) return true;
-  if (row_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0 || num_rows > INT32_MAX) {
-    return false;
+bool LaunchCopyRows(const CopyRowsTarget* targets, int num_targets, const int32_t* from,
+                    const int32_t* to, int64_t num_rows, cudaStream_t stream) {
+  if (num_targets > kMaxCopyRowsTargets || num_rows > INT32_MAX) return false;
+  CopyRowsTable table{};
+  int64_t max_vecs = 0;
+  for (int i = 0; i < num_targets; ++i) {
+    const CopyRowsTarget& t = targets[i];
+    if (t.row_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(t.base) % 16 != 0) return false;
+    table.base[i] = static_cast<uint4*>(t.base);
+    table.vecs_per_row[i] = t.row_bytes / 16;
+    max_vecs = std::max(max_vecs, table.vecs_per_row[i]);
   }
-  const int64_t vecs = row_bytes / 16;
+  if (num_rows == 0 || max_vecs == 0) return true;
   const int64_t per_block = int64_t{kElemThreads} * kCopyVecPerThread;
   const dim3 grid(static_cast<unsigned>(num_rows),
-                  static_cast<unsigned>((vecs + per_block - 1) / per_block));
-  LaunchPdl("CopyRowsVecKernel", CopyRowsVecKernel, grid, kElemThreads, 0, stream,
-            static_cast<uint4*>(x), from, to, vecs);
+                  static_cast<unsigned>((max_vecs + per_block - 1) / per_block),
+                  static_cast<unsigned>(num_targets));
+  LaunchPdl("CopyRowsVecKernel", CopyRowsVecKernel, grid, kElemThreads, 0, stream, table, from, to);
   CheckLaunch("CopyRows");
   return true;
 }

@@ -41,10 +41,17 @@ void LaunchGatherRows(AnyPtr src, const int32_t* rows, int64_t num_rows, int64_t
 // Backend::ArgmaxRows: ids[r] = argmax of logits row r (fp32 [rows, vocab]).
 void LaunchArgmaxRows(const float* logits, int64_t rows, int64_t vocab, int32_t* ids,
                       cudaStream_t stream);
-// Backend::CopyRows in one launch: rows to[i] = from[i] of x (device arrays of num_rows). False,
-// launching nothing, when rows are not 16-byte pieces.
-bool LaunchCopyRows(void* x, int64_t row_bytes, const int32_t* from, const int32_t* to,
-                    int64_t num_rows, cudaStream_t stream);
+// One tensor of Backend::CopyRows: its rows are row_bytes apart from `base`.
+struct CopyRowsTarget {
+  void* base = nullptr;
+  int64_t row_bytes = 0;
+};
+inline constexpr int kMaxCopyRowsTargets = 64;
+// Backend::CopyRows in one launch: rows to[i] = from[i] (device arrays of num_rows) of each of
+// `num_targets` tensors. False, launching nothing, when a tensor's rows are not 16-byte pieces
+// or there are more than kMaxCopyRowsTargets tensors.
+bool LaunchCopyRows(const CopyRowsTarget* targets, int num_targets, const int32_t* from,
+                    const int32_t* to, int64_t num_rows, cudaStream_t stream);
 void LaunchRmsNorm1p(const uint16_t* x, AnyPtr w, float eps, int64_t rows, int64_t dim,
                      uint16_t* out, cudaStream_t stream);
 void LaunchAddRmsNorm1p(uint16_t* residual, const uint16_t* delta, AnyPtr w, float eps,

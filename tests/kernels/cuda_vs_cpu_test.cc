@@ -696,7 +696,8 @@ TEST(CudaVsCpuTest, CopyRowsAgrees) {
     ASSERT_TRUE(x.ok()) << x.status();
     (*cuda)->CopyFromHost(expected.data(), DType::kF32, *x);
     const std::vector<int32_t> from = {0, 3, 4, 9}, to = {7, 1, 10, 5};
-    (*cuda)->CopyRows(*x, from, to);
+    Tensor* xs[] = {&*x};
+    (*cuda)->CopyRows(xs, from, to);
     for (size_t i = 0; i < from.size(); ++i) {
       std::copy_n(expected.begin() + from[i] * width, width, expected.begin() + to[i] * width);
     }
@@ -705,12 +706,40 @@ TEST(CudaVsCpuTest, CopyRowsAgrees) {
     EXPECT_EQ(got, expected) << (dtype == DType::kF32 ? "f32" : "bf16");
     // A destination that is also a source (outside the contract): copied in order, one by one.
     const std::vector<int32_t> from2 = {0, 7}, to2 = {7, 2};
-    (*cuda)->CopyRows(*x, from2, to2);
+    (*cuda)->CopyRows(xs, from2, to2);
     for (size_t i = 0; i < from2.size(); ++i) {
       std::copy_n(expected.begin() + from2[i] * width, width, expected.begin() + to2[i] * width);
     }
     (*cuda)->CopyToHostF32(*x, got.data());
     EXPECT_EQ(got, expected) << "overlapping rows";
+  }
+  // Several tensors in one call (a snapshot of every layer's states): rows of different widths,
+  // one of them not in 16-byte pieces (that tensor takes the row-by-row default).
+  const int rows = 9;
+  const std::vector<std::pair<DType, std::vector<int64_t>>> specs = {
+      {DType::kF32, {rows, 4, 32, 32}}, {DType::kBF16, {rows, 3, 40}}, {DType::kBF16, {rows, 5}}};
+  std::vector<Tensor> xs;
+  std::vector<std::vector<float>> expected;
+  for (const auto& [dtype, shape] : specs) {
+    auto x = (*cuda)->Allocate(dtype, shape);
+    ASSERT_TRUE(x.ok()) << x.status();
+    expected.push_back(Random(rng, x->numel()));
+    (*cuda)->CopyFromHost(expected.back().data(), DType::kF32, *x);
+    xs.push_back(*x);
+  }
+  std::vector<Tensor*> pointers;
+  for (Tensor& x : xs) pointers.push_back(&x);
+  const std::vector<int32_t> from = {2, 8, 0}, to = {5, 1, 7};
+  (*cuda)->CopyRows(pointers, from, to);
+  for (size_t t = 0; t < xs.size(); ++t) {
+    const int64_t width = xs[t].numel() / rows;
+    for (size_t i = 0; i < from.size(); ++i) {
+      std::copy_n(expected[t].begin() + from[i] * width, width,
+                  expected[t].begin() + to[i] * width);
+    }
+    std::vector<float> got(xs[t].numel());
+    (*cuda)->CopyToHostF32(xs[t], got.data());
+    EXPECT_EQ(got, expected[t]) << "tensor " << t << " of one call";
   }
 }
 

@@ -125,13 +125,16 @@ absl::Status HybridModel::CopyStateSlots(std::span<const int32_t> from,
   if (followers_ != nullptr) {
     RETURN_IF_ERROR(followers_->CopyStateSlots({from.begin(), from.end()}, {to.begin(), to.end()}));
   }
+  std::vector<Tensor> rows;  // every state tensor as [slots, one slot's elements]
   for (int l = 0; l < state_slots_->num_layers(); ++l) {
     for (Tensor* states : {&state_slots_->conv_states(l), &state_slots_->recurrent_states(l)}) {
       const int64_t slots = states->shape()[0];
-      Tensor all = states->Reshape({slots, states->numel() / slots});
-      backend_.CopyRows(all, from, to);
+      rows.push_back(states->Reshape({slots, states->numel() / slots}));
     }
   }
+  std::vector<Tensor*> xs;
+  for (Tensor& t : rows) xs.push_back(&t);
+  backend_.CopyRows(xs, from, to);
   return absl::OkStatus();
 }
 
