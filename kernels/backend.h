@@ -202,7 +202,7 @@ class Backend {
   // In place, for every x of `xs`: x[to[i], :] = x[from[i], :] for every i (host values; no row
   // in `to` may appear in `from`). Speculative decoding's state snapshots and restores of a whole
   // step, every layer's conv and recurrent states, in one call. The default copies row by row
-  // through GatherRows; the CUDA backend copies every row of every tensor in one launch.
+  // through GatherRows; the CUDA backend copies every row of up to 64 tensors in one launch.
   virtual void CopyRows(std::span<Tensor* const> xs, std::span<const int32_t> from,
                         std::span<const int32_t> to);
   // out = x / sqrt(mean(x^2) + eps) * (1 + w) per row, computed in fp32. x [R, D], w [D].
@@ -319,7 +319,8 @@ class Backend {
   //               + sigmoid(shared_gate[t]) * shared[t, :],
   // i.e. ZeroFill(out), MoeExperts(...), AddSigmoidScaled(out, shared, shared_gate) (the
   // default). Backends fold the zeroing and the shared term into the expert kernels where a row's
-  // routed sum is complete in one place (few tokens). shared [T, H]; shared_gate [T, 1].
+  // routed sum is complete in one place (CUDA: the few-token down kernel, or the grouped path's
+  // combine). shared [T, H]; shared_gate [T, 1].
   virtual void MoeExpertsWithShared(const Tensor& x, const Tensor& ids, const Tensor& weights,
                                     const Tensor& gate_up, const Tensor& down, int first_expert,
                                     const Tensor& shared, const Tensor& shared_gate, Tensor& out,

@@ -324,14 +324,14 @@ class CudaBackend final : public Backend {
                          const cuda::DeltaGateInputs* gates, const DeltaRuleDims& dims,
                          Tensor& recurrent_states, std::span<const SequenceSegment> segments,
                          DeltaRuleAlgorithm algorithm, Tensor& out);
-  // The few-token MoE kernels (<= kMoeFewTokensMaxPairs pairs), with the shared expert's term
-  // when given; false, launching nothing, for shapes they do not take. Inputs already checked.
   // MoeExperts on the grouped kernels (routing, gate-up, down, combine) after CheckMoe; with
   // `shared`, the combine writes out = routed sum + gated shared expert (LaunchMoeExperts).
   void RunMoeExperts(const Tensor& x, const Tensor& ids, const Tensor& weights,
                      const Tensor& gate_up, const Tensor& down, int first_expert,
                      const cuda::MoeSharedTerm* shared, Tensor& out,
                      std::span<int64_t> expert_tokens);
+  // The few-token MoE kernels (<= kMoeFewTokensMaxPairs pairs), with the shared expert's term
+  // when given; false, launching nothing, for shapes they do not take. Inputs already checked.
   bool TryMoeFewTokens(const Tensor& x, const Tensor& ids, const Tensor& weights,
                        const Tensor& gate_up, const Tensor& down, int first_expert,
                        const cuda::MoeSharedTerm* shared, Tensor& out);
@@ -587,10 +587,12 @@ absl::StatusOr<Tensor> CudaBackend::AllocateAndFill(DType dtype, std::vector<int
   }
   void* ptr = storage.get();
   // MOBIUS_UNINITIALIZED_FILL=zero fills uninitialised tensors as Allocate does (the timing
-  // baseline), =poison with 0xff bytes (NaN in bf16 and fp32, -1 in int32), so that a test shows
-  // an op that reads what it was supposed to write first.
+  // baseline), =poison with 0xff bytes (NaN in bf16 and fp32) or, in int32, 0x7f bytes (an id far
+  // outside any table: -1 would read as "another rank's pair"), so that a test shows an op that
+  // reads what it was supposed to write first.
   static const int fill = cuda::KnobChoice("MOBIUS_UNINITIALIZED_FILL", {"none", "zero", "poison"});
-  const int byte = (zero || fill == 2) ? 0 : (fill == 3 ? 0xff : -1);  // -1: no fill
+  const int poison = dtype == DType::kI32 ? 0x7f : 0xff;
+  const int byte = (zero || fill == 2) ? 0 : (fill == 3 ? poison : -1);  // -1: no fill
   if (byte >= 0) CheckCuda(cudaMemsetAsync(ptr, byte, bytes, stream_), "Allocate memset");
   return Tensor(std::move(storage), ptr, dtype, std::move(shape), Device::kCuda);
 }
@@ -797,7 +799,9 @@ void CudaBackend::CopyRows(std::span<Tensor* const> xs, std::span<const int32_t>
                            std::span<const int32_t> to) {
   Check(from.size() == to.size(), "CopyRows",
         absl::StrFormat("%d source rows but %d destination rows", from.size(), to.size()));
-  std::vector<cuda::CopyRowsTarget> targets;
+  std::vector<cuda::CopyRowsTarget> targets;  // those whose rows are 16-byte pieces
+  std::vector<Tensor*> target_tensors;        // the same, as tensors
+  std::vector<Tensor*> row_by_row;            // the others
   for (Tensor* x : xs) {
     Check(x != nullptr && !x->empty() && x->device() == Device::kCuda && x->rank() >= 1, "CopyRows",
           "every x must be a CUDA tensor with rows");
@@ -806,14 +810,16 @@ void CudaBackend::CopyRows(std::span<Tensor* const> xs, std::span<const int32_t>
       Check(from[i] >= 0 && from[i] < rows && to[i] >= 0 && to[i] < rows, "CopyRows",
             absl::StrFormat("row pair %d -> %d outside [0, %d)", from[i], to[i], rows));
     }
-    // Only a call without rows to copy (it returns below) can hold a tensor without rows, so
-    // targets[i] is xs[i] wherever a launch happens.
-    if (rows > 0) {
-      targets.push_back(
-          {x->raw(), x->numel() / rows * static_cast<int64_t>(DTypeSize(x->dtype()))});
+    if (rows == 0) continue;  // then `from` is empty (checked above): nothing to copy
+    const int64_t row_bytes = x->numel() / rows * static_cast<int64_t>(DTypeSize(x->dtype()));
+    if (row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(x->raw()) % 16 == 0) {
+      targets.push_back({x->raw(), row_bytes});
+      target_tensors.push_back(x);
+    } else {
+      row_by_row.push_back(x);
     }
   }
-  if (from.empty() || targets.empty()) return;
+  if (from.empty()) return;
   // The rows are copied in parallel: a row that is both a source and a destination would race.
   // The interface forbids it; should it happen, the row-by-row default keeps its order.
   std::vector<int32_t> sources(from.begin(), from.end());
@@ -825,19 +831,25 @@ void CudaBackend::CopyRows(std::span<Tensor* const> xs, std::span<const int32_t>
     }
   }
   Enter();
-  // One upload (sources then destinations) for every row of the call, and one launch per
-  // kMaxCopyRowsTargets tensors.
-  std::vector<int32_t> pairs(from.begin(), from.end());
-  pairs.insert(pairs.end(), to.begin(), to.end());
-  const int32_t* d = Upload(pairs);
-  const auto n = static_cast<int64_t>(from.size());
-  for (size_t first = 0; first < targets.size(); first += cuda::kMaxCopyRowsTargets) {
-    const int count =
-        static_cast<int>(std::min<size_t>(cuda::kMaxCopyRowsTargets, targets.size() - first));
-    if (!cuda::LaunchCopyRows(targets.data() + first, count, d, d + n, n, stream_)) {
-      Backend::CopyRows(xs.subspan(first, count), from, to);  // rows not in 16-byte pieces
+  if (!targets.empty()) {
+    // One upload (sources then destinations) for every row of the call, and one launch per
+    // kMaxCopyRowsTargets tensors. The row-by-row copies below upload too (into the same
+    // buffer), so they come after every launch that reads these pairs.
+    std::vector<int32_t> pairs(from.begin(), from.end());
+    pairs.insert(pairs.end(), to.begin(), to.end());
+    const int32_t* d = Upload(pairs);
+    const auto n = static_cast<int64_t>(from.size());
+    for (size_t first = 0; first < targets.size(); first += cuda::kMaxCopyRowsTargets) {
+      const int count =
+          static_cast<int>(std::min<size_t>(cuda::kMaxCopyRowsTargets, targets.size() - first));
+      if (!cuda::LaunchCopyRows(targets.data() + first, count, d, d + n, n, stream_)) {
+        // Rows too wide for one launch's grid (over 1 GiB).
+        row_by_row.insert(row_by_row.end(), target_tensors.begin() + first,
+                          target_tensors.begin() + first + count);
+      }
     }
   }
+  if (!row_by_row.empty()) Backend::CopyRows(row_by_row, from, to);
 }
 
 void CudaBackend::ArgmaxRows(const Tensor& logits, Tensor& ids) {

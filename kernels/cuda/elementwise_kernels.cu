@@ -431,8 +431,9 @@ bool LaunchCopyRows(const CopyRowsTarget* targets, int num_targets, const int32_
   }
   if (num_rows == 0 || max_vecs == 0) return true;
   const int64_t per_block = int64_t{kElemThreads} * kCopyVecPerThread;
-  const dim3 grid(static_cast<unsigned>(num_rows),
-                  static_cast<unsigned>((max_vecs + per_block - 1) / per_block),
+  const int64_t pieces = (max_vecs + per_block - 1) / per_block;
+  if (pieces > 65535) return false;  // gridDim.y's limit: rows over 1 GiB
+  const dim3 grid(static_cast<unsigned>(num_rows), static_cast<unsigned>(pieces),
                   static_cast<unsigned>(num_targets));
   LaunchPdl("CopyRowsVecKernel", CopyRowsVecKernel, grid, kElemThreads, 0, stream, table, from, to);
   CheckLaunch("CopyRows");

@@ -261,9 +261,10 @@ struct MoeSharedTerm;  // below
 
 // Returns the device array (inside `scratch`, [E_local] int32) holding the number of
 // (token, expert) pairs routed to each local expert, valid once the stream reaches it.
-// Without `shared` the routed sum is added to out (Backend::MoeExperts); with it (its finished
-// `value` and `gate_logits`; num_local_experts > 0) out = routed sum + sigmoid(gate) * value,
-// rounded as MoeExperts into a zeroed out followed by AddSigmoidScaled round, and out is not read.
+// Without `shared` the routed sum is added to out (Backend::MoeExperts). With it (its finished
+// `value` and `gate_logits`; num_tokens, k and num_local_experts all > 0, else it aborts), out =
+// routed sum + sigmoid(gate) * value with the roundings of MoeExperts into a zeroed out followed
+// by AddSigmoidScaled, and out is not read.
 const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const float* weights,
                                 const uint16_t* gate_up, const uint16_t* down, int64_t num_tokens,
                                 int k, int num_local_experts, int first_expert, int64_t hidden,

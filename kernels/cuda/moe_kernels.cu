@@ -1366,9 +1366,18 @@ __global__ void __launch_bounds__(kCombineThreads)
   const int64_t i = t * hidden + h;
   if (shared_value != nullptr) {
     const float gate_logit = Load(shared_gate, t);
-#pragma unroll
-    for (int c = 0; c < kPer; ++c) {
-      out[i + c] = RoutedPlusShared(acc[c], Bf16ToF32(shared_value[i + c]), gate_logit);
+    if constexpr (kVec) {
+      const uint2 sv = *reinterpret_cast<const uint2*>(shared_value + i);
+      uint2 o;
+      o.x = RoutedPlusShared(acc[0], Bf16ToF32(sv.x & 0xffffu), gate_logit) |
+            (static_cast<uint32_t>(RoutedPlusShared(acc[1], Bf16ToF32(sv.x >> 16), gate_logit))
+             << 16);
+      o.y = RoutedPlusShared(acc[2], Bf16ToF32(sv.y & 0xffffu), gate_logit) |
+            (static_cast<uint32_t>(RoutedPlusShared(acc[3], Bf16ToF32(sv.y >> 16), gate_logit))
+             << 16);
+      *reinterpret_cast<uint2*>(out + i) = o;
+    } else {
+      out[i] = RoutedPlusShared(acc[0], Bf16ToF32(shared_value[i]), gate_logit);
     }
     return;
   }
@@ -1922,6 +1931,11 @@ const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const flo
                   Aligned16(down) && !ForcedFma();
   s.bm = tc ? TcTileTokens(pairs, num_local_experts) : TileRows(pairs, num_local_experts);
   s.max_tiles = MaxTiles(pairs, num_local_experts, s.bm);
+  if (shared != nullptr && (pairs == 0 || num_local_experts == 0)) {
+    // Nothing would write out: the caller takes the unfused ops instead (launch.h).
+    std::fprintf(stderr, "mobius cuda: MoeExperts with a shared term and no pairs\n");
+    std::abort();
+  }
   if (pairs == 0 || num_local_experts == 0) {
     const cudaError_t err =
         cudaMemsetAsync(s.counts, 0, sizeof(int32_t) * num_local_experts, stream);
@@ -2020,7 +2034,8 @@ const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const flo
     CheckLaunch("MoeDown");
   }
 
-  const bool vec = hidden % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0;
+  const bool vec = hidden % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0 &&
+                   (shared == nullptr || reinterpret_cast<uintptr_t>(shared->value) % 8 == 0);
   const int64_t per_block = kCombineThreads * (vec ? 4 : 1);
   const dim3 grid(static_cast<unsigned>((hidden + per_block - 1) / per_block),
                   static_cast<unsigned>(num_tokens));

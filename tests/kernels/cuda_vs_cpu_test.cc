@@ -714,7 +714,8 @@ TEST(CudaVsCpuTest, CopyRowsAgrees) {
     EXPECT_EQ(got, expected) << "overlapping rows";
   }
   // Several tensors in one call (a snapshot of every layer's states): rows of different widths,
-  // one of them not in 16-byte pieces (that tensor takes the row-by-row default).
+  // one of them not in 16-byte pieces (that tensor takes the row-by-row default after the launch,
+  // which reads the row pairs its uploads would overwrite).
   const int rows = 9;
   const std::vector<std::pair<DType, std::vector<int64_t>>> specs = {
       {DType::kF32, {rows, 4, 32, 32}}, {DType::kBF16, {rows, 3, 40}}, {DType::kBF16, {rows, 5}}};

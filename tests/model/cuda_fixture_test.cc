@@ -111,6 +111,9 @@ std::vector<float> DecodeBatch(worker::HybridModel& model, const ModelReference&
     std::vector<worker::SequenceStep> step;
     for (size_t i = 0; i < active; ++i) step.push_back({std::span(&next[i], 1), &seqs[i]});
     EXPECT_TRUE(model.Forward(step, {}, logits).ok());
+    // Finite: an op that reads an unwritten (poisoned, NaN) temporary shows here.
+    EXPECT_TRUE(std::all_of(logits.begin(), logits.end(), [](float v) { return std::isfinite(v); }))
+        << "decode step " << s;
     out.insert(out.end(), logits.begin(), logits.end());
     for (size_t i = 0; i < active; ++i) next[i] = argmax(static_cast<int>(i));
   }

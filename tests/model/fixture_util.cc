@@ -58,6 +58,8 @@ ModelReference LoadReference(const std::string& model_dir) {
 double RelativeError(const float* a, const float* b, size_t n) {
   double max_diff = 0, max_ref = 0;
   for (size_t i = 0; i < n; ++i) {
+    // std::max drops a NaN difference: a non-finite value on either side is an infinite error.
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return HUGE_VAL;
     max_diff = std::max(max_diff, std::fabs(double(a[i]) - double(b[i])));
     max_ref = std::max(max_ref, std::fabs(double(b[i])));
   }

@@ -32,7 +32,7 @@ struct ModelReference {
 // test (ADD_FAILURE) and returns empty on error.
 ModelReference LoadReference(const std::string& model_dir);
 
-// max|a - b| / max|b|.
+// max|a - b| / max|b|; infinite when either side holds a NaN or an infinity.
 double RelativeError(const float* a, const float* b, size_t n);
 
 std::unique_ptr<worker::HybridModel> LoadFixtureModel(const std::string& model_dir,

@@ -109,6 +109,8 @@ class CudaSpeculativeTest : public ::testing::Test {
     std::vector<float> logits;
     EXPECT_TRUE(model_->Forward(batch, options, logits).ok());
     model_->ReleaseSequence(cache);
+    EXPECT_TRUE(std::all_of(logits.begin(), logits.end(), [](float v) { return std::isfinite(v); }))
+        << "prompt " << i << ": non-finite logits";
     const int V = model_->config().vocab_size;
     std::vector<float> gaps;
     for (size_t j = 0; j < plain.size(); ++j) {
