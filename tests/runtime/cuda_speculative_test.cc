@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -224,6 +225,37 @@ TEST_F(CudaSpeculativeTest, RecordedVerifyStepsMatchOpByOpSteps) {
   const auto copied_recorded = run(256, copy, 4);
   EXPECT_EQ(copied_recorded, copied_op_by_op);
   EXPECT_GT(model_->num_recorded_steps(5), 0) << "no verify step of 4 drafts was recorded";
+  model_->SetDecodeCapture(0);
+}
+
+// The MTP head's one-token draft steps recorded as CUDA graphs (MOBIUS_MTP_HEAD_GRAPHS=1, off by
+// default until timed): each prompt alone (so the chained drafts are one-token head steps), the
+// same tokens as with the head op by op, and recordings were made.
+TEST_F(CudaSpeculativeTest, RecordedMtpHeadStepsMatchOpByOpSteps) {
+  ASSERT_TRUE(model_->CreateCaches(16, 256).ok());
+  model_->SetDecodeCapture(256);
+  auto run = [&](bool record_head, int* head_graphs) {
+    std::vector<std::vector<int32_t>> all;
+    for (const SpeculativeRequest& request : Requests(4, false)) {
+      if (record_head) setenv("MOBIUS_MTP_HEAD_GRAPHS", "1", 1);
+      auto mtp = MtpDrafter::Create(*model_, 8, 256);
+      unsetenv("MOBIUS_MTP_HEAD_GRAPHS");
+      EXPECT_TRUE(mtp.ok()) << mtp.status();
+      if (!mtp.ok()) return all;
+      SpeculativeDecoder decoder(*model_, **mtp);
+      std::vector<std::vector<int32_t>> out;
+      EXPECT_TRUE(decoder.Generate(std::span(&request, 1), out).ok());
+      all.insert(all.end(), out.begin(), out.end());
+      *head_graphs += (*mtp)->head().num_decode_graphs();
+    }
+    return all;
+  };
+  int op_by_op_graphs = 0, recorded_graphs = 0;
+  const auto op_by_op = run(false, &op_by_op_graphs);
+  const auto recorded = run(true, &recorded_graphs);
+  EXPECT_EQ(recorded, op_by_op);
+  EXPECT_EQ(op_by_op_graphs, 0);
+  EXPECT_GT(recorded_graphs, 0) << "no head step was recorded";
   model_->SetDecodeCapture(0);
 }
 

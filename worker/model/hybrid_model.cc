@@ -303,6 +303,7 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
           "draft_hidden_in has %d values; the step's %d tokens need %d (hidden size %d each)",
           options.draft_hidden_in->size(), draft_tokens, want, config_.hidden_size));
     }
+    RETURN_IF_ERROR(UploadDraftHidden(*options.draft_hidden_in, draft_tokens));
   }
   for (SequenceStep& step : batch) {
     RETURN_IF_ERROR(kv_cache_->Reserve(*step.cache, step.cache->num_tokens + step.tokens.size()));
@@ -361,12 +362,16 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
   const int m = ctx.segments.empty() ? 0 : ctx.segments[0].num_tokens;
   bool all_rows = options.logits_rows.empty() ? options.logits == LogitsMode::kAllTokens : true;
   for (int r : options.logits_rows) all_rows &= r == m;
-  bool recordable = decode_capture_max_batch_ > 0 && backend_.SupportsCapture() &&
-                    options.expert_tokens == nullptr && options.draft_hidden_in == nullptr &&
-                    !shard_.sharded() && followers_ == nullptr &&
-                    static_cast<int>(batch.size()) <= decode_capture_max_batch_ &&
-                    (m == 1 || (m <= 8 && all_rows)) &&
-                    (m > 1 || (options.hidden_out == nullptr && !options.keep_state_inputs));
+  // An MTP head's step of one token records too: its h_prev input waits in draft_hidden_ (uploaded
+  // above), and its hidden_out comes from the recording's hidden rows. (With more tokens its
+  // input interleaves rows by host indices, which a recording cannot hold.)
+  const bool draft = options.draft_hidden_in != nullptr;
+  bool recordable =
+      decode_capture_max_batch_ > 0 && backend_.SupportsCapture() &&
+      options.expert_tokens == nullptr && (!draft || ctx.num_tokens == 1) && !shard_.sharded() &&
+      followers_ == nullptr && static_cast<int>(batch.size()) <= decode_capture_max_batch_ &&
+      (m == 1 || (m <= 8 && all_rows)) &&
+      (m > 1 || (!options.keep_state_inputs && (options.hidden_out == nullptr || draft)));
   for (const kernels::SequenceSegment& seg : ctx.segments) recordable &= seg.num_tokens == m;
   Tensor out;
   if (recordable) {
@@ -589,7 +594,7 @@ absl::StatusOr<Tensor> HybridModel::QueueStep(StepContext& ctx, std::span<const 
       backend_.EmbeddingLookup(ids.subspan(first, n), weights_.embed, rows);
     }
   } else if (ctx.options.draft_hidden_in != nullptr) {
-    RETURN_IF_ERROR(DraftInput(ids, *ctx.options.draft_hidden_in, hidden));
+    RETURN_IF_ERROR(DraftInput(ids, hidden));
   } else {
     backend_.EmbeddingLookup(ids, weights_.embed, hidden);
   }
@@ -641,26 +646,47 @@ absl::StatusOr<Tensor> HybridModel::QueueStep(StepContext& ctx, std::span<const 
   return out;
 }
 
-absl::Status HybridModel::DraftInput(std::span<const int32_t> ids, const std::vector<float>& h_prev,
-                                     Tensor& hidden) {
+absl::Status HybridModel::UploadDraftHidden(const std::vector<float>& h_prev, int64_t tokens) {
+  if (draft_hidden_.empty() || draft_hidden_.dim(0) < tokens) {
+    // Recorded head steps read the buffer they were recorded with: a new one drops them.
+    decode_graphs_.clear();
+    ASSIGN_OR_RETURN(draft_hidden_, Alloc({std::max<int64_t>(tokens, 64), config_.hidden_size}));
+  }
+  Tensor rows = draft_hidden_.Rows(0, tokens);
+  backend_.CopyFromHost(h_prev.data(), DType::kF32, rows);
+  return absl::OkStatus();
+}
+
+absl::Status HybridModel::DraftInput(std::span<const int32_t> ids, Tensor& hidden) {
   const MtpWeights& mtp = *weights_.mtp;
   const int T = static_cast<int>(ids.size()), H = config_.hidden_size;
   const float eps = config_.rms_norm_eps;
+  const Tensor h_prev = draft_hidden_.Rows(0, T);  // uploaded by Forward
+  if (T == 1) {
+    // fc's input [e; h] is the two rows of a [2, H] tensor: the norms write them in place.
+    ASSIGN_OR_RETURN(Tensor joined, AllocOutput({2, H}));
+    ASSIGN_OR_RETURN(Tensor raw, AllocOutput({1, H}));
+    Tensor e = joined.Rows(0, 1), h = joined.Rows(1, 1);
+    backend_.EmbeddingLookup(ids, weights_.embed, raw);
+    backend_.RmsNorm1p(raw, mtp.pre_fc_norm_embedding, eps, e);
+    backend_.RmsNorm1p(h_prev, mtp.pre_fc_norm_hidden, eps, h);
+    backend_.Linear(joined.Reshape({1, 2 * H}), mtp.fc, hidden);
+    return absl::OkStatus();
+  }
   // [e_0 .. e_{T-1}, h_0 .. h_{T-1}] normalised, then interleaved row by row into [T, 2H]: the
   // embedding half first, as fc expects.
-  ASSIGN_OR_RETURN(Tensor stacked, Alloc({2 * T, H}));
-  ASSIGN_OR_RETURN(Tensor raw, Alloc({T, H}));
+  ASSIGN_OR_RETURN(Tensor stacked, AllocOutput({2 * T, H}));
+  ASSIGN_OR_RETURN(Tensor raw, AllocOutput({T, H}));
   Tensor e = stacked.Rows(0, T), h = stacked.Rows(T, T);
   backend_.EmbeddingLookup(ids, weights_.embed, raw);
   backend_.RmsNorm1p(raw, mtp.pre_fc_norm_embedding, eps, e);
-  backend_.CopyFromHost(h_prev.data(), DType::kF32, raw);
-  backend_.RmsNorm1p(raw, mtp.pre_fc_norm_hidden, eps, h);
+  backend_.RmsNorm1p(h_prev, mtp.pre_fc_norm_hidden, eps, h);
   std::vector<int32_t> order(2 * T);
   for (int t = 0; t < T; ++t) {
     order[2 * t] = t;
     order[2 * t + 1] = T + t;
   }
-  ASSIGN_OR_RETURN(Tensor joined, Alloc({2 * T, H}));
+  ASSIGN_OR_RETURN(Tensor joined, AllocOutput({2 * T, H}));
   backend_.GatherRows(stacked, order, joined);
   backend_.Linear(joined.Reshape({T, 2 * H}), mtp.fc, hidden);
   return absl::OkStatus();

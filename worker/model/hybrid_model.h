@@ -57,7 +57,8 @@ struct ForwardOptions {
   std::vector<int32_t>* greedy_tokens = nullptr;
   // When set, receives the final post-norm hidden states of the logits rows, float32 [rows, H]
   // (what the MTP draft head reads as h_prev), or of every token with `hidden_all_tokens`. Such
-  // steps run op by op (never recorded).
+  // steps run op by op, except verify steps and an MTP head's one-token steps, which are recorded
+  // with their hidden rows.
   std::vector<float>* hidden_out = nullptr;
   bool hidden_all_tokens = false;
   // MTP draft head only (a model made by MakeMtpDraftModel): the hidden state h_prev paired with
@@ -214,9 +215,12 @@ class HybridModel {
   absl::Status SumExpertCounts(std::vector<std::vector<int64_t>>& counts);
   absl::StatusOr<kernels::Tensor> RunDecodeGraph(StepContext& ctx, std::span<const int32_t> ids);
 
-  // The MTP draft head's input: fc over the normalised embedding and h_prev of each token.
-  absl::Status DraftInput(std::span<const int32_t> ids, const std::vector<float>& h_prev,
-                          kernels::Tensor& hidden);
+  // An MTP draft step's h_prev into draft_hidden_ (rows [0, tokens)), before the step, so that
+  // a recorded step finds its input where its recording reads it.
+  absl::Status UploadDraftHidden(const std::vector<float>& h_prev, int64_t tokens);
+  // The MTP draft head's input: fc over the normalised embedding and h_prev (draft_hidden_) of
+  // each token.
+  absl::Status DraftInput(std::span<const int32_t> ids, kernels::Tensor& hidden);
   absl::Status DeltaNetMixer(StepContext& ctx, int layer, const kernels::Tensor& x,
                              kernels::Tensor& out);
   absl::Status AttentionMixer(StepContext& ctx, int layer, const kernels::Tensor& x,
@@ -272,6 +276,8 @@ class HybridModel {
   // By (sequences, tokens per sequence): decode steps, and uniform speculative verify steps.
   std::map<std::pair<int, int>, DecodeGraph> decode_graphs_;
   std::vector<KeptStateInputs> kept_state_inputs_;
+  // MTP draft head: the step's h_prev rows on the device (UploadDraftHidden); grown, never shrunk.
+  kernels::Tensor draft_hidden_;
 };
 
 }  // namespace mobius::worker

@@ -1,6 +1,7 @@
 #include "worker/runtime/mtp_drafter.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
@@ -12,6 +13,11 @@ absl::StatusOr<std::unique_ptr<MtpDrafter>> MtpDrafter::Create(const HybridModel
                                                                int max_sequences, int max_tokens) {
   ASSIGN_OR_RETURN(std::unique_ptr<HybridModel> head, MakeMtpDraftModel(target));
   RETURN_IF_ERROR(head->CreateCaches(max_sequences, max_tokens));
+  // Recorded head steps (one token per sequence, batch 1) are not yet measured on a GPU: off
+  // unless MOBIUS_MTP_HEAD_GRAPHS=1, which records them as the target records its decode steps.
+  if (const char* on = std::getenv("MOBIUS_MTP_HEAD_GRAPHS"); on != nullptr && on[0] == '1') {
+    head->SetDecodeCapture(target.decode_capture_max_batch());
+  }
   return std::unique_ptr<MtpDrafter>(new MtpDrafter(std::move(head)));
 }
 
