@@ -1,0 +1,329 @@
+// mobius_step_timeline: where a recorded decode step's time goes, kernel by kernel, from the
+// GPU timestamps CUPTI records for every node of the replayed graph.
+//
+// ncu replays each kernel alone (its per-kernel times run 1.5-2 us above what the kernel costs in
+// a PDL chain, docs/cuda-backend.md), and the engine benchmark gives only the step. Here the
+// step runs as in `mobius bench engine` (release config, dummy weights, the step recorded and
+// replayed), and every kernel's start and end on the GPU are kept. For kernel i of a step, in
+// start order:
+//   gap      = how long the GPU had no kernel running before it started (start_i minus the
+//              latest end so far, when positive): launch latency the chain did not hide;
+//   advance  = how far it moved the latest end (end_i minus max(start_i, latest end so far)):
+//              its share of the step once overlaps with its predecessors are taken out;
+// so a step's span is the sum of its gaps and advances. The report sums both per kernel name,
+// and --csv-out writes every kernel position of the step (mean over the timed steps).
+//
+//   mobius_step_timeline --config 35b.json --batch 1 --context 1024 --steps 10 --csv-out t.csv
+#include <cupti.h>
+#include <cxxabi.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
+#include "common/flag_spelling.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "worker/model/hybrid_model.h"
+#include "worker/model/model_factory.h"
+
+ABSL_FLAG(std::string, config, "",
+          "config.json of the model (dummy weights; e.g. the release config "
+          "../shared/configs/intern-s2-mobius-35b/config.json). Required.");
+ABSL_FLAG(int, batch, 1, "Sequences per decode step (one token each).");
+ABSL_FLAG(int, context, 1024, "Tokens already cached per sequence.");
+ABSL_FLAG(int, steps, 10, "Timed (traced) decode steps, after 3 untraced warm-up steps.");
+ABSL_FLAG(int, top, 30, "Kernel names listed in the report, by their summed advance.");
+ABSL_FLAG(std::string, csv_out, "",
+          "Also write every kernel position of the step (index, name, grid, start offset, "
+          "duration, gap, advance; means over the timed steps) to this CSV file.");
+
+namespace mobius::bench {
+namespace {
+
+// One GPU activity (a kernel or a memset) as CUPTI reports it.
+struct Activity {
+  uint64_t start = 0, end = 0;  // ns, GPU clock
+  uint32_t correlation = 0;     // the API call that launched it: one graph launch per step
+  std::string name;
+  int64_t blocks = 0;
+};
+
+std::mutex activities_mutex;
+std::vector<Activity> activities;
+
+std::string ShortName(const char* mangled) {
+  if (mangled == nullptr) return "?";
+  int status = 0;
+  std::unique_ptr<char, decltype(&std::free)> demangled(
+      abi::__cxa_demangle(mangled, nullptr, nullptr, &status), &std::free);
+  std::string name = status == 0 && demangled ? demangled.get() : mangled;
+  // Drop the parameter list and the namespaces; keep template arguments (they tell the
+  // instantiations apart), shortened.
+  if (const size_t paren = name.find('('); paren != std::string::npos) name.resize(paren);
+  for (const std::string ns : {"mobius::kernels::cuda::", "(anonymous namespace)::"}) {
+    for (size_t at = name.find(ns); at != std::string::npos; at = name.find(ns)) {
+      name.erase(at, ns.size());
+    }
+  }
+  if (name.size() > 72) name = name.substr(0, 69) + "...";
+  return name;
+}
+
+void CUPTIAPI BufferRequested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  *size = size_t{16} << 20;
+  *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, *size));
+  *max_records = 0;
+}
+
+void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+  CUpti_Activity* record = nullptr;
+  std::lock_guard<std::mutex> lock(activities_mutex);
+  while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+    if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
+      const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+      activities.push_back({k->start, k->end, k->correlationId, ShortName(k->name),
+                            int64_t{k->gridX} * k->gridY * k->gridZ});
+    } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
+      activities.push_back({m->start, m->end, m->correlationId, "(memset)", 0});
+    }
+  }
+  std::free(buffer);
+}
+
+absl::Status Check(CUptiResult result, const char* what) {
+  if (result == CUPTI_SUCCESS) return absl::OkStatus();
+  const char* message = nullptr;
+  cuptiGetResultString(result, &message);
+  return absl::InternalError(absl::StrFormat("%s: %s", what, message ? message : "?"));
+}
+
+// Mean per kernel position over the steps.
+struct Position {
+  std::string name;
+  int64_t blocks = 0;
+  double offset = 0, duration = 0, gap = 0, advance = 0;
+};
+
+absl::Status Run() {
+  const std::string config = absl::GetFlag(FLAGS_config);
+  const int batch = absl::GetFlag(FLAGS_batch), context = absl::GetFlag(FLAGS_context);
+  const int steps = absl::GetFlag(FLAGS_steps);
+  if (config.empty()) return absl::InvalidArgumentError("--config is required (see --help)");
+  if (batch < 1 || context < 0 || steps < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--batch %d, --context %d, --steps %d: batch and steps must be >= 1, context >= 0", batch,
+        context, steps));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, kernels::CreateCudaBackend(0));
+  worker::ModelSource source;
+  source.config_path = config;
+  source.load_format = worker::LoadFormat::kDummy;
+  std::fprintf(stderr, "timeline: loading %s with dummy weights on %s...\n", config.c_str(),
+               backend->name().c_str());
+  ASSIGN_OR_RETURN(std::unique_ptr<worker::HybridModel> model,
+                   worker::LoadHybridModel(source, *backend));
+  model->SetDecodeCapture(batch);
+  RETURN_IF_ERROR(model->CreateCaches(batch, context + steps + 8));
+  // As `mobius bench engine`: the sequences start with `context` positions reserved.
+  std::vector<worker::SequenceCache> seqs(batch);
+  for (auto& s : seqs) {
+    RETURN_IF_ERROR(model->StartSequence(s));
+    RETURN_IF_ERROR(model->kv_cache()->Reserve(s, context));
+    s.num_tokens = context;
+  }
+  const int vocab = model->config().vocab_size;
+  std::vector<int32_t> tokens(batch);
+  for (int i = 0; i < batch; ++i) {
+    tokens[i] = static_cast<int32_t>((int64_t{i} * 7919 + 13) % vocab);  // as the bench's
+  }
+  std::vector<worker::SequenceStep> step;
+  for (int i = 0; i < batch; ++i) step.push_back({std::span(&tokens[i], 1), &seqs[i]});
+  worker::ForwardOptions options;
+  options.copy_logits = false;
+  std::vector<float> logits;
+  // Tracing starts before the warm-up steps, so that the graph is instantiated with CUPTI
+  // attached (node-level records); what the warm-ups record is dropped.
+  RETURN_IF_ERROR(Check(cuptiActivityRegisterCallbacks(BufferRequested, BufferCompleted),
+                        "cuptiActivityRegisterCallbacks"));
+  RETURN_IF_ERROR(Check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL),
+                        "cuptiActivityEnable(CONCURRENT_KERNEL)"));
+  RETURN_IF_ERROR(
+      Check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET), "cuptiActivityEnable(MEMSET)"));
+  for (int w = 0; w < 3; ++w) RETURN_IF_ERROR(model->Forward(step, options, logits));
+  if (model->num_decode_graphs() == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("the step was not recorded (%s): this tool reads one graph launch per step",
+                        model->capture_error().ToString()));
+  }
+  backend->Synchronize();
+  RETURN_IF_ERROR(Check(cuptiActivityFlushAll(1), "cuptiActivityFlushAll"));
+  {
+    std::lock_guard<std::mutex> lock(activities_mutex);
+    activities.clear();
+  }
+  for (int s = 0; s < steps; ++s) RETURN_IF_ERROR(model->Forward(step, options, logits));
+  backend->Synchronize();
+  RETURN_IF_ERROR(Check(cuptiActivityFlushAll(1), "cuptiActivityFlushAll"));
+  cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+  cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MEMSET);
+
+  // One graph launch (correlation id) per step; steps in launch order.
+  std::map<uint32_t, std::vector<Activity>> by_launch;
+  {
+    std::lock_guard<std::mutex> lock(activities_mutex);
+    for (Activity& a : activities) by_launch[a.correlation].push_back(std::move(a));
+  }
+  auto by_start = [](const Activity& a, const Activity& b) { return a.start < b.start; };
+  std::vector<std::vector<Activity>> launches;
+  size_t largest = 0;
+  for (auto& [id, list] : by_launch) {
+    std::sort(list.begin(), list.end(), by_start);
+    largest = std::max(largest, list.size());
+    launches.push_back(std::move(list));
+  }
+  if (largest < 2) {
+    // The driver did not tag the graph's nodes with their launch: cut the traced window into
+    // `steps` equal parts instead (every step replays the same graph).
+    std::vector<Activity> all;
+    for (auto& l : launches) all.insert(all.end(), l.begin(), l.end());
+    std::sort(all.begin(), all.end(), by_start);
+    if (all.size() % steps != 0) {
+      return absl::InternalError(
+          absl::StrFormat("%d activities in %d steps, and no launch id to tell the steps apart",
+                          all.size(), steps));
+    }
+    launches.clear();
+    const size_t per_step = all.size() / steps;
+    for (int s = 0; s < steps; ++s) {
+      launches.emplace_back(all.begin() + s * per_step, all.begin() + (s + 1) * per_step);
+    }
+  }
+  // The step's graph is the launch with the most activities; the traced window may also hold a
+  // few lone launches (metadata copies are not traced; argmax or lm-head helpers would be).
+  size_t nodes = 0;
+  for (const auto& l : launches) nodes = std::max(nodes, l.size());
+  std::vector<Position> positions(nodes);
+  double span = 0;
+  int counted = 0;
+  for (const auto& l : launches) {
+    if (l.size() != nodes) continue;
+    ++counted;
+    uint64_t frontier = l.front().start;
+    for (size_t i = 0; i < l.size(); ++i) {
+      const Activity& a = l[i];
+      Position& p = positions[i];
+      if (counted == 1) {
+        p.name = a.name;
+        p.blocks = a.blocks;
+      }
+      const double gap = a.start > frontier ? double(a.start - frontier) : 0.0;
+      const double advance =
+          a.end > std::max(a.start, frontier) ? double(a.end - std::max(a.start, frontier)) : 0.0;
+      p.offset += double(a.start - l.front().start);
+      p.duration += double(a.end - a.start);
+      p.gap += gap;
+      p.advance += advance;
+      frontier = std::max(frontier, a.end);
+    }
+    span += double(frontier - l.front().start);
+  }
+  if (counted == 0) return absl::InternalError("CUPTI recorded no kernel of the timed steps");
+  for (Position& p : positions) {
+    p.offset /= counted;
+    p.duration /= counted;
+    p.gap /= counted;
+    p.advance /= counted;
+  }
+  span /= counted;
+
+  struct Sum {
+    int count = 0;
+    double duration = 0, gap = 0, advance = 0;
+  };
+  std::map<std::string, Sum> by_name;
+  double total_gap = 0, total_advance = 0, total_duration = 0;
+  for (const Position& p : positions) {
+    Sum& s = by_name[p.name];
+    ++s.count;
+    s.duration += p.duration;
+    s.gap += p.gap;
+    s.advance += p.advance;
+    total_gap += p.gap;
+    total_advance += p.advance;
+    total_duration += p.duration;
+  }
+  std::vector<std::pair<std::string, Sum>> ranked(by_name.begin(), by_name.end());
+  std::sort(ranked.begin(), ranked.end(),
+            [](const auto& a, const auto& b) { return a.second.advance > b.second.advance; });
+  std::printf(
+      "step: batch %d, context %d, %d traced steps of %zu nodes: span %.1f us = advance %.1f + "
+      "gaps %.1f us; kernel durations sum to %.1f us (overlap %.1f us)\n",
+      batch, context, counted, nodes, span / 1e3, total_advance / 1e3, total_gap / 1e3,
+      total_duration / 1e3, (total_duration - total_advance) / 1e3);
+  std::printf("%-72s %6s %11s %11s %11s %7s\n", "kernel", "count", "advance us", "gap us",
+              "duration us", "share");
+  const int top = std::max(0, absl::GetFlag(FLAGS_top));
+  for (int i = 0; i < static_cast<int>(ranked.size()) && i < top; ++i) {
+    const auto& [name, s] = ranked[i];
+    std::printf("%-72s %6d %11.1f %11.1f %11.1f %6.1f%%\n", name.c_str(), s.count, s.advance / 1e3,
+                s.gap / 1e3, s.duration / 1e3, 100.0 * (s.advance + s.gap) / span);
+  }
+  const std::string csv = absl::GetFlag(FLAGS_csv_out);
+  if (!csv.empty()) {
+    FILE* f = std::fopen(csv.c_str(), "w");
+    if (f == nullptr) return absl::InvalidArgumentError("--csv-out: cannot write " + csv);
+    std::fprintf(f, "index,name,blocks,start_us,duration_us,gap_us,advance_us\n");
+    for (size_t i = 0; i < positions.size(); ++i) {
+      const Position& p = positions[i];
+      std::fprintf(f, "%zu,\"%s\",%lld,%.3f,%.3f,%.3f,%.3f\n", i, p.name.c_str(),
+                   static_cast<long long>(p.blocks), p.offset / 1e3, p.duration / 1e3, p.gap / 1e3,
+                   p.advance / 1e3);
+    }
+    std::fclose(f);
+    std::fprintf(stderr, "timeline: wrote %zu kernel positions to %s\n", positions.size(),
+                 csv.c_str());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace mobius::bench
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "where a recorded decode step's time goes, kernel by kernel (CUPTI GPU timestamps of the "
+      "replayed graph): mobius_step_timeline --config CONFIG [--batch N] [--context N] [--steps "
+      "N]");
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "step_timeline.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
+  // Flags may be spelled with dashes or underscores, as for the other binaries.
+  std::vector<std::string> args = mobius::NormalizeFlagSpelling(argc, argv, 1);
+  std::vector<char*> arg_ptrs = {argv[0]};
+  for (std::string& a : args) arg_ptrs.push_back(a.data());
+  absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  const absl::Status status = mobius::bench::Run();
+  if (!status.ok()) {
+    std::fprintf(stderr, "mobius_step_timeline: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
