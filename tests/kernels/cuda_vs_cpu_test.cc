@@ -507,6 +507,36 @@ TEST(CudaVsCpuTest, FusedOpsEqualTheirParts) {
       EXPECT_LT(diff, 1e-2 * ref) << what2 << ": fused vs the CUDA parts";
     }
   }
+  // The grouped path's combine with the shared term at hidden sizes off its 4-wide form: H = 36
+  // (4-wide combine, CUDA-core GEMMs: H is not a multiple of 8) and H = 30 (the scalar combine).
+  for (int H : {36, 30}) {
+    const int T = 24, E = 16, k = 4, I = 64;
+    std::vector<int32_t> ids_i(T * k);
+    for (int t = 0; t < T; ++t) {
+      for (int j = 0; j < k; ++j) ids_i[t * k + j] = (t * 5 + j * 3) % E;
+    }
+    auto x = p.Make({T, H}, Random(rng, T * H));
+    auto ids = p.Make({T, k}, std::vector<float>(T * k), DType::kI32);
+    p.cpu().CopyFromHost(ids_i.data(), DType::kI32, ids.first);
+    p.cuda().CopyFromHost(ids_i.data(), DType::kI32, ids.second);
+    auto wts = p.Make({T, k}, Random(rng, T * k, 0.05f, 0.5f), DType::kF32);
+    auto gu = p.Make({E, 2 * I, H}, Random(rng, E * 2 * I * H, -0.1f, 0.1f));
+    auto dn = p.Make({E, H, I}, Random(rng, E * H * I, -0.1f, 0.1f));
+    auto shared = p.Make({T, H}, Random(rng, T * H));
+    auto gate = p.Make({T, 1}, Random(rng, T, -3, 3));
+    auto out = p.Make({T, H}, Random(rng, T * H, -9, 9));  // garbage: the op writes it
+    p.cpu().MoeExpertsWithShared(x.first, ids.first, wts.first, gu.first, dn.first, 0, shared.first,
+                                 gate.first, out.first, {});
+    p.cuda().MoeExpertsWithShared(x.second, ids.second, wts.second, gu.second, dn.second, 0,
+                                  shared.second, gate.second, out.second, {});
+    const std::string what = "MoeExpertsWithShared T=24 H=" + std::to_string(H);
+    EXPECT_LT(p.Compare(what.c_str(), out.first, out.second), kTol);
+    auto parts = p.Make({T, H}, std::vector<float>(T * H));
+    p.cuda().MoeExperts(x.second, ids.second, wts.second, gu.second, dn.second, 0, parts.second,
+                        {});
+    p.cuda().AddSigmoidScaled(parts.second, shared.second, gate.second);
+    EXPECT_EQ(host(p.cuda(), out.second), host(p.cuda(), parts.second)) << what;
+  }
 }
 
 // GatedDeltaNetMixer: the CUDA backend runs a decode or verify step (every segment 1 to 8 tokens)
