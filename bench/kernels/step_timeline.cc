@@ -58,12 +58,14 @@ namespace {
 struct Activity {
   uint64_t start = 0, end = 0;  // ns, GPU clock
   uint32_t correlation = 0;     // the API call that launched it: one graph launch per step
+  uint64_t node = 0;            // its graph node (the same in every replay), 0 if none
   std::string name;
   int64_t blocks = 0;
 };
 
 std::mutex activities_mutex;
 std::vector<Activity> activities;
+size_t dropped_records = 0, unreadable_buffers = 0;
 
 std::string ShortName(const char* mangled) {
   if (mangled == nullptr) return "?";
@@ -89,18 +91,26 @@ void CUPTIAPI BufferRequested(uint8_t** buffer, size_t* size, size_t* max_record
   *max_records = 0;
 }
 
-void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+void CUPTIAPI BufferCompleted(CUcontext context, uint32_t stream, uint8_t* buffer, size_t,
+                              size_t valid) {
   CUpti_Activity* record = nullptr;
   std::lock_guard<std::mutex> lock(activities_mutex);
-  while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+  CUptiResult result;
+  while ((result = cuptiActivityGetNextRecord(buffer, valid, &record)) == CUPTI_SUCCESS) {
     if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
       const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-      activities.push_back({k->start, k->end, k->correlationId, ShortName(k->name),
+      activities.push_back({k->start, k->end, k->correlationId, k->graphNodeId, ShortName(k->name),
                             int64_t{k->gridX} * k->gridY * k->gridZ});
     } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
-      activities.push_back({m->start, m->end, m->correlationId, "(memset)", 0});
+      activities.push_back({m->start, m->end, m->correlationId, m->graphNodeId, "(memset)", 0});
     }
+  }
+  // The end of the buffer reads as MAX_LIMIT_REACHED; anything else cut the buffer short.
+  if (result != CUPTI_ERROR_MAX_LIMIT_REACHED) ++unreadable_buffers;
+  size_t dropped = 0;
+  if (cuptiActivityGetNumDroppedRecords(context, stream, &dropped) == CUPTI_SUCCESS) {
+    dropped_records += dropped;
   }
   std::free(buffer);
 }
@@ -171,17 +181,27 @@ absl::Status Run() {
                         model->capture_error().ToString()));
   }
   backend->Synchronize();
-  RETURN_IF_ERROR(Check(cuptiActivityFlushAll(1), "cuptiActivityFlushAll"));
+  RETURN_IF_ERROR(
+      Check(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll"));
   {
     std::lock_guard<std::mutex> lock(activities_mutex);
     activities.clear();
   }
   for (int s = 0; s < steps; ++s) RETURN_IF_ERROR(model->Forward(step, options, logits));
   backend->Synchronize();
-  RETURN_IF_ERROR(Check(cuptiActivityFlushAll(1), "cuptiActivityFlushAll"));
+  RETURN_IF_ERROR(
+      Check(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll"));
   cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
   cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MEMSET);
 
+  {
+    std::lock_guard<std::mutex> lock(activities_mutex);
+    if (dropped_records > 0 || unreadable_buffers > 0) {
+      return absl::InternalError(absl::StrFormat(
+          "CUPTI dropped %d records and could not read %d buffers: the trace is incomplete",
+          dropped_records, unreadable_buffers));
+    }
+  }
   // One graph launch (correlation id) per step; steps in launch order.
   std::map<uint32_t, std::vector<Activity>> by_launch;
   {
@@ -190,65 +210,65 @@ absl::Status Run() {
   }
   auto by_start = [](const Activity& a, const Activity& b) { return a.start < b.start; };
   std::vector<std::vector<Activity>> launches;
-  size_t largest = 0;
   for (auto& [id, list] : by_launch) {
     std::sort(list.begin(), list.end(), by_start);
-    largest = std::max(largest, list.size());
     launches.push_back(std::move(list));
   }
-  if (largest < 2) {
-    // The driver did not tag the graph's nodes with their launch: cut the traced window into
-    // `steps` equal parts instead (every step replays the same graph).
+  if (launches.size() != static_cast<size_t>(steps)) {
+    // The records do not name one launch per step: cut the traced window into `steps` equal
+    // parts instead (every step replays the same graph).
     std::vector<Activity> all;
     for (auto& l : launches) all.insert(all.end(), l.begin(), l.end());
     std::sort(all.begin(), all.end(), by_start);
-    if (all.size() % steps != 0) {
-      return absl::InternalError(
-          absl::StrFormat("%d activities in %d steps, and no launch id to tell the steps apart",
-                          all.size(), steps));
+    if (all.empty() || all.size() % steps != 0) {
+      return absl::InternalError(absl::StrFormat(
+          "%d activities in %d launch ids for %d steps: cannot tell the steps apart", all.size(),
+          launches.size(), steps));
     }
+    std::fprintf(stderr, "timeline: %zu launch ids for %d steps; cut into equal steps\n",
+                 launches.size(), steps);
     launches.clear();
     const size_t per_step = all.size() / steps;
     for (int s = 0; s < steps; ++s) {
       launches.emplace_back(all.begin() + s * per_step, all.begin() + (s + 1) * per_step);
     }
   }
-  // The step's graph is the launch with the most activities; the traced window may also hold a
-  // few lone launches (metadata copies are not traced; argmax or lm-head helpers would be).
-  size_t nodes = 0;
-  for (const auto& l : launches) nodes = std::max(nodes, l.size());
-  std::vector<Position> positions(nodes);
+  // A kernel position is its graph node (the same in every replay; CUPTI names it), or, without
+  // node ids, its index in start order.
+  const size_t nodes = launches.front().size();
+  std::map<uint64_t, Position> by_node;
   double span = 0;
-  int counted = 0;
   for (const auto& l : launches) {
-    if (l.size() != nodes) continue;
-    ++counted;
+    if (l.size() != nodes) {
+      return absl::InternalError(absl::StrFormat(
+          "steps of %d and %d activities: not the same graph every step", nodes, l.size()));
+    }
     uint64_t frontier = l.front().start;
     for (size_t i = 0; i < l.size(); ++i) {
       const Activity& a = l[i];
-      Position& p = positions[i];
-      if (counted == 1) {
-        p.name = a.name;
-        p.blocks = a.blocks;
-      }
-      const double gap = a.start > frontier ? double(a.start - frontier) : 0.0;
-      const double advance =
-          a.end > std::max(a.start, frontier) ? double(a.end - std::max(a.start, frontier)) : 0.0;
+      Position& p = by_node[a.node != 0 ? a.node : i];
+      p.name = a.name;
+      p.blocks = a.blocks;
+      const uint64_t from = std::max(a.start, frontier);
       p.offset += double(a.start - l.front().start);
       p.duration += double(a.end - a.start);
-      p.gap += gap;
-      p.advance += advance;
+      p.gap += a.start > frontier ? double(a.start - frontier) : 0.0;
+      p.advance += a.end > from ? double(a.end - from) : 0.0;
       frontier = std::max(frontier, a.end);
     }
     span += double(frontier - l.front().start);
   }
-  if (counted == 0) return absl::InternalError("CUPTI recorded no kernel of the timed steps");
-  for (Position& p : positions) {
+  const double counted = static_cast<double>(launches.size());
+  std::vector<Position> positions;
+  for (auto& [node, p] : by_node) {
     p.offset /= counted;
     p.duration /= counted;
     p.gap /= counted;
     p.advance /= counted;
+    positions.push_back(p);
   }
+  std::sort(positions.begin(), positions.end(),
+            [](const Position& a, const Position& b) { return a.offset < b.offset; });
   span /= counted;
 
   struct Sum {
@@ -271,9 +291,9 @@ absl::Status Run() {
   std::sort(ranked.begin(), ranked.end(),
             [](const auto& a, const auto& b) { return a.second.advance > b.second.advance; });
   std::printf(
-      "step: batch %d, context %d, %d traced steps of %zu nodes: span %.1f us = advance %.1f + "
+      "step: batch %d, context %d, %zu traced steps of %zu nodes: span %.1f us = advance %.1f + "
       "gaps %.1f us; kernel durations sum to %.1f us (overlap %.1f us)\n",
-      batch, context, counted, nodes, span / 1e3, total_advance / 1e3, total_gap / 1e3,
+      batch, context, launches.size(), nodes, span / 1e3, total_advance / 1e3, total_gap / 1e3,
       total_duration / 1e3, (total_duration - total_advance) / 1e3);
   std::printf("%-72s %6s %11s %11s %11s %7s\n", "kernel", "count", "advance us", "gap us",
               "duration us", "share");

@@ -229,30 +229,61 @@ TEST_F(CudaSpeculativeTest, RecordedVerifyStepsMatchOpByOpSteps) {
 }
 
 // The MTP head's one-token draft steps recorded as CUDA graphs (MOBIUS_MTP_HEAD_GRAPHS=1, off by
-// default until timed): each prompt alone (so the chained drafts are one-token head steps), the
-// same tokens as with the head op by op, and recordings were made.
+// default until timed). The drafts themselves are compared (the target's outputs do not depend
+// on them): after observing a prompt, Draft chains three one-token head steps; the first Draft
+// records them and the later ones replay, and every round must draft what the head run op by
+// op drafts. The fixture's head is random, so a wrong input or output row changes its argmax.
 TEST_F(CudaSpeculativeTest, RecordedMtpHeadStepsMatchOpByOpSteps) {
   ASSERT_TRUE(model_->CreateCaches(16, 256).ok());
   model_->SetDecodeCapture(256);
-  auto run = [&](bool record_head, int* head_graphs) {
-    std::vector<std::vector<int32_t>> all;
-    for (const SpeculativeRequest& request : Requests(4, false)) {
-      if (record_head) setenv("MOBIUS_MTP_HEAD_GRAPHS", "1", 1);
-      auto mtp = MtpDrafter::Create(*model_, 8, 256);
+  const std::vector<int32_t>& prompt = prompts_[2];
+  std::vector<float> hidden;
+  {
+    SequenceCache cache;
+    ASSERT_TRUE(model_->StartSequence(cache).ok());
+    std::vector<SequenceStep> batch = {{prompt, &cache}};
+    std::vector<float> logits;
+    ForwardOptions options;
+    options.hidden_out = &hidden;
+    options.hidden_all_tokens = true;
+    ASSERT_TRUE(model_->Forward(batch, options, logits).ok());
+    model_->ReleaseSequence(cache);
+  }
+  const char* env = std::getenv("MOBIUS_MTP_HEAD_GRAPHS");
+  const std::string saved = env != nullptr ? env : "";
+  auto rounds = [&](bool record_head, int* head_graphs) {
+    if (record_head) {
+      setenv("MOBIUS_MTP_HEAD_GRAPHS", "1", 1);
+    } else {
       unsetenv("MOBIUS_MTP_HEAD_GRAPHS");
-      EXPECT_TRUE(mtp.ok()) << mtp.status();
-      if (!mtp.ok()) return all;
-      SpeculativeDecoder decoder(*model_, **mtp);
-      std::vector<std::vector<int32_t>> out;
-      EXPECT_TRUE(decoder.Generate(std::span(&request, 1), out).ok());
-      all.insert(all.end(), out.begin(), out.end());
-      *head_graphs += (*mtp)->head().num_decode_graphs();
     }
-    return all;
+    auto mtp = MtpDrafter::Create(*model_, 2, 256);
+    std::vector<std::vector<std::vector<int32_t>>> drafts;
+    EXPECT_TRUE(mtp.ok()) << mtp.status();
+    if (!mtp.ok()) return drafts;
+    const TargetStep whole{0, 0, prompt, hidden, /*next=*/5};
+    EXPECT_TRUE((*mtp)->Observe(std::span(&whole, 1)).ok());
+    std::vector<int32_t> context = prompt;
+    context.push_back(5);
+    const DraftRequest request{0, context, 4};
+    for (int round = 0; round < 3; ++round) {
+      drafts.emplace_back();
+      EXPECT_TRUE((*mtp)->Draft(std::span(&request, 1), drafts.back()).ok());
+    }
+    *head_graphs = (*mtp)->head().num_decode_graphs();
+    return drafts;
   };
   int op_by_op_graphs = 0, recorded_graphs = 0;
-  const auto op_by_op = run(false, &op_by_op_graphs);
-  const auto recorded = run(true, &recorded_graphs);
+  const auto op_by_op = rounds(false, &op_by_op_graphs);
+  const auto recorded = rounds(true, &recorded_graphs);
+  if (saved.empty()) {
+    unsetenv("MOBIUS_MTP_HEAD_GRAPHS");
+  } else {
+    setenv("MOBIUS_MTP_HEAD_GRAPHS", saved.c_str(), 1);
+  }
+  ASSERT_EQ(op_by_op.size(), 3u);
+  ASSERT_EQ(op_by_op[0].size(), 1u);
+  EXPECT_EQ(op_by_op[0][0].size(), 4u);
   EXPECT_EQ(recorded, op_by_op);
   EXPECT_EQ(op_by_op_graphs, 0);
   EXPECT_GT(recorded_graphs, 0) << "no head step was recorded";

@@ -650,7 +650,9 @@ absl::Status HybridModel::UploadDraftHidden(const std::vector<float>& h_prev, in
   if (draft_hidden_.empty() || draft_hidden_.dim(0) < tokens) {
     // Recorded head steps read the buffer they were recorded with: a new one drops them.
     decode_graphs_.clear();
-    ASSIGN_OR_RETURN(draft_hidden_, Alloc({std::max<int64_t>(tokens, 64), config_.hidden_size}));
+    const int64_t rows =
+        std::max<int64_t>({tokens, 64, draft_hidden_.empty() ? 0 : 2 * draft_hidden_.dim(0)});
+    ASSIGN_OR_RETURN(draft_hidden_, Alloc({rows, config_.hidden_size}));
   }
   Tensor rows = draft_hidden_.Rows(0, tokens);
   backend_.CopyFromHost(h_prev.data(), DType::kF32, rows);
