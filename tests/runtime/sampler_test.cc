@@ -1,6 +1,9 @@
 #include "worker/runtime/sampler.h"
 
+#include <algorithm>
 #include <cmath>
+#include <random>
+#include <tuple>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -59,6 +62,92 @@ TEST(SamplerTest, SeedMakesSamplingReproducible) {
     sc.push_back(c.Sample(l, {}).token);
   }
   EXPECT_NE(sa, sc);
+}
+
+// The kept set of top-k / top-p / min-p, as a full sort of the vocabulary defines it: sorted by
+// logit (ties: lower id), cut by top-k, then kept while p >= min_p * p_max until the mass reaches
+// top_p of the total (of the top-k, or of every token). Distribution() must keep exactly that
+// set with those probabilities, though it no longer sorts the whole vocabulary.
+std::vector<double> ReferenceDistribution(const SamplingParams& params, std::vector<float> logits) {
+  const int vocab = static_cast<int>(logits.size());
+  const float t = params.temperature;
+  const float max_logit = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float x : logits) sum += std::exp((x - max_logit) / t);
+  const float log_z = static_cast<float>(std::log(sum));
+  std::vector<int32_t> order(vocab);
+  for (int i = 0; i < vocab; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  if (params.top_k > 0 && params.top_k < vocab) order.resize(params.top_k);
+  std::vector<double> p(order.size());
+  double total = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    p[i] = std::exp((logits[order[i]] - max_logit) / t - log_z);
+    total += p[i];
+  }
+  size_t n = 0;
+  double cumulative = 0;
+  for (; n < order.size(); ++n) {
+    if (n > 0 && p[n] < params.min_p * p[0]) break;
+    cumulative += p[n];
+    if (cumulative >= params.top_p * total) {
+      ++n;
+      break;
+    }
+  }
+  n = std::max<size_t>(n, 1);
+  double kept = 0;
+  for (size_t i = 0; i < n; ++i) kept += p[i];
+  std::vector<double> dist(vocab, 0.0);
+  for (size_t i = 0; i < n; ++i) dist[order[i]] = p[i] / kept;
+  return dist;
+}
+
+TEST(SamplerTest, TruncationKeepsWhatAFullSortKeeps) {
+  std::mt19937 rng(11);
+  // Release-sized rows: a few large logits over a wide tail, as a language model's; and ties.
+  const int vocab = 151936;
+  std::normal_distribution<float> tail(0.0f, 2.5f);
+  for (int row = 0; row < 6; ++row) {
+    std::vector<float> logits(vocab);
+    for (float& x : logits) x = tail(rng);
+    for (int i = 0; i < 40; ++i) logits[rng() % vocab] = 12.0f + i % 7;  // repeated values: ties
+    for (float temperature : {0.3f, 1.0f, 1.7f}) {
+      for (auto [top_k, top_p, min_p] :
+           std::vector<std::tuple<int, float, float>>{{0, 0.9f, 0.0f},
+                                                      {0, 0.5f, 0.0f},
+                                                      {0, 1.0f, 0.05f},
+                                                      {0, 0.95f, 0.01f},
+                                                      {0, 0.999f, 0.0f},
+                                                      {50, 0.9f, 0.0f},
+                                                      {0, 1.0f, 0.0f},
+                                                      {7, 1.0f, 0.2f}}) {
+        SamplingParams params;
+        params.temperature = temperature;
+        params.top_k = top_k;
+        params.top_p = top_p;
+        params.min_p = min_p;
+        const std::vector<double> want = ReferenceDistribution(params, logits);
+        std::vector<float> work = logits;
+        const std::vector<double> got = RequestSampler(params, 1).Distribution(work, {});
+        ASSERT_EQ(got.size(), want.size());
+        int kept_want = 0, kept_got = 0;
+        double worst = 0;
+        // Tokens of negligible mass are not counted: summed in sorted order they stop changing
+        // the double total, so the full sort's rule at top_p = 1 stops before them.
+        for (int v = 0; v < vocab; ++v) {
+          kept_want += want[v] > 1e-15;
+          kept_got += got[v] > 1e-15;
+          worst = std::max(worst, std::fabs(got[v] - want[v]));
+        }
+        EXPECT_EQ(kept_got, kept_want) << "T " << temperature << " top_k " << top_k << " top_p "
+                                       << top_p << " min_p " << min_p;
+        EXPECT_LT(worst, 1e-9) << "T " << temperature << " top_k " << top_k;
+      }
+    }
+  }
 }
 
 TEST(SamplerTest, EmpiricalDistributionMatchesSoftmaxAtTemperature) {
