@@ -1,0 +1,53 @@
+// Host sampling of one logits row (RequestSampler::Sample) at the release vocabulary (248,320
+// tokens): what a decode step that does not sample greedily pays per sequence after its logits
+// reach the host (docs/performance.md, "Sampling on the host").
+//
+//   build/bin/sampler_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+#include <random>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "worker/runtime/sampler.h"
+
+namespace mobius::worker {
+namespace {
+
+constexpr int kVocab = 248320;
+
+// A language model's row: a wide tail and a few large logits.
+std::vector<float> Row() {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> tail(0.0f, 2.5f);
+  std::vector<float> logits(kVocab);
+  for (float& x : logits) x = tail(rng);
+  for (int i = 0; i < 40; ++i) logits[rng() % kVocab] = 12.0f + i % 7;
+  return logits;
+}
+
+// Arguments: temperature x 10, top_k, top_p x 100.
+void BM_SampleRow(benchmark::State& state) {
+  SamplingParams params;
+  params.temperature = static_cast<float>(state.range(0)) / 10;
+  params.top_k = static_cast<int>(state.range(1));
+  params.top_p = static_cast<float>(state.range(2)) / 100;
+  RequestSampler sampler(params, 1);
+  const std::vector<float> row = Row();
+  std::vector<float> logits(kVocab);
+  const TokenHistory history;
+  for (auto _ : state) {
+    logits = row;  // Sample modifies the row in place (penalties)
+    benchmark::DoNotOptimize(sampler.Sample(logits, history));
+  }
+}
+BENCHMARK(BM_SampleRow)
+    ->ArgNames({"t10", "top_k", "top_p100"})
+    ->Args({10, 0, 100})  // temperature only: the OpenAI defaults
+    ->Args({8, 0, 95})
+    ->Args({8, 50, 100})
+    ->Args({7, 20, 80})
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace mobius::worker
+
+BENCHMARK_MAIN();
