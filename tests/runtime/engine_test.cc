@@ -209,6 +209,42 @@ TEST_F(EngineTest, SeededSamplingIsReproducibleWhateverShareTheBatch) {
   EXPECT_EQ(alone.tokens, shared.tokens);
 }
 
+// Six seeded sampled sequences in one batch: their rows are drawn on several threads
+// (Engine::SampleRows takes two rows or more per thread), and each stream equals the same request
+// run alone.
+TEST_F(EngineTest, SampledRowsOfABatchMatchEachRequestAlone) {
+  EngineOptions options;
+  options.scheduler.max_num_seqs = 6;
+  auto engine = Start(options);
+  ASSERT_NE(engine, nullptr);
+  auto sampled = [&](const std::string& id, uint64_t seed) {
+    GenerationRequest r;
+    r.request_id = id;
+    r.prompt = ref_.prompts[seed % ref_.prompts.size()];
+    r.params.temperature = 0.9f;
+    r.params.top_p = 0.95f;
+    r.params.seed = seed;
+    r.params.max_tokens = 10;
+    return r;
+  };
+  Streams streams;
+  std::vector<std::vector<int32_t>> alone;
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    const std::string id = "alone" + std::to_string(seed);
+    ASSERT_TRUE(engine->Enqueue(sampled(id, seed), streams.For(id)).ok());
+    alone.push_back(streams.Wait(id).tokens);
+  }
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    const std::string id = "batch" + std::to_string(seed);
+    ASSERT_TRUE(engine->Enqueue(sampled(id, seed), streams.For(id)).ok());
+  }
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    const auto batched = streams.Wait("batch" + std::to_string(seed));
+    EXPECT_EQ(batched.tokens.size(), 10u);
+    EXPECT_EQ(batched.tokens, alone[seed - 1]) << "seed " << seed;
+  }
+}
+
 TEST_F(EngineTest, StopTokenEndsTheStream) {
   auto engine = Start(EngineOptions{});
   ASSERT_NE(engine, nullptr);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
+#include <thread>
 
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
@@ -509,6 +511,9 @@ bool Engine::Step() {
   std::vector<int32_t> restore_from, restore_to;  // their snapshots, restored first
   std::vector<std::string> errored;
   absl::Status replay_error;
+  const std::vector<std::optional<SampledToken>> presampled =
+      greedy_step ? std::vector<std::optional<SampledToken>>(plan.chunks.size())
+                  : SampleRows(plan, drafts, logits, vocab);
   int64_t row = 0, hidden_row = 0;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const ScheduledChunk& c = plan.chunks[i];
@@ -537,12 +542,7 @@ bool Engine::Step() {
     int accepted = 0;
     if (d == 0) {
       seq.num_computed += c.count;
-      if (greedy_step) {
-        sampled = SampledToken{greedy[first_row]};
-      } else {
-        sampled = seq.sampler->Sample(std::span<float>(logits.data() + first_row * vocab, vocab),
-                                      seq.history);
-      }
+      sampled = greedy_step ? SampledToken{greedy[first_row]} : *presampled[i];
       new_tokens = {sampled->token};
     } else {
       const DraftVerdict verdict = VerifyDraftsWithSampler(
@@ -660,6 +660,46 @@ bool Engine::Step() {
   absl::MutexLock lock(&mu_);
   ++stats_.steps;
   return true;
+}
+
+std::vector<std::optional<SampledToken>> Engine::SampleRows(
+    const StepPlan& plan, const std::vector<std::vector<int32_t>>& drafts,
+    std::vector<float>& logits, int vocab) {
+  // The rows that a plain (not speculative) sampler draws from: the last row of each chunk
+  // that completes a prefill or decodes, without drafts. Each touches only its own row, its
+  // sequence's sampler and history: rows are independent, and a request's random stream does
+  // not depend on which thread draws (seeded requests stay reproducible).
+  std::vector<std::pair<size_t, int64_t>> rows;  // (chunk, logits row)
+  int64_t row = 0;
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    if (plan.chunks[i].completes_prefill() && drafts[i].empty()) rows.push_back({i, row});
+    row += 1 + static_cast<int64_t>(drafts[i].size());
+  }
+  std::vector<std::optional<SampledToken>> sampled(plan.chunks.size());
+  auto draw = [&](size_t begin, size_t end) {
+    for (size_t r = begin; r < end; ++r) {
+      const auto [i, logits_row] = rows[r];
+      Sequence& seq = *plan.chunks[i].sequence;
+      sampled[i] = seq.sampler->Sample(
+          std::span<float>(logits.data() + logits_row * vocab, static_cast<size_t>(vocab)),
+          seq.history);
+    }
+  };
+  // A 248K-token row takes 2-4 ms (performance.md, "Sampling on the host"): spread batches over
+  // threads, at least two rows each.
+  const size_t threads = std::min<size_t>(
+      {std::max(1u, std::thread::hardware_concurrency()), rows.size() / 2, size_t{16}});
+  if (threads <= 1) {
+    draw(0, rows.size());
+    return sampled;
+  }
+  std::vector<std::thread> workers;
+  for (size_t t = 1; t < threads; ++t) {
+    workers.emplace_back(draw, rows.size() * t / threads, rows.size() * (t + 1) / threads);
+  }
+  draw(0, rows.size() / threads);
+  for (std::thread& w : workers) w.join();
+  return sampled;
 }
 
 }  // namespace mobius::worker

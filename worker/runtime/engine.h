@@ -132,6 +132,12 @@ class Engine {
               absl::Status error = absl::OkStatus());
   void RecordFinish(const Sequence& seq, FinishReason reason);
 
+  // Samples every chunk's row that a plain sampler draws (a completed prefill or a decode,
+  // without drafts) from the step's host logits, rows spread over threads; nullopt elsewhere.
+  std::vector<std::optional<SampledToken>> SampleRows(
+      const StepPlan& plan, const std::vector<std::vector<int32_t>>& drafts,
+      std::vector<float>& logits, int vocab);
+
   // ---- speculative decoding (engine thread) ----
   // Whether `seq` may carry drafts (and so needs the drafter to see its committed tokens).
   [[nodiscard]] bool Speculates(const Sequence& seq) const;
