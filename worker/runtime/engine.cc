@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <optional>
+#include <system_error>
 #include <thread>
 
 #include "absl/strings/str_format.h"
@@ -694,10 +695,17 @@ std::vector<std::optional<SampledToken>> Engine::SampleRows(
     return sampled;
   }
   std::vector<std::thread> workers;
+  size_t inline_from = threads;  // ranges this thread draws itself: 0 and those not started
   for (size_t t = 1; t < threads; ++t) {
-    workers.emplace_back(draw, rows.size() * t / threads, rows.size() * (t + 1) / threads);
+    try {
+      workers.emplace_back(draw, rows.size() * t / threads, rows.size() * (t + 1) / threads);
+    } catch (const std::system_error&) {
+      inline_from = t;  // no thread to be had (a process limit): draw the rest here
+      break;
+    }
   }
   draw(0, rows.size() / threads);
+  if (inline_from < threads) draw(rows.size() * inline_from / threads, rows.size());
   for (std::thread& w : workers) w.join();
   return sampled;
 }

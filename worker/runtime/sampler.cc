@@ -171,13 +171,13 @@ SampledToken RequestSampler::Sample(std::span<float> logits, const TokenHistory&
     std::uniform_real_distribution<double> uniform(0.0, kept);
     const double u = uniform(rng_);
     double acc = 0;
-    result.token = c.order[c.kept - 1];
+    // Should rounding leave u at or past the last sum, the draw is the last token with any
+    // probability (the kept tokens may be in id order, where the last one can have none).
+    result.token = c.order[0];
     for (size_t i = 0; i < c.kept; ++i) {
+      if (c.p[i] > 0) result.token = c.order[i];
       acc += c.p[i];
-      if (u < acc) {
-        result.token = c.order[i];
-        break;
-      }
+      if (u < acc) break;
     }
   }
   result.logprob = logprob(result.token);
