@@ -2,7 +2,9 @@
 
 #include <algorithm>
 
+#include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 
 namespace mobius {
@@ -28,6 +30,24 @@ std::vector<std::string> NormalizeFlagSpelling(int argc, char** argv, int first)
     out.push_back(std::move(arg));
   }
   return out;
+}
+
+void ListFlagsOfFilesInHelp(std::vector<std::string> files) {
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [files = std::move(files)](absl::string_view file) {
+    return std::any_of(files.begin(), files.end(),
+                       [&](const std::string& f) { return absl::EndsWith(file, f); });
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
+}
+
+std::vector<std::string> ParseFlags(const char* program, std::vector<std::string> args) {
+  std::vector<char*> pointers = {const_cast<char*>(program)};
+  for (std::string& a : args) pointers.push_back(a.data());
+  const std::vector<char*> positional =
+      absl::ParseCommandLine(static_cast<int>(pointers.size()), pointers.data());
+  return std::vector<std::string>(positional.begin() + 1, positional.end());
 }
 
 }  // namespace mobius

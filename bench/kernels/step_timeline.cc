@@ -28,11 +28,8 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "common/flag_spelling.h"
 #include "common/status_macros.h"
@@ -329,17 +326,15 @@ int main(int argc, char** argv) {
       "where a recorded decode step's time goes, kernel by kernel (CUPTI GPU timestamps of the "
       "replayed graph): mobius_step_timeline --config CONFIG [--batch N] [--context N] [--steps "
       "N]");
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "step_timeline.cc");
-  };
-  usage.contains_helpshort_flags = usage.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage);
+  mobius::ListFlagsOfFilesInHelp({"step_timeline.cc"});
   // Flags may be spelled with dashes or underscores, as for the other binaries.
-  std::vector<std::string> args = mobius::NormalizeFlagSpelling(argc, argv, 1);
-  std::vector<char*> arg_ptrs = {argv[0]};
-  for (std::string& a : args) arg_ptrs.push_back(a.data());
-  absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  const std::vector<std::string> positional =
+      mobius::ParseFlags(argv[0], mobius::NormalizeFlagSpelling(argc, argv, 1));
+  if (!positional.empty()) {
+    std::fprintf(stderr, "mobius_step_timeline: unexpected argument \"%s\"\n",
+                 positional[0].c_str());
+    return 2;
+  }
   const absl::Status status = mobius::bench::Run();
   if (!status.ok()) {
     std::fprintf(stderr, "mobius_step_timeline: %s\n", status.ToString().c_str());

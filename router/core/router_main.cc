@@ -10,9 +10,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -186,20 +184,11 @@ int main(int argc, char** argv) {
       "OpenAI-compatible HTTP); routes requests to worker replicas by least outstanding tokens.\n"
       "\nusage: mobius-router --worker HOST:PORT [--worker HOST:PORT ...] --tokenizer DIR "
       "[flags]");
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "router_main.cc");
-  };
-  usage.contains_helpshort_flags = usage.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage);
-  std::vector<std::string> args =
-      mobius::router::MergeWorkerFlags(mobius::NormalizeFlagSpelling(argc, argv, 1));
-  std::vector<char*> arg_ptrs = {argv[0]};
-  for (std::string& a : args) arg_ptrs.push_back(a.data());
-  std::vector<char*> positional =
-      absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
-  if (positional.size() > 1) {
-    std::fprintf(stderr, "mobius-router: unexpected argument \"%s\"\n", positional[1]);
+  mobius::ListFlagsOfFilesInHelp({"router_main.cc"});
+  const std::vector<std::string> positional = mobius::ParseFlags(
+      argv[0], mobius::router::MergeWorkerFlags(mobius::NormalizeFlagSpelling(argc, argv, 1)));
+  if (!positional.empty()) {
+    std::fprintf(stderr, "mobius-router: unexpected argument \"%s\"\n", positional[0].c_str());
     return 2;
   }
   absl::Status status = mobius::router::Run();

@@ -425,95 +425,17 @@ TEST(CudaVsCpuTest, FusedOpsEqualTheirParts) {
   }
   // MoeExpertsWithShared: few pairs (the shared term fused into the down kernel) at T = 1, 8;
   // the grouped path (fused into the combine kernel) at T = 40; and an expert-parallel slice that
-  // some tokens do not route to at all.
-  for (int first : {0, 24}) {
-    for (int T : {1, 8, 40}) {
-      const int H = 128, E = 16, k = 4, I = 64, bank = 40;
-      std::vector<int32_t> ids_i(T * k);
-      for (int t = 0; t < T; ++t) {
-        for (int j = 0; j < k; ++j) ids_i[t * k + j] = (t * 7 + j * 9 + first) % bank;
-      }
-      auto x = p.Make({T, H}, Random(rng, T * H));
-      auto ids = p.Make({T, k}, std::vector<float>(T * k), DType::kI32);
-      p.cpu().CopyFromHost(ids_i.data(), DType::kI32, ids.first);
-      p.cuda().CopyFromHost(ids_i.data(), DType::kI32, ids.second);
-      auto wts = p.Make({T, k}, Random(rng, T * k, 0.05f, 0.5f), DType::kF32);
-      auto gu = p.Make({E, 2 * I, H}, Random(rng, E * 2 * I * H, -0.1f, 0.1f));
-      auto dn = p.Make({E, H, I}, Random(rng, E * H * I, -0.1f, 0.1f));
-      auto shared = p.Make({T, H}, Random(rng, T * H));
-      auto gate = p.Make({T, 1}, Random(rng, T, -3, 3));
-      // out starts as garbage: the op writes it.
-      auto out = p.Make({T, H}, Random(rng, T * H, -9, 9));
-      p.cpu().MoeExpertsWithShared(x.first, ids.first, wts.first, gu.first, dn.first, first,
-                                   shared.first, gate.first, out.first, {});
-      p.cuda().MoeExpertsWithShared(x.second, ids.second, wts.second, gu.second, dn.second, first,
-                                    shared.second, gate.second, out.second, {});
-      const std::string what =
-          "MoeExpertsWithShared T=" + std::to_string(T) + " first=" + std::to_string(first);
-      EXPECT_LT(p.Compare(what.c_str(), out.first, out.second), kTol);
-      auto parts = p.Make({T, H}, std::vector<float>(T * H));
-      p.cuda().MoeExperts(x.second, ids.second, wts.second, gu.second, dn.second, first,
-                          parts.second, {});
-      p.cuda().AddSigmoidScaled(parts.second, shared.second, gate.second);
-      // The down kernel (T <= 8) and the combine (T = 40) round as the parts do: the same bits.
-      EXPECT_EQ(host(p.cuda(), out.second), host(p.cuda(), parts.second)) << what;
-
-      // MoeExpertsWithSharedExpert: the shared expert's down projection inside the few-token
-      // down kernel at T = 1 (up to kMoeSharedExpertFusedMaxTokens), the default's
-      // SiluMulLinear + MoeExpertsWithShared at T = 8 (few-token kernels) and T = 40 (grouped).
-      // Is = 1040: 4 rows x 130 pieces per block, more (row, piece) pairs than the block's 256
-      // threads, so the kernel's loop over the pairs past each thread's first runs too.
-      const int Is = 1040;
-      auto sgu = p.Make({T, 2 * Is}, Random(rng, T * 2 * Is, -3, 3));
-      auto sdn = p.Make({H, Is}, Random(rng, H * Is, -0.1f, 0.1f));
-      auto sact = p.Make({T, Is}, std::vector<float>(T * Is));
-      // The default writes the shared expert's output to this scratch; the fused kernel does not.
-      constexpr float kUnwritten = 7.0f;
-      auto sout = p.Make({T, H}, std::vector<float>(T * H, kUnwritten));
-      auto out2 = p.Make({T, H}, Random(rng, T * H, -9, 9));
-      const SharedExpertOperands cpu_shared{sgu.first, sdn.first, gate.first, sact.first,
-                                            sout.first};
-      const SharedExpertOperands cuda_shared{sgu.second, sdn.second, gate.second, sact.second,
-                                             sout.second};
-      p.cpu().MoeExpertsWithSharedExpert(x.first, ids.first, wts.first, gu.first, dn.first, first,
-                                         cpu_shared, out2.first, {});
-      p.cuda().MoeExpertsWithSharedExpert(x.second, ids.second, wts.second, gu.second, dn.second,
-                                          first, cuda_shared, out2.second, {});
-      const std::string what2 =
-          "MoeExpertsWithSharedExpert T=" + std::to_string(T) + " first=" + std::to_string(first);
-      EXPECT_LT(p.Compare(what2.c_str(), out2.first, out2.second), kTol);
-      {
-        // Which path ran: fused up to kMoeSharedExpertFusedMaxTokens (2) tokens, else the parts.
-        const std::vector<float> scratch = host(p.cuda(), sout.second);
-        const bool untouched =
-            std::all_of(scratch.begin(), scratch.end(), [](float v) { return v == kUnwritten; });
-        EXPECT_EQ(untouched, T <= 2) << what2 << ": the shared expert's scratch output";
-      }
-      // Against the CUDA parts where the fused path ran (elsewhere the op is those parts): the
-      // shared projection sums in its own order, so within a bf16 rounding step of the parts
-      // rather than bit-equal.
-      if (T > 2) continue;
-      auto parts2 = p.Make({T, H}, std::vector<float>(T * H));
-      p.cuda().SiluMulLinear(sgu.second, sdn.second, sact.second, sout.second);
-      p.cuda().MoeExpertsWithShared(x.second, ids.second, wts.second, gu.second, dn.second, first,
-                                    sout.second, gate.second, parts2.second, {});
-      const std::vector<float> fused = host(p.cuda(), out2.second),
-                               split = host(p.cuda(), parts2.second);
-      double diff = 0, ref = 0;
-      for (size_t i = 0; i < fused.size(); ++i) {
-        diff = std::max(diff, double(std::fabs(fused[i] - split[i])));
-        ref = std::max(ref, double(std::fabs(split[i])));
-      }
-      EXPECT_LT(diff, 1e-2 * ref) << what2 << ": fused vs the CUDA parts";
-    }
-  }
-  // The grouped path's combine with the shared term at hidden sizes off its 4-wide form: H = 36
-  // (4-wide combine, CUDA-core GEMMs: H is not a multiple of 8) and H = 30 (the scalar combine).
-  for (int H : {36, 30}) {
-    const int T = 24, E = 16, k = 4, I = 64;
+  // some tokens do not route to at all. The grouped path also at hidden sizes off the combine's
+  // 4-wide form: H = 36 (4-wide combine, CUDA-core GEMMs: H is not a multiple of 8) and H = 30
+  // (the scalar combine).
+  const std::tuple<int, int, int> moe_cases[] = {{0, 1, 128},  {0, 8, 128},  {0, 40, 128},
+                                                 {24, 1, 128}, {24, 8, 128}, {24, 40, 128},
+                                                 {0, 24, 36},  {0, 24, 30}};
+  for (const auto& [first, T, H] : moe_cases) {
+    const int E = 16, k = 4, I = 64, bank = 40;
     std::vector<int32_t> ids_i(T * k);
     for (int t = 0; t < T; ++t) {
-      for (int j = 0; j < k; ++j) ids_i[t * k + j] = (t * 5 + j * 3) % E;
+      for (int j = 0; j < k; ++j) ids_i[t * k + j] = (t * 7 + j * 9 + first) % bank;
     }
     auto x = p.Make({T, H}, Random(rng, T * H));
     auto ids = p.Make({T, k}, std::vector<float>(T * k), DType::kI32);
@@ -524,18 +446,69 @@ TEST(CudaVsCpuTest, FusedOpsEqualTheirParts) {
     auto dn = p.Make({E, H, I}, Random(rng, E * H * I, -0.1f, 0.1f));
     auto shared = p.Make({T, H}, Random(rng, T * H));
     auto gate = p.Make({T, 1}, Random(rng, T, -3, 3));
-    auto out = p.Make({T, H}, Random(rng, T * H, -9, 9));  // garbage: the op writes it
-    p.cpu().MoeExpertsWithShared(x.first, ids.first, wts.first, gu.first, dn.first, 0, shared.first,
-                                 gate.first, out.first, {});
-    p.cuda().MoeExpertsWithShared(x.second, ids.second, wts.second, gu.second, dn.second, 0,
+    // out starts as garbage: the op writes it.
+    auto out = p.Make({T, H}, Random(rng, T * H, -9, 9));
+    p.cpu().MoeExpertsWithShared(x.first, ids.first, wts.first, gu.first, dn.first, first,
+                                 shared.first, gate.first, out.first, {});
+    p.cuda().MoeExpertsWithShared(x.second, ids.second, wts.second, gu.second, dn.second, first,
                                   shared.second, gate.second, out.second, {});
-    const std::string what = "MoeExpertsWithShared T=24 H=" + std::to_string(H);
+    const std::string what = "MoeExpertsWithShared T=" + std::to_string(T) +
+                             " H=" + std::to_string(H) + " first=" + std::to_string(first);
     EXPECT_LT(p.Compare(what.c_str(), out.first, out.second), kTol);
     auto parts = p.Make({T, H}, std::vector<float>(T * H));
-    p.cuda().MoeExperts(x.second, ids.second, wts.second, gu.second, dn.second, 0, parts.second,
+    p.cuda().MoeExperts(x.second, ids.second, wts.second, gu.second, dn.second, first, parts.second,
                         {});
     p.cuda().AddSigmoidScaled(parts.second, shared.second, gate.second);
+    // The down kernel (T <= 8) and the combine (T = 40) round as the parts do: the same bits.
     EXPECT_EQ(host(p.cuda(), out.second), host(p.cuda(), parts.second)) << what;
+    if (H != 128) continue;  // the shared-expert form below at the model's hidden size only
+
+    // MoeExpertsWithSharedExpert: the shared expert's down projection inside the few-token
+    // down kernel at T = 1 (up to kMoeSharedExpertFusedMaxTokens), the default's
+    // SiluMulLinear + MoeExpertsWithShared at T = 8 (few-token kernels) and T = 40 (grouped).
+    // Is = 1040: 4 rows x 130 pieces per block, more (row, piece) pairs than the block's 256
+    // threads, so the kernel's loop over the pairs past each thread's first runs too.
+    const int Is = 1040;
+    auto sgu = p.Make({T, 2 * Is}, Random(rng, T * 2 * Is, -3, 3));
+    auto sdn = p.Make({H, Is}, Random(rng, H * Is, -0.1f, 0.1f));
+    auto sact = p.Make({T, Is}, std::vector<float>(T * Is));
+    // The default writes the shared expert's output to this scratch; the fused kernel does not.
+    constexpr float kUnwritten = 7.0f;
+    auto sout = p.Make({T, H}, std::vector<float>(T * H, kUnwritten));
+    auto out2 = p.Make({T, H}, Random(rng, T * H, -9, 9));
+    const SharedExpertOperands cpu_shared{sgu.first, sdn.first, gate.first, sact.first, sout.first};
+    const SharedExpertOperands cuda_shared{sgu.second, sdn.second, gate.second, sact.second,
+                                           sout.second};
+    p.cpu().MoeExpertsWithSharedExpert(x.first, ids.first, wts.first, gu.first, dn.first, first,
+                                       cpu_shared, out2.first, {});
+    p.cuda().MoeExpertsWithSharedExpert(x.second, ids.second, wts.second, gu.second, dn.second,
+                                        first, cuda_shared, out2.second, {});
+    const std::string what2 =
+        "MoeExpertsWithSharedExpert T=" + std::to_string(T) + " first=" + std::to_string(first);
+    EXPECT_LT(p.Compare(what2.c_str(), out2.first, out2.second), kTol);
+    {
+      // Which path ran: fused up to kMoeSharedExpertFusedMaxTokens (2) tokens, else the parts.
+      const std::vector<float> scratch = host(p.cuda(), sout.second);
+      const bool untouched =
+          std::all_of(scratch.begin(), scratch.end(), [](float v) { return v == kUnwritten; });
+      EXPECT_EQ(untouched, T <= 2) << what2 << ": the shared expert's scratch output";
+    }
+    // Against the CUDA parts where the fused path ran (elsewhere the op is those parts): the
+    // shared projection sums in its own order, so within a bf16 rounding step of the parts
+    // rather than bit-equal.
+    if (T > 2) continue;
+    auto parts2 = p.Make({T, H}, std::vector<float>(T * H));
+    p.cuda().SiluMulLinear(sgu.second, sdn.second, sact.second, sout.second);
+    p.cuda().MoeExpertsWithShared(x.second, ids.second, wts.second, gu.second, dn.second, first,
+                                  sout.second, gate.second, parts2.second, {});
+    const std::vector<float> fused = host(p.cuda(), out2.second),
+                             split = host(p.cuda(), parts2.second);
+    double diff = 0, ref = 0;
+    for (size_t i = 0; i < fused.size(); ++i) {
+      diff = std::max(diff, double(std::fabs(fused[i] - split[i])));
+      ref = std::max(ref, double(std::fabs(split[i])));
+    }
+    EXPECT_LT(diff, 1e-2 * ref) << what2 << ": fused vs the CUDA parts";
   }
 }
 

@@ -11,10 +11,7 @@
 #include <utility>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -301,20 +298,11 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "mobius-worker: serves one model replica over gRPC (mobius.v1.Worker, "
       "grpc.health.v1.Health).\n\nusage: mobius-worker --model DIR [flags]");
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "worker_main.cc") || absl::EndsWith(file, "model_flags.cc") ||
-           absl::EndsWith(file, "replica_flags.cc");
-  };
-  usage.contains_helpshort_flags = usage.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage);
-  std::vector<std::string> args = mobius::NormalizeFlagSpelling(argc, argv, 1);
-  std::vector<char*> arg_ptrs = {argv[0]};
-  for (std::string& a : args) arg_ptrs.push_back(a.data());
-  std::vector<char*> positional =
-      absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
-  if (positional.size() > 1) {
-    std::fprintf(stderr, "mobius-worker: unexpected argument \"%s\"\n", positional[1]);
+  mobius::ListFlagsOfFilesInHelp({"worker_main.cc", "model_flags.cc", "replica_flags.cc"});
+  const std::vector<std::string> positional =
+      mobius::ParseFlags(argv[0], mobius::NormalizeFlagSpelling(argc, argv, 1));
+  if (!positional.empty()) {
+    std::fprintf(stderr, "mobius-worker: unexpected argument \"%s\"\n", positional[0].c_str());
     return 2;
   }
   absl::Status status = mobius::worker::Run();
