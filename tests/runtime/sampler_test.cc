@@ -140,11 +140,13 @@ TEST(SamplerTest, TruncationKeepsWhatAFullSortKeeps) {
         for (int v = 0; v < vocab; ++v) {
           kept_want += want[v] > 1e-15;
           kept_got += got[v] > 1e-15;
-          worst = std::max(worst, std::fabs(got[v] - want[v]));
+          // Both sides exponentiate in float and normalise differently (a float log-sum against
+          // a double sum): a few 1e-7 apart relative, and anything apart below 1e-15.
+          worst = std::max(worst, std::fabs(got[v] - want[v]) / (want[v] + 1e-9));
         }
         EXPECT_EQ(kept_got, kept_want) << "T " << temperature << " top_k " << top_k << " top_p "
                                        << top_p << " min_p " << min_p;
-        EXPECT_LT(worst, 1e-9) << "T " << temperature << " top_k " << top_k;
+        EXPECT_LT(worst, 3e-6) << "T " << temperature << " top_k " << top_k;
       }
     }
   }

@@ -55,11 +55,24 @@ void RequestSampler::ApplyPenalties(std::span<float> logits, const TokenHistory&
   }
 }
 
+double RequestSampler::Exponentiate(std::span<const float> logits, float max_logit,
+                                    float temperature) const {
+  weights_.resize(logits.size());
+  double sum = 0;
+  for (size_t t = 0; t < logits.size(); ++t) {
+    weights_[t] = std::exp((logits[t] - max_logit) / temperature);
+    sum += weights_[t];
+  }
+  return sum;
+}
+
 RequestSampler::Candidates RequestSampler::Truncate(std::span<const float> logits, float max_logit,
-                                                    float log_z) const {
+                                                    std::span<const float> weights,
+                                                    double sum) const {
   const int vocab = static_cast<int>(logits.size());
   const float temperature = params_.temperature > 0 ? params_.temperature : 1.0f;
-  auto prob = [&](int32_t t) { return std::exp((logits[t] - max_logit) / temperature - log_z); };
+  const double inv_sum = 1.0 / sum;
+  auto prob = [&](int32_t t) { return weights[t] * inv_sum; };
   auto by_logit = [&](int32_t a, int32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   };
@@ -81,24 +94,37 @@ RequestSampler::Candidates RequestSampler::Truncate(std::span<const float> logit
   // holds the nucleus: tokens are binned by logit from the top (kBins bins over kSpan temperatures
   // below the maximum, the rest in one last bin) and bins are taken until their mass reaches
   // top_p of the total; with min-p, tokens below min_p of the top probability never count.
+  constexpr int kBins = 1024;
+  constexpr float kSpan = 40.0f;  // e^-40 of the top probability and below: the last bin
+  const float width = kSpan * temperature / kBins;
+  auto bin_of = [&](float x) {
+    const float d = (max_logit - x) / width;
+    return d < static_cast<float>(kBins) ? static_cast<int>(d) : kBins;
+  };
   if (top_k) {
-    c.order.resize(vocab);
-    std::iota(c.order.begin(), c.order.end(), 0);
+    // The k largest lie in the top bins whose counts reach k (bins follow the logit): only those
+    // tokens go through nth_element.
+    std::vector<int32_t> count(kBins + 1, 0);
+    for (int t = 0; t < vocab; ++t) ++count[bin_of(logits[t])];
+    int last = kBins;
+    for (int b = 0, seen = 0; b < kBins; ++b) {
+      seen += count[b];
+      if (seen >= params_.top_k) {
+        last = b;
+        break;
+      }
+    }
+    for (int t = 0; t < vocab; ++t) {
+      if (bin_of(logits[t]) <= last) c.order.push_back(t);
+    }
     std::nth_element(c.order.begin(), c.order.begin() + params_.top_k, c.order.end(), by_logit);
     c.order.resize(params_.top_k);
   } else {
-    constexpr int kBins = 1024;
-    constexpr float kSpan = 40.0f;  // e^-40 of the top probability and below: the last bin
-    const float width = kSpan * temperature / kBins;
     // min-p keeps only logits >= max + T ln(min_p) (the top token's probability times min_p).
     const float floor_logit = params_.min_p > 0.0f
                                   ? max_logit + temperature * std::log(params_.min_p)
                                   : -std::numeric_limits<float>::infinity();
     std::vector<double> mass(kBins + 1, 0.0);
-    auto bin_of = [&](float x) {
-      const float d = (max_logit - x) / width;
-      return d < static_cast<float>(kBins) ? static_cast<int>(d) : kBins;
-    };
     for (int t = 0; t < vocab; ++t) {
       const double p = prob(t);
       mass_all += p;
@@ -155,8 +181,7 @@ SampledToken RequestSampler::Sample(std::span<float> logits, const TokenHistory&
   // Log-softmax at the request's temperature (1 for greedy): what logprobs report.
   const float temperature = params_.temperature > 0 ? params_.temperature : 1.0f;
   const float max_logit = *std::max_element(logits.begin(), logits.end());
-  double sum = 0;
-  for (float x : logits) sum += std::exp((x - max_logit) / temperature);
+  const double sum = Exponentiate(logits, max_logit, temperature);
   const float log_z = static_cast<float>(std::log(sum));
   auto logprob = [&](int32_t t) { return (logits[t] - max_logit) / temperature - log_z; };
 
@@ -165,7 +190,7 @@ SampledToken RequestSampler::Sample(std::span<float> logits, const TokenHistory&
     result.token =
         static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   } else {
-    const Candidates c = Truncate(logits, max_logit, log_z);
+    const Candidates c = Truncate(logits, max_logit, weights_, sum);
     double kept = 0;
     for (size_t i = 0; i < c.kept; ++i) kept += c.p[i];
     std::uniform_real_distribution<double> uniform(0.0, kept);
@@ -205,9 +230,8 @@ std::vector<double> RequestSampler::Distribution(std::span<float> logits,
     return dist;
   }
   const float temperature = params_.temperature;
-  double sum = 0;
-  for (float x : logits) sum += std::exp((x - max_logit) / temperature);
-  const Candidates c = Truncate(logits, max_logit, static_cast<float>(std::log(sum)));
+  const double sum = Exponentiate(logits, max_logit, temperature);
+  const Candidates c = Truncate(logits, max_logit, weights_, sum);
   double kept = 0;
   for (size_t i = 0; i < c.kept; ++i) kept += c.p[i];
   for (size_t i = 0; i < c.kept; ++i) dist[c.order[i]] = c.p[i] / kept;

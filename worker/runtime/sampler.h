@@ -72,10 +72,16 @@ class RequestSampler {
     size_t kept = 1;
   };
   void ApplyPenalties(std::span<float> logits, const TokenHistory& history) const;
-  Candidates Truncate(std::span<const float> logits, float max_logit, float log_z) const;
+  // `weights`: exp((logit - max) / temperature) per token, summing to `sum`.
+  Candidates Truncate(std::span<const float> logits, float max_logit,
+                      std::span<const float> weights, double sum) const;
+  // weights_ = exp((logit - max_logit) / temperature) per token; returns their sum. One pass of
+  // exponentials per row, shared by the log-softmax and the truncation.
+  double Exponentiate(std::span<const float> logits, float max_logit, float temperature) const;
 
   SamplingParams params_;
   std::mt19937_64 rng_;
+  mutable std::vector<float> weights_;  // Exponentiate's scratch (one sequence, one thread)
 };
 
 }  // namespace mobius::worker
