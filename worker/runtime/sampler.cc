@@ -6,6 +6,16 @@
 #include <numeric>
 
 namespace mobius::worker {
+namespace {
+
+// A row's weights (RequestSampler::Exponentiate), one buffer per thread: a vocabulary-sized
+// vector per sequence would hold 1 MB for each of hundreds of sequences.
+std::vector<float>& WeightsScratch() {
+  thread_local std::vector<float> weights;
+  return weights;
+}
+
+}  // namespace
 
 void TokenHistory::Touch(int32_t token) {
   if (token < 0) return;
@@ -56,12 +66,12 @@ void RequestSampler::ApplyPenalties(std::span<float> logits, const TokenHistory&
 }
 
 double RequestSampler::Exponentiate(std::span<const float> logits, float max_logit,
-                                    float temperature) const {
-  weights_.resize(logits.size());
+                                    float temperature, std::vector<float>& weights) {
+  weights.resize(logits.size());
   double sum = 0;
   for (size_t t = 0; t < logits.size(); ++t) {
-    weights_[t] = std::exp((logits[t] - max_logit) / temperature);
-    sum += weights_[t];
+    weights[t] = std::exp((logits[t] - max_logit) / temperature);
+    sum += weights[t];
   }
   return sum;
 }
@@ -181,7 +191,8 @@ SampledToken RequestSampler::Sample(std::span<float> logits, const TokenHistory&
   // Log-softmax at the request's temperature (1 for greedy): what logprobs report.
   const float temperature = params_.temperature > 0 ? params_.temperature : 1.0f;
   const float max_logit = *std::max_element(logits.begin(), logits.end());
-  const double sum = Exponentiate(logits, max_logit, temperature);
+  std::vector<float>& weights = WeightsScratch();
+  const double sum = Exponentiate(logits, max_logit, temperature, weights);
   const float log_z = static_cast<float>(std::log(sum));
   auto logprob = [&](int32_t t) { return (logits[t] - max_logit) / temperature - log_z; };
 
@@ -190,7 +201,7 @@ SampledToken RequestSampler::Sample(std::span<float> logits, const TokenHistory&
     result.token =
         static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   } else {
-    const Candidates c = Truncate(logits, max_logit, weights_, sum);
+    const Candidates c = Truncate(logits, max_logit, weights, sum);
     double kept = 0;
     for (size_t i = 0; i < c.kept; ++i) kept += c.p[i];
     std::uniform_real_distribution<double> uniform(0.0, kept);
@@ -230,8 +241,9 @@ std::vector<double> RequestSampler::Distribution(std::span<float> logits,
     return dist;
   }
   const float temperature = params_.temperature;
-  const double sum = Exponentiate(logits, max_logit, temperature);
-  const Candidates c = Truncate(logits, max_logit, weights_, sum);
+  std::vector<float>& weights = WeightsScratch();
+  const double sum = Exponentiate(logits, max_logit, temperature, weights);
+  const Candidates c = Truncate(logits, max_logit, weights, sum);
   double kept = 0;
   for (size_t i = 0; i < c.kept; ++i) kept += c.p[i];
   for (size_t i = 0; i < c.kept; ++i) dist[c.order[i]] = c.p[i] / kept;

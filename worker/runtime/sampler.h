@@ -75,13 +75,13 @@ class RequestSampler {
   // `weights`: exp((logit - max) / temperature) per token, summing to `sum`.
   Candidates Truncate(std::span<const float> logits, float max_logit,
                       std::span<const float> weights, double sum) const;
-  // weights_ = exp((logit - max_logit) / temperature) per token; returns their sum. One pass of
+  // `weights` = exp((logit - max_logit) / temperature) per token; returns their sum. One pass of
   // exponentials per row, shared by the log-softmax and the truncation.
-  double Exponentiate(std::span<const float> logits, float max_logit, float temperature) const;
+  static double Exponentiate(std::span<const float> logits, float max_logit, float temperature,
+                             std::vector<float>& weights);
 
   SamplingParams params_;
   std::mt19937_64 rng_;
-  mutable std::vector<float> weights_;  // Exponentiate's scratch (one sequence, one thread)
 };
 
 }  // namespace mobius::worker
