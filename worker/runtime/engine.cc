@@ -686,7 +686,7 @@ std::vector<std::optional<SampledToken>> Engine::SampleRows(
           seq.history);
     }
   };
-  // A 248K-token row takes ~2 ms (performance.md, "Sampling on the host"): spread batches over
+  // A 248K-token row takes 1-2 ms (performance.md, "Sampling on the host"): spread batches over
   // threads, at least two rows each.
   const size_t threads = std::min<size_t>(
       {std::max(1u, std::thread::hardware_concurrency()), rows.size() / 2, size_t{16}});

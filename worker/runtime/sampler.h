@@ -72,6 +72,12 @@ class RequestSampler {
     size_t kept = 1;
   };
   void ApplyPenalties(std::span<float> logits, const TokenHistory& history) const;
+  // True when top-k, top-p or min-p can drop a token of a `vocab`-token row.
+  [[nodiscard]] bool Truncates(int vocab) const {
+    return (params_.top_k > 0 && params_.top_k < vocab) || params_.top_p < 1.0f ||
+           params_.min_p > 0.0f;
+  }
+  // Only when Truncates: the kept candidates sorted by logit (ties: lower id first).
   // `weights`: exp((logit - max) / temperature) per token, summing to `sum`.
   Candidates Truncate(std::span<const float> logits, float max_logit,
                       std::span<const float> weights, double sum) const;
