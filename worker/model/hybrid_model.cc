@@ -664,17 +664,6 @@ absl::Status HybridModel::DraftInput(std::span<const int32_t> ids, Tensor& hidde
   const int T = static_cast<int>(ids.size()), H = config_.hidden_size;
   const float eps = config_.rms_norm_eps;
   const Tensor h_prev = draft_hidden_.Rows(0, T);  // uploaded by Forward
-  if (T == 1) {
-    // fc's input [e; h] is the two rows of a [2, H] tensor: the norms write them in place.
-    ASSIGN_OR_RETURN(Tensor joined, AllocOutput({2, H}));
-    ASSIGN_OR_RETURN(Tensor raw, AllocOutput({1, H}));
-    Tensor e = joined.Rows(0, 1), h = joined.Rows(1, 1);
-    backend_.EmbeddingLookup(ids, weights_.embed, raw);
-    backend_.RmsNorm1p(raw, mtp.pre_fc_norm_embedding, eps, e);
-    backend_.RmsNorm1p(h_prev, mtp.pre_fc_norm_hidden, eps, h);
-    backend_.Linear(joined.Reshape({1, 2 * H}), mtp.fc, hidden);
-    return absl::OkStatus();
-  }
   // [e_0 .. e_{T-1}, h_0 .. h_{T-1}] normalised, then interleaved row by row into [T, 2H]: the
   // embedding half first, as fc expects.
   ASSIGN_OR_RETURN(Tensor stacked, AllocOutput({2 * T, H}));
@@ -683,13 +672,18 @@ absl::Status HybridModel::DraftInput(std::span<const int32_t> ids, Tensor& hidde
   backend_.EmbeddingLookup(ids, weights_.embed, raw);
   backend_.RmsNorm1p(raw, mtp.pre_fc_norm_embedding, eps, e);
   backend_.RmsNorm1p(h_prev, mtp.pre_fc_norm_hidden, eps, h);
-  std::vector<int32_t> order(2 * T);
-  for (int t = 0; t < T; ++t) {
-    order[2 * t] = t;
-    order[2 * t + 1] = T + t;
+  // At one token [e; h] is already fc's input row; the gather (which uploads its order from the
+  // host, so a recorded step cannot hold it) is needed from two tokens on.
+  Tensor joined = stacked;
+  if (T > 1) {
+    std::vector<int32_t> order(2 * T);
+    for (int t = 0; t < T; ++t) {
+      order[2 * t] = t;
+      order[2 * t + 1] = T + t;
+    }
+    ASSIGN_OR_RETURN(joined, AllocOutput({2 * T, H}));
+    backend_.GatherRows(stacked, order, joined);
   }
-  ASSIGN_OR_RETURN(Tensor joined, AllocOutput({2 * T, H}));
-  backend_.GatherRows(stacked, order, joined);
   backend_.Linear(joined.Reshape({T, 2 * H}), mtp.fc, hidden);
   return absl::OkStatus();
 }

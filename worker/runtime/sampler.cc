@@ -108,7 +108,7 @@ RequestSampler::Candidates RequestSampler::Truncate(std::span<const float> logit
                                                     std::span<const float> weights,
                                                     double sum) const {
   const int vocab = static_cast<int>(logits.size());
-  const float temperature = params_.temperature > 0 ? params_.temperature : 1.0f;
+  const float temperature = params_.temperature;  // > 0: greedy rows never get here
   const double inv_sum = 1.0 / sum;
   auto prob = [&](int32_t t) { return weights[t] * inv_sum; };
   auto by_logit = [&](int32_t a, int32_t b) {
@@ -220,32 +220,14 @@ SampledToken RequestSampler::Sample(std::span<float> logits, const TokenHistory&
         static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   } else if (!Truncates(vocab)) {
     // Every token can be drawn: walk the weights in id order, no candidate list (sorting 248K
-    // logits took 24 ms a row; building the list, a third of what is left).
-    std::uniform_real_distribution<double> uniform(0.0, sum);
-    const double u = uniform(rng_);
-    double acc = 0;
-    // Should rounding leave u at or past the last sum, the draw is the last token with any weight.
-    result.token = 0;
-    for (int t = 0; t < vocab; ++t) {
-      if (weights[t] > 0) result.token = t;
-      acc += weights[t];
-      if (u < acc) break;
-    }
+    // logits took 24 ms a row; building the list took 0.3 ms of the 1.45 ms left).
+    result.token = static_cast<int32_t>(
+        DrawIndex(std::span<const float>(weights.data(), weights.size()), sum, rng_));
   } else {
     const Candidates c = Truncate(logits, max_logit, weights, sum);
     double kept = 0;
     for (size_t i = 0; i < c.kept; ++i) kept += c.p[i];
-    std::uniform_real_distribution<double> uniform(0.0, kept);
-    const double u = uniform(rng_);
-    double acc = 0;
-    // Should rounding leave u at or past the last sum, the draw is the last token with any
-    // probability (the kept tokens may be in id order, where the last one can have none).
-    result.token = c.order[0];
-    for (size_t i = 0; i < c.kept; ++i) {
-      if (c.p[i] > 0) result.token = c.order[i];
-      acc += c.p[i];
-      if (u < acc) break;
-    }
+    result.token = c.order[DrawIndex(std::span<const double>(c.p.data(), c.kept), kept, rng_)];
   }
   result.logprob = logprob(result.token);
   if (params_.logprobs > 0) {

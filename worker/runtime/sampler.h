@@ -40,6 +40,24 @@ class TokenHistory {
   std::vector<int32_t> output_count_;
 };
 
+// The index of one draw from non-negative weights that sum to `total` (u uniform in [0, total)),
+// skipping zero weights; the last positive index when rounding leaves u at or past the end, and
+// 0 when none is positive.
+template <typename Weight>
+size_t DrawIndex(std::span<const Weight> weights, double total, std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> uniform(0.0, total);
+  const double u = uniform(rng);
+  double acc = 0;
+  size_t last = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (!(weights[i] > 0)) continue;
+    last = i;
+    acc += weights[i];
+    if (u < acc) break;
+  }
+  return last;
+}
+
 class RequestSampler {
  public:
   // `fallback_seed` seeds the stream when the request has none.

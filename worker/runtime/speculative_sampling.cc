@@ -5,22 +5,11 @@
 namespace mobius::worker {
 namespace {
 
-// A draw from the (unnormalised, non-negative) weights w; the last positive index when rounding
-// leaves u past the end.
+// A draw from the (unnormalised, non-negative) weights w (DrawIndex).
 int32_t Draw(const std::vector<double>& w, std::mt19937_64& rng) {
   double total = 0;
   for (double x : w) total += x;
-  std::uniform_real_distribution<double> uniform(0.0, total);
-  const double u = uniform(rng);
-  double acc = 0;
-  int32_t last = 0;
-  for (size_t i = 0; i < w.size(); ++i) {
-    if (w[i] <= 0) continue;
-    last = static_cast<int32_t>(i);
-    acc += w[i];
-    if (u < acc) return last;
-  }
-  return last;
+  return static_cast<int32_t>(DrawIndex(std::span<const double>(w), total, rng));
 }
 
 }  // namespace
