@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/tensor.h"
+#include "kernels/token_sampling.h"
 
 namespace mobius::kernels {
 
@@ -308,6 +309,16 @@ class Backend {
   // among equal maxima, as std::max_element): greedy decoding without copying the logits.
   // ids I32 [R]. The default goes through the host.
   virtual void ArgmaxRows(const Tensor& logits, Tensor& ids);
+  // out[r] = a token of row r of logits F32 [R, V] (R = rules.size()) drawn under rules[r] with
+  // the uniform draw uniforms[r] in [0, 1): DrawToken's rule (kernels/token_sampling.h), with its
+  // kept candidates and their order; a draw whose u lies within rounding of a boundary between two
+  // tokens may take the neighbour. The tokens are on the host when it returns. The default goes
+  // through the host.
+  virtual void SampleRows(const Tensor& logits, std::span<const SamplingRule> rules,
+                          std::span<const double> uniforms, std::span<DrawnToken> out);
+  // True when SampleRows draws on the device, so that callers pass it their rows instead of
+  // copying the logits to the host.
+  [[nodiscard]] virtual bool SamplesOnDevice() const { return false; }
   // Routes (token, expert) pairs to this rank's local expert slots under an expert placement
   // with replicas (worker/model/expert_placement.h, RouteTable):
   //   out[t, j] = routes[e * stride + 1 + t mod routes[e * stride]],  e = ids[t, j],
@@ -348,6 +359,19 @@ inline void Backend::ArgmaxRows(const Tensor& logits, Tensor& ids) {
     best[r] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
   }
   CopyFromHost(best.data(), DType::kI32, ids);
+}
+
+inline void Backend::SampleRows(const Tensor& logits, std::span<const SamplingRule> rules,
+                                std::span<const double> uniforms, std::span<DrawnToken> out) {
+  const size_t rows = rules.size();
+  if (rows == 0) return;
+  const size_t vocab = static_cast<size_t>(logits.numel()) / rows;
+  std::vector<float> host(static_cast<size_t>(logits.numel()));
+  CopyToHostF32(logits, host.data());
+  for (size_t r = 0; r < rows && r < uniforms.size() && r < out.size(); ++r) {
+    out[r] =
+        DrawToken(std::span<const float>(host).subspan(r * vocab, vocab), rules[r], uniforms[r]);
+  }
 }
 
 inline void Backend::MapExpertIds(const Tensor& ids, const Tensor& routes, int stride,

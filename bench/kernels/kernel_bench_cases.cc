@@ -708,6 +708,50 @@ void Bench::BuildSpecs() {
       [=, this] { return Linear(1, d.vocab, d.hidden); });
   Add(absl::StrFormat("linear.%dx%dx%d", d.gemm, d.gemm, d.gemm),
       [=, this] { return Linear(d.gemm, d.gemm, d.gemm); });
+  // Tokens from fp32 logits: the greedy argmax and draws under sampling rules (temperature alone:
+  // the walk over the whole row; top-k 50 with top-p 0.95: bins, candidate sort and the rule;
+  // uniform logits would leave a top-p nucleus too wide for the kernel's sort), each with its
+  // copy of the tokens to the host (SampleRows returns them there). Bytes: the logits, read once
+  // (the kernels read a row three times; the rereads may hit L2).
+  for (int b : d.decode_batches) {
+    Add(absl::StrFormat("argmax_rows.B%d", b), [=, this] {
+      Case c;
+      c.op = "ArgmaxRows";
+      c.shape = absl::StrFormat("[%d, %d] fp32", b, d.vocab);
+      c.bytes = 4.0 * b * d.vocab;
+      c.sets = Sets(c.bytes);
+      auto v = std::make_shared<std::vector<std::array<Tensor, 2>>>();
+      for (int s = 0; s < c.sets; ++s) {
+        v->push_back({Rand(DType::kF32, {b, d.vocab}, -8.f, 8.f), Alloc(DType::kI32, {b})});
+      }
+      c.run = [this, v](int s) { be_->ArgmaxRows((*v)[s][0], (*v)[s][1]); };
+      return c;
+    });
+    for (const bool truncated : {false, true}) {
+      Add(absl::StrFormat("sample_rows.B%d.%s", b, truncated ? "top_k_top_p" : "temperature"),
+          [=, this] {
+            Case c;
+            c.op = "SampleRows";
+            c.shape = absl::StrFormat("[%d, %d] fp32, T 0.8%s", b, d.vocab,
+                                      truncated ? ", top-k 50, top-p 0.95" : "");
+            c.bytes = 4.0 * b * d.vocab;
+            c.sets = Sets(c.bytes);
+            auto v = std::make_shared<std::vector<Tensor>>();
+            for (int s = 0; s < c.sets; ++s)
+              v->push_back(Rand(DType::kF32, {b, d.vocab}, -8.f, 8.f));
+            auto rules = std::make_shared<std::vector<kernels::SamplingRule>>(
+                b, truncated ? kernels::SamplingRule{0.8f, 50, 0.95f, 0.0f}
+                             : kernels::SamplingRule{0.8f, 0, 1.0f, 0.0f});
+            auto uniforms = std::make_shared<std::vector<double>>(b);
+            for (int i = 0; i < b; ++i) (*uniforms)[i] = (i + 0.5) / b;
+            auto out = std::make_shared<std::vector<kernels::DrawnToken>>(b);
+            c.run = [this, v, rules, uniforms, out](int s) {
+              be_->SampleRows((*v)[s], *rules, *uniforms, *out);
+            };
+            return c;
+          });
+    }
+  }
 }
 
 }  // namespace mobius::bench

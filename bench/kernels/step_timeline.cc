@@ -70,12 +70,22 @@ std::string ShortName(const char* mangled) {
   std::unique_ptr<char, decltype(&std::free)> demangled(
       abi::__cxa_demangle(mangled, nullptr, nullptr, &status), &std::free);
   std::string name = status == 0 && demangled ? demangled.get() : mangled;
-  // Drop the parameter list and the namespaces; keep template arguments (they tell the
-  // instantiations apart), shortened.
-  if (const size_t paren = name.find('('); paren != std::string::npos) name.resize(paren);
+  // Drop the namespaces (first: "(anonymous namespace)" holds a parenthesis), the return type
+  // and the parameter list; keep template arguments (they tell the instantiations apart),
+  // shortened.
   for (const std::string ns : {"mobius::kernels::cuda::", "(anonymous namespace)::"}) {
     for (size_t at = name.find(ns); at != std::string::npos; at = name.find(ns)) {
       name.erase(at, ns.size());
+    }
+  }
+  if (name.starts_with("void ")) name.erase(0, 5);
+  int depth = 0;  // the parameter list opens at the first '(' outside template arguments
+  for (size_t i = 0; i < name.size(); ++i) {
+    if (name[i] == '<') ++depth;
+    if (name[i] == '>') --depth;
+    if (name[i] == '(' && depth == 0) {
+      name.resize(i);
+      break;
     }
   }
   if (name.size() > 72) name = name.substr(0, 69) + "...";

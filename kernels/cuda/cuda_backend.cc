@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +22,7 @@
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/lt_gemm.h"
 #include "kernels/cuda/tuning_knobs.h"
+#include "kernels/token_sampling.h"
 
 namespace mobius::kernels {
 namespace {
@@ -263,6 +265,9 @@ class CudaBackend final : public Backend {
   void CopyRows(std::span<Tensor* const> xs, std::span<const int32_t> from,
                 std::span<const int32_t> to) override;
   void ArgmaxRows(const Tensor& logits, Tensor& ids) override;
+  bool SamplesOnDevice() const override { return true; }
+  void SampleRows(const Tensor& logits, std::span<const SamplingRule> rules,
+                  std::span<const double> uniforms, std::span<DrawnToken> out) override;
   void RmsNorm1p(const Tensor& x, const Tensor& w, float eps, Tensor& out) override;
   void AddRmsNorm1p(Tensor& residual, const Tensor& delta, const Tensor& w, float eps,
                     Tensor& out) override;
@@ -863,6 +868,51 @@ void CudaBackend::ArgmaxRows(const Tensor& logits, Tensor& ids) {
   Enter();
   cuda::LaunchArgmaxRows(logits.data<float>(), rows, logits.numel() / rows, ids.data<int32_t>(),
                          stream_);
+}
+
+void CudaBackend::SampleRows(const Tensor& logits, std::span<const SamplingRule> rules,
+                             std::span<const double> uniforms, std::span<DrawnToken> out) {
+  CheckTensor(logits, DType::kF32, "SampleRows", "logits");
+  const int64_t rows = static_cast<int64_t>(rules.size());
+  Check(uniforms.size() == rules.size() && out.size() == rules.size(), "SampleRows",
+        absl::StrFormat("%d rules, %d uniforms, %d outputs", rules.size(), uniforms.size(),
+                        out.size()));
+  Check(rows == 0 || (logits.numel() % rows == 0 && logits.numel() / rows > 0 &&
+                      logits.numel() / rows <= INT32_MAX),
+        "SampleRows", absl::StrFormat("logits %s for %d rows", logits.ShapeString(), rows));
+  if (rows == 0) return;
+  const int64_t vocab = logits.numel() / rows;
+  // The rows' parameters go up with the metadata upload (int32 words; the struct's double sits
+  // at an 8-byte offset of an allocation's start, and its size is a multiple of 8).
+  static_assert(sizeof(cuda::SampleRowParams) % sizeof(double) == 0);
+  static_assert(sizeof(cuda::SampleRowResult) == 2 * sizeof(int32_t));
+  std::vector<int32_t> words(static_cast<size_t>(rows) * sizeof(cuda::SampleRowParams) /
+                             sizeof(int32_t));
+  for (int64_t r = 0; r < rows; ++r) {
+    const cuda::SampleRowParams p{rules[r].temperature, rules[r].top_k, rules[r].top_p,
+                                  rules[r].min_p, uniforms[r]};
+    std::memcpy(words.data() + r * (sizeof(p) / sizeof(int32_t)), &p, sizeof(p));
+  }
+  Enter();
+  const auto* params = reinterpret_cast<const cuda::SampleRowParams*>(Upload(words));
+  absl::StatusOr<Tensor> results = AllocateUninitialized(DType::kI32, {rows, 2});
+  Check(results.ok(), "SampleRows", "no device memory for the results");
+  cuda::LaunchSampleRows(logits.data<float>(), rows, vocab, params,
+                         reinterpret_cast<cuda::SampleRowResult*>(results->data<int32_t>()),
+                         stream_);
+  std::vector<int32_t> host(static_cast<size_t>(rows) * 2);
+  CopyToHostI32(*results, host.data());
+  std::vector<float> row;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (host[2 * r] >= 0) {
+      out[r] = {host[2 * r], std::bit_cast<float>(host[2 * r + 1])};
+      continue;
+    }
+    // More truncation candidates than the kernel sorts: this row is drawn on the host.
+    row.resize(static_cast<size_t>(vocab));
+    CopyToHostF32(logits.Reshape({rows, vocab}).Rows(r, 1), row.data());
+    out[r] = DrawToken(row, rules[r], uniforms[r]);
+  }
 }
 
 void CudaBackend::RmsNorm1p(const Tensor& x, const Tensor& w, float eps, Tensor& out) {

@@ -67,43 +67,6 @@ __global__ void CopyRowsVecKernel(const CopyRowsTable table, const int32_t* from
   }
 }
 
-// ids[r] = argmax of row r (fp32, lowest index among equal maxima): one block per row, a
-// strided scan per thread, then warp and block reductions on (value, index).
-constexpr int kArgmaxThreads = 512;
-__device__ __forceinline__ void ArgmaxMerge(float& v, int& i, float ov, int oi) {
-  if (ov > v || (ov == v && oi < i)) {
-    v = ov;
-    i = oi;
-  }
-}
-__global__ void __launch_bounds__(kArgmaxThreads)
-    ArgmaxRowsKernel(const float* logits, int64_t vocab, int32_t* ids) {
-  PdlWait();
-  PdlTrigger();
-  __shared__ float best_v[kArgmaxThreads / 32];
-  __shared__ int best_i[kArgmaxThreads / 32];
-  const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
-  float v = -INFINITY;
-  int i = INT_MAX;
-  for (int64_t c = threadIdx.x; c < vocab; c += kArgmaxThreads) {
-    ArgmaxMerge(v, i, row[c], static_cast<int>(c));
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    ArgmaxMerge(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
-  }
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (lane == 0) {
-    best_v[warp] = v;
-    best_i[warp] = i;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    for (int w = 1; w < kArgmaxThreads / 32; ++w) ArgmaxMerge(v, i, best_v[w], best_i[w]);
-    ids[blockIdx.x] = i == INT_MAX ? 0 : i;  // an all-NaN or -inf row: token 0
-  }
-}
-
 // out = x / sqrt(mean(x^2) + eps) * (1 + w). When `residual` is set, first residual += delta
 // (rounded to bf16 and stored), and the norm reads the stored sum.
 __global__ void RmsNorm1pKernel(const uint16_t* x, uint16_t* residual, const uint16_t* delta,
@@ -407,14 +370,6 @@ void LaunchGatherRows(AnyPtr src, const int32_t* rows, int64_t num_rows, int64_t
   LaunchPdl("GatherRowsKernel", GatherRowsKernel, static_cast<unsigned>(num_rows), kRowThreads, 0,
             stream, src, rows, width, dst);
   CheckLaunch("GatherRows");
-}
-
-void LaunchArgmaxRows(const float* logits, int64_t rows, int64_t vocab, int32_t* ids,
-                      cudaStream_t stream) {
-  if (rows == 0) return;
-  LaunchPdl("ArgmaxRowsKernel", ArgmaxRowsKernel, static_cast<unsigned>(rows), kArgmaxThreads, 0,
-            stream, logits, vocab, ids);
-  CheckLaunch("ArgmaxRows");
 }
 
 bool LaunchCopyRows(const CopyRowsTarget* targets, int num_targets, const int32_t* from,

@@ -41,6 +41,26 @@ void LaunchGatherRows(AnyPtr src, const int32_t* rows, int64_t num_rows, int64_t
 // Backend::ArgmaxRows: ids[r] = argmax of logits row r (fp32 [rows, vocab]).
 void LaunchArgmaxRows(const float* logits, int64_t rows, int64_t vocab, int32_t* ids,
                       cudaStream_t stream);
+// ---- sampling (sampling_kernels.cu) ----
+// One row of Backend::SampleRows: its SamplingRule and uniform draw u in [0, 1).
+struct SampleRowParams {
+  float temperature = 1.0f;  // 0: greedy
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  double u = 0.0;
+};
+// Its result: the token and its logprob, or token -1 when the row's truncation candidates
+// exceed kMaxSampleCandidates (the caller then draws the row on the host).
+struct SampleRowResult {
+  int32_t token = 0;
+  float logprob = 0.0f;
+};
+inline constexpr int kMaxSampleCandidates = 4096;
+// Backend::SampleRows over fp32 logits [rows, vocab]: params and results are device arrays of
+// `rows`. One block per row.
+void LaunchSampleRows(const float* logits, int64_t rows, int64_t vocab,
+                      const SampleRowParams* params, SampleRowResult* results, cudaStream_t stream);
 // One tensor of Backend::CopyRows: its rows are row_bytes apart from `base`.
 struct CopyRowsTarget {
   void* base = nullptr;

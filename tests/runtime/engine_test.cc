@@ -245,6 +245,59 @@ TEST_F(EngineTest, SampledRowsOfABatchMatchEachRequestAlone) {
   }
 }
 
+// Rows drawn through the backend's SampleRows (kBackend: the CPU backend's goes through the
+// host) take the host sampler's tokens, in batches that mix sampling rules, greedy rows, chunked
+// prefill and a penalised request (whose steps go to the host whole).
+TEST_F(EngineTest, BackendSamplingMatchesHostSampling) {
+  auto run = [&](EngineOptions::SamplingPlace place) {
+    EngineOptions options;
+    options.scheduler.max_num_seqs = 6;
+    options.scheduler.max_tokens_per_step = 16;
+    options.sampling_place = place;
+    std::vector<std::vector<int32_t>> outputs;
+    auto engine = Start(options);
+    EXPECT_NE(engine, nullptr);
+    if (engine == nullptr) return outputs;
+    Streams streams;
+    for (int i = 0; i < 6; ++i) {
+      GenerationRequest r;
+      r.request_id = "r" + std::to_string(i);
+      r.prompt = ref_.prompts[i % ref_.prompts.size()];
+      r.params.seed = 40 + i;
+      r.params.max_tokens = 12;
+      r.params.ignore_eos = true;
+      switch (i % 4) {
+        case 0:
+          r.params.temperature = 0;
+          break;
+        case 1:
+          r.params.temperature = 0.8f;
+          r.params.top_p = 0.9f;
+          break;
+        case 2:
+          r.params.top_k = 5;
+          r.params.min_p = 0.05f;
+          r.params.logprobs = 0;
+          break;
+        default:
+          r.params.temperature = 1.1f;
+          break;
+      }
+      if (i == 5) r.params.presence_penalty = 0.4f;
+      EXPECT_TRUE(engine->Enqueue(r, streams.For(r.request_id)).ok());
+    }
+    for (int i = 0; i < 6; ++i) outputs.push_back(streams.Wait("r" + std::to_string(i)).tokens);
+    return outputs;
+  };
+  const auto on_backend = run(EngineOptions::SamplingPlace::kBackend);
+  const auto on_host = run(EngineOptions::SamplingPlace::kHost);
+  ASSERT_EQ(on_backend.size(), 6u);
+  for (size_t i = 0; i < on_backend.size(); ++i) {
+    EXPECT_EQ(on_backend[i].size(), 12u) << "request " << i;
+  }
+  EXPECT_EQ(on_backend, on_host);
+}
+
 TEST_F(EngineTest, StopTokenEndsTheStream) {
   auto engine = Start(EngineOptions{});
   ASSERT_NE(engine, nullptr);

@@ -8,6 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
 
 namespace mobius::worker {
 namespace {
@@ -207,6 +208,54 @@ TEST(SamplerTest, LogprobsAreNormalisedAndSorted) {
   double z = 0;
   for (float x : logits) z += std::exp(x);
   EXPECT_NEAR(s.logprob, 2.0 - std::log(z), 1e-5);
+}
+
+// The engine's device path (DeviceRule, NextUniform, then Backend::SampleRows) draws what Sample
+// draws from the same stream, here through the backend's host default (the CPU backend's).
+TEST(SamplerTest, DeviceRuleAndNextUniformReproduceSample) {
+  kernels::CpuBackend backend(1);
+  std::mt19937 gen(7);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  const int vocab = 3000;
+  std::vector<SamplingParams> cases(6);
+  cases[0].temperature = 0;
+  cases[1].temperature = 0.8f;
+  cases[2].top_p = 0.9f;
+  cases[3].top_k = 20;
+  cases[3].temperature = 1.2f;
+  cases[4].min_p = 0.05f;
+  cases[4].logprobs = 0;  // the chosen token's logprob: still on the device
+  cases[5].top_k = 40;
+  cases[5].top_p = 0.95f;
+  cases[5].min_p = 0.01f;
+  for (size_t c = 0; c < cases.size(); ++c) {
+    cases[c].seed = 100 + c;
+    RequestSampler host(cases[c], 1), device(cases[c], 1);
+    ASSERT_TRUE(device.DeviceRule().has_value()) << "case " << c;
+    for (int step = 0; step < 20; ++step) {
+      std::vector<float> row(vocab);
+      for (float& x : row) x = normal(gen);
+      std::vector<float> copy = row;
+      const SampledToken expected = host.Sample(copy, {});
+      auto logits = backend.Allocate(kernels::DType::kF32, {1, vocab});
+      ASSERT_TRUE(logits.ok());
+      backend.CopyFromHost(row.data(), kernels::DType::kF32, *logits);
+      const kernels::SamplingRule rule = *device.DeviceRule();
+      const double u = device.NextUniform();
+      std::vector<kernels::DrawnToken> drawn(1);
+      backend.SampleRows(*logits, std::span<const kernels::SamplingRule>(&rule, 1),
+                         std::span<const double>(&u, 1), drawn);
+      EXPECT_EQ(drawn[0].token, expected.token) << "case " << c << " step " << step;
+      EXPECT_FLOAT_EQ(drawn[0].logprob, expected.logprob) << "case " << c << " step " << step;
+    }
+  }
+  // Penalties and top-n logprobs need the host.
+  SamplingParams penalised;
+  penalised.presence_penalty = 0.5f;
+  EXPECT_FALSE(RequestSampler(penalised, 1).DeviceRule().has_value());
+  SamplingParams top_n;
+  top_n.logprobs = 2;
+  EXPECT_FALSE(RequestSampler(top_n, 1).DeviceRule().has_value());
 }
 
 TEST(SamplingParamsTest, ValidateNamesTheField) {

@@ -289,6 +289,23 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
       }
     }
   }
+  if (options.sampled_tokens != nullptr) {
+    // One rule and draw per logits row: the rows of logits_rows, else one per sequence or token.
+    int64_t rows = 0;
+    if (!options.logits_rows.empty()) {
+      for (int n : options.logits_rows) rows += n;
+    } else if (options.logits == LogitsMode::kAllTokens) {
+      for (const SequenceStep& step : batch) rows += static_cast<int64_t>(step.tokens.size());
+    } else {
+      rows = static_cast<int64_t>(batch.size());
+    }
+    if (static_cast<int64_t>(options.sampling_rules.size()) != rows ||
+        options.sampling_uniforms.size() != options.sampling_rules.size()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sampled_tokens: %d sampling rules and %d uniforms for a step of %d logits rows",
+          options.sampling_rules.size(), options.sampling_uniforms.size(), rows));
+    }
+  }
   if (options.draft_hidden_in != nullptr) {
     if (!weights_.mtp.has_value()) {
       return absl::FailedPreconditionError(
@@ -385,6 +402,11 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
     backend_.ArgmaxRows(out, ids);
     options.greedy_tokens->resize(static_cast<size_t>(rows));
     backend_.CopyToHostI32(ids, options.greedy_tokens->data());
+    logits.clear();
+  } else if (options.sampled_tokens != nullptr) {
+    options.sampled_tokens->resize(options.sampling_rules.size());
+    backend_.SampleRows(out, options.sampling_rules, options.sampling_uniforms,
+                        *options.sampled_tokens);
     logits.clear();
   } else if (options.copy_logits) {
     logits.resize(static_cast<size_t>(out.numel()));

@@ -55,6 +55,12 @@ struct ForwardOptions {
   // When set, receives the argmax token of every logits row (greedy decoding), computed on the
   // device: only the token ids come back, `logits` comes back empty.
   std::vector<int32_t>* greedy_tokens = nullptr;
+  // When set, receives a token of every logits row drawn on the backend (Backend::SampleRows)
+  // under sampling_rules[r] with sampling_uniforms[r] (one per row), and `logits` comes back
+  // empty: token ids cross to the host instead of [rows, vocab] logits.
+  std::vector<kernels::DrawnToken>* sampled_tokens = nullptr;
+  std::span<const kernels::SamplingRule> sampling_rules;
+  std::span<const double> sampling_uniforms;
   // When set, receives the final post-norm hidden states of the logits rows, float32 [rows, H]
   // (what the MTP draft head reads as h_prev), or of every token with `hidden_all_tokens`. Such
   // steps run op by op, except verify steps and an MTP head's one-token steps, which are recorded
@@ -133,6 +139,10 @@ class HybridModel {
     for (const auto& [key, graph] : decode_graphs_) n += key.second == tokens;
     return n;
   }
+
+  // True when the backend draws sampled tokens on the device (ForwardOptions::sampled_tokens)
+  // rather than through a copy of the logits.
+  [[nodiscard]] bool samples_on_device() const { return backend_.SamplesOnDevice(); }
 
   // Gives `seq` a fresh state slot. Free with ReleaseSequence.
   absl::Status StartSequence(SequenceCache& seq);

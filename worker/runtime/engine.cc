@@ -449,6 +449,31 @@ bool Engine::Step() {
   }
   std::vector<int32_t> greedy;
   if (greedy_step) forward.greedy_tokens = &greedy;
+  // Otherwise, rows drawn on the device: each sampled row's rule and the uniform its sampler
+  // would draw (a seeded request keeps its tokens). One logits row per chunk: no drafts.
+  using SamplingPlace = EngineOptions::SamplingPlace;
+  bool device_step =
+      !greedy_step && !any_drafts &&
+      (options_.sampling_place == SamplingPlace::kBackend ||
+       (options_.sampling_place == SamplingPlace::kAuto && model_.samples_on_device()));
+  for (const ScheduledChunk& c : plan.chunks) {
+    if (c.completes_prefill()) device_step &= c.sequence->sampler->DeviceRule().has_value();
+  }
+  std::vector<kernels::SamplingRule> rules;
+  std::vector<double> uniforms;
+  std::vector<kernels::DrawnToken> drawn;
+  if (device_step) {
+    for (const ScheduledChunk& c : plan.chunks) {
+      RequestSampler& sampler = *c.sequence->sampler;
+      const bool sampled_row = c.completes_prefill();
+      // A chunk in mid-prefill has a row too, unused: drawn greedily.
+      rules.push_back(sampled_row ? *sampler.DeviceRule() : kernels::SamplingRule{0.0f});
+      uniforms.push_back(sampled_row ? sampler.NextUniform() : 0.0);
+    }
+    forward.sampled_tokens = &drawn;
+    forward.sampling_rules = rules;
+    forward.sampling_uniforms = uniforms;
+  }
   std::vector<float> logits;
   const absl::Time forward_start = absl::Now();
   absl::Status status = model_.Forward(steps, forward, logits);
@@ -512,9 +537,15 @@ bool Engine::Step() {
   std::vector<int32_t> restore_from, restore_to;  // their snapshots, restored first
   std::vector<std::string> errored;
   absl::Status replay_error;
-  const std::vector<std::optional<SampledToken>> presampled =
-      greedy_step ? std::vector<std::optional<SampledToken>>(plan.chunks.size())
-                  : SampleRows(plan, drafts, logits, vocab);
+  std::vector<std::optional<SampledToken>> presampled;
+  if (device_step) {
+    presampled.resize(plan.chunks.size());
+    for (size_t i = 0; i < plan.chunks.size(); ++i) {
+      presampled[i] = SampledToken{drawn[i].token, drawn[i].logprob, {}};
+    }
+  } else if (!greedy_step) {
+    presampled = SampleRows(plan, drafts, logits, vocab);
+  }
   int64_t row = 0, hidden_row = 0;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const ScheduledChunk& c = plan.chunks[i];
@@ -543,7 +574,7 @@ bool Engine::Step() {
     int accepted = 0;
     if (d == 0) {
       seq.num_computed += c.count;
-      sampled = greedy_step ? SampledToken{greedy[first_row]} : *presampled[i];
+      sampled = greedy_step ? SampledToken{greedy[first_row], 0.0f, {}} : *presampled[i];
       new_tokens = {sampled->token};
     } else {
       const DraftVerdict verdict = VerifyDraftsWithSampler(

@@ -62,6 +62,13 @@ struct EngineOptions {
   // speculating sequence holds a second state slot (its snapshot for rollback).
   int spec_tokens = 0;
   Drafter* drafter = nullptr;
+  // Where sampled tokens are drawn. kAuto: by the backend (Backend::SampleRows) when it draws on
+  // the device and every sampled row of the step needs nothing else of its logits (no penalties,
+  // no top-n logprobs, no drafts to verify), else on the host from a copy of the logits. kHost:
+  // always on the host. kBackend: as kAuto on any backend (tests: the CPU backend's SampleRows
+  // goes through the host).
+  enum class SamplingPlace { kAuto, kHost, kBackend };
+  SamplingPlace sampling_place = SamplingPlace::kAuto;
   // Test hook: a pause after every step that did work, so that process tests can make a step
   // long enough to tell "freed within one step" from "freed a few steps later".
   absl::Duration debug_step_delay = absl::ZeroDuration();

@@ -5,10 +5,12 @@
 #define MOBIUS_WORKER_RUNTIME_SAMPLER_H_
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <span>
 #include <vector>
 
+#include "kernels/token_sampling.h"
 #include "worker/runtime/sampling_params.h"
 
 namespace mobius::worker {
@@ -40,22 +42,11 @@ class TokenHistory {
   std::vector<int32_t> output_count_;
 };
 
-// The index of one draw from non-negative weights that sum to `total` (u uniform in [0, total)),
-// skipping zero weights; the last positive index when rounding leaves u at or past the end, and
-// 0 when none is positive.
+// The index of one draw from non-negative weights that sum to `total` (kernels::DrawIndexAt with
+// a uniform draw from [0, total)).
 template <typename Weight>
 size_t DrawIndex(std::span<const Weight> weights, double total, std::mt19937_64& rng) {
-  std::uniform_real_distribution<double> uniform(0.0, total);
-  const double u = uniform(rng);
-  double acc = 0;
-  size_t last = 0;
-  for (size_t i = 0; i < weights.size(); ++i) {
-    if (!(weights[i] > 0)) continue;
-    last = i;
-    acc += weights[i];
-    if (u < acc) break;
-  }
-  return last;
+  return kernels::DrawIndexAt(weights, std::uniform_real_distribution<double>(0.0, total)(rng));
 }
 
 class RequestSampler {
@@ -77,32 +68,21 @@ class RequestSampler {
   // place as Sample does. Speculative decoding accepts drafts against it. Draws nothing.
   [[nodiscard]] std::vector<double> Distribution(std::span<float> logits,
                                                  const TokenHistory& history) const;
+  // When the whole of Sample can run on the device (no penalties, at most the chosen token's
+  // logprob): its rule for Backend::SampleRows, which the caller pairs with NextUniform().
+  [[nodiscard]] std::optional<kernels::SamplingRule> DeviceRule() const;
+  // The uniform draw Sample would make next from the request's stream (none for greedy
+  // requests: 0), so that sampling on the device keeps a seeded request's tokens.
+  double NextUniform();
   // The request's random stream, for draws made outside Sample (speculative acceptance), so a
   // seeded request stays reproducible.
   [[nodiscard]] std::mt19937_64& rng() { return rng_; }
 
  private:
-  // Sorted candidates after top-k with their (temperature) probabilities; the first `kept` of
-  // them survive top-p and min-p.
-  struct Candidates {
-    std::vector<int32_t> order;
-    std::vector<double> p;
-    size_t kept = 1;
-  };
   void ApplyPenalties(std::span<float> logits, const TokenHistory& history) const;
-  // True when top-k, top-p or min-p can drop a token of a `vocab`-token row.
-  [[nodiscard]] bool Truncates(int vocab) const {
-    return (params_.top_k > 0 && params_.top_k < vocab) || params_.top_p < 1.0f ||
-           params_.min_p > 0.0f;
+  [[nodiscard]] kernels::SamplingRule Rule() const {
+    return {params_.temperature, params_.top_k, params_.top_p, params_.min_p};
   }
-  // Only when Truncates: the kept candidates sorted by logit (ties: lower id first).
-  // `weights`: exp((logit - max) / temperature) per token, summing to `sum`.
-  Candidates Truncate(std::span<const float> logits, float max_logit,
-                      std::span<const float> weights, double sum) const;
-  // `weights` = exp((logit - max_logit) / temperature) per token; returns their sum. One pass of
-  // exponentials per row, shared by the log-softmax and the truncation.
-  static double Exponentiate(std::span<const float> logits, float max_logit, float temperature,
-                             std::vector<float>& weights);
 
   SamplingParams params_;
   std::mt19937_64 rng_;

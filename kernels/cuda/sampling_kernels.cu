@@ -1,0 +1,393 @@
+// From logits to tokens on the device: the greedy argmax (Backend::ArgmaxRows) and the draw under
+// a sampling rule (Backend::SampleRows), one block per row, so that only token ids come back to
+// the host instead of [rows, vocab] fp32 logits (254 MB at batch 256 with a 248K vocabulary).
+//
+// SampleRows follows the host rule of kernels/token_sampling.cc step by step: the same weights
+// exp((logit - max) / T), the same logit bins to find the truncation candidates, the same order
+// (logit, ties: lower id first), kept set and walk of the draw. Sums are taken in a different
+// order (per-thread chunks, then a block scan), so a draw whose u falls within rounding of a
+// boundary between two tokens may pick the neighbour.
+#include <cfloat>
+#include <climits>
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/launch.h"
+
+namespace mobius::kernels::cuda {
+namespace {
+
+// (value, index) merge for the argmax: the larger value, the lower index among equals.
+__device__ __forceinline__ void ArgmaxMerge(float& v, int& i, float ov, int oi) {
+  if (ov > v || (ov == v && oi < i)) {
+    v = ov;
+    i = oi;
+  }
+}
+
+// ids[r] = argmax of row r (fp32, lowest index among equal maxima): a strided scan per thread,
+// then warp and block reductions on (value, index).
+constexpr int kArgmaxThreads = 512;
+__global__ void __launch_bounds__(kArgmaxThreads)
+    ArgmaxRowsKernel(const float* logits, int64_t vocab, int32_t* ids) {
+  PdlWait();
+  PdlTrigger();
+  __shared__ float best_v[kArgmaxThreads / 32];
+  __shared__ int best_i[kArgmaxThreads / 32];
+  const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  float v = -INFINITY;
+  int i = INT_MAX;
+  for (int64_t c = threadIdx.x; c < vocab; c += kArgmaxThreads) {
+    ArgmaxMerge(v, i, row[c], static_cast<int>(c));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    ArgmaxMerge(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) {
+    best_v[warp] = v;
+    best_i[warp] = i;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kArgmaxThreads / 32; ++w) ArgmaxMerge(v, i, best_v[w], best_i[w]);
+    ids[blockIdx.x] = i == INT_MAX ? 0 : i;  // an all-NaN or -inf row: token 0
+  }
+}
+
+constexpr int kSampleThreads = 1024;
+constexpr int kSampleWarps = kSampleThreads / 32;
+static_assert(kSampleWarps == 32, "the block scan's second level is one warp");
+// As TruncateCandidates: kBins bins over kSpan temperatures below the maximum, the rest in one
+// last bin.
+constexpr int kBins = 1024;
+constexpr float kSpan = 40.0f;
+static_assert(kBins == kSampleThreads, "one bin per thread in the bin scans");
+constexpr int kCandidatesPerThread = kMaxSampleCandidates / kSampleThreads;
+static_assert(kMaxSampleCandidates % kSampleThreads == 0);
+
+// exp((x - max) / T) as the host's weights: 0 below e^-87 and for NaN.
+__device__ __forceinline__ float SampleWeight(float x, float max_logit, float temperature) {
+  const float d = (x - max_logit) / temperature;
+  return d >= -87.0f ? expf(d) : 0.0f;
+}
+
+// Sort key of a candidate: ascending keys are descending logits, ties by ascending id.
+__device__ __forceinline__ unsigned long long CandidateKey(float logit, int id) {
+  uint32_t b = __float_as_uint(logit == 0.0f ? 0.0f : logit);  // -0 ties with +0, as on the host
+  b = (b & 0x80000000u) != 0 ? ~b : (b | 0x80000000u);         // ascending with the float
+  return (static_cast<unsigned long long>(~b) << 32) | static_cast<uint32_t>(id);
+}
+
+// Exclusive scan of one value per thread of the block; `total` receives the block's sum.
+// `warp_sums` holds kSampleWarps + 1 entries. Every thread must call it.
+template <typename T>
+__device__ T BlockExclusiveScan(T v, T* warp_sums, T& total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  T inclusive = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const T n = __shfl_up_sync(0xffffffffu, inclusive, o);
+    if (lane >= o) inclusive += n;
+  }
+  T exclusive = __shfl_up_sync(0xffffffffu, inclusive, 1);
+  if (lane == 0) exclusive = T(0);
+  if (lane == 31) warp_sums[warp] = inclusive;
+  __syncthreads();
+  if (warp == 0) {
+    const T w = warp_sums[lane];
+    T w_inclusive = w;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const T n = __shfl_up_sync(0xffffffffu, w_inclusive, o);
+      if (lane >= o) w_inclusive += n;
+    }
+    T w_exclusive = __shfl_up_sync(0xffffffffu, w_inclusive, 1);
+    if (lane == 0) w_exclusive = T(0);
+    __syncwarp();
+    warp_sums[lane] = w_exclusive;
+    if (lane == 31) warp_sums[kSampleWarps] = w_inclusive;
+  }
+  __syncthreads();
+  const T result = warp_sums[warp] + exclusive;
+  total = warp_sums[kSampleWarps];
+  __syncthreads();  // warp_sums may be reused once every thread has read it
+  return result;
+}
+
+__global__ void __launch_bounds__(kSampleThreads)
+    SampleRowsKernel(const float* logits, int64_t vocab, const SampleRowParams* params,
+                     SampleRowResult* results) {
+  __shared__ float best_v[kSampleWarps];
+  __shared__ int best_i[kSampleWarps];
+  __shared__ double double_sums[kSampleWarps + 1];
+  __shared__ int int_sums[kSampleWarps + 1];
+  // The bins while the candidates are found, then the candidates' sort keys.
+  __shared__ union {
+    struct {
+      int count[kBins + 1];
+      float mass[kBins + 1];
+    } bins;
+    unsigned long long keys[kMaxSampleCandidates];
+  } shared;
+  __shared__ int s_token, s_last_bin, s_num_candidates, s_cut, s_pick, s_last_positive;
+  __shared__ double s_p_max, s_kept_mass;
+
+  PdlWait();
+  PdlTrigger();
+  const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  const SampleRowParams prm = params[blockIdx.x];
+  const int tid = threadIdx.x;
+
+  // 1. The maximum (and argmax: the greedy token).
+  float v = -INFINITY;
+  int arg = INT_MAX;
+  for (int64_t c = tid; c < vocab; c += kSampleThreads)
+    ArgmaxMerge(v, arg, row[c], static_cast<int>(c));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    ArgmaxMerge(v, arg, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, arg, o));
+  }
+  if ((tid & 31) == 0) {
+    best_v[tid >> 5] = v;
+    best_i[tid >> 5] = arg;
+  }
+  const bool greedy = !(prm.temperature > 0.0f);
+  const float temperature = greedy ? 1.0f : prm.temperature;
+  const bool top_k = !greedy && prm.top_k > 0 && prm.top_k < vocab;
+  const bool truncates = top_k || (!greedy && (prm.top_p < 1.0f || prm.min_p > 0.0f));
+  if (truncates) {
+    for (int b = tid; b <= kBins; b += kSampleThreads) {
+      shared.bins.count[b] = 0;
+      shared.bins.mass[b] = 0.0f;
+    }
+  }
+  if (tid == 0) {
+    s_token = INT_MAX;
+    s_last_bin = kBins;
+    s_num_candidates = 0;
+    s_last_positive = -1;
+  }
+  __syncthreads();
+  if (tid < 32) {
+    v = best_v[tid];
+    arg = best_i[tid];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      ArgmaxMerge(v, arg, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, arg, o));
+    }
+    if (tid == 0) {
+      best_v[0] = v;
+      best_i[0] = arg == INT_MAX ? 0 : arg;
+    }
+  }
+  __syncthreads();
+  const float max_logit = best_v[0];
+  const int argmax = best_i[0];
+
+  // 2. Weights over contiguous chunks (id order, for the draw's walk) and, when truncating, the
+  // bins: counts (top-k and the candidates' number) and weight mass (top-p).
+  const float width = kSpan * temperature / kBins;
+  auto bin_of = [&](float x) {
+    const float d = (max_logit - x) / width;
+    return d < static_cast<float>(kBins) ? static_cast<int>(d) : kBins;
+  };
+  const int64_t chunk = (vocab + kSampleThreads - 1) / kSampleThreads;
+  const int64_t begin = min(vocab, tid * chunk), end = min(vocab, begin + chunk);
+  double sum = 0.0;
+  int last_positive = -1;
+  for (int64_t c = begin; c < end; ++c) {
+    const float x = row[c];
+    const float w = SampleWeight(x, max_logit, temperature);
+    sum += w;
+    if (w > 0.0f) last_positive = static_cast<int>(c);
+    if (truncates) {
+      const int b = bin_of(x);
+      atomicAdd(&shared.bins.count[b], 1);
+      if (!top_k) atomicAdd(&shared.bins.mass[b], w);
+    }
+  }
+  if (last_positive >= 0) atomicMax(&s_last_positive, last_positive);
+  double z = 0.0;
+  const double prefix = BlockExclusiveScan(sum, double_sums, z);
+  const float log_z = static_cast<float>(log(z));
+  auto finish = [&](int token) {
+    if (tid == 0) {
+      results[blockIdx.x].token = token;
+      results[blockIdx.x].logprob = (row[token] - max_logit) / temperature - log_z;
+    }
+  };
+  if (greedy) {
+    finish(argmax);
+    return;
+  }
+
+  if (!truncates) {
+    // 3a. The first token in id order whose running weight passes u * z: the thread whose chunk
+    // holds the target walks it.
+    const double target = prm.u * z;
+    if (sum > 0.0 && target >= prefix && target < prefix + sum) {
+      double acc = prefix;
+      int found = -1;
+      for (int64_t c = begin; c < end; ++c) {
+        const float w = SampleWeight(row[c], max_logit, temperature);
+        if (!(w > 0.0f)) continue;
+        found = static_cast<int>(c);
+        acc += w;
+        if (target < acc) break;
+      }
+      atomicMin(&s_token, found);
+    }
+    __syncthreads();
+    // Rounding may leave the target past every chunk: the last positive weight, as on the host.
+    finish(s_token != INT_MAX ? s_token : (s_last_positive >= 0 ? s_last_positive : 0));
+    return;
+  }
+
+  // 3b. The last bin that may hold a kept candidate. Top-k: the first bin where the count from
+  // the top reaches k. Top-p: the first where the mass reaches top_p of the total, plus two bins
+  // of margin (the host takes one; these float bin sums round differently from its doubles).
+  const int bin = tid;
+  if (top_k) {
+    int total = 0;
+    const int count = shared.bins.count[bin];
+    const int before = BlockExclusiveScan(count, int_sums, total);
+    if (before < prm.top_k && before + count >= prm.top_k) atomicMin(&s_last_bin, bin);
+  } else {
+    double total = 0.0;
+    const double mass = shared.bins.mass[bin];
+    const double before = BlockExclusiveScan(mass, double_sums, total);
+    const double nucleus = static_cast<double>(prm.top_p) * z * (1 + 1e-9);
+    if (before + mass >= nucleus) atomicMin(&s_last_bin, min(bin + 2, kBins));
+  }
+  __syncthreads();
+  const int last_bin = s_last_bin;
+  // min-p keeps only logits >= max + T ln(min_p); this filter leaves out only what it surely
+  // drops (the rule below decides exactly).
+  const float floor_kept = !top_k && prm.min_p > 0.0f
+                               ? max_logit + temperature * logf(prm.min_p) - 1e-3f * temperature
+                               : -INFINITY;
+  __syncthreads();  // the bins are dead: their memory becomes the keys
+  for (int64_t c = begin; c < end; ++c) {
+    const float x = row[c];
+    if (bin_of(x) <= last_bin && x >= floor_kept) {
+      const int slot = atomicAdd(&s_num_candidates, 1);
+      if (slot < kMaxSampleCandidates) shared.keys[slot] = CandidateKey(x, static_cast<int>(c));
+    }
+  }
+  __syncthreads();
+  const int n = s_num_candidates;
+  if (n > kMaxSampleCandidates) {
+    if (tid == 0) {
+      results[blockIdx.x].token = -1;  // too many: the host draws this row
+      results[blockIdx.x].logprob = 0.0f;
+    }
+    return;
+  }
+  if (n == 0) {  // as the host: the argmax alone
+    finish(argmax);
+    return;
+  }
+
+  // 4. Sort the candidates (bitonic, padded to a power of two).
+  int padded = 2;
+  while (padded < n) padded <<= 1;
+  for (int i = n + tid; i < padded; i += kSampleThreads) shared.keys[i] = ~0ull;
+  __syncthreads();
+  for (int k = 2; k <= padded; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = tid; i < padded; i += kSampleThreads) {
+        const int partner = i ^ j;
+        if (partner > i) {
+          const unsigned long long a = shared.keys[i], b = shared.keys[partner];
+          if ((a > b) == ((i & k) == 0)) {
+            shared.keys[i] = b;
+            shared.keys[partner] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+
+  // 5. The rule over the sorted candidates (top-k: the first k), as the host's loop: stop before
+  // the first candidate under min_p * p_max, or after the one whose running mass reaches top_p
+  // of the total (top-k: the k candidates' mass; otherwise every token's, 1).
+  const int considered = top_k ? prm.top_k : n;
+  const double inv_z = 1.0 / z;
+  double p[kCandidatesPerThread];
+  double local = 0.0;
+#pragma unroll
+  for (int j = 0; j < kCandidatesPerThread; ++j) {
+    const int i = tid * kCandidatesPerThread + j;
+    p[j] = 0.0;
+    if (i < considered) {
+      const int id = static_cast<int>(shared.keys[i] & 0xffffffffu);
+      p[j] = static_cast<double>(SampleWeight(row[id], max_logit, temperature)) * inv_z;
+    }
+    local += p[j];
+  }
+  if (tid == 0) {
+    s_p_max = p[0];
+    s_cut = considered;
+    s_pick = INT_MAX;
+    s_last_positive = -1;
+  }
+  double considered_mass = 0.0;
+  const double before = BlockExclusiveScan(local, double_sums, considered_mass);
+  const double total = top_k ? considered_mass : 1.0;
+  const double nucleus = static_cast<double>(prm.top_p) * total;
+  const double p_floor = static_cast<double>(prm.min_p) * s_p_max;
+  double running[kCandidatesPerThread];
+  double acc = before;
+#pragma unroll
+  for (int j = 0; j < kCandidatesPerThread; ++j) {
+    const int i = tid * kCandidatesPerThread + j;
+    acc += p[j];
+    running[j] = acc;
+    if (i >= considered) continue;
+    if (i > 0 && p[j] < p_floor) atomicMin(&s_cut, i);
+    if (acc >= nucleus) atomicMin(&s_cut, i + 1);
+  }
+  __syncthreads();
+  const int kept = max(1, s_cut);
+#pragma unroll
+  for (int j = 0; j < kCandidatesPerThread; ++j) {
+    if (tid * kCandidatesPerThread + j == kept - 1) s_kept_mass = running[j];
+  }
+  __syncthreads();
+  // 6. The draw: the first kept candidate whose running mass passes u times the kept mass.
+  const double target = prm.u * s_kept_mass;
+#pragma unroll
+  for (int j = 0; j < kCandidatesPerThread; ++j) {
+    const int i = tid * kCandidatesPerThread + j;
+    if (i >= kept || !(p[j] > 0.0)) continue;
+    atomicMax(&s_last_positive, i);
+    if (target < running[j]) atomicMin(&s_pick, i);
+  }
+  __syncthreads();
+  const int pick = s_pick != INT_MAX ? s_pick : (s_last_positive >= 0 ? s_last_positive : 0);
+  finish(static_cast<int>(shared.keys[pick] & 0xffffffffu));
+}
+
+}  // namespace
+
+void LaunchArgmaxRows(const float* logits, int64_t rows, int64_t vocab, int32_t* ids,
+                      cudaStream_t stream) {
+  if (rows == 0) return;
+  LaunchPdl("ArgmaxRowsKernel", ArgmaxRowsKernel, static_cast<unsigned>(rows), kArgmaxThreads, 0,
+            stream, logits, vocab, ids);
+  CheckLaunch("ArgmaxRows");
+}
+
+void LaunchSampleRows(const float* logits, int64_t rows, int64_t vocab,
+                      const SampleRowParams* params, SampleRowResult* results,
+                      cudaStream_t stream) {
+  if (rows == 0) return;
+  LaunchPdl("SampleRowsKernel", SampleRowsKernel, static_cast<unsigned>(rows), kSampleThreads, 0,
+            stream, logits, vocab, params, results);
+  CheckLaunch("SampleRows");
+}
+
+}  // namespace mobius::kernels::cuda

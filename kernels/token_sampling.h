@@ -1,0 +1,81 @@
+// The rule that turns one row of logits into a token (temperature, top-k, top-p, min-p) and a
+// uniform draw u in [0, 1): the host reference of Backend::SampleRows, and what the worker's
+// RequestSampler applies after its penalties. Penalties, random streams and top-n logprobs stay
+// with the request (worker/runtime/sampler.h); this is the part a device can do alone.
+//
+// The draw: with no truncation, the first token in id order whose cumulative weight
+// exp((logit - max) / T) passes u times the total; with truncation, the kept candidates are
+// ordered by logit (ties: lower id first) and the draw walks them in that order. Greedy rules
+// (temperature 0) take the argmax (lowest id among equal maxima) and ignore u.
+#ifndef MOBIUS_KERNELS_TOKEN_SAMPLING_H_
+#define MOBIUS_KERNELS_TOKEN_SAMPLING_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace mobius::kernels {
+
+struct SamplingRule {
+  float temperature = 1.0f;  // 0: greedy
+  int top_k = 0;             // 0 or -1: all tokens
+  float top_p = 1.0f;        // (0, 1]
+  float min_p = 0.0f;        // [0, 1]
+
+  // True when top-k, top-p or min-p can drop a token of a `vocab`-token row.
+  [[nodiscard]] bool Truncates(int vocab) const {
+    return (top_k > 0 && top_k < vocab) || top_p < 1.0f || min_p > 0.0f;
+  }
+};
+
+struct DrawnToken {
+  int32_t token = 0;
+  float logprob = 0;  // log-softmax at the rule's temperature (1 for greedy), before truncation
+};
+
+// Candidates of a truncating rule, sorted by logit (ties: lower id first) with their
+// probabilities at the rule's temperature; the first `kept` of them survive top-k, top-p and
+// min-p.
+struct KeptCandidates {
+  std::vector<int32_t> order;
+  std::vector<double> p;
+  size_t kept = 1;
+};
+
+// The index of the first positive weight whose running sum passes `target` (a uniform draw times
+// the weights' total), skipping zero weights; the last positive index when rounding leaves
+// target at or past the end, and 0 when none is positive.
+template <typename Weight>
+size_t DrawIndexAt(std::span<const Weight> weights, double target) {
+  double acc = 0;
+  size_t last = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (!(weights[i] > 0)) continue;
+    last = i;
+    acc += weights[i];
+    if (target < acc) break;
+  }
+  return last;
+}
+
+// weights[t] = exp((logits[t] - max_logit) / temperature) (0 for NaN and below e^-87); returns
+// their sum. One vectorised pass: the library's expf is a call per element.
+double Exponentiate(std::span<const float> logits, float max_logit, float temperature,
+                    std::vector<float>& weights);
+
+// Only for rule.Truncates(vocab) and temperature > 0: the candidates the rule keeps, from the
+// row's weights (Exponentiate at the rule's temperature) summing to `sum`.
+KeptCandidates TruncateCandidates(std::span<const float> logits, const SamplingRule& rule,
+                                  float max_logit, std::span<const float> weights, double sum);
+
+// A row's weights buffer for Exponentiate, one per thread: a vocabulary-sized vector per sequence
+// would hold 1 MB for each of hundreds of sequences.
+std::vector<float>& ThreadLocalWeights();
+
+// One token of `logits` under `rule`, drawn with u in [0, 1).
+DrawnToken DrawToken(std::span<const float> logits, const SamplingRule& rule, double u);
+
+}  // namespace mobius::kernels
+
+#endif  // MOBIUS_KERNELS_TOKEN_SAMPLING_H_

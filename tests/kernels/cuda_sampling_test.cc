@@ -1,0 +1,223 @@
+// Backend::SampleRows on the CUDA backend against the host rule it implements (DrawToken,
+// kernels/token_sampling.h), on the same fp32 logits and uniform draws: every sampling rule the
+// API allows (greedy, temperature alone, top-k, top-p, min-p and their mixes, rows whose
+// candidates exceed the kernel's sort and go to the host), vocabularies up to the release's
+// 248K, logits with ties and masked (-inf) entries. Skipped without a GPU.
+//
+// Sums run in another order on the device, so a draw whose u lies within rounding of a boundary
+// between two tokens may take the neighbour: the test allows a few such draws, but every token
+// the device draws must be one the host rule keeps, and the drawn token's logprob must match.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/token_sampling.h"
+
+namespace mobius::kernels {
+namespace {
+
+bool HaveCudaDevice() {
+  int count = 0;
+  const bool ok = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  cudaGetLastError();
+  return ok;
+}
+
+std::string RuleString(const SamplingRule& r) {
+  return absl::StrFormat("T=%g top_k=%d top_p=%g min_p=%g", r.temperature, r.top_k, r.top_p,
+                         r.min_p);
+}
+
+// The tokens the host rule can draw from a row: the kept candidates, or every token of positive
+// weight when nothing truncates (the argmax alone for greedy rules).
+std::set<int32_t> HostKeptSet(std::span<const float> row, const SamplingRule& rule) {
+  const float max_logit = *std::max_element(row.begin(), row.end());
+  std::set<int32_t> kept;
+  if (rule.temperature == 0) {
+    kept.insert(static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin()));
+    return kept;
+  }
+  std::vector<float> weights;
+  const double sum = Exponentiate(row, max_logit, rule.temperature, weights);
+  const int vocab = static_cast<int>(row.size());
+  if (!rule.Truncates(vocab)) {
+    for (int t = 0; t < vocab; ++t) {
+      if (weights[t] > 0) kept.insert(t);
+    }
+    return kept;
+  }
+  const KeptCandidates c = TruncateCandidates(row, rule, max_logit, weights, sum);
+  kept.insert(c.order.begin(), c.order.begin() + static_cast<std::ptrdiff_t>(c.kept));
+  return kept;
+}
+
+class CudaSamplingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device";
+    auto backend = CreateCudaBackend(0);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    backend_ = *std::move(backend);
+  }
+
+  // Logits of one row: normal with the given spread; `tie_step` > 0 rounds them to multiples of
+  // it (many ties); a few entries masked to -inf.
+  std::vector<float> Row(int vocab, float spread, float tie_step) {
+    std::normal_distribution<float> normal(0.0f, spread);
+    std::vector<float> row(static_cast<size_t>(vocab));
+    for (float& x : row) {
+      x = normal(rng_);
+      if (tie_step > 0) x = std::round(x / tie_step) * tie_step;
+    }
+    std::uniform_int_distribution<int> pick(0, vocab - 1);
+    for (int i = 0; i < 3; ++i) row[pick(rng_)] = -std::numeric_limits<float>::infinity();
+    return row;
+  }
+
+  // Draws every (row, u) pair on the device and the host and compares them; returns the number
+  // of draws where the two took different tokens.
+  int Compare(int vocab, const std::vector<std::vector<float>>& rows,
+              const std::vector<SamplingRule>& rules, const std::vector<double>& uniforms) {
+    const int64_t n = static_cast<int64_t>(rows.size());
+    std::vector<float> flat;
+    for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
+    auto logits = backend_->Allocate(DType::kF32, {n, vocab});
+    EXPECT_TRUE(logits.ok()) << logits.status();
+    backend_->CopyFromHost(flat.data(), DType::kF32, *logits);
+    std::vector<DrawnToken> device(static_cast<size_t>(n), DrawnToken{-7, 0.0f});
+    backend_->SampleRows(*logits, rules, uniforms, device);
+    int differ = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      const DrawnToken host = DrawToken(rows[r], rules[r], uniforms[r]);
+      const std::string what = absl::StrFormat("row %d (%s, u %.17g, vocab %d)", r,
+                                               RuleString(rules[r]), uniforms[r], vocab);
+      const int32_t token = device[r].token;
+      EXPECT_TRUE(token >= 0 && token < vocab) << what << ": token " << token;
+      if (token < 0 || token >= vocab) continue;
+      const std::set<int32_t> kept = HostKeptSet(rows[r], rules[r]);
+      EXPECT_TRUE(kept.count(token) == 1)
+          << what << ": the device drew " << token << ", which the host rule drops";
+      if (token != host.token) {
+        ++differ;
+        std::printf("  %s: device %d, host %d\n", what.c_str(), token, host.token);
+        continue;
+      }
+      EXPECT_NEAR(device[r].logprob, host.logprob, 1e-4 * std::max(1.0f, std::abs(host.logprob)))
+          << what;
+    }
+    return differ;
+  }
+
+  std::mt19937_64 rng_{20261202};
+  std::unique_ptr<Backend> backend_;
+};
+
+// Rules a request can carry; the last two leave more candidates than the kernel sorts on wide
+// rows (the host then draws those rows).
+std::vector<SamplingRule> Rules() {
+  return {
+      {0.0f, 0, 1.0f, 0.0f},     // greedy
+      {1.0f, 0, 1.0f, 0.0f},     // temperature alone
+      {0.6f, 0, 1.0f, 0.0f},     //
+      {0.7f, 0, 0.9f, 0.0f},     // top-p
+      {1.0f, 0, 0.95f, 0.0f},    //
+      {1.3f, 50, 1.0f, 0.0f},    // top-k
+      {1.0f, 1, 1.0f, 0.0f},     //
+      {0.8f, 0, 1.0f, 0.05f},    // min-p
+      {1.0f, 40, 0.95f, 0.02f},  // all three
+      {0.9f, 20, 0.8f, 0.0f},    //
+      {0.05f, 0, 0.99f, 0.0f},   // sharp
+      {1.0f, 3000, 1.0f, 0.0f},  // many, under the kernel's 4096
+      {1.0f, 5000, 1.0f, 0.0f},  // over it
+      {4.0f, 0, 0.99f, 0.0f},    // flat: a nucleus of most of the vocabulary
+  };
+}
+
+TEST_F(CudaSamplingTest, DrawsWhatTheHostRuleDraws) {
+  const std::vector<SamplingRule> rules = Rules();
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  for (const int vocab : {1000, 151936, 248320}) {
+    std::vector<std::vector<float>> rows;
+    std::vector<SamplingRule> row_rules;
+    std::vector<double> uniforms;
+    for (const SamplingRule& rule : rules) {
+      for (const float spread : {1.0f, 3.0f, 8.0f}) {
+        for (const float tie_step : {0.0f, 0.25f}) {
+          const std::vector<float> row = Row(vocab, spread, tie_step);
+          // u at both ends (the first and the last kept token: the kept set's edges) and
+          // random ones between.
+          for (const double u : {0.0, 1.0 - 1e-12, uniform(rng_), uniform(rng_), uniform(rng_)}) {
+            rows.push_back(row);
+            row_rules.push_back(rule);
+            uniforms.push_back(u);
+          }
+        }
+      }
+    }
+    const int differ = Compare(vocab, rows, row_rules, uniforms);
+    std::printf("vocab %d: %d of %zu draws differ from the host's\n", vocab, differ, rows.size());
+    // Boundary draws are rare: a uniform within ~1e-7 of a boundary between two tokens.
+    EXPECT_LE(differ, static_cast<int>(rows.size() / 100)) << "vocab " << vocab;
+  }
+}
+
+// A flat row: every token equally likely, so the draw is u's position in id order (exactly
+// floor(u * vocab) up to rounding), for the no-truncation walk across the threads' chunks.
+TEST_F(CudaSamplingTest, FlatRowDrawIsTheUniformsPosition) {
+  const int vocab = 248320;
+  std::vector<std::vector<float>> rows;
+  std::vector<SamplingRule> rules;
+  std::vector<double> uniforms;
+  for (int i = 0; i < 64; ++i) {
+    rows.push_back(std::vector<float>(vocab, 0.5f));
+    rules.push_back({1.0f, 0, 1.0f, 0.0f});
+    uniforms.push_back((i + 0.5) / 64.0);
+  }
+  auto logits = backend_->Allocate(DType::kF32, {64, vocab});
+  ASSERT_TRUE(logits.ok());
+  std::vector<float> flat;
+  for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
+  backend_->CopyFromHost(flat.data(), DType::kF32, *logits);
+  std::vector<DrawnToken> out(64);
+  backend_->SampleRows(*logits, rules, uniforms, out);
+  for (int i = 0; i < 64; ++i) {
+    const double expected = uniforms[i] * vocab;
+    EXPECT_NEAR(out[i].token, expected, 1.0) << "u " << uniforms[i];
+    EXPECT_NEAR(out[i].logprob, -std::log(static_cast<double>(vocab)), 1e-4);
+  }
+}
+
+// A row with few finite logits: only they can be drawn, whatever u.
+TEST_F(CudaSamplingTest, MaskedTokensAreNeverDrawn) {
+  const int vocab = 151936;
+  std::vector<float> row(vocab, -std::numeric_limits<float>::infinity());
+  const std::vector<int32_t> open = {7, 40000, 151935};
+  for (size_t i = 0; i < open.size(); ++i) row[open[i]] = static_cast<float>(i);
+  std::vector<std::vector<float>> rows;
+  std::vector<SamplingRule> rules;
+  std::vector<double> uniforms;
+  for (const SamplingRule& rule : Rules()) {
+    for (const double u : {0.0, 0.3, 0.9999999999}) {
+      rows.push_back(row);
+      rules.push_back(rule);
+      uniforms.push_back(u);
+    }
+  }
+  EXPECT_EQ(Compare(vocab, rows, rules, uniforms), 0);
+}
+
+}  // namespace
+}  // namespace mobius::kernels
