@@ -5,7 +5,9 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
@@ -18,6 +20,7 @@
 #include "cli/model_flags.h"
 #include "cli/replica_flags.h"
 #include "common/status_macros.h"
+#include "kernels/token_sampling.h"
 #include "nlohmann/json.hpp"
 #include "worker/model/decode_cost.h"
 
@@ -30,6 +33,12 @@ ABSL_FLAG(double, hbm_bandwidth_override, 0,
           "Bytes/s to use for the bound instead of measuring (CPU backend: required for a "
           "bound; otherwise 4.27e12, the H200 figure, is assumed).");
 ABSL_FLAG(std::string, json_out, "", "Also write the results as JSON to this file.");
+ABSL_FLAG(std::string, draw, "",
+          "Also time each decode step with its next tokens drawn and on the host, one line per "
+          "mode (comma-separated): \"greedy\" (argmax on the device), \"device\" "
+          "(Backend::SampleRows at temperature 0.8, top-k 50, top-p 0.95), \"host\" (the "
+          "[batch, vocab] fp32 logits copied to the host and drawn there by the same rule, rows "
+          "spread over up to 16 threads as the engine does). Empty: the model step alone.");
 
 namespace mobius::cli {
 namespace {
@@ -51,12 +60,49 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
   return std::chrono::duration<double>(b - a).count();
 }
 
+absl::StatusOr<std::vector<std::string>> ParseDrawModes(const std::string& text) {
+  std::vector<std::string> modes;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    if (part != "greedy" && part != "device" && part != "host") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--draw: \"", part, "\" is not a draw mode (greedy, device or host)"));
+    }
+    modes.emplace_back(part);
+  }
+  return modes;
+}
+
+// `mobius bench engine --draw host`: every row of `logits` drawn on the host under its rule, rows
+// spread over up to 16 threads (as Engine::SampleRows spreads a step's rows).
+void DrawOnHost(const std::vector<float>& logits, std::span<const kernels::SamplingRule> rules,
+                std::span<const double> uniforms, std::vector<kernels::DrawnToken>& out) {
+  const size_t rows = rules.size();
+  const size_t vocab = rows > 0 ? logits.size() / rows : 0;
+  out.resize(rows);
+  auto draw = [&](size_t begin, size_t end) {
+    for (size_t r = begin; r < end; ++r) {
+      out[r] = kernels::DrawToken(std::span<const float>(logits).subspan(r * vocab, vocab),
+                                  rules[r], uniforms[r]);
+    }
+  };
+  const size_t threads =
+      std::min<size_t>({std::max(1u, std::thread::hardware_concurrency()), rows, size_t{16}});
+  std::vector<std::thread> workers;
+  for (size_t t = 1; t < threads; ++t) {
+    workers.emplace_back(draw, rows * t / threads, rows * (t + 1) / threads);
+  }
+  draw(0, threads > 0 ? rows / threads : rows);
+  for (std::thread& w : workers) w.join();
+}
+
 absl::Status BenchEngine() {
   ASSIGN_OR_RETURN(std::vector<int> batches, ParseList("batches", absl::GetFlag(FLAGS_batches)));
   ASSIGN_OR_RETURN(std::vector<int> contexts, ParseList("contexts", absl::GetFlag(FLAGS_contexts)));
   ASSIGN_OR_RETURN(std::vector<int> prefills,
                    ParseList("prefill_lengths", absl::GetFlag(FLAGS_prefill_lengths)));
   const int steps = std::max(1, absl::GetFlag(FLAGS_steps));
+  ASSIGN_OR_RETURN(const std::vector<std::string> draw_modes,
+                   ParseDrawModes(absl::GetFlag(FLAGS_draw)));
   ASSIGN_OR_RETURN(const int spec_tokens, SpecTokensFromFlags());
   ASSIGN_OR_RETURN(worker::ModelSource source, ModelSourceFromFlags());
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, BackendFromFlags());
@@ -105,12 +151,15 @@ absl::Status BenchEngine() {
     for (int batch : batches) {
       // Positions past the model's range are an error of the step; say so per configuration and
       // time the others.
-      const int64_t positions = int64_t{context} + steps + 8;
+      // Each timed configuration (the step alone, then each --draw mode) advances the sequences
+      // by its 3 warm-up and `steps` timed tokens.
+      const int64_t extra = int64_t{steps + 3} * (1 + static_cast<int64_t>(draw_modes.size())) + 5;
+      const int64_t positions = int64_t{context} + extra;
       if (positions > config.max_position_embeddings) {
         std::printf(
             "%-8s %6d %8d   skipped: context + %d positions of the warm-up and timed steps "
             "exceeds max_position_embeddings (%lld)\n",
-            "decode", batch, context, steps + 8,
+            "decode", batch, context, static_cast<int>(extra),
             static_cast<long long>(config.max_position_embeddings));
         continue;
       }
@@ -169,6 +218,40 @@ absl::Status BenchEngine() {
                   context, per_step * 1e3, bound * 1e3, touched_per_layer, batch / per_step,
                   100 * bound / per_step);
       plain_ms[{batch, context}] = per_step * 1e3;
+      // The same step with its next tokens drawn and copied to the host (--draw).
+      const std::vector<kernels::SamplingRule> rules(batch, kernels::SamplingRule{0.8f, 50, 0.95f});
+      std::vector<double> uniforms(batch);
+      for (int i = 0; i < batch; ++i) uniforms[i] = (i + 0.5) / batch;
+      for (const std::string& mode : draw_modes) {
+        worker::ForwardOptions drawn;
+        std::vector<int32_t> greedy;
+        std::vector<kernels::DrawnToken> sampled;
+        if (mode == "greedy") {
+          drawn.greedy_tokens = &greedy;
+        } else if (mode == "device") {
+          drawn.sampled_tokens = &sampled;
+          drawn.sampling_rules = rules;
+          drawn.sampling_uniforms = uniforms;
+        }
+        auto draw_step = [&]() -> absl::Status {
+          RETURN_IF_ERROR(model->Forward(step, drawn, logits));
+          if (mode == "host") DrawOnHost(logits, rules, uniforms, sampled);
+          return absl::OkStatus();
+        };
+        for (int w = 0; w < 3; ++w) RETURN_IF_ERROR(draw_step());
+        const auto d0 = std::chrono::steady_clock::now();
+        for (int s = 0; s < steps; ++s) RETURN_IF_ERROR(draw_step());
+        const double with_draw = Seconds(d0, std::chrono::steady_clock::now()) / steps;
+        std::printf("%-8s %6d %8d %9.3f ms %9.3f ms %14s %10.0f %9.0f%%\n", ("+" + mode).c_str(),
+                    batch, context, with_draw * 1e3, bound * 1e3, "", batch / with_draw,
+                    100 * bound / with_draw);
+        results.push_back({{"phase", "decode_draw"},
+                           {"draw", mode},
+                           {"batch", batch},
+                           {"context", context},
+                           {"step_ms", with_draw * 1e3},
+                           {"bound_ms", bound * 1e3}});
+      }
       const bool graphs = model->num_decode_graphs() > 0;
       if (!model->capture_error().ok()) {
         std::fprintf(stderr, "bench: decode steps not recorded: %s\n",

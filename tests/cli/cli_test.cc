@@ -81,6 +81,23 @@ TEST(CliTest, BenchEngineSkipsConfigurationsPastMaxPositions) {
   EXPECT_THAT(r.out, ::testing::ContainsRegex("prefill +1 +16 +[0-9.]+ ms"));
 }
 
+// --draw times the step again with its tokens drawn (greedy, on the device, on the host), one
+// line per mode; an unknown mode is named.
+TEST(CliTest, BenchEngineTimesTokenDraws) {
+  Result r = RunMobius("bench engine --config " + Fixture("qwen3next-tiny") +
+                       "/config.json --load-format dummy --batches 2 --contexts 8 "
+                       "--prefill-lengths '' --steps 1 --draw greedy,device,host");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  for (const char* mode : {"greedy", "device", "host"}) {
+    EXPECT_THAT(r.out, ::testing::ContainsRegex(std::string("\\+") + mode + " +2 +8 +[0-9.]+ ms"))
+        << mode;
+  }
+  Result bad = RunMobius("bench engine --config " + Fixture("qwen3next-tiny") +
+                         "/config.json --load-format dummy --draw top");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_THAT(bad.out, HasSubstr("--draw: \"top\" is not a draw mode"));
+}
+
 TEST(CliTest, BadUsageIsReported) {
   Result missing = RunMobius("generate --model /nonexistent --prompt-ids 1");
   EXPECT_NE(missing.exit_code, 0);
