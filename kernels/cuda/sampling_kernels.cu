@@ -11,11 +11,15 @@
 #include <climits>
 #include <cstdint>
 
+#include <cooperative_groups.h>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.h"
 
 namespace mobius::kernels::cuda {
 namespace {
+
+namespace cg = cooperative_groups;
 
 // (value, index) merge for the argmax: the larger value, the lower index among equals.
 __device__ __forceinline__ void ArgmaxMerge(float& v, int& i, float ov, int oi) {
@@ -26,18 +30,25 @@ __device__ __forceinline__ void ArgmaxMerge(float& v, int& i, float ov, int oi) 
 }
 
 // ids[r] = argmax of row r (fp32, lowest index among equal maxima): a strided scan per thread,
-// then warp and block reductions on (value, index).
+// then warp and block reductions on (value, index). With kCluster > 1 a row is split over a
+// cluster of that many blocks (small batches: one block reads a 1 MB row at ~35 GB/s), whose
+// results block 0 merges through distributed shared memory.
 constexpr int kArgmaxThreads = 512;
+template <int kCluster>
 __global__ void __launch_bounds__(kArgmaxThreads)
     ArgmaxRowsKernel(const float* logits, int64_t vocab, int32_t* ids) {
   PdlWait();
   PdlTrigger();
   __shared__ float best_v[kArgmaxThreads / 32];
   __shared__ int best_i[kArgmaxThreads / 32];
-  const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  const int64_t row_index = blockIdx.x / kCluster;
+  const int rank = static_cast<int>(blockIdx.x % kCluster);
+  const float* row = logits + row_index * vocab;
+  const int64_t piece = (vocab + kCluster - 1) / kCluster;
+  const int64_t begin = min(vocab, rank * piece), end = min(vocab, begin + piece);
   float v = -INFINITY;
   int i = INT_MAX;
-  for (int64_t c = threadIdx.x; c < vocab; c += kArgmaxThreads) {
+  for (int64_t c = begin + threadIdx.x; c < end; c += kArgmaxThreads) {
     ArgmaxMerge(v, i, row[c], static_cast<int>(c));
   }
 #pragma unroll
@@ -52,8 +63,21 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   __syncthreads();
   if (threadIdx.x == 0) {
     for (int w = 1; w < kArgmaxThreads / 32; ++w) ArgmaxMerge(v, i, best_v[w], best_i[w]);
-    ids[blockIdx.x] = i == INT_MAX ? 0 : i;  // an all-NaN or -inf row: token 0
+    best_v[0] = v;
+    best_i[0] = i;
   }
+  if constexpr (kCluster > 1) {
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every block's result is published
+    if (rank == 0 && threadIdx.x == 0) {
+      for (int r = 1; r < kCluster; ++r) {
+        ArgmaxMerge(v, i, *cluster.map_shared_rank(&best_v[0], r),
+                    *cluster.map_shared_rank(&best_i[0], r));
+      }
+    }
+    cluster.sync();  // read before any block exits
+  }
+  if (rank == 0 && threadIdx.x == 0) ids[row_index] = i == INT_MAX ? 0 : i;  // all NaN/-inf: 0
 }
 
 constexpr int kSampleThreads = 1024;
@@ -80,31 +104,32 @@ __device__ __forceinline__ unsigned long long CandidateKey(float logit, int id) 
   return (static_cast<unsigned long long>(~b) << 32) | static_cast<uint32_t>(id);
 }
 
-// Exclusive scan of one value per thread of the block; `total` receives the block's sum.
-// `warp_sums` holds kSampleWarps + 1 entries. Every thread must call it.
+// The warp's inclusive and exclusive prefix sums of one value per lane.
 template <typename T>
-__device__ T BlockExclusiveScan(T v, T* warp_sums, T& total) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  T inclusive = v;
+__device__ __forceinline__ void WarpScan(T v, T& inclusive, T& exclusive) {
+  const int lane = threadIdx.x & 31;
+  inclusive = v;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
     const T n = __shfl_up_sync(0xffffffffu, inclusive, o);
     if (lane >= o) inclusive += n;
   }
-  T exclusive = __shfl_up_sync(0xffffffffu, inclusive, 1);
+  exclusive = __shfl_up_sync(0xffffffffu, inclusive, 1);
   if (lane == 0) exclusive = T(0);
+}
+
+// Exclusive scan of one value per thread of the block; `total` receives the block's sum.
+// `warp_sums` holds kSampleWarps + 1 entries. Every thread must call it.
+template <typename T>
+__device__ T BlockExclusiveScan(T v, T* warp_sums, T& total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  T inclusive, exclusive;
+  WarpScan(v, inclusive, exclusive);
   if (lane == 31) warp_sums[warp] = inclusive;
   __syncthreads();
   if (warp == 0) {
-    const T w = warp_sums[lane];
-    T w_inclusive = w;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const T n = __shfl_up_sync(0xffffffffu, w_inclusive, o);
-      if (lane >= o) w_inclusive += n;
-    }
-    T w_exclusive = __shfl_up_sync(0xffffffffu, w_inclusive, 1);
-    if (lane == 0) w_exclusive = T(0);
+    T w_inclusive, w_exclusive;
+    WarpScan(warp_sums[lane], w_inclusive, w_exclusive);
     __syncwarp();
     warp_sums[lane] = w_exclusive;
     if (lane == 31) warp_sums[kSampleWarps] = w_inclusive;
@@ -116,6 +141,11 @@ __device__ T BlockExclusiveScan(T v, T* warp_sums, T& total) {
   return result;
 }
 
+// One row per block, or (kCluster > 1, small batches) per cluster of kCluster blocks that each
+// take a contiguous piece of the row and combine through distributed shared memory: the maximum,
+// the weight sums (each block's offset in id order), the bins, and in the end the candidates,
+// which block 0 sorts and draws from alone.
+template <int kCluster>
 __global__ void __launch_bounds__(kSampleThreads)
     SampleRowsKernel(const float* logits, int64_t vocab, const SampleRowParams* params,
                      SampleRowResult* results) {
@@ -132,19 +162,41 @@ __global__ void __launch_bounds__(kSampleThreads)
     unsigned long long keys[kMaxSampleCandidates];
   } shared;
   __shared__ int s_token, s_last_bin, s_num_candidates, s_cut, s_pick, s_last_positive;
-  __shared__ double s_p_max, s_kept_mass;
+  __shared__ double s_block_sum, s_p_max, s_kept_mass;
 
   PdlWait();
   PdlTrigger();
-  const float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
-  const SampleRowParams prm = params[blockIdx.x];
+  const int64_t row_index = blockIdx.x / kCluster;
+  const int rank = static_cast<int>(blockIdx.x % kCluster);
+  const float* row = logits + row_index * vocab;
+  const SampleRowParams prm = params[row_index];
   const int tid = threadIdx.x;
+  // A barrier of the blocks that share the row (of the block alone without a cluster).
+  auto row_sync = [] {
+    if constexpr (kCluster > 1) {
+      cg::this_cluster().sync();
+    } else {
+      __syncthreads();
+    }
+  };
+  // `var` of the row's block `r` (this block's own without a cluster).
+  auto of_rank = [](auto* var, int r) {
+    if constexpr (kCluster > 1) {
+      return cg::this_cluster().map_shared_rank(var, r);
+    } else {
+      return var;
+    }
+  };
+  const int64_t piece = (vocab + kCluster - 1) / kCluster;
+  const int64_t piece_begin = min(vocab, rank * piece);
+  const int64_t piece_end = min(vocab, piece_begin + piece);
 
   // 1. The maximum (and argmax: the greedy token).
   float v = -INFINITY;
   int arg = INT_MAX;
-  for (int64_t c = tid; c < vocab; c += kSampleThreads)
+  for (int64_t c = piece_begin + tid; c < piece_end; c += kSampleThreads) {
     ArgmaxMerge(v, arg, row[c], static_cast<int>(c));
+  }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     ArgmaxMerge(v, arg, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, arg, o));
@@ -177,14 +229,24 @@ __global__ void __launch_bounds__(kSampleThreads)
     for (int o = 16; o > 0; o >>= 1) {
       ArgmaxMerge(v, arg, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, arg, o));
     }
+    // Lane 0 holds this block's result; best_v[0] / best_i[0] publish it to the cluster.
     if (tid == 0) {
       best_v[0] = v;
-      best_i[0] = arg == INT_MAX ? 0 : arg;
+      best_i[0] = arg;
     }
   }
-  __syncthreads();
-  const float max_logit = best_v[0];
-  const int argmax = best_i[0];
+  row_sync();
+  float max_logit = best_v[0];
+  int argmax = best_i[0];
+  if constexpr (kCluster > 1) {
+    // Every block merges the pieces in rank order: the same result everywhere.
+    max_logit = -INFINITY;
+    argmax = INT_MAX;
+    for (int r = 0; r < kCluster; ++r) {
+      ArgmaxMerge(max_logit, argmax, *of_rank(&best_v[0], r), *of_rank(&best_i[0], r));
+    }
+  }
+  if (argmax == INT_MAX) argmax = 0;  // an all-NaN or -inf row: token 0
 
   // 2. Weights over contiguous chunks (id order, for the draw's walk) and, when truncating, the
   // bins: counts (top-k and the candidates' number) and weight mass (top-p).
@@ -193,8 +255,9 @@ __global__ void __launch_bounds__(kSampleThreads)
     const float d = (max_logit - x) / width;
     return d < static_cast<float>(kBins) ? static_cast<int>(d) : kBins;
   };
-  const int64_t chunk = (vocab + kSampleThreads - 1) / kSampleThreads;
-  const int64_t begin = min(vocab, tid * chunk), end = min(vocab, begin + chunk);
+  const int64_t chunk = (piece_end - piece_begin + kSampleThreads - 1) / kSampleThreads;
+  const int64_t begin = min(piece_end, piece_begin + tid * chunk);
+  const int64_t end = min(piece_end, begin + chunk);
   double sum = 0.0;
   int last_positive = -1;
   for (int64_t c = begin; c < end; ++c) {
@@ -209,17 +272,36 @@ __global__ void __launch_bounds__(kSampleThreads)
     }
   }
   if (last_positive >= 0) atomicMax(&s_last_positive, last_positive);
-  double z = 0.0;
-  const double prefix = BlockExclusiveScan(sum, double_sums, z);
+  double block_sum = 0.0;
+  double prefix = BlockExclusiveScan(sum, double_sums, block_sum);
+  if (tid == 0) s_block_sum = block_sum;
+  row_sync();  // block sums, bins and last positive weights are published
+  double z = block_sum;
+  int row_last_positive = s_last_positive;
+  if constexpr (kCluster > 1) {
+    z = 0.0;
+    row_last_positive = -1;
+    for (int r = 0; r < kCluster; ++r) {
+      const double b = *of_rank(&s_block_sum, r);
+      if (r < rank) prefix += b;
+      z += b;
+      row_last_positive = max(row_last_positive, *of_rank(&s_last_positive, r));
+    }
+  }
   const float log_z = static_cast<float>(log(z));
   auto finish = [&](int token) {
-    if (tid == 0) {
-      results[blockIdx.x].token = token;
-      results[blockIdx.x].logprob = (row[token] - max_logit) / temperature - log_z;
+    if (rank == 0 && tid == 0) {
+      results[row_index].token = token;
+      results[row_index].logprob = (row[token] - max_logit) / temperature - log_z;
     }
+  };
+  // Blocks of a cluster leave together: none may go while another can still read its memory.
+  auto leave = [&] {
+    if constexpr (kCluster > 1) cg::this_cluster().sync();
   };
   if (greedy) {
     finish(argmax);
+    leave();
     return;
   }
 
@@ -239,9 +321,14 @@ __global__ void __launch_bounds__(kSampleThreads)
       }
       atomicMin(&s_token, found);
     }
-    __syncthreads();
-    // Rounding may leave the target past every chunk: the last positive weight, as on the host.
-    finish(s_token != INT_MAX ? s_token : (s_last_positive >= 0 ? s_last_positive : 0));
+    row_sync();
+    if (rank == 0 && tid == 0) {
+      int token = INT_MAX;
+      for (int r = 0; r < kCluster; ++r) token = min(token, *of_rank(&s_token, r));
+      // Rounding may leave the target past every chunk: the last positive weight, as the host.
+      finish(token != INT_MAX ? token : (row_last_positive >= 0 ? row_last_positive : 0));
+    }
+    leave();
     return;
   }
 
@@ -249,15 +336,19 @@ __global__ void __launch_bounds__(kSampleThreads)
   // the top reaches k. Top-p: the first where the mass reaches top_p of the total, plus two bins
   // of margin (the host takes one; these float bin sums round differently from its doubles).
   const int bin = tid;
+  int count = 0;
+  float mass = 0.0f;
+  for (int r = 0; r < kCluster; ++r) {  // the row's bins: every block's, in rank order
+    count += of_rank(&shared.bins.count[0], r)[bin];
+    mass += of_rank(&shared.bins.mass[0], r)[bin];
+  }
   if (top_k) {
     int total = 0;
-    const int count = shared.bins.count[bin];
     const int before = BlockExclusiveScan(count, int_sums, total);
     if (before < prm.top_k && before + count >= prm.top_k) atomicMin(&s_last_bin, bin);
   } else {
     double total = 0.0;
-    const double mass = shared.bins.mass[bin];
-    const double before = BlockExclusiveScan(mass, double_sums, total);
+    const double before = BlockExclusiveScan(static_cast<double>(mass), double_sums, total);
     const double nucleus = static_cast<double>(prm.top_p) * z * (1 + 1e-9);
     if (before + mass >= nucleus) atomicMin(&s_last_bin, min(bin + 2, kBins));
   }
@@ -268,7 +359,7 @@ __global__ void __launch_bounds__(kSampleThreads)
   const float floor_kept = !top_k && prm.min_p > 0.0f
                                ? max_logit + temperature * logf(prm.min_p) - 1e-3f * temperature
                                : -INFINITY;
-  __syncthreads();  // the bins are dead: their memory becomes the keys
+  row_sync();  // every block has read the bins: their memory becomes the keys
   for (int64_t c = begin; c < end; ++c) {
     const float x = row[c];
     if (bin_of(x) <= last_bin && x >= floor_kept) {
@@ -276,12 +367,27 @@ __global__ void __launch_bounds__(kSampleThreads)
       if (slot < kMaxSampleCandidates) shared.keys[slot] = CandidateKey(x, static_cast<int>(c));
     }
   }
-  __syncthreads();
-  const int n = s_num_candidates;
+  row_sync();  // every block's candidates are gathered
+  int n = 0;
+  for (int r = 0; r < kCluster; ++r) n += *of_rank(&s_num_candidates, r);
+  if constexpr (kCluster > 1) {
+    // Block 0 collects the other blocks' candidates behind its own.
+    if (rank == 0 && n <= kMaxSampleCandidates) {
+      int offset = s_num_candidates;
+      for (int r = 1; r < kCluster; ++r) {
+        const int m = *of_rank(&s_num_candidates, r);
+        const unsigned long long* keys = of_rank(&shared.keys[0], r);
+        for (int i = tid; i < m; i += kSampleThreads) shared.keys[offset + i] = keys[i];
+        offset += m;
+      }
+    }
+    cg::this_cluster().sync();  // collected: the other blocks may leave
+    if (rank != 0) return;
+  }
   if (n > kMaxSampleCandidates) {
     if (tid == 0) {
-      results[blockIdx.x].token = -1;  // too many: the host draws this row
-      results[blockIdx.x].logprob = 0.0f;
+      results[row_index].token = -1;  // too many: the host draws this row
+      results[row_index].logprob = 0.0f;
     }
     return;
   }
@@ -371,13 +477,24 @@ __global__ void __launch_bounds__(kSampleThreads)
   finish(static_cast<int>(shared.keys[pick] & 0xffffffffu));
 }
 
+// Batches of up to kSmallBatchRows rows split each row over a cluster of kRowCluster blocks
+// (a block alone reads a 1 MB row at ~35 GB/s: 30 us for an argmax).
+constexpr int kRowCluster = 8;
+constexpr int64_t kSmallBatchRows = 16;
+
 }  // namespace
 
 void LaunchArgmaxRows(const float* logits, int64_t rows, int64_t vocab, int32_t* ids,
                       cudaStream_t stream) {
   if (rows == 0) return;
-  LaunchPdl("ArgmaxRowsKernel", ArgmaxRowsKernel, static_cast<unsigned>(rows), kArgmaxThreads, 0,
-            stream, logits, vocab, ids);
+  if (rows <= kSmallBatchRows) {
+    LaunchPdlInClusters("ArgmaxRowsKernel", kRowCluster, ArgmaxRowsKernel<kRowCluster>,
+                        static_cast<unsigned>(rows * kRowCluster), kArgmaxThreads, 0, stream,
+                        logits, vocab, ids);
+  } else {
+    LaunchPdl("ArgmaxRowsKernel", ArgmaxRowsKernel<1>, static_cast<unsigned>(rows), kArgmaxThreads,
+              0, stream, logits, vocab, ids);
+  }
   CheckLaunch("ArgmaxRows");
 }
 
@@ -385,8 +502,14 @@ void LaunchSampleRows(const float* logits, int64_t rows, int64_t vocab,
                       const SampleRowParams* params, SampleRowResult* results,
                       cudaStream_t stream) {
   if (rows == 0) return;
-  LaunchPdl("SampleRowsKernel", SampleRowsKernel, static_cast<unsigned>(rows), kSampleThreads, 0,
-            stream, logits, vocab, params, results);
+  if (rows <= kSmallBatchRows) {
+    LaunchPdlInClusters("SampleRowsKernel", kRowCluster, SampleRowsKernel<kRowCluster>,
+                        static_cast<unsigned>(rows * kRowCluster), kSampleThreads, 0, stream,
+                        logits, vocab, params, results);
+  } else {
+    LaunchPdl("SampleRowsKernel", SampleRowsKernel<1>, static_cast<unsigned>(rows), kSampleThreads,
+              0, stream, logits, vocab, params, results);
+  }
   CheckLaunch("SampleRows");
 }
 

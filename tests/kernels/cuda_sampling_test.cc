@@ -2,7 +2,8 @@
 // kernels/token_sampling.h), on the same fp32 logits and uniform draws: every sampling rule the
 // API allows (greedy, temperature alone, top-k, top-p, min-p and their mixes, rows whose
 // candidates exceed the kernel's sort and go to the host), vocabularies up to the release's
-// 248K, logits with ties and masked (-inf) entries. Skipped without a GPU.
+// 248K, logits with ties and masked (-inf) entries; each row alone in a block and split over a
+// cluster of blocks (small batches). Skipped without a GPU.
 //
 // Sums run in another order on the device, so a draw whose u lies within rounding of a boundary
 // between two tokens may take the neighbour: the test allows a few such draws, but every token
@@ -87,8 +88,9 @@ class CudaSamplingTest : public ::testing::Test {
     return row;
   }
 
-  // Draws every (row, u) pair on the device and the host and compares them; returns the number
-  // of draws where the two took different tokens.
+  // Draws every (row, u) pair on the host and on the device, twice: every row in one call (a
+  // block per row) and in calls of 5 rows (each row split over a cluster of blocks). Returns
+  // the number of device draws that took another token than the host's.
   int Compare(int vocab, const std::vector<std::vector<float>>& rows,
               const std::vector<SamplingRule>& rules, const std::vector<double>& uniforms) {
     const int64_t n = static_cast<int64_t>(rows.size());
@@ -97,26 +99,39 @@ class CudaSamplingTest : public ::testing::Test {
     auto logits = backend_->Allocate(DType::kF32, {n, vocab});
     EXPECT_TRUE(logits.ok()) << logits.status();
     backend_->CopyFromHost(flat.data(), DType::kF32, *logits);
-    std::vector<DrawnToken> device(static_cast<size_t>(n), DrawnToken{-7, 0.0f});
-    backend_->SampleRows(*logits, rules, uniforms, device);
+    std::vector<DrawnToken> whole(static_cast<size_t>(n), DrawnToken{-7, 0.0f});
+    std::vector<DrawnToken> small(static_cast<size_t>(n), DrawnToken{-7, 0.0f});
+    backend_->SampleRows(*logits, rules, uniforms, whole);
+    constexpr int64_t kSmall = 5;
+    for (int64_t first = 0; first < n; first += kSmall) {
+      const int64_t m = std::min(kSmall, n - first);
+      backend_->SampleRows(logits->Rows(first, m),
+                           std::span<const SamplingRule>(rules).subspan(first, m),
+                           std::span<const double>(uniforms).subspan(first, m),
+                           std::span<DrawnToken>(small).subspan(first, m));
+    }
     int differ = 0;
     for (int64_t r = 0; r < n; ++r) {
       const DrawnToken host = DrawToken(rows[r], rules[r], uniforms[r]);
-      const std::string what = absl::StrFormat("row %d (%s, u %.17g, vocab %d)", r,
-                                               RuleString(rules[r]), uniforms[r], vocab);
-      const int32_t token = device[r].token;
-      EXPECT_TRUE(token >= 0 && token < vocab) << what << ": token " << token;
-      if (token < 0 || token >= vocab) continue;
       const std::set<int32_t> kept = HostKeptSet(rows[r], rules[r]);
-      EXPECT_TRUE(kept.count(token) == 1)
-          << what << ": the device drew " << token << ", which the host rule drops";
-      if (token != host.token) {
-        ++differ;
-        std::printf("  %s: device %d, host %d\n", what.c_str(), token, host.token);
-        continue;
+      for (const auto* device : {&whole, &small}) {
+        const std::string what = absl::StrFormat(
+            "row %d (%s, u %.17g, vocab %d, %s)", r, RuleString(rules[r]), uniforms[r], vocab,
+            device == &whole ? "a block per row" : "a cluster per row");
+        const int32_t token = (*device)[r].token;
+        EXPECT_TRUE(token >= 0 && token < vocab) << what << ": token " << token;
+        if (token < 0 || token >= vocab) continue;
+        EXPECT_TRUE(kept.count(token) == 1)
+            << what << ": the device drew " << token << ", which the host rule drops";
+        if (token != host.token) {
+          ++differ;
+          std::printf("  %s: device %d, host %d\n", what.c_str(), token, host.token);
+          continue;
+        }
+        EXPECT_NEAR((*device)[r].logprob, host.logprob,
+                    1e-4 * std::max(1.0f, std::abs(host.logprob)))
+            << what;
       }
-      EXPECT_NEAR(device[r].logprob, host.logprob, 1e-4 * std::max(1.0f, std::abs(host.logprob)))
-          << what;
     }
     return differ;
   }
@@ -168,9 +183,10 @@ TEST_F(CudaSamplingTest, DrawsWhatTheHostRuleDraws) {
       }
     }
     const int differ = Compare(vocab, rows, row_rules, uniforms);
-    std::printf("vocab %d: %d of %zu draws differ from the host's\n", vocab, differ, rows.size());
+    std::printf("vocab %d: %d of %zu draws differ from the host's\n", vocab, differ,
+                2 * rows.size());
     // Boundary draws are rare: a uniform within ~1e-7 of a boundary between two tokens.
-    EXPECT_LE(differ, static_cast<int>(rows.size() / 100)) << "vocab " << vocab;
+    EXPECT_LE(differ, static_cast<int>(2 * rows.size() / 100)) << "vocab " << vocab;
   }
 }
 
@@ -197,6 +213,13 @@ TEST_F(CudaSamplingTest, FlatRowDrawIsTheUniformsPosition) {
     const double expected = uniforms[i] * vocab;
     EXPECT_NEAR(out[i].token, expected, 1.0) << "u " << uniforms[i];
     EXPECT_NEAR(out[i].logprob, -std::log(static_cast<double>(vocab)), 1e-4);
+  }
+  // One row at a time: split over a cluster of blocks, the walk crosses blocks too.
+  for (int i = 0; i < 64; ++i) {
+    backend_->SampleRows(logits->Rows(i, 1), std::span<const SamplingRule>(rules).subspan(i, 1),
+                         std::span<const double>(uniforms).subspan(i, 1),
+                         std::span<DrawnToken>(out).subspan(i, 1));
+    EXPECT_NEAR(out[i].token, uniforms[i] * vocab, 1.0) << "u " << uniforms[i] << ", one row";
   }
 }
 

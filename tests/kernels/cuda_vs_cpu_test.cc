@@ -754,25 +754,28 @@ TEST(CudaVsCpuTest, ArgmaxRowsAgrees) {
   auto cuda = CreateCudaBackend(0);
   ASSERT_TRUE(cuda.ok()) << cuda.status();
   std::mt19937 rng(31);
-  const int rows = 5, vocab = 151936;
-  std::vector<float> logits = Random(rng, int64_t{rows} * vocab, -20, 20);
-  logits[1 * vocab + 70000] = 50;  // row 1: two equal maxima
-  logits[1 * vocab + 90000] = 50;
-  std::fill_n(logits.begin() + 2 * vocab, vocab, 3.0f);  // row 2: all equal
-  logits[4 * vocab + vocab - 1] = 99;                    // row 4: the last entry
-  auto t = (*cuda)->Allocate(DType::kF32, {rows, vocab});
-  auto ids = (*cuda)->Allocate(DType::kI32, {rows});
-  ASSERT_TRUE(t.ok() && ids.ok());
-  (*cuda)->CopyFromHost(logits.data(), DType::kF32, *t);
-  (*cuda)->ArgmaxRows(*t, *ids);
-  std::vector<int32_t> got(rows);
-  (*cuda)->CopyToHostI32(*ids, got.data());
-  for (int r = 0; r < rows; ++r) {
-    const float* row = logits.data() + int64_t{r} * vocab;
-    EXPECT_EQ(got[r], std::max_element(row, row + vocab) - row) << "row " << r;
+  // 5 rows: each split over a cluster of blocks; 40: a block per row.
+  for (const int rows : {5, 40}) {
+    const int vocab = 151936;
+    std::vector<float> logits = Random(rng, int64_t{rows} * vocab, -20, 20);
+    logits[1 * vocab + 70000] = 50;  // row 1: two equal maxima
+    logits[1 * vocab + 90000] = 50;
+    std::fill_n(logits.begin() + 2 * vocab, vocab, 3.0f);  // row 2: all equal
+    logits[4 * vocab + vocab - 1] = 99;                    // row 4: the last entry
+    auto t = (*cuda)->Allocate(DType::kF32, {rows, vocab});
+    auto ids = (*cuda)->Allocate(DType::kI32, {rows});
+    ASSERT_TRUE(t.ok() && ids.ok());
+    (*cuda)->CopyFromHost(logits.data(), DType::kF32, *t);
+    (*cuda)->ArgmaxRows(*t, *ids);
+    std::vector<int32_t> got(rows);
+    (*cuda)->CopyToHostI32(*ids, got.data());
+    for (int r = 0; r < rows; ++r) {
+      const float* row = logits.data() + int64_t{r} * vocab;
+      EXPECT_EQ(got[r], std::max_element(row, row + vocab) - row) << "row " << r << " of " << rows;
+    }
+    EXPECT_EQ(got[1], 70000);
+    EXPECT_EQ(got[2], 0);
   }
-  EXPECT_EQ(got[1], 70000);
-  EXPECT_EQ(got[2], 0);
 }
 
 }  // namespace
