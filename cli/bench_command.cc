@@ -7,7 +7,6 @@
 #include <map>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
@@ -19,6 +18,7 @@
 #include "cli/commands.h"
 #include "cli/model_flags.h"
 #include "cli/replica_flags.h"
+#include "common/parallel_ranges.h"
 #include "common/status_macros.h"
 #include "kernels/token_sampling.h"
 #include "nlohmann/json.hpp"
@@ -73,7 +73,7 @@ absl::StatusOr<std::vector<std::string>> ParseDrawModes(const std::string& text)
 }
 
 // `mobius bench engine --draw host`: every row of `logits` drawn on the host under its rule, rows
-// spread over up to 16 threads (as Engine::SampleRows spreads a step's rows).
+// spread over up to 16 threads, two or more each (as Engine::SampleRows spreads a step's rows).
 void DrawOnHost(const std::vector<float>& logits, std::span<const kernels::SamplingRule> rules,
                 std::span<const double> uniforms, std::vector<kernels::DrawnToken>& out) {
   const size_t rows = rules.size();
@@ -85,14 +85,7 @@ void DrawOnHost(const std::vector<float>& logits, std::span<const kernels::Sampl
                                   rules[r], uniforms[r]);
     }
   };
-  const size_t threads =
-      std::min<size_t>({std::max(1u, std::thread::hardware_concurrency()), rows, size_t{16}});
-  std::vector<std::thread> workers;
-  for (size_t t = 1; t < threads; ++t) {
-    workers.emplace_back(draw, rows * t / threads, rows * (t + 1) / threads);
-  }
-  draw(0, threads > 0 ? rows / threads : rows);
-  for (std::thread& w : workers) w.join();
+  ForEachRangeInParallel(rows, 16, 2, draw);
 }
 
 absl::Status BenchEngine() {

@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/parallel_ranges.h"
 #include "kernels/cuda/device_block_cache.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/lt_gemm.h"
@@ -882,37 +883,52 @@ void CudaBackend::SampleRows(const Tensor& logits, std::span<const SamplingRule>
         "SampleRows", absl::StrFormat("logits %s for %d rows", logits.ShapeString(), rows));
   if (rows == 0) return;
   const int64_t vocab = logits.numel() / rows;
-  // The rows' parameters go up with the metadata upload (int32 words; the struct's double sits
-  // at an 8-byte offset of an allocation's start, and its size is a multiple of 8).
+  // The rows' parameters go up with the metadata upload, followed by room for the results, so
+  // that the op allocates nothing (int32 words; the structs' sizes are multiples of 8, so the
+  // parameters' doubles stay aligned in the allocation).
   static_assert(sizeof(cuda::SampleRowParams) % sizeof(double) == 0);
   static_assert(sizeof(cuda::SampleRowResult) == 2 * sizeof(int32_t));
-  std::vector<int32_t> words(static_cast<size_t>(rows) * sizeof(cuda::SampleRowParams) /
-                             sizeof(int32_t));
+  constexpr size_t kParamWords = sizeof(cuda::SampleRowParams) / sizeof(int32_t);
+  std::vector<int32_t> words(static_cast<size_t>(rows) * (kParamWords + 2), 0);
   for (int64_t r = 0; r < rows; ++r) {
     const cuda::SampleRowParams p{rules[r].temperature, rules[r].top_k, rules[r].top_p,
                                   rules[r].min_p, uniforms[r]};
-    std::memcpy(words.data() + r * (sizeof(p) / sizeof(int32_t)), &p, sizeof(p));
+    std::memcpy(words.data() + r * kParamWords, &p, sizeof(p));
   }
   Enter();
-  const auto* params = reinterpret_cast<const cuda::SampleRowParams*>(Upload(words));
-  absl::StatusOr<Tensor> results = AllocateUninitialized(DType::kI32, {rows, 2});
-  Check(results.ok(), "SampleRows", "no device memory for the results");
-  cuda::LaunchSampleRows(logits.data<float>(), rows, vocab, params,
-                         reinterpret_cast<cuda::SampleRowResult*>(results->data<int32_t>()),
-                         stream_);
+  const int32_t* meta = Upload(words);
+  int32_t* device_results = const_cast<int32_t*>(meta) + rows * kParamWords;
+  cuda::LaunchSampleRows(logits.data<float>(), rows, vocab,
+                         reinterpret_cast<const cuda::SampleRowParams*>(meta),
+                         reinterpret_cast<cuda::SampleRowResult*>(device_results), stream_);
   std::vector<int32_t> host(static_cast<size_t>(rows) * 2);
-  CopyToHostI32(*results, host.data());
-  std::vector<float> row;
+  CheckCuda(cudaMemcpyAsync(host.data(), device_results, host.size() * sizeof(int32_t),
+                            cudaMemcpyDeviceToHost, stream_),
+            "SampleRows results");
+  CheckCuda(cudaStreamSynchronize(stream_), "SampleRows results");
+  std::vector<int64_t> on_host;  // rows with more candidates than the kernel sorts
   for (int64_t r = 0; r < rows; ++r) {
     if (host[2 * r] >= 0) {
       out[r] = {host[2 * r], std::bit_cast<float>(host[2 * r + 1])};
-      continue;
+    } else {
+      on_host.push_back(r);
     }
-    // More truncation candidates than the kernel sorts: this row is drawn on the host.
-    row.resize(static_cast<size_t>(vocab));
-    CopyToHostF32(logits.Reshape({rows, vocab}).Rows(r, 1), row.data());
-    out[r] = DrawToken(row, rules[r], uniforms[r]);
   }
+  if (on_host.empty()) return;
+  // Those rows are drawn on the host from copies of them alone, spread over threads as the
+  // engine spreads the rows it draws itself (1-2 ms each).
+  std::vector<float> copies(on_host.size() * static_cast<size_t>(vocab));
+  const Tensor matrix = logits.Reshape({rows, vocab});
+  for (size_t i = 0; i < on_host.size(); ++i) {
+    CopyToHostF32(matrix.Rows(on_host[i], 1), copies.data() + i * vocab);
+  }
+  ForEachRangeInParallel(on_host.size(), 16, 1, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      const int64_t r = on_host[i];
+      out[r] = DrawToken(std::span<const float>(copies).subspan(i * vocab, vocab), rules[r],
+                         uniforms[r]);
+    }
+  });
 }
 
 void CudaBackend::RmsNorm1p(const Tensor& x, const Tensor& w, float eps, Tensor& out) {

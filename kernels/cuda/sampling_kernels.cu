@@ -307,9 +307,11 @@ __global__ void __launch_bounds__(kSampleThreads)
 
   if (!truncates) {
     // 3a. The first token in id order whose running weight passes u * z: the thread whose chunk
-    // holds the target walks it.
+    // holds the target walks it. Every later thread with weight takes its first positive token
+    // (at once: its running weight starts past the target), and the lowest id wins, so a target
+    // that rounding leaves between two threads' ranges takes the next token, not the last.
     const double target = prm.u * z;
-    if (sum > 0.0 && target >= prefix && target < prefix + sum) {
+    if (sum > 0.0 && target < prefix + sum) {
       double acc = prefix;
       int found = -1;
       for (int64_t c = begin; c < end; ++c) {
@@ -346,7 +348,9 @@ __global__ void __launch_bounds__(kSampleThreads)
     int total = 0;
     const int before = BlockExclusiveScan(count, int_sums, total);
     if (before < prm.top_k && before + count >= prm.top_k) atomicMin(&s_last_bin, bin);
-  } else {
+  } else if (prm.top_p < 1.0f) {
+    // (With top_p = 1, min-p alone: the host's double sums never reach the nucleus, and these
+    // float ones must not cut where they would by rounding.)
     double total = 0.0;
     const double before = BlockExclusiveScan(static_cast<double>(mass), double_sums, total);
     const double nucleus = static_cast<double>(prm.top_p) * z * (1 + 1e-9);

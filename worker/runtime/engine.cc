@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <cstdio>
 #include <optional>
-#include <system_error>
 #include <thread>
 
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "common/parallel_ranges.h"
 #include "common/status_macros.h"
 #include "worker/runtime/speculative_sampling.h"
 
@@ -719,25 +719,7 @@ std::vector<std::optional<SampledToken>> Engine::SampleRows(
   };
   // A 248K-token row takes 1-2 ms (performance.md, "Sampling on the host"): spread batches over
   // threads, at least two rows each.
-  const size_t threads = std::min<size_t>(
-      {std::max(1u, std::thread::hardware_concurrency()), rows.size() / 2, size_t{16}});
-  if (threads <= 1) {
-    draw(0, rows.size());
-    return sampled;
-  }
-  std::vector<std::thread> workers;
-  size_t inline_from = threads;  // ranges this thread draws itself: 0 and those not started
-  for (size_t t = 1; t < threads; ++t) {
-    try {
-      workers.emplace_back(draw, rows.size() * t / threads, rows.size() * (t + 1) / threads);
-    } catch (const std::system_error&) {
-      inline_from = t;  // no thread to be had (a process limit): draw the rest here
-      break;
-    }
-  }
-  draw(0, rows.size() / threads);
-  if (inline_from < threads) draw(rows.size() * inline_from / threads, rows.size());
-  for (std::thread& w : workers) w.join();
+  ForEachRangeInParallel(rows.size(), 16, 2, draw);
   return sampled;
 }
 
