@@ -53,7 +53,7 @@ TEST(CudaEngineSamplingTest, DeviceDrawsMatchHostDraws) {
       r.params.max_tokens = 24;
       r.params.ignore_eos = true;
       r.params.seed = 1000 + i;
-      switch (i % 4) {
+      switch (i % 5) {
         case 0:
           r.params.temperature = 1.0f;
           break;
@@ -66,8 +66,14 @@ TEST(CudaEngineSamplingTest, DeviceDrawsMatchHostDraws) {
           r.params.min_p = 0.02f;
           r.params.logprobs = 0;
           break;
-        default:
+        case 3:
           r.params.temperature = 0;  // greedy beside sampled rows
+          break;
+        default:
+          // Drawn on the host from its row alone (penalties, top-n logprobs).
+          r.params.temperature = 0.9f;
+          r.params.presence_penalty = 0.5f;
+          r.params.logprobs = 2;
           break;
       }
       ASSERT_TRUE((*engine)

@@ -247,7 +247,7 @@ TEST_F(EngineTest, SampledRowsOfABatchMatchEachRequestAlone) {
 
 // Rows drawn through the backend's SampleRows (kBackend: the CPU backend's goes through the
 // host) take the host sampler's tokens, in batches that mix sampling rules, greedy rows, chunked
-// prefill and a penalised request (whose steps go to the host whole).
+// prefill, and rows that the step copies and draws on the host (a penalty, top-n logprobs).
 TEST_F(EngineTest, BackendSamplingMatchesHostSampling) {
   auto run = [&](EngineOptions::SamplingPlace place) {
     EngineOptions options;
@@ -283,7 +283,8 @@ TEST_F(EngineTest, BackendSamplingMatchesHostSampling) {
           r.params.temperature = 1.1f;
           break;
       }
-      if (i == 5) r.params.presence_penalty = 0.4f;
+      if (i == 5) r.params.presence_penalty = 0.4f;  // drawn on the host beside device rows
+      if (i == 4) r.params.logprobs = 2;              // idem: top-n logprobs
       EXPECT_TRUE(engine->Enqueue(r, streams.For(r.request_id)).ok());
     }
     for (int i = 0; i < 6; ++i) outputs.push_back(streams.Wait("r" + std::to_string(i)).tokens);

@@ -305,6 +305,12 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
           "sampled_tokens: %d sampling rules and %d uniforms for a step of %d logits rows",
           options.sampling_rules.size(), options.sampling_uniforms.size(), rows));
     }
+    for (int r : options.copied_logits_rows) {
+      if (r < 0 || r >= rows) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "copied_logits_rows: row %d is outside the step's %d logits rows", r, rows));
+      }
+    }
   }
   if (options.draft_hidden_in != nullptr) {
     if (!weights_.mtp.has_value()) {
@@ -407,7 +413,13 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
     options.sampled_tokens->resize(options.sampling_rules.size());
     backend_.SampleRows(out, options.sampling_rules, options.sampling_uniforms,
                         *options.sampled_tokens);
-    logits.clear();
+    const int64_t vocab = out.dim(out.rank() - 1);
+    const Tensor rows = out.Reshape({out.numel() / vocab, vocab});
+    logits.resize(options.copied_logits_rows.size() * static_cast<size_t>(vocab));
+    for (size_t i = 0; i < options.copied_logits_rows.size(); ++i) {
+      backend_.CopyToHostF32(rows.Rows(options.copied_logits_rows[i], 1),
+                             logits.data() + i * vocab);
+    }
   } else if (options.copy_logits) {
     logits.resize(static_cast<size_t>(out.numel()));
     backend_.CopyToHostF32(out, logits.data());

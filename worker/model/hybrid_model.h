@@ -61,6 +61,9 @@ struct ForwardOptions {
   std::vector<kernels::DrawnToken>* sampled_tokens = nullptr;
   std::span<const kernels::SamplingRule> sampling_rules;
   std::span<const double> sampling_uniforms;
+  // With sampled_tokens: these logits rows (indices into the step's rows) come back in `logits`
+  // too, packed [copied_logits_rows.size(), vocab] in this order, for rows drawn on the host.
+  std::vector<int> copied_logits_rows;
   // When set, receives the final post-norm hidden states of the logits rows, float32 [rows, H]
   // (what the MTP draft head reads as h_prev), or of every token with `hidden_all_tokens`. Such
   // steps run op by op, except verify steps and an MTP head's one-token steps, which are recorded

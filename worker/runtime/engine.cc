@@ -449,26 +449,31 @@ bool Engine::Step() {
   }
   std::vector<int32_t> greedy;
   if (greedy_step) forward.greedy_tokens = &greedy;
-  // Otherwise, rows drawn on the device: each sampled row's rule and the uniform its sampler
-  // would draw (a seeded request keeps its tokens). One logits row per chunk: no drafts.
+  // Otherwise rows are drawn on the device: each sampled row's rule and the uniform its sampler
+  // would draw (a seeded request keeps its tokens). One logits row per chunk: no drafts. Rows
+  // whose sampler needs more of its logits (penalties, top-n logprobs) come back to the host
+  // alone, to be drawn there; the others' logits stay on the device.
   using SamplingPlace = EngineOptions::SamplingPlace;
-  bool device_step =
+  const bool device_step =
       !greedy_step && !any_drafts &&
       (options_.sampling_place == SamplingPlace::kBackend ||
        (options_.sampling_place == SamplingPlace::kAuto && model_.samples_on_device()));
-  for (const ScheduledChunk& c : plan.chunks) {
-    if (c.completes_prefill()) device_step &= c.sequence->sampler->DeviceRule().has_value();
-  }
   std::vector<kernels::SamplingRule> rules;
   std::vector<double> uniforms;
   std::vector<kernels::DrawnToken> drawn;
+  std::vector<std::pair<size_t, int64_t>> host_rows;  // (chunk, row of the copied logits)
   if (device_step) {
-    for (const ScheduledChunk& c : plan.chunks) {
-      RequestSampler& sampler = *c.sequence->sampler;
-      const bool sampled_row = c.completes_prefill();
-      // A chunk in mid-prefill has a row too, unused: drawn greedily.
-      rules.push_back(sampled_row ? *sampler.DeviceRule() : kernels::SamplingRule{0.0f});
-      uniforms.push_back(sampled_row ? sampler.NextUniform() : 0.0);
+    for (size_t i = 0; i < plan.chunks.size(); ++i) {
+      RequestSampler& sampler = *plan.chunks[i].sequence->sampler;
+      const std::optional<kernels::SamplingRule> rule =
+          plan.chunks[i].completes_prefill() ? sampler.DeviceRule() : std::nullopt;
+      if (plan.chunks[i].completes_prefill() && !rule.has_value()) {
+        host_rows.push_back({i, static_cast<int64_t>(forward.copied_logits_rows.size())});
+        forward.copied_logits_rows.push_back(static_cast<int>(i));
+      }
+      // Rows drawn elsewhere (chunks in mid-prefill, rows drawn on the host) go greedy, unused.
+      rules.push_back(rule.value_or(kernels::SamplingRule{0.0f}));
+      uniforms.push_back(rule.has_value() ? sampler.NextUniform() : 0.0);
     }
     forward.sampled_tokens = &drawn;
     forward.sampling_rules = rules;
@@ -539,12 +544,22 @@ bool Engine::Step() {
   absl::Status replay_error;
   std::vector<std::optional<SampledToken>> presampled;
   if (device_step) {
-    presampled.resize(plan.chunks.size());
+    presampled = SampleRows(plan, host_rows, logits, vocab);
     for (size_t i = 0; i < plan.chunks.size(); ++i) {
-      presampled[i] = SampledToken{drawn[i].token, drawn[i].logprob, {}};
+      if (!presampled[i].has_value()) {
+        presampled[i] = SampledToken{drawn[i].token, drawn[i].logprob, {}};
+      }
     }
   } else if (!greedy_step) {
-    presampled = SampleRows(plan, drafts, logits, vocab);
+    // The rows that a plain (not speculative) sampler draws from: the last row of each chunk
+    // that completes a prefill or decodes, without drafts.
+    std::vector<std::pair<size_t, int64_t>> rows;  // (chunk, logits row)
+    int64_t logits_row = 0;
+    for (size_t i = 0; i < plan.chunks.size(); ++i) {
+      if (plan.chunks[i].completes_prefill() && drafts[i].empty()) rows.push_back({i, logits_row});
+      logits_row += 1 + static_cast<int64_t>(drafts[i].size());
+    }
+    presampled = SampleRows(plan, rows, logits, vocab);
   }
   int64_t row = 0, hidden_row = 0;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
@@ -695,18 +710,11 @@ bool Engine::Step() {
 }
 
 std::vector<std::optional<SampledToken>> Engine::SampleRows(
-    const StepPlan& plan, const std::vector<std::vector<int32_t>>& drafts,
+    const StepPlan& plan, const std::vector<std::pair<size_t, int64_t>>& rows,
     std::vector<float>& logits, int vocab) {
-  // The rows that a plain (not speculative) sampler draws from: the last row of each chunk
-  // that completes a prefill or decodes, without drafts. Each touches only its own row, its
-  // sequence's sampler and history: rows are independent, and a request's random stream does
-  // not depend on which thread draws (seeded requests stay reproducible).
-  std::vector<std::pair<size_t, int64_t>> rows;  // (chunk, logits row)
-  int64_t row = 0;
-  for (size_t i = 0; i < plan.chunks.size(); ++i) {
-    if (plan.chunks[i].completes_prefill() && drafts[i].empty()) rows.push_back({i, row});
-    row += 1 + static_cast<int64_t>(drafts[i].size());
-  }
+  // Each row touches only its own logits, its sequence's sampler and history: rows are
+  // independent, and a request's random stream does not depend on which thread draws (seeded
+  // requests stay reproducible).
   std::vector<std::optional<SampledToken>> sampled(plan.chunks.size());
   auto draw = [&](size_t begin, size_t end) {
     for (size_t r = begin; r < end; ++r) {

@@ -63,10 +63,10 @@ struct EngineOptions {
   int spec_tokens = 0;
   Drafter* drafter = nullptr;
   // Where sampled tokens are drawn. kAuto: by the backend (Backend::SampleRows) when it draws on
-  // the device and every sampled row of the step needs nothing else of its logits (no penalties,
-  // no top-n logprobs, no drafts to verify), else on the host from a copy of the logits. kHost:
-  // always on the host. kBackend: as kAuto on any backend (tests: the CPU backend's SampleRows
-  // goes through the host).
+  // the device and the step verifies no drafts; rows whose sampler needs more of its logits
+  // (penalties, top-n logprobs) are copied alone and drawn on the host. Steps with drafts copy
+  // every logits row. kHost: always on the host from a copy of the logits. kBackend: as kAuto on
+  // any backend (tests: the CPU backend's SampleRows goes through the host).
   enum class SamplingPlace { kAuto, kHost, kBackend };
   SamplingPlace sampling_place = SamplingPlace::kAuto;
   // Test hook: a pause after every step that did work, so that process tests can make a step
@@ -139,10 +139,10 @@ class Engine {
               absl::Status error = absl::OkStatus());
   void RecordFinish(const Sequence& seq, FinishReason reason);
 
-  // Samples every chunk's row that a plain sampler draws (a completed prefill or a decode,
-  // without drafts) from the step's host logits, rows spread over threads; nullopt elsewhere.
+  // Samples the given (chunk, row of `logits`) pairs on the host with each chunk's sampler, rows
+  // spread over threads; nullopt for the other chunks.
   std::vector<std::optional<SampledToken>> SampleRows(
-      const StepPlan& plan, const std::vector<std::vector<int32_t>>& drafts,
+      const StepPlan& plan, const std::vector<std::pair<size_t, int64_t>>& rows,
       std::vector<float>& logits, int vocab);
 
   // ---- speculative decoding (engine thread) ----
