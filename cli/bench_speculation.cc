@@ -52,8 +52,9 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
     s.num_tokens = C;
   }
 
-  // Verify steps of m = 1..K+1 tokens per sequence, as the speculative path runs them: all
-  // m logits rows copied to the host for sampling, the hidden states for the head.
+  // Verify steps of m = 1..K+1 tokens per sequence, as the speculative path runs them for
+  // greedy requests: the argmax of all m logits rows on the device (VerifyGreedyDrafts; sampled
+  // requests copy the rows), the hidden states for the head.
   std::vector<int32_t> tokens(static_cast<size_t>(B) * (K + 1));
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = (i * 7919 + 13) % config.vocab_size;
   std::vector<double> verify_ms(K + 2, 0), verify_bound_ms(K + 2, 0);
@@ -70,8 +71,10 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
     counted.copy_logits = false;
     RETURN_IF_ERROR(model.Forward(step, counted, logits));
     for (auto& s : seqs) s.num_tokens = C;
+    std::vector<int32_t> argmax;
     worker::ForwardOptions verify;
     verify.logits_rows.assign(B, m);
+    verify.greedy_tokens = &argmax;
     verify.hidden_out = &hidden;
     verify.hidden_all_tokens = true;
     verify.keep_state_inputs = true;

@@ -5,6 +5,7 @@
 // plus one".
 #include "worker/runtime/speculative_sampling.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -96,6 +97,40 @@ TEST(SpeculativeSamplingTest, GreedyIsLongestMatchingPrefixPlusOne) {
   const DraftVerdict bonus = VerifyDrafts(all_right, q_right, p, rng);
   EXPECT_EQ(bonus.accepted, 3);
   EXPECT_EQ(bonus.next, 6);  // the bonus token
+}
+
+// The engine verifies greedy requests' drafts from the argmax of each row alone (taken on the
+// device): the same verdicts as the sampler's rule over the full rows, ties included.
+TEST(SpeculativeSamplingTest, GreedyDraftsFromArgmaxMatchTheSamplersRule) {
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  RequestSampler sampler(greedy, 1);
+  ASSERT_TRUE(sampler.ArgmaxOnly());
+  std::mt19937 gen(11);
+  std::uniform_int_distribution<int> small(0, 3);  // few distinct logits: many ties
+  const int vocab = 50, k = 4;
+  int accepted_total = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<float> rows(static_cast<size_t>(k + 1) * vocab);
+    for (float& x : rows) x = static_cast<float>(small(gen));
+    std::vector<int32_t> argmax(k + 1);
+    for (int j = 0; j <= k; ++j) {
+      const float* row = rows.data() + j * vocab;
+      argmax[j] = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+    }
+    // Drafts that follow the argmaxes for a random number of positions, then stray.
+    const int right = trial % (k + 1);
+    std::vector<int32_t> drafts(k);
+    for (int j = 0; j < k; ++j) drafts[j] = j < right ? argmax[j] : (argmax[j] + 1) % vocab;
+    std::vector<float> copy = rows;
+    const DraftVerdict full = VerifyDraftsWithSampler(drafts, copy, sampler, TokenHistory{});
+    const DraftVerdict fast = VerifyGreedyDrafts(drafts, argmax);
+    EXPECT_EQ(fast.accepted, full.accepted) << "trial " << trial;
+    EXPECT_EQ(fast.next, full.next) << "trial " << trial;
+    EXPECT_EQ(fast.accepted, right) << "trial " << trial;
+    accepted_total += fast.accepted;
+  }
+  EXPECT_GT(accepted_total, 0);
 }
 
 // Distribution is what Sample draws from, sampling parameters included.

@@ -440,10 +440,11 @@ bool Engine::Step() {
     forward.expert_tokens = &expert_tokens;
   }
   ++step_index_;
-  // A step whose sampled rows are all plain greedy (temperature 0, no penalties, no logprobs, no
-  // drafts to verify) takes the argmax on the device: token ids come back instead of the
-  // [rows, vocab] logits (155 MB of fp32 at batch 256 with a 152K vocabulary).
-  bool greedy_step = !any_drafts;
+  // A step whose sampled rows are all plain greedy (temperature 0, no penalties, no logprobs)
+  // takes the argmax on the device: token ids come back instead of the [rows, vocab] logits
+  // (254 MB of fp32 at batch 256 with a 248K vocabulary). Drafts are verified against the
+  // argmax of every row of theirs (VerifyGreedyDrafts).
+  bool greedy_step = true;
   for (const ScheduledChunk& c : plan.chunks) {
     if (c.completes_prefill()) greedy_step &= c.sequence->sampler->ArgmaxOnly();
   }
@@ -592,10 +593,14 @@ bool Engine::Step() {
       sampled = greedy_step ? SampledToken{greedy[first_row], 0.0f, {}} : *presampled[i];
       new_tokens = {sampled->token};
     } else {
-      const DraftVerdict verdict = VerifyDraftsWithSampler(
-          drafts[i],
-          std::span<float>(logits.data() + first_row * vocab, static_cast<size_t>(d + 1) * vocab),
-          *seq.sampler, seq.history);
+      const DraftVerdict verdict =
+          greedy_step
+              ? VerifyGreedyDrafts(drafts[i], std::span<const int32_t>(greedy).subspan(
+                                                  first_row, static_cast<size_t>(d + 1)))
+              : VerifyDraftsWithSampler(drafts[i],
+                                        std::span<float>(logits.data() + first_row * vocab,
+                                                         static_cast<size_t>(d + 1) * vocab),
+                                        *seq.sampler, seq.history);
       accepted = verdict.accepted;
       new_tokens.assign(drafts[i].begin(), drafts[i].begin() + accepted);
       new_tokens.push_back(verdict.next);

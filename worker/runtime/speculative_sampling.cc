@@ -56,4 +56,15 @@ DraftVerdict VerifyDraftsWithSampler(std::span<const int32_t> drafts, std::span<
   return VerifyDrafts(drafts, q, p, sampler.rng());
 }
 
+DraftVerdict VerifyGreedyDrafts(std::span<const int32_t> drafts,
+                                std::span<const int32_t> row_argmax) {
+  DraftVerdict verdict;
+  while (static_cast<size_t>(verdict.accepted) < drafts.size() &&
+         drafts[verdict.accepted] == row_argmax[verdict.accepted]) {
+    ++verdict.accepted;
+  }
+  verdict.next = row_argmax[verdict.accepted];
+  return verdict;
+}
+
 }  // namespace mobius::worker

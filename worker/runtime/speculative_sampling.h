@@ -35,6 +35,12 @@ DraftVerdict VerifyDrafts(std::span<const int32_t> drafts, std::span<const std::
 DraftVerdict VerifyDraftsWithSampler(std::span<const int32_t> drafts, std::span<float> rows,
                                      RequestSampler& sampler, const TokenHistory& history);
 
+// VerifyDraftsWithSampler for a greedy request (RequestSampler::ArgmaxOnly) from the argmax of
+// each of its k + 1 logits rows alone (taken on the device): with one-hot p and q the rule is the
+// longest prefix of drafts that match the argmaxes, then the argmax after it. Draws nothing.
+DraftVerdict VerifyGreedyDrafts(std::span<const int32_t> drafts,
+                                std::span<const int32_t> row_argmax);
+
 }  // namespace mobius::worker
 
 #endif  // MOBIUS_WORKER_RUNTIME_SPECULATIVE_SAMPLING_H_
