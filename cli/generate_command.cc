@@ -1,5 +1,6 @@
 // `mobius generate`: prefill a prompt of token ids, then decode token by token, printing
 // {"prompt_ids": [...], "token_ids": [...]}; optionally dumps the prompt's logits.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -16,6 +17,7 @@
 #include "cli/model_flags.h"
 #include "cli/replica_flags.h"
 #include "common/status_macros.h"
+#include "kernels/token_sampling.h"
 #include "nlohmann/json.hpp"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/model/generation_defaults.h"
@@ -25,7 +27,7 @@ ABSL_FLAG(std::string, prompt_ids, "", "Comma-separated prompt token ids, e.g. 1
 ABSL_FLAG(int, max_tokens, 16, "Number of tokens to generate after the prompt (>= 0).");
 ABSL_FLAG(double, temperature, 0.0,
           "Sampling temperature; 0 is greedy (argmax). Above 0, tokens are sampled from "
-          "softmax(logits / temperature) with --sample-seed.");
+          "softmax(logits / temperature) with --sample-seed (on the GPU with --device cuda).");
 ABSL_FLAG(uint64_t, sample_seed, 0, "Seed of the sampler when --temperature > 0.");
 ABSL_FLAG(std::string, dump_logits, "",
           "Write the logits of a single forward over the prompt to this safetensors file: one "
@@ -54,22 +56,6 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
   }
   if (ids.empty()) return absl::InvalidArgumentError("--prompt-ids is required and non-empty");
   return ids;
-}
-
-int32_t ChooseToken(const float* logits, int vocab, double temperature, std::mt19937_64& rng) {
-  if (temperature <= 0) {
-    int32_t best = 0;
-    for (int v = 1; v < vocab; ++v) {
-      if (logits[v] > logits[best]) best = v;
-    }
-    return best;
-  }
-  float max_logit = logits[0];
-  for (int v = 1; v < vocab; ++v) max_logit = std::max(max_logit, logits[v]);
-  std::vector<double> p(vocab);
-  for (int v = 0; v < vocab; ++v) p[v] = std::exp((logits[v] - max_logit) / temperature);
-  std::discrete_distribution<int32_t> dist(p.begin(), p.end());
-  return dist(rng);
 }
 
 // --spec-tokens k: the MTP head drafts, one target forward verifies (SpeculativeDecoder). Prints
@@ -183,19 +169,31 @@ absl::Status Generate() {
     RETURN_IF_ERROR(worker::WriteSafetensors(dump_path, {t}));
   }
 
-  // Decode token by token.
+  // Decode token by token under the serving rule (kernels/token_sampling.h): the first token from
+  // the prompt's last logits on the host, the others drawn by the backend (on the GPU with
+  // --device cuda: only the token comes back).
   std::mt19937_64 rng(absl::GetFlag(FLAGS_sample_seed));
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  const kernels::SamplingRule rule{static_cast<float>(temperature)};
+  auto next_uniform = [&] { return temperature > 0 ? uniform(rng) : 0.0; };
   std::vector<int32_t> generated;
   options.logits = worker::LogitsMode::kLastToken;
-  const float* last = logits.data() + logits.size() - vocab;
-  while (static_cast<int>(generated.size()) < max_tokens) {
-    const int32_t token = ChooseToken(last, vocab, temperature, rng);
+  std::vector<kernels::DrawnToken> drawn;
+  double u = next_uniform();
+  options.sampled_tokens = &drawn;
+  options.sampling_rules = std::span<const kernels::SamplingRule>(&rule, 1);
+  options.sampling_uniforms = std::span<const double>(&u, 1);
+  int32_t token = kernels::DrawToken(
+                      std::span<const float>(logits).subspan(logits.size() - vocab, vocab), rule, u)
+                      .token;
+  while (max_tokens > 0) {
     generated.push_back(token);
     if (std::find(eos.begin(), eos.end(), token) != eos.end()) break;
-    if (static_cast<int>(generated.size()) == max_tokens) break;
+    if (static_cast<int>(generated.size()) >= max_tokens) break;
+    u = next_uniform();
     worker::SequenceStep s{std::span<const int32_t>(&generated.back(), 1), &seq};
     RETURN_IF_ERROR(model->Forward(std::span(&s, 1), options, logits));
-    last = logits.data();
+    token = drawn[0].token;
   }
 
   nlohmann::json out;
