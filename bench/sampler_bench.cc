@@ -3,11 +3,13 @@
 // reach the host (docs/performance.md, "Sampling on the host").
 //
 //   build/bin/sampler_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+#include <algorithm>
 #include <random>
 #include <vector>
 
 #include "benchmark/benchmark.h"
 #include "worker/runtime/sampler.h"
+#include "worker/runtime/speculative_sampling.h"
 
 namespace mobius::worker {
 namespace {
@@ -45,6 +47,35 @@ BENCHMARK(BM_SampleRow)
     ->Args({8, 0, 95})
     ->Args({8, 50, 100})
     ->Args({7, 20, 80})
+    ->Unit(benchmark::kMillisecond);
+
+// Speculative verification of k = 4 drafts of one sequence on the host (VerifyDraftsWithSampler:
+// k + 1 rows' distributions, the acceptance rule), what a sampled request pays per verify step.
+// Arguments: temperature x 10 (0: greedy), top_p x 100.
+void BM_VerifyDrafts(benchmark::State& state) {
+  SamplingParams params;
+  params.temperature = static_cast<float>(state.range(0)) / 10;
+  params.top_p = static_cast<float>(state.range(1)) / 100;
+  RequestSampler sampler(params, 1);
+  constexpr int kDrafts = 4;
+  const std::vector<float> row = Row();
+  std::vector<float> rows;
+  for (int j = 0; j <= kDrafts; ++j) rows.insert(rows.end(), row.begin(), row.end());
+  // Drafts of the row's most likely token: a greedy request accepts them all (k + 1 rows'
+  // distributions), a sampled one each with that token's probability.
+  const int32_t top = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+  const std::vector<int32_t> drafts(kDrafts, top);
+  std::vector<float> scratch(rows.size());
+  const TokenHistory history;
+  for (auto _ : state) {
+    scratch = rows;
+    benchmark::DoNotOptimize(VerifyDraftsWithSampler(drafts, scratch, sampler, history));
+  }
+}
+BENCHMARK(BM_VerifyDrafts)
+    ->ArgNames({"t10", "top_p100"})
+    ->Args({0, 100})
+    ->Args({8, 95})
     ->Unit(benchmark::kMillisecond);
 
 }  // namespace

@@ -133,6 +133,53 @@ TEST(SpeculativeSamplingTest, GreedyDraftsFromArgmaxMatchTheSamplersRule) {
   EXPECT_GT(accepted_total, 0);
 }
 
+// VerifyDraftsWithSampler is VerifyDrafts with q one-hot at the drafts and p the sampler's
+// distributions (each row seeing the drafts before it): the same verdicts from the same stream,
+// for sampled requests with truncation and penalties, drafts accepted or not.
+TEST(SpeculativeSamplingTest, SamplerVerificationIsTheGeneralRule) {
+  SamplingParams params;
+  params.temperature = 0.9f;
+  params.top_p = 0.9f;
+  params.presence_penalty = 0.3f;
+  params.seed = 77;
+  std::mt19937 gen(5);
+  std::normal_distribution<float> normal(0.0f, 1.5f);
+  const int vocab = 64, k = 3;
+  TokenHistory history;
+  history.AddPrompt(std::vector<int32_t>{3, 9, 9, 17});
+  int accepted = 0, rejected = 0;
+  RequestSampler fast(params, 1), general(params, 1);
+  for (int trial = 0; trial < 300; ++trial) {
+    std::vector<float> rows(static_cast<size_t>(k + 1) * vocab);
+    for (float& x : rows) x = normal(gen);
+    std::vector<int32_t> drafts(k);
+    for (int j = 0; j < k; ++j) {  // mostly the row's best token, sometimes not
+      const float* row = rows.data() + j * vocab;
+      drafts[j] = trial % 4 == 0 ? (j * 7 + trial) % vocab
+                                 : static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+    }
+    std::vector<float> copy = rows;
+    const DraftVerdict got = VerifyDraftsWithSampler(drafts, copy, fast, history);
+    std::vector<std::vector<double>> p(k + 1), q(k);
+    TokenHistory seen = history;
+    for (int j = 0; j <= k; ++j) {
+      p[j] = general.Distribution(std::span<float>(rows).subspan(j * vocab, vocab), seen);
+      if (j < k) {
+        q[j].assign(vocab, 0.0);
+        q[j][drafts[j]] = 1.0;
+        seen.AddOutput(drafts[j]);
+      }
+    }
+    const DraftVerdict want = VerifyDrafts(drafts, q, p, general.rng());
+    EXPECT_EQ(got.accepted, want.accepted) << "trial " << trial;
+    EXPECT_EQ(got.next, want.next) << "trial " << trial;
+    accepted += got.accepted;
+    rejected += got.accepted < k;
+  }
+  EXPECT_GT(accepted, 0);
+  EXPECT_GT(rejected, 0);
+}
+
 // Distribution is what Sample draws from, sampling parameters included.
 TEST(SpeculativeSamplingTest, DistributionMatchesSampleWithSamplingParameters) {
   SamplingParams params;

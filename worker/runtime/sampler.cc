@@ -92,28 +92,34 @@ SampledToken RequestSampler::Sample(std::span<float> logits, const TokenHistory&
 
 std::vector<double> RequestSampler::Distribution(std::span<float> logits,
                                                  const TokenHistory& history) const {
+  std::vector<double> dist;
+  Distribution(logits, history, dist);
+  return dist;
+}
+
+void RequestSampler::Distribution(std::span<float> logits, const TokenHistory& history,
+                                  std::vector<double>& dist) const {
   const int vocab = static_cast<int>(logits.size());
-  std::vector<double> dist(vocab, 0.0);
-  if (vocab == 0) return dist;
+  dist.assign(vocab, 0.0);
+  if (vocab == 0) return;
   ApplyPenalties(logits, history);
   const float max_logit = *std::max_element(logits.begin(), logits.end());
   if (params_.temperature == 0) {
     dist[std::max_element(logits.begin(), logits.end()) - logits.begin()] = 1.0;
-    return dist;
+    return;
   }
   const float temperature = params_.temperature;
   std::vector<float>& weights = kernels::ThreadLocalWeights();
   const double sum = kernels::Exponentiate(logits, max_logit, temperature, weights);
   if (!Rule().Truncates(vocab)) {
     for (int t = 0; t < vocab; ++t) dist[t] = weights[t] / sum;
-    return dist;
+    return;
   }
   const kernels::KeptCandidates c =
       kernels::TruncateCandidates(logits, Rule(), max_logit, weights, sum);
   double kept = 0;
   for (size_t i = 0; i < c.kept; ++i) kept += c.p[i];
   for (size_t i = 0; i < c.kept; ++i) dist[c.order[i]] = c.p[i] / kept;
-  return dist;
 }
 
 }  // namespace mobius::worker

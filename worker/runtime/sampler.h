@@ -68,6 +68,10 @@ class RequestSampler {
   // place as Sample does. Speculative decoding accepts drafts against it. Draws nothing.
   [[nodiscard]] std::vector<double> Distribution(std::span<float> logits,
                                                  const TokenHistory& history) const;
+  // The same into `dist` (resized to the vocabulary), so that a caller can keep one buffer: a
+  // fresh 2 MB vector per row costs more in page faults than the distribution itself.
+  void Distribution(std::span<float> logits, const TokenHistory& history,
+                    std::vector<double>& dist) const;
   // When the whole of Sample can run on the device (no penalties, at most the chosen token's
   // logprob): its rule for Backend::SampleRows, which the caller pairs with NextUniform().
   [[nodiscard]] std::optional<kernels::SamplingRule> DeviceRule() const;
