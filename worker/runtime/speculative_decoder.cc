@@ -199,6 +199,11 @@ absl::Status SpeculativeDecoder::Generate(std::span<const SpeculativeRequest> re
     verify.logits = LogitsMode::kAllTokens;
     verify.keep_state_inputs = speculating;
     if (want_hidden) verify.hidden_out = &hidden;
+    // Greedy requests only: the argmax of every row, taken on the device, instead of the rows.
+    bool greedy = true;
+    for (int i : members) greedy &= samplers[i].ArgmaxOnly();
+    std::vector<int32_t> argmax;
+    if (greedy) verify.greedy_tokens = &argmax;
     const auto verify_start = Clock::now();
     status = model_.Forward(batch, verify, logits);
     if (speculating) stats_.verify_seconds += SecondsSince(verify_start);
@@ -216,14 +221,18 @@ absl::Status SpeculativeDecoder::Generate(std::span<const SpeculativeRequest> re
       int accepted = 0;
       int32_t next = 0;
       if (d == 0) {
-        next = samplers[i]
-                   .Sample(std::span<float>(logits.data() + row * vocab, vocab), s.history)
-                   .token;
+        next = greedy ? argmax[row]
+                      : samplers[i]
+                            .Sample(std::span<float>(logits.data() + row * vocab, vocab), s.history)
+                            .token;
       } else {
-        const DraftVerdict verdict = VerifyDraftsWithSampler(
-            s.drafts,
-            std::span<float>(logits.data() + row * vocab, static_cast<size_t>((d + 1) * vocab)),
-            samplers[i], s.history);
+        const DraftVerdict verdict =
+            greedy ? VerifyGreedyDrafts(s.drafts, std::span<const int32_t>(argmax).subspan(
+                                                      row, static_cast<size_t>(d + 1)))
+                   : VerifyDraftsWithSampler(s.drafts,
+                                             std::span<float>(logits.data() + row * vocab,
+                                                              static_cast<size_t>((d + 1) * vocab)),
+                                             samplers[i], s.history);
         accepted = verdict.accepted;
         next = verdict.next;
         ++stats_.verify_steps;
