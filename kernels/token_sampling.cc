@@ -176,4 +176,26 @@ DrawnToken DrawToken(std::span<const float> logits, const SamplingRule& rule, do
   return result;
 }
 
+void RuleDistribution(std::span<const float> logits, const SamplingRule& rule,
+                      std::vector<double>& dist) {
+  const int vocab = static_cast<int>(logits.size());
+  dist.assign(vocab, 0.0);
+  if (vocab == 0) return;
+  const auto max_it = std::max_element(logits.begin(), logits.end());
+  if (rule.temperature == 0) {
+    dist[max_it - logits.begin()] = 1.0;
+    return;
+  }
+  std::vector<float>& weights = ThreadLocalWeights();
+  const double sum = Exponentiate(logits, *max_it, rule.temperature, weights);
+  if (!rule.Truncates(vocab)) {
+    for (int t = 0; t < vocab; ++t) dist[t] = weights[t] / sum;
+    return;
+  }
+  const KeptCandidates c = TruncateCandidates(logits, rule, *max_it, weights, sum);
+  double kept = 0;
+  for (size_t i = 0; i < c.kept; ++i) kept += c.p[i];
+  for (size_t i = 0; i < c.kept; ++i) dist[c.order[i]] = c.p[i] / kept;
+}
+
 }  // namespace mobius::kernels

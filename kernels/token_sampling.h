@@ -76,6 +76,11 @@ std::vector<float>& ThreadLocalWeights();
 // One token of `logits` under `rule`, drawn with u in [0, 1).
 DrawnToken DrawToken(std::span<const float> logits, const SamplingRule& rule, double u);
 
+// The distribution DrawToken draws from, as probabilities over the vocabulary in `dist`
+// (one-hot at the argmax for greedy rules). Speculative decoding accepts drafts against it.
+void RuleDistribution(std::span<const float> logits, const SamplingRule& rule,
+                      std::vector<double>& dist);
+
 }  // namespace mobius::kernels
 
 #endif  // MOBIUS_KERNELS_TOKEN_SAMPLING_H_

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -55,9 +56,13 @@ TEST(ParallelRangesTest, RangesRunOnSeveralThreads) {
       std::lock_guard<std::mutex> lock(mu);
       ids.push_back(std::this_thread::get_id());
     }
-    // Both ranges are in flight together: neither returns before the other has started.
+    // Both ranges are in flight together: neither returns before the other has started (run
+    // one after the other, the first gives up after 10 s and the ids below are equal).
     ++arrived;
-    while (arrived.load() < 2) std::this_thread::yield();
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (arrived.load() < 2 && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::yield();
+    }
   });
   ASSERT_EQ(ids.size(), 2u);
   EXPECT_NE(ids[0], ids[1]);

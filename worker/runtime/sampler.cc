@@ -1,13 +1,11 @@
 #include "worker/runtime/sampler.h"
 
 #include <algorithm>
-#include <bit>
-#include <cmath>
 #include <cstdint>
-#include <limits>
 #include <numeric>
 
 namespace mobius::worker {
+
 void TokenHistory::Touch(int32_t token) {
   if (token < 0) return;
   if (static_cast<size_t>(token) >= in_prompt_.size()) {
@@ -99,27 +97,8 @@ std::vector<double> RequestSampler::Distribution(std::span<float> logits,
 
 void RequestSampler::Distribution(std::span<float> logits, const TokenHistory& history,
                                   std::vector<double>& dist) const {
-  const int vocab = static_cast<int>(logits.size());
-  dist.assign(vocab, 0.0);
-  if (vocab == 0) return;
   ApplyPenalties(logits, history);
-  const float max_logit = *std::max_element(logits.begin(), logits.end());
-  if (params_.temperature == 0) {
-    dist[std::max_element(logits.begin(), logits.end()) - logits.begin()] = 1.0;
-    return;
-  }
-  const float temperature = params_.temperature;
-  std::vector<float>& weights = kernels::ThreadLocalWeights();
-  const double sum = kernels::Exponentiate(logits, max_logit, temperature, weights);
-  if (!Rule().Truncates(vocab)) {
-    for (int t = 0; t < vocab; ++t) dist[t] = weights[t] / sum;
-    return;
-  }
-  const kernels::KeptCandidates c =
-      kernels::TruncateCandidates(logits, Rule(), max_logit, weights, sum);
-  double kept = 0;
-  for (size_t i = 0; i < c.kept; ++i) kept += c.p[i];
-  for (size_t i = 0; i < c.kept; ++i) dist[c.order[i]] = c.p[i] / kept;
+  kernels::RuleDistribution(logits, Rule(), dist);
 }
 
 }  // namespace mobius::worker
