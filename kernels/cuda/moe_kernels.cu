@@ -12,6 +12,7 @@
 
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/ranked_lists.cuh"
 #include "kernels/cuda/tuning_knobs.h"
 
 namespace mobius::kernels::cuda {
@@ -22,10 +23,6 @@ constexpr int kScanThreads = 1024;
 
 // ---------------------------------------------------------------------------------------------
 // TopKSoftmax: one block per token, looping over any number of experts.
-
-__device__ __forceinline__ bool Better(float v, int i, float best_v, int best_i) {
-  return v > best_v || (v == best_v && i < best_i);
-}
 
 __global__ void TopKSoftmaxKernel(AnyPtr logits, int num_experts, int k, bool renormalize,
                                   int32_t* ids, float* weights) {
@@ -101,17 +98,6 @@ __global__ void TopKSoftmaxKernel(AnyPtr logits, int num_experts, int k, bool re
 // a batch-1 decode step (23 us per layer for 2560 experts).
 constexpr int kSmemTopKExperts = 8192;
 constexpr int kSmemTopKMaxK = 32;
-
-__device__ __forceinline__ void WarpArgBest(float& v, int& i) {
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, i, o);
-    if (Better(ov, oi, v, i)) {
-      v = ov;
-      i = oi;
-    }
-  }
-}
 
 __global__ void TopKSoftmaxSmemKernel(AnyPtr logits, int num_experts, int k, bool renormalize,
                                       int32_t* ids, float* weights) {
@@ -199,56 +185,6 @@ __global__ void TopKSoftmaxSmemKernel(AnyPtr logits, int num_experts, int k, boo
 constexpr int kRegTopK = 8;
 constexpr int kRegTopKThreads = 512;
 constexpr int kRegTopKLoads = 8;
-
-// An empty sorted list (every slot worse than any logit).
-__device__ __forceinline__ void ClearList(float (&lv)[kRegTopK], int (&li)[kRegTopK]) {
-#pragma unroll
-  for (int q = 0; q < kRegTopK; ++q) {
-    lv[q] = -INFINITY;
-    li[q] = INT_MAX;
-  }
-}
-
-__device__ __forceinline__ void InsertSorted(float v, int e, float (&lv)[kRegTopK],
-                                             int (&li)[kRegTopK]) {
-  if (!Better(v, e, lv[kRegTopK - 1], li[kRegTopK - 1])) return;
-  lv[kRegTopK - 1] = v;
-  li[kRegTopK - 1] = e;
-#pragma unroll
-  for (int q = kRegTopK - 1; q > 0; --q) {
-    if (Better(lv[q], li[q], lv[q - 1], li[q - 1])) {
-      const float tv = lv[q];
-      lv[q] = lv[q - 1];
-      lv[q - 1] = tv;
-      const int ti = li[q];
-      li[q] = li[q - 1];
-      li[q - 1] = ti;
-    }
-  }
-}
-
-// k rounds of "best head of the warp's lists": the results land in out_v/out_i of every lane.
-__device__ __forceinline__ void WarpMergeLists(float (&lv)[kRegTopK], int (&li)[kRegTopK], int k,
-                                               float (&out_v)[kRegTopK], int (&out_i)[kRegTopK]) {
-#pragma unroll
-  for (int j = 0; j < kRegTopK; ++j) {
-    if (j >= k) break;
-    float bv = lv[0];
-    int bi = li[0];
-    WarpArgBest(bv, bi);
-    out_v[j] = bv;
-    out_i[j] = bi;
-    if (li[0] == bi && bi != INT_MAX) {  // this lane's head was taken: pop it
-#pragma unroll
-      for (int q = 0; q + 1 < kRegTopK; ++q) {
-        lv[q] = lv[q + 1];
-        li[q] = li[q + 1];
-      }
-      lv[kRegTopK - 1] = -INFINITY;
-      li[kRegTopK - 1] = INT_MAX;
-    }
-  }
-}
 
 // The k merged logits (wv, ids wi: the same in every lane) as softmax probabilities over all
 // experts (maximum mx, sum of exp(v - mx) total), renormalised over the k or not; lane j < k
