@@ -38,7 +38,12 @@ ABSL_FLAG(std::string, draw, "",
           "mode (comma-separated): \"greedy\" (argmax on the device), \"device\" "
           "(Backend::SampleRows at temperature 0.8, top-k 50, top-p 0.95), \"host\" (the "
           "[batch, vocab] fp32 logits copied to the host and drawn there by the same rule, rows "
-          "spread over up to 16 threads as the engine does). Empty: the model step alone.");
+          "spread over up to 16 threads as the engine does), \"penalized\" (\"device\" with "
+          "each row's repetition 1.1, frequency 0.5 and presence 0.3 penalties over 1000 seen "
+          "tokens applied first by Backend::PenalizeRows), \"penalized-host\" (the same on the "
+          "host, after the logits' copy), \"logprobs\" (\"device\" with each row's 5 best "
+          "tokens and logits for top-n logprobs, Backend::TopLogitsRows). Empty: the model step "
+          "alone.");
 
 namespace mobius::cli {
 namespace {
@@ -63,9 +68,11 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
 absl::StatusOr<std::vector<std::string>> ParseDrawModes(const std::string& text) {
   std::vector<std::string> modes;
   for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
-    if (part != "greedy" && part != "device" && part != "host") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--draw: \"", part, "\" is not a draw mode (greedy, device or host)"));
+    if (part != "greedy" && part != "device" && part != "host" && part != "penalized" &&
+        part != "penalized-host" && part != "logprobs") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--draw: \"", part,
+          "\" is not a draw mode (greedy, device, host, penalized, penalized-host or logprobs)"));
     }
     modes.emplace_back(part);
   }
@@ -74,15 +81,18 @@ absl::StatusOr<std::vector<std::string>> ParseDrawModes(const std::string& text)
 
 // `mobius bench engine --draw host`: every row of `logits` drawn on the host under its rule, rows
 // spread over up to 16 threads, two or more each (as Engine::SampleRows spreads a step's rows).
-void DrawOnHost(const std::vector<float>& logits, std::span<const kernels::SamplingRule> rules,
+// With `penalties` (one per row), each row is penalised first, in place.
+void DrawOnHost(std::vector<float>& logits, std::span<const kernels::SamplingRule> rules,
+                std::span<const kernels::LogitPenalties> penalties,
                 std::span<const double> uniforms, std::vector<kernels::DrawnToken>& out) {
   const size_t rows = rules.size();
   const size_t vocab = rows > 0 ? logits.size() / rows : 0;
   out.resize(rows);
   auto draw = [&](size_t begin, size_t end) {
     for (size_t r = begin; r < end; ++r) {
-      out[r] = kernels::DrawToken(std::span<const float>(logits).subspan(r * vocab, vocab),
-                                  rules[r], uniforms[r]);
+      const std::span<float> row = std::span<float>(logits).subspan(r * vocab, vocab);
+      if (!penalties.empty()) kernels::ApplyLogitPenalties(row, penalties[r]);
+      out[r] = kernels::DrawToken(row, rules[r], uniforms[r]);
     }
   };
   ForEachRangeInParallel(rows, 16, 2, draw);
@@ -138,7 +148,7 @@ absl::Status BenchEngine() {
 
   nlohmann::json results = nlohmann::json::array();
   std::map<std::pair<int, int>, double> plain_ms;  // (batch, context) -> decode step
-  std::printf("%-8s %6s %8s %12s %12s %14s %10s %10s\n", "phase", "batch", "context", "time/step",
+  std::printf("%-15s %6s %8s %12s %12s %14s %10s %10s\n", "phase", "batch", "context", "time/step",
               "bound", "experts/layer", "tokens/s", "of bound");
   for (int context : contexts) {
     for (int batch : batches) {
@@ -150,7 +160,7 @@ absl::Status BenchEngine() {
       const int64_t positions = int64_t{context} + extra;
       if (positions > config.max_position_embeddings) {
         std::printf(
-            "%-8s %6d %8d   skipped: context + %d positions of the warm-up and timed steps "
+            "%-15s %6d %8d   skipped: context + %d positions of the warm-up and timed steps "
             "exceeds max_position_embeddings (%lld)\n",
             "decode", batch, context, static_cast<int>(extra),
             static_cast<long long>(config.max_position_embeddings));
@@ -159,7 +169,7 @@ absl::Status BenchEngine() {
       model->DropCaches();
       absl::Status caches = model->CreateCaches(batch, static_cast<int>(positions));
       if (!caches.ok()) {
-        std::printf("%-8s %6d %8d   skipped: %s\n", "decode", batch, context,
+        std::printf("%-15s %6d %8d   skipped: %s\n", "decode", batch, context,
                     std::string(caches.message()).c_str());
         continue;
       }
@@ -172,7 +182,7 @@ absl::Status BenchEngine() {
         s.num_tokens = context;
       }
       if (!ok) {
-        std::printf("%-8s %6d %8d   skipped: caches too small\n", "decode", batch, context);
+        std::printf("%-15s %6d %8d   skipped: caches too small\n", "decode", batch, context);
         continue;
       }
       std::vector<int32_t> tokens(batch);
@@ -207,7 +217,7 @@ absl::Status BenchEngine() {
       // A replica of W ranks streams its bytes from W GPUs: the bound assumes a perfect split
       // (replicated router, norms, embedding and lm_head make the real one a little higher).
       const double bound = bytes / (bandwidth * world);
-      std::printf("%-8s %6d %8d %9.3f ms %9.3f ms %14.1f %10.0f %9.0f%%\n", "decode", batch,
+      std::printf("%-15s %6d %8d %9.3f ms %9.3f ms %14.1f %10.0f %9.0f%%\n", "decode", batch,
                   context, per_step * 1e3, bound * 1e3, touched_per_layer, batch / per_step,
                   100 * bound / per_step);
       plain_ms[{batch, context}] = per_step * 1e3;
@@ -215,27 +225,57 @@ absl::Status BenchEngine() {
       const std::vector<kernels::SamplingRule> rules(batch, kernels::SamplingRule{0.8f, 50, 0.95f});
       std::vector<double> uniforms(batch);
       for (int i = 0; i < batch; ++i) uniforms[i] = (i + 0.5) / batch;
+      // --draw penalized: each row has seen 1000 distinct tokens, a third of them in its output.
+      constexpr int kSeen = 1000;
+      std::vector<int32_t> seen_tokens, seen_counts;
+      std::vector<kernels::LogitPenalties> penalties;
+      if (std::find_if(draw_modes.begin(), draw_modes.end(), [](const std::string& m) {
+            return m.starts_with("penalized");
+          }) != draw_modes.end()) {
+        seen_tokens.resize(static_cast<size_t>(batch) * kSeen);
+        seen_counts.resize(seen_tokens.size());
+        for (int i = 0; i < batch; ++i) {
+          for (int j = 0; j < kSeen; ++j) {
+            seen_tokens[i * kSeen + j] =
+                static_cast<int32_t>((int64_t{i} * 31 + int64_t{j} * 97) % config.vocab_size);
+            seen_counts[i * kSeen + j] = j % 3 == 0 ? 1 + j % 4 : 0;
+          }
+          penalties.push_back({1.1f, 0.5f, 0.3f,
+                               std::span<const int32_t>(seen_tokens).subspan(i * kSeen, kSeen),
+                               std::span<const int32_t>(seen_counts).subspan(i * kSeen, kSeen)});
+        }
+      }
+      const std::vector<int32_t> top_counts(batch, 5);
+      std::vector<kernels::TokenLogit> top_logits;
+      std::vector<float> drawn_logits;
       for (const std::string& mode : draw_modes) {
         worker::ForwardOptions drawn;
         std::vector<int32_t> greedy;
         std::vector<kernels::DrawnToken> sampled;
         if (mode == "greedy") {
           drawn.greedy_tokens = &greedy;
-        } else if (mode == "device") {
+        } else if (mode == "device" || mode == "penalized" || mode == "logprobs") {
           drawn.sampled_tokens = &sampled;
           drawn.sampling_rules = rules;
           drawn.sampling_uniforms = uniforms;
+          if (mode == "penalized") drawn.sampling_penalties = penalties;
+          if (mode == "logprobs") {
+            drawn.top_logits_counts = top_counts;
+            drawn.top_logits = &top_logits;
+            drawn.drawn_logits = &drawn_logits;
+          }
         }
         auto draw_step = [&]() -> absl::Status {
           RETURN_IF_ERROR(model->Forward(step, drawn, logits));
-          if (mode == "host") DrawOnHost(logits, rules, uniforms, sampled);
+          if (mode == "host") DrawOnHost(logits, rules, {}, uniforms, sampled);
+          if (mode == "penalized-host") DrawOnHost(logits, rules, penalties, uniforms, sampled);
           return absl::OkStatus();
         };
         for (int w = 0; w < 3; ++w) RETURN_IF_ERROR(draw_step());
         const auto d0 = std::chrono::steady_clock::now();
         for (int s = 0; s < steps; ++s) RETURN_IF_ERROR(draw_step());
         const double with_draw = Seconds(d0, std::chrono::steady_clock::now()) / steps;
-        std::printf("%-8s %6d %8d %9.3f ms %9.3f ms %14s %10.0f %9.0f%%\n", ("+" + mode).c_str(),
+        std::printf("%-15s %6d %8d %9.3f ms %9.3f ms %14s %10.0f %9.0f%%\n", ("+" + mode).c_str(),
                     batch, context, with_draw * 1e3, bound * 1e3, "", batch / with_draw,
                     100 * bound / with_draw);
         results.push_back({{"phase", "decode_draw"},
@@ -283,14 +323,14 @@ absl::Status BenchEngine() {
   }
   for (int length : prefills) {
     if (int64_t{length} > config.max_position_embeddings) {
-      std::printf("%-8s %6d %8d   skipped: exceeds max_position_embeddings (%lld)\n", "prefill", 1,
+      std::printf("%-15s %6d %8d   skipped: exceeds max_position_embeddings (%lld)\n", "prefill", 1,
                   length, static_cast<long long>(config.max_position_embeddings));
       continue;
     }
     model->DropCaches();
     absl::Status caches = model->CreateCaches(1, length + 1);
     if (!caches.ok()) {
-      std::printf("%-8s %6d %8d   skipped: %s\n", "prefill", 1, length,
+      std::printf("%-15s %6d %8d   skipped: %s\n", "prefill", 1, length,
                   std::string(caches.message()).c_str());
       continue;
     }
@@ -318,7 +358,7 @@ absl::Status BenchEngine() {
     cost.weight_bytes = backend->activation_dtype() == kernels::DType::kF32 ? 4 : 2;
     const double bytes = worker::EstimateDecodeStepBytes(config, cost).total();
     const double bound = bytes / (bandwidth * world);
-    std::printf("%-8s %6d %8d %9.3f ms %9.3f ms %14s %10.0f %9.0f%%\n", "prefill", 1, length,
+    std::printf("%-15s %6d %8d %9.3f ms %9.3f ms %14s %10.0f %9.0f%%\n", "prefill", 1, length,
                 best * 1e3, bound * 1e3, "-", length / best, 100 * bound / best);
     results.push_back({{"phase", "prefill"},
                        {"tokens", length},

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -316,6 +317,19 @@ class Backend {
   // through the host.
   virtual void SampleRows(const Tensor& logits, std::span<const SamplingRule> rules,
                           std::span<const double> uniforms, std::span<DrawnToken> out);
+  // In place: row r of logits F32 [R, V] (R = rows.size()) under rows[r]'s penalties
+  // (ApplyLogitPenalties, kernels/token_sampling.h; inactive entries leave their rows as they
+  // are), ahead of SampleRows. The default goes through the host, row by row.
+  virtual void PenalizeRows(Tensor& logits, std::span<const LogitPenalties> rows);
+  // For top-n logprobs without the rows on the host: the counts[r] largest logits of row r of
+  // logits F32 [R, V] (R = counts.size(); TopLogits' order: ties to the lower id), best first,
+  // into out[r * width, r * width + counts[r]) with width = the largest count, and
+  // chosen_logits[r] = logits[r, chosen[r]] (the logprobs are taken relative to the drawn
+  // token's). Rows of count 0 are skipped. On the host when it returns; the default goes through
+  // the host.
+  virtual void TopLogitsRows(const Tensor& logits, std::span<const int32_t> counts,
+                             std::span<const int32_t> chosen, std::span<TokenLogit> out,
+                             std::span<float> chosen_logits);
   // True when SampleRows draws on the device, so that callers pass it their rows instead of
   // copying the logits to the host.
   [[nodiscard]] virtual bool SamplesOnDevice() const { return false; }
@@ -371,6 +385,44 @@ inline void Backend::SampleRows(const Tensor& logits, std::span<const SamplingRu
   for (size_t r = 0; r < rows && r < uniforms.size() && r < out.size(); ++r) {
     out[r] =
         DrawToken(std::span<const float>(host).subspan(r * vocab, vocab), rules[r], uniforms[r]);
+  }
+}
+
+inline void Backend::PenalizeRows(Tensor& logits, std::span<const LogitPenalties> rows) {
+  const int64_t count = static_cast<int64_t>(rows.size());
+  if (count == 0 || logits.numel() % count != 0) return;  // (callers check the shapes)
+  const int64_t vocab = logits.numel() / count;
+  Tensor matrix = logits.Reshape({count, vocab});
+  std::vector<float> host(static_cast<size_t>(vocab));
+  for (int64_t r = 0; r < count; ++r) {
+    if (!rows[r].Active()) continue;
+    Tensor row = matrix.Rows(r, 1);
+    CopyToHostF32(row, host.data());
+    ApplyLogitPenalties(host, rows[r]);
+    CopyFromHost(host.data(), DType::kF32, row);
+  }
+}
+
+inline void Backend::TopLogitsRows(const Tensor& logits, std::span<const int32_t> counts,
+                                   std::span<const int32_t> chosen, std::span<TokenLogit> out,
+                                   std::span<float> chosen_logits) {
+  const int64_t rows = static_cast<int64_t>(counts.size());
+  if (rows == 0 || logits.numel() % rows != 0) return;  // (callers check the shapes)
+  const int64_t vocab = logits.numel() / rows;
+  const int32_t width = std::max(0, *std::max_element(counts.begin(), counts.end()));
+  if (chosen.size() < counts.size() || chosen_logits.size() < counts.size() ||
+      out.size() < static_cast<size_t>(rows) * width) {
+    return;
+  }
+  const Tensor matrix = logits.Reshape({rows, vocab});
+  std::vector<float> host(static_cast<size_t>(vocab));
+  for (int64_t r = 0; r < rows; ++r) {
+    if (counts[r] <= 0) continue;
+    CopyToHostF32(matrix.Rows(r, 1), host.data());
+    TopLogits(host, counts[r], out.subspan(r * width, static_cast<size_t>(counts[r])));
+    chosen_logits[r] = chosen[r] >= 0 && chosen[r] < vocab
+                           ? host[static_cast<size_t>(chosen[r])]
+                           : std::numeric_limits<float>::quiet_NaN();
   }
 }
 

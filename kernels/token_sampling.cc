@@ -176,6 +176,37 @@ DrawnToken DrawToken(std::span<const float> logits, const SamplingRule& rule, do
   return result;
 }
 
+void TopLogits(std::span<const float> logits, int n, std::span<TokenLogit> out) {
+  const size_t count = std::min(static_cast<size_t>(std::max(n, 0)), out.size());
+  if (count == 0) return;
+  // A bounded selection: the best `count` seen so far, kept sorted (count is at most ~20).
+  auto better = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  std::vector<int32_t> best;
+  best.reserve(count + 1);
+  for (size_t t = 0; t < logits.size(); ++t) {
+    const auto id = static_cast<int32_t>(t);
+    if (std::isnan(logits[t])) continue;
+    if (best.size() == count && !better(id, best.back())) continue;
+    best.insert(std::upper_bound(best.begin(), best.end(), id, better), id);
+    if (best.size() > count) best.pop_back();
+  }
+  for (size_t i = 0; i < count; ++i) {
+    out[i] = i < best.size() ? TokenLogit{best[i], logits[best[i]]} : TokenLogit{-1, 0.0f};
+  }
+}
+
+void ApplyLogitPenalties(std::span<float> logits, const LogitPenalties& p) {
+  if (!p.Active()) return;
+  const size_t vocab = logits.size();
+  for (size_t i = 0; i < p.tokens.size() && i < p.counts.size(); ++i) {
+    const int32_t t = p.tokens[i];
+    if (t < 0 || static_cast<size_t>(t) >= vocab) continue;
+    logits[t] = PenalizedLogit(logits[t], p.counts[i], p.repetition, p.frequency, p.presence);
+  }
+}
+
 void RuleDistribution(std::span<const float> logits, const SamplingRule& rule,
                       std::vector<double>& dist) {
   const int vocab = static_cast<int>(logits.size());

@@ -29,6 +29,51 @@ struct SamplingRule {
   }
 };
 
+// Penalties on the tokens a sequence has seen, applied to its logits before the rule: the
+// multiplicative repetition penalty (a positive logit divided by it, a negative one multiplied)
+// on every seen token, then logit -= frequency * count + presence * (count > 0), count being the
+// token's occurrences in the output so far. tokens are distinct; counts[i] belongs to tokens[i].
+struct LogitPenalties {
+  float repetition = 1.0f;
+  float frequency = 0.0f;
+  float presence = 0.0f;
+  std::span<const int32_t> tokens;
+  std::span<const int32_t> counts;
+
+  // False when applying them changes nothing (neutral values or no tokens).
+  [[nodiscard]] bool Active() const {
+    return !tokens.empty() && (repetition != 1.0f || frequency != 0.0f || presence != 0.0f);
+  }
+};
+
+// One seen token's logit under `p` (count: its output occurrences). Every step is a single float
+// operation, in this order, so that a device computing the same steps (correctly rounded, no
+// fused multiply-add) gets the same bits.
+inline float PenalizedLogit(float x, int32_t count, float repetition, float frequency,
+                            float presence) {
+  if (repetition != 1.0f) x = x > 0 ? x / repetition : x * repetition;
+  const volatile float by_count = frequency * static_cast<float>(count);  // no contraction
+  const float by_presence = count > 0 ? presence : 0.0f;
+  return x - (by_count + by_presence);
+}
+
+// Applies `p` to one row of logits in place; tokens outside the row are ignored.
+void ApplyLogitPenalties(std::span<float> logits, const LogitPenalties& p);
+
+// The most top-n alternatives a request may ask for (OpenAI's top_logprobs limit).
+inline constexpr int kMaxTopLogprobs = 20;
+
+// One of a row's best tokens, for top-n logprobs; token -1 where the row has fewer rankable
+// (non-NaN) logits than were asked for.
+struct TokenLogit {
+  int32_t token = 0;
+  float logit = 0;
+};
+
+// The n largest logits of a row (ties: lower id first; NaN never ranked), best first, into
+// out[0, n) (n <= out's size); entries past the row's rankable logits get token -1.
+void TopLogits(std::span<const float> logits, int n, std::span<TokenLogit> out);
+
 struct DrawnToken {
   int32_t token = 0;
   float logprob = 0;  // log-softmax at the rule's temperature (1 for greedy), before truncation

@@ -751,6 +751,52 @@ void Bench::BuildSpecs() {
             return c;
           });
     }
+    // Penalties over 1000 seen tokens a row (repetition 1.1, frequency 0.5, presence 0.3), in
+    // place; bytes: the entries uploaded and each penalised logit read and written.
+    Add(absl::StrFormat("penalize_rows.B%d", b), [=, this] {
+      constexpr int kSeen = 1000;
+      Case c;
+      c.op = "PenalizeRows";
+      c.shape = absl::StrFormat("[%d, %d] fp32, %d seen tokens a row", b, d.vocab, kSeen);
+      c.bytes = (8.0 + 8.0) * b * kSeen;
+      c.sets = Sets(4.0 * b * d.vocab);
+      auto v = std::make_shared<std::vector<Tensor>>();
+      for (int s = 0; s < c.sets; ++s) v->push_back(Rand(DType::kF32, {b, d.vocab}, -8.f, 8.f));
+      auto tokens = std::make_shared<std::vector<int32_t>>();
+      auto counts = std::make_shared<std::vector<int32_t>>();
+      for (int i = 0; i < b; ++i) {
+        for (int j = 0; j < kSeen; ++j) {
+          tokens->push_back(static_cast<int32_t>((int64_t{i} * 31 + int64_t{j} * 97) % d.vocab));
+          counts->push_back(j % 3 == 0 ? 1 + j % 4 : 0);
+        }
+      }
+      auto rows = std::make_shared<std::vector<kernels::LogitPenalties>>();
+      for (int i = 0; i < b; ++i) {
+        rows->push_back({1.1f, 0.5f, 0.3f,
+                         std::span<const int32_t>(*tokens).subspan(int64_t{i} * kSeen, kSeen),
+                         std::span<const int32_t>(*counts).subspan(int64_t{i} * kSeen, kSeen)});
+      }
+      c.run = [this, v, tokens, counts, rows](int s) { be_->PenalizeRows((*v)[s], *rows); };
+      return c;
+    });
+    // The 5 best tokens of every row for top-n logprobs, with the copy to the host.
+    Add(absl::StrFormat("top_logits_rows.B%d.n5", b), [=, this] {
+      Case c;
+      c.op = "TopLogitsRows";
+      c.shape = absl::StrFormat("[%d, %d] fp32, 5 a row", b, d.vocab);
+      c.bytes = 4.0 * b * d.vocab;
+      c.sets = Sets(c.bytes);
+      auto v = std::make_shared<std::vector<Tensor>>();
+      for (int s = 0; s < c.sets; ++s) v->push_back(Rand(DType::kF32, {b, d.vocab}, -8.f, 8.f));
+      auto counts = std::make_shared<std::vector<int32_t>>(b, 5);
+      auto chosen = std::make_shared<std::vector<int32_t>>(b, 0);
+      auto out = std::make_shared<std::vector<kernels::TokenLogit>>(int64_t{b} * 5);
+      auto chosen_logits = std::make_shared<std::vector<float>>(b);
+      c.run = [this, v, counts, chosen, out, chosen_logits](int s) {
+        be_->TopLogitsRows((*v)[s], *counts, *chosen, *out, *chosen_logits);
+      };
+      return c;
+    });
   }
 }
 

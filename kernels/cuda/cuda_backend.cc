@@ -267,6 +267,10 @@ class CudaBackend final : public Backend {
                 std::span<const int32_t> to) override;
   void ArgmaxRows(const Tensor& logits, Tensor& ids) override;
   bool SamplesOnDevice() const override { return true; }
+  void PenalizeRows(Tensor& logits, std::span<const LogitPenalties> rows) override;
+  void TopLogitsRows(const Tensor& logits, std::span<const int32_t> counts,
+                     std::span<const int32_t> chosen, std::span<TokenLogit> out,
+                     std::span<float> chosen_logits) override;
   void SampleRows(const Tensor& logits, std::span<const SamplingRule> rules,
                   std::span<const double> uniforms, std::span<DrawnToken> out) override;
   void RmsNorm1p(const Tensor& x, const Tensor& w, float eps, Tensor& out) override;
@@ -869,6 +873,105 @@ void CudaBackend::ArgmaxRows(const Tensor& logits, Tensor& ids) {
   Enter();
   cuda::LaunchArgmaxRows(logits.data<float>(), rows, logits.numel() / rows, ids.data<int32_t>(),
                          stream_);
+}
+
+void CudaBackend::PenalizeRows(Tensor& logits, std::span<const LogitPenalties> rows) {
+  CheckTensor(logits, DType::kF32, "PenalizeRows", "logits");
+  const int64_t count = static_cast<int64_t>(rows.size());
+  Check(count == 0 || (logits.numel() % count == 0 && logits.numel() / count > 0 &&
+                       logits.numel() / count <= INT32_MAX),
+        "PenalizeRows", absl::StrFormat("logits %s for %d rows", logits.ShapeString(), count));
+  // Only the active rows are launched; their parameters, then every (token, count) entry, go up
+  // with the metadata upload (int32 words).
+  static_assert(sizeof(cuda::PenaltyRowParams) % sizeof(int2) == 0);
+  constexpr size_t kParamWords = sizeof(cuda::PenaltyRowParams) / sizeof(int32_t);
+  std::vector<int64_t> active;
+  size_t entries = 0;
+  for (int64_t r = 0; r < count; ++r) {
+    if (!rows[r].Active()) continue;
+    Check(rows[r].counts.size() == rows[r].tokens.size(), "PenalizeRows",
+          absl::StrFormat("row %d has %d tokens and %d counts", r, rows[r].tokens.size(),
+                          rows[r].counts.size()));
+    active.push_back(r);
+    entries += rows[r].tokens.size();
+  }
+  if (active.empty()) return;
+  Check(entries <= INT32_MAX, "PenalizeRows", absl::StrFormat("%d entries", entries));
+  const int64_t vocab = logits.numel() / count;
+  std::vector<int32_t> words(active.size() * kParamWords + 2 * entries, 0);
+  int32_t* entry = words.data() + active.size() * kParamWords;
+  int32_t first = 0;
+  for (size_t i = 0; i < active.size(); ++i) {
+    const LogitPenalties& p = rows[active[i]];
+    const auto n = static_cast<int32_t>(p.tokens.size());
+    const cuda::PenaltyRowParams params{p.repetition, p.frequency, p.presence, first, n, 0};
+    std::memcpy(words.data() + i * kParamWords, &params, sizeof(params));
+    for (int32_t j = 0; j < n; ++j) {
+      *entry++ = p.tokens[j];
+      *entry++ = p.counts[j];
+    }
+    first += n;
+  }
+  Enter();
+  const int32_t* meta = Upload(words);
+  // One launch per run of consecutive active rows (usually one run: every row, or a single row).
+  size_t i = 0;
+  while (i < active.size()) {
+    size_t j = i + 1;
+    while (j < active.size() && active[j] == active[j - 1] + 1) ++j;
+    cuda::LaunchPenalizeRows(logits.data<float>() + active[i] * vocab, static_cast<int64_t>(j - i),
+                             vocab, reinterpret_cast<const cuda::PenaltyRowParams*>(meta) + i,
+                             reinterpret_cast<const int2*>(meta + active.size() * kParamWords),
+                             stream_);
+    i = j;
+  }
+}
+
+void CudaBackend::TopLogitsRows(const Tensor& logits, std::span<const int32_t> counts,
+                                std::span<const int32_t> chosen, std::span<TokenLogit> out,
+                                std::span<float> chosen_logits) {
+  CheckTensor(logits, DType::kF32, "TopLogitsRows", "logits");
+  const int64_t rows = static_cast<int64_t>(counts.size());
+  Check(rows == 0 || (logits.numel() % rows == 0 && logits.numel() / rows > 0 &&
+                      logits.numel() / rows <= INT32_MAX),
+        "TopLogitsRows", absl::StrFormat("logits %s for %d rows", logits.ShapeString(), rows));
+  if (rows == 0) return;
+  const int64_t vocab = logits.numel() / rows;
+  const int32_t width = *std::max_element(counts.begin(), counts.end());
+  Check(width <= cuda::kMaxTopLogits && width <= vocab && chosen.size() == counts.size() &&
+            chosen_logits.size() == counts.size() &&
+            out.size() >= static_cast<size_t>(rows) * std::max(width, 0),
+        "TopLogitsRows",
+        absl::StrFormat("counts up to %d (at most %d and the vocabulary %d), %d chosen, %d chosen "
+                        "logits and %d outputs for %d rows",
+                        width, cuda::kMaxTopLogits, vocab, chosen.size(), chosen_logits.size(),
+                        out.size(), rows));
+  if (width <= 0) return;
+  // counts, chosen, then room for the results (pairs, then the chosen logits) in one upload.
+  static_assert(sizeof(cuda::TopLogitResult) == 2 * sizeof(int32_t));
+  static_assert(cuda::kMaxTopLogits >= kMaxTopLogprobs, "every request's top-n fits the kernel");
+  const size_t pairs = static_cast<size_t>(rows) * width;
+  std::vector<int32_t> words(2 * static_cast<size_t>(rows) + 2 * pairs + rows, 0);
+  std::copy(counts.begin(), counts.end(), words.begin());
+  std::copy(chosen.begin(), chosen.end(), words.begin() + rows);
+  Enter();
+  const int32_t* meta = Upload(words);
+  auto* results = reinterpret_cast<cuda::TopLogitResult*>(const_cast<int32_t*>(meta) + 2 * rows);
+  auto* device_chosen = reinterpret_cast<float*>(const_cast<int32_t*>(meta) + 2 * rows + 2 * pairs);
+  cuda::LaunchTopLogitsRows(logits.data<float>(), rows, vocab, meta, meta + rows, width, results,
+                            device_chosen, stream_);
+  std::vector<int32_t> host(2 * pairs + rows);
+  CheckCuda(cudaMemcpyAsync(host.data(), results, host.size() * sizeof(int32_t),
+                            cudaMemcpyDeviceToHost, stream_),
+            "TopLogitsRows results");
+  CheckCuda(cudaStreamSynchronize(stream_), "TopLogitsRows results");
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int32_t j = 0; j < counts[r]; ++j) {
+      const size_t at = static_cast<size_t>(r) * width + j;
+      out[at] = {host[2 * at], std::bit_cast<float>(host[2 * at + 1])};
+    }
+    if (counts[r] > 0) chosen_logits[r] = std::bit_cast<float>(host[2 * pairs + r]);
+  }
 }
 
 void CudaBackend::SampleRows(const Tensor& logits, std::span<const SamplingRule> rules,

@@ -61,6 +61,31 @@ inline constexpr int kMaxSampleCandidates = 4096;
 // `rows`. One block per row.
 void LaunchSampleRows(const float* logits, int64_t rows, int64_t vocab,
                       const SampleRowParams* params, SampleRowResult* results, cudaStream_t stream);
+// One row of Backend::PenalizeRows: its penalties and its (token, output count) entries,
+// entries[first .. first + count) of the launch's int2 array.
+struct PenaltyRowParams {
+  float repetition = 1.0f;
+  float frequency = 0.0f;
+  float presence = 0.0f;
+  int32_t first = 0;
+  int32_t count = 0;
+  int32_t unused = 0;
+};
+// Backend::PenalizeRows over fp32 logits [rows, vocab], in place: params (`rows` of them) and
+// entries are device arrays. One block per row.
+void LaunchPenalizeRows(float* logits, int64_t rows, int64_t vocab, const PenaltyRowParams* params,
+                        const int2* entries, cudaStream_t stream);
+// Backend::TopLogitsRows: row r's counts[r] (<= kMaxTopLogits) best (token, logit) pairs into
+// out[r * width, ...) and chosen_logits[r] = logits[r, chosen[r]]; counts, chosen, out and
+// chosen_logits are device arrays of `rows` (out: rows * width).
+inline constexpr int kMaxTopLogits = 20;
+struct TopLogitResult {
+  int32_t token = 0;
+  float logit = 0.0f;
+};
+void LaunchTopLogitsRows(const float* logits, int64_t rows, int64_t vocab, const int32_t* counts,
+                         const int32_t* chosen, int width, TopLogitResult* out,
+                         float* chosen_logits, cudaStream_t stream);
 // One tensor of Backend::CopyRows: its rows are row_bytes apart from `base`.
 struct CopyRowsTarget {
   void* base = nullptr;

@@ -1,6 +1,7 @@
-// From logits to tokens on the device: the greedy argmax (Backend::ArgmaxRows) and the draw under
-// a sampling rule (Backend::SampleRows), one block per row, so that only token ids come back to
-// the host instead of [rows, vocab] fp32 logits (254 MB at batch 256 with a 248K vocabulary).
+// From logits to tokens on the device: the greedy argmax (Backend::ArgmaxRows), a request's
+// penalties (Backend::PenalizeRows) and the draw under a sampling rule (Backend::SampleRows), one
+// block (or cluster) per row, so that only token ids come back to the host instead of
+// [rows, vocab] fp32 logits (254 MB at batch 256 with a 248K vocabulary).
 //
 // SampleRows follows the host rule of kernels/token_sampling.cc step by step: the same weights
 // exp((logit - max) / T), the same logit bins to find the truncation candidates, the same order
@@ -15,6 +16,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/ranked_lists.cuh"
 
 namespace mobius::kernels::cuda {
 namespace {
@@ -481,6 +483,128 @@ __global__ void __launch_bounds__(kSampleThreads)
   finish(static_cast<int>(shared.keys[pick] & 0xffffffffu));
 }
 
+// Backend::PenalizeRows: block r applies row r's penalties to its seen tokens (distinct, so no
+// two threads touch one logit). Each step is one correctly rounded float operation in
+// kernels::PenalizedLogit's order, with no fused multiply-add, so the row gets the host's bits.
+constexpr int kPenaltyThreads = 256;
+__global__ void __launch_bounds__(kPenaltyThreads)
+    PenalizeRowsKernel(float* logits, int64_t vocab, const PenaltyRowParams* params,
+                       const int2* entries) {
+  PdlWait();
+  PdlTrigger();
+  const PenaltyRowParams p = params[blockIdx.x];
+  float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  for (int i = threadIdx.x; i < p.count; i += kPenaltyThreads) {
+    const int2 e = entries[p.first + i];
+    if (e.x < 0 || e.x >= vocab) continue;
+    float x = row[e.x];
+    if (p.repetition != 1.0f) {
+      x = x > 0.0f ? __fdiv_rn(x, p.repetition) : __fmul_rn(x, p.repetition);
+    }
+    const float by_count = __fmul_rn(p.frequency, static_cast<float>(e.y));
+    const float by_presence = e.y > 0 ? p.presence : 0.0f;
+    row[e.x] = __fsub_rn(x, __fadd_rn(by_count, by_presence));
+  }
+}
+
+// Backend::TopLogitsRows: each thread keeps a sorted list of the kList best (logit, id)
+// of its stretch of the row (ties: lower id first, as kernels::TopLogits); the row's n best are
+// then merged head by head, n rounds each: the lanes' lists by each warp, the warps' by warp 0,
+// and with kCluster > 1 the blocks' by block 0 through distributed shared memory.
+constexpr int kTopLogitsThreads = 256;
+constexpr int kTopLogitsWarps = kTopLogitsThreads / 32;
+
+// kList >= every row's count: the lists' length (their inserts cost ~kList each).
+template <int kCluster, int kList>
+__global__ void __launch_bounds__(kTopLogitsThreads)
+    TopLogitsRowsKernel(const float* logits, int64_t vocab, const int32_t* counts,
+                        const int32_t* chosen, int width, TopLogitResult* out,
+                        float* chosen_logits) {
+  PdlWait();
+  PdlTrigger();
+  __shared__ float list_v[kTopLogitsWarps][kList];
+  __shared__ int list_i[kTopLogitsWarps][kList];
+  const int64_t r = blockIdx.x / kCluster;
+  const int rank = static_cast<int>(blockIdx.x % kCluster);
+  const int n = min(counts[r], kList);
+  if (n <= 0) return;  // every block of the row's cluster returns: no barrier is left waiting
+  const float* row = logits + r * vocab;
+  const int64_t piece = (vocab + kCluster - 1) / kCluster;
+  const int64_t begin = min(vocab, rank * piece), end = min(vocab, begin + piece);
+  float lv[kList];
+  int li[kList];
+  ClearList(lv, li);
+  constexpr int kLoads = 4;
+  for (int64_t c0 = begin + threadIdx.x; c0 < end; c0 += kTopLogitsThreads * kLoads) {
+    float v[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int64_t c = c0 + u * kTopLogitsThreads;
+      v[u] = c < end ? row[c] : -INFINITY;
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int64_t c = c0 + u * kTopLogitsThreads;
+      if (c < end) InsertSorted(v[u], static_cast<int>(c), lv, li);
+    }
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float mv[kList];
+  int mi[kList];
+  WarpMergeLists(lv, li, n, mv, mi);
+  if (lane == 0) {
+#pragma unroll
+    for (int q = 0; q < kList; ++q) {
+      list_v[warp][q] = q < n ? mv[q] : -INFINITY;
+      list_i[warp][q] = q < n ? mi[q] : INT_MAX;
+    }
+  }
+  __syncthreads();
+  if (warp == 0) {
+#pragma unroll
+    for (int q = 0; q < kList; ++q) {
+      lv[q] = lane < kTopLogitsWarps ? list_v[lane][q] : -INFINITY;
+      li[q] = lane < kTopLogitsWarps ? list_i[lane][q] : INT_MAX;
+    }
+    WarpMergeLists(lv, li, n, mv, mi);
+  }
+  if constexpr (kCluster > 1) {
+    static_assert(kCluster <= 32, "block 0's lanes take one block's list each");
+    cg::cluster_group cluster = cg::this_cluster();
+    __syncthreads();  // warp 0 has read the warps' lists: row 0 of them is reused
+    if (threadIdx.x == 0) {
+#pragma unroll
+      for (int q = 0; q < kList; ++q) {
+        list_v[0][q] = q < n ? mv[q] : -INFINITY;
+        list_i[0][q] = q < n ? mi[q] : INT_MAX;
+      }
+    }
+    cluster.sync();  // every block's list is published
+    if (rank == 0 && warp == 0) {
+#pragma unroll
+      for (int q = 0; q < kList; ++q) {
+        lv[q] = lane < kCluster ? *cluster.map_shared_rank(&list_v[0][q], lane) : -INFINITY;
+        li[q] = lane < kCluster ? *cluster.map_shared_rank(&list_i[0][q], lane) : INT_MAX;
+      }
+      WarpMergeLists(lv, li, n, mv, mi);
+    }
+    cluster.sync();  // read before any block exits
+  }
+  if (rank == 0 && warp == 0) {
+#pragma unroll
+    for (int q = 0; q < kList; ++q) {
+      if (q < n && lane == q) {  // an empty slot (fewer non-NaN logits than n): token -1
+        out[r * width + q] =
+            mi[q] == INT_MAX ? TopLogitResult{-1, 0.0f} : TopLogitResult{mi[q], mv[q]};
+      }
+    }
+    if (lane == 0) {
+      const int32_t t = chosen[r];
+      chosen_logits[r] = t >= 0 && t < vocab ? row[t] : NAN;
+    }
+  }
+}
+
 // Batches of up to kSmallBatchRows rows split each row over a cluster of kRowCluster blocks
 // (a block alone reads a 1 MB row at ~35 GB/s: 30 us for an argmax).
 constexpr int kRowCluster = 8;
@@ -500,6 +624,35 @@ void LaunchArgmaxRows(const float* logits, int64_t rows, int64_t vocab, int32_t*
               0, stream, logits, vocab, ids);
   }
   CheckLaunch("ArgmaxRows");
+}
+
+void LaunchPenalizeRows(float* logits, int64_t rows, int64_t vocab, const PenaltyRowParams* params,
+                        const int2* entries, cudaStream_t stream) {
+  if (rows == 0) return;
+  LaunchPdl("PenalizeRowsKernel", PenalizeRowsKernel, static_cast<unsigned>(rows), kPenaltyThreads,
+            0, stream, logits, vocab, params, entries);
+  CheckLaunch("PenalizeRows");
+}
+
+void LaunchTopLogitsRows(const float* logits, int64_t rows, int64_t vocab, const int32_t* counts,
+                         const int32_t* chosen, int width, TopLogitResult* out,
+                         float* chosen_logits, cudaStream_t stream) {
+  if (rows == 0) return;
+  // The shortest lists that hold `width` (OpenAI clients mostly ask for up to 5).
+  static_assert(kMaxTopLogits == 20);
+  using Kernel =
+      void (*)(const float*, int64_t, const int32_t*, const int32_t*, int, TopLogitResult*, float*);
+  const bool clustered = rows <= kSmallBatchRows;
+  const Kernel kernel =
+      width <= 5 ? (clustered ? TopLogitsRowsKernel<kRowCluster, 5> : TopLogitsRowsKernel<1, 5>)
+      : width <= 10
+          ? (clustered ? TopLogitsRowsKernel<kRowCluster, 10> : TopLogitsRowsKernel<1, 10>)
+          : (clustered ? TopLogitsRowsKernel<kRowCluster, 20> : TopLogitsRowsKernel<1, 20>);
+  LaunchPdlInClusters("TopLogitsRowsKernel", clustered ? kRowCluster : 1, kernel,
+                      static_cast<unsigned>(clustered ? rows * kRowCluster : rows),
+                      kTopLogitsThreads, 0, stream, logits, vocab, counts, chosen, width, out,
+                      chosen_logits);
+  CheckLaunch("TopLogitsRows");
 }
 
 void LaunchSampleRows(const float* logits, int64_t rows, int64_t vocab,

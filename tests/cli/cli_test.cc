@@ -81,14 +81,15 @@ TEST(CliTest, BenchEngineSkipsConfigurationsPastMaxPositions) {
   EXPECT_THAT(r.out, ::testing::ContainsRegex("prefill +1 +16 +[0-9.]+ ms"));
 }
 
-// --draw times the step again with its tokens drawn (greedy, on the device, on the host), one
-// line per mode; an unknown mode is named.
+// --draw times the step again with its tokens drawn (greedy, on the device, on the host, with
+// penalties on either, with top-n logprobs), one line per mode; an unknown mode is named.
 TEST(CliTest, BenchEngineTimesTokenDraws) {
   Result r = RunMobius("bench engine --config " + Fixture("qwen3next-tiny") +
                        "/config.json --load-format dummy --batches 2 --contexts 8 "
-                       "--prefill-lengths '' --steps 1 --draw greedy,device,host");
+                       "--prefill-lengths '' --steps 1 "
+                       "--draw greedy,device,host,penalized,penalized-host,logprobs");
   EXPECT_EQ(r.exit_code, 0) << r.out;
-  for (const char* mode : {"greedy", "device", "host"}) {
+  for (const char* mode : {"greedy", "device", "host", "penalized", "penalized-host", "logprobs"}) {
     EXPECT_THAT(r.out, ::testing::ContainsRegex(std::string("\\+") + mode + " +2 +8 +[0-9.]+ ms"))
         << mode;
   }

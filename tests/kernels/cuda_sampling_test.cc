@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <set>
@@ -240,6 +241,142 @@ TEST_F(CudaSamplingTest, MaskedTokensAreNeverDrawn) {
     }
   }
   EXPECT_EQ(Compare(vocab, rows, rules, uniforms), 0);
+}
+
+// PenalizeRows gives each penalised row the host's bits (ApplyLogitPenalties) and leaves the
+// other rows alone: repetition penalties above and below 1 on logits of both signs, negative
+// frequency and presence penalties, counts of 0, tokens outside the row, zeros of both signs,
+// denormals and infinities under them, an empty list, a row without penalties between penalised
+// ones (two launches), release and small vocabularies.
+TEST_F(CudaSamplingTest, PenalizeRowsMatchesHostBits) {
+  for (const int vocab : {1000, 248320}) {
+    const int rows = 7;
+    std::vector<std::vector<float>> host(rows);
+    std::vector<float> flat;
+    for (int r = 0; r < rows; ++r) {
+      host[r] = Row(vocab, 3.0f, r == 2 ? 0.5f : 0.0f);
+      flat.insert(flat.end(), host[r].begin(), host[r].end());
+    }
+    std::vector<std::vector<int32_t>> tokens(rows), counts(rows);
+    std::vector<LogitPenalties> penalties(rows);
+    const float repetition[rows] = {1.3f, 0.7f, 1.0f, 2.0f, 1.1f, 1.0f, 1.2f};
+    const float frequency[rows] = {0.5f, -0.25f, 0.3f, 0.0f, 0.1f, 0.0f, 0.7f};
+    const float presence[rows] = {0.2f, 0.4f, -0.6f, 0.0f, 0.0f, 0.0f, 1.5f};
+    std::uniform_int_distribution<int> token(0, vocab + 50);  // some outside the row
+    std::uniform_int_distribution<int> count(0, 4);
+    for (int r = 0; r < rows; ++r) {
+      std::set<int32_t> distinct;
+      const int want = r == 4 ? 0 : std::min(50 + 400 * r, vocab / 2);  // row 4: no tokens
+      while (static_cast<int>(distinct.size()) < want) distinct.insert(token(rng_));
+      tokens[r].assign(distinct.begin(), distinct.end());
+      for (size_t i = 0; i < tokens[r].size(); ++i) counts[r].push_back(count(rng_));
+      // Row 5's neutral values make it inactive too; rows 3 and 4 sit between active rows.
+      penalties[r] = {repetition[r], frequency[r], presence[r], tokens[r], counts[r]};
+    }
+    ASSERT_FALSE(penalties[4].Active());
+    ASSERT_FALSE(penalties[5].Active());
+    // Special values under the penalties: zeros of both signs, denormals, infinities.
+    const float special[] = {0.0f, -0.0f, 1e-40f, -1e-40f, INFINITY, -INFINITY};
+    for (int r = 0; r < rows; ++r) {
+      for (size_t i = 0; i < 6 && i < tokens[r].size(); ++i) {
+        if (tokens[r][i] < vocab) {
+          host[r][tokens[r][i]] = special[i];
+          flat[static_cast<size_t>(r) * vocab + tokens[r][i]] = special[i];
+        }
+      }
+    }
+    auto logits = backend_->Allocate(DType::kF32, {rows, vocab});
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    backend_->CopyFromHost(flat.data(), DType::kF32, *logits);
+    backend_->PenalizeRows(*logits, penalties);
+    std::vector<float> device(flat.size());
+    backend_->CopyToHostF32(*logits, device.data());
+    for (int r = 0; r < rows; ++r) {
+      std::vector<float> expected = host[r];
+      ApplyLogitPenalties(expected, penalties[r]);
+      int differ = 0, changed = 0;
+      for (int t = 0; t < vocab; ++t) {
+        const float d = device[static_cast<size_t>(r) * vocab + t];
+        differ += std::memcmp(&d, &expected[t], sizeof(float)) != 0;
+        changed += std::memcmp(&expected[t], &host[r][t], sizeof(float)) != 0;
+      }
+      EXPECT_EQ(differ, 0) << "vocab " << vocab << " row " << r;
+      if (penalties[r].Active()) {
+        EXPECT_GT(changed, 0) << "vocab " << vocab << " row " << r;
+      }
+    }
+  }
+}
+
+// TopLogitsRows gives TopLogits' pairs (ties to the lower id, NaN never ranked, token -1 past
+// the rankable logits) and the chosen tokens' logits, for counts 0 to 20 under caps of 20, 10
+// and 5 (each list length), rows with many ties and masked entries, a row with fewer finite
+// tokens than asked, vocabularies that split unevenly, in calls of 20 rows (a block per row)
+// and of 5 (a cluster per row).
+TEST_F(CudaSamplingTest, TopLogitsRowsMatchHost) {
+  // 13 and 1001 split unevenly over a cluster's 8 blocks (at 13 the last block has nothing).
+  for (const int vocab : {13, 1001, 248320}) {
+    const int rows = 20;
+    std::vector<std::vector<float>> host(rows);
+    std::vector<float> flat;
+    for (int r = 0; r < rows; ++r) {
+      host[r] = Row(vocab, 2.0f, r % 3 == 0 ? 0.25f : 0.0f);  // every third row: many ties
+      if (r == 7) {                                           // fewer finite tokens than the count
+        for (int t = 0; t < vocab; ++t) host[r][t] = t % 199 == 5 ? 1.0f : -INFINITY;
+      }
+      if (r == 11) {  // NaN is never ranked: at 13 tokens fewer rankable ones than the count
+        for (int t = 1; t < vocab; t += 2) host[r][t] = NAN;
+      }
+      flat.insert(flat.end(), host[r].begin(), host[r].end());
+    }
+    auto logits = backend_->Allocate(DType::kF32, {rows, vocab});
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    backend_->CopyFromHost(flat.data(), DType::kF32, *logits);
+    // Counts up to `cap` (each list length: 5, 10, 20), at most the vocabulary.
+    for (const int cap : {20, 10, 5}) {
+      std::vector<int32_t> counts(rows), chosen(rows);
+      for (int r = 0; r < rows; ++r) {
+        counts[r] = std::min({r == 3 ? 0 : (r == 7 ? 10 : 1 + r % 20), cap, vocab});
+        chosen[r] = (r * 7919) % vocab;
+      }
+      auto check = [&](int first, int m, const std::vector<TokenLogit>& out,
+                       const std::vector<float>& chosen_logits, int w) {
+        for (int i = 0; i < m; ++i) {
+          const int r = first + i;
+          if (counts[r] == 0) continue;
+          std::vector<TokenLogit> expected(static_cast<size_t>(counts[r]));
+          TopLogits(host[r], counts[r], expected);
+          for (int j = 0; j < counts[r]; ++j) {
+            const TokenLogit& got = out[static_cast<size_t>(i) * w + j];
+            EXPECT_EQ(got.token, expected[j].token)
+                << "vocab " << vocab << " cap " << cap << " row " << r << " rank " << j;
+            EXPECT_EQ(std::memcmp(&got.logit, &expected[j].logit, sizeof(float)), 0)
+                << "vocab " << vocab << " cap " << cap << " row " << r << " rank " << j;
+          }
+          const float c = host[r][chosen[r]];
+          EXPECT_EQ(std::memcmp(&chosen_logits[i], &c, sizeof(float)), 0)
+              << "vocab " << vocab << " row " << r;
+        }
+      };
+      {  // one call: a block per row
+        const int width = *std::max_element(counts.begin(), counts.end());
+        std::vector<TokenLogit> out(static_cast<size_t>(rows) * width, TokenLogit{-7, 0.0f});
+        std::vector<float> chosen_logits(rows, 0.0f);
+        backend_->TopLogitsRows(*logits, counts, chosen, out, chosen_logits);
+        check(0, rows, out, chosen_logits, width);
+      }
+      for (int first = 0; first < rows; first += 5) {  // calls of 5 rows: a cluster per row
+        const std::span<const int32_t> c = std::span<const int32_t>(counts).subspan(first, 5);
+        const int w = *std::max_element(c.begin(), c.end());
+        std::vector<TokenLogit> out(static_cast<size_t>(5) * w, TokenLogit{-7, 0.0f});
+        std::vector<float> chosen_logits(5, 0.0f);
+        backend_->TopLogitsRows(logits->Rows(first, 5), c,
+                                std::span<const int32_t>(chosen).subspan(first, 5), out,
+                                chosen_logits);
+        check(first, 5, out, chosen_logits, w);
+      }
+    }
+  }
 }
 
 }  // namespace

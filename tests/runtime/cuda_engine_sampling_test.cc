@@ -1,8 +1,9 @@
-// The engine's sampled requests on the CUDA backend: drawn on the device (Backend::SampleRows)
-// they take the tokens the host draws from the same logits and random streams. Seeded requests
-// of several sampling rules (and greedy ones) decode one sequence a step, so that both runs see
-// the same batches (bf16 kernels are not batch-invariant; engine_test covers mixed batches on
-// the CPU); the two runs differ only in EngineOptions::sampling_place. Skipped without a GPU.
+// The engine's sampled requests on the CUDA backend: penalised and drawn on the device
+// (Backend::PenalizeRows, Backend::SampleRows) they take the tokens the host draws from the same
+// logits and random streams. Seeded requests of several sampling rules (and greedy ones) decode one
+// sequence a step, so that both runs see the same batches (bf16 kernels are not batch-invariant;
+// engine_test covers mixed batches on the CPU); the two runs differ only in
+// EngineOptions::sampling_place. Skipped without a GPU.
 #include <cuda_runtime_api.h>
 
 #include <memory>
@@ -34,7 +35,8 @@ TEST(CudaEngineSamplingTest, DeviceDrawsMatchHostDraws) {
   const std::vector<std::vector<int32_t>> prompts = testing::LoadReference(dir).prompts;
   ASSERT_FALSE(prompts.empty());
 
-  auto run = [&](bool device_sampling, std::vector<std::vector<int32_t>>& outputs) {
+  auto run = [&](bool device_sampling, std::vector<std::vector<int32_t>>& outputs,
+                 std::vector<std::vector<SampledToken>>& logprobs) {
     EngineOptions options;
     options.scheduler.max_num_seqs = 1;  // one sequence a step: the same batches in both runs
     options.scheduler.max_tokens_per_step = 16;
@@ -43,8 +45,9 @@ TEST(CudaEngineSamplingTest, DeviceDrawsMatchHostDraws) {
         device_sampling ? EngineOptions::SamplingPlace::kAuto : EngineOptions::SamplingPlace::kHost;
     auto engine = Engine::Create(*model, options);
     ASSERT_TRUE(engine.ok()) << engine.status();
-    const size_t n = 2 * prompts.size();
+    const size_t n = 14;  // each of the seven kinds below twice
     outputs.assign(n, {});
+    logprobs.assign(n, {});
     std::vector<absl::Notification> done(n);
     for (size_t i = 0; i < n; ++i) {
       GenerationRequest r;
@@ -53,7 +56,7 @@ TEST(CudaEngineSamplingTest, DeviceDrawsMatchHostDraws) {
       r.params.max_tokens = 24;
       r.params.ignore_eos = true;
       r.params.seed = 1000 + i;
-      switch (i % 5) {
+      switch (i % 7) {
         case 0:
           r.params.temperature = 1.0f;
           break;
@@ -69,8 +72,20 @@ TEST(CudaEngineSamplingTest, DeviceDrawsMatchHostDraws) {
         case 3:
           r.params.temperature = 0;  // greedy beside sampled rows
           break;
+        case 4:
+          // Penalties on the device (Backend::PenalizeRows), then the draw.
+          r.params.temperature = 0.9f;
+          r.params.repetition_penalty = 1.3f;
+          r.params.frequency_penalty = 0.4f;
+          r.params.presence_penalty = 0.3f;
+          break;
+        case 5:
+          r.params.temperature = 0;  // greedy under penalties: not the plain argmax
+          r.params.repetition_penalty = 1.5f;
+          r.params.frequency_penalty = 0.2f;
+          break;
         default:
-          // Drawn on the host from its row alone (penalties, top-n logprobs).
+          // Top-n logprobs (Backend::TopLogitsRows) after penalties.
           r.params.temperature = 0.9f;
           r.params.presence_penalty = 0.5f;
           r.params.logprobs = 2;
@@ -78,9 +93,11 @@ TEST(CudaEngineSamplingTest, DeviceDrawsMatchHostDraws) {
       }
       ASSERT_TRUE((*engine)
                       ->Enqueue(r,
-                                [&outputs, &done, i](const GenerationOutput& out) {
+                                [&outputs, &logprobs, &done, i](const GenerationOutput& out) {
                                   outputs[i].insert(outputs[i].end(), out.tokens.begin(),
                                                     out.tokens.end());
+                                  logprobs[i].insert(logprobs[i].end(), out.logprobs.begin(),
+                                                     out.logprobs.end());
                                   if (out.finish != FinishReason::kNone) done[i].Notify();
                                 })
                       .ok());
@@ -88,14 +105,28 @@ TEST(CudaEngineSamplingTest, DeviceDrawsMatchHostDraws) {
     for (auto& d : done) ASSERT_TRUE(d.WaitForNotificationWithTimeout(absl::Seconds(60)));
   };
   std::vector<std::vector<int32_t>> on_device, on_host;
-  run(true, on_device);
+  std::vector<std::vector<SampledToken>> device_logprobs, host_logprobs;
+  run(true, on_device, device_logprobs);
   model->DropCaches();
-  run(false, on_host);
+  run(false, on_host, host_logprobs);
   ASSERT_EQ(on_device.size(), on_host.size());
   for (size_t i = 0; i < on_device.size(); ++i) {
     EXPECT_EQ(on_device[i].size(), 24u) << "request " << i;
     EXPECT_EQ(on_device[i], on_host[i]) << "request " << i;
+    // Logprobs: the device sums the softmax in another order (within ~1e-6 relative).
+    ASSERT_EQ(device_logprobs[i].size(), host_logprobs[i].size()) << "request " << i;
+    for (size_t k = 0; k < host_logprobs[i].size(); ++k) {
+      const SampledToken &a = device_logprobs[i][k], &b = host_logprobs[i][k];
+      EXPECT_NEAR(a.logprob, b.logprob, 1e-4) << "request " << i << " token " << k;
+      ASSERT_EQ(a.top.size(), b.top.size()) << "request " << i << " token " << k;
+      for (size_t j = 0; j < a.top.size(); ++j) {
+        EXPECT_EQ(a.top[j].token, b.top[j].token) << "request " << i << " token " << k;
+        EXPECT_NEAR(a.top[j].logprob, b.top[j].logprob, 1e-4) << "request " << i << " token " << k;
+      }
+    }
   }
+  EXPECT_EQ(host_logprobs[6].size(), 24u);  // a top-n request
+  EXPECT_EQ(host_logprobs[6][0].top.size(), 2u);
 }
 
 }  // namespace

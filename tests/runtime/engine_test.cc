@@ -29,6 +29,7 @@ class Streams {
       absl::MutexLock lock(&mu_);
       auto& r = results_[id];
       r.tokens.insert(r.tokens.end(), out.tokens.begin(), out.tokens.end());
+      r.logprobs.insert(r.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
       ++r.messages;
       if (out.finish != FinishReason::kNone) {
         r.finish = out.finish;
@@ -41,6 +42,7 @@ class Streams {
   }
   struct Result {
     std::vector<int32_t> tokens;
+    std::vector<SampledToken> logprobs;
     FinishReason finish = FinishReason::kNone;
     std::optional<int32_t> matched;
     int completion_tokens = 0;
@@ -254,7 +256,7 @@ TEST_F(EngineTest, BackendSamplingMatchesHostSampling) {
     options.scheduler.max_num_seqs = 6;
     options.scheduler.max_tokens_per_step = 16;
     options.sampling_place = place;
-    std::vector<std::vector<int32_t>> outputs;
+    std::vector<Streams::Result> outputs;
     auto engine = Start(options);
     EXPECT_NE(engine, nullptr);
     if (engine == nullptr) return outputs;
@@ -283,20 +285,40 @@ TEST_F(EngineTest, BackendSamplingMatchesHostSampling) {
           r.params.temperature = 1.1f;
           break;
       }
-      if (i == 5) r.params.presence_penalty = 0.4f;  // drawn on the host beside device rows
-      if (i == 4) r.params.logprobs = 2;              // idem: top-n logprobs
+      if (i == 5) {  // penalised through Backend::PenalizeRows beside unpenalised rows
+        r.params.presence_penalty = 0.4f;
+        r.params.repetition_penalty = 1.2f;
+      }
+      if (i == 4) {  // top-n logprobs (Backend::TopLogitsRows), after penalties
+        r.params.logprobs = 2;
+        r.params.frequency_penalty = 0.3f;
+      }
       EXPECT_TRUE(engine->Enqueue(r, streams.For(r.request_id)).ok());
     }
-    for (int i = 0; i < 6; ++i) outputs.push_back(streams.Wait("r" + std::to_string(i)).tokens);
+    for (int i = 0; i < 6; ++i) outputs.push_back(streams.Wait("r" + std::to_string(i)));
     return outputs;
   };
   const auto on_backend = run(EngineOptions::SamplingPlace::kBackend);
   const auto on_host = run(EngineOptions::SamplingPlace::kHost);
   ASSERT_EQ(on_backend.size(), 6u);
+  ASSERT_EQ(on_host.size(), 6u);
   for (size_t i = 0; i < on_backend.size(); ++i) {
-    EXPECT_EQ(on_backend[i].size(), 12u) << "request " << i;
+    EXPECT_EQ(on_backend[i].tokens.size(), 12u) << "request " << i;
+    EXPECT_EQ(on_backend[i].tokens, on_host[i].tokens) << "request " << i;
+    ASSERT_EQ(on_backend[i].logprobs.size(), on_host[i].logprobs.size()) << "request " << i;
+    for (size_t k = 0; k < on_host[i].logprobs.size(); ++k) {
+      const SampledToken &a = on_backend[i].logprobs[k], &b = on_host[i].logprobs[k];
+      EXPECT_EQ(a.token, b.token);
+      EXPECT_EQ(a.logprob, b.logprob) << "request " << i << " token " << k;
+      ASSERT_EQ(a.top.size(), b.top.size()) << "request " << i << " token " << k;
+      for (size_t j = 0; j < a.top.size(); ++j) {
+        EXPECT_EQ(a.top[j].token, b.top[j].token) << "request " << i << " token " << k;
+        EXPECT_EQ(a.top[j].logprob, b.top[j].logprob) << "request " << i << " token " << k;
+      }
+    }
   }
-  EXPECT_EQ(on_backend, on_host);
+  EXPECT_EQ(on_backend[4].logprobs.size(), 12u);  // the logprobs requests were covered
+  EXPECT_EQ(on_backend[4].logprobs[0].top.size(), 2u);
 }
 
 TEST_F(EngineTest, StopTokenEndsTheStream) {

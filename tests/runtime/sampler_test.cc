@@ -194,6 +194,40 @@ TEST(SamplerTest, PenaltiesApplyToSeenTokens) {
   EXPECT_EQ(SampleOnce(p, {2.0f, 1.9f}, history).token, 1);
 }
 
+// TokenHistory keeps each seen token's output count beside it, in first-seen order.
+TEST(SamplerTest, HistoryCountsFollowSeenTokens) {
+  TokenHistory history;
+  const std::vector<int32_t> prompt = {7, 3, 7, -1};
+  history.AddPrompt(prompt);
+  history.AddOutput(3);
+  history.AddOutput(11);
+  history.AddOutput(3);
+  history.AddOutput(-4);
+  EXPECT_EQ(history.seen(), (std::vector<int32_t>{7, 3, 11}));
+  EXPECT_EQ(history.counts(), (std::vector<int32_t>{0, 2, 1}));
+  EXPECT_TRUE(history.InPrompt(7));
+  EXPECT_FALSE(history.InPrompt(11));
+  EXPECT_EQ(history.OutputCount(3), 2);
+  EXPECT_EQ(history.OutputCount(7), 0);
+  EXPECT_EQ(history.OutputCount(500), 0);
+}
+
+// The penalties' arithmetic, step by step, including the repetition penalty's two directions.
+TEST(SamplerTest, LogitPenaltiesFormula) {
+  std::vector<float> logits = {2.0f, -2.0f, 1.0f, 0.5f};
+  const std::vector<int32_t> tokens = {0, 1, 3, 9};  // 9 is outside the row: ignored
+  const std::vector<int32_t> counts = {0, 3, 1, 4};
+  kernels::LogitPenalties p{1.25f, 0.5f, 0.25f, tokens, counts};
+  ASSERT_TRUE(p.Active());
+  kernels::ApplyLogitPenalties(logits, p);
+  EXPECT_FLOAT_EQ(logits[0], 2.0f / 1.25f);
+  EXPECT_FLOAT_EQ(logits[1], -2.0f * 1.25f - (0.5f * 3 + 0.25f));
+  EXPECT_FLOAT_EQ(logits[2], 1.0f);
+  EXPECT_FLOAT_EQ(logits[3], 0.5f / 1.25f - (0.5f + 0.25f));
+  EXPECT_FALSE((kernels::LogitPenalties{1.0f, 0.0f, 0.0f, tokens, counts}.Active()));
+  EXPECT_FALSE((kernels::LogitPenalties{1.5f, 0.0f, 0.0f, {}, {}}.Active()));
+}
+
 TEST(SamplerTest, LogprobsAreNormalisedAndSorted) {
   SamplingParams p;
   p.temperature = 0;
@@ -210,52 +244,111 @@ TEST(SamplerTest, LogprobsAreNormalisedAndSorted) {
   EXPECT_NEAR(s.logprob, 2.0 - std::log(z), 1e-5);
 }
 
-// The engine's device path (DeviceRule, NextUniform, then Backend::SampleRows) draws what Sample
-// draws from the same stream, here through the backend's host default (the CPU backend's).
-TEST(SamplerTest, DeviceRuleAndNextUniformReproduceSample) {
+// The engine's device path (Penalties and Backend::PenalizeRows, Rule and NextUniform for
+// Backend::SampleRows, then Backend::TopLogitsRows and TopLogprobs) gives what Sample gives from
+// the same stream, here through the backend's host defaults (the CPU backend's).
+TEST(SamplerTest, BackendPartsReproduceSample) {
   kernels::CpuBackend backend(1);
   std::mt19937 gen(7);
   std::normal_distribution<float> normal(0.0f, 2.0f);
   const int vocab = 3000;
-  std::vector<SamplingParams> cases(6);
+  std::vector<SamplingParams> cases(11);
   cases[0].temperature = 0;
   cases[1].temperature = 0.8f;
   cases[2].top_p = 0.9f;
   cases[3].top_k = 20;
   cases[3].temperature = 1.2f;
   cases[4].min_p = 0.05f;
-  cases[4].logprobs = 0;  // the chosen token's logprob: still on the device
+  cases[4].logprobs = 0;  // the chosen token's logprob alone
   cases[5].top_k = 40;
   cases[5].top_p = 0.95f;
   cases[5].min_p = 0.01f;
+  // Penalties, greedy and sampled.
+  cases[6].temperature = 0;
+  cases[6].repetition_penalty = 1.3f;
+  cases[7].frequency_penalty = 0.7f;
+  cases[7].presence_penalty = 0.4f;
+  cases[8].top_p = 0.9f;
+  cases[8].repetition_penalty = 0.8f;
+  cases[8].frequency_penalty = -0.3f;
+  cases[8].logprobs = 0;
+  // Top-n logprobs, with penalties and without, greedy and sampled.
+  cases[9].temperature = 0.7f;
+  cases[9].logprobs = 5;
+  cases[9].repetition_penalty = 1.2f;
+  cases[10].temperature = 0;
+  cases[10].logprobs = 20;
   for (size_t c = 0; c < cases.size(); ++c) {
     cases[c].seed = 100 + c;
     RequestSampler host(cases[c], 1), device(cases[c], 1);
-    ASSERT_TRUE(device.DeviceRule().has_value()) << "case " << c;
+    TokenHistory history;
+    const std::vector<int32_t> prompt = {5, 17, 5, 2999, 40};
+    history.AddPrompt(prompt);
     for (int step = 0; step < 20; ++step) {
       std::vector<float> row(vocab);
       for (float& x : row) x = normal(gen);
+      row[40] = 9.0f;          // a seen token the draw would take unpenalised
+      row[7] = row[8] = 8.0f;  // a tie among the best: the lower id first
       std::vector<float> copy = row;
-      const SampledToken expected = host.Sample(copy, {});
+      const SampledToken expected = host.Sample(copy, history);
       auto logits = backend.Allocate(kernels::DType::kF32, {1, vocab});
       ASSERT_TRUE(logits.ok());
       backend.CopyFromHost(row.data(), kernels::DType::kF32, *logits);
-      const kernels::SamplingRule rule = *device.DeviceRule();
+      const kernels::SamplingRule rule = device.Rule();
+      const kernels::LogitPenalties penalties = device.Penalties(history);
       const double u = device.NextUniform();
+      backend.PenalizeRows(*logits, std::span<const kernels::LogitPenalties>(&penalties, 1));
       std::vector<kernels::DrawnToken> drawn(1);
       backend.SampleRows(*logits, std::span<const kernels::SamplingRule>(&rule, 1),
                          std::span<const double>(&u, 1), drawn);
       EXPECT_EQ(drawn[0].token, expected.token) << "case " << c << " step " << step;
       EXPECT_FLOAT_EQ(drawn[0].logprob, expected.logprob) << "case " << c << " step " << step;
+      const int32_t n = device.TopLogprobCount();
+      EXPECT_EQ(static_cast<size_t>(n), expected.top.size()) << "case " << c;
+      if (n > 0) {
+        const int32_t chosen = drawn[0].token;
+        std::vector<kernels::TokenLogit> top(static_cast<size_t>(n));
+        float drawn_logit = 0;
+        backend.TopLogitsRows(*logits, std::span<const int32_t>(&n, 1),
+                              std::span<const int32_t>(&chosen, 1), top,
+                              std::span<float>(&drawn_logit, 1));
+        const std::vector<TokenLogprob> got = device.TopLogprobs(drawn[0], drawn_logit, top);
+        ASSERT_EQ(got.size(), expected.top.size()) << "case " << c;
+        for (size_t j = 0; j < got.size(); ++j) {
+          EXPECT_EQ(got[j].token, expected.top[j].token) << "case " << c << " step " << step;
+          EXPECT_EQ(got[j].logprob, expected.top[j].logprob) << "case " << c << " step " << step;
+        }
+      }
+      history.AddOutput(expected.token);
     }
   }
-  // Penalties and top-n logprobs need the host.
-  SamplingParams penalised;
-  penalised.presence_penalty = 0.5f;
-  EXPECT_FALSE(RequestSampler(penalised, 1).DeviceRule().has_value());
-  SamplingParams top_n;
-  top_n.logprobs = 2;
-  EXPECT_FALSE(RequestSampler(top_n, 1).DeviceRule().has_value());
+}
+
+// TopLogits: the n best by logit, ties to the lower id, whatever order they come in; NaN is
+// never ranked, and ranks past the rankable logits get token -1.
+TEST(SamplerTest, TopLogitsOrder) {
+  const std::vector<float> logits = {1.0f, 3.0f, -INFINITY, 3.0f, 2.0f, 0.5f, 3.0f, NAN};
+  std::vector<kernels::TokenLogit> top(5);
+  kernels::TopLogits(logits, 5, top);
+  const std::vector<int32_t> expected = {1, 3, 6, 4, 0};
+  for (size_t j = 0; j < top.size(); ++j) {
+    EXPECT_EQ(top[j].token, expected[j]) << j;
+    EXPECT_EQ(top[j].logit, logits[expected[j]]) << j;
+  }
+  std::vector<kernels::TokenLogit> all(8);
+  kernels::TopLogits(logits, 8, all);
+  EXPECT_EQ(all[6].token, 2);   // -inf last of the rankable
+  EXPECT_EQ(all[7].token, -1);  // NaN is not ranked
+  // TopLogprobs stops at the first unranked entry.
+  SamplingParams p;
+  p.logprobs = 8;
+  const RequestSampler sampler(p, 1);
+  const kernels::DrawnToken drawn{1, -0.5f};
+  const std::vector<TokenLogprob> logprobs = sampler.TopLogprobs(drawn, 3.0f, all);
+  ASSERT_EQ(logprobs.size(), 7u);
+  EXPECT_EQ(logprobs[0].token, 1);
+  EXPECT_FLOAT_EQ(logprobs[0].logprob, -0.5f);
+  EXPECT_FLOAT_EQ(logprobs[3].logprob, -0.5f + (2.0f - 3.0f));
 }
 
 TEST(SamplingParamsTest, ValidateNamesTheField) {

@@ -305,10 +305,27 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
           "sampled_tokens: %d sampling rules and %d uniforms for a step of %d logits rows",
           options.sampling_rules.size(), options.sampling_uniforms.size(), rows));
     }
-    for (int r : options.copied_logits_rows) {
-      if (r < 0 || r >= rows) {
+    if (!options.sampling_penalties.empty() &&
+        static_cast<int64_t>(options.sampling_penalties.size()) != rows) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("sampling_penalties: %d entries for a step of %d logits rows",
+                          options.sampling_penalties.size(), rows));
+    }
+    if (!options.top_logits_counts.empty()) {
+      if (static_cast<int64_t>(options.top_logits_counts.size()) != rows ||
+          options.top_logits == nullptr || options.drawn_logits == nullptr) {
         return absl::InvalidArgumentError(absl::StrFormat(
-            "copied_logits_rows: row %d is outside the step's %d logits rows", r, rows));
+            "top_logits_counts: %d entries for a step of %d logits rows (top_logits and "
+            "drawn_logits must be set)",
+            options.top_logits_counts.size(), rows));
+      }
+      for (size_t r = 0; r < options.top_logits_counts.size(); ++r) {
+        const int32_t n = options.top_logits_counts[r];
+        if (n < 0 || n > kernels::kMaxTopLogprobs || n > config_.vocab_size) {
+          return absl::InvalidArgumentError(
+              absl::StrFormat("top_logits_counts[%d] = %d is outside [0, %d]", r, n,
+                              std::min(kernels::kMaxTopLogprobs, config_.vocab_size)));
+        }
       }
     }
   }
@@ -411,14 +428,18 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
     logits.clear();
   } else if (options.sampled_tokens != nullptr) {
     options.sampled_tokens->resize(options.sampling_rules.size());
+    backend_.PenalizeRows(out, options.sampling_penalties);
     backend_.SampleRows(out, options.sampling_rules, options.sampling_uniforms,
                         *options.sampled_tokens);
-    const int64_t vocab = out.dim(out.rank() - 1);
-    const Tensor rows = out.Reshape({out.numel() / vocab, vocab});
-    logits.resize(options.copied_logits_rows.size() * static_cast<size_t>(vocab));
-    for (size_t i = 0; i < options.copied_logits_rows.size(); ++i) {
-      backend_.CopyToHostF32(rows.Rows(options.copied_logits_rows[i], 1),
-                             logits.data() + i * vocab);
+    logits.clear();
+    const std::span<const int32_t> counts = options.top_logits_counts;
+    if (!counts.empty()) {
+      const int32_t width = *std::max_element(counts.begin(), counts.end());
+      std::vector<int32_t> chosen;
+      for (const kernels::DrawnToken& d : *options.sampled_tokens) chosen.push_back(d.token);
+      options.top_logits->assign(counts.size() * static_cast<size_t>(width), {});
+      options.drawn_logits->assign(counts.size(), 0.0f);
+      backend_.TopLogitsRows(out, counts, chosen, *options.top_logits, *options.drawn_logits);
     }
   } else if (options.copy_logits) {
     logits.resize(static_cast<size_t>(out.numel()));

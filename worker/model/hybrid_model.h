@@ -61,9 +61,16 @@ struct ForwardOptions {
   std::vector<kernels::DrawnToken>* sampled_tokens = nullptr;
   std::span<const kernels::SamplingRule> sampling_rules;
   std::span<const double> sampling_uniforms;
-  // With sampled_tokens: these logits rows (indices into the step's rows) come back in `logits`
-  // too, packed [copied_logits_rows.size(), vocab] in this order, for rows drawn on the host.
-  std::vector<int> copied_logits_rows;
+  // With sampled_tokens: empty, or each row's penalties (one per row), applied to the row on the
+  // backend before its draw (Backend::PenalizeRows).
+  std::span<const kernels::LogitPenalties> sampling_penalties;
+  // With sampled_tokens: empty, or the number of top-n alternatives each row asks for (0 to
+  // kMaxTopLogprobs; 0: none). Then top_logits receives each row's best (token, logit) pairs,
+  // packed [rows, largest count], and drawn_logits each row's drawn token's logit, both after
+  // the penalties (Backend::TopLogitsRows): the sampler's top-n logprobs, without the rows.
+  std::span<const int32_t> top_logits_counts;
+  std::vector<kernels::TokenLogit>* top_logits = nullptr;
+  std::vector<float>* drawn_logits = nullptr;
   // When set, receives the final post-norm hidden states of the logits rows, float32 [rows, H]
   // (what the MTP draft head reads as h_prev), or of every token with `hidden_all_tokens`. Such
   // steps run op by op, except verify steps and an MTP head's one-token steps, which are recorded

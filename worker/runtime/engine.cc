@@ -450,35 +450,46 @@ bool Engine::Step() {
   }
   std::vector<int32_t> greedy;
   if (greedy_step) forward.greedy_tokens = &greedy;
-  // Otherwise rows are drawn on the device: each sampled row's rule and the uniform its sampler
-  // would draw (a seeded request keeps its tokens). One logits row per chunk: no drafts. Rows
-  // whose sampler needs more of its logits (penalties, top-n logprobs) come back to the host
-  // alone, to be drawn there; the others' logits stay on the device.
+  // Otherwise rows are drawn on the device: each sampled row's penalties over its sequence's
+  // tokens, its rule and the uniform its sampler would draw (a seeded request keeps its tokens),
+  // and for top-n logprobs the row's best (token, logit) pairs; one logits row per chunk (no
+  // drafts). Only tokens, logits and logprobs come back, never the rows.
   using SamplingPlace = EngineOptions::SamplingPlace;
   const bool device_step =
       !greedy_step && !any_drafts &&
       (options_.sampling_place == SamplingPlace::kBackend ||
        (options_.sampling_place == SamplingPlace::kAuto && model_.samples_on_device()));
   std::vector<kernels::SamplingRule> rules;
+  std::vector<kernels::LogitPenalties> penalties;
   std::vector<double> uniforms;
+  std::vector<int32_t> top_counts;
   std::vector<kernels::DrawnToken> drawn;
-  std::vector<std::pair<size_t, int64_t>> host_rows;  // (chunk, row of the copied logits)
+  std::vector<kernels::TokenLogit> top_logits;
+  std::vector<float> drawn_logits;
   if (device_step) {
+    bool any_top = false;
     for (size_t i = 0; i < plan.chunks.size(); ++i) {
       RequestSampler& sampler = *plan.chunks[i].sequence->sampler;
-      const std::optional<kernels::SamplingRule> rule =
-          plan.chunks[i].completes_prefill() ? sampler.DeviceRule() : std::nullopt;
-      if (plan.chunks[i].completes_prefill() && !rule.has_value()) {
-        host_rows.push_back({i, static_cast<int64_t>(forward.copied_logits_rows.size())});
-        forward.copied_logits_rows.push_back(static_cast<int>(i));
-      }
-      // Rows drawn elsewhere (chunks in mid-prefill, rows drawn on the host) go greedy, unused.
-      rules.push_back(rule.value_or(kernels::SamplingRule{0.0f}));
-      uniforms.push_back(rule.has_value() ? sampler.NextUniform() : 0.0);
+      const bool sampled = plan.chunks[i].completes_prefill();
+      // Chunks in mid-prefill have a row too: greedy, unpenalised and unused.
+      rules.push_back(sampled ? sampler.Rule() : kernels::SamplingRule{0.0f});
+      penalties.push_back(sampled ? sampler.Penalties(plan.chunks[i].sequence->history)
+                                  : kernels::LogitPenalties{});
+      uniforms.push_back(sampled ? sampler.NextUniform() : 0.0);
+      // (Sample reports at most the vocabulary's tokens.)
+      top_counts.push_back(sampled ? std::min(sampler.TopLogprobCount(), model_.config().vocab_size)
+                                   : 0);
+      any_top |= top_counts.back() > 0;
     }
     forward.sampled_tokens = &drawn;
     forward.sampling_rules = rules;
+    forward.sampling_penalties = penalties;
     forward.sampling_uniforms = uniforms;
+    if (any_top) {
+      forward.top_logits_counts = top_counts;
+      forward.top_logits = &top_logits;
+      forward.drawn_logits = &drawn_logits;
+    }
   }
   std::vector<float> logits;
   const absl::Time forward_start = absl::Now();
@@ -545,10 +556,15 @@ bool Engine::Step() {
   absl::Status replay_error;
   std::vector<std::optional<SampledToken>> presampled;
   if (device_step) {
-    presampled = SampleRows(plan, host_rows, logits, vocab);
+    presampled.resize(plan.chunks.size());
+    const size_t width =
+        top_counts.empty() || top_logits.empty() ? 0 : top_logits.size() / top_counts.size();
     for (size_t i = 0; i < plan.chunks.size(); ++i) {
-      if (!presampled[i].has_value()) {
-        presampled[i] = SampledToken{drawn[i].token, drawn[i].logprob, {}};
+      presampled[i] = SampledToken{drawn[i].token, drawn[i].logprob, {}};
+      if (width > 0 && top_counts[i] > 0) {
+        presampled[i]->top = plan.chunks[i].sequence->sampler->TopLogprobs(
+            drawn[i], drawn_logits[i],
+            std::span<const kernels::TokenLogit>(top_logits).subspan(i * width, top_counts[i]));
       }
     }
   } else if (!greedy_step) {

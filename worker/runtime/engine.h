@@ -62,11 +62,11 @@ struct EngineOptions {
   // speculating sequence holds a second state slot (its snapshot for rollback).
   int spec_tokens = 0;
   Drafter* drafter = nullptr;
-  // Where sampled tokens are drawn. kAuto: by the backend (Backend::SampleRows) when it draws on
-  // the device and the step verifies no drafts; rows whose sampler needs more of its logits
-  // (penalties, top-n logprobs) are copied alone and drawn on the host. Steps with drafts copy
-  // every logits row. kHost: always on the host from a copy of the logits. kBackend: as kAuto on
-  // any backend (tests: the CPU backend's SampleRows goes through the host).
+  // Where sampled tokens are drawn. kAuto: by the backend (Backend::PenalizeRows, SampleRows and
+  // for top-n logprobs TopLogitsRows) when it draws on the device and the step verifies no
+  // drafts; steps with drafts copy every logits row. kHost: always on the host from a copy of
+  // the logits. kBackend: as kAuto on any backend (tests: the CPU backend's ops go through the
+  // host).
   enum class SamplingPlace { kAuto, kHost, kBackend };
   SamplingPlace sampling_place = SamplingPlace::kAuto;
   // Test hook: a pause after every step that did work, so that process tests can make a step

@@ -5,7 +5,6 @@
 #define MOBIUS_WORKER_RUNTIME_SAMPLER_H_
 
 #include <cstdint>
-#include <optional>
 #include <random>
 #include <span>
 #include <vector>
@@ -34,12 +33,16 @@ class TokenHistory {
   [[nodiscard]] bool InPrompt(int32_t token) const;
   [[nodiscard]] int OutputCount(int32_t token) const;
   [[nodiscard]] const std::vector<int32_t>& seen() const { return seen_; }  // distinct tokens
+  // counts()[i]: the output occurrences of seen()[i] (0 for a token seen only in the prompt).
+  [[nodiscard]] const std::vector<int32_t>& counts() const { return seen_counts_; }
 
  private:
-  void Touch(int32_t token);
+  // The position of `token` in seen_, added if new.
+  size_t Touch(int32_t token);
   std::vector<int32_t> seen_;
+  std::vector<int32_t> seen_counts_;
   std::vector<uint8_t> in_prompt_;
-  std::vector<int32_t> output_count_;
+  std::vector<int32_t> position_;  // token -> 1 + its index in seen_; 0: not seen
 };
 
 // The index of one draw from non-negative weights that sum to `total` (kernels::DrawIndexAt with
@@ -72,9 +75,23 @@ class RequestSampler {
   // fresh 2 MB vector per row costs more in page faults than the distribution itself.
   void Distribution(std::span<float> logits, const TokenHistory& history,
                     std::vector<double>& dist) const;
-  // When the whole of Sample can run on the device (no penalties, at most the chosen token's
-  // logprob): its rule for Backend::SampleRows, which the caller pairs with NextUniform().
-  [[nodiscard]] std::optional<kernels::SamplingRule> DeviceRule() const;
+  // Sample in parts, for a backend that draws on the device: Penalties() for
+  // Backend::PenalizeRows, then Rule() with NextUniform() for Backend::SampleRows, then
+  // TopLogprobs() from Backend::TopLogitsRows when TopLogprobCount() > 0.
+  [[nodiscard]] kernels::SamplingRule Rule() const {
+    return {params_.temperature, params_.top_k, params_.top_p, params_.min_p};
+  }
+  // The request's penalties over `history`'s tokens (inactive when it has none); the spans point
+  // into `history`.
+  [[nodiscard]] kernels::LogitPenalties Penalties(const TokenHistory& history) const;
+  // The top-n alternatives Sample reports, from the row's n best (token, logit) pairs (penalised,
+  // TopLogits' order) and the drawn token with its logit: the log-softmax of every token differs
+  // from the drawn token's by their logits' difference over the temperature.
+  [[nodiscard]] std::vector<TokenLogprob> TopLogprobs(
+      const kernels::DrawnToken& drawn, float drawn_logit,
+      std::span<const kernels::TokenLogit> top) const;
+  // The number of top-n alternatives the request asks for (0: none).
+  [[nodiscard]] int TopLogprobCount() const { return params_.logprobs > 0 ? params_.logprobs : 0; }
   // The uniform draw Sample would make next from the request's stream (none for greedy
   // requests: 0), so that sampling on the device keeps a seeded request's tokens.
   double NextUniform();
@@ -84,9 +101,6 @@ class RequestSampler {
 
  private:
   void ApplyPenalties(std::span<float> logits, const TokenHistory& history) const;
-  [[nodiscard]] kernels::SamplingRule Rule() const {
-    return {params_.temperature, params_.top_k, params_.top_p, params_.min_p};
-  }
 
   SamplingParams params_;
   std::mt19937_64 rng_;

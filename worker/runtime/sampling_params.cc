@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_format.h"
+#include "kernels/token_sampling.h"
 
 namespace mobius::worker {
 namespace {
@@ -31,7 +32,10 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
     return Bad("frequency_penalty", frequency_penalty, "in [-2, 2]");
   }
   if (max_tokens < 0) return Bad("max_tokens", max_tokens, ">= 0");
-  if (logprobs < -1 || logprobs > 20) return Bad("logprobs", logprobs, "in [0, 20] (or unset)");
+  static_assert(kernels::kMaxTopLogprobs == 20, "the message below names the limit");
+  if (logprobs < -1 || logprobs > kernels::kMaxTopLogprobs) {
+    return Bad("logprobs", logprobs, "in [0, 20] (or unset)");
+  }
   for (int32_t id : stop_token_ids) {
     if (id < 0 || id >= vocab_size) {
       return absl::InvalidArgumentError(absl::StrFormat(
