@@ -496,5 +496,60 @@ TEST_F(EngineTest, AcceptedDraftsStreamSeveralTokensPerMessage) {
   EXPECT_THAT(text, HasSubstr("mobius_spec_decode_verify_seconds_count"));
 }
 
+// Sampled requests with drafts: each sequence's drafts are verified against its own rows and
+// random stream (in parallel across the step's sequences), so seeded outputs do not depend on
+// which sequences share a step: one sequence a step and four give the same tokens. Drafts are
+// the reference's greedy continuation, so some are accepted and some rejected.
+TEST_F(EngineTest, SampledSpeculationIsIndependentOfBatching) {
+  ReferenceDrafter drafter(ref_);
+  auto run = [&](int max_num_seqs, double& accepted, double& drafted) {
+    auto registry = std::make_shared<prometheus::Registry>();
+    EngineMetrics metrics(registry, "tiny", model_->num_banks());
+    EngineOptions options;
+    options.scheduler.max_num_seqs = max_num_seqs;
+    options.max_model_len = 256;
+    options.metrics = &metrics;
+    options.spec_tokens = 3;
+    options.drafter = &drafter;
+    std::vector<std::vector<int32_t>> outputs;
+    auto engine = Start(options);
+    EXPECT_NE(engine, nullptr);
+    if (engine == nullptr) return outputs;
+    Streams streams;
+    const int n = 2 * static_cast<int>(ref_.greedy.size());
+    for (int i = 0; i < n; ++i) {
+      const auto& [p, expected] = ref_.greedy[i % ref_.greedy.size()];
+      GenerationRequest r;
+      r.request_id = "s" + std::to_string(i);
+      r.prompt = ref_.prompts[p];
+      r.params.max_tokens = 16;
+      r.params.ignore_eos = true;
+      r.params.seed = 70 + i;
+      // Low temperatures: the tiny random model's rows are flat, so only near-greedy draws
+      // accept the reference's drafts at all.
+      r.params.temperature = i % 2 == 0 ? 0.02f : 0.05f;
+      if (i % 3 == 1) r.params.top_p = 0.9f;
+      if (i % 4 == 3) r.params.presence_penalty = 0.3f;
+      EXPECT_TRUE(engine->Enqueue(r, streams.For(r.request_id)).ok());
+    }
+    for (int i = 0; i < n; ++i) outputs.push_back(streams.Wait("s" + std::to_string(i)).tokens);
+    accepted = metrics.spec_accepted_tokens.Value();
+    drafted = metrics.spec_draft_tokens.Value();
+    return outputs;
+  };
+  double accepted_one = 0, drafted_one = 0, accepted_four = 0, drafted_four = 0;
+  const auto one = run(1, accepted_one, drafted_one);
+  const auto four = run(4, accepted_four, drafted_four);
+  ASSERT_EQ(one.size(), four.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_EQ(one[i].size(), 16u) << "request " << i;
+    EXPECT_EQ(one[i], four[i]) << "request " << i;
+  }
+  EXPECT_GT(drafted_four, 0);
+  EXPECT_GT(accepted_four, 0);             // some drafts accepted ...
+  EXPECT_LT(accepted_four, drafted_four);  // ... and some rejected
+  EXPECT_EQ(accepted_one, accepted_four);
+}
+
 }  // namespace
 }  // namespace mobius::worker

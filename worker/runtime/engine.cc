@@ -578,6 +578,21 @@ bool Engine::Step() {
     }
     presampled = SampleRows(plan, rows, logits, vocab);
   }
+  // Sampled requests' drafts are verified on the host, each sequence against its own rows and
+  // random stream, so the sequences go in parallel (one takes 2-10 ms at a 248K vocabulary:
+  // performance.md, "Verifying drafts on the host").
+  std::vector<std::optional<DraftVerdict>> verdicts;
+  if (any_drafts && !greedy_step) {
+    std::vector<std::pair<size_t, int64_t>> verified;  // (chunk, first logits row)
+    int64_t logits_row = 0;
+    for (size_t i = 0; i < plan.chunks.size(); ++i) {
+      if (plan.chunks[i].completes_prefill() && !drafts[i].empty()) {
+        verified.push_back({i, logits_row});
+      }
+      logits_row += 1 + static_cast<int64_t>(drafts[i].size());
+    }
+    verdicts = VerifySampledDrafts(plan, drafts, verified, logits, vocab);
+  }
   int64_t row = 0, hidden_row = 0;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const ScheduledChunk& c = plan.chunks[i];
@@ -610,13 +625,9 @@ bool Engine::Step() {
       new_tokens = {sampled->token};
     } else {
       const DraftVerdict verdict =
-          greedy_step
-              ? VerifyGreedyDrafts(drafts[i], std::span<const int32_t>(greedy).subspan(
-                                                  first_row, static_cast<size_t>(d + 1)))
-              : VerifyDraftsWithSampler(drafts[i],
-                                        std::span<float>(logits.data() + first_row * vocab,
-                                                         static_cast<size_t>(d + 1) * vocab),
-                                        *seq.sampler, seq.history);
+          greedy_step ? VerifyGreedyDrafts(drafts[i], std::span<const int32_t>(greedy).subspan(
+                                                          first_row, static_cast<size_t>(d + 1)))
+                      : *verdicts[i];
       accepted = verdict.accepted;
       new_tokens.assign(drafts[i].begin(), drafts[i].begin() + accepted);
       new_tokens.push_back(verdict.next);
@@ -750,6 +761,27 @@ std::vector<std::optional<SampledToken>> Engine::SampleRows(
   // threads, at least two rows each.
   ForEachRangeInParallel(rows.size(), 16, 2, draw);
   return sampled;
+}
+
+std::vector<std::optional<DraftVerdict>> Engine::VerifySampledDrafts(
+    const StepPlan& plan, const std::vector<std::vector<int32_t>>& drafts,
+    const std::vector<std::pair<size_t, int64_t>>& chunks, std::vector<float>& logits, int vocab) {
+  // As SampleRows: each chunk reads only its own rows and draws only from its own sequence's
+  // stream, so the verdicts do not depend on the threads.
+  std::vector<std::optional<DraftVerdict>> verdicts(plan.chunks.size());
+  auto verify = [&](size_t begin, size_t end) {
+    for (size_t c = begin; c < end; ++c) {
+      const auto [i, first_row] = chunks[c];
+      Sequence& seq = *plan.chunks[i].sequence;
+      const size_t rows = drafts[i].size() + 1;
+      verdicts[i] = VerifyDraftsWithSampler(
+          drafts[i],
+          std::span<float>(logits.data() + first_row * vocab, rows * static_cast<size_t>(vocab)),
+          *seq.sampler, seq.history);
+    }
+  };
+  ForEachRangeInParallel(chunks.size(), 16, 1, verify);
+  return verdicts;
 }
 
 }  // namespace mobius::worker

@@ -22,6 +22,7 @@
 #include "worker/runtime/sampler.h"
 #include "worker/runtime/scheduler.h"
 #include "worker/runtime/speculative_decoder.h"
+#include "worker/runtime/speculative_sampling.h"
 
 namespace mobius::worker {
 
@@ -144,6 +145,12 @@ class Engine {
   std::vector<std::optional<SampledToken>> SampleRows(
       const StepPlan& plan, const std::vector<std::pair<size_t, int64_t>>& rows,
       std::vector<float>& logits, int vocab);
+
+  // Verifies the drafts of the given (chunk, first logits row) pairs against their sequences'
+  // samplers (VerifyDraftsWithSampler), chunks spread over threads; nullopt for the other chunks.
+  std::vector<std::optional<DraftVerdict>> VerifySampledDrafts(
+      const StepPlan& plan, const std::vector<std::vector<int32_t>>& drafts,
+      const std::vector<std::pair<size_t, int64_t>>& chunks, std::vector<float>& logits, int vocab);
 
   // ---- speculative decoding (engine thread) ----
   // Whether `seq` may carry drafts (and so needs the drafter to see its committed tokens).
