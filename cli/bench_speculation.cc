@@ -3,12 +3,16 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "common/parallel_ranges.h"
 #include "common/status_macros.h"
 #include "worker/model/decode_cost.h"
 #include "worker/model/mtp_draft_model.h"
+#include "worker/runtime/speculative_sampling.h"
 
 namespace mobius::cli {
 namespace {
@@ -57,7 +61,16 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
   // requests copy the rows), the hidden states for the head.
   std::vector<int32_t> tokens(static_cast<size_t>(B) * (K + 1));
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = (i * 7919 + 13) % config.vocab_size;
-  std::vector<double> verify_ms(K + 2, 0), verify_bound_ms(K + 2, 0);
+  std::vector<double> verify_ms(K + 2, 0), verify_bound_ms(K + 2, 0), sampled_verify_ms(K + 2, 0);
+  // Sampled requests (temperature 0.8, top-p 0.95): their verify steps copy the k + 1 logits rows
+  // of every sequence to the host and accept the drafts there (VerifyDraftsWithSampler), the
+  // sequences spread over threads as the engine spreads them (Engine::VerifySampledDrafts).
+  worker::SamplingParams sampled_params;
+  sampled_params.temperature = 0.8f;
+  sampled_params.top_p = 0.95f;
+  std::vector<worker::RequestSampler> samplers;
+  for (int i = 0; i < B; ++i) samplers.emplace_back(sampled_params, 1000 + i);
+  const worker::TokenHistory history;
   for (int m = 1; m <= K + 1; ++m) {
     std::vector<worker::SequenceStep> step;
     for (int i = 0; i < B; ++i) {
@@ -83,6 +96,28 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
                        for (auto& s : seqs) s.num_tokens = C;
                        return absl::OkStatus();
                      }));
+    if (m > 1) {
+      worker::ForwardOptions sampled;
+      sampled.logits_rows.assign(B, m);
+      sampled.hidden_out = &hidden;
+      sampled.hidden_all_tokens = true;
+      sampled.keep_state_inputs = true;
+      const size_t vocab = static_cast<size_t>(config.vocab_size);
+      ASSIGN_OR_RETURN(sampled_verify_ms[m], TimeMs(options.steps, [&]() -> absl::Status {
+                         RETURN_IF_ERROR(model.Forward(step, sampled, logits));
+                         for (auto& s : seqs) s.num_tokens = C;
+                         ForEachRangeInParallel(B, 16, 1, [&](size_t begin, size_t end) {
+                           for (size_t i = begin; i < end; ++i) {
+                             const std::span<const int32_t> drafts = std::span(tokens).subspan(
+                                 i * (K + 1) + 1, static_cast<size_t>(m - 1));
+                             worker::VerifyDraftsWithSampler(
+                                 drafts, std::span<float>(logits).subspan(i * m * vocab, m * vocab),
+                                 samplers[i], history);
+                           }
+                         });
+                         return absl::OkStatus();
+                       }));
+    }
     worker::DecodeCostOptions cost;
     cost.batch = B * m;
     cost.sequences = B;
@@ -138,6 +173,17 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
       "\nspeculative decoding (MTP), batch %d, context %d: plain decode step %.3f ms; one head "
       "step %.3f ms; state snapshot %.3f ms; state replay of 1 / %d tokens %.3f / %.3f ms\n",
       B, C, plain_ms, head_ms, snapshot_ms, K, replay_ms[1], replay_ms[K]);
+  std::printf(
+      "verify of sampled requests (temperature 0.8, top-p 0.95: the rows copied to the host and "
+      "verified there): %s; the table below is for greedy requests\n",
+      [&] {
+        std::string v;
+        for (int k = 1; k <= K; ++k) {
+          v += absl::StrFormat("%sk=%d %.3f ms", k > 1 ? ", " : "", k, sampled_verify_ms[k + 1]);
+        }
+        return v;
+      }()
+          .c_str());
   std::printf("%4s %14s %12s %10s %8s %14s %14s %12s\n", "k", "verify(k+1)", "bound", "vs plain",
               "accept", "step", "per token", "speed-up");
   for (int k = 1; k <= K; ++k) {
@@ -157,6 +203,7 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
                          {"spec_tokens", k},
                          {"accepted_length", a},
                          {"verify_ms", verify_ms[k + 1]},
+                         {"sampled_verify_ms", sampled_verify_ms[k + 1]},
                          {"verify_bound_ms", verify_bound_ms[k + 1]},
                          {"plain_decode_ms", plain_ms},
                          {"draft_ms", draft_ms},

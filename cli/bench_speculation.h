@@ -2,7 +2,9 @@
 // For each k = 1..K it times the verify forward of k + 1 tokens per sequence against a plain
 // decode step, the MTP head's k draft steps and the rollback (state snapshot, and on a
 // rejection the restore plus replaying the accepted tokens' state updates), and prints the time
-// per output token at every acceptance length a = 1..k + 1 (a tokens emitted per step).
+// per output token at every acceptance length a = 1..k + 1 (a tokens emitted per step), for
+// greedy requests (the rows' argmax on the device), and the verify step of sampled requests
+// (rows copied to the host and verified there).
 #ifndef MOBIUS_CLI_BENCH_SPECULATION_H_
 #define MOBIUS_CLI_BENCH_SPECULATION_H_
 

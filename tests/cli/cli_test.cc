@@ -81,6 +81,18 @@ TEST(CliTest, BenchEngineSkipsConfigurationsPastMaxPositions) {
   EXPECT_THAT(r.out, ::testing::ContainsRegex("prefill +1 +16 +[0-9.]+ ms"));
 }
 
+// --spec-tokens times speculative decoding with the MTP head: the table for greedy requests (a
+// row per k and acceptance length) and the verify step of sampled requests per k.
+TEST(CliTest, BenchEngineTimesSpeculation) {
+  Result r = RunMobius("bench engine --config " + Fixture("intern-s2-mobius-tiny") +
+                       "/config.json --load-format dummy --batches 2 --contexts 8 "
+                       "--prefill-lengths '' --steps 1 --spec-tokens 2");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, ::testing::ContainsRegex(
+                         "verify of sampled requests .*: k=1 [0-9.]+ ms, k=2 [0-9.]+ ms"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex(" +2 +[0-9.]+ ms +[0-9.]+ ms +[0-9.]+x +3 "));
+}
+
 // --draw times the step again with its tokens drawn (greedy, on the device, on the host, with
 // penalties on either, with top-n logprobs), one line per mode; an unknown mode is named.
 TEST(CliTest, BenchEngineTimesTokenDraws) {
