@@ -57,14 +57,7 @@ __global__ void TopKSoftmaxKernel(AnyPtr logits, int num_experts, int k, bool re
         best_i = e;
       }
     }
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, best_v, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, best_i, o);
-      if (Better(ov, oi, best_v, best_i)) {
-        best_v = ov;
-        best_i = oi;
-      }
-    }
+    WarpArgBest(best_v, best_i);
     if (lane == 0) {
       best_v_s[warp] = best_v;
       best_i_s[warp] = best_i;
