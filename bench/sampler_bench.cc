@@ -52,26 +52,35 @@ BENCHMARK(BM_SampleRow)
 
 // Speculative verification of k = 4 drafts of one sequence on the host (VerifyDraftsWithSampler:
 // k + 1 rows' distributions, the acceptance rule), what a sampled request pays per verify step.
+// The drafts are the row's most likely token: a greedy request accepts them all (k + 1 rows'
+// distributions), a sampled one each with that token's probability.
+struct VerifyCase {
+  static constexpr int kDrafts = 4;
+  explicit VerifyCase(const SamplingParams& params) : sampler(params, 1) {
+    const std::vector<float> row = Row();
+    for (int j = 0; j <= kDrafts; ++j) rows.insert(rows.end(), row.begin(), row.end());
+    drafts.assign(kDrafts,
+                  static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin()));
+    scratch.resize(rows.size());
+  }
+  // One verify on fresh copies of the rows (the call modifies them).
+  DraftVerdict Run() {
+    scratch = rows;
+    return VerifyDraftsWithSampler(drafts, scratch, sampler, history);
+  }
+  RequestSampler sampler;
+  std::vector<float> rows, scratch;
+  std::vector<int32_t> drafts;
+  const TokenHistory history;
+};
+
 // Arguments: temperature x 10 (0: greedy), top_p x 100.
 void BM_VerifyDrafts(benchmark::State& state) {
   SamplingParams params;
   params.temperature = static_cast<float>(state.range(0)) / 10;
   params.top_p = static_cast<float>(state.range(1)) / 100;
-  RequestSampler sampler(params, 1);
-  constexpr int kDrafts = 4;
-  const std::vector<float> row = Row();
-  std::vector<float> rows;
-  for (int j = 0; j <= kDrafts; ++j) rows.insert(rows.end(), row.begin(), row.end());
-  // Drafts of the row's most likely token: a greedy request accepts them all (k + 1 rows'
-  // distributions), a sampled one each with that token's probability.
-  const int32_t top = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-  const std::vector<int32_t> drafts(kDrafts, top);
-  std::vector<float> scratch(rows.size());
-  const TokenHistory history;
-  for (auto _ : state) {
-    scratch = rows;
-    benchmark::DoNotOptimize(VerifyDraftsWithSampler(drafts, scratch, sampler, history));
-  }
+  VerifyCase v(params);
+  for (auto _ : state) benchmark::DoNotOptimize(v.Run());
 }
 BENCHMARK(BM_VerifyDrafts)
     ->ArgNames({"t10", "top_p100"})
@@ -85,20 +94,9 @@ void BM_VerifyDraftsOnNewThread(benchmark::State& state) {
   SamplingParams params;
   params.temperature = 0.8f;
   params.top_p = 0.95f;
-  RequestSampler sampler(params, 1);
-  constexpr int kDrafts = 4;
-  const std::vector<float> row = Row();
-  std::vector<float> rows;
-  for (int j = 0; j <= kDrafts; ++j) rows.insert(rows.end(), row.begin(), row.end());
-  const int32_t top = static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-  const std::vector<int32_t> drafts(kDrafts, top);
-  std::vector<float> scratch(rows.size());
-  const TokenHistory history;
+  VerifyCase v(params);
   for (auto _ : state) {
-    scratch = rows;
-    std::thread worker([&] {
-      benchmark::DoNotOptimize(VerifyDraftsWithSampler(drafts, scratch, sampler, history));
-    });
+    std::thread worker([&] { benchmark::DoNotOptimize(v.Run()); });
     worker.join();
   }
 }

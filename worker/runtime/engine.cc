@@ -555,6 +555,7 @@ bool Engine::Step() {
   std::vector<std::string> errored;
   absl::Status replay_error;
   std::vector<std::optional<SampledToken>> presampled;
+  std::vector<std::optional<DraftVerdict>> verdicts;  // sampled requests' drafts
   if (device_step) {
     presampled.resize(plan.chunks.size());
     const size_t width =
@@ -568,30 +569,21 @@ bool Engine::Step() {
       }
     }
   } else if (!greedy_step) {
-    // The rows that a plain (not speculative) sampler draws from: the last row of each chunk
-    // that completes a prefill or decodes, without drafts.
-    std::vector<std::pair<size_t, int64_t>> rows;  // (chunk, logits row)
+    // Rows drawn on the host from the copied logits, in one pass over the chunks (each has
+    // 1 + its drafts' rows): the last row of each chunk that completes a prefill or decodes
+    // without drafts goes to a plain draw; a chunk with drafts is verified against its rows,
+    // each sequence against its own rows and random stream, so the sequences go in parallel (one
+    // takes 2-10 ms at a 248K vocabulary: performance.md, "Verifying drafts on the host").
+    std::vector<std::pair<size_t, int64_t>> plain, verified;  // (chunk, first logits row)
     int64_t logits_row = 0;
     for (size_t i = 0; i < plan.chunks.size(); ++i) {
-      if (plan.chunks[i].completes_prefill() && drafts[i].empty()) rows.push_back({i, logits_row});
-      logits_row += 1 + static_cast<int64_t>(drafts[i].size());
-    }
-    presampled = SampleRows(plan, rows, logits, vocab);
-  }
-  // Sampled requests' drafts are verified on the host, each sequence against its own rows and
-  // random stream, so the sequences go in parallel (one takes 2-10 ms at a 248K vocabulary:
-  // performance.md, "Verifying drafts on the host").
-  std::vector<std::optional<DraftVerdict>> verdicts;
-  if (any_drafts && !greedy_step) {
-    std::vector<std::pair<size_t, int64_t>> verified;  // (chunk, first logits row)
-    int64_t logits_row = 0;
-    for (size_t i = 0; i < plan.chunks.size(); ++i) {
-      if (plan.chunks[i].completes_prefill() && !drafts[i].empty()) {
-        verified.push_back({i, logits_row});
+      if (plan.chunks[i].completes_prefill()) {
+        (drafts[i].empty() ? plain : verified).push_back({i, logits_row});
       }
       logits_row += 1 + static_cast<int64_t>(drafts[i].size());
     }
-    verdicts = VerifySampledDrafts(plan, drafts, verified, logits, vocab);
+    presampled = SampleRows(plan, plain, logits, vocab);
+    if (!verified.empty()) verdicts = VerifySampledDrafts(plan, drafts, verified, logits, vocab);
   }
   int64_t row = 0, hidden_row = 0;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
