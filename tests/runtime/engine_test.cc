@@ -305,15 +305,18 @@ TEST_F(EngineTest, BackendSamplingMatchesHostSampling) {
   for (size_t i = 0; i < on_backend.size(); ++i) {
     EXPECT_EQ(on_backend[i].tokens.size(), 12u) << "request " << i;
     EXPECT_EQ(on_backend[i].tokens, on_host[i].tokens) << "request " << i;
+    // Logprobs to within float rounding: requests arrive while the engine runs, so the two
+    // runs may group them into different steps, and the CPU kernels' sums may then differ in
+    // the last bits (seen under ctest -j2: -4.06765 against -4.06765).
     ASSERT_EQ(on_backend[i].logprobs.size(), on_host[i].logprobs.size()) << "request " << i;
     for (size_t k = 0; k < on_host[i].logprobs.size(); ++k) {
       const SampledToken &a = on_backend[i].logprobs[k], &b = on_host[i].logprobs[k];
       EXPECT_EQ(a.token, b.token);
-      EXPECT_EQ(a.logprob, b.logprob) << "request " << i << " token " << k;
+      EXPECT_NEAR(a.logprob, b.logprob, 1e-4) << "request " << i << " token " << k;
       ASSERT_EQ(a.top.size(), b.top.size()) << "request " << i << " token " << k;
       for (size_t j = 0; j < a.top.size(); ++j) {
         EXPECT_EQ(a.top[j].token, b.top[j].token) << "request " << i << " token " << k;
-        EXPECT_EQ(a.top[j].logprob, b.top[j].logprob) << "request " << i << " token " << k;
+        EXPECT_NEAR(a.top[j].logprob, b.top[j].logprob, 1e-4) << "request " << i << " token " << k;
       }
     }
   }
