@@ -62,6 +62,7 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
   std::vector<int32_t> tokens(static_cast<size_t>(B) * (K + 1));
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = (i * 7919 + 13) % config.vocab_size;
   std::vector<double> verify_ms(K + 2, 0), verify_bound_ms(K + 2, 0), sampled_verify_ms(K + 2, 0);
+  std::vector<double> backend_verify_ms(K + 2, 0);
   // Sampled requests (temperature 0.8, top-p 0.95): their verify steps copy the k + 1 logits rows
   // of every sequence to the host and accept the drafts there (VerifyDraftsWithSampler), the
   // sequences spread over threads as the engine spreads them (Engine::VerifySampledDrafts).
@@ -117,6 +118,43 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
                          });
                          return absl::OkStatus();
                        }));
+      // The same verify on the backend (as the engine runs it when the backend samples): each
+      // row checks its draft in Backend::SampleRows, with uniforms peeked from each stream; only
+      // tokens and probabilities come back.
+      const size_t k = static_cast<size_t>(m - 1);
+      std::vector<kernels::SamplingRule> rules;
+      std::vector<double> uniforms;
+      std::vector<int32_t> row_drafts;
+      std::vector<std::vector<double>> peeked(B);
+      std::vector<kernels::DrawnToken> checks;
+      worker::ForwardOptions on_backend = sampled;
+      on_backend.sampled_tokens = &checks;
+      ASSIGN_OR_RETURN(
+          backend_verify_ms[m], TimeMs(options.steps, [&]() -> absl::Status {
+            rules.clear();
+            uniforms.clear();
+            row_drafts.clear();
+            for (int i = 0; i < B; ++i) {
+              peeked[i] = worker::PeekVerifyUniforms(samplers[i].rng(), k);
+              for (size_t j = 0; j <= k; ++j) {
+                rules.push_back(samplers[i].Rule());
+                uniforms.push_back(worker::VerifyRowUniform(peeked[i], j, k));
+                row_drafts.push_back(j < k ? tokens[i * (K + 1) + 1 + j] : kernels::kNoDraft);
+              }
+            }
+            on_backend.sampling_rules = rules;
+            on_backend.sampling_uniforms = uniforms;
+            on_backend.sampling_drafts = row_drafts;
+            RETURN_IF_ERROR(model.Forward(step, on_backend, logits));
+            for (auto& s : seqs) s.num_tokens = C;
+            for (int i = 0; i < B; ++i) {
+              const worker::DraftVerdict v = worker::VerdictFromChecks(
+                  std::span(tokens).subspan(i * (K + 1) + 1, k), peeked[i],
+                  std::span<const kernels::DrawnToken>(checks).subspan(i * (k + 1), k + 1));
+              worker::ConsumeVerifyUniforms(samplers[i].rng(), v, k);
+            }
+            return absl::OkStatus();
+          }));
     }
     worker::DecodeCostOptions cost;
     cost.batch = B * m;
@@ -174,12 +212,14 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
       "step %.3f ms; state snapshot %.3f ms; state replay of 1 / %d tokens %.3f / %.3f ms\n",
       B, C, plain_ms, head_ms, snapshot_ms, K, replay_ms[1], replay_ms[K]);
   std::printf(
-      "verify of sampled requests (temperature 0.8, top-p 0.95: the rows copied to the host and "
-      "verified there): %s; the table below is for greedy requests\n",
+      "verify of sampled requests (temperature 0.8, top-p 0.95), rows copied to the host and "
+      "verified there / drafts checked on the backend: %s; the table below is for greedy "
+      "requests\n",
       [&] {
         std::string v;
         for (int k = 1; k <= K; ++k) {
-          v += absl::StrFormat("%sk=%d %.3f ms", k > 1 ? ", " : "", k, sampled_verify_ms[k + 1]);
+          v += absl::StrFormat("%sk=%d %.3f / %.3f ms", k > 1 ? ", " : "", k,
+                               sampled_verify_ms[k + 1], backend_verify_ms[k + 1]);
         }
         return v;
       }()
@@ -204,6 +244,7 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
                          {"accepted_length", a},
                          {"verify_ms", verify_ms[k + 1]},
                          {"sampled_verify_ms", sampled_verify_ms[k + 1]},
+                         {"backend_sampled_verify_ms", backend_verify_ms[k + 1]},
                          {"verify_bound_ms", verify_bound_ms[k + 1]},
                          {"plain_decode_ms", plain_ms},
                          {"draft_ms", draft_ms},

@@ -315,8 +315,13 @@ class Backend {
   // kept candidates and their order; a draw whose u lies within rounding of a boundary between two
   // tokens may take the neighbour. The tokens are on the host when it returns. The default goes
   // through the host.
+  // `drafts` is empty (every row a plain draw) or holds each row's mode in a speculative verify
+  // step: kPlainDraw, or the draft the row checks (kNoDraft for the row after the last draft):
+  // then out[r] is CheckDraft's (the draft's probability under the rule and a draw from the rest
+  // in id order), with the same rounding caveat.
   virtual void SampleRows(const Tensor& logits, std::span<const SamplingRule> rules,
-                          std::span<const double> uniforms, std::span<DrawnToken> out);
+                          std::span<const double> uniforms, std::span<const int32_t> drafts,
+                          std::span<DrawnToken> out);
   // In place: row r of logits F32 [R, V] (R = rows.size()) under rows[r]'s penalties
   // (ApplyLogitPenalties, kernels/token_sampling.h; inactive entries leave their rows as they
   // are), ahead of SampleRows. The default goes through the host, row by row.
@@ -376,15 +381,18 @@ inline void Backend::ArgmaxRows(const Tensor& logits, Tensor& ids) {
 }
 
 inline void Backend::SampleRows(const Tensor& logits, std::span<const SamplingRule> rules,
-                                std::span<const double> uniforms, std::span<DrawnToken> out) {
+                                std::span<const double> uniforms, std::span<const int32_t> drafts,
+                                std::span<DrawnToken> out) {
   const size_t rows = rules.size();
   if (rows == 0) return;
   const size_t vocab = static_cast<size_t>(logits.numel()) / rows;
   std::vector<float> host(static_cast<size_t>(logits.numel()));
   CopyToHostF32(logits, host.data());
   for (size_t r = 0; r < rows && r < uniforms.size() && r < out.size(); ++r) {
-    out[r] =
-        DrawToken(std::span<const float>(host).subspan(r * vocab, vocab), rules[r], uniforms[r]);
+    const std::span<const float> row = std::span<const float>(host).subspan(r * vocab, vocab);
+    const bool plain = r >= drafts.size() || drafts[r] == kPlainDraw;
+    out[r] = plain ? DrawToken(row, rules[r], uniforms[r])
+                   : CheckDraft(row, rules[r], drafts[r], uniforms[r]);
   }
 }
 

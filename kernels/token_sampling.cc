@@ -229,4 +229,28 @@ void RuleDistribution(std::span<const float> logits, const SamplingRule& rule,
   for (size_t i = 0; i < c.kept; ++i) dist[c.order[i]] = c.p[i] / kept;
 }
 
+int32_t DrawWithoutDraft(std::vector<double>& dist, int32_t draft, double u) {
+  const bool in_row = draft >= 0 && static_cast<size_t>(draft) < dist.size();
+  const double p_draft = in_row ? dist[draft] : 0.0;
+  if (in_row) dist[draft] = 0.0;
+  double total = 0;  // in id order, as the walk
+  for (double p : dist) total += p;
+  if (!(total > 0) && in_row) {
+    dist[draft] = p_draft;
+    total = p_draft;
+  }
+  return static_cast<int32_t>(DrawIndexAt(std::span<const double>(dist), u * total));
+}
+
+DrawnToken CheckDraft(std::span<const float> logits, const SamplingRule& rule, int32_t draft,
+                      double u) {
+  thread_local std::vector<double> dist;
+  RuleDistribution(logits, rule, dist);
+  DrawnToken result;
+  const bool in_row = draft >= 0 && static_cast<size_t>(draft) < dist.size();
+  result.draft_probability = in_row ? dist[draft] : 0.0;
+  result.token = dist.empty() ? 0 : DrawWithoutDraft(dist, draft, u);
+  return result;
+}
+
 }  // namespace mobius::kernels

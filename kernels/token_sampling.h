@@ -77,6 +77,9 @@ void TopLogits(std::span<const float> logits, int n, std::span<TokenLogit> out);
 struct DrawnToken {
   int32_t token = 0;
   float logprob = 0;  // log-softmax at the rule's temperature (1 for greedy), before truncation
+  // Rows of a speculative verify step only (CheckDraft): the rule's probability of the draft.
+  // Such rows carry no logprob (0).
+  double draft_probability = 0;
 };
 
 // Candidates of a truncating rule, sorted by logit (ties: lower id first) with their
@@ -125,6 +128,25 @@ DrawnToken DrawToken(std::span<const float> logits, const SamplingRule& rule, do
 // (one-hot at the argmax for greedy rules). Speculative decoding accepts drafts against it.
 void RuleDistribution(std::span<const float> logits, const SamplingRule& rule,
                       std::vector<double>& dist);
+
+// Speculative verification of a deterministic draft x (worker/runtime/speculative_sampling.h):
+// x is accepted with probability p(x) under the rule, and a rejection draws from the residual,
+// p without x (normalised). `dist` holds p (RuleDistribution); returns the first token in id
+// order whose running probability passes u times the residual's total (p itself when x holds
+// all of it: a rejection then has probability 0). x outside the row (kNoDraft) leaves p whole:
+// the draw after the last draft. `dist` is modified.
+int32_t DrawWithoutDraft(std::vector<double>& dist, int32_t draft, double u);
+
+// Per-row modes of Backend::SampleRows in a speculative verify step: a plain draw (DrawToken),
+// or the check of a draft (CheckDraft; kNoDraft for the row after the last draft).
+inline constexpr int32_t kPlainDraw = -2;
+inline constexpr int32_t kNoDraft = -1;
+
+// One row of a speculative verify step: draft_probability = p(draft) under the rule, token =
+// DrawWithoutDraft(p, draft, u), logprob 0. The host reference of Backend::SampleRows' checked
+// rows.
+DrawnToken CheckDraft(std::span<const float> logits, const SamplingRule& rule, int32_t draft,
+                      double u);
 
 }  // namespace mobius::kernels
 

@@ -746,7 +746,7 @@ void Bench::BuildSpecs() {
             for (int i = 0; i < b; ++i) (*uniforms)[i] = (i + 0.5) / b;
             auto out = std::make_shared<std::vector<kernels::DrawnToken>>(b);
             c.run = [this, v, rules, uniforms, out](int s) {
-              be_->SampleRows((*v)[s], *rules, *uniforms, *out);
+              be_->SampleRows((*v)[s], *rules, *uniforms, {}, *out);
             };
             return c;
           });

@@ -272,7 +272,8 @@ class CudaBackend final : public Backend {
                      std::span<const int32_t> chosen, std::span<TokenLogit> out,
                      std::span<float> chosen_logits) override;
   void SampleRows(const Tensor& logits, std::span<const SamplingRule> rules,
-                  std::span<const double> uniforms, std::span<DrawnToken> out) override;
+                  std::span<const double> uniforms, std::span<const int32_t> drafts,
+                  std::span<DrawnToken> out) override;
   void RmsNorm1p(const Tensor& x, const Tensor& w, float eps, Tensor& out) override;
   void AddRmsNorm1p(Tensor& residual, const Tensor& delta, const Tensor& w, float eps,
                     Tensor& out) override;
@@ -975,27 +976,32 @@ void CudaBackend::TopLogitsRows(const Tensor& logits, std::span<const int32_t> c
 }
 
 void CudaBackend::SampleRows(const Tensor& logits, std::span<const SamplingRule> rules,
-                             std::span<const double> uniforms, std::span<DrawnToken> out) {
+                             std::span<const double> uniforms, std::span<const int32_t> drafts,
+                             std::span<DrawnToken> out) {
   CheckTensor(logits, DType::kF32, "SampleRows", "logits");
   const int64_t rows = static_cast<int64_t>(rules.size());
-  Check(uniforms.size() == rules.size() && out.size() == rules.size(), "SampleRows",
-        absl::StrFormat("%d rules, %d uniforms, %d outputs", rules.size(), uniforms.size(),
-                        out.size()));
+  Check(uniforms.size() == rules.size() && out.size() == rules.size() &&
+            (drafts.empty() || drafts.size() == rules.size()),
+        "SampleRows",
+        absl::StrFormat("%d rules, %d uniforms, %d drafts, %d outputs", rules.size(),
+                        uniforms.size(), drafts.size(), out.size()));
   Check(rows == 0 || (logits.numel() % rows == 0 && logits.numel() / rows > 0 &&
                       logits.numel() / rows <= INT32_MAX),
         "SampleRows", absl::StrFormat("logits %s for %d rows", logits.ShapeString(), rows));
   if (rows == 0) return;
   const int64_t vocab = logits.numel() / rows;
+  auto draft_of = [&](int64_t r) { return drafts.empty() ? kPlainDraw : drafts[r]; };
   // The rows' parameters go up with the metadata upload, followed by room for the results, so
-  // that the op allocates nothing (int32 words; the structs' sizes are multiples of 8, so the
-  // parameters' doubles stay aligned in the allocation).
+  // that the op allocates nothing (int32 words; the structs' sizes are multiples of 8, so their
+  // doubles stay aligned in the allocation).
   static_assert(sizeof(cuda::SampleRowParams) % sizeof(double) == 0);
-  static_assert(sizeof(cuda::SampleRowResult) == 2 * sizeof(int32_t));
+  static_assert(sizeof(cuda::SampleRowResult) % sizeof(double) == 0);
   constexpr size_t kParamWords = sizeof(cuda::SampleRowParams) / sizeof(int32_t);
-  std::vector<int32_t> words(static_cast<size_t>(rows) * (kParamWords + 2), 0);
+  constexpr size_t kResultWords = sizeof(cuda::SampleRowResult) / sizeof(int32_t);
+  std::vector<int32_t> words(static_cast<size_t>(rows) * (kParamWords + kResultWords), 0);
   for (int64_t r = 0; r < rows; ++r) {
     const cuda::SampleRowParams p{rules[r].temperature, rules[r].top_k, rules[r].top_p,
-                                  rules[r].min_p, uniforms[r]};
+                                  rules[r].min_p,       uniforms[r],    draft_of(r)};
     std::memcpy(words.data() + r * kParamWords, &p, sizeof(p));
   }
   Enter();
@@ -1004,15 +1010,15 @@ void CudaBackend::SampleRows(const Tensor& logits, std::span<const SamplingRule>
   cuda::LaunchSampleRows(logits.data<float>(), rows, vocab,
                          reinterpret_cast<const cuda::SampleRowParams*>(meta),
                          reinterpret_cast<cuda::SampleRowResult*>(device_results), stream_);
-  std::vector<int32_t> host(static_cast<size_t>(rows) * 2);
-  CheckCuda(cudaMemcpyAsync(host.data(), device_results, host.size() * sizeof(int32_t),
+  std::vector<cuda::SampleRowResult> host(static_cast<size_t>(rows));
+  CheckCuda(cudaMemcpyAsync(host.data(), device_results, host.size() * sizeof(host[0]),
                             cudaMemcpyDeviceToHost, stream_),
             "SampleRows results");
   CheckCuda(cudaStreamSynchronize(stream_), "SampleRows results");
   std::vector<int64_t> on_host;  // rows with more candidates than the kernel sorts
   for (int64_t r = 0; r < rows; ++r) {
-    if (host[2 * r] >= 0) {
-      out[r] = {host[2 * r], std::bit_cast<float>(host[2 * r + 1])};
+    if (host[r].token >= 0) {
+      out[r] = {host[r].token, host[r].logprob, host[r].draft_probability};
     } else {
       on_host.push_back(r);
     }
@@ -1028,8 +1034,9 @@ void CudaBackend::SampleRows(const Tensor& logits, std::span<const SamplingRule>
   ForEachRangeInParallel(on_host.size(), 16, 1, [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
       const int64_t r = on_host[i];
-      out[r] = DrawToken(std::span<const float>(copies).subspan(i * vocab, vocab), rules[r],
-                         uniforms[r]);
+      const std::span<const float> row = std::span<const float>(copies).subspan(i * vocab, vocab);
+      out[r] = draft_of(r) == kPlainDraw ? DrawToken(row, rules[r], uniforms[r])
+                                         : CheckDraft(row, rules[r], draft_of(r), uniforms[r]);
     }
   });
 }

@@ -42,19 +42,24 @@ void LaunchGatherRows(AnyPtr src, const int32_t* rows, int64_t num_rows, int64_t
 void LaunchArgmaxRows(const float* logits, int64_t rows, int64_t vocab, int32_t* ids,
                       cudaStream_t stream);
 // ---- sampling (sampling_kernels.cu) ----
-// One row of Backend::SampleRows: its SamplingRule and uniform draw u in [0, 1).
+// One row of Backend::SampleRows: its SamplingRule, uniform draw u in [0, 1) and mode (draft:
+// kPlainDraw, or the draft the row checks, kNoDraft after the last one: kernels::CheckDraft).
 struct SampleRowParams {
   float temperature = 1.0f;  // 0: greedy
   int32_t top_k = 0;
   float top_p = 1.0f;
   float min_p = 0.0f;
   double u = 0.0;
+  int32_t draft = -2;  // kernels::kPlainDraw
+  int32_t unused = 0;
 };
-// Its result: the token and its logprob, or token -1 when the row's truncation candidates
-// exceed kMaxSampleCandidates (the caller then draws the row on the host).
+// Its result: the token, its logprob (plain draws) and the draft's probability (checked rows),
+// or token -1 when the row's truncation candidates exceed kMaxSampleCandidates (the caller then
+// draws the row on the host).
 struct SampleRowResult {
   int32_t token = 0;
   float logprob = 0.0f;
+  double draft_probability = 0.0;
 };
 inline constexpr int kMaxSampleCandidates = 4096;
 // Backend::SampleRows over fp32 logits [rows, vocab]: params and results are device arrays of

@@ -8,6 +8,11 @@
 // (logit, ties: lower id first), kept set and walk of the draw. Sums are taken in a different
 // order (per-thread chunks, then a block scan), so a draw whose u falls within rounding of a
 // boundary between two tokens may pick the neighbour.
+//
+// In a speculative verify step a row may instead check a draft (kernels::CheckDraft): the
+// draft's probability under the rule, and a draw from the rule's distribution without the draft
+// whose walk goes in id order (the host's order for that draw), also over the kept candidates of
+// a truncating rule, which block 0 then sorts a second time, by id.
 #include <cfloat>
 #include <climits>
 #include <cstdint>
@@ -83,6 +88,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 }
 
 constexpr int kSampleThreads = 1024;
+constexpr int32_t kPlainDrawRow = -2;  // SampleRowParams::draft of a plain draw (kPlainDraw)
 constexpr int kSampleWarps = kSampleThreads / 32;
 static_assert(kSampleWarps == 32, "the block scan's second level is one warp");
 // As TruncateCandidates: kBins bins over kSpan temperatures below the maximum, the rest in one
@@ -143,6 +149,25 @@ __device__ T BlockExclusiveScan(T v, T* warp_sums, T& total) {
   return result;
 }
 
+// Sorts keys[0, padded) ascending (padded: a power of two); every thread of the block calls it.
+__device__ void BlockBitonicSort(unsigned long long* keys, int padded) {
+  for (int k = 2; k <= padded; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = threadIdx.x; i < padded; i += kSampleThreads) {
+        const int partner = i ^ j;
+        if (partner > i) {
+          const unsigned long long a = keys[i], b = keys[partner];
+          if ((a > b) == ((i & k) == 0)) {
+            keys[i] = b;
+            keys[partner] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
 // One row per block, or (kCluster > 1, small batches) per cluster of kCluster blocks that each
 // take a contiguous piece of the row and combine through distributed shared memory: the maximum,
 // the weight sums (each block's offset in id order), the bins, and in the end the candidates,
@@ -164,7 +189,7 @@ __global__ void __launch_bounds__(kSampleThreads)
     unsigned long long keys[kMaxSampleCandidates];
   } shared;
   __shared__ int s_token, s_last_bin, s_num_candidates, s_cut, s_pick, s_last_positive;
-  __shared__ double s_block_sum, s_p_max, s_kept_mass;
+  __shared__ double s_block_sum, s_p_max, s_kept_mass, s_draft_p;
 
   PdlWait();
   PdlTrigger();
@@ -173,6 +198,9 @@ __global__ void __launch_bounds__(kSampleThreads)
   const float* row = logits + row_index * vocab;
   const SampleRowParams prm = params[row_index];
   const int tid = threadIdx.x;
+  // A checked row (CheckDraft): the draft (kNoDraft: none) is left out of the draw's walk.
+  const bool check = prm.draft != kPlainDrawRow;
+  const int draft = check && prm.draft >= 0 && prm.draft < vocab ? prm.draft : -1;
   // A barrier of the blocks that share the row (of the block alone without a cluster).
   auto row_sync = [] {
     if constexpr (kCluster > 1) {
@@ -266,7 +294,7 @@ __global__ void __launch_bounds__(kSampleThreads)
     const float x = row[c];
     const float w = SampleWeight(x, max_logit, temperature);
     sum += w;
-    if (w > 0.0f) last_positive = static_cast<int>(c);
+    if (w > 0.0f && c != draft) last_positive = static_cast<int>(c);
     if (truncates) {
       const int b = bin_of(x);
       atomicAdd(&shared.bins.count[b], 1);
@@ -291,18 +319,20 @@ __global__ void __launch_bounds__(kSampleThreads)
     }
   }
   const float log_z = static_cast<float>(log(z));
-  auto finish = [&](int token) {
+  // draft_p: a checked row's probability of its draft.
+  auto finish = [&](int token, double draft_p) {
     if (rank == 0 && tid == 0) {
       results[row_index].token = token;
-      results[row_index].logprob = (row[token] - max_logit) / temperature - log_z;
+      results[row_index].logprob = check ? 0.0f : (row[token] - max_logit) / temperature - log_z;
+      results[row_index].draft_probability = check ? draft_p : 0.0;
     }
   };
   // Blocks of a cluster leave together: none may go while another can still read its memory.
   auto leave = [&] {
     if constexpr (kCluster > 1) cg::this_cluster().sync();
   };
-  if (greedy) {
-    finish(argmax);
+  if (greedy) {  // one-hot at the argmax: a draft elsewhere is rejected for the argmax
+    finish(argmax, draft == argmax ? 1.0 : 0.0);
     leave();
     return;
   }
@@ -311,26 +341,34 @@ __global__ void __launch_bounds__(kSampleThreads)
     // 3a. The first token in id order whose running weight passes u * z: the thread whose chunk
     // holds the target walks it. Every later thread with weight takes its first positive token
     // (at once: its running weight starts past the target), and the lowest id wins, so a target
-    // that rounding leaves between two threads' ranges takes the next token, not the last.
-    const double target = prm.u * z;
-    if (sum > 0.0 && target < prefix + sum) {
-      double acc = prefix;
+    // that rounding leaves between two threads' ranges takes the next token, not the last. A
+    // checked row's draft has no weight in the walk.
+    const double w_draft = draft >= 0 ? SampleWeight(row[draft], max_logit, temperature) : 0.0;
+    const double rest = z - w_draft;
+    const double target = prm.u * rest;
+    const double own_prefix = prefix - (draft >= 0 && draft < begin ? w_draft : 0.0);
+    const double own_sum = sum - (draft >= begin && draft < end ? w_draft : 0.0);
+    if (rest > 0.0 && own_sum > 0.0 && target < own_prefix + own_sum) {
+      double acc = own_prefix;
       int found = -1;
       for (int64_t c = begin; c < end; ++c) {
         const float w = SampleWeight(row[c], max_logit, temperature);
-        if (!(w > 0.0f)) continue;
+        if (!(w > 0.0f) || c == draft) continue;
         found = static_cast<int>(c);
         acc += w;
         if (target < acc) break;
       }
-      atomicMin(&s_token, found);
+      if (found >= 0) atomicMin(&s_token, found);
     }
     row_sync();
     if (rank == 0 && tid == 0) {
       int token = INT_MAX;
       for (int r = 0; r < kCluster; ++r) token = min(token, *of_rank(&s_token, r));
-      // Rounding may leave the target past every chunk: the last positive weight, as the host.
-      finish(token != INT_MAX ? token : (row_last_positive >= 0 ? row_last_positive : 0));
+      // Rounding may leave the target past every chunk: the last positive weight, as the host;
+      // a draft that holds all the weight is drawn itself (a rejection has probability 0).
+      if (!(rest > 0.0) && draft >= 0) token = draft;
+      finish(token != INT_MAX ? token : (row_last_positive >= 0 ? row_last_positive : 0),
+             w_draft / z);
     }
     leave();
     return;
@@ -398,7 +436,7 @@ __global__ void __launch_bounds__(kSampleThreads)
     return;
   }
   if (n == 0) {  // as the host: the argmax alone
-    finish(argmax);
+    finish(argmax, draft == argmax ? 1.0 : 0.0);
     return;
   }
 
@@ -407,21 +445,7 @@ __global__ void __launch_bounds__(kSampleThreads)
   while (padded < n) padded <<= 1;
   for (int i = n + tid; i < padded; i += kSampleThreads) shared.keys[i] = ~0ull;
   __syncthreads();
-  for (int k = 2; k <= padded; k <<= 1) {
-    for (int j = k >> 1; j > 0; j >>= 1) {
-      for (int i = tid; i < padded; i += kSampleThreads) {
-        const int partner = i ^ j;
-        if (partner > i) {
-          const unsigned long long a = shared.keys[i], b = shared.keys[partner];
-          if ((a > b) == ((i & k) == 0)) {
-            shared.keys[i] = b;
-            shared.keys[partner] = a;
-          }
-        }
-      }
-      __syncthreads();
-    }
-  }
+  BlockBitonicSort(shared.keys, padded);
 
   // 5. The rule over the sorted candidates (top-k: the first k), as the host's loop: stop before
   // the first candidate under min_p * p_max, or after the one whose running mass reaches top_p
@@ -445,6 +469,7 @@ __global__ void __launch_bounds__(kSampleThreads)
     s_cut = considered;
     s_pick = INT_MAX;
     s_last_positive = -1;
+    s_draft_p = 0.0;
   }
   double considered_mass = 0.0;
   const double before = BlockExclusiveScan(local, double_sums, considered_mass);
@@ -469,18 +494,70 @@ __global__ void __launch_bounds__(kSampleThreads)
     if (tid * kCandidatesPerThread + j == kept - 1) s_kept_mass = running[j];
   }
   __syncthreads();
-  // 6. The draw: the first kept candidate whose running mass passes u times the kept mass.
-  const double target = prm.u * s_kept_mass;
+  if (!check) {
+    // 6. The draw: the first kept candidate whose running mass passes u times the kept mass.
+    const double target = prm.u * s_kept_mass;
+#pragma unroll
+    for (int j = 0; j < kCandidatesPerThread; ++j) {
+      const int i = tid * kCandidatesPerThread + j;
+      if (i >= kept || !(p[j] > 0.0)) continue;
+      atomicMax(&s_last_positive, i);
+      if (target < running[j]) atomicMin(&s_pick, i);
+    }
+    __syncthreads();
+    const int pick = s_pick != INT_MAX ? s_pick : (s_last_positive >= 0 ? s_last_positive : 0);
+    finish(static_cast<int>(shared.keys[pick] & 0xffffffffu), 0.0);
+    return;
+  }
+
+  // 6'. A checked row: the draft's probability among the kept candidates, then the draw from the
+  // others in id order (the kept candidates sorted again, by id alone).
 #pragma unroll
   for (int j = 0; j < kCandidatesPerThread; ++j) {
     const int i = tid * kCandidatesPerThread + j;
-    if (i >= kept || !(p[j] > 0.0)) continue;
-    atomicMax(&s_last_positive, i);
-    if (target < running[j]) atomicMin(&s_pick, i);
+    if (i < kept && static_cast<int>(shared.keys[i] & 0xffffffffu) == draft) s_draft_p = p[j];
+  }
+  int padded_kept = 2;
+  while (padded_kept < kept) padded_kept <<= 1;
+  __syncthreads();  // every key is read
+  for (int i = tid; i < padded_kept; i += kSampleThreads) {
+    shared.keys[i] = i < kept ? (shared.keys[i] & 0xffffffffull) : ~0ull;
   }
   __syncthreads();
-  const int pick = s_pick != INT_MAX ? s_pick : (s_last_positive >= 0 ? s_last_positive : 0);
-  finish(static_cast<int>(shared.keys[pick] & 0xffffffffu));
+  BlockBitonicSort(shared.keys, padded_kept);
+  double q[kCandidatesPerThread];
+  double q_local = 0.0;
+#pragma unroll
+  for (int j = 0; j < kCandidatesPerThread; ++j) {
+    const int i = tid * kCandidatesPerThread + j;
+    q[j] = 0.0;
+    if (i < kept) {
+      const int id = static_cast<int>(shared.keys[i]);
+      if (id != draft)
+        q[j] = static_cast<double>(SampleWeight(row[id], max_logit, temperature)) * inv_z;
+    }
+    q_local += q[j];
+  }
+  double rest = 0.0;
+  const double q_before = BlockExclusiveScan(q_local, double_sums, rest);
+  const double draft_p = s_draft_p / s_kept_mass;
+  if (!(rest > 0.0)) {  // the draft holds the kept mass: it is drawn itself
+    finish(s_draft_p > 0.0 ? draft : static_cast<int>(shared.keys[0]), draft_p);
+    return;
+  }
+  const double q_target = prm.u * rest;
+  double q_acc = q_before;
+#pragma unroll
+  for (int j = 0; j < kCandidatesPerThread; ++j) {
+    const int i = tid * kCandidatesPerThread + j;
+    q_acc += q[j];
+    if (i >= kept || !(q[j] > 0.0)) continue;
+    atomicMax(&s_last_positive, i);
+    if (q_target < q_acc) atomicMin(&s_pick, i);
+  }
+  __syncthreads();
+  const int q_pick = s_pick != INT_MAX ? s_pick : (s_last_positive >= 0 ? s_last_positive : 0);
+  finish(static_cast<int>(shared.keys[q_pick]), draft_p);
 }
 
 // Backend::PenalizeRows: block r applies row r's penalties to its seen tokens (distinct, so no

@@ -91,9 +91,11 @@ class CudaSamplingTest : public ::testing::Test {
 
   // Draws every (row, u) pair on the host and on the device, twice: every row in one call (a
   // block per row) and in calls of 5 rows (each row split over a cluster of blocks). Returns
-  // the number of device draws that took another token than the host's.
+  // the number of device draws that took another token than the host's. `drafts`: empty (plain
+  // draws, DrawToken) or each row's mode (kPlainDraw, or the draft it checks: CheckDraft).
   int Compare(int vocab, const std::vector<std::vector<float>>& rows,
-              const std::vector<SamplingRule>& rules, const std::vector<double>& uniforms) {
+              const std::vector<SamplingRule>& rules, const std::vector<double>& uniforms,
+              const std::vector<int32_t>& drafts = {}) {
     const int64_t n = static_cast<int64_t>(rows.size());
     std::vector<float> flat;
     for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
@@ -102,28 +104,41 @@ class CudaSamplingTest : public ::testing::Test {
     backend_->CopyFromHost(flat.data(), DType::kF32, *logits);
     std::vector<DrawnToken> whole(static_cast<size_t>(n), DrawnToken{-7, 0.0f});
     std::vector<DrawnToken> small(static_cast<size_t>(n), DrawnToken{-7, 0.0f});
-    backend_->SampleRows(*logits, rules, uniforms, whole);
+    backend_->SampleRows(*logits, rules, uniforms, drafts, whole);
     constexpr int64_t kSmall = 5;
     for (int64_t first = 0; first < n; first += kSmall) {
       const int64_t m = std::min(kSmall, n - first);
       backend_->SampleRows(logits->Rows(first, m),
                            std::span<const SamplingRule>(rules).subspan(first, m),
                            std::span<const double>(uniforms).subspan(first, m),
+                           drafts.empty() ? std::span<const int32_t>()
+                                          : std::span<const int32_t>(drafts).subspan(first, m),
                            std::span<DrawnToken>(small).subspan(first, m));
     }
     int differ = 0;
     for (int64_t r = 0; r < n; ++r) {
-      const DrawnToken host = DrawToken(rows[r], rules[r], uniforms[r]);
+      const int32_t draft = drafts.empty() ? kPlainDraw : drafts[r];
+      const DrawnToken host = draft == kPlainDraw
+                                  ? DrawToken(rows[r], rules[r], uniforms[r])
+                                  : CheckDraft(rows[r], rules[r], draft, uniforms[r]);
       const std::set<int32_t> kept = HostKeptSet(rows[r], rules[r]);
       for (const auto* device : {&whole, &small}) {
         const std::string what = absl::StrFormat(
-            "row %d (%s, u %.17g, vocab %d, %s)", r, RuleString(rules[r]), uniforms[r], vocab,
-            device == &whole ? "a block per row" : "a cluster per row");
+            "row %d (%s, u %.17g, vocab %d, draft %d, %s)", r, RuleString(rules[r]), uniforms[r],
+            vocab, draft, device == &whole ? "a block per row" : "a cluster per row");
+        // A checked row's draft probability does not depend on u: it must match always.
+        EXPECT_NEAR((*device)[r].draft_probability, host.draft_probability,
+                    1e-9 + 1e-5 * host.draft_probability)
+            << what;
         const int32_t token = (*device)[r].token;
         EXPECT_TRUE(token >= 0 && token < vocab) << what << ": token " << token;
         if (token < 0 || token >= vocab) continue;
         EXPECT_TRUE(kept.count(token) == 1)
             << what << ": the device drew " << token << ", which the host rule drops";
+        // A checked row draws from the rest: never its draft, unless the draft holds it all.
+        if (draft >= 0 && host.draft_probability < 1.0 - 1e-9) {
+          EXPECT_NE(token, draft) << what << ": the residual draw took the draft";
+        }
         if (token != host.token) {
           ++differ;
           std::printf("  %s: device %d, host %d\n", what.c_str(), token, host.token);
@@ -191,6 +206,48 @@ TEST_F(CudaSamplingTest, DrawsWhatTheHostRuleDraws) {
   }
 }
 
+// Rows of a speculative verify step (CheckDraft) mixed with plain draws in one call, under every
+// rule: drafts at the row's best token (mostly accepted: probability near 1 under sharp rules),
+// at a random kept token, at a random token (mostly outside a truncating rule's kept set),
+// outside the row, and none (the row after the last draft). The draft's probability must match
+// the host's always, the residual draw up to the boundary caveat.
+TEST_F(CudaSamplingTest, ChecksDraftsAsTheHostDoes) {
+  const std::vector<SamplingRule> rules = Rules();
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  for (const int vocab : {1000, 248320}) {
+    std::uniform_int_distribution<int32_t> any_token(0, vocab - 1);
+    std::vector<std::vector<float>> rows;
+    std::vector<SamplingRule> row_rules;
+    std::vector<double> uniforms;
+    std::vector<int32_t> drafts;
+    for (const SamplingRule& rule : rules) {
+      for (const float spread : {1.0f, 8.0f}) {
+        for (const float tie_step : {0.0f, 0.25f}) {
+          const std::vector<float> row = Row(vocab, spread, tie_step);
+          const int32_t best =
+              static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+          const std::set<int32_t> kept = HostKeptSet(row, rule);
+          auto kept_it = kept.begin();
+          std::advance(kept_it, std::uniform_int_distribution<size_t>(0, kept.size() - 1)(rng_));
+          for (const int32_t draft :
+               {best, *kept_it, any_token(rng_), vocab + 3, kNoDraft, kPlainDraw}) {
+            for (const double u : {0.0, 1.0 - 1e-12, uniform(rng_)}) {
+              rows.push_back(row);
+              row_rules.push_back(rule);
+              uniforms.push_back(u);
+              drafts.push_back(draft);
+            }
+          }
+        }
+      }
+    }
+    const int differ = Compare(vocab, rows, row_rules, uniforms, drafts);
+    std::printf("vocab %d: %d of %zu draws differ from the host's\n", vocab, differ,
+                2 * rows.size());
+    EXPECT_LE(differ, static_cast<int>(2 * rows.size() / 100)) << "vocab " << vocab;
+  }
+}
+
 // A flat row: every token equally likely, so the draw is u's position in id order (exactly
 // floor(u * vocab) up to rounding), for the no-truncation walk across the threads' chunks.
 TEST_F(CudaSamplingTest, FlatRowDrawIsTheUniformsPosition) {
@@ -209,7 +266,7 @@ TEST_F(CudaSamplingTest, FlatRowDrawIsTheUniformsPosition) {
   for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
   backend_->CopyFromHost(flat.data(), DType::kF32, *logits);
   std::vector<DrawnToken> out(64);
-  backend_->SampleRows(*logits, rules, uniforms, out);
+  backend_->SampleRows(*logits, rules, uniforms, {}, out);
   for (int i = 0; i < 64; ++i) {
     const double expected = uniforms[i] * vocab;
     EXPECT_NEAR(out[i].token, expected, 1.0) << "u " << uniforms[i];
@@ -218,7 +275,7 @@ TEST_F(CudaSamplingTest, FlatRowDrawIsTheUniformsPosition) {
   // One row at a time: split over a cluster of blocks, the walk crosses blocks too.
   for (int i = 0; i < 64; ++i) {
     backend_->SampleRows(logits->Rows(i, 1), std::span<const SamplingRule>(rules).subspan(i, 1),
-                         std::span<const double>(uniforms).subspan(i, 1),
+                         std::span<const double>(uniforms).subspan(i, 1), {},
                          std::span<DrawnToken>(out).subspan(i, 1));
     EXPECT_NEAR(out[i].token, uniforms[i] * vocab, 1.0) << "u " << uniforms[i] << ", one row";
   }

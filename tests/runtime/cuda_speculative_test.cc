@@ -336,5 +336,68 @@ TEST_F(CudaSpeculativeTest, EngineWithMtpMatchesEngineWithout) {
             prompts_.size() * kNewTokens / 2);
 }
 
+// Sampled requests with MTP drafts: on the CUDA backend each verify row checks its draft on the
+// device (Backend::SampleRows; the rows stay there) and takes the tokens the host's verify takes
+// from the copied rows and the same streams. One sequence a step, so that both runs see the same
+// batches and the same drafts; temperatures from near-greedy (drafts accepted) to 1 (mostly
+// rejected), with truncation and penalties.
+TEST_F(CudaSpeculativeTest, EngineVerifiesSampledDraftsOnTheDeviceAsOnTheHost) {
+  ASSERT_TRUE(backend_->SamplesOnDevice());
+  auto run = [&](EngineOptions::SamplingPlace place, std::vector<std::vector<int32_t>>& outputs,
+                 int& multi_token_messages) {
+    auto drafter = MtpDrafter::Create(*model_, 1, 260);
+    ASSERT_TRUE(drafter.ok()) << drafter.status();
+    EngineOptions options;
+    options.scheduler.max_num_seqs = 1;
+    options.max_model_len = 256;
+    options.spec_tokens = 3;
+    options.drafter = drafter->get();
+    options.sampling_place = place;
+    auto engine = Engine::Create(*model_, options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    const size_t n = 10;
+    outputs.assign(n, {});
+    multi_token_messages = 0;
+    std::vector<absl::Notification> done(n);
+    for (size_t i = 0; i < n; ++i) {
+      GenerationRequest r;
+      r.request_id = "s" + std::to_string(i);
+      r.prompt = prompts_[i % prompts_.size()];
+      r.params.max_tokens = kNewTokens;
+      r.params.ignore_eos = true;
+      r.params.seed = 500 + i;
+      r.params.temperature = std::vector<float>{0.05f, 0.3f, 0.7f, 1.0f, 0.02f}[i % 5];
+      if (i % 3 == 1) r.params.top_p = 0.9f;
+      if (i % 4 == 2) r.params.top_k = 8;
+      if (i % 4 == 3) {
+        r.params.repetition_penalty = 1.2f;
+        r.params.presence_penalty = 0.3f;
+      }
+      ASSERT_TRUE(
+          (*engine)
+              ->Enqueue(r,
+                        [&outputs, &done, &multi_token_messages, i](const GenerationOutput& out) {
+                          outputs[i].insert(outputs[i].end(), out.tokens.begin(), out.tokens.end());
+                          multi_token_messages += out.tokens.size() > 1;
+                          if (out.finish != FinishReason::kNone) done[i].Notify();
+                        })
+              .ok());
+    }
+    for (auto& d : done) ASSERT_TRUE(d.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  };
+  std::vector<std::vector<int32_t>> on_device, on_host;
+  int device_multi = 0, host_multi = 0;
+  run(EngineOptions::SamplingPlace::kAuto, on_device, device_multi);
+  model_->DropCaches();
+  run(EngineOptions::SamplingPlace::kHost, on_host, host_multi);
+  ASSERT_EQ(on_device.size(), on_host.size());
+  for (size_t i = 0; i < on_device.size(); ++i) {
+    EXPECT_EQ(on_device[i].size(), static_cast<size_t>(kNewTokens)) << "request " << i;
+    EXPECT_EQ(on_device[i], on_host[i]) << "request " << i;
+  }
+  EXPECT_GT(device_multi, 0);  // some drafts were accepted
+  EXPECT_EQ(device_multi, host_multi);
+}
+
 }  // namespace
 }  // namespace mobius::worker

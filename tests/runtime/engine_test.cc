@@ -502,14 +502,19 @@ TEST_F(EngineTest, AcceptedDraftsStreamSeveralTokensPerMessage) {
 // Sampled requests with drafts: each sequence's drafts are verified against its own rows and
 // random stream (in parallel across the step's sequences), so seeded outputs do not depend on
 // which sequences share a step: one sequence a step and four give the same tokens. Drafts are
-// the reference's greedy continuation, so some are accepted and some rejected.
+// the reference's greedy continuation, so some are accepted and some rejected. Verified on the
+// backend (each row's draft checked by Backend::SampleRows, with the uniforms peeked from the
+// stream and consumed after the verdict), the tokens are the host verify's too, also for the
+// plain draws of a request that does not speculate (logprobs) in the same steps.
 TEST_F(EngineTest, SampledSpeculationIsIndependentOfBatching) {
   ReferenceDrafter drafter(ref_);
-  auto run = [&](int max_num_seqs, double& accepted, double& drafted) {
+  auto run = [&](int max_num_seqs, EngineOptions::SamplingPlace place, double& accepted,
+                 double& drafted) {
     auto registry = std::make_shared<prometheus::Registry>();
     EngineMetrics metrics(registry, "tiny", model_->num_banks());
     EngineOptions options;
     options.scheduler.max_num_seqs = max_num_seqs;
+    options.sampling_place = place;
     options.max_model_len = 256;
     options.metrics = &metrics;
     options.spec_tokens = 3;
@@ -533,6 +538,8 @@ TEST_F(EngineTest, SampledSpeculationIsIndependentOfBatching) {
       r.params.temperature = i % 2 == 0 ? 0.02f : 0.05f;
       if (i % 3 == 1) r.params.top_p = 0.9f;
       if (i % 4 == 3) r.params.presence_penalty = 0.3f;
+      if (i % 5 == 2) r.params.top_k = 3;
+      if (i == 1) r.params.logprobs = 1;  // does not speculate: plain draws beside the verifies
       EXPECT_TRUE(engine->Enqueue(r, streams.For(r.request_id)).ok());
     }
     for (int i = 0; i < n; ++i) outputs.push_back(streams.Wait("s" + std::to_string(i)).tokens);
@@ -540,14 +547,20 @@ TEST_F(EngineTest, SampledSpeculationIsIndependentOfBatching) {
     drafted = metrics.spec_draft_tokens.Value();
     return outputs;
   };
+  using Place = EngineOptions::SamplingPlace;
   double accepted_one = 0, drafted_one = 0, accepted_four = 0, drafted_four = 0;
-  const auto one = run(1, accepted_one, drafted_one);
-  const auto four = run(4, accepted_four, drafted_four);
+  double accepted_backend = 0, drafted_backend = 0;
+  const auto one = run(1, Place::kHost, accepted_one, drafted_one);
+  const auto four = run(4, Place::kHost, accepted_four, drafted_four);
+  const auto backend = run(4, Place::kBackend, accepted_backend, drafted_backend);
   ASSERT_EQ(one.size(), four.size());
+  ASSERT_EQ(one.size(), backend.size());
   for (size_t i = 0; i < one.size(); ++i) {
     EXPECT_EQ(one[i].size(), 16u) << "request " << i;
     EXPECT_EQ(one[i], four[i]) << "request " << i;
+    EXPECT_EQ(one[i], backend[i]) << "request " << i << ", verified on the backend";
   }
+  EXPECT_EQ(accepted_backend, accepted_four);
   EXPECT_GT(drafted_four, 0);
   EXPECT_GT(accepted_four, 0);             // some drafts accepted ...
   EXPECT_LT(accepted_four, drafted_four);  // ... and some rejected

@@ -300,7 +300,7 @@ TEST(SamplerTest, BackendPartsReproduceSample) {
       backend.PenalizeRows(*logits, std::span<const kernels::LogitPenalties>(&penalties, 1));
       std::vector<kernels::DrawnToken> drawn(1);
       backend.SampleRows(*logits, std::span<const kernels::SamplingRule>(&rule, 1),
-                         std::span<const double>(&u, 1), drawn);
+                         std::span<const double>(&u, 1), {}, drawn);
       EXPECT_EQ(drawn[0].token, expected.token) << "case " << c << " step " << step;
       EXPECT_FLOAT_EQ(drawn[0].logprob, expected.logprob) << "case " << c << " step " << step;
       const int32_t n = device.TopLogprobCount();

@@ -180,6 +180,66 @@ TEST(SpeculativeSamplingTest, SamplerVerificationIsTheGeneralRule) {
   EXPECT_GT(rejected, 0);
 }
 
+// The device form of a verify (the engine's on a backend that samples): the uniforms peeked
+// from the stream, every row checked at once (kernels::CheckDraft with the penalties counting
+// the drafts before it), VerdictFromChecks, then the stream consumed. The same verdicts as
+// VerifyDraftsWithSampler row by row, and the stream left where it leaves it; for truncating,
+// penalised and greedy rules, drafts outside the vocabulary, accepted and rejected drafts.
+TEST(SpeculativeSamplingTest, CheckedRowsReproduceTheSamplersVerify) {
+  std::mt19937 gen(9);
+  std::normal_distribution<float> normal(0.0f, 1.5f);
+  const int vocab = 64, k = 4;
+  TokenHistory history;
+  history.AddPrompt(std::vector<int32_t>{3, 9, 17});
+  history.AddOutput(9);
+  int accepted = 0, rejected = 0;
+  for (int c = 0; c < 5; ++c) {
+    SamplingParams params;
+    params.seed = 100 + c;
+    params.temperature = c == 4 ? 0.0f : 0.7f + 0.2f * c;
+    if (c == 1) params.top_k = 6;
+    if (c == 2) params.top_p = 0.8f;
+    if (c == 3) params.min_p = 0.1f;
+    if (c % 2 == 0) params.frequency_penalty = 0.5f;
+    if (c == 3) params.repetition_penalty = 1.3f;
+    if (c == 4) params.logprobs = 0;  // greedy but not ArgmaxOnly: the full rule
+    RequestSampler host(params, 1), device(params, 1);
+    for (int trial = 0; trial < 200; ++trial) {
+      std::vector<float> rows(static_cast<size_t>(k + 1) * vocab);
+      for (float& x : rows) x = normal(gen);
+      std::vector<int32_t> drafts(k);
+      for (int j = 0; j < k; ++j) {
+        const float* row = rows.data() + j * vocab;
+        const int32_t best = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+        drafts[j] = trial % 5 == 0 ? (j * 13 + trial) % vocab : trial % 7 == 0 ? vocab + j : best;
+      }
+      if (trial % 3 == 0) drafts[1] = drafts[0];  // a draft that counts twice in the penalties
+      std::vector<float> copy = rows;
+      const DraftVerdict want = VerifyDraftsWithSampler(drafts, copy, host, history);
+      const std::vector<double> u = PeekVerifyUniforms(device.rng(), k);
+      std::vector<kernels::DrawnToken> checks(k + 1);
+      for (int j = 0; j <= k; ++j) {
+        std::vector<int32_t> tokens, counts;
+        const kernels::LogitPenalties penalties = device.PenaltiesWithDrafts(
+            history, std::span<const int32_t>(drafts).first(j), tokens, counts);
+        std::span<float> row = std::span<float>(rows).subspan(j * vocab, vocab);
+        kernels::ApplyLogitPenalties(row, penalties);
+        checks[j] = kernels::CheckDraft(row, device.Rule(), j < k ? drafts[j] : kernels::kNoDraft,
+                                        VerifyRowUniform(u, j, k));
+      }
+      const DraftVerdict got = VerdictFromChecks(drafts, u, checks);
+      ConsumeVerifyUniforms(device.rng(), got, k);
+      EXPECT_EQ(got.accepted, want.accepted) << "case " << c << " trial " << trial;
+      EXPECT_EQ(got.next, want.next) << "case " << c << " trial " << trial;
+      EXPECT_EQ(device.rng(), host.rng()) << "case " << c << " trial " << trial;
+      accepted += got.accepted;
+      rejected += got.accepted < k;
+    }
+  }
+  EXPECT_GT(accepted, 100);
+  EXPECT_GT(rejected, 100);
+}
+
 // Distribution is what Sample draws from, sampling parameters included.
 TEST(SpeculativeSamplingTest, DistributionMatchesSampleWithSamplingParameters) {
   SamplingParams params;

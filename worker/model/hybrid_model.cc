@@ -311,6 +311,12 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
           absl::StrFormat("sampling_penalties: %d entries for a step of %d logits rows",
                           options.sampling_penalties.size(), rows));
     }
+    if (!options.sampling_drafts.empty() &&
+        static_cast<int64_t>(options.sampling_drafts.size()) != rows) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("sampling_drafts: %d entries for a step of %d logits rows",
+                          options.sampling_drafts.size(), rows));
+    }
     if (!options.top_logits_counts.empty()) {
       if (static_cast<int64_t>(options.top_logits_counts.size()) != rows ||
           options.top_logits == nullptr || options.drawn_logits == nullptr) {
@@ -430,7 +436,7 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
     options.sampled_tokens->resize(options.sampling_rules.size());
     backend_.PenalizeRows(out, options.sampling_penalties);
     backend_.SampleRows(out, options.sampling_rules, options.sampling_uniforms,
-                        *options.sampled_tokens);
+                        options.sampling_drafts, *options.sampled_tokens);
     logits.clear();
     const std::span<const int32_t> counts = options.top_logits_counts;
     if (!counts.empty()) {

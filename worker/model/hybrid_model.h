@@ -64,6 +64,9 @@ struct ForwardOptions {
   // With sampled_tokens: empty, or each row's penalties (one per row), applied to the row on the
   // backend before its draw (Backend::PenalizeRows).
   std::span<const kernels::LogitPenalties> sampling_penalties;
+  // With sampled_tokens: empty (plain draws), or each row's mode in a speculative verify step
+  // (Backend::SampleRows' drafts: kernels::kPlainDraw, or the draft the row checks).
+  std::span<const int32_t> sampling_drafts;
   // With sampled_tokens: empty, or the number of top-n alternatives each row asks for (0 to
   // kMaxTopLogprobs; 0: none). Then top_logits receives each row's best (token, logit) pairs,
   // packed [rows, largest count], and drawn_logits each row's drawn token's logit, both after

@@ -452,30 +452,59 @@ bool Engine::Step() {
   if (greedy_step) forward.greedy_tokens = &greedy;
   // Otherwise rows are drawn on the device: each sampled row's penalties over its sequence's
   // tokens, its rule and the uniform its sampler would draw (a seeded request keeps its tokens),
-  // and for top-n logprobs the row's best (token, logit) pairs; one logits row per chunk (no
-  // drafts). Only tokens, logits and logprobs come back, never the rows.
+  // and for top-n logprobs the row's best (token, logit) pairs. A chunk with drafts has a row per
+  // draft and one after them: each checks its draft (its probability under the rule, penalties
+  // counting the drafts before it, and a draw from the rest) with the uniforms the host's verify
+  // would take from the stream (PeekVerifyUniforms). Only tokens, logits, logprobs and draft
+  // probabilities come back, never the rows.
   using SamplingPlace = EngineOptions::SamplingPlace;
   const bool device_step =
-      !greedy_step && !any_drafts &&
+      !greedy_step &&
       (options_.sampling_place == SamplingPlace::kBackend ||
        (options_.sampling_place == SamplingPlace::kAuto && model_.samples_on_device()));
   std::vector<kernels::SamplingRule> rules;
   std::vector<kernels::LogitPenalties> penalties;
   std::vector<double> uniforms;
+  std::vector<int32_t> row_drafts;
   std::vector<int32_t> top_counts;
   std::vector<kernels::DrawnToken> drawn;
   std::vector<kernels::TokenLogit> top_logits;
   std::vector<float> drawn_logits;
+  std::vector<std::vector<double>> verify_uniforms(plan.chunks.size());
+  // The penalty lists of verify rows (their drafts counted as output), one pair per row.
+  std::vector<std::vector<int32_t>> draft_penalty_tokens, draft_penalty_counts;
   if (device_step) {
+    size_t verify_rows = 0;
+    for (const auto& d : drafts) verify_rows += d.empty() ? 0 : d.size() + 1;
+    // Reserved: penalties point into these lists.
+    draft_penalty_tokens.resize(verify_rows);
+    draft_penalty_counts.resize(verify_rows);
+    size_t verify_row = 0;
     bool any_top = false;
     for (size_t i = 0; i < plan.chunks.size(); ++i) {
       RequestSampler& sampler = *plan.chunks[i].sequence->sampler;
+      const TokenHistory& history = plan.chunks[i].sequence->history;
       const bool sampled = plan.chunks[i].completes_prefill();
+      const std::vector<int32_t>& d = drafts[i];
+      if (!d.empty()) {
+        // (A chunk with drafts is a decode chunk of a speculating sequence: no logprobs.)
+        verify_uniforms[i] = PeekVerifyUniforms(sampler.rng(), d.size());
+        for (size_t j = 0; j <= d.size(); ++j, ++verify_row) {
+          rules.push_back(sampler.Rule());
+          penalties.push_back(sampler.PenaltiesWithDrafts(
+              history, std::span<const int32_t>(d).first(j), draft_penalty_tokens[verify_row],
+              draft_penalty_counts[verify_row]));
+          uniforms.push_back(VerifyRowUniform(verify_uniforms[i], j, d.size()));
+          row_drafts.push_back(j < d.size() ? d[j] : kernels::kNoDraft);
+          top_counts.push_back(0);
+        }
+        continue;
+      }
       // Chunks in mid-prefill have a row too: greedy, unpenalised and unused.
       rules.push_back(sampled ? sampler.Rule() : kernels::SamplingRule{0.0f});
-      penalties.push_back(sampled ? sampler.Penalties(plan.chunks[i].sequence->history)
-                                  : kernels::LogitPenalties{});
+      penalties.push_back(sampled ? sampler.Penalties(history) : kernels::LogitPenalties{});
       uniforms.push_back(sampled ? sampler.NextUniform() : 0.0);
+      row_drafts.push_back(kernels::kPlainDraw);
       // (Sample reports at most the vocabulary's tokens.)
       top_counts.push_back(sampled ? std::min(sampler.TopLogprobCount(), model_.config().vocab_size)
                                    : 0);
@@ -485,6 +514,7 @@ bool Engine::Step() {
     forward.sampling_rules = rules;
     forward.sampling_penalties = penalties;
     forward.sampling_uniforms = uniforms;
+    if (any_drafts) forward.sampling_drafts = row_drafts;
     if (any_top) {
       forward.top_logits_counts = top_counts;
       forward.top_logits = &top_logits;
@@ -558,14 +588,24 @@ bool Engine::Step() {
   std::vector<std::optional<DraftVerdict>> verdicts;  // sampled requests' drafts
   if (device_step) {
     presampled.resize(plan.chunks.size());
+    verdicts.resize(plan.chunks.size());
     const size_t width =
         top_counts.empty() || top_logits.empty() ? 0 : top_logits.size() / top_counts.size();
-    for (size_t i = 0; i < plan.chunks.size(); ++i) {
-      presampled[i] = SampledToken{drawn[i].token, drawn[i].logprob, {}};
-      if (width > 0 && top_counts[i] > 0) {
-        presampled[i]->top = plan.chunks[i].sequence->sampler->TopLogprobs(
-            drawn[i], drawn_logits[i],
-            std::span<const kernels::TokenLogit>(top_logits).subspan(i * width, top_counts[i]));
+    size_t r = 0;  // the chunk's first logits row
+    for (size_t i = 0; i < plan.chunks.size(); r += 1 + drafts[i].size(), ++i) {
+      RequestSampler& sampler = *plan.chunks[i].sequence->sampler;
+      if (!drafts[i].empty()) {
+        verdicts[i] = VerdictFromChecks(
+            drafts[i], verify_uniforms[i],
+            std::span<const kernels::DrawnToken>(drawn).subspan(r, drafts[i].size() + 1));
+        ConsumeVerifyUniforms(sampler.rng(), *verdicts[i], drafts[i].size());
+        continue;
+      }
+      presampled[i] = SampledToken{drawn[r].token, drawn[r].logprob, {}};
+      if (width > 0 && top_counts[r] > 0) {
+        presampled[i]->top = sampler.TopLogprobs(
+            drawn[r], drawn_logits[r],
+            std::span<const kernels::TokenLogit>(top_logits).subspan(r * width, top_counts[r]));
       }
     }
   } else if (!greedy_step) {

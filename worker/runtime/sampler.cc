@@ -50,6 +50,34 @@ kernels::LogitPenalties RequestSampler::Penalties(const TokenHistory& history) c
           history.seen(), history.counts()};
 }
 
+kernels::LogitPenalties RequestSampler::PenaltiesWithDrafts(const TokenHistory& history,
+                                                            std::span<const int32_t> drafts,
+                                                            std::vector<int32_t>& tokens,
+                                                            std::vector<int32_t>& counts) const {
+  tokens.clear();
+  counts.clear();
+  kernels::LogitPenalties p = Penalties(history);
+  p.tokens = {};
+  p.counts = {};
+  if (p.repetition == 1.0f && p.frequency == 0.0f && p.presence == 0.0f) return p;
+  tokens = history.seen();
+  counts = history.counts();
+  // As TokenHistory::AddOutput for each draft (a few drafts against the distinct tokens).
+  for (int32_t x : drafts) {
+    if (x < 0) continue;
+    const auto it = std::find(tokens.begin(), tokens.end(), x);
+    if (it == tokens.end()) {
+      tokens.push_back(x);
+      counts.push_back(1);
+    } else {
+      ++counts[it - tokens.begin()];
+    }
+  }
+  p.tokens = tokens;
+  p.counts = counts;
+  return p;
+}
+
 void RequestSampler::ApplyPenalties(std::span<float> logits, const TokenHistory& history) const {
   kernels::ApplyLogitPenalties(logits, Penalties(history));
 }

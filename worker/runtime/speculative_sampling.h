@@ -35,6 +35,30 @@ DraftVerdict VerifyDrafts(std::span<const int32_t> drafts, std::span<const std::
 DraftVerdict VerifyDraftsWithSampler(std::span<const int32_t> drafts, std::span<float> rows,
                                      RequestSampler& sampler, const TokenHistory& history);
 
+// The uniform draws a verify of k drafts against a sampler may use, in the order
+// VerifyDraftsWithSampler takes them from the request's stream: k + 1 from a copy of `rng` (the
+// stream itself does not move). The acceptance of draft j uses [j], the residual draw after a
+// rejection at j [j + 1], the draw after k accepted drafts [k]. So every row's draw can be made
+// at once (on a device) and the stream stays as a row-by-row verify leaves it
+// (ConsumeVerifyUniforms).
+std::vector<double> PeekVerifyUniforms(const std::mt19937_64& rng, size_t k);
+
+// The uniform a verify row's draw takes (kernels::CheckDraft): [j + 1] for draft j, [k] for the
+// row after the last draft.
+inline double VerifyRowUniform(std::span<const double> uniforms, size_t j, size_t k) {
+  return uniforms[j < k ? j + 1 : k];
+}
+
+// The verdict from every row's check (kernels::CheckDraft of row j with draft j and
+// VerifyRowUniform; the row after the last draft with kernels::kNoDraft), and the uniforms of
+// PeekVerifyUniforms: what VerifyDraftsWithSampler decides from the same rows.
+DraftVerdict VerdictFromChecks(std::span<const int32_t> drafts, std::span<const double> uniforms,
+                               std::span<const kernels::DrawnToken> checks);
+
+// Advances `rng` past the uniforms a verify of k drafts used for `verdict`: accepted + 2 after a
+// rejection, k + 1 when every draft was accepted.
+void ConsumeVerifyUniforms(std::mt19937_64& rng, const DraftVerdict& verdict, size_t k);
+
 // VerifyDraftsWithSampler for a greedy request (RequestSampler::ArgmaxOnly) from the argmax of
 // each of its k + 1 logits rows alone (taken on the device): with one-hot p and q the rule is the
 // longest prefix of drafts that match the argmaxes, then the argmax after it. Draws nothing.
