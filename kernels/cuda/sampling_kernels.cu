@@ -366,7 +366,7 @@ __global__ void __launch_bounds__(kSampleThreads)
       for (int r = 0; r < kCluster; ++r) token = min(token, *of_rank(&s_token, r));
       // Rounding may leave the target past every chunk: the last positive weight, as the host;
       // a draft that holds all the weight is drawn itself (a rejection has probability 0).
-      if (!(rest > 0.0) && draft >= 0) token = draft;
+      if (!(rest > 0.0) && draft >= 0 && w_draft > 0.0) token = draft;
       finish(token != INT_MAX ? token : (row_last_positive >= 0 ? row_last_positive : 0),
              w_draft / z);
     }
@@ -542,7 +542,7 @@ __global__ void __launch_bounds__(kSampleThreads)
   const double q_before = BlockExclusiveScan(q_local, double_sums, rest);
   const double draft_p = s_draft_p / s_kept_mass;
   if (!(rest > 0.0)) {  // the draft holds the kept mass: it is drawn itself
-    finish(s_draft_p > 0.0 ? draft : static_cast<int>(shared.keys[0]), draft_p);
+    finish(s_draft_p > 0.0 ? draft : 0, draft_p);  // (no weight at all: token 0, as the host)
     return;
   }
   const double q_target = prm.u * rest;

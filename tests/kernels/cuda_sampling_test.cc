@@ -244,7 +244,8 @@ TEST_F(CudaSamplingTest, ChecksDraftsAsTheHostDoes) {
     const int differ = Compare(vocab, rows, row_rules, uniforms, drafts);
     std::printf("vocab %d: %d of %zu draws differ from the host's\n", vocab, differ,
                 2 * rows.size());
-    EXPECT_LE(differ, static_cast<int>(2 * rows.size() / 100)) << "vocab " << vocab;
+    // (Plain draws differed in none of 1,260 on the H200: a tighter bound than theirs.)
+    EXPECT_LE(differ, static_cast<int>(2 * rows.size() / 250)) << "vocab " << vocab;
   }
 }
 

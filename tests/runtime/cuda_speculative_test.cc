@@ -344,7 +344,7 @@ TEST_F(CudaSpeculativeTest, EngineWithMtpMatchesEngineWithout) {
 TEST_F(CudaSpeculativeTest, EngineVerifiesSampledDraftsOnTheDeviceAsOnTheHost) {
   ASSERT_TRUE(backend_->SamplesOnDevice());
   auto run = [&](EngineOptions::SamplingPlace place, std::vector<std::vector<int32_t>>& outputs,
-                 int& multi_token_messages) {
+                 int& multi_token_messages, int64_t& checked_on_backend) {
     auto drafter = MtpDrafter::Create(*model_, 1, 260);
     ASSERT_TRUE(drafter.ok()) << drafter.status();
     EngineOptions options;
@@ -384,12 +384,16 @@ TEST_F(CudaSpeculativeTest, EngineVerifiesSampledDraftsOnTheDeviceAsOnTheHost) {
               .ok());
     }
     for (auto& d : done) ASSERT_TRUE(d.WaitForNotificationWithTimeout(absl::Seconds(60)));
+    checked_on_backend = (*engine)->GetStats().drafts_checked_on_backend;
   };
   std::vector<std::vector<int32_t>> on_device, on_host;
   int device_multi = 0, host_multi = 0;
-  run(EngineOptions::SamplingPlace::kAuto, on_device, device_multi);
+  int64_t device_checked = 0, host_checked = 0;
+  run(EngineOptions::SamplingPlace::kAuto, on_device, device_multi, device_checked);
   model_->DropCaches();
-  run(EngineOptions::SamplingPlace::kHost, on_host, host_multi);
+  run(EngineOptions::SamplingPlace::kHost, on_host, host_multi, host_checked);
+  EXPECT_GT(device_checked, 0);  // the rows stayed on the device
+  EXPECT_EQ(host_checked, 0);
   ASSERT_EQ(on_device.size(), on_host.size());
   for (size_t i = 0; i < on_device.size(); ++i) {
     EXPECT_EQ(on_device[i].size(), static_cast<size_t>(kNewTokens)) << "request " << i;

@@ -509,7 +509,7 @@ TEST_F(EngineTest, AcceptedDraftsStreamSeveralTokensPerMessage) {
 TEST_F(EngineTest, SampledSpeculationIsIndependentOfBatching) {
   ReferenceDrafter drafter(ref_);
   auto run = [&](int max_num_seqs, EngineOptions::SamplingPlace place, double& accepted,
-                 double& drafted) {
+                 double& drafted, int64_t& checked_on_backend) {
     auto registry = std::make_shared<prometheus::Registry>();
     EngineMetrics metrics(registry, "tiny", model_->num_banks());
     EngineOptions options;
@@ -545,14 +545,18 @@ TEST_F(EngineTest, SampledSpeculationIsIndependentOfBatching) {
     for (int i = 0; i < n; ++i) outputs.push_back(streams.Wait("s" + std::to_string(i)).tokens);
     accepted = metrics.spec_accepted_tokens.Value();
     drafted = metrics.spec_draft_tokens.Value();
+    checked_on_backend = engine->GetStats().drafts_checked_on_backend;
     return outputs;
   };
   using Place = EngineOptions::SamplingPlace;
   double accepted_one = 0, drafted_one = 0, accepted_four = 0, drafted_four = 0;
   double accepted_backend = 0, drafted_backend = 0;
-  const auto one = run(1, Place::kHost, accepted_one, drafted_one);
-  const auto four = run(4, Place::kHost, accepted_four, drafted_four);
-  const auto backend = run(4, Place::kBackend, accepted_backend, drafted_backend);
+  int64_t checked_one = 0, checked_four = 0, checked_backend = 0;
+  const auto one = run(1, Place::kHost, accepted_one, drafted_one, checked_one);
+  const auto four = run(4, Place::kHost, accepted_four, drafted_four, checked_four);
+  const auto backend = run(4, Place::kBackend, accepted_backend, drafted_backend, checked_backend);
+  EXPECT_EQ(checked_one + checked_four, 0);
+  EXPECT_EQ(checked_backend, static_cast<int64_t>(drafted_backend));  // every draft
   ASSERT_EQ(one.size(), four.size());
   ASSERT_EQ(one.size(), backend.size());
   for (size_t i = 0; i < one.size(); ++i) {

@@ -599,6 +599,8 @@ bool Engine::Step() {
             drafts[i], verify_uniforms[i],
             std::span<const kernels::DrawnToken>(drawn).subspan(r, drafts[i].size() + 1));
         ConsumeVerifyUniforms(sampler.rng(), *verdicts[i], drafts[i].size());
+        absl::MutexLock lock(&mu_);
+        stats_.drafts_checked_on_backend += static_cast<int64_t>(drafts[i].size());
         continue;
       }
       presampled[i] = SampledToken{drawn[r].token, drawn[r].logprob, {}};

@@ -83,6 +83,9 @@ struct EngineStats {
   float state_slot_usage = 0;
   int64_t num_preemptions = 0;
   int64_t steps = 0;
+  // Drafts of sampled requests checked by Backend::SampleRows (their rows stayed on the device)
+  // rather than on the host.
+  int64_t drafts_checked_on_backend = 0;
 };
 
 class Engine {
