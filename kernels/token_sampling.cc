@@ -200,11 +200,15 @@ void TopLogits(std::span<const float> logits, int n, std::span<TokenLogit> out) 
 void ApplyLogitPenalties(std::span<float> logits, const LogitPenalties& p) {
   if (!p.Active()) return;
   const size_t vocab = logits.size();
-  for (size_t i = 0; i < p.tokens.size() && i < p.counts.size(); ++i) {
-    const int32_t t = p.tokens[i];
-    if (t < 0 || static_cast<size_t>(t) >= vocab) continue;
-    logits[t] = PenalizedLogit(logits[t], p.counts[i], p.repetition, p.frequency, p.presence);
-  }
+  auto apply = [&](std::span<const int32_t> tokens, std::span<const int32_t> counts) {
+    for (size_t i = 0; i < tokens.size() && i < counts.size(); ++i) {
+      const int32_t t = tokens[i];
+      if (t < 0 || static_cast<size_t>(t) >= vocab) continue;
+      logits[t] = PenalizedLogit(logits[t], counts[i], p.repetition, p.frequency, p.presence);
+    }
+  };
+  apply(p.tokens, p.counts);
+  apply(p.shared_tokens, p.shared_counts);
 }
 
 void RuleDistribution(std::span<const float> logits, const SamplingRule& rule,

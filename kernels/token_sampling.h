@@ -33,16 +33,22 @@ struct SamplingRule {
 // multiplicative repetition penalty (a positive logit divided by it, a negative one multiplied)
 // on every seen token, then logit -= frequency * count + presence * (count > 0), count being the
 // token's occurrences in the output so far. tokens are distinct; counts[i] belongs to tokens[i].
+// A second list (shared_tokens / shared_counts, distinct from the first) lets rows share most of
+// their entries: the rows of a speculative verify step share their sequence's list and each
+// carries only its drafted tokens' entries, so a backend uploads the shared list once.
 struct LogitPenalties {
   float repetition = 1.0f;
   float frequency = 0.0f;
   float presence = 0.0f;
   std::span<const int32_t> tokens;
   std::span<const int32_t> counts;
+  std::span<const int32_t> shared_tokens;
+  std::span<const int32_t> shared_counts;
 
   // False when applying them changes nothing (neutral values or no tokens).
   [[nodiscard]] bool Active() const {
-    return !tokens.empty() && (repetition != 1.0f || frequency != 0.0f || presence != 0.0f);
+    return (!tokens.empty() || !shared_tokens.empty()) &&
+           (repetition != 1.0f || frequency != 0.0f || presence != 0.0f);
   }
 };
 

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -883,35 +884,62 @@ void CudaBackend::PenalizeRows(Tensor& logits, std::span<const LogitPenalties> r
                        logits.numel() / count <= INT32_MAX),
         "PenalizeRows", absl::StrFormat("logits %s for %d rows", logits.ShapeString(), count));
   // Only the active rows are launched; their parameters, then every (token, count) entry, go up
-  // with the metadata upload (int32 words).
+  // with the metadata upload (int32 words). A shared list that several rows point at (the rows
+  // of a verify step) goes up once.
   static_assert(sizeof(cuda::PenaltyRowParams) % sizeof(int2) == 0);
   constexpr size_t kParamWords = sizeof(cuda::PenaltyRowParams) / sizeof(int32_t);
   std::vector<int64_t> active;
   size_t entries = 0;
+  std::map<std::pair<const int32_t*, size_t>, int32_t> shared_first;  // list -> its first entry
   for (int64_t r = 0; r < count; ++r) {
     if (!rows[r].Active()) continue;
-    Check(rows[r].counts.size() == rows[r].tokens.size(), "PenalizeRows",
-          absl::StrFormat("row %d has %d tokens and %d counts", r, rows[r].tokens.size(),
-                          rows[r].counts.size()));
+    Check(rows[r].counts.size() == rows[r].tokens.size() &&
+              rows[r].shared_counts.size() == rows[r].shared_tokens.size(),
+          "PenalizeRows",
+          absl::StrFormat("row %d has %d tokens and %d counts, %d shared tokens and %d counts", r,
+                          rows[r].tokens.size(), rows[r].counts.size(),
+                          rows[r].shared_tokens.size(), rows[r].shared_counts.size()));
     active.push_back(r);
     entries += rows[r].tokens.size();
+    const auto key = std::make_pair(rows[r].shared_tokens.data(), rows[r].shared_tokens.size());
+    if (!rows[r].shared_tokens.empty() && shared_first.emplace(key, 0).second) {
+      entries += rows[r].shared_tokens.size();
+    }
   }
   if (active.empty()) return;
   Check(entries <= INT32_MAX, "PenalizeRows", absl::StrFormat("%d entries", entries));
   const int64_t vocab = logits.numel() / count;
   std::vector<int32_t> words(active.size() * kParamWords + 2 * entries, 0);
-  int32_t* entry = words.data() + active.size() * kParamWords;
-  int32_t first = 0;
+  int32_t* const entry_base = words.data() + active.size() * kParamWords;
+  int32_t next = 0;  // the next free entry
+  auto put = [&](std::span<const int32_t> tokens, std::span<const int32_t> counts) {
+    const int32_t first = next;
+    for (size_t j = 0; j < tokens.size(); ++j) {
+      entry_base[2 * static_cast<size_t>(next)] = tokens[j];
+      entry_base[2 * static_cast<size_t>(next) + 1] = counts[j];
+      ++next;
+    }
+    return first;
+  };
+  for (auto& [list, first] : shared_first) first = -1;  // not yet written
   for (size_t i = 0; i < active.size(); ++i) {
     const LogitPenalties& p = rows[active[i]];
-    const auto n = static_cast<int32_t>(p.tokens.size());
-    const cuda::PenaltyRowParams params{p.repetition, p.frequency, p.presence, first, n, 0};
-    std::memcpy(words.data() + i * kParamWords, &params, sizeof(params));
-    for (int32_t j = 0; j < n; ++j) {
-      *entry++ = p.tokens[j];
-      *entry++ = p.counts[j];
+    const int32_t first = put(p.tokens, p.counts);
+    int32_t shared = 0;
+    if (!p.shared_tokens.empty()) {
+      int32_t& at = shared_first[std::make_pair(p.shared_tokens.data(), p.shared_tokens.size())];
+      if (at < 0) at = put(p.shared_tokens, p.shared_counts);
+      shared = at;
     }
-    first += n;
+    const cuda::PenaltyRowParams params{p.repetition,
+                                        p.frequency,
+                                        p.presence,
+                                        first,
+                                        static_cast<int32_t>(p.tokens.size()),
+                                        shared,
+                                        static_cast<int32_t>(p.shared_tokens.size()),
+                                        0};
+    std::memcpy(words.data() + i * kParamWords, &params, sizeof(params));
   }
   Enter();
   const int32_t* meta = Upload(words);

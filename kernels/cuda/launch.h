@@ -67,13 +67,16 @@ inline constexpr int kMaxSampleCandidates = 4096;
 void LaunchSampleRows(const float* logits, int64_t rows, int64_t vocab,
                       const SampleRowParams* params, SampleRowResult* results, cudaStream_t stream);
 // One row of Backend::PenalizeRows: its penalties and its (token, output count) entries,
-// entries[first .. first + count) of the launch's int2 array.
+// entries[first .. first + count) and entries[shared_first .. shared_first + shared_count) of
+// the launch's int2 array (the second range may be another row's too).
 struct PenaltyRowParams {
   float repetition = 1.0f;
   float frequency = 0.0f;
   float presence = 0.0f;
   int32_t first = 0;
   int32_t count = 0;
+  int32_t shared_first = 0;
+  int32_t shared_count = 0;
   int32_t unused = 0;
 };
 // Backend::PenalizeRows over fp32 logits [rows, vocab], in place: params (`rows` of them) and

@@ -571,8 +571,8 @@ __global__ void __launch_bounds__(kPenaltyThreads)
   PdlTrigger();
   const PenaltyRowParams p = params[blockIdx.x];
   float* row = logits + static_cast<int64_t>(blockIdx.x) * vocab;
-  for (int i = threadIdx.x; i < p.count; i += kPenaltyThreads) {
-    const int2 e = entries[p.first + i];
+  for (int i = threadIdx.x; i < p.count + p.shared_count; i += kPenaltyThreads) {
+    const int2 e = entries[i < p.count ? p.first + i : p.shared_first + (i - p.count)];
     if (e.x < 0 || e.x >= vocab) continue;
     float x = row[e.x];
     if (p.repetition != 1.0f) {

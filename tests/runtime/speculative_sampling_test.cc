@@ -218,12 +218,12 @@ TEST(SpeculativeSamplingTest, CheckedRowsReproduceTheSamplersVerify) {
       const DraftVerdict want = VerifyDraftsWithSampler(drafts, copy, host, history);
       const std::vector<double> u = PeekVerifyUniforms(device.rng(), k);
       std::vector<kernels::DrawnToken> checks(k + 1);
+      RequestSampler::VerifyPenaltyLists lists;
+      const std::vector<kernels::LogitPenalties> penalties =
+          device.VerifyPenalties(history, drafts, lists);
       for (int j = 0; j <= k; ++j) {
-        std::vector<int32_t> tokens, counts;
-        const kernels::LogitPenalties penalties = device.PenaltiesWithDrafts(
-            history, std::span<const int32_t>(drafts).first(j), tokens, counts);
         std::span<float> row = std::span<float>(rows).subspan(j * vocab, vocab);
-        kernels::ApplyLogitPenalties(row, penalties);
+        kernels::ApplyLogitPenalties(row, penalties[j]);
         checks[j] = kernels::CheckDraft(row, device.Rule(), j < k ? drafts[j] : kernels::kNoDraft,
                                         VerifyRowUniform(u, j, k));
       }

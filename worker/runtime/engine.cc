@@ -471,15 +471,10 @@ bool Engine::Step() {
   std::vector<kernels::TokenLogit> top_logits;
   std::vector<float> drawn_logits;
   std::vector<std::vector<double>> verify_uniforms(plan.chunks.size());
-  // The penalty lists of verify rows (their drafts counted as output), one pair per row.
-  std::vector<std::vector<int32_t>> draft_penalty_tokens, draft_penalty_counts;
+  // The penalty lists of verifying chunks' rows (their drafts counted as output): penalties point
+  // into them, so they are sized before.
+  std::vector<RequestSampler::VerifyPenaltyLists> verify_penalty_lists(plan.chunks.size());
   if (device_step) {
-    size_t verify_rows = 0;
-    for (const auto& d : drafts) verify_rows += d.empty() ? 0 : d.size() + 1;
-    // Reserved: penalties point into these lists.
-    draft_penalty_tokens.resize(verify_rows);
-    draft_penalty_counts.resize(verify_rows);
-    size_t verify_row = 0;
     bool any_top = false;
     for (size_t i = 0; i < plan.chunks.size(); ++i) {
       RequestSampler& sampler = *plan.chunks[i].sequence->sampler;
@@ -489,11 +484,11 @@ bool Engine::Step() {
       if (!d.empty()) {
         // (A chunk with drafts is a decode chunk of a speculating sequence: no logprobs.)
         verify_uniforms[i] = PeekVerifyUniforms(sampler.rng(), d.size());
-        for (size_t j = 0; j <= d.size(); ++j, ++verify_row) {
+        const std::vector<kernels::LogitPenalties> row_penalties =
+            sampler.VerifyPenalties(history, d, verify_penalty_lists[i]);
+        for (size_t j = 0; j <= d.size(); ++j) {
           rules.push_back(sampler.Rule());
-          penalties.push_back(sampler.PenaltiesWithDrafts(
-              history, std::span<const int32_t>(d).first(j), draft_penalty_tokens[verify_row],
-              draft_penalty_counts[verify_row]));
+          penalties.push_back(row_penalties[j]);
           uniforms.push_back(VerifyRowUniform(verify_uniforms[i], j, d.size()));
           row_drafts.push_back(j < d.size() ? d[j] : kernels::kNoDraft);
           top_counts.push_back(0);

@@ -50,32 +50,50 @@ kernels::LogitPenalties RequestSampler::Penalties(const TokenHistory& history) c
           history.seen(), history.counts()};
 }
 
-kernels::LogitPenalties RequestSampler::PenaltiesWithDrafts(const TokenHistory& history,
-                                                            std::span<const int32_t> drafts,
-                                                            std::vector<int32_t>& tokens,
-                                                            std::vector<int32_t>& counts) const {
-  tokens.clear();
-  counts.clear();
-  kernels::LogitPenalties p = Penalties(history);
-  p.tokens = {};
-  p.counts = {};
-  if (p.repetition == 1.0f && p.frequency == 0.0f && p.presence == 0.0f) return p;
-  tokens = history.seen();
-  counts = history.counts();
-  // As TokenHistory::AddOutput for each draft (a few drafts against the distinct tokens).
+std::vector<kernels::LogitPenalties> RequestSampler::VerifyPenalties(
+    const TokenHistory& history, std::span<const int32_t> drafts, VerifyPenaltyLists& lists) const {
+  const size_t k = drafts.size();
+  const kernels::LogitPenalties base = Penalties(history);
+  std::vector<kernels::LogitPenalties> rows(
+      k + 1,
+      kernels::LogitPenalties{base.repetition, base.frequency, base.presence, {}, {}, {}, {}});
+  lists.shared_tokens.clear();
+  lists.shared_counts.clear();
+  lists.row_tokens.assign(k + 1, {});
+  lists.row_counts.assign(k + 1, {});
+  if (base.repetition == 1.0f && base.frequency == 0.0f && base.presence == 0.0f) return rows;
+  // The drafted tokens (distinct, at most k): every row lists them itself, with their counts as
+  // of that row; the shared list holds the rest of the history.
+  std::vector<int32_t> drafted;
   for (int32_t x : drafts) {
-    if (x < 0) continue;
-    const auto it = std::find(tokens.begin(), tokens.end(), x);
-    if (it == tokens.end()) {
-      tokens.push_back(x);
-      counts.push_back(1);
-    } else {
-      ++counts[it - tokens.begin()];
+    if (x >= 0 && std::find(drafted.begin(), drafted.end(), x) == drafted.end()) {
+      drafted.push_back(x);
     }
   }
-  p.tokens = tokens;
-  p.counts = counts;
-  return p;
+  const std::vector<int32_t>& seen = history.seen();
+  const std::vector<int32_t>& counts = history.counts();
+  for (size_t i = 0; i < seen.size(); ++i) {
+    if (std::find(drafted.begin(), drafted.end(), seen[i]) != drafted.end()) continue;
+    lists.shared_tokens.push_back(seen[i]);
+    lists.shared_counts.push_back(counts[i]);
+  }
+  for (size_t j = 0; j <= k; ++j) {
+    for (int32_t x : drafted) {
+      // As TokenHistory::AddOutput for drafts[0, j): a token is listed once seen or drafted.
+      const int in_drafts = static_cast<int>(std::count(drafts.begin(), drafts.begin() + j, x));
+      const bool listed = in_drafts > 0 || std::find(seen.begin(), seen.end(), x) != seen.end();
+      if (!listed) continue;
+      lists.row_tokens[j].push_back(x);
+      lists.row_counts[j].push_back(history.OutputCount(x) + in_drafts);
+    }
+  }
+  for (size_t j = 0; j <= k; ++j) {
+    rows[j].tokens = lists.row_tokens[j];
+    rows[j].counts = lists.row_counts[j];
+    rows[j].shared_tokens = lists.shared_tokens;
+    rows[j].shared_counts = lists.shared_counts;
+  }
+  return rows;
 }
 
 void RequestSampler::ApplyPenalties(std::span<float> logits, const TokenHistory& history) const {

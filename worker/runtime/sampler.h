@@ -84,13 +84,18 @@ class RequestSampler {
   // The request's penalties over `history`'s tokens (inactive when it has none); the spans point
   // into `history`.
   [[nodiscard]] kernels::LogitPenalties Penalties(const TokenHistory& history) const;
-  // The penalties of a speculative verify row, which counts `drafts` (the drafts before it) as
-  // output beyond `history`: the spans point into `tokens` and `counts`, which receive the lists
-  // (left empty when the request has no penalties).
-  [[nodiscard]] kernels::LogitPenalties PenaltiesWithDrafts(const TokenHistory& history,
-                                                            std::span<const int32_t> drafts,
-                                                            std::vector<int32_t>& tokens,
-                                                            std::vector<int32_t>& counts) const;
+  // The penalties of the k + 1 rows of a speculative verify step of `drafts`, row j counting
+  // drafts[0, j) as output beyond `history`. The rows share one list, the history's tokens
+  // without the drafted ones; each row's own list holds the drafted tokens' entries as of that
+  // row. The spans point into `lists` (left empty, the penalties inactive, when the request has
+  // none).
+  struct VerifyPenaltyLists {
+    std::vector<int32_t> shared_tokens, shared_counts;
+    std::vector<std::vector<int32_t>> row_tokens, row_counts;
+  };
+  [[nodiscard]] std::vector<kernels::LogitPenalties> VerifyPenalties(
+      const TokenHistory& history, std::span<const int32_t> drafts,
+      VerifyPenaltyLists& lists) const;
   // The top-n alternatives Sample reports, from the row's n best (token, logit) pairs (penalised,
   // TopLogits' order) and the drawn token with its logit: the log-softmax of every token differs
   // from the drawn token's by their logits' difference over the temperature.
