@@ -727,29 +727,39 @@ void Bench::BuildSpecs() {
       c.run = [this, v](int s) { be_->ArgmaxRows((*v)[s][0], (*v)[s][1]); };
       return c;
     });
+    // Plain draws, and (".check") each row checking a draft as a speculative verify row does
+    // (the draft's probability and a draw from the rest; truncated: the kept set sorted again).
     for (const bool truncated : {false, true}) {
-      Add(absl::StrFormat("sample_rows.B%d.%s", b, truncated ? "top_k_top_p" : "temperature"),
-          [=, this] {
-            Case c;
-            c.op = "SampleRows";
-            c.shape = absl::StrFormat("[%d, %d] fp32, T 0.8%s", b, d.vocab,
-                                      truncated ? ", top-k 50, top-p 0.95" : "");
-            c.bytes = 4.0 * b * d.vocab;
-            c.sets = Sets(c.bytes);
-            auto v = std::make_shared<std::vector<Tensor>>();
-            for (int s = 0; s < c.sets; ++s)
-              v->push_back(Rand(DType::kF32, {b, d.vocab}, -8.f, 8.f));
-            auto rules = std::make_shared<std::vector<kernels::SamplingRule>>(
-                b, truncated ? kernels::SamplingRule{0.8f, 50, 0.95f, 0.0f}
-                             : kernels::SamplingRule{0.8f, 0, 1.0f, 0.0f});
-            auto uniforms = std::make_shared<std::vector<double>>(b);
-            for (int i = 0; i < b; ++i) (*uniforms)[i] = (i + 0.5) / b;
-            auto out = std::make_shared<std::vector<kernels::DrawnToken>>(b);
-            c.run = [this, v, rules, uniforms, out](int s) {
-              be_->SampleRows((*v)[s], *rules, *uniforms, {}, *out);
-            };
-            return c;
-          });
+      for (const bool check : {false, true}) {
+        Add(absl::StrFormat("sample_rows.B%d.%s%s", b, truncated ? "top_k_top_p" : "temperature",
+                            check ? ".check" : ""),
+            [=, this] {
+              Case c;
+              c.op = "SampleRows";
+              c.shape = absl::StrFormat("[%d, %d] fp32, T 0.8%s%s", b, d.vocab,
+                                        truncated ? ", top-k 50, top-p 0.95" : "",
+                                        check ? ", drafts checked" : "");
+              c.bytes = 4.0 * b * d.vocab;
+              c.sets = Sets(c.bytes);
+              auto v = std::make_shared<std::vector<Tensor>>();
+              for (int s = 0; s < c.sets; ++s)
+                v->push_back(Rand(DType::kF32, {b, d.vocab}, -8.f, 8.f));
+              auto rules = std::make_shared<std::vector<kernels::SamplingRule>>(
+                  b, truncated ? kernels::SamplingRule{0.8f, 50, 0.95f, 0.0f}
+                               : kernels::SamplingRule{0.8f, 0, 1.0f, 0.0f});
+              auto uniforms = std::make_shared<std::vector<double>>(b);
+              auto drafts = std::make_shared<std::vector<int32_t>>();
+              for (int i = 0; i < b; ++i) {
+                (*uniforms)[i] = (i + 0.5) / b;
+                if (check) drafts->push_back((i * 7919) % d.vocab);
+              }
+              auto out = std::make_shared<std::vector<kernels::DrawnToken>>(b);
+              c.run = [this, v, rules, uniforms, drafts, out](int s) {
+                be_->SampleRows((*v)[s], *rules, *uniforms, *drafts, *out);
+              };
+              return c;
+            });
+      }
     }
     // Penalties over 1000 seen tokens a row (repetition 1.1, frequency 0.5, presence 0.3), in
     // place; bytes: the entries uploaded and each penalised logit read and written.
