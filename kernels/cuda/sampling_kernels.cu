@@ -168,6 +168,44 @@ __device__ void BlockBitonicSort(unsigned long long* keys, int padded) {
   }
 }
 
+// The probabilities of this thread's sorted candidates i = tid * kCandidatesPerThread + j (ids in
+// the keys' low 32 bits) below `count`, 0 past it and for the token `skip`; returns their sum.
+__device__ __forceinline__ double CandidateProbabilities(const unsigned long long* keys, int count,
+                                                         int skip, const float* row,
+                                                         float max_logit, float temperature,
+                                                         double inv_z,
+                                                         double (&p)[kCandidatesPerThread]) {
+  double local = 0.0;
+#pragma unroll
+  for (int j = 0; j < kCandidatesPerThread; ++j) {
+    const int i = threadIdx.x * kCandidatesPerThread + j;
+    p[j] = 0.0;
+    const int id = i < count ? static_cast<int>(keys[i] & 0xffffffffu) : -1;
+    if (id >= 0 && id != skip) {
+      p[j] = static_cast<double>(SampleWeight(row[id], max_logit, temperature)) * inv_z;
+    }
+    local += p[j];
+  }
+  return local;
+}
+
+// The draw's walk over this thread's candidates below `count` with positive probability p[j]:
+// the first whose running sum (from `before`, the block's exclusive scan) passes `target` goes to
+// *pick (atomic min), each to *last_positive (atomic max: rounding may leave the target past
+// every candidate).
+__device__ __forceinline__ void MarkDraw(const double (&p)[kCandidatesPerThread], double before,
+                                         int count, double target, int* pick, int* last_positive) {
+  double acc = before;
+#pragma unroll
+  for (int j = 0; j < kCandidatesPerThread; ++j) {
+    const int i = threadIdx.x * kCandidatesPerThread + j;
+    acc += p[j];
+    if (i >= count || !(p[j] > 0.0)) continue;
+    atomicMax(last_positive, i);
+    if (target < acc) atomicMin(pick, i);
+  }
+}
+
 // One row per block, or (kCluster > 1, small batches) per cluster of kCluster blocks that each
 // take a contiguous piece of the row and combine through distributed shared memory: the maximum,
 // the weight sums (each block's offset in id order), the bins, and in the end the candidates,
@@ -453,17 +491,8 @@ __global__ void __launch_bounds__(kSampleThreads)
   const int considered = top_k ? prm.top_k : n;
   const double inv_z = 1.0 / z;
   double p[kCandidatesPerThread];
-  double local = 0.0;
-#pragma unroll
-  for (int j = 0; j < kCandidatesPerThread; ++j) {
-    const int i = tid * kCandidatesPerThread + j;
-    p[j] = 0.0;
-    if (i < considered) {
-      const int id = static_cast<int>(shared.keys[i] & 0xffffffffu);
-      p[j] = static_cast<double>(SampleWeight(row[id], max_logit, temperature)) * inv_z;
-    }
-    local += p[j];
-  }
+  const double local =
+      CandidateProbabilities(shared.keys, considered, -1, row, max_logit, temperature, inv_z, p);
   if (tid == 0) {
     s_p_max = p[0];
     s_cut = considered;
@@ -496,14 +525,7 @@ __global__ void __launch_bounds__(kSampleThreads)
   __syncthreads();
   if (!check) {
     // 6. The draw: the first kept candidate whose running mass passes u times the kept mass.
-    const double target = prm.u * s_kept_mass;
-#pragma unroll
-    for (int j = 0; j < kCandidatesPerThread; ++j) {
-      const int i = tid * kCandidatesPerThread + j;
-      if (i >= kept || !(p[j] > 0.0)) continue;
-      atomicMax(&s_last_positive, i);
-      if (target < running[j]) atomicMin(&s_pick, i);
-    }
+    MarkDraw(p, before, kept, prm.u * s_kept_mass, &s_pick, &s_last_positive);
     __syncthreads();
     const int pick = s_pick != INT_MAX ? s_pick : (s_last_positive >= 0 ? s_last_positive : 0);
     finish(static_cast<int>(shared.keys[pick] & 0xffffffffu), 0.0);
@@ -526,18 +548,8 @@ __global__ void __launch_bounds__(kSampleThreads)
   __syncthreads();
   BlockBitonicSort(shared.keys, padded_kept);
   double q[kCandidatesPerThread];
-  double q_local = 0.0;
-#pragma unroll
-  for (int j = 0; j < kCandidatesPerThread; ++j) {
-    const int i = tid * kCandidatesPerThread + j;
-    q[j] = 0.0;
-    if (i < kept) {
-      const int id = static_cast<int>(shared.keys[i]);
-      if (id != draft)
-        q[j] = static_cast<double>(SampleWeight(row[id], max_logit, temperature)) * inv_z;
-    }
-    q_local += q[j];
-  }
+  const double q_local =
+      CandidateProbabilities(shared.keys, kept, draft, row, max_logit, temperature, inv_z, q);
   double rest = 0.0;
   const double q_before = BlockExclusiveScan(q_local, double_sums, rest);
   const double draft_p = s_draft_p / s_kept_mass;
@@ -545,16 +557,7 @@ __global__ void __launch_bounds__(kSampleThreads)
     finish(s_draft_p > 0.0 ? draft : 0, draft_p);  // (no weight at all: token 0, as the host)
     return;
   }
-  const double q_target = prm.u * rest;
-  double q_acc = q_before;
-#pragma unroll
-  for (int j = 0; j < kCandidatesPerThread; ++j) {
-    const int i = tid * kCandidatesPerThread + j;
-    q_acc += q[j];
-    if (i >= kept || !(q[j] > 0.0)) continue;
-    atomicMax(&s_last_positive, i);
-    if (q_target < q_acc) atomicMin(&s_pick, i);
-  }
+  MarkDraw(q, q_before, kept, prm.u * rest, &s_pick, &s_last_positive);
   __syncthreads();
   const int q_pick = s_pick != INT_MAX ? s_pick : (s_last_positive >= 0 ? s_last_positive : 0);
   finish(static_cast<int>(shared.keys[q_pick]), draft_p);
