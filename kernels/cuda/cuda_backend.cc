@@ -14,6 +14,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -890,7 +891,12 @@ void CudaBackend::PenalizeRows(Tensor& logits, std::span<const LogitPenalties> r
   constexpr size_t kParamWords = sizeof(cuda::PenaltyRowParams) / sizeof(int32_t);
   std::vector<int64_t> active;
   size_t entries = 0;
-  std::map<std::pair<const int32_t*, size_t>, int32_t> shared_first;  // list -> its first entry
+  // A shared list (its tokens' and counts' addresses and size) -> its first entry.
+  using SharedList = std::tuple<const int32_t*, const int32_t*, size_t>;
+  auto shared_key = [](const LogitPenalties& p) {
+    return SharedList{p.shared_tokens.data(), p.shared_counts.data(), p.shared_tokens.size()};
+  };
+  std::map<SharedList, int32_t> shared_first;
   for (int64_t r = 0; r < count; ++r) {
     if (!rows[r].Active()) continue;
     Check(rows[r].counts.size() == rows[r].tokens.size() &&
@@ -901,8 +907,7 @@ void CudaBackend::PenalizeRows(Tensor& logits, std::span<const LogitPenalties> r
                           rows[r].shared_tokens.size(), rows[r].shared_counts.size()));
     active.push_back(r);
     entries += rows[r].tokens.size();
-    const auto key = std::make_pair(rows[r].shared_tokens.data(), rows[r].shared_tokens.size());
-    if (!rows[r].shared_tokens.empty() && shared_first.emplace(key, 0).second) {
+    if (!rows[r].shared_tokens.empty() && shared_first.emplace(shared_key(rows[r]), 0).second) {
       entries += rows[r].shared_tokens.size();
     }
   }
@@ -927,7 +932,7 @@ void CudaBackend::PenalizeRows(Tensor& logits, std::span<const LogitPenalties> r
     const int32_t first = put(p.tokens, p.counts);
     int32_t shared = 0;
     if (!p.shared_tokens.empty()) {
-      int32_t& at = shared_first[std::make_pair(p.shared_tokens.data(), p.shared_tokens.size())];
+      int32_t& at = shared_first[shared_key(p)];
       if (at < 0) at = put(p.shared_tokens, p.shared_counts);
       shared = at;
     }

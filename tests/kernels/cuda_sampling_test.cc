@@ -322,28 +322,31 @@ TEST_F(CudaSamplingTest, PenalizeRowsMatchesHostBits) {
     const float presence[rows] = {0.2f, 0.4f, -0.6f, 0.0f, 0.0f, 0.0f, 1.5f};
     std::uniform_int_distribution<int> token(0, vocab + 50);  // some outside the row
     std::uniform_int_distribution<int> count(0, 4);
-    // A list that rows 0, 1 and 6 share beside their own (as a verify step's rows share their
-    // sequence's list): it goes up once; row 6 has nothing else.
-    std::set<int32_t> shared_set;
-    while (shared_set.size() < 300) shared_set.insert(token(rng_));
-    const std::vector<int32_t> shared_tokens(shared_set.begin(), shared_set.end());
-    std::vector<int32_t> shared_counts;
-    for (size_t i = 0; i < shared_tokens.size(); ++i) shared_counts.push_back(count(rng_));
+    // Shared lists, as a verify step's rows share their sequence's list beside their own: rows 0
+    // and 1 share list 0 (it goes up once), row 6 has list 1 and nothing else.
+    std::set<int32_t> shared_set[2];
+    std::vector<int32_t> shared_tokens[2], shared_counts[2];
+    for (int l = 0; l < 2; ++l) {
+      while (shared_set[l].size() < 300u + 100u * l) shared_set[l].insert(token(rng_));
+      shared_tokens[l].assign(shared_set[l].begin(), shared_set[l].end());
+      for (size_t i = 0; i < shared_tokens[l].size(); ++i) shared_counts[l].push_back(count(rng_));
+    }
     for (int r = 0; r < rows; ++r) {
       const bool shares = r == 0 || r == 1 || r == 6;
+      const int list = r == 6 ? 1 : 0;
       std::set<int32_t> distinct;
       const int want = r == 4 || r == 6 ? 0 : std::min(50 + 400 * r, vocab / 2);  // 4: no tokens
       while (static_cast<int>(distinct.size()) < want) {
         const int32_t t = token(rng_);
-        if (!shares || shared_set.count(t) == 0) distinct.insert(t);  // the lists are disjoint
+        if (!shares || shared_set[list].count(t) == 0) distinct.insert(t);  // lists disjoint
       }
       tokens[r].assign(distinct.begin(), distinct.end());
       for (size_t i = 0; i < tokens[r].size(); ++i) counts[r].push_back(count(rng_));
       // Row 5's neutral values make it inactive too; rows 3 and 4 sit between active rows.
       penalties[r] = {repetition[r], frequency[r], presence[r], tokens[r], counts[r]};
       if (shares) {
-        penalties[r].shared_tokens = shared_tokens;
-        penalties[r].shared_counts = shared_counts;
+        penalties[r].shared_tokens = shared_tokens[list];
+        penalties[r].shared_counts = shared_counts[list];
       }
     }
     ASSERT_FALSE(penalties[4].Active());
@@ -351,7 +354,7 @@ TEST_F(CudaSamplingTest, PenalizeRowsMatchesHostBits) {
     // Special values under the penalties: zeros of both signs, denormals, infinities.
     const float special[] = {0.0f, -0.0f, 1e-40f, -1e-40f, INFINITY, -INFINITY};
     for (int r = 0; r < rows; ++r) {
-      const std::vector<int32_t>& listed = r == 6 ? shared_tokens : tokens[r];
+      const std::vector<int32_t>& listed = r == 6 ? shared_tokens[1] : tokens[r];
       for (size_t i = 0; i < 6 && i < listed.size(); ++i) {
         if (listed[i] < vocab) {
           host[r][listed[i]] = special[i];

@@ -1,6 +1,7 @@
 #include "worker/runtime/sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <random>
 #include <tuple>
@@ -326,6 +327,59 @@ TEST(SamplerTest, BackendPartsReproduceSample) {
 
 // TopLogits: the n best by logit, ties to the lower id, whatever order they come in; NaN is
 // never ranked, and ranks past the rankable logits get token -1.
+// The penalties of a verify step's rows (one shared list, each row's drafted tokens) are those
+// of the history with drafts[0, j) added as output, row by row: the same penalised bits, the two
+// lists disjoint. Drafts: duplicates, negative, outside the vocabulary, seen in the prompt only,
+// seen in the output, never seen; every penalty alone and together.
+TEST(SamplerTest, VerifyPenaltiesAreTheHistoryWithTheDraftsBefore) {
+  std::mt19937 gen(21);
+  const int vocab = 40;
+  std::uniform_int_distribution<int32_t> token(0, vocab - 1);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  int listed_rows = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    SamplingParams params;
+    params.repetition_penalty = trial % 4 == 0 ? 1.0f : 1.3f;
+    params.frequency_penalty = trial % 4 == 1 ? 0.0f : 0.4f;
+    params.presence_penalty = trial % 4 == 2 ? 0.0f : 0.7f;
+    RequestSampler sampler(params, 1);
+    TokenHistory history;
+    std::vector<int32_t> prompt(5);
+    for (int32_t& t : prompt) t = token(gen);
+    history.AddPrompt(prompt);
+    for (int i = 0; i < trial % 6; ++i) history.AddOutput(token(gen));
+    std::vector<int32_t> drafts(4);
+    for (int32_t& x : drafts) x = token(gen);
+    if (trial % 3 == 0) drafts[2] = drafts[0];
+    if (trial % 5 == 0) drafts[1] = -1;
+    if (trial % 7 == 0) drafts[3] = vocab + 2;
+    if (trial % 2 == 0) drafts[0] = prompt[trial % 5];
+    RequestSampler::VerifyPenaltyLists lists;
+    const std::vector<kernels::LogitPenalties> rows =
+        sampler.VerifyPenalties(history, drafts, lists);
+    ASSERT_EQ(rows.size(), drafts.size() + 1);
+    TokenHistory seen = history;
+    for (size_t j = 0; j <= drafts.size(); ++j) {
+      for (int32_t t : rows[j].tokens) {
+        EXPECT_EQ(std::count(rows[j].shared_tokens.begin(), rows[j].shared_tokens.end(), t), 0)
+            << "trial " << trial << " row " << j << " token " << t;
+      }
+      std::vector<float> logits(vocab);
+      for (float& x : logits) x = normal(gen);
+      std::vector<float> want = logits, got = logits;
+      kernels::ApplyLogitPenalties(want, sampler.Penalties(seen));
+      kernels::ApplyLogitPenalties(got, rows[j]);
+      for (int t = 0; t < vocab; ++t) {
+        EXPECT_EQ(std::bit_cast<uint32_t>(got[t]), std::bit_cast<uint32_t>(want[t]))
+            << "trial " << trial << " row " << j << " token " << t;
+      }
+      listed_rows += !rows[j].tokens.empty();
+      if (j < drafts.size()) seen.AddOutput(drafts[j]);
+    }
+  }
+  EXPECT_GT(listed_rows, 300);
+}
+
 TEST(SamplerTest, TopLogitsOrder) {
   const std::vector<float> logits = {1.0f, 3.0f, -INFINITY, 3.0f, 2.0f, 0.5f, 3.0f, NAN};
   std::vector<kernels::TokenLogit> top(5);

@@ -77,12 +77,15 @@ std::vector<kernels::LogitPenalties> RequestSampler::VerifyPenalties(
     lists.shared_tokens.push_back(seen[i]);
     lists.shared_counts.push_back(counts[i]);
   }
+  std::vector<uint8_t> drafted_seen;  // seen before the step (prompt or output)
+  for (int32_t x : drafted)
+    drafted_seen.push_back(history.InPrompt(x) || history.OutputCount(x) > 0);
   for (size_t j = 0; j <= k; ++j) {
-    for (int32_t x : drafted) {
+    for (size_t d = 0; d < drafted.size(); ++d) {
       // As TokenHistory::AddOutput for drafts[0, j): a token is listed once seen or drafted.
+      const int32_t x = drafted[d];
       const int in_drafts = static_cast<int>(std::count(drafts.begin(), drafts.begin() + j, x));
-      const bool listed = in_drafts > 0 || std::find(seen.begin(), seen.end(), x) != seen.end();
-      if (!listed) continue;
+      if (in_drafts == 0 && !drafted_seen[d]) continue;
       lists.row_tokens[j].push_back(x);
       lists.row_counts[j].push_back(history.OutputCount(x) + in_drafts);
     }
