@@ -240,9 +240,13 @@ absl::Status BenchEngine() {
                 static_cast<int32_t>((int64_t{i} * 31 + int64_t{j} * 97) % config.vocab_size);
             seen_counts[i * kSeen + j] = j % 3 == 0 ? 1 + j % 4 : 0;
           }
-          penalties.push_back({1.1f, 0.5f, 0.3f,
+          penalties.push_back({1.1f,
+                               0.5f,
+                               0.3f,
                                std::span<const int32_t>(seen_tokens).subspan(i * kSeen, kSeen),
-                               std::span<const int32_t>(seen_counts).subspan(i * kSeen, kSeen)});
+                               std::span<const int32_t>(seen_counts).subspan(i * kSeen, kSeen),
+                               {},
+                               {}});
         }
       }
       const std::vector<int32_t> top_counts(batch, 5);

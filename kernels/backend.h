@@ -389,10 +389,8 @@ inline void Backend::SampleRows(const Tensor& logits, std::span<const SamplingRu
   std::vector<float> host(static_cast<size_t>(logits.numel()));
   CopyToHostF32(logits, host.data());
   for (size_t r = 0; r < rows && r < uniforms.size() && r < out.size(); ++r) {
-    const std::span<const float> row = std::span<const float>(host).subspan(r * vocab, vocab);
-    const bool plain = r >= drafts.size() || drafts[r] == kPlainDraw;
-    out[r] = plain ? DrawToken(row, rules[r], uniforms[r])
-                   : CheckDraft(row, rules[r], drafts[r], uniforms[r]);
+    out[r] = SampleRow(std::span<const float>(host).subspan(r * vocab, vocab), rules[r],
+                       r < drafts.size() ? drafts[r] : kPlainDraw, uniforms[r]);
   }
 }
 

@@ -253,7 +253,7 @@ DrawnToken CheckDraft(std::span<const float> logits, const SamplingRule& rule, i
   DrawnToken result;
   const bool in_row = draft >= 0 && static_cast<size_t>(draft) < dist.size();
   result.draft_probability = in_row ? dist[draft] : 0.0;
-  result.token = dist.empty() ? 0 : DrawWithoutDraft(dist, draft, u);
+  result.token = DrawWithoutDraft(dist, draft, u);  // (an empty row: token 0)
   return result;
 }
 

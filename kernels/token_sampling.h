@@ -154,6 +154,13 @@ inline constexpr int32_t kNoDraft = -1;
 DrawnToken CheckDraft(std::span<const float> logits, const SamplingRule& rule, int32_t draft,
                       double u);
 
+// One row of Backend::SampleRows on the host in its mode: DrawToken for kPlainDraw, otherwise
+// CheckDraft of `draft`.
+inline DrawnToken SampleRow(std::span<const float> logits, const SamplingRule& rule, int32_t draft,
+                            double u) {
+  return draft == kPlainDraw ? DrawToken(logits, rule, u) : CheckDraft(logits, rule, draft, u);
+}
+
 }  // namespace mobius::kernels
 
 #endif  // MOBIUS_KERNELS_TOKEN_SAMPLING_H_

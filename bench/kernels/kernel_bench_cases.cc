@@ -782,9 +782,13 @@ void Bench::BuildSpecs() {
       }
       auto rows = std::make_shared<std::vector<kernels::LogitPenalties>>();
       for (int i = 0; i < b; ++i) {
-        rows->push_back({1.1f, 0.5f, 0.3f,
+        rows->push_back({1.1f,
+                         0.5f,
+                         0.3f,
                          std::span<const int32_t>(*tokens).subspan(int64_t{i} * kSeen, kSeen),
-                         std::span<const int32_t>(*counts).subspan(int64_t{i} * kSeen, kSeen)});
+                         std::span<const int32_t>(*counts).subspan(int64_t{i} * kSeen, kSeen),
+                         {},
+                         {}});
       }
       c.run = [this, v, tokens, counts, rows](int s) { be_->PenalizeRows((*v)[s], *rows); };
       return c;

@@ -907,7 +907,8 @@ void CudaBackend::PenalizeRows(Tensor& logits, std::span<const LogitPenalties> r
                           rows[r].shared_tokens.size(), rows[r].shared_counts.size()));
     active.push_back(r);
     entries += rows[r].tokens.size();
-    if (!rows[r].shared_tokens.empty() && shared_first.emplace(shared_key(rows[r]), 0).second) {
+    // (-1: not yet written.)
+    if (!rows[r].shared_tokens.empty() && shared_first.emplace(shared_key(rows[r]), -1).second) {
       entries += rows[r].shared_tokens.size();
     }
   }
@@ -926,7 +927,6 @@ void CudaBackend::PenalizeRows(Tensor& logits, std::span<const LogitPenalties> r
     }
     return first;
   };
-  for (auto& [list, first] : shared_first) first = -1;  // not yet written
   for (size_t i = 0; i < active.size(); ++i) {
     const LogitPenalties& p = rows[active[i]];
     const int32_t first = put(p.tokens, p.counts);
@@ -1067,9 +1067,8 @@ void CudaBackend::SampleRows(const Tensor& logits, std::span<const SamplingRule>
   ForEachRangeInParallel(on_host.size(), 16, 1, [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
       const int64_t r = on_host[i];
-      const std::span<const float> row = std::span<const float>(copies).subspan(i * vocab, vocab);
-      out[r] = draft_of(r) == kPlainDraw ? DrawToken(row, rules[r], uniforms[r])
-                                         : CheckDraft(row, rules[r], draft_of(r), uniforms[r]);
+      out[r] = SampleRow(std::span<const float>(copies).subspan(i * vocab, vocab), rules[r],
+                         draft_of(r), uniforms[r]);
     }
   });
 }

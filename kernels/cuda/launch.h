@@ -50,7 +50,7 @@ struct SampleRowParams {
   float top_p = 1.0f;
   float min_p = 0.0f;
   double u = 0.0;
-  int32_t draft = -2;  // kernels::kPlainDraw
+  int32_t draft = -2;  // kernels::kPlainDraw (this header stays free of host headers)
   int32_t unused = 0;
 };
 // Its result: the token, its logprob (plain draws) and the draft's probability (checked rows),

@@ -22,6 +22,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/ranked_lists.cuh"
+#include "kernels/token_sampling.h"
 
 namespace mobius::kernels::cuda {
 namespace {
@@ -88,7 +89,6 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 }
 
 constexpr int kSampleThreads = 1024;
-constexpr int32_t kPlainDrawRow = -2;  // SampleRowParams::draft of a plain draw (kPlainDraw)
 constexpr int kSampleWarps = kSampleThreads / 32;
 static_assert(kSampleWarps == 32, "the block scan's second level is one warp");
 // As TruncateCandidates: kBins bins over kSpan temperatures below the maximum, the rest in one
@@ -237,7 +237,7 @@ __global__ void __launch_bounds__(kSampleThreads)
   const SampleRowParams prm = params[row_index];
   const int tid = threadIdx.x;
   // A checked row (CheckDraft): the draft (kNoDraft: none) is left out of the draw's walk.
-  const bool check = prm.draft != kPlainDrawRow;
+  const bool check = prm.draft != kPlainDraw;
   const int draft = check && prm.draft >= 0 && prm.draft < vocab ? prm.draft : -1;
   // A barrier of the blocks that share the row (of the block alone without a cluster).
   auto row_sync = [] {
@@ -518,6 +518,11 @@ __global__ void __launch_bounds__(kSampleThreads)
   }
   __syncthreads();
   const int kept = max(1, s_cut);
+  // The walk's pick after MarkDraw and a barrier: rounding may leave the target past every kept
+  // candidate, then the last positive one.
+  auto picked = [&] {
+    return s_pick != INT_MAX ? s_pick : (s_last_positive >= 0 ? s_last_positive : 0);
+  };
 #pragma unroll
   for (int j = 0; j < kCandidatesPerThread; ++j) {
     if (tid * kCandidatesPerThread + j == kept - 1) s_kept_mass = running[j];
@@ -527,8 +532,7 @@ __global__ void __launch_bounds__(kSampleThreads)
     // 6. The draw: the first kept candidate whose running mass passes u times the kept mass.
     MarkDraw(p, before, kept, prm.u * s_kept_mass, &s_pick, &s_last_positive);
     __syncthreads();
-    const int pick = s_pick != INT_MAX ? s_pick : (s_last_positive >= 0 ? s_last_positive : 0);
-    finish(static_cast<int>(shared.keys[pick] & 0xffffffffu), 0.0);
+    finish(static_cast<int>(shared.keys[picked()] & 0xffffffffu), 0.0);
     return;
   }
 
@@ -559,8 +563,7 @@ __global__ void __launch_bounds__(kSampleThreads)
   }
   MarkDraw(q, q_before, kept, prm.u * rest, &s_pick, &s_last_positive);
   __syncthreads();
-  const int q_pick = s_pick != INT_MAX ? s_pick : (s_last_positive >= 0 ? s_last_positive : 0);
-  finish(static_cast<int>(shared.keys[q_pick]), draft_p);
+  finish(static_cast<int>(shared.keys[picked()]), draft_p);
 }
 
 // Backend::PenalizeRows: block r applies row r's penalties to its seen tokens (distinct, so no

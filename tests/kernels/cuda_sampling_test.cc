@@ -343,7 +343,7 @@ TEST_F(CudaSamplingTest, PenalizeRowsMatchesHostBits) {
       tokens[r].assign(distinct.begin(), distinct.end());
       for (size_t i = 0; i < tokens[r].size(); ++i) counts[r].push_back(count(rng_));
       // Row 5's neutral values make it inactive too; rows 3 and 4 sit between active rows.
-      penalties[r] = {repetition[r], frequency[r], presence[r], tokens[r], counts[r]};
+      penalties[r] = {repetition[r], frequency[r], presence[r], tokens[r], counts[r], {}, {}};
       if (shares) {
         penalties[r].shared_tokens = shared_tokens[list];
         penalties[r].shared_counts = shared_counts[list];

@@ -586,7 +586,8 @@ bool Engine::Step() {
     verdicts.resize(plan.chunks.size());
     const size_t width =
         top_counts.empty() || top_logits.empty() ? 0 : top_logits.size() / top_counts.size();
-    size_t r = 0;  // the chunk's first logits row
+    int64_t checked = 0;  // drafts checked on the backend
+    size_t r = 0;         // the chunk's first logits row
     for (size_t i = 0; i < plan.chunks.size(); r += 1 + drafts[i].size(), ++i) {
       RequestSampler& sampler = *plan.chunks[i].sequence->sampler;
       if (!drafts[i].empty()) {
@@ -594,8 +595,7 @@ bool Engine::Step() {
             drafts[i], verify_uniforms[i],
             std::span<const kernels::DrawnToken>(drawn).subspan(r, drafts[i].size() + 1));
         ConsumeVerifyUniforms(sampler.rng(), *verdicts[i], drafts[i].size());
-        absl::MutexLock lock(&mu_);
-        stats_.drafts_checked_on_backend += static_cast<int64_t>(drafts[i].size());
+        checked += static_cast<int64_t>(drafts[i].size());
         continue;
       }
       presampled[i] = SampledToken{drawn[r].token, drawn[r].logprob, {}};
@@ -604,6 +604,10 @@ bool Engine::Step() {
             drawn[r], drawn_logits[r],
             std::span<const kernels::TokenLogit>(top_logits).subspan(r * width, top_counts[r]));
       }
+    }
+    if (checked > 0) {
+      absl::MutexLock lock(&mu_);
+      stats_.drafts_checked_on_backend += checked;
     }
   } else if (!greedy_step) {
     // Rows drawn on the host from the copied logits, in one pass over the chunks (each has

@@ -46,8 +46,13 @@ RequestSampler::RequestSampler(const SamplingParams& params, uint64_t fallback_s
     : params_(params), rng_(params.seed.value_or(fallback_seed)) {}
 
 kernels::LogitPenalties RequestSampler::Penalties(const TokenHistory& history) const {
-  return {params_.repetition_penalty, params_.frequency_penalty, params_.presence_penalty,
-          history.seen(), history.counts()};
+  return {params_.repetition_penalty,
+          params_.frequency_penalty,
+          params_.presence_penalty,
+          history.seen(),
+          history.counts(),
+          {},
+          {}};
 }
 
 std::vector<kernels::LogitPenalties> RequestSampler::VerifyPenalties(
