@@ -140,6 +140,17 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
 
   PdlWait();  // mixed, z, a and b come from the in-projection
   PdlTrigger();
+  // The gate z of this lane's output columns for every token, read now so that the load overlaps
+  // the conv and the delta rule instead of following the norm's cluster barrier.
+  uint2 zraw[kT];
+  if (owner) {
+#pragma unroll
+    for (int i = 0; i < kT; ++i) {
+      if (i >= len) break;
+      zraw[i] = *reinterpret_cast<const uint2*>(p.z + (begin + i) * hv * kD +
+                                                static_cast<int64_t>(h) * kD + col);
+    }
+  }
 
   if (conv_c >= 0) {
     // The conv kernels' order: oldest input first; the window slides over the segment's tokens
@@ -239,7 +250,9 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
   if (owner) {
     constexpr int kPieces = kD / 8;
     const int first = (rank / Shape::kBlocksPerHead) * Shape::kBlocksPerHead;
-    for (int i = 0; i < len; ++i) {
+#pragma unroll
+    for (int i = 0; i < kT; ++i) {  // (unrolled: zraw stays in registers)
+      if (i >= len) break;
       float tree[kPieces];
 #pragma unroll
       for (int piece = 0; piece < kPieces; ++piece) {
@@ -257,9 +270,9 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
       }
       const float inv = rsqrtf(tree[0] / static_cast<float>(kD) + p.eps);
       const int64_t row = (begin + i) * hv * kD + static_cast<int64_t>(h) * kD + col;
-      const uint2 zraw = *reinterpret_cast<const uint2*>(p.z + row);
-      const float zv[4] = {__uint_as_float(zraw.x << 16), __uint_as_float(zraw.x & 0xffff0000u),
-                           __uint_as_float(zraw.y << 16), __uint_as_float(zraw.y & 0xffff0000u)};
+      const uint2 zr = zraw[i];
+      const float zv[4] = {__uint_as_float(zr.x << 16), __uint_as_float(zr.x & 0xffff0000u),
+                           __uint_as_float(zr.y << 16), __uint_as_float(zr.y & 0xffff0000u)};
       float y[4];
 #pragma unroll
       for (int c = 0; c < 4; ++c) y[c] = o_s[i][local_col + c] * inv * nw[c] * Silu(zv[c]);

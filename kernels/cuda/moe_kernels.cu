@@ -1605,6 +1605,61 @@ __global__ void __launch_bounds__(kFewWarps * 32)
   }
 }
 
+// The few-token down kernel's pieces of work for one expert slot of one token, rows h0.. (rows
+// of them valid; the others repeat row h0 and are not stored).
+// Row h0 of expert e's (local index) down weights, or null when e is another rank's; row h0 + rr
+// follows at rr * pieces 16-byte pieces.
+__device__ __forceinline__ const uint4* DownExpertRows(int e, int num_local, const uint16_t* down,
+                                                       int64_t hidden, int64_t inter, int64_t h0) {
+  if (e < 0 || e >= num_local) return nullptr;
+  return reinterpret_cast<const uint4*>(down + (static_cast<int64_t>(e) * hidden + h0) * inter);
+}
+
+// Pieces base and base + 32 of rows 0..kRows-1 from r (rows past `rows` repeat row 0; zero past
+// a row's end).
+template <int kRows>
+__device__ __forceinline__ void LoadDownPieces(const uint4* r, int rows, int64_t base,
+                                               int64_t pieces, uint4 (&wv)[2][kRows]) {
+#pragma unroll
+  for (int u = 0; u < 2; ++u) {
+    const int64_t q = base + 32 * u;
+#pragma unroll
+    for (int rr = 0; rr < kRows; ++rr) {
+      wv[u][rr] =
+          q < pieces ? __ldg(r + (rr < rows ? rr : 0) * pieces + q) : make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// part[rr] = this lane's share of row rr . act (ar): pieces lane, lane + 32, lane + 64, ...,
+// two per step. wv holds the first step's weight pieces on entry.
+template <int kRows>
+__device__ __forceinline__ void DownSlotPartial(const uint4* r, int rows, const uint4* ar,
+                                                int64_t pieces, int lane, uint4 (&wv)[2][kRows],
+                                                float (&part)[kRows]) {
+  for (int64_t base = lane; base < pieces; base += 64) {
+    if (base != lane) LoadDownPieces(r, rows, base, pieces, wv);
+    uint4 av[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int64_t q = base + 32 * u;
+      av[u] = q < pieces ? ar[q] : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      float a[8];
+      UnpackBf16x8(av[u], a);
+#pragma unroll
+      for (int rr = 0; rr < kRows; ++rr) {
+        float wf[8];
+        UnpackBf16x8(wv[u][rr], wf);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) part[rr] += wf[i] * a[i];
+      }
+    }
+  }
+}
+
 // The same sum with the experts spread over the warps: a block computes kRows rows h of one
 // token, warp w the expert slots j = w, w + 8, ... At one token the kernel above ran H / 16 = 128
 // blocks, one per SM, each warp walking its k experts with two short loads per lane in flight;
@@ -1657,6 +1712,20 @@ __global__ void __launch_bounds__(kFewWarps * 32, kFewDownRows <= 4 ? 3 : 1)
                   s_piece);
     }
   }
+  // This warp's first expert slot (j = warp) and its first 64 pieces of weight rows are loaded
+  // before PdlWait: the ids and routing weights come from the top-k two launches back (the
+  // gate-up kernel between waited for it before this grid could launch, PdlTrigger following
+  // its PdlWait) and the expert weights are constants; only act is the gate-up's output. At one
+  // token (I = 512) that is the block's whole weight read, which then overlaps the gate-up
+  // kernel's tail instead of following it.
+  const int64_t pieces = inter / 8;
+  const uint4* first_rows = warp < k ? DownExpertRows(ids[t * k + warp] - first_expert, num_local,
+                                                      down, hidden, inter, h0)
+                                     : nullptr;
+  const float first_weight = first_rows != nullptr ? weights[t * k + warp] : 0.f;
+  uint4 first_wv[2][kFewDownRows];
+  if (first_rows != nullptr) LoadDownPieces(first_rows, rows, lane, pieces, first_wv);
+
   PdlWait();
   PdlTrigger();
   if (s_first) {
@@ -1664,45 +1733,24 @@ __global__ void __launch_bounds__(kFewWarps * 32, kFewDownRows <= 4 ? 3 : 1)
     s_u = s_gu[s_pieces + s_piece];
   }
 
-  const int64_t pieces = inter / 8;
   float acc[kFewDownRows] = {};
-  for (int j = warp; j < k; j += kFewWarps) {
-    const int64_t p = t * k + j;
-    const int e = ids[p] - first_expert;
-    if (e < 0 || e >= num_local) continue;
-    const float wj = weights[p];
-    const uint16_t* w = down + static_cast<int64_t>(e) * hidden * inter;
-    const uint4* r[kFewDownRows];
-#pragma unroll
-    for (int rr = 0; rr < kFewDownRows; ++rr)
-      r[rr] = reinterpret_cast<const uint4*>(w + (h0 + (rr < rows ? rr : 0)) * inter);
-    const uint4* ar = reinterpret_cast<const uint4*>(act + p * inter);
+  if (first_rows != nullptr) {
     float part[kFewDownRows] = {};
-    for (int64_t base = lane; base < pieces; base += 64) {
-      uint4 wv[2][kFewDownRows];
-      uint4 av[2];
+    DownSlotPartial(first_rows, rows, reinterpret_cast<const uint4*>(act + (t * k + warp) * inter),
+                    pieces, lane, first_wv, part);
 #pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int64_t q = base + 32 * u;
-        const bool in = q < pieces;
-#pragma unroll
-        for (int rr = 0; rr < kFewDownRows; ++rr)
-          wv[u][rr] = in ? __ldg(r[rr] + q) : make_uint4(0, 0, 0, 0);
-        av[u] = in ? ar[q] : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        float a[8];
-        UnpackBf16x8(av[u], a);
-#pragma unroll
-        for (int rr = 0; rr < kFewDownRows; ++rr) {
-          float wf[8];
-          UnpackBf16x8(wv[u][rr], wf);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) part[rr] += wf[i] * a[i];
-        }
-      }
-    }
+    for (int rr = 0; rr < kFewDownRows; ++rr) acc[rr] += first_weight * part[rr];
+  }
+  for (int j = warp + kFewWarps; j < k; j += kFewWarps) {
+    const int64_t p = t * k + j;
+    const uint4* r = DownExpertRows(ids[p] - first_expert, num_local, down, hidden, inter, h0);
+    if (r == nullptr) continue;
+    const float wj = weights[p];
+    uint4 wv[2][kFewDownRows];
+    LoadDownPieces(r, rows, lane, pieces, wv);
+    float part[kFewDownRows] = {};
+    DownSlotPartial(r, rows, reinterpret_cast<const uint4*>(act + p * inter), pieces, lane, wv,
+                    part);
 #pragma unroll
     for (int rr = 0; rr < kFewDownRows; ++rr) acc[rr] += wj * part[rr];
   }
@@ -2034,15 +2082,17 @@ FewGateUpFn FewGateUpSplit(const FewConfig& c) {
                          : MoeFewGateUpKernel<2, 2, kSplit>;
 }
 
-// The gate-up kernel that also computes the shared expert's rows: the default shape only, with
-// the default four-row down blocks whose per-row sums it reproduces (null otherwise, and the
-// down kernel computes them).
+// The gate-up kernel that also computes the shared expert's rows: one or two columns per warp
+// at the default unroll and split, with the default four-row down blocks whose per-row sums it
+// reproduces (null otherwise, and the down kernel computes them).
 FewGateUpFn FewGateUpWithSharedRows(const FewConfig& c) {
   const FewConfig d;
-  return c.cols == d.cols && c.unroll == d.unroll && c.split == d.split &&
-                 c.down_rows == kSharedRowsInGateUp
-             ? MoeFewGateUpKernel<1, 2, 1, true>
-             : nullptr;
+  if (c.unroll != d.unroll || c.split != d.split || c.down_rows != kSharedRowsInGateUp) {
+    return nullptr;
+  }
+  return c.cols == 1   ? MoeFewGateUpKernel<1, 2, 1, true>
+         : c.cols == 2 ? MoeFewGateUpKernel<2, 2, 1, true>
+                       : nullptr;
 }
 
 FewGateUpFn FewGateUp(const FewConfig& c) {
