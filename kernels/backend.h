@@ -289,6 +289,18 @@ class Backend {
                               Tensor& out) = 0;
   // In place: x *= sigmoid(gate), elementwise.
   virtual void MulSigmoid(Tensor& x, const Tensor& gate) = 0;
+  // An attention layer's steps before its attention: QkNormRope, then WriteKvCache of the
+  // normalised and rotated k and of v. Backends fuse them where it pays (the CUDA backend: one
+  // launch), with the bits of the separate ops.
+  virtual void QkNormRopeWriteKv(const Tensor& q_gate, Tensor& k, const Tensor& v,
+                                 const Tensor& q_norm, const Tensor& k_norm, float eps,
+                                 const RopeParams& rope, std::span<const SequenceSegment> segments,
+                                 Tensor& q, Tensor& gate, Tensor& k_cache, Tensor& v_cache);
+  // PagedAttention into out, then MulSigmoid(out, gate): the gated attention's output. Backends
+  // fuse the gate into the attention's last write where they can, with the same bits.
+  virtual void GatedPagedAttention(const Tensor& q, const Tensor& gate, const Tensor& k_cache,
+                                   const Tensor& v_cache, std::span<const SequenceSegment> segments,
+                                   float scale, Tensor& out);
 
   // ---- mixture of experts ----
   // p = softmax(logits[t, :]) in fp32; the k largest (ties: lower id first) and their
@@ -477,6 +489,23 @@ inline void Backend::GatedDeltaNetMixer(const DeltaNetMixerOperands& op,
   Tensor heads_out = out.Reshape({rows, op.dims.v_head_dim});
   GatedRmsNorm(op.core.Reshape({rows, op.dims.v_head_dim}),
                op.z.Reshape({rows, op.dims.v_head_dim}), op.norm_w, op.eps, heads_out);
+}
+
+inline void Backend::QkNormRopeWriteKv(const Tensor& q_gate, Tensor& k, const Tensor& v,
+                                       const Tensor& q_norm, const Tensor& k_norm, float eps,
+                                       const RopeParams& rope,
+                                       std::span<const SequenceSegment> segments, Tensor& q,
+                                       Tensor& gate, Tensor& k_cache, Tensor& v_cache) {
+  QkNormRope(q_gate, k, q_norm, k_norm, eps, rope, segments, q, gate);
+  WriteKvCache(k, v, segments, k_cache, v_cache);
+}
+
+inline void Backend::GatedPagedAttention(const Tensor& q, const Tensor& gate, const Tensor& k_cache,
+                                         const Tensor& v_cache,
+                                         std::span<const SequenceSegment> segments, float scale,
+                                         Tensor& out) {
+  PagedAttention(q, k_cache, v_cache, segments, scale, out);
+  MulSigmoid(out, gate);
 }
 
 inline void Backend::MoeExpertsWithShared(const Tensor& x, const Tensor& ids, const Tensor& weights,

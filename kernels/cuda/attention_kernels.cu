@@ -90,17 +90,30 @@ __global__ void QkNormRopeKernel(const uint16_t* q_gate, uint16_t* k, AnyPtr q_n
   }
 }
 
+// The cache row (block * block_size + offset) of token t's position, through its segment's block
+// table: the kernels read only staged device metadata (a recorded step replays with new tables).
+__device__ __forceinline__ int64_t KvCacheSlot(const int32_t* token_position,
+                                               const int32_t* token_segment,
+                                               const SegmentMeta& segs, int block_size, int64_t t) {
+  const int pos = token_position[t];
+  const int32_t* table = segs.block_tables + segs.block_table_begin[token_segment[t]];
+  return static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
+}
+
 // The same for head_dim % 8 == 0 (<= 256) with 16-byte aligned operands: a block per token (or,
 // for a few tokens, per token and group of kRopeWarps heads: then no warp handles a second head
 // after the first, at one token 7.8 us of a serial loop over 18 heads), one warp per head (lane l
 // holds dims 8l .. 8l+7), so a head needs no block barrier, and a block's rotation angles are
-// computed once for all its heads instead of once per element.
+// computed once for all its heads instead of once per element. With a cache write (kv.k_cache
+// set) heads [nh + nkv, nh + 2 nkv) copy token t's value heads into the paged cache and each key
+// head also stores its rotated row there, so no WriteKvCache launch follows.
 constexpr int kRopeWarps = 8;
 
 __global__ void __launch_bounds__(kRopeWarps * 32)
     QkNormRopeVecKernel(const uint16_t* q_gate, uint16_t* k, AnyPtr q_norm, AnyPtr k_norm,
                         float eps, int rotary_dim, float theta, int num_heads, int num_kv_heads,
-                        int head_dim, const int32_t* token_position, uint16_t* q, uint16_t* gate) {
+                        int head_dim, const int32_t* token_position, uint16_t* q, uint16_t* gate,
+                        const KvCacheWrite kv) {
   PdlWait();
   PdlTrigger();
   extern __shared__ float smem[];
@@ -118,8 +131,21 @@ __global__ void __launch_bounds__(kRopeWarps * 32)
   __syncthreads();
   const int d0 = lane * 8;
   const bool active = d0 < head_dim;
-  for (int head = blockIdx.y * kRopeWarps + warp; head < num_heads + num_kv_heads;
-       head += gridDim.y * kRopeWarps) {
+  const bool to_cache = kv.k_cache != nullptr;
+  const int64_t cache_row =
+      to_cache ? KvCacheSlot(token_position, kv.token_segment, kv.segs, kv.block_size, t) *
+                     num_kv_heads * head_dim
+               : 0;
+  const int heads = num_heads + num_kv_heads * (to_cache ? 2 : 1);
+  for (int head = blockIdx.y * kRopeWarps + warp; head < heads; head += gridDim.y * kRopeWarps) {
+    if (head >= num_heads + num_kv_heads) {  // a value head: copied as it is
+      const int64_t vh = head - num_heads - num_kv_heads;
+      if (active) {
+        *reinterpret_cast<uint4*>(kv.v_cache + cache_row + vh * head_dim + d0) =
+            *reinterpret_cast<const uint4*>(kv.v + (t * num_kv_heads + vh) * head_dim + d0);
+      }
+      continue;
+    }
     const QkHead h =
         QkHeadOf(t, head, q_gate, k, q, q_norm, k_norm, num_heads, num_kv_heads, head_dim);
     const bool is_q = h.is_q;
@@ -161,14 +187,17 @@ __global__ void __launch_bounds__(kRopeWarps * 32)
                           : v[i] * cos_s[j] + vals[d - half] * sin_s[j];
         }
       }
-      *reinterpret_cast<uint4*>(dst + d0) = PackBf16x8(y);
+      const uint4 packed = PackBf16x8(y);
+      *reinterpret_cast<uint4*>(dst + d0) = packed;
+      if (to_cache && !is_q) {
+        *reinterpret_cast<uint4*>(kv.k_cache + cache_row + (head - num_heads) * head_dim + d0) =
+            packed;
+      }
     }
     __syncwarp();  // vals is rewritten by the warp's next head
   }
 }
 
-// The physical row of token t's position comes from its segment's block table, so that the
-// kernel reads only staged device metadata (a recorded step replays with new tables).
 __global__ void WriteKvCacheKernel(const uint16_t* k, const uint16_t* v, TokenMeta tokens,
                                    SegmentMeta segs, int block_size, int64_t num_tokens,
                                    int64_t row_elems, uint16_t* k_cache, uint16_t* v_cache) {
@@ -178,11 +207,9 @@ __global__ void WriteKvCacheKernel(const uint16_t* k, const uint16_t* v, TokenMe
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / row_elems, e = i % row_elems;
-    const int pos = tokens.token_position[t];
-    const int32_t* table = segs.block_tables + segs.block_table_begin[tokens.token_segment[t]];
-    const int64_t slot =
-        static_cast<int64_t>(table[pos / block_size]) * block_size + pos % block_size;
-    const int64_t dst = slot * row_elems + e;
+    const int64_t dst =
+        KvCacheSlot(tokens.token_position, tokens.token_segment, segs, block_size, t) * row_elems +
+        e;
     k_cache[dst] = k[i];
     v_cache[dst] = v[i];
   }
@@ -422,30 +449,33 @@ void LaunchAttention(dim3 grid, size_t smem, cudaStream_t stream, const uint16_t
 
 }  // namespace
 
-void LaunchQkNormRope(const uint16_t* q_gate, uint16_t* k, AnyPtr q_norm, AnyPtr k_norm, float eps,
+bool LaunchQkNormRope(const uint16_t* q_gate, uint16_t* k, AnyPtr q_norm, AnyPtr k_norm, float eps,
                       int rotary_dim, float theta, int64_t num_tokens, int num_heads,
                       int num_kv_heads, int head_dim, const int32_t* token_position, uint16_t* q,
-                      uint16_t* gate, cudaStream_t stream) {
-  if (num_tokens == 0) return;
+                      uint16_t* gate, cudaStream_t stream, const KvCacheWrite* kv) {
+  if (num_tokens == 0) return kv != nullptr;
   if (head_dim % 8 == 0 && head_dim <= 256 && rotary_dim % 2 == 0 && rotary_dim <= head_dim &&
       IsAligned16(q_gate) && IsAligned16(k) && IsAligned16(q) && IsAligned16(gate) &&
-      IsAligned16(q_norm.data) && IsAligned16(k_norm.data)) {
+      IsAligned16(q_norm.data) && IsAligned16(k_norm.data) &&
+      (kv == nullptr ||
+       (IsAligned16(kv->v) && IsAligned16(kv->k_cache) && IsAligned16(kv->v_cache)))) {
     const size_t smem = sizeof(float) * (rotary_dim + kRopeWarps * head_dim);
     // Below a wave of blocks, a block per group of kRopeWarps heads.
-    const int heads = num_heads + num_kv_heads;
+    const int heads = num_heads + num_kv_heads * (kv != nullptr ? 2 : 1);
     const unsigned groups = num_tokens < 128 ? (heads + kRopeWarps - 1) / kRopeWarps : 1;
     LaunchPdl("QkNormRopeVecKernel", QkNormRopeVecKernel,
               dim3(static_cast<unsigned>(num_tokens), groups), kRopeWarps * 32, smem, stream,
               q_gate, k, q_norm, k_norm, eps, rotary_dim, theta, num_heads, num_kv_heads, head_dim,
-              token_position, q, gate);
+              token_position, q, gate, kv != nullptr ? *kv : KvCacheWrite{});
     CheckLaunch("QkNormRope");
-    return;
+    return kv != nullptr;
   }
   const dim3 grid(static_cast<unsigned>(num_tokens), num_heads + num_kv_heads);
   QkNormRopeKernel<<<grid, kNormThreads, sizeof(float) * head_dim, stream>>>(
       q_gate, k, q_norm, k_norm, eps, rotary_dim, theta, num_heads, num_kv_heads, head_dim,
       token_position, q, gate);
   CheckLaunch("QkNormRope");
+  return false;
 }
 
 void LaunchWriteKvCache(const uint16_t* k, const uint16_t* v, const TokenMeta& tokens,
@@ -483,12 +513,12 @@ size_t PagedAttentionScratchBytes(int64_t num_tokens, int num_heads, int head_di
   return sizeof(float) * num_tokens * num_heads * splits * (head_dim + 2);
 }
 
-void LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
+bool LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
                           int64_t cache_blocks, int64_t num_tokens, int num_heads, int num_kv_heads,
                           int head_dim, int block_size, const TokenMeta& tokens,
                           const SegmentMeta& segments, float scale, int splits, void* scratch,
-                          uint16_t* out, cudaStream_t stream) {
-  if (num_tokens == 0) return;
+                          uint16_t* out, cudaStream_t stream, const uint16_t* out_gate) {
+  if (num_tokens == 0) return true;
   const bool aligned = reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(v_cache) % 16 == 0;
@@ -497,13 +527,13 @@ void LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint
       aligned) {
     LaunchDecodeAttention(q, k_cache, v_cache, cache_blocks, num_tokens, num_heads, num_kv_heads,
                           head_dim, block_size, tokens, segments, scale, splits, scratch, out,
-                          stream);
-    return;
+                          stream, out_gate);
+    return true;
   }
   if (splits == 1 && PrefillAttentionSupports(num_heads, num_kv_heads, head_dim) && aligned) {
     LaunchPrefillAttention(q, k_cache, v_cache, cache_blocks, num_tokens, num_heads, num_kv_heads,
                            head_dim, block_size, tokens, segments, scale, out, stream);
-    return;
+    return false;
   }
   if (FlashAttentionSupports(num_heads, num_kv_heads, head_dim) && aligned) {
     float* partial = static_cast<float*>(scratch);
@@ -515,7 +545,7 @@ void LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint
                 num_heads, head_dim, splits, out);
       CheckLaunch("PagedAttentionCombine");
     }
-    return;
+    return false;
   }
   if (GqaEligible(num_heads, num_kv_heads, head_dim) && aligned) {
     const dim3 grid(static_cast<unsigned>(num_tokens), num_kv_heads, splits);
@@ -530,7 +560,7 @@ void LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint
                 num_heads, head_dim, splits, out);
       CheckLaunch("PagedAttentionCombine");
     }
-    return;
+    return false;
   }
   const dim3 grid(static_cast<unsigned>(num_tokens), num_heads);
   const size_t smem = sizeof(float) * kAttnWarps * head_dim;
@@ -546,6 +576,7 @@ void LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint
     std::abort();
   }
   CheckLaunch("PagedAttention");
+  return false;
 }
 
 }  // namespace mobius::kernels::cuda

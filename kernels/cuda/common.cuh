@@ -100,6 +100,11 @@ __host__ __device__ __forceinline__ int TileOffset(int row, int chunk) {
 }
 
 __device__ __forceinline__ float Sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
+// An output value y gated by a bf16 gate as Backend::MulSigmoid gates a stored output: y rounded
+// to bf16 first, then times sigmoid(gate) (the caller rounds the product as it stores it).
+__device__ __forceinline__ float GatedOutput(float y, float gate) {
+  return Bf16ToF32(F32ToBf16(y)) * Sigmoid(gate);
+}
 __device__ __forceinline__ float Silu(float x) { return x / (1.0f + __expf(-x)); }
 
 __device__ __forceinline__ float WarpSum(float v) {

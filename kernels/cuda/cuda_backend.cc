@@ -314,6 +314,13 @@ class CudaBackend final : public Backend {
   void PagedAttention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                       std::span<const SequenceSegment> segments, float scale, Tensor& out) override;
   void MulSigmoid(Tensor& x, const Tensor& gate) override;
+  void QkNormRopeWriteKv(const Tensor& q_gate, Tensor& k, const Tensor& v, const Tensor& q_norm,
+                         const Tensor& k_norm, float eps, const RopeParams& rope,
+                         std::span<const SequenceSegment> segments, Tensor& q, Tensor& gate,
+                         Tensor& k_cache, Tensor& v_cache) override;
+  void GatedPagedAttention(const Tensor& q, const Tensor& gate, const Tensor& k_cache,
+                           const Tensor& v_cache, std::span<const SequenceSegment> segments,
+                           float scale, Tensor& out) override;
 
   // ---- mixture of experts ----
   void TopKSoftmax(const Tensor& logits, int k, bool renormalize, Tensor& ids,
@@ -360,6 +367,27 @@ class CudaBackend final : public Backend {
 
   // Makes this backend's device current for the calling thread.
   void Enter() { CheckCuda(cudaSetDevice(device_), "cudaSetDevice"); }
+
+  // The caches QkNormRope also writes this step's keys and values into (QkNormRopeWriteKv).
+  struct KvWriteTarget {
+    const Tensor& v;
+    Tensor& k_cache;
+    Tensor& v_cache;
+  };
+  void QkNormRopeThenWrite(const char* op, const Tensor& q_gate, Tensor& k, const Tensor& q_norm,
+                           const Tensor& k_norm, float eps, const RopeParams& rope,
+                           std::span<const SequenceSegment> segments, Tensor& q, Tensor& gate,
+                           const KvWriteTarget* kv);
+  // WriteKvCache's checks of its operands against the segments (the block tables cover every
+  // position written); returns the number of tokens.
+  int64_t CheckKvWrite(const char* op, const Tensor& k, const Tensor& v,
+                       std::span<const SequenceSegment> segments, const Tensor& k_cache,
+                       const Tensor& v_cache);
+  // PagedAttention, with out *= sigmoid(gate) when gate is given (in the attention kernels'
+  // last write where they take it, else by MulSigmoid).
+  void PagedAttentionGated(const char* op, const Tensor& q, const Tensor* gate,
+                           const Tensor& k_cache, const Tensor& v_cache,
+                           std::span<const SequenceSegment> segments, float scale, Tensor& out);
 
   // Device scratch of at least `bytes`, valid until the next call. Stream order makes reuse
   // across ops safe; growing waits for queued work that may still read the old buffer.
@@ -1435,99 +1463,164 @@ void CudaBackend::GatedDeltaNetMixer(const DeltaNetMixerOperands& op,
 void CudaBackend::QkNormRope(const Tensor& q_gate, Tensor& k, const Tensor& q_norm,
                              const Tensor& k_norm, float eps, const RopeParams& rope,
                              std::span<const SequenceSegment> segments, Tensor& q, Tensor& gate) {
-  CheckTensor(q_gate, DType::kBF16, "QkNormRope", "q_gate");
-  CheckTensor(k, DType::kBF16, "QkNormRope", "k");
-  CheckTensor(q, DType::kBF16, "QkNormRope", "q");
-  CheckTensor(gate, DType::kBF16, "QkNormRope", "gate");
-  const AnyPtr qn = Any(q_norm, "QkNormRope", "q_norm");
-  const AnyPtr kn = Any(k_norm, "QkNormRope", "k_norm");
-  Check(q.rank() == 3 && k.rank() == 3, "QkNormRope", "q and k must be [T, heads, hd]");
+  QkNormRopeThenWrite("QkNormRope", q_gate, k, q_norm, k_norm, eps, rope, segments, q, gate,
+                      nullptr);
+}
+
+void CudaBackend::QkNormRopeWriteKv(const Tensor& q_gate, Tensor& k, const Tensor& v,
+                                    const Tensor& q_norm, const Tensor& k_norm, float eps,
+                                    const RopeParams& rope,
+                                    std::span<const SequenceSegment> segments, Tensor& q,
+                                    Tensor& gate, Tensor& k_cache, Tensor& v_cache) {
+  const KvWriteTarget kv{v, k_cache, v_cache};
+  QkNormRopeThenWrite("QkNormRopeWriteKv", q_gate, k, q_norm, k_norm, eps, rope, segments, q, gate,
+                      &kv);
+}
+
+void CudaBackend::QkNormRopeThenWrite(const char* op, const Tensor& q_gate, Tensor& k,
+                                      const Tensor& q_norm, const Tensor& k_norm, float eps,
+                                      const RopeParams& rope,
+                                      std::span<const SequenceSegment> segments, Tensor& q,
+                                      Tensor& gate, const KvWriteTarget* kv) {
+  CheckTensor(q_gate, DType::kBF16, op, "q_gate");
+  CheckTensor(k, DType::kBF16, op, "k");
+  CheckTensor(q, DType::kBF16, op, "q");
+  CheckTensor(gate, DType::kBF16, op, "gate");
+  const AnyPtr qn = Any(q_norm, op, "q_norm");
+  const AnyPtr kn = Any(k_norm, op, "k_norm");
+  Check(q.rank() == 3 && k.rank() == 3, op, "q and k must be [T, heads, hd]");
   const int64_t t = q.dim(0);
   const int nh = static_cast<int>(q.dim(1)), nkv = static_cast<int>(k.dim(1)),
             hd = static_cast<int>(q.dim(2));
   Check(q_gate.numel() == t * nh * 2 * hd && gate.numel() == q.numel() && k.dim(0) == t &&
             k.dim(2) == hd && q_norm.numel() == hd && k_norm.numel() == hd &&
             rope.rotary_dim >= 0 && rope.rotary_dim <= hd && rope.rotary_dim % 2 == 0,
-        "QkNormRope",
+        op,
         absl::StrFormat("q_gate %s, k %s, q %s, gate %s, rotary_dim %d", q_gate.ShapeString(),
                         k.ShapeString(), q.ShapeString(), gate.ShapeString(), rope.rotary_dim));
+  if (kv != nullptr) {
+    Check(CheckKvWrite(op, k, kv->v, segments, kv->k_cache, kv->v_cache) == t, op,
+          absl::StrFormat("k %s holds %d tokens, q %s", k.ShapeString(), t, q.ShapeString()));
+  }
   if (t == 0) return;
   Enter();
-  const PackedSegments packed = PackSegments("QkNormRope", segments, t, false);
+  const PackedSegments packed = PackSegments(op, segments, t, kv != nullptr);
   cuda::TokenMeta tokens;
   cuda::SegmentMeta segs;
   UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs);
-  cuda::LaunchQkNormRope(Bf16(q_gate), MutBf16(k), qn, kn, eps, rope.rotary_dim, rope.theta, t, nh,
-                         nkv, hd, tokens.token_position, MutBf16(q), MutBf16(gate), stream_);
+  if (kv == nullptr) {
+    cuda::LaunchQkNormRope(Bf16(q_gate), MutBf16(k), qn, kn, eps, rope.rotary_dim, rope.theta, t,
+                           nh, nkv, hd, tokens.token_position, MutBf16(q), MutBf16(gate), stream_);
+    return;
+  }
+  const int block_size = static_cast<int>(kv->k_cache.dim(1));
+  cuda::KvCacheWrite write;
+  write.v = Bf16(kv->v);
+  write.k_cache = MutBf16(kv->k_cache);
+  write.v_cache = MutBf16(kv->v_cache);
+  write.block_size = block_size;
+  write.token_segment = tokens.token_segment;
+  write.segs = segs;
+  if (!cuda::LaunchQkNormRope(Bf16(q_gate), MutBf16(k), qn, kn, eps, rope.rotary_dim, rope.theta, t,
+                              nh, nkv, hd, tokens.token_position, MutBf16(q), MutBf16(gate),
+                              stream_, &write)) {
+    cuda::LaunchWriteKvCache(Bf16(k), Bf16(kv->v), tokens, segs, block_size, t, int64_t{nkv} * hd,
+                             MutBf16(kv->k_cache), MutBf16(kv->v_cache), stream_);
+  }
 }
 
 void CudaBackend::WriteKvCache(const Tensor& k, const Tensor& v,
                                std::span<const SequenceSegment> segments, Tensor& k_cache,
                                Tensor& v_cache) {
-  CheckTensor(k, DType::kBF16, "WriteKvCache", "k");
-  CheckTensor(v, DType::kBF16, "WriteKvCache", "v");
-  CheckTensor(k_cache, DType::kBF16, "WriteKvCache", "k_cache");
-  CheckTensor(v_cache, DType::kBF16, "WriteKvCache", "v_cache");
-  Check(k_cache.rank() == 4 && v_cache.shape() == k_cache.shape() && k.numel() == v.numel(),
-        "WriteKvCache",
-        absl::StrFormat("k %s, v %s, k_cache %s, v_cache %s", k.ShapeString(), v.ShapeString(),
-                        k_cache.ShapeString(), v_cache.ShapeString()));
-  const int64_t num_blocks = k_cache.dim(0), block_size = k_cache.dim(1);
-  const int64_t row = k_cache.dim(2) * k_cache.dim(3);
-  Check(row > 0 && k.numel() % row == 0, "WriteKvCache",
-        absl::StrFormat("k %s does not match cache rows of %d", k.ShapeString(), row));
-  const int64_t t = k.numel() / row;
-  int64_t covered = 0;
-  for (const SequenceSegment& seg : segments) {
-    Check(seg.token_begin == covered && seg.token_begin + seg.num_tokens <= t, "WriteKvCache",
-          absl::StrFormat("segment at token %d does not continue at %d", seg.token_begin, covered));
-    for (int32_t i = 0; i < seg.num_tokens; ++i) {
-      const int64_t pos = seg.cached_tokens + i;
-      const int64_t b = pos / block_size;
-      Check(b < static_cast<int64_t>(seg.kv_blocks.size()), "WriteKvCache",
-            absl::StrFormat("position %d needs block %d but the table has %d", pos, b,
-                            seg.kv_blocks.size()));
-      const int32_t block = seg.kv_blocks[b];
-      Check(block >= 0 && block < num_blocks, "WriteKvCache",
-            absl::StrFormat("block %d outside [0, %d)", block, num_blocks));
-    }
-    covered += seg.num_tokens;
-  }
-  Check(covered == t, "WriteKvCache",
-        absl::StrFormat("segments cover %d of %d tokens", covered, t));
+  const int64_t t = CheckKvWrite("WriteKvCache", k, v, segments, k_cache, v_cache);
   if (t == 0) return;
   Enter();
   const PackedSegments packed = PackSegments("WriteKvCache", segments, t, true);
   cuda::TokenMeta tokens;
   cuda::SegmentMeta segs;
   UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs);
-  cuda::LaunchWriteKvCache(Bf16(k), Bf16(v), tokens, segs, static_cast<int>(block_size), t, row,
-                           MutBf16(k_cache), MutBf16(v_cache), stream_);
+  cuda::LaunchWriteKvCache(Bf16(k), Bf16(v), tokens, segs, static_cast<int>(k_cache.dim(1)), t,
+                           k_cache.dim(2) * k_cache.dim(3), MutBf16(k_cache), MutBf16(v_cache),
+                           stream_);
+}
+
+int64_t CudaBackend::CheckKvWrite(const char* op, const Tensor& k, const Tensor& v,
+                                  std::span<const SequenceSegment> segments, const Tensor& k_cache,
+                                  const Tensor& v_cache) {
+  CheckTensor(k, DType::kBF16, op, "k");
+  CheckTensor(v, DType::kBF16, op, "v");
+  CheckTensor(k_cache, DType::kBF16, op, "k_cache");
+  CheckTensor(v_cache, DType::kBF16, op, "v_cache");
+  Check(k_cache.rank() == 4 && v_cache.shape() == k_cache.shape() && k.numel() == v.numel(), op,
+        absl::StrFormat("k %s, v %s, k_cache %s, v_cache %s", k.ShapeString(), v.ShapeString(),
+                        k_cache.ShapeString(), v_cache.ShapeString()));
+  const int64_t num_blocks = k_cache.dim(0), block_size = k_cache.dim(1);
+  const int64_t row = k_cache.dim(2) * k_cache.dim(3);
+  Check(row > 0 && k.numel() % row == 0, op,
+        absl::StrFormat("k %s does not match cache rows of %d", k.ShapeString(), row));
+  const int64_t t = k.numel() / row;
+  int64_t covered = 0;
+  for (const SequenceSegment& seg : segments) {
+    Check(seg.token_begin == covered && seg.token_begin + seg.num_tokens <= t, op,
+          absl::StrFormat("segment at token %d does not continue at %d", seg.token_begin, covered));
+    for (int32_t i = 0; i < seg.num_tokens; ++i) {
+      const int64_t pos = seg.cached_tokens + i;
+      const int64_t b = pos / block_size;
+      Check(b < static_cast<int64_t>(seg.kv_blocks.size()), op,
+            absl::StrFormat("position %d needs block %d but the table has %d", pos, b,
+                            seg.kv_blocks.size()));
+      const int32_t block = seg.kv_blocks[b];
+      Check(block >= 0 && block < num_blocks, op,
+            absl::StrFormat("block %d outside [0, %d)", block, num_blocks));
+    }
+    covered += seg.num_tokens;
+  }
+  Check(covered == t, op, absl::StrFormat("segments cover %d of %d tokens", covered, t));
+  return t;
 }
 
 void CudaBackend::PagedAttention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                  std::span<const SequenceSegment> segments, float scale,
                                  Tensor& out) {
-  CheckTensor(q, DType::kBF16, "PagedAttention", "q");
-  CheckTensor(k_cache, DType::kBF16, "PagedAttention", "k_cache");
-  CheckTensor(v_cache, DType::kBF16, "PagedAttention", "v_cache");
-  CheckTensor(out, DType::kBF16, "PagedAttention", "out");
+  PagedAttentionGated("PagedAttention", q, nullptr, k_cache, v_cache, segments, scale, out);
+}
+
+void CudaBackend::GatedPagedAttention(const Tensor& q, const Tensor& gate, const Tensor& k_cache,
+                                      const Tensor& v_cache,
+                                      std::span<const SequenceSegment> segments, float scale,
+                                      Tensor& out) {
+  PagedAttentionGated("GatedPagedAttention", q, &gate, k_cache, v_cache, segments, scale, out);
+}
+
+void CudaBackend::PagedAttentionGated(const char* op, const Tensor& q, const Tensor* gate,
+                                      const Tensor& k_cache, const Tensor& v_cache,
+                                      std::span<const SequenceSegment> segments, float scale,
+                                      Tensor& out) {
+  CheckTensor(q, DType::kBF16, op, "q");
+  CheckTensor(k_cache, DType::kBF16, op, "k_cache");
+  CheckTensor(v_cache, DType::kBF16, op, "v_cache");
+  CheckTensor(out, DType::kBF16, op, "out");
   Check(q.rank() == 3 && k_cache.rank() == 4 && v_cache.shape() == k_cache.shape() &&
             out.numel() == q.numel() && k_cache.dim(3) == q.dim(2) &&
             q.dim(1) % k_cache.dim(2) == 0,
-        "PagedAttention",
+        op,
         absl::StrFormat("q %s, k_cache %s, v_cache %s, out %s", q.ShapeString(),
                         k_cache.ShapeString(), v_cache.ShapeString(), out.ShapeString()));
+  if (gate != nullptr) {
+    CheckTensor(*gate, DType::kBF16, op, "gate");
+    Check(gate->numel() == out.numel(), op,
+          absl::StrFormat("gate %s, out %s", gate->ShapeString(), out.ShapeString()));
+  }
   const int64_t t = q.dim(0);
   const int block_size = static_cast<int>(k_cache.dim(1));
   for (const SequenceSegment& seg : segments) {
     const int64_t needed =
         (int64_t{seg.cached_tokens} + seg.num_tokens + block_size - 1) / block_size;
-    Check(static_cast<int64_t>(seg.kv_blocks.size()) >= needed, "PagedAttention",
+    Check(static_cast<int64_t>(seg.kv_blocks.size()) >= needed, op,
           absl::StrFormat("segment at token %d needs %d kv blocks, has %d", seg.token_begin, needed,
                           seg.kv_blocks.size()));
     for (int64_t b = 0; b < needed; ++b) {
-      Check(seg.kv_blocks[b] >= 0 && seg.kv_blocks[b] < k_cache.dim(0), "PagedAttention",
+      Check(seg.kv_blocks[b] >= 0 && seg.kv_blocks[b] < k_cache.dim(0), op,
             absl::StrFormat("block %d outside [0, %d)", seg.kv_blocks[b], k_cache.dim(0)));
     }
   }
@@ -1537,7 +1630,7 @@ void CudaBackend::PagedAttention(const Tensor& q, const Tensor& k_cache, const T
   for (const SequenceSegment& seg : segments) {
     max_positions = std::max(max_positions, seg.cached_tokens + seg.num_tokens);
   }
-  const PackedSegments packed = PackSegments("PagedAttention", segments, t, true);
+  const PackedSegments packed = PackSegments(op, segments, t, true);
   // A recorded step is replayed at longer contexts: split for the longest it will see. A staged
   // step of a shape the model records (every sequence the same 1..8 tokens: decode, speculative
   // verify) splits the same way when it runs op by op, so that it and its recording compute the
@@ -1559,9 +1652,11 @@ void CudaBackend::PagedAttention(const Tensor& q, const Tensor& k_cache, const T
   cuda::TokenMeta tokens;
   cuda::SegmentMeta segs;
   UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs);
-  cuda::LaunchPagedAttention(Bf16(q), Bf16(k_cache), Bf16(v_cache), k_cache.dim(0), t, nh, nkv, hd,
-                             block_size, tokens, segs, scale, splits, scratch, MutBf16(out),
-                             stream_);
+  const bool gated = cuda::LaunchPagedAttention(
+      Bf16(q), Bf16(k_cache), Bf16(v_cache), k_cache.dim(0), t, nh, nkv, hd, block_size, tokens,
+      segs, scale, splits, scratch, MutBf16(out), stream_, gate != nullptr ? Bf16(*gate) : nullptr);
+  if (gate != nullptr && !gated)
+    cuda::LaunchMulSigmoid(MutBf16(out), Bf16(*gate), out.numel(), stream_);
 }
 
 void CudaBackend::MulSigmoid(Tensor& x, const Tensor& gate) {

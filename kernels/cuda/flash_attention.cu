@@ -326,7 +326,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
                           const __grid_constant__ CUtensorMap v_map, int cache_rows, int num_heads,
                           int num_kv_heads, int block_size, TokenMeta tokens, SegmentMeta segs,
                           float scale_log2, int splits, float* partial_acc, float2* partial_ml,
-                          uint16_t* out) {
+                          uint16_t* out, const uint16_t* out_gate) {
   constexpr int kChunks = kHd / 8;  // 16-byte chunks per K/V row
   constexpr int kSteps = kHd / 16;  // k-steps of S^T, m-tiles of O^T
   constexpr int kTileElems = kDecodeTile * kHd;
@@ -585,6 +585,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
       const float inv = l_all_s[head] > 0.0f ? 1.0f / l_all_s[head] : 0.0f;
 #pragma unroll
       for (int j = 0; j < 8; ++j) acc[j] *= inv;
+      if (out_gate != nullptr) {
+        float gv[8];
+        UnpackBf16x8(*reinterpret_cast<const uint4*>(out_gate + row * kHd + d0), gv);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[j] = GatedOutput(acc[j], gv[j]);
+      }
       *reinterpret_cast<uint4*>(out + row * kHd + d0) = PackBf16x8(acc);
     } else {
       float* dst = partial_acc + (row * splits + split) * kHd + d0;
@@ -604,7 +610,7 @@ constexpr int kCombineMaxSplits = 256;
 template <int kHd>
 __global__ void __launch_bounds__(kCombineThreads)
     DecodeCombineKernel(const float* partial_acc, const float2* partial_ml, int splits,
-                        uint16_t* out) {
+                        uint16_t* out, const uint16_t* out_gate) {
   constexpr int kCols = kCombineDims / 4;           // float4 columns of the slice
   constexpr int kGroups = kCombineThreads / kCols;  // split groups
   __shared__ float f_s[kCombineMaxSplits];
@@ -650,10 +656,19 @@ __global__ void __launch_bounds__(kCombineThreads)
       a.w += b.w;
     }
     const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;
+    const int64_t at = row * kHd + d0 + 4 * threadIdx.x;
+    float y[4] = {a.x * inv, a.y * inv, a.z * inv, a.w * inv};
+    if (out_gate != nullptr) {
+      const uint2 g = *reinterpret_cast<const uint2*>(out_gate + at);
+      const float gv[4] = {__uint_as_float(g.x << 16), __uint_as_float(g.x & 0xffff0000u),
+                           __uint_as_float(g.y << 16), __uint_as_float(g.y & 0xffff0000u)};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) y[j] = GatedOutput(y[j], gv[j]);
+    }
     uint2 packed;
-    packed.x = PackBf16x2(a.x * inv, a.y * inv);
-    packed.y = PackBf16x2(a.z * inv, a.w * inv);
-    *reinterpret_cast<uint2*>(out + row * kHd + d0 + 4 * threadIdx.x) = packed;
+    packed.x = PackBf16x2(y[0], y[1]);
+    packed.y = PackBf16x2(y[2], y[3]);
+    *reinterpret_cast<uint2*>(out + at) = packed;
   }
 }
 
@@ -680,7 +695,7 @@ template <int kHd, int kWarps, int kStages>
 void LaunchDecode(int64_t num_tokens, cudaStream_t stream, const uint16_t* q,
                   const uint16_t* k_cache, const uint16_t* v_cache, int64_t cache_blocks, int nh,
                   int nkv, int block_size, const TokenMeta& tokens, const SegmentMeta& segs,
-                  float scale, int splits, void* scratch, uint16_t* out) {
+                  float scale, int splits, void* scratch, uint16_t* out, const uint16_t* out_gate) {
   constexpr size_t kSmem = DecodeSmemBytes<kHd, kWarps, kStages>();
   static const bool configured = [] {
     return cudaFuncSetAttribute(DecodeAttentionKernel<kHd, kWarps, kStages, true>,
@@ -711,12 +726,12 @@ void LaunchDecode(int64_t num_tokens, cudaStream_t stream, const uint16_t* q,
                 : DecodeAttentionKernel<kHd, kWarps, kStages, false>,
             dim3(splits, nkv, static_cast<unsigned>(num_tokens)), kWarps * 32, kSmem, stream, q,
             k_cache, v_cache, k_map, v_map, static_cast<int>(rows), nh, nkv, block_size, tokens,
-            segs, scale_log2, splits, acc, ml, out);
+            segs, scale_log2, splits, acc, ml, out, out_gate);
   CheckLaunch("DecodeAttention");
   if (splits > 1) {
     LaunchPdl("DecodeCombineKernel", DecodeCombineKernel<kHd>,
               dim3(static_cast<unsigned>(num_tokens * nh), kHd / kCombineDims), kCombineThreads, 0,
-              stream, acc, ml, splits, out);
+              stream, acc, ml, splits, out, out_gate);
     CheckLaunch("DecodeAttentionCombine");
   }
 }
@@ -725,17 +740,18 @@ template <int kHd>
 void LaunchDecodeFor(int64_t num_tokens, cudaStream_t stream, const uint16_t* q,
                      const uint16_t* k_cache, const uint16_t* v_cache, int64_t cache_blocks, int nh,
                      int nkv, int block_size, const TokenMeta& tokens, const SegmentMeta& segs,
-                     float scale, int splits, void* scratch, uint16_t* out) {
+                     float scale, int splits, void* scratch, uint16_t* out,
+                     const uint16_t* out_gate) {
   const DecodeConfig c = DecodeConfigFromEnv();
   if (c.warps == 4 && c.stages == 2) {
     LaunchDecode<kHd, 4, 2>(num_tokens, stream, q, k_cache, v_cache, cache_blocks, nh, nkv,
-                            block_size, tokens, segs, scale, splits, scratch, out);
+                            block_size, tokens, segs, scale, splits, scratch, out, out_gate);
   } else if (c.warps == 6) {
     LaunchDecode<kHd, 6, 2>(num_tokens, stream, q, k_cache, v_cache, cache_blocks, nh, nkv,
-                            block_size, tokens, segs, scale, splits, scratch, out);
+                            block_size, tokens, segs, scale, splits, scratch, out, out_gate);
   } else {
     LaunchDecode<kHd, 4, 3>(num_tokens, stream, q, k_cache, v_cache, cache_blocks, nh, nkv,
-                            block_size, tokens, segs, scale, splits, scratch, out);
+                            block_size, tokens, segs, scale, splits, scratch, out, out_gate);
   }
 }
 
@@ -824,19 +840,22 @@ void LaunchDecodeAttention(const uint16_t* q, const uint16_t* k_cache, const uin
                            int64_t cache_blocks, int64_t num_tokens, int num_heads,
                            int num_kv_heads, int head_dim, int block_size, const TokenMeta& tokens,
                            const SegmentMeta& segs, float scale, int splits, void* scratch,
-                           uint16_t* out, cudaStream_t stream) {
+                           uint16_t* out, cudaStream_t stream, const uint16_t* out_gate) {
   switch (head_dim) {
     case 64:
       LaunchDecodeFor<64>(num_tokens, stream, q, k_cache, v_cache, cache_blocks, num_heads,
-                          num_kv_heads, block_size, tokens, segs, scale, splits, scratch, out);
+                          num_kv_heads, block_size, tokens, segs, scale, splits, scratch, out,
+                          out_gate);
       break;
     case 128:
       LaunchDecodeFor<128>(num_tokens, stream, q, k_cache, v_cache, cache_blocks, num_heads,
-                           num_kv_heads, block_size, tokens, segs, scale, splits, scratch, out);
+                           num_kv_heads, block_size, tokens, segs, scale, splits, scratch, out,
+                           out_gate);
       break;
     default:
       LaunchDecodeFor<256>(num_tokens, stream, q, k_cache, v_cache, cache_blocks, num_heads,
-                           num_kv_heads, block_size, tokens, segs, scale, splits, scratch, out);
+                           num_kv_heads, block_size, tokens, segs, scale, splits, scratch, out,
+                           out_gate);
       break;
   }
 }

@@ -239,10 +239,23 @@ void LaunchDeltaNetDecodeStep(const DeltaNetDecodeStepArgs& args, const SegmentM
 // ---- gated attention (attention_kernels.cu) ----
 // The largest head size the paged-attention kernels take (checked at load).
 inline constexpr int kMaxAttentionHeadDim = 256;
-void LaunchQkNormRope(const uint16_t* q_gate, uint16_t* k, AnyPtr q_norm, AnyPtr k_norm, float eps,
+// Where QkNormRope also stores this step's keys (as normalised and rotated) and values: the
+// paged caches [blocks, block_size, nkv, head_dim], through each token's segment's block table
+// (the WriteKvCache that otherwise follows it).
+struct KvCacheWrite {
+  const uint16_t* v = nullptr;  // [T, nkv, head_dim]
+  uint16_t* k_cache = nullptr;
+  uint16_t* v_cache = nullptr;
+  int block_size = 0;
+  const int32_t* token_segment = nullptr;
+  SegmentMeta segs;
+};
+// With `kv`, returns whether the launch also wrote the caches (the vector kernel does; the
+// fallback for odd head sizes does not, and the caller then launches LaunchWriteKvCache).
+bool LaunchQkNormRope(const uint16_t* q_gate, uint16_t* k, AnyPtr q_norm, AnyPtr k_norm, float eps,
                       int rotary_dim, float theta, int64_t num_tokens, int num_heads,
                       int num_kv_heads, int head_dim, const int32_t* token_position, uint16_t* q,
-                      uint16_t* gate, cudaStream_t stream);
+                      uint16_t* gate, cudaStream_t stream, const KvCacheWrite* kv = nullptr);
 // Stores token t's k/v row at position tokens.token_position[t] through its segment's block
 // table (rows of `row_elems` = kv heads * head_dim).
 void LaunchWriteKvCache(const uint16_t* k, const uint16_t* v, const TokenMeta& tokens,
@@ -272,22 +285,26 @@ void LaunchPrefillAttention(const uint16_t* q, const uint16_t* k_cache, const ui
 bool DecodeAttentionSupports(int64_t num_tokens, int num_segments, int num_heads, int num_kv_heads,
                              int head_dim);
 int DecodeAttentionSplits(int64_t num_tokens, int num_kv_heads, int max_positions, int num_sms);
+// out_gate (optional, [T, nh, head_dim]): out *= sigmoid(out_gate) as Backend::MulSigmoid
+// rounds it (out rounded to bf16 first), applied where out is written.
 void LaunchDecodeAttention(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
                            int64_t cache_blocks, int64_t num_tokens, int num_heads,
                            int num_kv_heads, int head_dim, int block_size, const TokenMeta& tokens,
                            const SegmentMeta& segs, float scale, int splits, void* scratch,
-                           uint16_t* out, cudaStream_t stream);
+                           uint16_t* out, cudaStream_t stream, const uint16_t* out_gate = nullptr);
 // Number of position splits (flash-decoding) for a step whose longest attention span is
 // `max_positions`, and the device scratch they need.
 int PagedAttentionSplits(int64_t num_tokens, int num_segments, int num_heads, int num_kv_heads,
                          int head_dim, int max_positions, int num_sms);
 size_t PagedAttentionScratchBytes(int64_t num_tokens, int num_heads, int head_dim, int splits);
-// `cache_blocks`: the caches' first dimension ([blocks, block_size, nkv, head_dim]).
-void LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
+// `cache_blocks`: the caches' first dimension ([blocks, block_size, nkv, head_dim]). With
+// out_gate, returns whether the kernels applied it (the decode kernels do; otherwise the caller
+// runs MulSigmoid).
+bool LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
                           int64_t cache_blocks, int64_t num_tokens, int num_heads, int num_kv_heads,
                           int head_dim, int block_size, const TokenMeta& tokens,
                           const SegmentMeta& segments, float scale, int splits, void* scratch,
-                          uint16_t* out, cudaStream_t stream);
+                          uint16_t* out, cudaStream_t stream, const uint16_t* out_gate = nullptr);
 
 // ---- mixture of experts (moe_kernels.cu) ----
 void LaunchTopKSoftmax(AnyPtr logits, int64_t num_tokens, int num_experts, int k, bool renormalize,

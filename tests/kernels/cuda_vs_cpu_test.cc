@@ -512,6 +512,108 @@ TEST(CudaVsCpuTest, FusedOpsEqualTheirParts) {
   }
 }
 
+// The attention layer's fused steps: QkNormRopeWriteKv (the norm + RoPE kernel also storing the
+// step's keys and values into the paged caches) and GatedPagedAttention (the output gate applied
+// where the decode kernels write the output, one split or several). Against the CPU backend's
+// parts, and against the CUDA parts on the same inputs: the same bits. Decode steps (one token a
+// sequence, short and long contexts), a verify step (five tokens a sequence) and a prefill.
+TEST(CudaVsCpuTest, GatedAttentionStepsEqualTheirParts) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  Pair p;
+  std::mt19937 rng(31);
+  auto host = [&](Backend& b, const Tensor& t) {
+    std::vector<float> v(t.numel());
+    b.CopyToHostF32(t, v.data());
+    return v;
+  };
+  struct Dims {
+    int nh, nkv, hd, rotary;
+  };
+  struct Layout {
+    const char* name;
+    std::vector<std::pair<int, int>> seqs;  // (tokens this step, cached before it)
+  };
+  const std::vector<Layout> layouts = {{"decode", {{1, 5}, {1, 0}, {1, 37}}},
+                                       {"decode-long", {{1, 1500}, {1, 700}}},
+                                       {"verify", {{5, 20}, {5, 300}}},
+                                       {"prefill", {{40, 0}, {3, 17}}}};
+  const int bs = 16;
+  for (const Dims d : {Dims{4, 2, 64, 16}, Dims{16, 2, 256, 64}}) {
+    for (const Layout& layout : layouts) {
+      // Each sequence gets its own run of blocks, enough for its positions.
+      std::vector<std::vector<int32_t>> tables;
+      int blocks = 0;
+      for (const auto& [n, cached] : layout.seqs) {
+        std::vector<int32_t> table((cached + n + bs - 1) / bs);
+        std::iota(table.begin(), table.end(), blocks);
+        std::reverse(table.begin(), table.end());  // not in position order
+        blocks += static_cast<int>(table.size());
+        tables.push_back(std::move(table));
+      }
+      std::vector<SequenceSegment> segs;
+      int T = 0;
+      for (size_t i = 0; i < layout.seqs.size(); ++i) {
+        segs.push_back({T, layout.seqs[i].first, layout.seqs[i].second, -1, tables[i]});
+        T += layout.seqs[i].first;
+      }
+      const std::string what =
+          std::string(layout.name) + " nh=" + std::to_string(d.nh) + " hd=" + std::to_string(d.hd);
+      const int64_t cache_elems = int64_t{blocks} * bs * d.nkv * d.hd;
+      const std::vector<float> qg0 = Random(rng, int64_t{T} * d.nh * 2 * d.hd, -2, 2);
+      const std::vector<float> k0 = Random(rng, int64_t{T} * d.nkv * d.hd, -2, 2);
+      const std::vector<float> v0 = Random(rng, int64_t{T} * d.nkv * d.hd);
+      const std::vector<float> kc0 = Random(rng, cache_elems), vc0 = Random(rng, cache_elems);
+      const std::vector<float> qn0 = Random(rng, d.hd, -0.3f, 0.3f);
+      const std::vector<float> kn0 = Random(rng, d.hd, -0.3f, 0.3f);
+      const RopeParams rope{d.rotary, 10000.f};
+      const float scale = 1.0f / std::sqrt(static_cast<float>(d.hd));
+      const std::vector<float> zeros(int64_t{T} * d.nh * d.hd);
+      // Fused on both backends (the CPU backend runs the parts).
+      auto qg = p.Make({T, d.nh, 2 * d.hd}, qg0);
+      auto k = p.Make({T, d.nkv, d.hd}, k0);
+      auto v = p.Make({T, d.nkv, d.hd}, v0);
+      auto kc = p.Make({blocks, bs, d.nkv, d.hd}, kc0);
+      auto vc = p.Make({blocks, bs, d.nkv, d.hd}, vc0);
+      auto qn = p.Make({d.hd}, qn0);
+      auto kn = p.Make({d.hd}, kn0);
+      auto q = p.Make({T, d.nh, d.hd}, zeros);
+      auto gate = p.Make({T, d.nh, d.hd}, zeros);
+      auto out = p.Make({T, d.nh, d.hd}, zeros);
+      p.cpu().QkNormRopeWriteKv(qg.first, k.first, v.first, qn.first, kn.first, 1e-6f, rope, segs,
+                                q.first, gate.first, kc.first, vc.first);
+      p.cuda().QkNormRopeWriteKv(qg.second, k.second, v.second, qn.second, kn.second, 1e-6f, rope,
+                                 segs, q.second, gate.second, kc.second, vc.second);
+      p.cpu().GatedPagedAttention(q.first, gate.first, kc.first, vc.first, segs, scale, out.first);
+      p.cuda().GatedPagedAttention(q.second, gate.second, kc.second, vc.second, segs, scale,
+                                   out.second);
+      EXPECT_LT(p.Compare((what + " q").c_str(), q.first, q.second), kTol);
+      EXPECT_LT(p.Compare((what + " k cache").c_str(), kc.first, kc.second), kTol);
+      EXPECT_LT(p.Compare((what + " v cache").c_str(), vc.first, vc.second), kTol);
+      EXPECT_LT(p.Compare((what + " gated out").c_str(), out.first, out.second), kTol);
+      // The CUDA parts on the same inputs.
+      auto qg2 = p.Make({T, d.nh, 2 * d.hd}, qg0);
+      auto k2 = p.Make({T, d.nkv, d.hd}, k0);
+      auto v2 = p.Make({T, d.nkv, d.hd}, v0);
+      auto kc2 = p.Make({blocks, bs, d.nkv, d.hd}, kc0);
+      auto vc2 = p.Make({blocks, bs, d.nkv, d.hd}, vc0);
+      auto q2 = p.Make({T, d.nh, d.hd}, zeros);
+      auto gate2 = p.Make({T, d.nh, d.hd}, zeros);
+      auto out2 = p.Make({T, d.nh, d.hd}, zeros);
+      p.cuda().QkNormRope(qg2.second, k2.second, qn.second, kn.second, 1e-6f, rope, segs, q2.second,
+                          gate2.second);
+      p.cuda().WriteKvCache(k2.second, v2.second, segs, kc2.second, vc2.second);
+      p.cuda().PagedAttention(q2.second, kc2.second, vc2.second, segs, scale, out2.second);
+      p.cuda().MulSigmoid(out2.second, gate2.second);
+      EXPECT_EQ(host(p.cuda(), q.second), host(p.cuda(), q2.second)) << what << " q";
+      EXPECT_EQ(host(p.cuda(), gate.second), host(p.cuda(), gate2.second)) << what << " gate";
+      EXPECT_EQ(host(p.cuda(), k.second), host(p.cuda(), k2.second)) << what << " k";
+      EXPECT_EQ(host(p.cuda(), kc.second), host(p.cuda(), kc2.second)) << what << " k cache";
+      EXPECT_EQ(host(p.cuda(), vc.second), host(p.cuda(), vc2.second)) << what << " v cache";
+      EXPECT_EQ(host(p.cuda(), out.second), host(p.cuda(), out2.second)) << what << " gated out";
+    }
+  }
+}
+
 // GatedDeltaNetMixer: the CUDA backend runs a decode or verify step (every segment 1 to 8 tokens)
 // as one clustered kernel at Dk = Dv in {32, 64, 128} with Hv = 2 Hk (the fixtures' and the
 // release shapes), and anything else through its parts. Against the CPU backend, and against the

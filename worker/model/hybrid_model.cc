@@ -819,14 +819,13 @@ absl::Status HybridModel::AttentionMixer(StepContext& ctx, int layer, const Tens
   kernels::RopeParams rope;
   rope.rotary_dim = config_.rotary_dim();
   rope.theta = static_cast<float>(config_.rope_theta);
-  backend_.QkNormRope(q_gate, k, w.q_norm, w.k_norm, config_.rms_norm_eps, rope, ctx.segments, q,
-                      gate);
   const int kv_layer = cache_index_[layer];
-  backend_.WriteKvCache(k, v, ctx.segments, kv_cache_->keys(kv_layer), kv_cache_->values(kv_layer));
+  backend_.QkNormRopeWriteKv(q_gate, k, v, w.q_norm, w.k_norm, config_.rms_norm_eps, rope,
+                             ctx.segments, q, gate, kv_cache_->keys(kv_layer),
+                             kv_cache_->values(kv_layer));
   ASSIGN_OR_RETURN(Tensor attn, AllocOutput({T, nh, hd}));
-  backend_.PagedAttention(q, kv_cache_->keys(kv_layer), kv_cache_->values(kv_layer), ctx.segments,
-                          1.0f / std::sqrt(static_cast<float>(hd)), attn);
-  backend_.MulSigmoid(attn, gate);
+  backend_.GatedPagedAttention(q, gate, kv_cache_->keys(kv_layer), kv_cache_->values(kv_layer),
+                               ctx.segments, 1.0f / std::sqrt(static_cast<float>(hd)), attn);
   backend_.Linear(attn.Reshape({T, nh * hd}), w.o_proj, out);
   return absl::OkStatus();
 }
