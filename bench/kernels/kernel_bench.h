@@ -204,7 +204,7 @@ class Bench {
   // speculative verify step): the CUDA backend's default choice between its one clustered launch
   // and the parts; MOBIUS_DELTANET_STEP=0|1 forces either.
   Case DeltaNetMixerStep(int seqs, int len);
-  Case Attention(int seqs, int ctx, bool prefill);
+  Case Attention(int seqs, int ctx, bool prefill, bool gated = false);
   Case Moe(int tokens);
   // Stages `segs` (with `tokens` placeholder token ids) for the timed calls of a case.
   std::function<void()> Stager(std::shared_ptr<SegmentSet> segs, int64_t tokens, int max_positions);

@@ -185,19 +185,21 @@ Case Bench::DeltaNetMixerStep(int seqs, int len) {
   return c;
 }
 
-Case Bench::Attention(int seqs, int ctx, bool prefill) {
+Case Bench::Attention(int seqs, int ctx, bool prefill, bool gated) {
   // Decode: each sequence has ctx - 1 cached positions and one new token (attends ctx positions).
-  // Prefill: one sequence of ctx new tokens, causal.
+  // Prefill: one sequence of ctx new tokens, causal. Gated: GatedPagedAttention (the output gate
+  // in the attention's last write) instead of PagedAttention.
   const int len = prefill ? ctx : 1;
   const int cached = ctx - len;
   const int64_t t = static_cast<int64_t>(seqs) * len;
   const int blocks_per_seq = (ctx + d_.block - 1) / d_.block;
   const double kv_row = 2.0 * d_.nkv * d_.hd * ActSize();  // K and V of one position
   Case c;
-  c.op = "PagedAttention";
+  c.op = gated ? "GatedPagedAttention" : "PagedAttention";
   c.shape = absl::StrFormat("%d seq x %d tok, ctx %d, %d/%d heads, hd %d, block %d", seqs, len, ctx,
                             d_.nh, d_.nkv, d_.hd, d_.block);
-  c.bytes = 2.0 * t * d_.nh * d_.hd * ActSize() + static_cast<double>(seqs) * ctx * kv_row;
+  c.bytes = (gated ? 3.0 : 2.0) * t * d_.nh * d_.hd * ActSize() +
+            static_cast<double>(seqs) * ctx * kv_row;
   // QK^T and PV: 4 FLOPs per (query head, attended position, dim).
   const double attended =
       prefill ? static_cast<double>(ctx) * (ctx + 1) / 2.0 : static_cast<double>(seqs) * ctx;
@@ -210,21 +212,26 @@ Case Bench::Attention(int seqs, int ctx, bool prefill) {
   auto segs =
       std::make_shared<SegmentSet>(MakeSegments(seqs, len, cached, -1, blocks_per_seq, &table, 0));
   struct Set {
-    Tensor q, kc, vc, out;
+    Tensor q, gate, kc, vc, out;
   };
   auto sets = std::make_shared<std::vector<Set>>();
   for (int s = 0; s < c.sets; ++s) {
     Set x;
     x.q = Rand(act_, {t, d_.nh, d_.hd});
+    if (gated) x.gate = Rand(act_, {t, d_.nh, d_.hd});
     x.kc = Rand(act_, {num_blocks, d_.block, d_.nkv, d_.hd});
     x.vc = Rand(act_, {num_blocks, d_.block, d_.nkv, d_.hd});
     x.out = Act({t, d_.nh, d_.hd});
     sets->push_back(std::move(x));
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(d_.hd));
-  c.run = [this, sets, segs, scale](int s) {
+  c.run = [this, sets, segs, scale, gated](int s) {
     Set& x = (*sets)[s];
-    be_->PagedAttention(x.q, x.kc, x.vc, segs->segs, scale, x.out);
+    if (gated) {
+      be_->GatedPagedAttention(x.q, x.gate, x.kc, x.vc, segs->segs, scale, x.out);
+    } else {
+      be_->PagedAttention(x.q, x.kc, x.vc, segs->segs, scale, x.out);
+    }
   };
   c.stage = Stager(segs, t, ctx);
   return c;
@@ -461,6 +468,49 @@ void Bench::BuildSpecs() {
       c.stage = Stager(segs, t, decode ? 1001 : t);
       return c;
     });
+    // The engine's form of the two above: one launch (Backend::QkNormRopeWriteKv).
+    Add(absl::StrFormat("qknorm_rope_write_kv.T%d", t), [=, this] {
+      const int seqs = decode ? t : 1, len = decode ? 1 : t, cached = decode ? 1000 : 0;
+      const int bps = (cached + len + d.block - 1) / d.block;
+      Case c;
+      c.op = "QkNormRopeWriteKv";
+      c.shape = absl::StrFormat("%s, q_gate [%d, %d, %d], k/v [%d, %d, %d], rotary %d, block %d",
+                                decode ? "decode" : "prefill", t, d.nh, 2 * d.hd, t, d.nkv, d.hd,
+                                d.rotary, d.block);
+      c.bytes = (static_cast<double>(t) * d.nh * 2 * d.hd + 4.0 * t * d.nkv * d.hd +
+                 2.0 * t * d.nh * d.hd + 2.0 * t * d.nkv * d.hd + 2.0 * d.hd) *
+                ActSize();
+      c.flops = 10.0 * t * (d.nh + d.nkv) * d.hd;
+      c.sets = Sets(c.bytes);
+      const int num_blocks = seqs * bps;
+      const std::vector<int32_t> table = Permutation(num_blocks);
+      auto segs = std::make_shared<SegmentSet>(MakeSegments(seqs, len, cached, -1, bps, &table, 0));
+      struct Set {
+        Tensor qg, k, v, q, gate, kc, vc;
+      };
+      auto v = std::make_shared<std::vector<Set>>();
+      auto qn = std::make_shared<Tensor>(Rand(act_, {d.hd}, -0.1f, 0.1f));
+      auto kn = std::make_shared<Tensor>(Rand(act_, {d.hd}, -0.1f, 0.1f));
+      for (int s = 0; s < c.sets; ++s) {
+        Set x;
+        x.qg = Rand(act_, {t, d.nh, 2 * d.hd});
+        x.k = Rand(act_, {t, d.nkv, d.hd});
+        x.v = Rand(act_, {t, d.nkv, d.hd});
+        x.q = Act({t, d.nh, d.hd});
+        x.gate = Act({t, d.nh, d.hd});
+        x.kc = Act({num_blocks, d.block, d.nkv, d.hd});
+        x.vc = Act({num_blocks, d.block, d.nkv, d.hd});
+        v->push_back(std::move(x));
+      }
+      const RopeParams rope{d.rotary, d.rope_theta};
+      c.run = [this, v, segs, qn, kn, rope, d](int s) {
+        Set& x = (*v)[s];
+        be_->QkNormRopeWriteKv(x.qg, x.k, x.v, *qn, *kn, d.eps, rope, segs->segs, x.q, x.gate, x.kc,
+                               x.vc);
+      };
+      c.stage = Stager(segs, t, cached + len);
+      return c;
+    });
     Add(absl::StrFormat("write_kv.T%d", t), [=, this] {
       const int seqs = decode ? t : 1, len = decode ? 1 : t, cached = decode ? 1000 : 0;
       const int bps = (cached + len + d.block - 1) / d.block;
@@ -499,6 +549,10 @@ void Bench::BuildSpecs() {
     for (int ctx : d.contexts) {
       Add(absl::StrFormat("attn.decode.B%d.ctx%s", b, K(ctx)),
           [=, this] { return Attention(b, ctx, false); });
+      // The engine's form: the output gate applied in the attention's last write (against
+      // attn.decode + mul_sigmoid).
+      Add(absl::StrFormat("attn.decode_gated.B%d.ctx%s", b, K(ctx)),
+          [=, this] { return Attention(b, ctx, false, /*gated=*/true); });
     }
   }
   Add(absl::StrFormat("attn.prefill.1x%s", K(d.prefill)),
