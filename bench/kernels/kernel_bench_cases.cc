@@ -477,8 +477,10 @@ void Bench::BuildSpecs() {
       c.shape = absl::StrFormat("%s, q_gate [%d, %d, %d], k/v [%d, %d, %d], rotary %d, block %d",
                                 decode ? "decode" : "prefill", t, d.nh, 2 * d.hd, t, d.nkv, d.hd,
                                 d.rotary, d.block);
-      c.bytes = (static_cast<double>(t) * d.nh * 2 * d.hd + 4.0 * t * d.nkv * d.hd +
-                 2.0 * t * d.nh * d.hd + 2.0 * t * d.nkv * d.hd + 2.0 * d.hd) *
+      // q_gate read, q and gate written; k read and written back, v read, both cache rows
+      // written.
+      c.bytes = (static_cast<double>(t) * d.nh * 2 * d.hd + 2.0 * t * d.nh * d.hd +
+                 5.0 * t * d.nkv * d.hd + 2.0 * d.hd) *
                 ActSize();
       c.flops = 10.0 * t * (d.nh + d.nkv) * d.hd;
       c.sets = Sets(c.bytes);

@@ -456,19 +456,21 @@ bool LaunchQkNormRope(const uint16_t* q_gate, uint16_t* k, AnyPtr q_norm, AnyPtr
   if (num_tokens == 0) return kv != nullptr;
   if (head_dim % 8 == 0 && head_dim <= 256 && rotary_dim % 2 == 0 && rotary_dim <= head_dim &&
       IsAligned16(q_gate) && IsAligned16(k) && IsAligned16(q) && IsAligned16(gate) &&
-      IsAligned16(q_norm.data) && IsAligned16(k_norm.data) &&
-      (kv == nullptr ||
-       (IsAligned16(kv->v) && IsAligned16(kv->k_cache) && IsAligned16(kv->v_cache)))) {
+      IsAligned16(q_norm.data) && IsAligned16(k_norm.data)) {
+    // The cache write rides along only with 16-byte aligned v and caches; otherwise this kernel
+    // still normalises (so q and k keep the bits QkNormRope gives) and the caller writes.
+    const bool write =
+        kv != nullptr && IsAligned16(kv->v) && IsAligned16(kv->k_cache) && IsAligned16(kv->v_cache);
     const size_t smem = sizeof(float) * (rotary_dim + kRopeWarps * head_dim);
     // Below a wave of blocks, a block per group of kRopeWarps heads.
-    const int heads = num_heads + num_kv_heads * (kv != nullptr ? 2 : 1);
+    const int heads = num_heads + num_kv_heads * (write ? 2 : 1);
     const unsigned groups = num_tokens < 128 ? (heads + kRopeWarps - 1) / kRopeWarps : 1;
     LaunchPdl("QkNormRopeVecKernel", QkNormRopeVecKernel,
               dim3(static_cast<unsigned>(num_tokens), groups), kRopeWarps * 32, smem, stream,
               q_gate, k, q_norm, k_norm, eps, rotary_dim, theta, num_heads, num_kv_heads, head_dim,
-              token_position, q, gate, kv != nullptr ? *kv : KvCacheWrite{});
+              token_position, q, gate, write ? *kv : KvCacheWrite{});
     CheckLaunch("QkNormRope");
-    return kv != nullptr;
+    return write;
   }
   const dim3 grid(static_cast<unsigned>(num_tokens), num_heads + num_kv_heads);
   QkNormRopeKernel<<<grid, kNormThreads, sizeof(float) * head_dim, stream>>>(
@@ -525,10 +527,13 @@ bool LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint
   if (DecodeAttentionSupports(num_tokens, segments.num_segments, num_heads, num_kv_heads,
                               head_dim) &&
       aligned) {
+    // The gate is read in 16-byte pieces where the output is written; an unaligned one is left
+    // to the caller's MulSigmoid.
+    const uint16_t* gate = IsAligned16(out_gate) ? out_gate : nullptr;
     LaunchDecodeAttention(q, k_cache, v_cache, cache_blocks, num_tokens, num_heads, num_kv_heads,
                           head_dim, block_size, tokens, segments, scale, splits, scratch, out,
-                          stream, out_gate);
-    return true;
+                          stream, gate);
+    return gate == out_gate;
   }
   if (splits == 1 && PrefillAttentionSupports(num_heads, num_kv_heads, head_dim) && aligned) {
     LaunchPrefillAttention(q, k_cache, v_cache, cache_blocks, num_tokens, num_heads, num_kv_heads,
