@@ -516,7 +516,8 @@ TEST(CudaVsCpuTest, FusedOpsEqualTheirParts) {
 // step's keys and values into the paged caches) and GatedPagedAttention (the output gate applied
 // where the decode kernels write the output, one split or several). Against the CPU backend's
 // parts, and against the CUDA parts on the same inputs: the same bits. Decode steps (one token a
-// sequence, short and long contexts), a verify step (five tokens a sequence) and a prefill.
+// sequence, short and long contexts), a verify step (five tokens a sequence) and a prefill, at
+// head dims 64 (the fixtures), 128 and 256 (the release config).
 TEST(CudaVsCpuTest, GatedAttentionStepsEqualTheirParts) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   Pair p;
@@ -538,7 +539,7 @@ TEST(CudaVsCpuTest, GatedAttentionStepsEqualTheirParts) {
                                        {"verify", {{5, 20}, {5, 300}}},
                                        {"prefill", {{40, 0}, {3, 17}}}};
   const int bs = 16;
-  for (const Dims d : {Dims{4, 2, 64, 16}, Dims{16, 2, 256, 64}}) {
+  for (const Dims d : {Dims{4, 2, 64, 16}, Dims{8, 2, 128, 32}, Dims{16, 2, 256, 64}}) {
     for (const Layout& layout : layouts) {
       // Each sequence gets its own run of blocks, enough for its positions.
       std::vector<std::vector<int32_t>> tables;
