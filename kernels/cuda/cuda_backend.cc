@@ -1508,24 +1508,21 @@ void CudaBackend::QkNormRopeThenWrite(const char* op, const Tensor& q_gate, Tens
   cuda::TokenMeta tokens;
   cuda::SegmentMeta segs;
   UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs);
-  if (kv == nullptr) {
-    cuda::LaunchQkNormRope(Bf16(q_gate), MutBf16(k), qn, kn, eps, rope.rotary_dim, rope.theta, t,
-                           nh, nkv, hd, tokens.token_position, MutBf16(q), MutBf16(gate), stream_);
-    return;
-  }
-  const int block_size = static_cast<int>(kv->k_cache.dim(1));
   cuda::KvCacheWrite write;
-  write.v = Bf16(kv->v);
-  write.k_cache = MutBf16(kv->k_cache);
-  write.v_cache = MutBf16(kv->v_cache);
-  write.block_size = block_size;
-  write.token_segment = tokens.token_segment;
-  write.segs = segs;
-  if (!cuda::LaunchQkNormRope(Bf16(q_gate), MutBf16(k), qn, kn, eps, rope.rotary_dim, rope.theta, t,
-                              nh, nkv, hd, tokens.token_position, MutBf16(q), MutBf16(gate),
-                              stream_, &write)) {
-    cuda::LaunchWriteKvCache(Bf16(k), Bf16(kv->v), tokens, segs, block_size, t, int64_t{nkv} * hd,
-                             MutBf16(kv->k_cache), MutBf16(kv->v_cache), stream_);
+  if (kv != nullptr) {
+    write.v = Bf16(kv->v);
+    write.k_cache = MutBf16(kv->k_cache);
+    write.v_cache = MutBf16(kv->v_cache);
+    write.block_size = static_cast<int>(kv->k_cache.dim(1));
+    write.token_segment = tokens.token_segment;
+    write.segs = segs;
+  }
+  const bool written = cuda::LaunchQkNormRope(
+      Bf16(q_gate), MutBf16(k), qn, kn, eps, rope.rotary_dim, rope.theta, t, nh, nkv, hd,
+      tokens.token_position, MutBf16(q), MutBf16(gate), stream_, kv != nullptr ? &write : nullptr);
+  if (kv != nullptr && !written) {
+    cuda::LaunchWriteKvCache(Bf16(k), write.v, tokens, segs, write.block_size, t, int64_t{nkv} * hd,
+                             write.k_cache, write.v_cache, stream_);
   }
 }
 
@@ -1655,8 +1652,9 @@ void CudaBackend::PagedAttentionGated(const char* op, const Tensor& q, const Ten
   const bool gated = cuda::LaunchPagedAttention(
       Bf16(q), Bf16(k_cache), Bf16(v_cache), k_cache.dim(0), t, nh, nkv, hd, block_size, tokens,
       segs, scale, splits, scratch, MutBf16(out), stream_, gate != nullptr ? Bf16(*gate) : nullptr);
-  if (gate != nullptr && !gated)
+  if (gate != nullptr && !gated) {
     cuda::LaunchMulSigmoid(MutBf16(out), Bf16(*gate), out.numel(), stream_);
+  }
 }
 
 void CudaBackend::MulSigmoid(Tensor& x, const Tensor& gate) {

@@ -1605,8 +1605,9 @@ __global__ void __launch_bounds__(kFewWarps * 32)
   }
 }
 
-// The few-token down kernel's pieces of work for one expert slot of one token, rows h0.. (rows
-// of them valid; the others repeat row h0 and are not stored).
+// The few-token down kernel's work for one expert slot of one token, rows h0.. of which `rows`
+// are valid (the others repeat row h0 and are not stored), in three helpers.
+//
 // Row h0 of expert e's (local index) down weights, or null when e is another rank's; row h0 + rr
 // follows at rr * pieces 16-byte pieces.
 __device__ __forceinline__ const uint4* DownExpertRows(int e, int num_local, const uint16_t* down,
