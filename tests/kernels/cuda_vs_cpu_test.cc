@@ -711,9 +711,10 @@ TEST(CudaVsCpuTest, DeltaNetMixerDecodeStep) {
       const std::vector<float> scratch = host(conv_out.second);
       const bool untouched =
           std::all_of(scratch.begin(), scratch.end(), [](float v) { return v == kSentinel; });
-      if (defaults)
+      if (defaults) {
         EXPECT_EQ(untouched, expect_step)
             << what << ": the one-launch step " << (expect_step ? "did not run" : "ran");
+      }
       // The CUDA parts from the same starting states.
       auto conv_states2 = p.Make({slots, C, 3}, conv0, DType::kF32);
       auto states2 = p.Make({slots, Hv, D, D}, state0, DType::kF32);
