@@ -64,7 +64,9 @@ TEST(CudaLayerwiseTest, ErrorPerDepth) {
           err(0, prompt.size()), err(0, 8), err(60, 70), err(120, prompt.size()));
       // One layer in bf16 stays close to fp32 on the first tokens (measured on an H200:
       // 7.5e-3 and 1.4e-2); the error that grows later comes from routing flips.
-      if (layers == 1) EXPECT_LT(err(0, 8), 5e-2) << name;
+      if (layers == 1) {
+        EXPECT_LT(err(0, 8), 5e-2) << name;
+      }
       if (layers <= 1) {
         std::string bad;
         for (size_t t = 0; t < prompt.size(); ++t) {

@@ -156,7 +156,9 @@ class LayoutEquivalenceTest : public ::testing::Test {
 
   std::unique_ptr<worker::HybridModel> Load(const std::string& name) {
     auto model = LoadFixtureModel((root_ / name).string(), *backend_);
-    if (model) EXPECT_TRUE(model->CreateCaches(2, 64).ok());
+    if (model) {
+      EXPECT_TRUE(model->CreateCaches(2, 64).ok());
+    }
     return model;
   }
 
