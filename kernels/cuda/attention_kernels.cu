@@ -114,8 +114,8 @@ __global__ void __launch_bounds__(kRopeWarps * 32)
                         float eps, int rotary_dim, float theta, int num_heads, int num_kv_heads,
                         int head_dim, const int32_t* token_position, uint16_t* q, uint16_t* gate,
                         const KvCacheWrite kv) {
-  PdlWait();
-  PdlTrigger();
+  // Up to PdlWait: the rotation angles and the cache row, from the step's positions and block
+  // tables (staged by copies, not by kernels), while the projection before this kernel finishes.
   extern __shared__ float smem[];
   const int half = rotary_dim / 2;
   float* cos_s = smem;         // [half]
@@ -136,6 +136,8 @@ __global__ void __launch_bounds__(kRopeWarps * 32)
       to_cache ? KvCacheSlot(token_position, kv.token_segment, kv.segs, kv.block_size, t) *
                      num_kv_heads * head_dim
                : 0;
+  PdlWait();
+  PdlTrigger();
   const int heads = num_heads + num_kv_heads * (to_cache ? 2 : 1);
   for (int head = blockIdx.y * kRopeWarps + warp; head < heads; head += gridDim.y * kRopeWarps) {
     if (head >= num_heads + num_kv_heads) {  // a value head: copied as it is

@@ -351,31 +351,21 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
     __syncwarp();
   }
 
-  PdlWait();
-  PdlTrigger();
+  // The step's metadata and block tables are staged by copies, not by kernels, and the cache rows
+  // before the segment's first new position were written by earlier steps: all readable before
+  // PdlWait. Only q and the rows of this step's tokens come from the predecessor (the KV write).
   const int split = blockIdx.x, kvh = blockIdx.y;
   const int64_t t = blockIdx.z;
   const int group = num_heads / num_kv_heads;
   const int seg = tokens.token_segment[t];
   const int num_pos = tokens.token_position[t] + 1;
+  const int first_new = segs.cached_tokens[seg];
   // Splits cover whole 16-position tiles; trailing splits may be empty.
   const int chunk = ((num_pos + splits - 1) / splits + kDecodeTile - 1) / kDecodeTile * kDecodeTile;
   const int begin = min(num_pos, split * chunk), end = min(num_pos, begin + chunk);
   const int32_t* table = segs.block_tables + segs.block_table_begin[seg];
   const int num_tiles = (end - begin + kDecodeTile - 1) / kDecodeTile;
   const int my_tiles = num_tiles > warp ? (num_tiles - warp + kDecodeWarps - 1) / kDecodeWarps : 0;
-
-  // Q^T as B fragments: head g, dims kk * 16 + 2 qd (+1) and + 8 (zero for heads past the group).
-  uint32_t qf[kSteps][2];
-  {
-    const bool valid = g < group;
-    const uint16_t* qp = q + (t * num_heads + kvh * group + (valid ? g : 0)) * kHd + 2 * qd;
-#pragma unroll
-    for (int kk = 0; kk < kSteps; ++kk) {
-      qf[kk][0] = valid ? *reinterpret_cast<const uint32_t*>(qp + kk * 16) : 0u;
-      qf[kk][1] = valid ? *reinterpret_cast<const uint32_t*>(qp + kk * 16 + 8) : 0u;
-    }
-  }
 
   // Row (in units of kHd elements) of position p0 + (lane & 15) of the warp's i-th tile, -1 past
   // the split: each lane of a half-warp looks one position up, and the copies take the rows by
@@ -435,13 +425,39 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // heads 2 qd, 2 qd + 1 (log2 units)
 
   {
+    // The ring's first tiles: those wholly before first_new are requested before PdlWait, so that
+    // at one token per sequence the history streams while the QK-norm kernel still runs.
     int64_t rows[kDecodeStages - 1];
 #pragma unroll
     for (int i = 0; i < kDecodeStages - 1; ++i) rows[i] = tile_rows(i);
+    int early = 0;
 #pragma unroll
     for (int i = 0; i < kDecodeStages - 1; ++i) {
+      const int tile_end = min(end, begin + (warp + kDecodeWarps * i + 1) * kDecodeTile);
+      if (early == i && i < my_tiles && tile_end <= first_new) {
+        load_tile(i, rows[i]);
+        CopyAsyncCommit();
+        ++early;
+      }
+    }
+    PdlWait();
+    PdlTrigger();
+#pragma unroll
+    for (int i = 0; i < kDecodeStages - 1; ++i) {
+      if (i < early) continue;
       if (i < my_tiles) load_tile(i, rows[i]);
       CopyAsyncCommit();
+    }
+  }
+  // Q^T as B fragments: head g, dims kk * 16 + 2 qd (+1) and + 8 (zero for heads past the group).
+  uint32_t qf[kSteps][2];
+  {
+    const bool valid = g < group;
+    const uint16_t* qp = q + (t * num_heads + kvh * group + (valid ? g : 0)) * kHd + 2 * qd;
+#pragma unroll
+    for (int kk = 0; kk < kSteps; ++kk) {
+      qf[kk][0] = valid ? *reinterpret_cast<const uint32_t*>(qp + kk * 16) : 0u;
+      qf[kk][1] = valid ? *reinterpret_cast<const uint32_t*>(qp + kk * 16 + 8) : 0u;
     }
   }
   int64_t rows_next = tile_rows(kDecodeStages - 1);

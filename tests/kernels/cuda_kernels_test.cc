@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <ostream>
 #include <random>
@@ -109,6 +110,8 @@ class CudaKernelsTest : public ::testing::Test {
     backend_->CopyToHostF32(t, v.data());
     return v;
   }
+  // LinearFanOut of `ns` weights of K columns against a double reference at 1, 2, 3 and 8 rows.
+  void RunFanOut(int64_t k, const std::vector<int64_t>& ns);
   std::vector<int32_t> HostI32(const Tensor& t) {
     std::vector<int32_t> v(static_cast<size_t>(t.numel()));
     backend_->CopyToHostI32(t, v.data());
@@ -302,10 +305,21 @@ TEST_F(CudaKernelsTest, Linear) {
 }
 
 // Several weights over one input, with mixed output dtypes: one skinny launch for up to 2 rows
-// (more than kMaxSkinnyTargets weights take two), one Linear each otherwise.
+// (more than kMaxSkinnyTargets weights take two), one Linear each otherwise: K 2048 (the release
+// in-projections), 4096 (out-projections), 8192 and 3072 (the skinny kernel's K split over 8 and 2
+// warps, two passes of a lane over its pieces at 3072).
 TEST_F(CudaKernelsTest, LinearFanOutMatchesSeparateProjections) {
-  const int64_t k = 2048;
-  const std::vector<int64_t> ns = {8192, 33, 1, 2560, 12};
+  struct Case {
+    int64_t k;
+    std::vector<int64_t> ns;
+  };
+  for (const Case& c : {Case{2048, {8192, 33, 1, 2560, 12}}, Case{4096, {2048, 7, 30}},
+                        Case{8192, {130, 1, 9}}, Case{3072, {300, 5}}}) {
+    RunFanOut(c.k, c.ns);
+  }
+}
+
+void CudaKernelsTest::RunFanOut(int64_t k, const std::vector<int64_t>& ns) {
   std::vector<std::vector<float>> w_host;
   std::vector<Tensor> w_dev;
   for (int64_t n : ns) {
@@ -328,7 +342,7 @@ TEST_F(CudaKernelsTest, LinearFanOutMatchesSeparateProjections) {
       std::vector<double> ref;
       RefLinear(x, w_host[i], m, ns[i], k, ref);
       EXPECT_LT(Reported("linear fan-out", RelErr(Host(ys[i]), ref)), i % 2 == 0 ? kBf16Tol : 1e-4)
-          << "m " << m << " weight " << i;
+          << "k " << k << " m " << m << " weight " << i;
     }
   }
 }
