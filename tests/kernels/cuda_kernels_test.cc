@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
-#include <memory>
 #include <numeric>
 #include <ostream>
 #include <random>
