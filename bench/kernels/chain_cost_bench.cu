@@ -12,6 +12,13 @@
 //   barrier    one cooperative kernel of G co-resident blocks taking `steps` grid-wide barriers
 //              (an arrive counter and a generation word).
 //
+//   flag       the chain of one-block kernels handing off through a flag instead of the PDL wait:
+//              each kernel polls (acquire) the word its predecessor published (release) with the
+//              graph replay's epoch, then lets its successor launch; the overlap pairs' streaming
+//              kernel the same way after the one-block kernel (`pair early, flag`). Whether a
+//              software hand-off from a one-block kernel (a norm, the top-k) reaches the next grid
+//              sooner than the hardware's grid completion does.
+//
 //   overlap    pairs of (a weight-streaming kernel shaped like the skinny GEMV: every thread
 //              issues its loads before its PDL wait; a one-block norm-like kernel): whether the
 //              next streaming kernel's loads go out while the small kernel runs (small kernel
@@ -58,6 +65,36 @@ __global__ void StepKernel(unsigned* word) {
   if (blockIdx.x == 0 && threadIdx.x == 0) *word = *word + 1;
 }
 
+__device__ __forceinline__ void StoreRelease(unsigned* p, unsigned v) {
+  asm volatile("st.release.gpu.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Every block: returns once `flag` holds `epoch` (thread 0 polls with acquire loads; the block
+// barrier passes the ordering on to the other threads).
+__device__ __forceinline__ void WaitFlag(const unsigned* flag, unsigned epoch) {
+  if (threadIdx.x == 0) {
+    while (mobius::bench::LoadAcquire(flag) != epoch) {
+    }
+  }
+  __syncthreads();
+}
+
+// Bumps the replay's epoch: the first node of a recorded flag chain, launched without PDL, so
+// every later kernel starts after it completed and reads the new value.
+__global__ void EpochKernel(unsigned* epoch) { *epoch = *epoch + 1; }
+
+// One step of the flag chain (one block): waits for the previous step's flag (the first step has
+// none), lets its successor launch, advances the word and publishes its own flag.
+__global__ void FlagStepKernel(unsigned* word, unsigned* flags, const unsigned* epoch, int step) {
+  const unsigned e = *epoch;
+  if (step > 0) WaitFlag(flags + step - 1, e);
+  PdlTrigger();
+  if (threadIdx.x == 0) {
+    *word = *word + 1;
+    StoreRelease(flags + step, e);
+  }
+}
+
 // One step ending with a ticket: every block publishes (a fence) and takes a ticket; the last
 // one advances the word and rearms the counter.
 __global__ void TicketStepKernel(unsigned* word, unsigned* counter) {
@@ -96,13 +133,19 @@ __global__ void BarrierKernel(unsigned* word, unsigned* arrived, unsigned* gener
 constexpr int kStreamPieces = 8;
 constexpr int64_t kStreamBlockPieces = int64_t{kThreads} * kStreamPieces;
 
+// With a flag (non-null) it waits for the small kernel's published epoch instead of PdlWait.
 __global__ void __launch_bounds__(kThreads)
-    StreamStepKernel(const uint4* pool, int64_t offset, unsigned* sink, unsigned* word) {
+    StreamStepKernel(const uint4* pool, int64_t offset, unsigned* sink, unsigned* word,
+                     const unsigned* flag, const unsigned* epoch) {
   const uint4* src = pool + offset + blockIdx.x * kStreamBlockPieces + threadIdx.x;
   uint4 v[kStreamPieces];
 #pragma unroll
   for (int i = 0; i < kStreamPieces; ++i) v[i] = __ldg(src + i * kThreads);
-  PdlWait();
+  if (flag != nullptr) {
+    WaitFlag(flag, *epoch);
+  } else {
+    PdlWait();
+  }
   PdlTrigger();
   unsigned x = 0;
 #pragma unroll
@@ -115,8 +158,10 @@ __global__ void __launch_bounds__(kThreads)
 // projection and the next fan-out: read a row, reduce it over the block, write it back scaled.
 // kEarly lets its successor launch before its own wait (the successor's PdlWait still waits for
 // this kernel, which waits for its predecessor).
+// With a flag (non-null) it publishes the replay's epoch there when done.
 template <bool kEarly>
-__global__ void __launch_bounds__(kThreads) SmallStepKernel(float* row, int n, unsigned* word) {
+__global__ void __launch_bounds__(kThreads)
+    SmallStepKernel(float* row, int n, unsigned* word, unsigned* flag, const unsigned* epoch) {
   __shared__ float partial[kThreads / 32];
   if (kEarly) PdlTrigger();
   PdlWait();
@@ -131,6 +176,10 @@ __global__ void __launch_bounds__(kThreads) SmallStepKernel(float* row, int n, u
   const float scale = rsqrtf(total / static_cast<float>(n) + 1e-6f);
   for (int i = threadIdx.x; i < n; i += kThreads) row[i] = 0.5f + 0.5f * row[i] * scale;
   if (threadIdx.x == 0) *word = *word + 1;
+  if (flag != nullptr) {
+    __syncthreads();
+    if (threadIdx.x == 0) StoreRelease(flag, *epoch);
+  }
 }
 
 struct Options {
@@ -350,34 +399,60 @@ size_t StreamSmemBytes(const Options& o) {
   return bytes;
 }
 
-enum class PairCase { kStreamOnly, kSmallOnly, kPairLate, kPairEarly };
+enum class PairCase { kStreamOnly, kSmallOnly, kPairLate, kPairEarly, kPairEarlyFlag };
+
+// The flag chain: an epoch bump, then o.steps one-block FlagStepKernels.
+float TimeFlagChain(const Options& o, cudaStream_t stream, unsigned* word, unsigned* flags,
+                    unsigned* epoch) {
+  Check(cudaMemsetAsync(word, 0, sizeof(unsigned), stream), "memset");
+  return RecordAndTime(o, stream, word, "flag chain", 1, [&](int s) {
+    if (s == 0) {
+      const cudaLaunchConfig_t c = StepConfig(1, false, stream);
+      Check(cudaLaunchKernelEx(&c, EpochKernel, epoch), "launch into the graph");
+    }
+    const cudaLaunchConfig_t c = StepConfig(1, true, stream);
+    Check(
+        cudaLaunchKernelEx(&c, FlagStepKernel, word, flags, static_cast<const unsigned*>(epoch), s),
+        "launch into the graph");
+  });
+}
 
 // Records o.steps steps of `which` (a streaming kernel of `stream_bytes` and/or a small kernel;
 // PDL launches unless `plain`) into a graph and returns the median microseconds per step. The
 // streaming kernels walk a pool of at least 1 GB, so no step finds its bytes in L2.
 float TimeOverlap(PairCase which, int64_t stream_bytes, bool plain, const Options& o,
                   cudaStream_t stream, const uint4* pool, int64_t pool_pieces, unsigned* sink,
-                  float* row, int row_n, unsigned* word) {
+                  float* row, int row_n, unsigned* word, unsigned* flags, unsigned* epoch) {
   Check(cudaMemsetAsync(word, 0, sizeof(unsigned), stream), "memset");
   const int64_t blocks = std::max<int64_t>(1, stream_bytes / (kStreamBlockPieces * 16));
   const int64_t step_pieces = blocks * kStreamBlockPieces;
   const bool streams = which != PairCase::kSmallOnly, smalls = which != PairCase::kStreamOnly;
   const std::string what = "overlap case " + std::to_string(static_cast<int>(which)) + " of " +
                            std::to_string(stream_bytes >> 20) + " MB";
+  const bool flag = which == PairCase::kPairEarlyFlag;
+  const unsigned* epoch_in = epoch;
   return RecordAndTime(o, stream, word, what, (streams ? 1u : 0u) + (smalls ? 1u : 0u), [&](int s) {
+    if (flag && s == 0) {
+      const cudaLaunchConfig_t c = StepConfig(1, false, stream);
+      Check(cudaLaunchKernelEx(&c, EpochKernel, epoch), "launch into the graph");
+    }
     if (streams) {
       const int64_t offset = (s * step_pieces) % (pool_pieces - step_pieces + 1);
       cudaLaunchConfig_t c = StepConfig(blocks, !plain, stream);
       c.dynamicSmemBytes = StreamSmemBytes(o);
-      Check(cudaLaunchKernelEx(&c, StreamStepKernel, pool, offset, sink, word),
+      // The first step's stream follows the epoch kernel (a plain launch): nothing to poll.
+      const unsigned* wait_on = flag && s > 0 ? flags + s - 1 : nullptr;
+      Check(cudaLaunchKernelEx(&c, StreamStepKernel, pool, offset, sink, word, wait_on, epoch_in),
             "launch into the graph");
     }
     if (smalls) {
       const cudaLaunchConfig_t c = StepConfig(1, !plain, stream);
-      Check(which == PairCase::kPairEarly
-                ? cudaLaunchKernelEx(&c, SmallStepKernel<true>, row, row_n, word)
-                : cudaLaunchKernelEx(&c, SmallStepKernel<false>, row, row_n, word),
-            "launch into the graph");
+      unsigned* publish = flag ? flags + s : nullptr;
+      Check(
+          which == PairCase::kPairLate
+              ? cudaLaunchKernelEx(&c, SmallStepKernel<false>, row, row_n, word, publish, epoch_in)
+              : cudaLaunchKernelEx(&c, SmallStepKernel<true>, row, row_n, word, publish, epoch_in),
+          "launch into the graph");
     }
   });
 }
@@ -411,7 +486,12 @@ int main(int argc, char** argv) {
   cudaStream_t stream = nullptr;
   Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   unsigned* words = nullptr;
-  Check(cudaMalloc(&words, 3 * sizeof(unsigned)), "allocation");
+  Check(cudaMalloc(&words, 4 * sizeof(unsigned)), "allocation");
+  Check(cudaMemset(words, 0, 4 * sizeof(unsigned)), "memset");
+  unsigned* const epoch = words + 3;
+  unsigned* flags = nullptr;  // one per step of the flag cases
+  Check(cudaMalloc(&flags, static_cast<size_t>(o.steps) * sizeof(unsigned)), "flag allocation");
+  Check(cudaMemset(flags, 0, static_cast<size_t>(o.steps) * sizeof(unsigned)), "memset");
   std::printf("%s, %d SMs; %d dependent steps, median of %d runs; us per step\n", prop.name,
               prop.multiProcessorCount, o.steps, o.repeats);
   std::printf("%-34s %8s\n", "case", "us/step");
@@ -424,6 +504,8 @@ int main(int argc, char** argv) {
     std::printf("%-34s %8.2f\n", ("chain, PDL + ticket, " + std::to_string(g) + " blocks").c_str(),
                 TimeChain(g, true, true, o, stream, words, words + 1));
   }
+  std::printf("%-34s %8.2f\n", "chain, flag hand-off, 1 block",
+              TimeFlagChain(o, stream, words, flags, epoch));
   int per_sm = 0;
   Check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, BarrierKernel, kThreads, 0),
         "occupancy");
@@ -465,14 +547,15 @@ int main(int argc, char** argv) {
     std::exit(2);
   }
   auto overlap = [&](PairCase which, int64_t bytes, bool plain) {
-    return TimeOverlap(which, bytes, plain, o, stream, pool, pool_pieces, sink, row, kRowN, words);
+    return TimeOverlap(which, bytes, plain, o, stream, pool, pool_pieces, sink, row, kRowN, words,
+                       flags, epoch);
   };
   std::printf(
       "\noverlap pairs (streaming kernel of N MB, 32 KB a block, loads before its PDL "
       "wait, %d blocks resident per SM;\none-block norm-like kernel); us per step\n",
       stream_per_sm);
-  std::printf("%-10s %9s %9s %11s %11s %11s %15s\n", "stream MB", "stream", "small", "pair plain",
-              "pair late", "pair early", "early overlap");
+  std::printf("%-10s %9s %9s %11s %11s %11s %11s %15s\n", "stream MB", "stream", "small",
+              "pair plain", "pair late", "pair early", "early flag", "early overlap");
   for (const int mb : o.stream_mb) {
     const int64_t bytes = int64_t{mb} << 20;
     const float t_stream = overlap(PairCase::kStreamOnly, bytes, false);
@@ -480,18 +563,22 @@ int main(int argc, char** argv) {
     const float t_plain = overlap(PairCase::kPairLate, bytes, true);
     const float t_late = overlap(PairCase::kPairLate, bytes, false);
     const float t_early = overlap(PairCase::kPairEarly, bytes, false);
-    std::printf("%-10d %9.2f %9.2f %11.2f %11.2f %11.2f %15.2f\n", mb, t_stream, t_small, t_plain,
-                t_late, t_early, t_stream + t_small - t_early);
+    const float t_flag = overlap(PairCase::kPairEarlyFlag, bytes, false);
+    std::printf("%-10d %9.2f %9.2f %11.2f %11.2f %11.2f %11.2f %15.2f\n", mb, t_stream, t_small,
+                t_plain, t_late, t_early, t_flag, t_stream + t_small - t_early);
   }
   std::printf(
       "stream / small: chains of that kernel alone; pair: stream then small per step, plain\n"
       "launches or PDL with the small kernel letting its successor launch after (late) or\n"
-      "before (early) its own wait; overlap = stream + small - pair early. For scale: the\n"
+      "before (early) its own wait; early flag: as early, the streaming kernel polling the\n"
+      "small kernel's published flag instead of its PDL wait; overlap = stream + small - pair\n"
+      "early. For scale: the\n"
       "engine bench measures ~4.26 TB/s of copy bandwidth on an H200 (16 MB: 3.9 us).\n");
   cudaFree(pool);
   cudaFree(sink);
   cudaFree(row);
   cudaFree(words);
+  cudaFree(flags);
   cudaStreamDestroy(stream);
   return 0;
 }
