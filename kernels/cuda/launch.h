@@ -355,10 +355,11 @@ inline constexpr int kMoeFewTokensMaxPairs = 64;
 // expert's own down projection can be left to the down kernel: value[t] = SiluMulLinear(gate_up[t],
 // down) is then computed inside each block of the down kernel
 // (Backend::MoeExpertsWithSharedExpert), which saves the separate projection's launch; the launcher
-// returns false where it cannot. Up to this many tokens the down kernel takes the shared expert's
-// projection in (measured: faster at batch 1, slower at batch 8; MoeFewDownRowsKernel);
-// MoeSharedTerm::fused_max_tokens overrides it.
-inline constexpr int kMoeSharedExpertFusedMaxTokens = 2;
+// returns false where it cannot. Up to this many tokens the few-token kernels take the shared
+// expert's projection in (by default the gate-up kernel, see rows_in_gate_up; measured in one
+// call against the separate projection: batch 3 -3.0%, 4 -1.5%, 5 -1.8%, 6 +0.5%, 8 +1.5%,
+// performance.md twenty-fifth version); MoeSharedTerm::fused_max_tokens overrides it.
+inline constexpr int kMoeSharedExpertFusedMaxTokens = 5;
 struct MoeSharedTerm {
   const uint16_t* value = nullptr;    // [T, hidden], or null with gate_up/down
   AnyPtr gate_logits;                 // [T]
@@ -372,6 +373,9 @@ struct MoeSharedTerm {
   // it must neither write gate_up nor touch act_scratch (the model's fan-out -> top-k -> MoE
   // order: top-k sits between and uses no scratch).
   bool rows_in_gate_up = true;
+  // Set by the launcher (0 from callers): the gate-up kernel's blocks that take the rows, when
+  // they are only the first wave's (SharedExpertInGateUp); 0: every block.
+  int unit_blocks = 0;
 };
 // The few-token kernels' scratch: the pairs' activations, then (from a 16-byte boundary, this
 // element) the shared expert's finished rows [num_tokens, hidden].

@@ -1438,15 +1438,39 @@ __device__ __forceinline__ float SharedRowsSum(float (&sp)[kRows], float (*parti
 // token the top-k kernel between them runs on one SM, so this 2 MB read overlaps it instead of
 // lengthening the down kernel. The same four-row pieces as the default down kernel.
 constexpr int kSharedRowsInGateUp = 4;
+// Up to this many tokens every gate-up block takes shared-row units (SharedExpertInGateUp).
+constexpr int kSharedRowsSpreadMaxTokens = 2;
 
+//
+// Up to two tokens a unit is (token, four rows) and every block of the grid takes units (at one
+// token the 512 units are one wave's worth). With more tokens (shared.unit_blocks > 0) a unit is
+// four rows of every token, one token after another, and only the first unit_blocks blocks take
+// units: the blocks resident in the first wave, whose work here overlaps the top-k, where units
+// spread over the whole grid would put the rest in front of the later waves' weight streams.
+// The per-token arithmetic is the same either way (and the same as the down kernel's).
 __device__ __forceinline__ void SharedExpertInGateUp(const MoeSharedTerm& shared,
                                                      int64_t num_tokens, int64_t hidden,
                                                      uint16_t* shared_out) {
   __shared__ float partial[kFewWarps][kSharedRowsInGateUp];
   const int64_t row_blocks = (hidden + kSharedRowsInGateUp - 1) / kSharedRowsInGateUp;
+  const int64_t block = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+  if (shared.unit_blocks > 0) {
+    for (int64_t u = block; u < row_blocks && block < shared.unit_blocks; u += shared.unit_blocks) {
+      const int64_t h0 = u * kSharedRowsInGateUp;
+      const int rows =
+          static_cast<int>(hidden - h0 < kSharedRowsInGateUp ? hidden - h0 : kSharedRowsInGateUp);
+      for (int64_t t = 0; t < num_tokens; ++t) {
+        float sp[kSharedRowsInGateUp] = {};
+        AddSharedPairs(shared, t, h0, threadIdx.x, rows * (shared.inter / 8), sp);
+        const float value = SharedRowsSum(sp, partial, rows);
+        if (threadIdx.x < rows) shared_out[t * hidden + h0 + threadIdx.x] = F32ToBf16(value);
+        __syncthreads();  // partial is reused by the next token
+      }
+    }
+    return;
+  }
   const int64_t blocks = static_cast<int64_t>(gridDim.x) * gridDim.y;
-  for (int64_t u = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
-       u < num_tokens * row_blocks; u += blocks) {
+  for (int64_t u = block; u < num_tokens * row_blocks; u += blocks) {
     const int64_t t = u / row_blocks, h0 = (u % row_blocks) * kSharedRowsInGateUp;
     const int rows =
         static_cast<int>(hidden - h0 < kSharedRowsInGateUp ? hidden - h0 : kSharedRowsInGateUp);
@@ -2096,6 +2120,20 @@ FewGateUpFn FewGateUpWithSharedRows(const FewConfig& c) {
                        : nullptr;
 }
 
+// Blocks of the gate-up kernel with the shared rows resident at once: one wave. Queried once,
+// as TcGemvSplit does (the variant is fixed per process by FewConfigFor); a failed query leaves
+// one block per SM, a smaller first wave.
+int64_t SharedRowsFirstWave(FewGateUpFn kernel) {
+  static const int64_t blocks = [kernel] {
+    int device = 0, sms = 0, per_sm = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kFewWarps * 32, 0);
+    return static_cast<int64_t>(std::max(1, sms)) * std::max(1, per_sm);
+  }();
+  return blocks;
+}
+
 FewGateUpFn FewGateUp(const FewConfig& c) {
   return c.split == 4   ? FewGateUpSplit<4>(c)
          : c.split == 2 ? FewGateUpSplit<2>(c)
@@ -2154,19 +2192,27 @@ bool LaunchMoeExpertsFewTokens(const uint16_t* x, const int32_t* ids, const floa
   FewGateUpFn gate_up_kernel = FewGateUp(c);
   FewDownFn down_kernel = FewDown(c, shared_expert);
   const FewGateUpFn with_rows = FewGateUpWithSharedRows(c);
+  const int64_t cols_per_block = static_cast<int64_t>(c.cols) * kFewWarps / c.split;
+  const dim3 gate_up_grid(static_cast<unsigned>((inter + cols_per_block - 1) / cols_per_block),
+                          static_cast<unsigned>(pairs));
+  MoeSharedTerm gate_up_term = term;
   if (shared_expert && in_gate_up && term.rows_in_gate_up && with_rows != nullptr) {
     shared_out = act_scratch + MoeFewTokensSharedRowsOffset(num_tokens, k, inter);
     down_term.value = shared_out;
     gate_up_kernel = with_rows;
     down_kernel = FewDown(c, /*shared_expert=*/false);
+    // Beyond kSharedRowsSpreadMaxTokens only the first wave's blocks take the shared rows
+    // (SharedExpertInGateUp); MOBIUS_MOE_SHARED_SPREAD=grid spreads them over the grid.
+    static const bool spread = KnobChoice("MOBIUS_MOE_SHARED_SPREAD", {"wave", "grid"}) == 1;
+    if (num_tokens > kSharedRowsSpreadMaxTokens && !spread) {
+      gate_up_term.unit_blocks = static_cast<int>(std::min<int64_t>(
+          static_cast<int64_t>(gate_up_grid.x) * gate_up_grid.y, SharedRowsFirstWave(with_rows)));
+    }
   }
   if (down_kernel == nullptr) return false;
-  const int64_t cols_per_block = static_cast<int64_t>(c.cols) * kFewWarps / c.split;
-  LaunchPdl("MoeFewGateUpKernel", gate_up_kernel,
-            dim3(static_cast<unsigned>((inter + cols_per_block - 1) / cols_per_block),
-                 static_cast<unsigned>(pairs)),
-            kFewWarps * 32, 0, stream, x, ids, gate_up, hidden, inter, k, first_expert,
-            num_local_experts, act_scratch, term, num_tokens, shared_out);
+  LaunchPdl("MoeFewGateUpKernel", gate_up_kernel, gate_up_grid, kFewWarps * 32, 0, stream, x, ids,
+            gate_up, hidden, inter, k, first_expert, num_local_experts, act_scratch, gate_up_term,
+            num_tokens, shared_out);
   CheckLaunch("MoeFewGateUp");
   // The first down kernel: two rows per warp, 16 per block.
   const int64_t rows_per_block = c.down_rows == 0 ? 2 * kFewWarps : c.down_rows;

@@ -1373,7 +1373,8 @@ TEST_F(CudaKernelsTest, TcGemvMatchesReference) {
 }
 
 // The shared expert's down projection fused into the few-token MoE kernels: computed by the
-// gate-up kernel (the default) or by the down kernel, the same bits, at one and two tokens, with
+// gate-up kernel (the default) or by the down kernel, the same bits, at 1, 2, 5 and 8 tokens (the
+// gate-up kernel's two distributions of the rows over its blocks), with
 // one (row, piece) pair per thread (I = 512) and more pairs than threads (I = 1040), an expert
 // of another rank (-1) in the routing, and hidden 2048 with few gate-up blocks (each then
 // computes many four-row pieces). The scratch's shared-row part shows which kernel ran.
@@ -1390,7 +1391,9 @@ TEST_F(CudaKernelsTest, MoeSharedExpertRowsSameInGateUpAndDown) {
     Tensor gut =
         Make(DType::kBF16, {experts, 2 * inter, h}, Rand(experts * 2 * inter * h, -0.2f, 0.2f));
     Tensor dnt = Make(DType::kBF16, {experts, h, inter}, Rand(experts * h * inter, -0.2f, 0.2f));
-    for (const int t : {1, 2}) {
+    // Up to two tokens every gate-up block takes (token, rows) units; beyond, the first wave's
+    // blocks take rows of every token (SharedExpertInGateUp).
+    for (const int t : {1, 2, 5, 8}) {
       for (const int64_t s_inter : {int64_t{512}, int64_t{1040}}) {
         std::vector<int32_t> ids;
         for (int r = 0; r < t; ++r) {
@@ -1413,6 +1416,7 @@ TEST_F(CudaKernelsTest, MoeSharedExpertRowsSameInGateUpAndDown) {
         term.gate_up = static_cast<const uint16_t*>(sgu.raw());
         term.down = static_cast<const uint16_t*>(sdn.raw());
         term.inter = s_inter;
+        term.fused_max_tokens = 8;
         const std::string what = absl::StrCat("h ", h, " t ", t, " shared inter ", s_inter);
         for (const bool gate_up_side : {false, true}) {
           term.rows_in_gate_up = gate_up_side;
