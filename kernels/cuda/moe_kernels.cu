@@ -1441,13 +1441,13 @@ constexpr int kSharedRowsInGateUp = 4;
 // Up to this many tokens every gate-up block takes shared-row units (SharedExpertInGateUp).
 constexpr int kSharedRowsSpreadMaxTokens = 2;
 
-//
-// Up to two tokens a unit is (token, four rows) and every block of the grid takes units (at one
-// token the 512 units are one wave's worth). With more tokens (shared.unit_blocks > 0) a unit is
-// four rows of every token, one token after another, and only the first unit_blocks blocks take
-// units: the blocks resident in the first wave, whose work here overlaps the top-k, where units
-// spread over the whole grid would put the rest in front of the later waves' weight streams.
-// The per-token arithmetic is the same either way (and the same as the down kernel's).
+// Up to kSharedRowsSpreadMaxTokens tokens a unit is (token, four rows) and every block of the grid
+// takes units (at one token the 512 units are one wave's worth). With more tokens
+// (shared.unit_blocks > 0) a unit is four rows of every token, one token after another, and only
+// the first unit_blocks blocks take units: the blocks resident in the first wave, whose work here
+// overlaps the top-k, where units spread over the whole grid would put the rest in front of the
+// later waves' weight streams. The per-token arithmetic is the same either way (and the same as the
+// down kernel's).
 __device__ __forceinline__ void SharedExpertInGateUp(const MoeSharedTerm& shared,
                                                      int64_t num_tokens, int64_t hidden,
                                                      uint16_t* shared_out) {

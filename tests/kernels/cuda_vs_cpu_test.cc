@@ -424,14 +424,14 @@ TEST(CudaVsCpuTest, FusedOpsEqualTheirParts) {
       EXPECT_EQ(host(p.cuda(), beta.second), host(p.cuda(), beta2.second)) << what;
     }
   }
-  // MoeExpertsWithShared: few pairs (the shared term fused into the down kernel) at T = 1, 8;
+  // MoeExpertsWithShared: few pairs (the shared term fused into the down kernel) at T = 1, 4, 8;
   // the grouped path (fused into the combine kernel) at T = 40; and an expert-parallel slice that
   // some tokens do not route to at all. The grouped path also at hidden sizes off the combine's
   // 4-wide form: H = 36 (4-wide combine, CUDA-core GEMMs: H is not a multiple of 8) and H = 30
   // (the scalar combine).
-  const std::tuple<int, int, int> moe_cases[] = {{0, 1, 128},  {0, 8, 128},  {0, 40, 128},
-                                                 {24, 1, 128}, {24, 8, 128}, {24, 40, 128},
-                                                 {0, 24, 36},  {0, 24, 30}};
+  const std::tuple<int, int, int> moe_cases[] = {{0, 1, 128},   {0, 4, 128},  {0, 8, 128},
+                                                 {0, 40, 128},  {24, 1, 128}, {24, 8, 128},
+                                                 {24, 40, 128}, {0, 24, 36},  {0, 24, 30}};
   for (const auto& [first, T, H] : moe_cases) {
     const int E = 16, k = 4, I = 64, bank = 40;
     std::vector<int32_t> ids_i(T * k);
@@ -465,7 +465,8 @@ TEST(CudaVsCpuTest, FusedOpsEqualTheirParts) {
     if (H != 128) continue;  // the shared-expert form below at the model's hidden size only
 
     // MoeExpertsWithSharedExpert: the shared expert's down projection inside the few-token
-    // few-token kernels at T = 1 (up to kMoeSharedExpertFusedMaxTokens), the default's
+    // kernels at T = 1 and 4 (up to kMoeSharedExpertFusedMaxTokens; at 4 the gate-up
+    // kernel's first wave takes the rows), the default's
     // SiluMulLinear + MoeExpertsWithShared at T = 8 (few-token kernels) and T = 40 (grouped).
     // Is = 1040: 4 rows x 130 pieces per block, more (row, piece) pairs than the block's 256
     // threads, so the kernel's loop over the pairs past each thread's first runs too.
