@@ -357,7 +357,7 @@ inline constexpr int kMoeFewTokensMaxPairs = 64;
 // (Backend::MoeExpertsWithSharedExpert), which saves the separate projection's launch; the launcher
 // returns false where it cannot. Up to this many tokens the few-token kernels take the shared
 // expert's projection in (by default the gate-up kernel, see rows_in_gate_up; measured in one
-// call against the separate projection: batch 3 -3.0%, 4 -1.5%, 5 -1.8%, 6 +0.5%, 8 +1.5%,
+// call against the separate projection: batch 3 -3.0%, 4 -1.5%, 5 -1.8%, 6 +0.5%, 8 +1.6%,
 // performance.md twenty-fifth version); MoeSharedTerm::fused_max_tokens overrides it.
 inline constexpr int kMoeSharedExpertFusedMaxTokens = 5;
 struct MoeSharedTerm {

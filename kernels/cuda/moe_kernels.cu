@@ -1441,6 +1441,21 @@ constexpr int kSharedRowsInGateUp = 4;
 // Up to this many tokens every gate-up block takes shared-row units (SharedExpertInGateUp).
 constexpr int kSharedRowsSpreadMaxTokens = 2;
 
+// One unit: rows h0.. (up to four) of token t into shared_out, then a barrier, as partial is
+// reused by the block's next unit.
+__device__ __forceinline__ void SharedRowsUnit(const MoeSharedTerm& shared, int64_t t, int64_t h0,
+                                               int64_t hidden,
+                                               float (*partial)[kSharedRowsInGateUp],
+                                               uint16_t* shared_out) {
+  const int rows =
+      static_cast<int>(hidden - h0 < kSharedRowsInGateUp ? hidden - h0 : kSharedRowsInGateUp);
+  float sp[kSharedRowsInGateUp] = {};
+  AddSharedPairs(shared, t, h0, threadIdx.x, rows * (shared.inter / 8), sp);
+  const float value = SharedRowsSum(sp, partial, rows);
+  if (threadIdx.x < rows) shared_out[t * hidden + h0 + threadIdx.x] = F32ToBf16(value);
+  __syncthreads();
+}
+
 // Up to kSharedRowsSpreadMaxTokens tokens a unit is (token, four rows) and every block of the grid
 // takes units (at one token the 512 units are one wave's worth). With more tokens
 // (shared.unit_blocks > 0) a unit is four rows of every token, one token after another, and only
@@ -1455,30 +1470,18 @@ __device__ __forceinline__ void SharedExpertInGateUp(const MoeSharedTerm& shared
   const int64_t row_blocks = (hidden + kSharedRowsInGateUp - 1) / kSharedRowsInGateUp;
   const int64_t block = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
   if (shared.unit_blocks > 0) {
-    for (int64_t u = block; u < row_blocks && block < shared.unit_blocks; u += shared.unit_blocks) {
-      const int64_t h0 = u * kSharedRowsInGateUp;
-      const int rows =
-          static_cast<int>(hidden - h0 < kSharedRowsInGateUp ? hidden - h0 : kSharedRowsInGateUp);
+    if (block >= shared.unit_blocks) return;
+    for (int64_t u = block; u < row_blocks; u += shared.unit_blocks) {
       for (int64_t t = 0; t < num_tokens; ++t) {
-        float sp[kSharedRowsInGateUp] = {};
-        AddSharedPairs(shared, t, h0, threadIdx.x, rows * (shared.inter / 8), sp);
-        const float value = SharedRowsSum(sp, partial, rows);
-        if (threadIdx.x < rows) shared_out[t * hidden + h0 + threadIdx.x] = F32ToBf16(value);
-        __syncthreads();  // partial is reused by the next token
+        SharedRowsUnit(shared, t, u * kSharedRowsInGateUp, hidden, partial, shared_out);
       }
     }
     return;
   }
   const int64_t blocks = static_cast<int64_t>(gridDim.x) * gridDim.y;
   for (int64_t u = block; u < num_tokens * row_blocks; u += blocks) {
-    const int64_t t = u / row_blocks, h0 = (u % row_blocks) * kSharedRowsInGateUp;
-    const int rows =
-        static_cast<int>(hidden - h0 < kSharedRowsInGateUp ? hidden - h0 : kSharedRowsInGateUp);
-    float sp[kSharedRowsInGateUp] = {};
-    AddSharedPairs(shared, t, h0, threadIdx.x, rows * (shared.inter / 8), sp);
-    const float value = SharedRowsSum(sp, partial, rows);
-    if (threadIdx.x < rows) shared_out[t * hidden + h0 + threadIdx.x] = F32ToBf16(value);
-    __syncthreads();  // partial is reused by the next unit
+    SharedRowsUnit(shared, u / row_blocks, (u % row_blocks) * kSharedRowsInGateUp, hidden, partial,
+                   shared_out);
   }
 }
 
