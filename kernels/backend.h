@@ -378,6 +378,16 @@ class Backend {
                                           const Tensor& gate_up, const Tensor& down,
                                           int first_expert, const SharedExpertOperands& shared,
                                           Tensor& out, std::span<int64_t> expert_tokens);
+  // A MoE layer from its router logits (the model's form without expert replication):
+  //   TopKSoftmax(router_logits, k, renormalize, ids, weights);
+  //   MoeExpertsWithSharedExpert(x, ids, weights, gate_up, down, first_expert, shared, out, ...)
+  // (the default). A backend may place the shared expert's down projection beside the routing
+  // instead (shared.out then holds it); ids and weights are written either way.
+  virtual void RoutedMoeWithSharedExpert(const Tensor& x, const Tensor& router_logits, int k,
+                                         bool renormalize, Tensor& ids, Tensor& weights,
+                                         const Tensor& gate_up, const Tensor& down,
+                                         int first_expert, const SharedExpertOperands& shared,
+                                         Tensor& out, std::span<int64_t> expert_tokens);
 };
 
 inline void Backend::ArgmaxRows(const Tensor& logits, Tensor& ids) {
@@ -526,6 +536,16 @@ inline void Backend::MoeExpertsWithSharedExpert(const Tensor& x, const Tensor& i
   SiluMulLinear(shared.gate_up, shared.down, shared.act, shared.out);
   MoeExpertsWithShared(x, ids, weights, gate_up, down, first_expert, shared.out, shared.gate_logits,
                        out, expert_tokens);
+}
+
+inline void Backend::RoutedMoeWithSharedExpert(const Tensor& x, const Tensor& router_logits, int k,
+                                               bool renormalize, Tensor& ids, Tensor& weights,
+                                               const Tensor& gate_up, const Tensor& down,
+                                               int first_expert, const SharedExpertOperands& shared,
+                                               Tensor& out, std::span<int64_t> expert_tokens) {
+  TopKSoftmax(router_logits, k, renormalize, ids, weights);
+  MoeExpertsWithSharedExpert(x, ids, weights, gate_up, down, first_expert, shared, out,
+                             expert_tokens);
 }
 
 inline void Backend::LinearFanOut(const Tensor& x, std::span<const Tensor* const> ws,

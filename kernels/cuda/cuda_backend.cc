@@ -66,6 +66,15 @@ AnyPtr Any(const Tensor& t, const char* op, const char* name) {
 const uint16_t* Bf16(const Tensor& t) { return static_cast<const uint16_t*>(t.raw()); }
 uint16_t* MutBf16(const Tensor& t) { return static_cast<uint16_t*>(t.raw()); }
 
+// Up to this many tokens the few-token MoE kernels compute the shared expert's down projection
+// (MoeSharedTerm::fused_max_tokens). MOBIUS_MOE_SHARED_EXPERT=N (A/B runs): N instead of the
+// default; 0 never.
+int SharedExpertFusedMaxTokens() {
+  static const int max_tokens =
+      cuda::KnobInt("MOBIUS_MOE_SHARED_EXPERT", cuda::kMoeSharedExpertFusedMaxTokens, 0, 1 << 20);
+  return max_tokens;
+}
+
 // Host-side layout of the segment metadata uploaded for one op (int32 offsets into one buffer).
 struct PackedSegments {
   std::vector<int32_t> data;
@@ -336,6 +345,11 @@ class CudaBackend final : public Backend {
                                   const Tensor& gate_up, const Tensor& down, int first_expert,
                                   const SharedExpertOperands& shared, Tensor& out,
                                   std::span<int64_t> expert_tokens) override;
+  void RoutedMoeWithSharedExpert(const Tensor& x, const Tensor& router_logits, int k,
+                                 bool renormalize, Tensor& ids, Tensor& weights,
+                                 const Tensor& gate_up, const Tensor& down, int first_expert,
+                                 const SharedExpertOperands& shared, Tensor& out,
+                                 std::span<int64_t> expert_tokens) override;
   void MapExpertIds(const Tensor& ids, const Tensor& routes, int stride, Tensor& out) override;
 
  private:
@@ -355,6 +369,11 @@ class CudaBackend final : public Backend {
   bool TryMoeFewTokens(const Tensor& x, const Tensor& ids, const Tensor& weights,
                        const Tensor& gate_up, const Tensor& down, int first_expert,
                        const cuda::MoeSharedTerm* shared, Tensor& out);
+  // TopKSoftmax's checks; returns the logits.
+  AnyPtr CheckTopK(const Tensor& logits, int k, const Tensor& ids, const Tensor& weights);
+  // MoeExpertsWithSharedExpert's checks of `shared` for t tokens; returns its gate logits.
+  AnyPtr CheckSharedExpert(const SharedExpertOperands& shared, int64_t t, int64_t hidden,
+                           const Tensor& out, const char* op);
   // MoeExperts's checks; returns the number of tokens.
   int64_t CheckMoe(const Tensor& x, const Tensor& ids, const Tensor& weights, const Tensor& gate_up,
                    const Tensor& down, const Tensor& out, std::span<const int64_t> expert_tokens);
@@ -1668,8 +1687,8 @@ void CudaBackend::MulSigmoid(Tensor& x, const Tensor& gate) {
 
 // ---- mixture of experts ----
 
-void CudaBackend::TopKSoftmax(const Tensor& logits, int k, bool renormalize, Tensor& ids,
-                              Tensor& weights) {
+AnyPtr CudaBackend::CheckTopK(const Tensor& logits, int k, const Tensor& ids,
+                              const Tensor& weights) {
   const AnyPtr lp = Any(logits, "TopKSoftmax", "logits");
   CheckTensor(ids, DType::kI32, "TopKSoftmax", "ids");
   CheckTensor(weights, DType::kF32, "TopKSoftmax", "weights");
@@ -1678,9 +1697,15 @@ void CudaBackend::TopKSoftmax(const Tensor& logits, int k, bool renormalize, Ten
   Check(k > 0 && k <= e && ids.numel() == t * k && weights.numel() == t * k, "TopKSoftmax",
         absl::StrFormat("logits %s, k %d, ids %s, weights %s", logits.ShapeString(), k,
                         ids.ShapeString(), weights.ShapeString()));
+  return lp;
+}
+
+void CudaBackend::TopKSoftmax(const Tensor& logits, int k, bool renormalize, Tensor& ids,
+                              Tensor& weights) {
+  const AnyPtr lp = CheckTopK(logits, k, ids, weights);
   Enter();
-  cuda::LaunchTopKSoftmax(lp, t, static_cast<int>(e), k, renormalize, ids.data<int32_t>(),
-                          weights.data<float>(), stream_);
+  cuda::LaunchTopKSoftmax(lp, logits.dim(0), static_cast<int>(logits.dim(1)), k, renormalize,
+                          ids.data<int32_t>(), weights.data<float>(), stream_);
 }
 
 int64_t CudaBackend::CheckMoe(const Tensor& x, const Tensor& ids, const Tensor& weights,
@@ -1802,36 +1827,80 @@ void CudaBackend::MoeExpertsWithShared(const Tensor& x, const Tensor& ids, const
                                 out, expert_tokens);
 }
 
-void CudaBackend::MoeExpertsWithSharedExpert(const Tensor& x, const Tensor& ids,
-                                             const Tensor& weights, const Tensor& gate_up,
-                                             const Tensor& down, int first_expert,
-                                             const SharedExpertOperands& shared, Tensor& out,
-                                             std::span<int64_t> expert_tokens) {
-  const int64_t t = CheckMoe(x, ids, weights, gate_up, down, out, expert_tokens);
-  const char* op = "MoeExpertsWithSharedExpert";
+AnyPtr CudaBackend::CheckSharedExpert(const SharedExpertOperands& shared, int64_t t, int64_t hidden,
+                                      const Tensor& out, const char* op) {
   CheckTensor(shared.gate_up, DType::kBF16, op, "shared.gate_up");
   CheckTensor(shared.down, DType::kBF16, op, "shared.down");
   const AnyPtr gp = Any(shared.gate_logits, op, "shared.gate_logits");
-  const int64_t hidden = gate_up.dim(2);  // (CheckMoe checked x, out and the weights against it)
   Check(shared.down.rank() == 2 && shared.down.dim(0) == hidden &&
             shared.gate_up.numel() == t * 2 * shared.down.dim(1) && shared.gate_logits.numel() == t,
         op,
         absl::StrFormat("shared gate_up %s, down %s, gate_logits %s for out %s",
                         shared.gate_up.ShapeString(), shared.down.ShapeString(),
                         shared.gate_logits.ShapeString(), out.ShapeString()));
-  // Few tokens: each down block also computes its rows of the shared expert, so that
-  // projection is not a launch of its own (MoeFewDownRowsKernel).
-  // MOBIUS_MOE_SHARED_EXPERT=N (A/B runs): fuse up to N tokens instead of the default; 0 never.
-  static const int max_tokens =
-      cuda::KnobInt("MOBIUS_MOE_SHARED_EXPERT", cuda::kMoeSharedExpertFusedMaxTokens, 0, 1 << 20);
-  const cuda::MoeSharedTerm term{
-      nullptr, gp, Bf16(shared.gate_up), Bf16(shared.down), shared.down.dim(1), max_tokens};
+  return gp;
+}
+
+void CudaBackend::MoeExpertsWithSharedExpert(const Tensor& x, const Tensor& ids,
+                                             const Tensor& weights, const Tensor& gate_up,
+                                             const Tensor& down, int first_expert,
+                                             const SharedExpertOperands& shared, Tensor& out,
+                                             std::span<int64_t> expert_tokens) {
+  const int64_t t = CheckMoe(x, ids, weights, gate_up, down, out, expert_tokens);
+  // (CheckMoe checked x, out and the weights against the hidden size.)
+  const AnyPtr gp = CheckSharedExpert(shared, t, gate_up.dim(2), out, "MoeExpertsWithSharedExpert");
+  // Few tokens: the few-token kernels compute the shared expert's rows, so that projection is
+  // not a launch of its own (SharedExpertInGateUp, MoeFewDownRowsKernel).
+  const cuda::MoeSharedTerm term{nullptr,
+                                 gp,
+                                 Bf16(shared.gate_up),
+                                 Bf16(shared.down),
+                                 shared.down.dim(1),
+                                 SharedExpertFusedMaxTokens()};
   if (t > 0 && ids.dim(1) > 0 && gate_up.dim(0) > 0 && expert_tokens.empty()) {
     Enter();
     if (TryMoeFewTokens(x, ids, weights, gate_up, down, first_expert, &term, out)) return;
   }
   Backend::MoeExpertsWithSharedExpert(x, ids, weights, gate_up, down, first_expert, shared, out,
                                       expert_tokens);
+}
+
+void CudaBackend::RoutedMoeWithSharedExpert(const Tensor& x, const Tensor& router_logits, int k,
+                                            bool renormalize, Tensor& ids, Tensor& weights,
+                                            const Tensor& gate_up, const Tensor& down,
+                                            int first_expert, const SharedExpertOperands& shared,
+                                            Tensor& out, std::span<int64_t> expert_tokens) {
+  // At 4-8 tokens the shared expert's down projection runs in extra blocks of the top-k's grid,
+  // instead of in the gate-up kernel's first wave (up to 5 tokens) or a SiLU and a projection
+  // launch of its own (performance.md, twenty-sixth version). MOBIUS_MOE_SHARED_BESIDE_TOPK
+  // (A/B runs): auto; on: at 1-8 tokens; off: never. (KnobChoice: 0 unset, 1 auto, 2 on, 3 off.)
+  static const int form = cuda::KnobChoice("MOBIUS_MOE_SHARED_BESIDE_TOPK", {"auto", "on", "off"});
+  const int64_t t = router_logits.rank() == 2 ? router_logits.dim(0) : 0;
+  const int64_t first = form == 2   ? 1
+                        : form == 3 ? cuda::kMoeSharedBesideTopKMaxTokens + 1  // off: none
+                                    : cuda::kMoeSharedBesideTopKMinTokens;
+  if (t >= first && t <= cuda::kMoeSharedBesideTopKMaxTokens && expert_tokens.empty() &&
+      t * k <= cuda::kMoeFewTokensMaxPairs && gate_up.rank() == 3 && gate_up.dim(0) > 0) {
+    const AnyPtr lp = CheckTopK(router_logits, k, ids, weights);
+    CheckMoe(x, ids, weights, gate_up, down, out, expert_tokens);
+    const int64_t hidden = gate_up.dim(2);
+    const AnyPtr gp = CheckSharedExpert(shared, t, hidden, out, "RoutedMoeWithSharedExpert");
+    CheckTensor(shared.out, DType::kBF16, "RoutedMoeWithSharedExpert", "shared.out");
+    Check(shared.out.numel() == t * hidden, "RoutedMoeWithSharedExpert",
+          absl::StrFormat("shared.out %s for out %s", shared.out.ShapeString(), out.ShapeString()));
+    const cuda::MoeSharedTerm term{nullptr, gp, Bf16(shared.gate_up), Bf16(shared.down),
+                                   shared.down.dim(1)};
+    Enter();
+    if (cuda::LaunchTopKSoftmaxWithSharedRows(
+            lp, t, static_cast<int>(router_logits.dim(1)), k, renormalize, ids.data<int32_t>(),
+            weights.data<float>(), term, hidden, MutBf16(shared.out), stream_)) {
+      MoeExpertsWithShared(x, ids, weights, gate_up, down, first_expert, shared.out,
+                           shared.gate_logits, out, expert_tokens);
+      return;
+    }
+  }
+  Backend::RoutedMoeWithSharedExpert(x, router_logits, k, renormalize, ids, weights, gate_up, down,
+                                     first_expert, shared, out, expert_tokens);
 }
 
 }  // namespace

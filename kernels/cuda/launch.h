@@ -358,7 +358,9 @@ inline constexpr int kMoeFewTokensMaxPairs = 64;
 // returns false where it cannot. Up to this many tokens the few-token kernels take the shared
 // expert's projection in (by default the gate-up kernel, see rows_in_gate_up; measured in one
 // call against the separate projection: batch 3 -3.0%, 4 -1.5%, 5 -1.8%, 6 +0.5%, 8 +1.6%,
-// performance.md twenty-fifth version); MoeSharedTerm::fused_max_tokens overrides it.
+// performance.md twenty-fifth version); MoeSharedTerm::fused_max_tokens overrides it. (The
+// model's MoE layers, Backend::RoutedMoeWithSharedExpert, take the rows beside the top-k from
+// kMoeSharedBesideTopKMinTokens tokens, so there the gate-up kernel takes them at 1-3.)
 inline constexpr int kMoeSharedExpertFusedMaxTokens = 5;
 struct MoeSharedTerm {
   const uint16_t* value = nullptr;    // [T, hidden], or null with gate_up/down
@@ -377,6 +379,22 @@ struct MoeSharedTerm {
   // they are only the first wave's (SharedExpertInGateUp); 0: every block.
   int unit_blocks = 0;
 };
+// LaunchTopKSoftmax for 1 .. kMoeSharedBesideTopKMaxTokens tokens, with the shared expert's
+// down projection (shared.gate_up, shared.down, shared.inter; value and gate_logits unused)
+// computed into shared_out [num_tokens, hidden] by extra blocks of the top-k's grid, so that
+// neither a projection launch nor the expert kernels carry it. The same bits as the few-token
+// MoE kernels' shared rows. Returns false, launching nothing, where the filter top-k does not
+// take the call or inter > 512 (one pair per thread). shared.gate_up is read after the kernel's
+// PDL wait, shared.down before it.
+inline constexpr int kMoeSharedBesideTopKMaxTokens = 8;
+// From this many tokens Backend::RoutedMoeWithSharedExpert places the shared expert beside the
+// top-k rather than in the gate-up kernel (measured: batch 4 -1.9%, 5 -1.6%, 6 -2.3%, 8 -1.5%;
+// performance.md, twenty-sixth version).
+inline constexpr int kMoeSharedBesideTopKMinTokens = 4;
+bool LaunchTopKSoftmaxWithSharedRows(AnyPtr logits, int64_t num_tokens, int num_experts, int k,
+                                     bool renormalize, int32_t* ids, float* weights,
+                                     const MoeSharedTerm& shared, int64_t hidden,
+                                     uint16_t* shared_out, cudaStream_t stream);
 // The few-token kernels' scratch: the pairs' activations, then (from a 16-byte boundary, this
 // element) the shared expert's finished rows [num_tokens, hidden].
 inline int64_t MoeFewTokensSharedRowsOffset(int64_t num_tokens, int k, int64_t inter) {

@@ -301,11 +301,10 @@ __global__ void __launch_bounds__(kRegTopKThreads)
 // At one token and 2560 experts the list merge took 8.5 us (ncu).
 constexpr int kTopKCandidates = 512;
 
-__global__ void __launch_bounds__(kRegTopKThreads)
-    TopKSoftmaxFilterKernel(AnyPtr logits, int num_experts, int k, bool renormalize, int32_t* ids,
-                            float* weights) {
-  PdlWait();
-  PdlTrigger();
+// Token t's top-k by the filter (the body of TopKSoftmaxFilterKernel, after its PDL wait).
+__device__ __forceinline__ void TopKFilterToken(AnyPtr logits, int num_experts, int k,
+                                                bool renormalize, int32_t* ids, float* weights,
+                                                int64_t t) {
   constexpr int kWarps = kRegTopKThreads / 32;
   static_assert(kRegTopK <= kWarps, "the threshold is the k-th of the warps' maxima");
   __shared__ float wmax_s[kWarps], wsum_s[kWarps];
@@ -314,7 +313,6 @@ __global__ void __launch_bounds__(kRegTopKThreads)
   __shared__ float sel_p[kRegTopK];
   __shared__ int sel_i[kRegTopK];
   __shared__ int count_s;
-  const int64_t t = blockIdx.x;
   const int64_t base = t * num_experts;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (threadIdx.x == 0) count_s = 0;
@@ -391,6 +389,14 @@ __global__ void __launch_bounds__(kRegTopKThreads)
     ids[t * k + lane] = sel_i[lane];
     weights[t * k + lane] = renormalize ? sel_p[lane] / selected : sel_p[lane];
   }
+}
+
+__global__ void __launch_bounds__(kRegTopKThreads)
+    TopKSoftmaxFilterKernel(AnyPtr logits, int num_experts, int k, bool renormalize, int32_t* ids,
+                            float* weights) {
+  PdlWait();
+  PdlTrigger();
+  TopKFilterToken(logits, num_experts, k, renormalize, ids, weights, blockIdx.x);
 }
 
 // Many tokens (prefill, large decode batches): one warp per token, so that a 256-thread block
@@ -1385,15 +1391,26 @@ constexpr int kFewWarps = 8;
 // per-warp sums then meet in shared memory in warp order (SharedRowsSum). The down kernel (at
 // most kMoeSharedExpertFusedMaxTokens tokens) and the gate-up kernel both compute it this way,
 // so either gives the same bits.
-template <int kRows>
-__device__ __forceinline__ void AddSharedPair(int row, uint4 w, uint4 g, uint4 u,
-                                              float (&sp)[kRows]) {
-  float a[8], wf[8];
-  SiluMulPiece(g, u, a);
+// One (row, piece) product: w . a over the piece's eight elements, a = silu(g) * u.
+__device__ __forceinline__ float SharedPieceDot(uint4 w, const float (&a)[8]) {
+  float wf[8];
   UnpackBf16x8(w, wf);
   float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < 8; ++i) sum += wf[i] * a[i];
+  return sum;
+}
+
+__device__ __forceinline__ float SharedPairDot(uint4 w, uint4 g, uint4 u) {
+  float a[8];
+  SiluMulPiece(g, u, a);
+  return SharedPieceDot(w, a);
+}
+
+template <int kRows>
+__device__ __forceinline__ void AddSharedPair(int row, uint4 w, uint4 g, uint4 u,
+                                              float (&sp)[kRows]) {
+  const float sum = SharedPairDot(w, g, u);
 #pragma unroll
   for (int rr = 0; rr < kRows; ++rr) sp[rr] += rr == row ? sum : 0.f;
 }
@@ -1483,6 +1500,120 @@ __device__ __forceinline__ void SharedExpertInGateUp(const MoeSharedTerm& shared
     SharedRowsUnit(shared, u / row_blocks, (u % row_blocks) * kSharedRowsInGateUp, hidden, partial,
                    shared_out);
   }
+}
+
+// The shared expert's rows computed beside the top-k (TopKSoftmaxFilterSharedRowsKernel), for
+// 4-8 tokens, where the gate-up kernel's first wave hides them less well or not at all
+// (performance.md, twenty-sixth version). The top-k grid gets extra blocks; each holds
+// kSharedRowGroups groups of kFewWarps warps, and a group takes kSharedUnitsPerGroup four-row
+// units for every token (one unit: 256 blocks at hidden 2048, two per SM; four units, 64
+// blocks, measured slower than the separate projection: the blocks finished well after the
+// top-k, performance.md twenty-sixth version). A
+// block loads its weight pieces before the PDL wait (constants), then forms every token's
+// silu(gate) * up once into shared memory (SiluMulPiece, as the gate-up kernel rounds it) and
+// takes the (row, piece) products from there. A group computes each (token, row) as a gate-up
+// block's SharedRowsUnit does (thread tid's pair tid, the per-warp sums in warp order), so the
+// rows have the same bits as the gate-up and down kernels' placements. The launcher requires one
+// pair per thread: 4 rows x inter / 8 pieces <= kFewWarps * 32 (inter <= 512).
+constexpr int kSharedRowGroups = 2;  // of kFewWarps * 32 threads, in a top-k block's 512
+constexpr int kSharedUnitsPerGroup = 1;
+constexpr int kSharedBesideTopKMaxTokens = 8;
+constexpr int kSharedBesideTopKMaxInter = kFewWarps * 32 / kSharedRowsInGateUp * 8;  // 512
+static_assert(kSharedRowGroups * kFewWarps * 32 == kRegTopKThreads);
+
+__device__ __forceinline__ void SharedRowsBesideTopK(const MoeSharedTerm& shared,
+                                                     int64_t num_tokens, int64_t hidden,
+                                                     int64_t block, uint16_t* shared_out) {
+  constexpr int kUnits = kSharedUnitsPerGroup, kMaxT = kSharedBesideTopKMaxTokens;
+  constexpr int kGroupThreads = kFewWarps * 32;
+  __shared__ float partial[kSharedRowGroups][kUnits][kMaxT][kFewWarps][kSharedRowsInGateUp];
+  __shared__ __align__(16) float act[kMaxT * kSharedBesideTopKMaxInter];
+  const int group = static_cast<int>(threadIdx.x) / kGroupThreads;
+  const int tid = static_cast<int>(threadIdx.x) % kGroupThreads;
+  const int lane = tid & 31, warp = tid >> 5;
+  const int64_t inter = shared.inter, pieces = inter / 8;
+  const int64_t pairs = kSharedRowsInGateUp * pieces;  // <= kGroupThreads (launcher)
+  const int row = static_cast<int>(tid / pieces);
+  const int64_t q = tid % pieces;
+  const int64_t unit0 = (block * kSharedRowGroups + group) * kUnits;
+  uint4 w[kUnits];
+  bool has[kUnits];
+#pragma unroll
+  for (int u = 0; u < kUnits; ++u) {
+    const int64_t h = (unit0 + u) * kSharedRowsInGateUp + row;
+    has[u] = tid < pairs && h < hidden;
+    w[u] = has[u] ? __ldg(reinterpret_cast<const uint4*>(shared.down + h * inter) + q)
+                  : make_uint4(0, 0, 0, 0);
+  }
+  PdlWait();
+  PdlTrigger();
+  for (int64_t i = threadIdx.x; i < num_tokens * pieces; i += blockDim.x) {
+    const int64_t t = i / pieces, p = i % pieces;
+    const uint4* gu = reinterpret_cast<const uint4*>(shared.gate_up + t * 2 * inter);
+    float a[8];
+    SiluMulPiece(__ldcg(gu + p), __ldcg(gu + pieces + p), a);
+    float4* dst = reinterpret_cast<float4*>(act + t * inter + p * 8);
+    dst[0] = make_float4(a[0], a[1], a[2], a[3]);
+    dst[1] = make_float4(a[4], a[5], a[6], a[7]);
+  }
+  __syncthreads();
+  // A warp's pairs lie in one row when a row's pieces are a multiple of 32: one sum per
+  // (token, unit), the warp's other rows +0 as in SharedRowsSum.
+  const bool row_per_warp = pieces % 32 == 0;
+  const int warp_row = static_cast<int>((static_cast<int64_t>(warp) * 32) / pieces);
+  for (int t = 0; t < num_tokens; ++t) {
+    float a[8];
+    if (tid < pairs) {
+      const float4* src = reinterpret_cast<const float4*>(act + t * inter + q * 8);
+      const float4 lo = src[0], hi = src[1];
+      a[0] = lo.x, a[1] = lo.y, a[2] = lo.z, a[3] = lo.w;
+      a[4] = hi.x, a[5] = hi.y, a[6] = hi.z, a[7] = hi.w;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      const float s = has[u] ? 0.f + SharedPieceDot(w[u], a) : 0.f;
+      if (row_per_warp) {
+        const float sum = WarpSum(s);
+        if (lane < kSharedRowsInGateUp) {
+          partial[group][u][t][warp][lane] = lane == warp_row ? sum : 0.f;
+        }
+      } else {
+#pragma unroll
+        for (int rr = 0; rr < kSharedRowsInGateUp; ++rr) {
+          const float sum = WarpSum(rr == row ? s : 0.f);
+          if (lane == 0) partial[group][u][t][warp][rr] = sum;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  const int64_t outputs = static_cast<int64_t>(kUnits) * num_tokens * kSharedRowsInGateUp;
+  for (int64_t i = tid; i < outputs; i += kGroupThreads) {
+    const int r = static_cast<int>(i % kSharedRowsInGateUp);
+    const int64_t t = (i / kSharedRowsInGateUp) % num_tokens;
+    const int u = static_cast<int>(i / (kSharedRowsInGateUp * num_tokens));
+    const int64_t h = (unit0 + u) * kSharedRowsInGateUp + r;
+    if (h >= hidden) continue;
+    float value = 0.f;
+    for (int wi = 0; wi < kFewWarps; ++wi) value += partial[group][u][t][wi][r];
+    shared_out[t * hidden + h] = F32ToBf16(value);
+  }
+}
+
+// Blocks 0 .. num_tokens - 1: TopKSoftmaxFilterKernel's; the rest: SharedRowsBesideTopK.
+// Two blocks per SM (64 registers), so that blocks can become resident beside the
+// fan-out's and the gate-up kernel's.
+__global__ void __launch_bounds__(kRegTopKThreads, 2)
+    TopKSoftmaxFilterSharedRowsKernel(AnyPtr logits, int num_experts, int k, bool renormalize,
+                                      int32_t* ids, float* weights, const MoeSharedTerm shared,
+                                      int64_t num_tokens, int64_t hidden, uint16_t* shared_out) {
+  if (blockIdx.x < num_tokens) {
+    PdlWait();
+    PdlTrigger();
+    TopKFilterToken(logits, num_experts, k, renormalize, ids, weights, blockIdx.x);
+    return;
+  }
+  SharedRowsBesideTopK(shared, num_tokens, hidden, blockIdx.x - num_tokens, shared_out);
 }
 
 // act[p, i] = silu(x[t] . gate[e, i]) * (x[t] . up[e, i]) for pair p = (t, j), e = ids[p]: kSplit
@@ -1900,6 +2031,29 @@ void LaunchTopKSoftmax(AnyPtr logits, int64_t num_tokens, int num_experts, int k
       break;
   }
   CheckLaunch("TopKSoftmax");
+}
+
+bool LaunchTopKSoftmaxWithSharedRows(AnyPtr logits, int64_t num_tokens, int num_experts, int k,
+                                     bool renormalize, int32_t* ids, float* weights,
+                                     const MoeSharedTerm& shared, int64_t hidden,
+                                     uint16_t* shared_out, cudaStream_t stream) {
+  static_assert(kMoeSharedBesideTopKMaxTokens == kSharedBesideTopKMaxTokens);
+  if (num_tokens < 1 || num_tokens > kSharedBesideTopKMaxTokens || k < 1 || hidden < 1 ||
+      shared.gate_up == nullptr || shared.down == nullptr || shared.inter < 8 ||
+      shared.inter % 8 != 0 || shared.inter > kSharedBesideTopKMaxInter ||
+      !Aligned16(shared.gate_up) || !Aligned16(shared.down) || shared_out == nullptr ||
+      SelectTopKKernel(num_tokens, num_experts, k, IsAligned16(logits.data),
+                       TopKOverrideFromEnv()) != TopKKernel::kBlockFilter) {
+    return false;
+  }
+  constexpr int64_t kRowsPerBlock =
+      int64_t{kSharedRowGroups} * kSharedUnitsPerGroup * kSharedRowsInGateUp;
+  const int64_t shared_blocks = (hidden + kRowsPerBlock - 1) / kRowsPerBlock;
+  LaunchPdl("TopKSoftmaxFilterSharedRowsKernel", TopKSoftmaxFilterSharedRowsKernel,
+            static_cast<unsigned>(num_tokens + shared_blocks), kRegTopKThreads, 0, stream, logits,
+            num_experts, k, renormalize, ids, weights, shared, num_tokens, hidden, shared_out);
+  CheckLaunch("TopKSoftmaxWithSharedRows");
+  return true;
 }
 
 void LaunchGemmFallback(const uint16_t* a, const uint16_t* w, int64_t m, int64_t n, int64_t k,

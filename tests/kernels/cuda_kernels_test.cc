@@ -1443,6 +1443,103 @@ TEST_F(CudaKernelsTest, MoeSharedExpertRowsSameInGateUpAndDown) {
   }
 }
 
+// The shared expert's rows computed beside the top-k (LaunchTopKSoftmaxWithSharedRows): the
+// same ids and weights as the top-k alone, and the same row bits as the gate-up kernel's
+// placement (SharedExpertInGateUp). Shared inter 512 (a warp's pairs in one row), 64 (four rows
+// a warp) and 40 (rows straddling warps); hidden 2048 (the release size) and 264 (a block whose
+// second group has no full unit); 1, 3, 6 and 8 tokens; and the shapes it declines.
+TEST_F(CudaKernelsTest, TopKWithSharedRowsMatchesTopKAndGateUpRows) {
+  const int k = 8, experts = 64, num_experts = 2560;
+  for (const int64_t h : {int64_t{2048}, int64_t{264}}) {
+    for (const int64_t s_inter : {int64_t{512}, int64_t{64}, int64_t{40}}) {
+      const int64_t inter = 64;  // the routed experts' (the gate-up kernel needs some)
+      Tensor gut =
+          Make(DType::kBF16, {experts, 2 * inter, h}, Rand(experts * 2 * inter * h, -0.2f, 0.2f));
+      Tensor sdn = Make(DType::kBF16, {h, s_inter}, Rand(h * s_inter, -0.1f, 0.1f));
+      for (const int t : {1, 3, 6, 8}) {
+        const std::string what = absl::StrCat("h ", h, " shared inter ", s_inter, " t ", t);
+        Tensor logits = Make(DType::kF32, {t, num_experts}, Rand(t * num_experts, -4.0f, 4.0f));
+        Tensor sgu = Make(DType::kBF16, {t, 2 * s_inter}, Rand(t * 2 * s_inter, -3.0f, 3.0f));
+        Tensor ids = MakeI32({t, k}, std::vector<int32_t>(t * k, -7));
+        Tensor ids_alone = MakeI32({t, k}, std::vector<int32_t>(t * k, -7));
+        Tensor wts = Poisoned(DType::kF32, {t, k}), wts_alone = Poisoned(DType::kF32, {t, k});
+        Tensor rows = Poisoned(DType::kBF16, {t, h});
+        cuda::MoeSharedTerm term;
+        term.gate_up = static_cast<const uint16_t*>(sgu.raw());
+        term.down = static_cast<const uint16_t*>(sdn.raw());
+        term.inter = s_inter;
+        term.fused_max_tokens = 8;
+        const cuda::AnyPtr lp{logits.raw(), true};
+        backend_->Synchronize();
+        ASSERT_TRUE(cuda::LaunchTopKSoftmaxWithSharedRows(
+            lp, t, num_experts, k, true, static_cast<int32_t*>(ids.raw()),
+            static_cast<float*>(wts.raw()), term, h, static_cast<uint16_t*>(rows.raw()), nullptr))
+            << what;
+        cuda::LaunchTopKSoftmax(lp, t, num_experts, k, true, static_cast<int32_t*>(ids_alone.raw()),
+                                static_cast<float*>(wts_alone.raw()), nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+        EXPECT_EQ(HostI32(ids), HostI32(ids_alone)) << what;
+        EXPECT_EQ(Host(wts), Host(wts_alone)) << what;
+        // The gate-up kernel's rows (into its scratch) for the same shared operands.
+        std::vector<int32_t> routed(t * k);
+        for (int i = 0; i < t * k; ++i) routed[i] = (i * 7) % experts;
+        Tensor xt = Make(DType::kBF16, {t, h}, Rand(t * h));
+        Tensor idt = MakeI32({t, k}, routed);
+        Tensor wt = Make(DType::kF32, {t, k}, Rand(t * k, 0.05f, 0.5f));
+        Tensor gate = Make(DType::kF32, {t, 1}, Rand(t, -3.0f, 3.0f));
+        term.gate_logits = cuda::AnyPtr{gate.raw(), true};
+        Tensor dnt =
+            Make(DType::kBF16, {experts, h, inter}, Rand(experts * h * inter, -0.2f, 0.2f));
+        Tensor out = Poisoned(DType::kBF16, {t, h});
+        const int64_t elems = cuda::MoeFewTokensScratchElems(t, k, h, inter);
+        Tensor act = Make(DType::kBF16, {elems}, std::vector<float>(elems, 0.0f));
+        backend_->Synchronize();
+        if (!cuda::LaunchMoeExpertsFewTokens(
+                static_cast<const uint16_t*>(xt.raw()), static_cast<const int32_t*>(idt.raw()),
+                static_cast<const float*>(wt.raw()), static_cast<const uint16_t*>(gut.raw()),
+                static_cast<const uint16_t*>(dnt.raw()), t, k, experts, 0, h, inter,
+                static_cast<uint16_t*>(act.raw()), static_cast<uint16_t*>(out.raw()), &term,
+                nullptr)) {
+          ADD_FAILURE() << what << ": the few-token kernels declined";
+          continue;
+        }
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+        const std::vector<float> scratch = Host(act), beside = Host(rows);
+        const int64_t at = cuda::MoeFewTokensSharedRowsOffset(t, k, inter);
+        const std::vector<float> in_gate_up(scratch.begin() + at, scratch.begin() + at + t * h);
+        // (Unless MOBIUS_MOE_SHARED_IN_GATEUP=0 moved them to the down kernel.)
+        if (std::getenv("MOBIUS_MOE_SHARED_IN_GATEUP") == nullptr) {
+          EXPECT_EQ(beside, in_gate_up) << what;
+        }
+        EXPECT_TRUE(std::all_of(beside.begin(), beside.end(), [](float v) {
+          return std::isfinite(v) && v != 0.0f;
+        })) << what;
+      }
+    }
+  }
+  // Declined: more than 8 tokens, shared inter above 512, a misaligned operand.
+  Tensor logits = Make(DType::kF32, {9, 2560}, Rand(9 * 2560));
+  Tensor sgu = Make(DType::kBF16, {9, 2 * 1040}, Rand(9 * 2 * 1040));
+  Tensor sdn = Make(DType::kBF16, {64, 1040}, Rand(64 * 1040));
+  Tensor ids = MakeI32({9, 8}, std::vector<int32_t>(72, 0));
+  Tensor wts = Poisoned(DType::kF32, {9, 8}), rows = Poisoned(DType::kBF16, {9, 64});
+  cuda::MoeSharedTerm term;
+  term.gate_up = static_cast<const uint16_t*>(sgu.raw());
+  term.down = static_cast<const uint16_t*>(sdn.raw());
+  const cuda::AnyPtr lp{logits.raw(), true};
+  auto launch = [&](int64_t t, int64_t s_inter) {
+    term.inter = s_inter;
+    return cuda::LaunchTopKSoftmaxWithSharedRows(
+        lp, t, 2560, 8, true, static_cast<int32_t*>(ids.raw()), static_cast<float*>(wts.raw()),
+        term, 64, static_cast<uint16_t*>(rows.raw()), nullptr);
+  };
+  EXPECT_FALSE(launch(9, 512));
+  EXPECT_FALSE(launch(2, 1040));
+  term.gate_up = static_cast<const uint16_t*>(sgu.raw()) + 1;
+  EXPECT_FALSE(launch(2, 512));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
 TEST_F(CudaKernelsTest, DecodeConvWithoutStateSlotStartsFromZero) {
   // A decode step (one token per segment, the decode conv kernel) where one segment has no state
   // slot: zero history for it, its slot-less state untouched, the other segment's state shifted.

@@ -498,6 +498,48 @@ TEST(CudaVsCpuTest, FusedOpsEqualTheirParts) {
           std::all_of(scratch.begin(), scratch.end(), [](float v) { return v == kUnwritten; });
       EXPECT_EQ(untouched, T <= fused_max) << what2 << ": the shared expert's scratch output";
     }
+    // RoutedMoeWithSharedExpert from router logits over the whole bank: at
+    // kMoeSharedBesideTopKMinTokens to kMoeSharedBesideTopKMaxTokens tokens (T = 4 and 8 here)
+    // extra blocks of the top-k's grid write the shared expert's rows into its scratch output;
+    // elsewhere the default (TopKSoftmax, then MoeExpertsWithSharedExpert as above). Is = 512:
+    // one (row, piece) pair per thread there.
+    {
+      const int Ir = 512;
+      auto logits = p.Make({T, bank}, Random(rng, T * bank, -2, 2), DType::kF32);
+      auto rids = p.Make({T, k}, std::vector<float>(T * k), DType::kI32);
+      auto rwts = p.Make({T, k}, std::vector<float>(T * k), DType::kF32);
+      auto rgu = p.Make({T, 2 * Ir}, Random(rng, T * 2 * Ir, -3, 3));
+      auto rdn = p.Make({H, Ir}, Random(rng, H * Ir, -0.1f, 0.1f));
+      auto ract = p.Make({T, Ir}, std::vector<float>(T * Ir));
+      auto rsout = p.Make({T, H}, std::vector<float>(T * H, kUnwritten));
+      auto out3 = p.Make({T, H}, Random(rng, T * H, -9, 9));
+      const SharedExpertOperands cpu_r{rgu.first, rdn.first, gate.first, ract.first, rsout.first};
+      const SharedExpertOperands cuda_r{rgu.second, rdn.second, gate.second, ract.second,
+                                        rsout.second};
+      p.cpu().RoutedMoeWithSharedExpert(x.first, logits.first, k, true, rids.first, rwts.first,
+                                        gu.first, dn.first, first, cpu_r, out3.first, {});
+      p.cuda().RoutedMoeWithSharedExpert(x.second, logits.second, k, true, rids.second, rwts.second,
+                                         gu.second, dn.second, first, cuda_r, out3.second, {});
+      const std::string what3 =
+          "RoutedMoeWithSharedExpert T=" + std::to_string(T) + " first=" + std::to_string(first);
+      std::vector<int32_t> cpu_ids(T * k), cuda_ids(T * k);
+      p.cpu().CopyToHostI32(rids.first, cpu_ids.data());
+      p.cuda().CopyToHostI32(rids.second, cuda_ids.data());
+      EXPECT_EQ(cpu_ids, cuda_ids) << what3;
+      EXPECT_LT(p.Compare((what3 + " (weights)").c_str(), rwts.first, rwts.second), kTol);
+      EXPECT_LT(p.Compare(what3.c_str(), out3.first, out3.second), kTol);
+      // Which path ran, read as the backend reads its knob (0 unset, 1 auto, 2 on, 3 off).
+      const int form = cuda::KnobChoice("MOBIUS_MOE_SHARED_BESIDE_TOPK", {"auto", "on", "off"});
+      const bool beside = T <= cuda::kMoeSharedBesideTopKMaxTokens &&
+                          (form == 2 || (form < 2 && T >= cuda::kMoeSharedBesideTopKMinTokens));
+      const std::vector<float> scratch = host(p.cuda(), rsout.second);
+      const bool untouched =
+          std::all_of(scratch.begin(), scratch.end(), [](float v) { return v == kUnwritten; });
+      EXPECT_EQ(untouched, !beside && T <= fused_max) << what3 << ": the shared scratch output";
+      if (!untouched) {
+        EXPECT_LT(p.Compare((what3 + " (shared rows)").c_str(), rsout.first, rsout.second), kTol);
+      }
+    }
     // Against the CUDA parts where the fused path ran (elsewhere the op is those parts): the
     // shared projection sums in its own order, so within a bf16 rounding step of the parts
     // rather than bit-equal.

@@ -862,11 +862,11 @@ absl::Status HybridModel::FeedForward(StepContext& ctx, int layer, const Tensor&
   // Routed experts of this layer's bank.
   ASSIGN_OR_RETURN(Tensor ids, AllocOutput(DType::kI32, {T, k}));
   ASSIGN_OR_RETURN(Tensor weights, AllocOutput(DType::kF32, {T, k}));
-  backend_.TopKSoftmax(router_logits, k, config_.norm_topk_prob, ids, weights);
   // With expert parallelism this rank counts (and computes) only its own experts.
   const int local_experts = static_cast<int>(bank.gate_up.dim(0));
   const int b = config_.BankOfLayer(layer);
   if (b < static_cast<int>(expert_routes_.size())) {
+    backend_.TopKSoftmax(router_logits, k, config_.norm_topk_prob, ids, weights);
     // Replicated experts: the routed positions become local slots (or -1, another rank's pair).
     ASSIGN_OR_RETURN(Tensor slots, AllocOutput(DType::kI32, {T, k}));
     backend_.MapExpertIds(ids, expert_routes_[b], shard_.ep_size + 1, slots);
@@ -889,8 +889,9 @@ absl::Status HybridModel::FeedForward(StepContext& ctx, int layer, const Tensor&
     layer_counts.resize(E, 0);
     counts = std::span(layer_counts).subspan(first_expert_, local_experts);
   }
-  backend_.MoeExpertsWithSharedExpert(x, ids, weights, bank.gate_up, bank.down, first_expert_,
-                                      shared_expert, out, counts);
+  backend_.RoutedMoeWithSharedExpert(x, router_logits, k, config_.norm_topk_prob, ids, weights,
+                                     bank.gate_up, bank.down, first_expert_, shared_expert, out,
+                                     counts);
   return absl::OkStatus();
 }
 
