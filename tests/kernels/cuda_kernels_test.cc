@@ -1446,9 +1446,16 @@ TEST_F(CudaKernelsTest, MoeSharedExpertRowsSameInGateUpAndDown) {
 // The shared expert's rows computed beside the top-k (LaunchTopKSoftmaxWithSharedRows): the
 // same ids and weights as the top-k alone, and the same row bits as the gate-up kernel's
 // placement (SharedExpertInGateUp). Shared inter 512 (a warp's pairs in one row), 64 (four rows
-// a warp) and 40 (rows straddling warps); hidden 2048 (the release size) and 264 (a block whose
-// second group has no full unit); 1, 3, 6 and 8 tokens; and the shapes it declines.
+// a warp) and 40 (rows straddling warps); hidden 2048 (the release size) and 264; 1, 3, 6 and 8
+// tokens; hidden 260 (the last block's second group without rows) against a host reference;
+// and the shapes it declines.
 TEST_F(CudaKernelsTest, TopKWithSharedRowsMatchesTopKAndGateUpRows) {
+  // Knobs that move the rows out of the gate-up kernel or force another top-k or MoE form make
+  // the comparisons below meaningless.
+  for (const char* knob : {"MOBIUS_MOE_SHARED_IN_GATEUP", "MOBIUS_MOE_FEW", "MOBIUS_TOPK",
+                           "MOBIUS_MOE_GEMM", "MOBIUS_MOE_SHARED_SPREAD"}) {
+    if (std::getenv(knob) != nullptr) GTEST_SKIP() << knob << " is set";
+  }
   const int k = 8, experts = 64, num_experts = 2560;
   for (const int64_t h : {int64_t{2048}, int64_t{264}}) {
     for (const int64_t s_inter : {int64_t{512}, int64_t{64}, int64_t{40}}) {
@@ -1507,14 +1514,50 @@ TEST_F(CudaKernelsTest, TopKWithSharedRowsMatchesTopKAndGateUpRows) {
         const std::vector<float> scratch = Host(act), beside = Host(rows);
         const int64_t at = cuda::MoeFewTokensSharedRowsOffset(t, k, inter);
         const std::vector<float> in_gate_up(scratch.begin() + at, scratch.begin() + at + t * h);
-        // (Unless MOBIUS_MOE_SHARED_IN_GATEUP=0 moved them to the down kernel.)
-        if (std::getenv("MOBIUS_MOE_SHARED_IN_GATEUP") == nullptr) {
-          EXPECT_EQ(beside, in_gate_up) << what;
-        }
+        EXPECT_EQ(beside, in_gate_up) << what;
         EXPECT_TRUE(std::all_of(beside.begin(), beside.end(), [](float v) {
           return std::isfinite(v) && v != 0.0f;
         })) << what;
       }
+    }
+  }
+  // Hidden 260: 65 four-row units, so the last block's second group has none. Against the
+  // host (double sums of the bf16 act that SiluMulPiece rounds); every row written.
+  for (const int64_t s_inter : {int64_t{512}, int64_t{40}}) {
+    for (const int t : {3, 8}) {
+      const int64_t h = 260;
+      const std::string what = absl::StrCat("h ", h, " shared inter ", s_inter, " t ", t);
+      const std::vector<float> gu = Rand(t * 2 * s_inter, -3.0f, 3.0f),
+                               dn = Rand(h * s_inter, -0.1f, 0.1f);
+      Tensor logits = Make(DType::kF32, {t, num_experts}, Rand(t * num_experts, -4.0f, 4.0f));
+      Tensor sgu = Make(DType::kBF16, {t, 2 * s_inter}, gu);
+      Tensor sdn = Make(DType::kBF16, {h, s_inter}, dn);
+      Tensor ids = MakeI32({t, k}, std::vector<int32_t>(t * k, -7));
+      Tensor wts = Poisoned(DType::kF32, {t, k}), rows = Poisoned(DType::kBF16, {t, h});
+      cuda::MoeSharedTerm term;
+      term.gate_up = static_cast<const uint16_t*>(sgu.raw());
+      term.down = static_cast<const uint16_t*>(sdn.raw());
+      term.inter = s_inter;
+      backend_->Synchronize();
+      ASSERT_TRUE(cuda::LaunchTopKSoftmaxWithSharedRows(
+          cuda::AnyPtr{logits.raw(), true}, t, num_experts, k, true,
+          static_cast<int32_t*>(ids.raw()), static_cast<float*>(wts.raw()), term, h,
+          static_cast<uint16_t*>(rows.raw()), nullptr))
+          << what;
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+      std::vector<double> ref(t * h);
+      for (int r = 0; r < t; ++r) {
+        for (int64_t o = 0; o < h; ++o) {
+          double acc = 0;
+          for (int64_t i = 0; i < s_inter; ++i) {
+            const float g = gu[r * 2 * s_inter + i], u = gu[r * 2 * s_inter + s_inter + i];
+            const float act = RoundBf16(static_cast<float>(Silu(g)) * u);
+            acc += double{dn[o * s_inter + i]} * act;
+          }
+          ref[r * h + o] = acc;
+        }
+      }
+      EXPECT_LT(RelErr(Host(rows), ref), kBf16Tol) << what;
     }
   }
   // Declined: more than 8 tokens, shared inter above 512, a misaligned operand.
