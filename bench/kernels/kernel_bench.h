@@ -206,6 +206,12 @@ class Bench {
   Case DeltaNetMixerStep(int seqs, int len);
   Case Attention(int seqs, int ctx, bool prefill, bool gated = false);
   Case Moe(int tokens);
+  // Backend::RoutedMoeWithSharedExpert (the model's MoE layer from its router logits, with the
+  // shared expert's down projection): on CUDA at 4-8 tokens the top-k's grid computes the shared
+  // rows; MOBIUS_MOE_SHARED_BESIDE_TOPK=on|off forces either form.
+  Case RoutedMoeShared(int tokens);
+  // The routed experts' gate_up and down weights, made once and shared by the MoE cases.
+  std::shared_ptr<std::pair<Tensor, Tensor>> MoeBank();
   // Stages `segs` (with `tokens` placeholder token ids) for the timed calls of a case.
   std::function<void()> Stager(std::shared_ptr<SegmentSet> segs, int64_t tokens, int max_positions);
   Case Linear(int m, int n, int k);

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -237,12 +238,18 @@ Case Bench::Attention(int seqs, int ctx, bool prefill, bool gated) {
   return c;
 }
 
-Case Bench::Moe(int tokens) {
-  const int64_t h = d_.hidden, inter = d_.inter, e = d_.experts, k = d_.topk;
+std::shared_ptr<std::pair<Tensor, Tensor>> Bench::MoeBank() {
+  const int64_t h = d_.hidden, inter = d_.inter, e = d_.experts;
   if (!moe_bank_) {
     moe_bank_ = std::make_shared<std::pair<Tensor, Tensor>>(
         Rand(act_, {e, 2 * inter, h}, -0.03f, 0.03f), Rand(act_, {e, h, inter}, -0.03f, 0.03f));
   }
+  return moe_bank_;
+}
+
+Case Bench::Moe(int tokens) {
+  const int64_t h = d_.hidden, inter = d_.inter, e = d_.experts, k = d_.topk;
+  MoeBank();
   const double expert_bytes = 3.0 * inter * h * ActSize();
   Case c;
   c.op = "MoeExperts";
@@ -297,6 +304,76 @@ Case Bench::Moe(int tokens) {
   c.run = [this, sets, bank](int s) {
     Set& x = (*sets)[s];
     be_->MoeExperts(x.x, x.ids, x.weights, bank->first, bank->second, 0, x.out, {});
+  };
+  return c;
+}
+
+Case Bench::RoutedMoeShared(int tokens) {
+  const int64_t h = d_.hidden, inter = d_.inter, e = d_.experts, k = d_.topk;
+  const int64_t si = d_.shared_inter;
+  const auto bank = MoeBank();
+  const double expert_bytes = 3.0 * inter * h * ActSize();
+  Case c;
+  c.op = "RoutedMoeWithSharedExpert";
+  c.sets = 0;
+  struct Set {
+    Tensor logits, x, ids, weights, shared_gate_up, shared_down, gate, act, shared, out;
+  };
+  auto sets = std::make_shared<std::vector<Set>>();
+  // Random router logits; the experts they pick are counted on the host for the bound. Each set
+  // has its own shared expert (2 MB at release shapes), as each layer does, so that it is not
+  // read from L2.
+  std::uniform_real_distribution<float> logit(-4.f, 4.f);
+  std::vector<int32_t> order(e);
+  std::vector<char> seen(e);
+  double touched_sum = 0;
+  int touched_first = 0;
+  while (c.sets == 0 || (c.sets < 64 && touched_sum < rotate_bytes_ && cuda_) ||
+         (!cuda_ && c.sets < 2)) {
+    std::vector<float> logits(tokens * e);
+    for (float& v : logits) v = logit(rng_);
+    std::fill(seen.begin(), seen.end(), 0);
+    int touched = 0;
+    for (int t = 0; t < tokens; ++t) {
+      const float* row = &logits[static_cast<size_t>(t) * e];
+      for (int32_t i = 0; i < e; ++i) order[i] = i;
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [row](int32_t a, int32_t b) { return row[a] > row[b]; });
+      for (int j = 0; j < k; ++j) {
+        if (!seen[order[j]]) ++touched;
+        seen[order[j]] = 1;
+      }
+    }
+    Set x;
+    x.logits = F32({tokens, e});
+    be_->CopyFromHost(logits.data(), DType::kF32, x.logits);
+    x.x = Rand(act_, {tokens, h});
+    x.ids = Alloc(DType::kI32, {tokens, k});
+    x.weights = F32({tokens, k});
+    x.shared_gate_up = Rand(act_, {tokens, 2 * si}, -3.f, 3.f);
+    x.shared_down = Rand(act_, {h, si}, -0.03f, 0.03f);
+    x.gate = Rand(DType::kF32, {tokens, 1}, -3.f, 3.f);
+    x.act = Act({tokens, si});
+    x.shared = Act({tokens, h});
+    x.out = Act({tokens, h});
+    sets->push_back(std::move(x));
+    if (c.sets == 0) touched_first = touched;
+    touched_sum += touched * expert_bytes + static_cast<double>(h) * si * ActSize();
+    ++c.sets;
+  }
+  c.shape = absl::StrFormat(
+      "%d tok, top-%d of %d experts (%d touched), H %d, I %d, shared I %d, router logits fp32",
+      tokens, k, e, touched_first, h, inter, si);
+  c.note = absl::StrFormat("touched %d", touched_first);
+  c.bytes = touched_sum / c.sets + tokens * e * 4.0 + tokens * (3.0 * h + 2.0 * si) * ActSize() +
+            tokens * k * 8.0;
+  c.flops = 2.0 * tokens * (k * 3.0 * inter + si) * h;
+  c.run = [this, sets, bank, k](int s) {
+    Set& x = (*sets)[s];
+    const kernels::SharedExpertOperands shared{x.shared_gate_up, x.shared_down, x.gate, x.act,
+                                               x.shared};
+    be_->RoutedMoeWithSharedExpert(x.x, x.logits, static_cast<int>(k), true, x.ids, x.weights,
+                                   bank->first, bank->second, 0, shared, x.out, {});
   };
   return c;
 }
@@ -598,6 +675,11 @@ void Bench::BuildSpecs() {
   }
   for (int t : d.moe_tokens) {
     Add(absl::StrFormat("moe.T%d", t), [=, this] { return Moe(t); });
+  }
+  // The decode batches where the shared expert's down projection moves between kernels (the
+  // gate-up kernel at 1-3 tokens, beside the top-k at 4-8).
+  for (int t : {1, 4, 8}) {
+    Add(absl::StrFormat("moe_shared.T%d", t), [=, this] { return RoutedMoeShared(t); });
   }
   // Dense. The norms also at one row: the one-block kernel between a decode step's projections.
   std::vector<int> norm_rows = d.rows;
