@@ -1,7 +1,8 @@
 // Ranking (value, id) pairs on the device: the larger value first, the lower id among equals
 // (std::max_element's and the host references' order). Each thread keeps a sorted list of its
 // best kList pairs in registers; a warp merges its lanes' lists head by head. Used by the MoE
-// router's top-k (moe_kernels.cu) and the top-n logits of sampling (sampling_kernels.cu).
+// router's top-k (topk_softmax.cu, topk_filter.cuh) and the top-n logits of sampling
+// (sampling_kernels.cu).
 #ifndef MOBIUS_KERNELS_CUDA_RANKED_LISTS_CUH_
 #define MOBIUS_KERNELS_CUDA_RANKED_LISTS_CUH_
 

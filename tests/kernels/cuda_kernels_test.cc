@@ -1005,7 +1005,7 @@ TEST(TopKKernelSelection, WarpPerTokenForPrefillBatchesOnly) {
   using cuda::TopKOverride;
   constexpr auto kNone = TopKOverride::kNone;
   // Release routing (2560 experts, k 8): block per token for decode batches, warp per token from
-  // 1024 tokens (the measured crossover, moe_kernels.cu).
+  // 1024 tokens (the measured crossover, topk_softmax.cu).
   EXPECT_EQ(SelectTopKKernel(1, 2560, 8, true, kNone), TopKKernel::kBlockFilter);
   EXPECT_EQ(SelectTopKKernel(256, 2560, 8, true, kNone), TopKKernel::kBlockFilter);
   EXPECT_EQ(SelectTopKKernel(1023, 2560, 8, true, kNone), TopKKernel::kBlockFilter);
