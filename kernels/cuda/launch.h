@@ -306,7 +306,8 @@ bool LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint
                           const SegmentMeta& segments, float scale, int splits, void* scratch,
                           uint16_t* out, cudaStream_t stream, const uint16_t* out_gate = nullptr);
 
-// ---- mixture of experts (topk_softmax.cu: the router top-k; moe_kernels.cu: the rest) ----
+// ---- mixture of experts (topk_softmax.cu: the router top-k; moe_kernels.cu: many tokens;
+// moe_few_tokens.cu: decode steps) ----
 void LaunchTopKSoftmax(AnyPtr logits, int64_t num_tokens, int num_experts, int k, bool renormalize,
                        int32_t* ids, float* weights, cudaStream_t stream);
 // The kernel LaunchTopKSoftmax takes (a host function, so that tests can check the choice

@@ -1,7 +1,7 @@
 // The router top-k's register forms (k <= kRegTopK): the lists every lane keeps, their merge,
 // and the filter that ranks only the logits at or above a threshold. Shared by the top-k kernels
 // (topk_softmax.cu) and the MoE kernel whose extra blocks compute the shared expert's rows beside
-// the top-k (moe_kernels.cu, TopKSoftmaxFilterSharedRowsKernel).
+// the top-k (moe_few_tokens.cu, TopKSoftmaxFilterSharedRowsKernel).
 #ifndef MOBIUS_KERNELS_CUDA_TOPK_FILTER_CUH_
 #define MOBIUS_KERNELS_CUDA_TOPK_FILTER_CUH_
 
