@@ -1881,8 +1881,8 @@ void CudaBackend::RoutedMoeWithSharedExpert(const Tensor& x, const Tensor& route
                                     : cuda::kMoeSharedBesideTopKMinTokens;
   if (t >= first && t <= cuda::kMoeSharedBesideTopKMaxTokens && expert_tokens.empty() &&
       t * k <= cuda::kMoeFewTokensMaxPairs && gate_up.rank() == 3 && gate_up.dim(0) > 0) {
+    // What the top-k's grid reads and writes; MoeExpertsWithShared checks the rest.
     const AnyPtr lp = CheckTopK(router_logits, k, ids, weights);
-    CheckMoe(x, ids, weights, gate_up, down, out, expert_tokens);
     const int64_t hidden = gate_up.dim(2);
     const AnyPtr gp = CheckSharedExpert(shared, t, hidden, out, "RoutedMoeWithSharedExpert");
     CheckTensor(shared.out, DType::kBF16, "RoutedMoeWithSharedExpert", "shared.out");

@@ -159,7 +159,7 @@ __device__ __forceinline__ void SharedExpertInGateUp(const MoeSharedTerm& shared
 // pair per thread: 4 rows x inter / 8 pieces <= kFewWarps * 32 (inter <= 512).
 constexpr int kSharedRowGroups = 2;  // of kFewWarps * 32 threads, in a top-k block's 512
 constexpr int kSharedUnitsPerGroup = 1;
-constexpr int kSharedBesideTopKMaxTokens = 8;
+constexpr int kSharedBesideTopKMaxTokens = kMoeSharedBesideTopKMaxTokens;            // (launch.h)
 constexpr int kSharedBesideTopKMaxInter = kFewWarps * 32 / kSharedRowsInGateUp * 8;  // 512
 static_assert(kSharedRowGroups * kFewWarps * 32 == kRegTopKThreads);
 
@@ -243,7 +243,7 @@ __device__ __forceinline__ void SharedRowsBesideTopK(const MoeSharedTerm& shared
 }
 
 // Blocks 0 .. num_tokens - 1: TopKSoftmaxFilterKernel's; the rest: SharedRowsBesideTopK.
-// Two blocks per SM (64 registers), so that blocks can become resident beside the
+// Two blocks per SM (at most 64 registers; 56 used), so that blocks can become resident beside the
 // fan-out's and the gate-up kernel's.
 __global__ void __launch_bounds__(kRegTopKThreads, 2)
     TopKSoftmaxFilterSharedRowsKernel(AnyPtr logits, int num_experts, int k, bool renormalize,
@@ -592,7 +592,6 @@ bool LaunchTopKSoftmaxWithSharedRows(AnyPtr logits, int64_t num_tokens, int num_
                                      bool renormalize, int32_t* ids, float* weights,
                                      const MoeSharedTerm& shared, int64_t hidden,
                                      uint16_t* shared_out, cudaStream_t stream) {
-  static_assert(kMoeSharedBesideTopKMaxTokens == kSharedBesideTopKMaxTokens);
   if (num_tokens < 1 || num_tokens > kSharedBesideTopKMaxTokens || k < 1 || hidden < 1 ||
       shared.gate_up == nullptr || shared.down == nullptr || shared.inter < 8 ||
       shared.inter % 8 != 0 || shared.inter > kSharedBesideTopKMaxInter ||
