@@ -92,6 +92,8 @@ def run(bundle_dir, pattern, timeout):
                 print(f"      {line}")
     print(f"\n{len(passed)} passed, {len(skipped)} skipped, {len(failed)} failed of {len(tests)} "
           f"GPU tests in {time.time() - start:.0f} s")
+    for name in skipped:
+        print(f"  skipped: {name}")
     for name in failed:
         print(f"  failed: {name}")
     return 0 if not failed else 1
