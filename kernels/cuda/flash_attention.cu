@@ -622,43 +622,91 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
 constexpr int kCombineThreads = 256;
 constexpr int kCombineDims = 64;
 constexpr int kCombineMaxSplits = 256;
+// Up to this many splits (two per lane) every warp forms the common max and the softmax sum
+// itself with shuffles, and each thread's partials are requested right after PdlWait together
+// with the (m, l) pairs: one round trip to L2 and one block barrier after the wait instead of
+// three round trips (pairs, then partials, then the gate) and five barriers. The split
+// heuristic stays at or below kCombineMaxSplits / 4 = 64; more (MOBIUS_DECODE_SPLITS) take the
+// block-wide path.
+constexpr int kCombineWarpSplits = 64;
+constexpr int kCombineGroups = kCombineThreads / (kCombineDims / 4);  // split groups
+static_assert(kCombineWarpSplits == 64 && kCombineWarpSplits % kCombineGroups == 0);
 
 template <int kHd>
 __global__ void __launch_bounds__(kCombineThreads)
     DecodeCombineKernel(const float* partial_acc, const float2* partial_ml, int splits,
                         uint16_t* out, const uint16_t* out_gate) {
-  constexpr int kCols = kCombineDims / 4;           // float4 columns of the slice
-  constexpr int kGroups = kCombineThreads / kCols;  // split groups
+  constexpr int kCols = kCombineDims / 4;  // float4 columns of the slice
+  constexpr int kGroups = kCombineGroups;
   __shared__ float f_s[kCombineMaxSplits];
   __shared__ float red[32];
   __shared__ float4 sum_s[kGroups][kCols];
-  PdlWait();
-  PdlTrigger();
   const int64_t row = blockIdx.x;
   const int d0 = blockIdx.y * kCombineDims;
-  const float2* ml = partial_ml + row * splits;
-  float mloc = -INFINITY;
-  for (int s = threadIdx.x; s < splits; s += kCombineThreads) mloc = fmaxf(mloc, ml[s].x);
-  const float m_all = BlockMax(mloc, red);
-  float lloc = 0.0f;
-  for (int s = threadIdx.x; s < splits; s += kCombineThreads) {
-    const float2 v = ml[s];
-    const float f = v.x == -INFINITY ? 0.0f : exp2f(v.x - m_all);
-    f_s[s] = f;
-    lloc += v.y * f;
-  }
-  const float l_all = BlockSum(lloc, red);  // its barriers also publish f_s
+  const int lane = threadIdx.x & 31;
   const int col = threadIdx.x % kCols, grp = threadIdx.x / kCols;
+  const int64_t at = row * kHd + d0 + 4 * threadIdx.x;  // (threads < kCols only)
+  // The gate comes from the QK-norm kernel, two launches back: readable before PdlWait.
+  uint2 g = make_uint2(0, 0);
+  if (out_gate != nullptr && threadIdx.x < kCols)
+    g = *reinterpret_cast<const uint2*>(out_gate + at);
+  PdlWait();
+  PdlTrigger();
+  const float2* ml = partial_ml + row * splits;
   const float* base = partial_acc + row * splits * kHd + d0 + 4 * col;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  float l_all;
+  if (splits <= kCombineWarpSplits) {
+    constexpr int kMine = kCombineWarpSplits / kGroups;  // partials per thread at most
+    float4 v[kMine];
+#pragma unroll
+    for (int j = 0; j < kMine; ++j) {
+      const int s = grp + j * kGroups;
+      v[j] = s < splits ? *reinterpret_cast<const float4*>(base + static_cast<int64_t>(s) * kHd)
+                        : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    const float2 lo = lane < splits ? ml[lane] : make_float2(-INFINITY, 0.0f);
+    const float2 hi = lane + 32 < splits ? ml[lane + 32] : make_float2(-INFINITY, 0.0f);
+    // The block-wide path's values exactly: a max is exact in any order, and its sum adds the
+    // sums of warps 0 and 1 (splits 0-31 and 32-63 there) and zeros.
+    const float m_all = WarpMax(fmaxf(lo.x, hi.x));
+    const float f_lo = lo.x == -INFINITY ? 0.0f : exp2f(lo.x - m_all);
+    const float f_hi = hi.x == -INFINITY ? 0.0f : exp2f(hi.x - m_all);
+    l_all = WarpSum(lo.y * f_lo) + WarpSum(hi.y * f_hi);
+#pragma unroll
+    for (int j = 0; j < kMine; ++j) {
+      const int s = grp + j * kGroups;
+      const float f_a = __shfl_sync(0xffffffffu, f_lo, s & 31);
+      const float f_b = __shfl_sync(0xffffffffu, f_hi, s & 31);
+      if (s < splits) {
+        const float f = s < 32 ? f_a : f_b;
+        acc.x += v[j].x * f;
+        acc.y += v[j].y * f;
+        acc.z += v[j].z * f;
+        acc.w += v[j].w * f;
+      }
+    }
+  } else {
+    float mloc = -INFINITY;
+    for (int s = threadIdx.x; s < splits; s += kCombineThreads) mloc = fmaxf(mloc, ml[s].x);
+    const float m_all = BlockMax(mloc, red);
+    float lloc = 0.0f;
+    for (int s = threadIdx.x; s < splits; s += kCombineThreads) {
+      const float2 p = ml[s];
+      const float f = p.x == -INFINITY ? 0.0f : exp2f(p.x - m_all);
+      f_s[s] = f;
+      lloc += p.y * f;
+    }
+    l_all = BlockSum(lloc, red);  // its barriers also publish f_s
 #pragma unroll 4
-  for (int s = grp; s < splits; s += kGroups) {
-    const float4 v = *reinterpret_cast<const float4*>(base + static_cast<int64_t>(s) * kHd);
-    const float f = f_s[s];
-    acc.x += v.x * f;
-    acc.y += v.y * f;
-    acc.z += v.z * f;
-    acc.w += v.w * f;
+    for (int s = grp; s < splits; s += kGroups) {
+      const float4 p = *reinterpret_cast<const float4*>(base + static_cast<int64_t>(s) * kHd);
+      const float f = f_s[s];
+      acc.x += p.x * f;
+      acc.y += p.y * f;
+      acc.z += p.z * f;
+      acc.w += p.w * f;
+    }
   }
   sum_s[grp][col] = acc;
   __syncthreads();
@@ -672,10 +720,8 @@ __global__ void __launch_bounds__(kCombineThreads)
       a.w += b.w;
     }
     const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;
-    const int64_t at = row * kHd + d0 + 4 * threadIdx.x;
     float y[4] = {a.x * inv, a.y * inv, a.z * inv, a.w * inv};
     if (out_gate != nullptr) {
-      const uint2 g = *reinterpret_cast<const uint2*>(out_gate + at);
       const float gv[4] = {__uint_as_float(g.x << 16), __uint_as_float(g.x & 0xffff0000u),
                            __uint_as_float(g.y << 16), __uint_as_float(g.y & 0xffff0000u)};
 #pragma unroll
