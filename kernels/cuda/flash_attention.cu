@@ -440,6 +440,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32)
         ++early;
       }
     }
+    // Every block waits before it triggers (and none returns before): DecodeCombineKernel reads
+    // the output gate, two launches back, before its own PdlWait on that ordering.
     PdlWait();
     PdlTrigger();
 #pragma unroll
@@ -672,14 +674,14 @@ __global__ void __launch_bounds__(kCombineThreads)
     const float m_all = WarpMax(fmaxf(lo.x, hi.x));
     const float f_lo = lo.x == -INFINITY ? 0.0f : exp2f(lo.x - m_all);
     const float f_hi = hi.x == -INFINITY ? 0.0f : exp2f(hi.x - m_all);
-    l_all = WarpSum(lo.y * f_lo) + WarpSum(hi.y * f_hi);
+    // Rounded products, as the block-wide path's sum receives them (no multiply-add fused into
+    // the shuffle tree's first step).
+    l_all = WarpSum(__fmul_rn(lo.y, f_lo)) + WarpSum(__fmul_rn(hi.y, f_hi));
 #pragma unroll
     for (int j = 0; j < kMine; ++j) {
-      const int s = grp + j * kGroups;
-      const float f_a = __shfl_sync(0xffffffffu, f_lo, s & 31);
-      const float f_b = __shfl_sync(0xffffffffu, f_hi, s & 31);
+      const int s = grp + j * kGroups;  // < 32 exactly for j < 32 / kGroups (grp < kGroups)
+      const float f = __shfl_sync(0xffffffffu, j * kGroups < 32 ? f_lo : f_hi, s & 31);
       if (s < splits) {
-        const float f = s < 32 ? f_a : f_b;
         acc.x += v[j].x * f;
         acc.y += v[j].y * f;
         acc.z += v[j].z * f;
