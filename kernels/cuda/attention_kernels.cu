@@ -231,8 +231,9 @@ __global__ void WriteKvCacheKernel(const uint16_t* k, const uint16_t* v, TokenMe
 
 // Block (t, h); each warp walks positions warp, warp + kAttnWarps, ... with its own online
 // softmax, then the warps' partial results are merged. Lane l holds dims l, l + 32, ...
-// TODO(perf): split long contexts over several blocks (flash-decoding) and share K/V loads
-// between the query heads of one kv head.
+// The last fallback of LaunchPagedAttention, after the decode, flash and GQA kernels (head dims
+// not multiples of 8, unaligned operands, GQA groups over kMaxGroup); those split long contexts
+// and share K/V loads between a kv head's query heads, so this one stays simple.
 template <int kPerLane>
 __global__ void __launch_bounds__(kAttnWarps * 32)
     PagedAttentionKernel(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
