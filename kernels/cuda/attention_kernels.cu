@@ -136,17 +136,10 @@ __global__ void __launch_bounds__(kRopeWarps * 32)
       to_cache ? KvCacheSlot(token_position, kv.token_segment, kv.segs, kv.block_size, t) *
                      num_kv_heads * head_dim
                : 0;
-  // The norm weights of the warp's first head (the only one at a few tokens) are constants:
-  // loaded now, they are not a round trip after the wait.
-  const int first_head = blockIdx.y * kRopeWarps + warp;
-  float w_first[8] = {};
-  if (active && first_head < num_heads + num_kv_heads) {
-    Load8(first_head < num_heads ? q_norm : k_norm, d0, w_first);
-  }
   PdlWait();
   PdlTrigger();
   const int heads = num_heads + num_kv_heads * (to_cache ? 2 : 1);
-  for (int head = first_head; head < heads; head += gridDim.y * kRopeWarps) {
+  for (int head = blockIdx.y * kRopeWarps + warp; head < heads; head += gridDim.y * kRopeWarps) {
     if (head >= num_heads + num_kv_heads) {  // a value head: copied as it is
       const int64_t vh = head - num_heads - num_kv_heads;
       if (active) {
@@ -176,12 +169,7 @@ __global__ void __launch_bounds__(kRopeWarps * 32)
     const float inv = rsqrtf(sum / static_cast<float>(head_dim) + eps);
     if (active) {
       float wv[8];
-      if (head == first_head) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) wv[i] = w_first[i];
-      } else {
-        Load8(w, d0, wv);
-      }
+      Load8(w, d0, wv);
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         v[i] = v[i] * inv * (1.0f + wv[i]);
