@@ -2,8 +2,8 @@
 // kMaxDeltaNetStepTokens tokens per segment) in one launch: conv + SiLU, gates, recurrent delta
 // rule and gated RMSNorm, which otherwise take three or four kernels (the conv and, past one
 // token, its state update; the delta rule with its gates; the norm) between the in- and
-// out-projections. The tokens of a segment are walked in order inside the cluster, with three
-// cluster barriers per step whatever their number.
+// out-projections. The tokens of a segment are walked in order inside the cluster, with two
+// cluster barriers per step whatever their number (one in the batch 1-3 layout, kLocalQk).
 //
 // Why clusters: each of those kernels needs data from outside a block's own slice. A value
 // column block of the delta rule needs its key head's whole q and k after the conv; the norm
@@ -15,7 +15,13 @@
 // value heads, one segment) and exchange them through distributed shared memory at a cluster
 // barrier, which stays on the GPC. Each block owns D/8 of the key head's q and k channels and
 // D/4 value columns: it runs the conv for exactly those channels (so it alone reads and writes
-// their conv state) and the delta rule for its columns.
+// their conv state) and the delta rule for its columns. Where a block has a thread for each of
+// the key head's 2D q/k channels (kLocalQk) it runs the conv for all of them instead, reading
+// every q/k conv state of the key head and writing its own share after the norm's barrier (which
+// every block passes after its conv), and needs no barrier to publish q and k. The norm's piece
+// sums are written into every block of the value head (not read from them), so that no block
+// reads another's shared memory after that barrier and none has to wait at the end for the
+// others.
 //
 // Roundings follow the separate kernels: the conv output and the delta rule's output are rounded
 // to bf16 as their tensors store them, the gates use DeltaGateG/Beta, and the delta rule's
@@ -53,6 +59,50 @@ struct StepShape {
   static_assert(kGroups >= 1 && kPasses >= 1 && kPerLane >= 1 && kConvChannels <= kThreads);
 };
 
+// One conv channel of a thread: its taps and window (loaded before PdlWait), where its outputs go.
+struct StepConvChannel {
+  int64_t c = -1;        // channel in the mixed row; -1: none
+  float* dst = nullptr;  // token 0's output; token i's is dst + i * stride
+  int stride = 0;
+  float* state = nullptr;
+  float wk[kConvTaps] = {};
+  float hist[kConvTaps - 1] = {};
+
+  __device__ __forceinline__ void Load(const DeltaNetDecodeStepArgs& p, int slot,
+                                       int64_t channels) {
+    if (c < 0) return;
+    state = slot >= 0 ? p.conv_states + (slot * channels + c) * (kConvTaps - 1) : nullptr;
+#pragma unroll
+    for (int j = 0; j < kConvTaps; ++j)
+      wk[j] = mobius::kernels::cuda::Load(p.conv_w, c * kConvTaps + j);
+    if (state != nullptr) {
+#pragma unroll
+      for (int j = 0; j < kConvTaps - 1; ++j) hist[j] = state[j];
+    }
+  }
+  // The conv kernels' order: oldest input first; the window slides over the segment's tokens and
+  // ends as the new state (the last K - 1 inputs).
+  __device__ __forceinline__ void Run(const uint16_t* mixed, int64_t begin, int len,
+                                      int64_t channels) {
+    if (c < 0) return;
+    for (int i = 0; i < len; ++i) {
+      const float cur = Bf16ToF32(mixed[(begin + i) * channels + c]);
+      float acc = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kConvTaps - 1; ++j) acc += wk[j] * hist[j];
+      dst[i * stride] = Bf16ToF32(F32ToBf16(Silu(acc + wk[kConvTaps - 1] * cur)));
+#pragma unroll
+      for (int j = 0; j + 1 < kConvTaps - 1; ++j) hist[j] = hist[j + 1];
+      hist[kConvTaps - 2] = cur;
+    }
+  }
+  __device__ __forceinline__ void StoreState() const {
+    if (c < 0 || state == nullptr) return;
+#pragma unroll
+    for (int j = 0; j < kConvTaps - 1; ++j) state[j] = hist[j];
+  }
+};
+
 // kT: the most tokens of a segment (1 for decode steps, whose loops then unroll away).
 template <int kD, int kGroupCols, int kRowSplit, int kT>
 __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads)
@@ -61,16 +111,30 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
   constexpr int kQk = Shape::kQkPerBlock, kCols = Shape::kColsPerBlock;
   constexpr int kPasses = Shape::kPasses, kLpr = Shape::kLpr, kRowsPerPass = Shape::kRowsPerPass;
   constexpr int kPiecesPerBlock = kCols / 8;
-  __shared__ float conv_s[kT][2 * kQk];  // per token: this block's q channels, then its k channels
-  __shared__ float v_s[kT][kCols];       // per token: the conv output of this block's columns
+  // With a thread for each of the key head's q and k channels, every block runs the conv for all
+  // of them (eight times the conv's few loads, all from L2) instead of its D/8 share: q and k are
+  // then in its own shared memory, and the cluster barrier that published them, with the wait
+  // for the cluster's slowest block, is gone. kLocalQk: the batch 1-3 layout (8 columns a warp
+  // group, rows split over warp pairs), 256 threads at D = 128. With the piece sums below, batch
+  // 1 2.41 -> 2.39 ms a step (performance.md twenty-eighth version).
+  constexpr bool kLocalQk = Shape::kThreads >= 2 * kD;
+  // Per token: q channels, then k channels (the key head's, or this block's share).
+  __shared__ float conv_s[kT][kLocalQk ? 2 * kD : 2 * kQk];
+  __shared__ float v_s[kT][kCols];  // per token: the conv output of this block's columns
   __shared__ float qk_s[Shape::kWarps][2][kD];
   __shared__ float4 part_s[2][Shape::kWarps][kLpr][2];  // [token parity][warp][lane] (u, sq)
   // The delta rule's output (bf16-rounded) of this block's columns, per token.
   __shared__ float o_s[kT][kCols];
-  __shared__ float piece_s[kT][kPiecesPerBlock];  // sums of squares of its pieces of 8 columns
+  // Per token, the sums of squares of the value head's pieces of 8 columns: every block of the
+  // head writes its own pieces into the copies of all of them.
+  __shared__ float piece_s[kT][kD / 8];
   __shared__ float gate_s[kT][2];
 
   cg::cluster_group cluster = cg::this_cluster();
+  // Without the q/k barrier, this arrival (waited for before the first access to another block's
+  // shared memory) is what guarantees every block of the cluster has started.
+  [[maybe_unused]] auto started =
+      kLocalQk ? cluster.barrier_arrive() : decltype(cluster.barrier_arrive()){};
   const int rank = static_cast<int>(cluster.block_rank());
   const int kh = static_cast<int>(blockIdx.x) / kClusterBlocks, seg = blockIdx.y;
   const int hk = p.num_k_heads, hv = p.num_v_heads;
@@ -84,35 +148,39 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
   const int len = kT == 1 ? 1 : segs.num_tokens[seg];
   const int slot = segs.state_slot[seg];
 
-  // This thread's conv channel: q channels, then k channels, then value columns.
-  int64_t conv_c = -1;
-  float* conv_dst = nullptr;  // token 0's output; token i's is conv_dst + i * conv_stride
-  int conv_stride = 0;
-  if (threadIdx.x < 2 * kQk) {
+  // This thread's conv channels: a q or k channel and/or one of the block's value columns. A
+  // block writes the conv state of its own q/k share (D/8 channels) and value columns only.
+  StepConvChannel qk_ch, v_ch;
+  bool qk_state_owner = true;
+  if constexpr (kLocalQk) {
+    const int t = threadIdx.x;
+    if (t < 2 * kD) {
+      const int is_k = t / kD, d = t % kD;
+      qk_ch.c = int64_t{is_k} * hk * kD + int64_t{kh} * kD + d;
+      qk_ch.dst = &conv_s[0][t];
+      qk_ch.stride = 2 * kD;
+      qk_state_owner = d / kQk == rank;
+    }
+    if (t < kCols) {
+      v_ch.c = 2LL * hk * kD + int64_t{h} * kD + block_col0 + t;
+      v_ch.dst = &v_s[0][t];
+      v_ch.stride = kCols;
+    }
+  } else if (threadIdx.x < 2 * kQk) {
     const int i = threadIdx.x % kQk, is_k = threadIdx.x / kQk;
-    conv_c = int64_t{is_k} * hk * kD + int64_t{kh} * kD + rank * kQk + i;
-    conv_dst = &conv_s[0][threadIdx.x];
-    conv_stride = 2 * kQk;
-  } else if (threadIdx.x < Shape::kConvChannels) {
+    qk_ch.c = int64_t{is_k} * hk * kD + int64_t{kh} * kD + rank * kQk + i;
+    qk_ch.dst = &conv_s[0][threadIdx.x];
+    qk_ch.stride = 2 * kQk;
+  } else if (threadIdx.x < Shape::kConvChannels) {  // (one channel a thread: qk_ch holds it)
     const int i = threadIdx.x - 2 * kQk;
-    conv_c = 2LL * hk * kD + int64_t{h} * kD + block_col0 + i;
-    conv_dst = &v_s[0][i];
-    conv_stride = kCols;
+    qk_ch.c = 2LL * hk * kD + int64_t{h} * kD + block_col0 + i;
+    qk_ch.dst = &v_s[0][i];
+    qk_ch.stride = kCols;
   }
   // Everything that no kernel of this step writes is loaded before PdlWait: the conv weights and
   // the states (written only by this layer's mixer, a step ago), the gate and norm parameters.
-  float wk[kConvTaps] = {}, hist[kConvTaps - 1] = {};
-  float* conv_state = conv_c >= 0 && slot >= 0
-                          ? p.conv_states + (slot * channels + conv_c) * (kConvTaps - 1)
-                          : nullptr;
-  if (conv_c >= 0) {
-#pragma unroll
-    for (int j = 0; j < kConvTaps; ++j) wk[j] = Load(p.conv_w, conv_c * kConvTaps + j);
-    if (conv_state != nullptr) {
-#pragma unroll
-      for (int j = 0; j < kConvTaps - 1; ++j) hist[j] = conv_state[j];
-    }
-  }
+  qk_ch.Load(p, slot, channels);
+  if constexpr (kLocalQk) v_ch.Load(p, slot, channels);
   const bool gate_thread = threadIdx.x == Shape::kThreads - 1;
   float a_log = 0.f, dt_bias = 0.f;
   if (gate_thread) {
@@ -152,23 +220,14 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
     }
   }
 
-  if (conv_c >= 0) {
-    // The conv kernels' order: oldest input first; the window slides over the segment's tokens
-    // and ends as the new state (the last K - 1 inputs).
-    for (int i = 0; i < len; ++i) {
-      const float cur = Bf16ToF32(p.mixed[(begin + i) * channels + conv_c]);
-      float acc = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kConvTaps - 1; ++j) acc += wk[j] * hist[j];
-      conv_dst[i * conv_stride] = Bf16ToF32(F32ToBf16(Silu(acc + wk[kConvTaps - 1] * cur)));
-#pragma unroll
-      for (int j = 0; j + 1 < kConvTaps - 1; ++j) hist[j] = hist[j + 1];
-      hist[kConvTaps - 2] = cur;
-    }
-    if (conv_state != nullptr) {
-#pragma unroll
-      for (int j = 0; j < kConvTaps - 1; ++j) conv_state[j] = hist[j];
-    }
+  qk_ch.Run(p.mixed, begin, len, channels);
+  if constexpr (kLocalQk) {
+    v_ch.Run(p.mixed, begin, len, channels);
+    v_ch.StoreState();
+    // The other blocks of the cluster read this block's q/k conv state too: it is written after
+    // the piece-sum barrier, which each of them passes after its conv.
+  } else {
+    qk_ch.StoreState();
   }
   if (gate_thread) {
     for (int i = 0; i < len; ++i) {
@@ -183,7 +242,11 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
       }
     }
   }
-  cluster.sync();  // every block's q, k and v conv outputs of every token are published
+  if constexpr (kLocalQk) {
+    __syncthreads();  // the block's q, k and v conv outputs of every token are in conv_s / v_s
+  } else {
+    cluster.sync();  // every block's q, k and v conv outputs of every token are published
+  }
 
   // Dk^-0.5 from the runtime head size, as the delta rule kernel forms it: a constant-folded
   // rsqrtf(kD) is the correctly rounded value, which the hardware's rsqrt need not return.
@@ -196,9 +259,14 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
 #pragma unroll
     for (int e = 0; e < Shape::kPerLane; ++e) {
       const int d = lane + 32 * e;
-      const float* owner_s = cluster.map_shared_rank(&conv_s[i][0], d / kQk);
-      qn[e] = owner_s[d % kQk];
-      kn[e] = owner_s[kQk + d % kQk];
+      if constexpr (kLocalQk) {
+        qn[e] = conv_s[i][d];
+        kn[e] = conv_s[i][kD + d];
+      } else {
+        const float* owner_s = cluster.map_shared_rank(&conv_s[i][0], d / kQk);
+        qn[e] = owner_s[d % kQk];
+        kn[e] = owner_s[kQk + d % kQk];
+      }
     }
     const float4 v = make_float4(v_s[i][local_col], v_s[i][local_col + 1], v_s[i][local_col + 2],
                                  v_s[i][local_col + 3]);
@@ -237,28 +305,35 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
   // The norm's sum of squares in GatedRmsNormSubWarpKernel's order, so that a step gives the bits
   // of the separate kernels: each piece of 8 columns summed in order, then the pieces combined as
   // its xor-shuffle tree combines lanes.
+  // Each sum goes to every block of the value head (shared-memory stores across the cluster),
+  // so that after the barrier below every block reads only its own shared memory and may leave
+  // at once: no third cluster barrier holding the step's end (batch 8 6.42 -> 6.38 ms a step,
+  // performance.md twenty-eighth version).
   __syncthreads();
-  for (int n = threadIdx.x; n < len * kPiecesPerBlock; n += Shape::kThreads) {
-    const int i = n / kPiecesPerBlock, piece = n % kPiecesPerBlock;
+  if constexpr (kLocalQk) cluster.barrier_wait(std::move(started));
+  const int first = (rank / Shape::kBlocksPerHead) * Shape::kBlocksPerHead;
+  const int piece0 = (rank % Shape::kBlocksPerHead) * kPiecesPerBlock;
+  for (int n = threadIdx.x; n < len * kPiecesPerBlock * Shape::kBlocksPerHead;
+       n += Shape::kThreads) {
+    const int dst = n % Shape::kBlocksPerHead,
+              piece = (n / Shape::kBlocksPerHead) % kPiecesPerBlock;
+    const int i = n / (Shape::kBlocksPerHead * kPiecesPerBlock);
     float ss = 0.f;
 #pragma unroll
     for (int c = 0; c < 8; ++c) ss += o_s[i][8 * piece + c] * o_s[i][8 * piece + c];
-    piece_s[i][piece] = ss;
+    *cluster.map_shared_rank(&piece_s[i][piece0 + piece], first + dst) = ss;
   }
   cluster.sync();  // every block's piece sums of its value head are published
+  if (kLocalQk && qk_state_owner) qk_ch.StoreState();
 
   if (owner) {
     constexpr int kPieces = kD / 8;
-    const int first = (rank / Shape::kBlocksPerHead) * Shape::kBlocksPerHead;
 #pragma unroll
     for (int i = 0; i < kT; ++i) {  // (unrolled: zraw stays in registers)
       if (i >= len) break;
       float tree[kPieces];
 #pragma unroll
-      for (int piece = 0; piece < kPieces; ++piece) {
-        tree[piece] = *cluster.map_shared_rank(&piece_s[i][piece % kPiecesPerBlock],
-                                               first + piece / kPiecesPerBlock);
-      }
+      for (int piece = 0; piece < kPieces; ++piece) tree[piece] = piece_s[i][piece];
 #pragma unroll
       for (int step = kPieces / 2; step > 0; step >>= 1) {
         float next[kPieces];
@@ -282,7 +357,6 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
       *reinterpret_cast<uint2*>(p.out + row) = packed;
     }
   }
-  cluster.sync();  // no block leaves while another still reads its shared memory
 }
 
 template <int kD, int kGroupCols, int kRowSplit>
