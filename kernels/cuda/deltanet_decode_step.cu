@@ -3,7 +3,8 @@
 // rule and gated RMSNorm, which otherwise take three or four kernels (the conv and, past one
 // token, its state update; the delta rule with its gates; the norm) between the in- and
 // out-projections. The tokens of a segment are walked in order inside the cluster, with two
-// cluster barriers per step whatever their number (one in the batch 1-3 layout, kLocalQk).
+// cluster barriers per step whatever their number. With kLocalQk the first is split: arrived at
+// at the start, waited for before the piece sums (by then every block has long arrived).
 //
 // Why clusters: each of those kernels needs data from outside a block's own slice. A value
 // column block of the delta rule needs its key head's whole q and k after the conv; the norm
@@ -114,8 +115,9 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
   // With a thread for each of the key head's q and k channels, every block runs the conv for all
   // of them (eight times the conv's few loads, all from L2) instead of its D/8 share: q and k are
   // then in its own shared memory, and the cluster barrier that published them, with the wait
-  // for the cluster's slowest block, is gone. kLocalQk: the batch 1-3 layout (8 columns a warp
-  // group, rows split over warp pairs), 256 threads at D = 128. With the piece sums below, batch
+  // for the cluster's slowest block, is gone. kLocalQk: the layout of 8 columns a warp group and
+  // rows split over warp pairs (batches 1-3 by default; 256 threads at D = 128, 128 at 64, 64 at
+  // 32). With the piece sums below, batch
   // 1 2.41 -> 2.39 ms a step (performance.md twenty-eighth version).
   constexpr bool kLocalQk = Shape::kThreads >= 2 * kD;
   // Per token: q channels, then k channels (the key head's, or this block's share).
@@ -254,7 +256,8 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
   float* q_s = qk_s[warp][0];
   float* k_s = qk_s[warp][1];
   for (int i = 0; i < len; ++i) {
-    // Lane l takes q and k elements l, l + 32, ... of the key head from the blocks that own them.
+    // Lane l takes q and k elements l, l + 32, ... of the key head: from its own block's conv_s
+    // (kLocalQk) or from the blocks that own them.
     float qn[Shape::kPerLane], kn[Shape::kPerLane];
 #pragma unroll
     for (int e = 0; e < Shape::kPerLane; ++e) {
