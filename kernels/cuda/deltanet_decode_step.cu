@@ -3,8 +3,8 @@
 // rule and gated RMSNorm, which otherwise take three or four kernels (the conv and, past one
 // token, its state update; the delta rule with its gates; the norm) between the in- and
 // out-projections. The tokens of a segment are walked in order inside the cluster, with two
-// cluster barriers per step whatever their number. With kLocalQk the first is split: arrived at
-// at the start, waited for before the piece sums (by then every block has long arrived).
+// cluster barriers per step whatever their number. With kLocalQk the first is split: its arrival
+// is made at the start and waited for before the piece sums (by then every block has arrived).
 //
 // Why clusters: each of those kernels needs data from outside a block's own slice. A value
 // column block of the delta rule needs its key head's whole q and k after the conv; the norm
@@ -117,8 +117,7 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
   // then in its own shared memory, and the cluster barrier that published them, with the wait
   // for the cluster's slowest block, is gone. kLocalQk: the layout of 8 columns a warp group and
   // rows split over warp pairs (batches 1-3 by default; 256 threads at D = 128, 128 at 64, 64 at
-  // 32). With the piece sums below, batch
-  // 1 2.41 -> 2.39 ms a step (performance.md twenty-eighth version).
+  // 32). With the piece sums below: batch 1 2.41 -> 2.39 ms a step (performance.md, 28th version).
   constexpr bool kLocalQk = Shape::kThreads >= 2 * kD;
   // Per token: q channels, then k channels (the key head's, or this block's share).
   __shared__ float conv_s[kT][kLocalQk ? 2 * kD : 2 * kQk];
@@ -150,17 +149,18 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
   const int len = kT == 1 ? 1 : segs.num_tokens[seg];
   const int slot = segs.state_slot[seg];
 
-  // This thread's conv channels: a q or k channel and/or one of the block's value columns. A
-  // block writes the conv state of its own q/k share (D/8 channels) and value columns only.
-  StepConvChannel qk_ch, v_ch;
+  // This thread's conv channels: ch, a q/k channel (or, outside kLocalQk, a value column: one
+  // channel a thread there), and with kLocalQk v_ch, one of the block's value columns. A block
+  // writes the conv state of its own q/k share (D/8 channels) and value columns only.
+  StepConvChannel ch, v_ch;
   bool qk_state_owner = true;
   if constexpr (kLocalQk) {
     const int t = threadIdx.x;
     if (t < 2 * kD) {
       const int is_k = t / kD, d = t % kD;
-      qk_ch.c = int64_t{is_k} * hk * kD + int64_t{kh} * kD + d;
-      qk_ch.dst = &conv_s[0][t];
-      qk_ch.stride = 2 * kD;
+      ch.c = int64_t{is_k} * hk * kD + int64_t{kh} * kD + d;
+      ch.dst = &conv_s[0][t];
+      ch.stride = 2 * kD;
       qk_state_owner = d / kQk == rank;
     }
     if (t < kCols) {
@@ -170,18 +170,18 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
     }
   } else if (threadIdx.x < 2 * kQk) {
     const int i = threadIdx.x % kQk, is_k = threadIdx.x / kQk;
-    qk_ch.c = int64_t{is_k} * hk * kD + int64_t{kh} * kD + rank * kQk + i;
-    qk_ch.dst = &conv_s[0][threadIdx.x];
-    qk_ch.stride = 2 * kQk;
-  } else if (threadIdx.x < Shape::kConvChannels) {  // (one channel a thread: qk_ch holds it)
+    ch.c = int64_t{is_k} * hk * kD + int64_t{kh} * kD + rank * kQk + i;
+    ch.dst = &conv_s[0][threadIdx.x];
+    ch.stride = 2 * kQk;
+  } else if (threadIdx.x < Shape::kConvChannels) {
     const int i = threadIdx.x - 2 * kQk;
-    qk_ch.c = 2LL * hk * kD + int64_t{h} * kD + block_col0 + i;
-    qk_ch.dst = &v_s[0][i];
-    qk_ch.stride = kCols;
+    ch.c = 2LL * hk * kD + int64_t{h} * kD + block_col0 + i;
+    ch.dst = &v_s[0][i];
+    ch.stride = kCols;
   }
   // Everything that no kernel of this step writes is loaded before PdlWait: the conv weights and
   // the states (written only by this layer's mixer, a step ago), the gate and norm parameters.
-  qk_ch.Load(p, slot, channels);
+  ch.Load(p, slot, channels);
   if constexpr (kLocalQk) v_ch.Load(p, slot, channels);
   const bool gate_thread = threadIdx.x == Shape::kThreads - 1;
   float a_log = 0.f, dt_bias = 0.f;
@@ -222,14 +222,14 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
     }
   }
 
-  qk_ch.Run(p.mixed, begin, len, channels);
+  ch.Run(p.mixed, begin, len, channels);
   if constexpr (kLocalQk) {
     v_ch.Run(p.mixed, begin, len, channels);
     v_ch.StoreState();
     // The other blocks of the cluster read this block's q/k conv state too: it is written after
     // the piece-sum barrier, which each of them passes after its conv.
   } else {
-    qk_ch.StoreState();
+    ch.StoreState();
   }
   if (gate_thread) {
     for (int i = 0; i < len; ++i) {
@@ -327,7 +327,7 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
     *cluster.map_shared_rank(&piece_s[i][piece0 + piece], first + dst) = ss;
   }
   cluster.sync();  // every block's piece sums of its value head are published
-  if (kLocalQk && qk_state_owner) qk_ch.StoreState();
+  if (kLocalQk && qk_state_owner) ch.StoreState();
 
   if (owner) {
     constexpr int kPieces = kD / 8;
