@@ -736,23 +736,59 @@ __global__ void __launch_bounds__(kCombineThreads)
   }
 }
 
-// Warps per block x ring stages of the decode kernel: 4 x 3 by default; MOBIUS_DECODE_CFG=4x2 or
-// 6x2 picks another (timing). Every configuration fills one block per SM.
+// Warps per block x ring stages of the decode kernel. At head dim 256, 4 x 3 (192 KB of rings)
+// leaves one block per SM and 3 x 2 (96 KB) two. Measured on the H200 (graph-replayed us, two
+// alternations in one call, session 30; performance.md, thirtieth version): 4 x 3 is faster while
+// the grid fits one wave (B1 ctx1K 5.9 against 6.4, B64 ctx1K 33.8 against 36.3: more warps per
+// SM), 3 x 2 once it spans several (B256 ctx1K 132.1 -> 127.5, at the bytes bound): a block's
+// start (table lookups, first copies) and end (the warps' merge) then overlap the other resident
+// block's stream instead of leaving the SM's loads idle. MOBIUS_DECODE_CFG=4x3, 4x2, 6x2 or 3x2
+// forces one (timing).
 struct DecodeConfig {
   int warps, stages;
 };
-DecodeConfig DecodeConfigFromEnv() {
+constexpr DecodeConfig kDecodeOneWave{4, 3};
+constexpr DecodeConfig kDecodeManyWaves{3, 2};
+// Grids of at least this many blocks per SM take kDecodeManyWaves.
+constexpr int kDecodeManyWavesBlocksPerSm = 3;
+
+// The configuration MOBIUS_DECODE_CFG forces; warps == 0 when it is left to the grid size.
+DecodeConfig ForcedDecodeConfig() {
   static const DecodeConfig config = [] {
-    switch (KnobChoice("MOBIUS_DECODE_CFG", {"4x3", "4x2", "6x2"})) {
+    switch (KnobChoice("MOBIUS_DECODE_CFG", {"4x3", "4x2", "6x2", "3x2"})) {
+      case 1:
+        return kDecodeOneWave;
       case 2:
         return DecodeConfig{4, 2};
       case 3:
         return DecodeConfig{6, 2};
+      case 4:
+        return kDecodeManyWaves;
       default:
-        return DecodeConfig{4, 3};
+        return DecodeConfig{0, 0};
     }
   }();
   return config;
+}
+
+int NumSms() {
+  static const int sms = [] {
+    int device = 0, count = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+    return count > 0 ? count : 1;
+  }();
+  return sms;
+}
+
+// Only head dim 256 was measured; at smaller ones 4 x 3 already leaves several blocks per SM.
+DecodeConfig DecodeConfigFor(int head_dim, int64_t num_tokens, int num_kv_heads, int splits) {
+  const DecodeConfig forced = ForcedDecodeConfig();
+  if (forced.warps > 0) return forced;
+  const int64_t blocks = num_tokens * num_kv_heads * splits;
+  return head_dim == 256 && blocks >= int64_t{kDecodeManyWavesBlocksPerSm} * NumSms()
+             ? kDecodeManyWaves
+             : kDecodeOneWave;
 }
 
 template <int kHd, int kWarps, int kStages>
@@ -806,8 +842,11 @@ void LaunchDecodeFor(int64_t num_tokens, cudaStream_t stream, const uint16_t* q,
                      int nkv, int block_size, const TokenMeta& tokens, const SegmentMeta& segs,
                      float scale, int splits, void* scratch, uint16_t* out,
                      const uint16_t* out_gate) {
-  const DecodeConfig c = DecodeConfigFromEnv();
-  if (c.warps == 4 && c.stages == 2) {
+  const DecodeConfig c = DecodeConfigFor(kHd, num_tokens, nkv, splits);
+  if (c.warps == 3) {
+    LaunchDecode<kHd, 3, 2>(num_tokens, stream, q, k_cache, v_cache, cache_blocks, nh, nkv,
+                            block_size, tokens, segs, scale, splits, scratch, out, out_gate);
+  } else if (c.warps == 4 && c.stages == 2) {
     LaunchDecode<kHd, 4, 2>(num_tokens, stream, q, k_cache, v_cache, cache_blocks, nh, nkv,
                             block_size, tokens, segs, scale, splits, scratch, out, out_gate);
   } else if (c.warps == 6) {
@@ -875,13 +914,15 @@ bool DecodeAttentionSupports(int64_t num_tokens, int num_segments, int num_heads
 }
 
 int DecodeAttentionSplits(int64_t num_tokens, int num_kv_heads, int max_positions, int num_sms) {
-  // One block per SM (the rings take most of the shared memory). Cost model in units of one
-  // round (every warp one 16-position tile): waves x (rounds + fixed cost of a block) plus one
-  // round for the combine kernel; fewest splits on ties.
+  // Modelled for one block per SM (kDecodeOneWave, unless a configuration is forced; a grid of
+  // several waves then runs two blocks per SM, which hides the fixed cost the model charges).
+  // Cost in units of one round (every warp one 16-position tile): waves x (rounds + fixed cost of
+  // a block) plus one round for the combine kernel; fewest splits on ties.
   // MOBIUS_DECODE_SPLITS=N forces N (timing).
   static const int forced = KnobInt("MOBIUS_DECODE_SPLITS", 0, 1, kCombineMaxSplits);
   if (forced > 0) return std::min(forced, kCombineMaxSplits);
-  const int warps = DecodeConfigFromEnv().warps;
+  const int warps =
+      ForcedDecodeConfig().warps > 0 ? ForcedDecodeConfig().warps : kDecodeOneWave.warps;
   const int64_t pairs = num_tokens * num_kv_heads;
   const int positions = std::max(max_positions, 1);
   int best = 1;

@@ -841,11 +841,13 @@ using CudaDecodeAttentionTest = PagedAttentionCase;
 
 TEST_P(CudaDecodeAttentionTest, MatchesReference) {
   // Up to 16 tokens the copy engine fills the warps' rings (block size 16); the 24-sequence step
-  // takes the cp.async path.
-  std::vector<int> wide(24);
+  // takes the cp.async path, and the 256-sequence one a grid of several blocks per SM, which at
+  // head dim 256 runs the kernel's two-blocks-per-SM configuration (DecodeConfigFor).
+  std::vector<int> wide(24), many(256);
   for (int i = 0; i < 24; ++i) wide[i] = (i * 397) % 3000;
+  for (int i = 0; i < 256; ++i) many[i] = (i * 131) % 600;
   const std::vector<std::vector<int>> steps_cached = {
-      {0, 4095, 15, 700, 31, 2000, 16, 1023}, {8191}, {40}, wide};
+      {0, 4095, 15, 700, 31, 2000, 16, 1023}, {8191}, {40}, wide, many};
   for (const std::vector<int>& cached : steps_cached) {
     // A segment without tokens after the first (when there are several).
     std::vector<int> lengths(cached.size(), 1);
