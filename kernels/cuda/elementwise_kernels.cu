@@ -5,6 +5,7 @@
 #include <climits>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/tuning_knobs.h"
 
 namespace mobius::kernels::cuda {
 namespace {
@@ -165,8 +166,19 @@ __global__ void AddSigmoidScaledKernel(uint16_t* x, const uint16_t* y, AnyPtr ga
 constexpr int kMaxPieces = 4;
 
 __global__ void RmsNorm1pVecKernel(const uint16_t* x, uint16_t* residual, const uint16_t* delta,
-                                   AnyPtr w, float eps, int64_t dim, uint16_t* out) {
+                                   AnyPtr w, float eps, int64_t dim, uint16_t* out,
+                                   bool trigger_early) {
   __shared__ float red[32];
+  // With trigger_early the successor is launched as this block starts, not after its wait (the
+  // one exception to the backend's trigger-after-wait contract): every successor of a norm is a
+  // projection (skinny or tensor-core GEMV, or a library GEMM launched without PDL) or another
+  // norm, which read only weights before their own wait, so their blocks can take the SMs that
+  // the predecessor's blocks leave and stream weights beside the predecessor's tail and this
+  // norm. Everything two launches back is complete when the predecessor triggers, so those
+  // reads stay valid; what a kernel after a norm must not read before its wait is the norm's
+  // predecessor's output. Batch 1 2.405 / 2.415 -> 2.366 / 2.383 ms, batch 8 6.449 / 6.442 ->
+  // 6.412 / 6.420 (performance.md, thirtieth version). MOBIUS_NORM_EARLY_TRIGGER=0 turns it off.
+  if (trigger_early) PdlTrigger();
   const int64_t row = blockIdx.x;
   const int64_t pieces = dim / 8;
   // The weights are no kernel's output: their loads go out before PdlWait, while the predecessor
@@ -180,7 +192,7 @@ __global__ void RmsNorm1pVecKernel(const uint16_t* x, uint16_t* residual, const 
     Load8(w, c8 * 8, wv[p]);
   }
   PdlWait();
-  PdlTrigger();
+  if (!trigger_early) PdlTrigger();
   float v[kMaxPieces][8];
   float sum = 0.0f;
 #pragma unroll
@@ -395,12 +407,18 @@ bool LaunchCopyRows(const CopyRowsTarget* targets, int num_targets, const int32_
   return true;
 }
 
+bool NormTriggersEarly() {
+  static const bool early = KnobChoice("MOBIUS_NORM_EARLY_TRIGGER", {"0", "1"}) != 1;
+  return early;
+}
+
 void LaunchRmsNorm1p(const uint16_t* x, AnyPtr w, float eps, int64_t rows, int64_t dim,
                      uint16_t* out, cudaStream_t stream) {
   if (rows == 0) return;
   if (Vec8(dim, x, out) && Vec8(w) && dim <= 8 * kMaxPieces * 1024) {
     LaunchPdl("RmsNorm1pVecKernel", RmsNorm1pVecKernel, static_cast<unsigned>(rows),
-              NormThreads(dim), 0, stream, x, nullptr, nullptr, w, eps, dim, out);
+              NormThreads(dim), 0, stream, x, nullptr, nullptr, w, eps, dim, out,
+              NormTriggersEarly());
     CheckLaunch("RmsNorm1p");
     return;
   }
@@ -414,7 +432,8 @@ void LaunchAddRmsNorm1p(uint16_t* residual, const uint16_t* delta, AnyPtr w, flo
   if (rows == 0) return;
   if (Vec8(dim, residual, delta, out) && Vec8(w) && dim <= 8 * kMaxPieces * 1024) {
     LaunchPdl("RmsNorm1pVecKernel", RmsNorm1pVecKernel, static_cast<unsigned>(rows),
-              NormThreads(dim), 0, stream, nullptr, residual, delta, w, eps, dim, out);
+              NormThreads(dim), 0, stream, nullptr, residual, delta, w, eps, dim, out,
+              NormTriggersEarly());
     CheckLaunch("AddRmsNorm1p");
     return;
   }
