@@ -171,8 +171,9 @@ __global__ void RmsNorm1pVecKernel(const uint16_t* x, uint16_t* residual, const 
   __shared__ float red[32];
   // With trigger_early the successor is launched as this block starts, not after its wait (the
   // one exception to the backend's trigger-after-wait contract): every successor of a norm is a
-  // projection (skinny or tensor-core GEMV, or a library GEMM launched without PDL) or another
-  // norm, which read only weights before their own wait, so their blocks can take the SMs that
+  // projection (skinny or tensor-core GEMV, or a library GEMM launched without PDL), another
+  // norm, GatherRows (which waits first) or a collective launched without PDL; none reads more
+  // than weights before its wait, so the projections' blocks can take the SMs that
   // the predecessor's blocks leave and stream weights beside the predecessor's tail and this
   // norm. Everything two launches back is complete when the predecessor triggers, so those
   // reads stay valid; what a kernel after a norm must not read before its wait is the norm's

@@ -740,7 +740,7 @@ __global__ void __launch_bounds__(kCombineThreads)
 // leaves one block per SM and 3 x 2 (96 KB) two. Measured on the H200 (graph-replayed us, two
 // alternations in one call, session 30; performance.md, thirtieth version): 4 x 3 is faster while
 // the grid fits one wave (B1 ctx1K 5.9 against 6.4, B64 ctx1K 33.8 against 36.3: more warps per
-// SM), 3 x 2 once it spans several (B256 ctx1K 132.1 -> 127.5, at the bytes bound): a block's
+// SM), 3 x 2 once it spans several (B256 ctx1K 132.1 -> 127.5): a block's
 // start (table lookups, first copies) and end (the warps' merge) then overlap the other resident
 // block's stream instead of leaving the SM's loads idle. MOBIUS_DECODE_CFG=4x3, 4x2, 6x2 or 3x2
 // forces one (timing).
