@@ -521,8 +521,9 @@ size_t PagedAttentionScratchBytes(int64_t num_tokens, int num_heads, int head_di
 bool LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
                           int64_t cache_blocks, int64_t num_tokens, int num_heads, int num_kv_heads,
                           int head_dim, int block_size, const TokenMeta& tokens,
-                          const SegmentMeta& segments, float scale, int splits, void* scratch,
-                          uint16_t* out, cudaStream_t stream, const uint16_t* out_gate) {
+                          const SegmentMeta& segments, float scale, int splits, int num_sms,
+                          void* scratch, uint16_t* out, cudaStream_t stream,
+                          const uint16_t* out_gate) {
   if (num_tokens == 0) return true;
   const bool aligned = reinterpret_cast<uintptr_t>(q) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 &&
@@ -534,8 +535,8 @@ bool LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint
     // to the caller's MulSigmoid.
     const uint16_t* gate = IsAligned16(out_gate) ? out_gate : nullptr;
     LaunchDecodeAttention(q, k_cache, v_cache, cache_blocks, num_tokens, num_heads, num_kv_heads,
-                          head_dim, block_size, tokens, segments, scale, splits, scratch, out,
-                          stream, gate);
+                          head_dim, block_size, tokens, segments, scale, splits, num_sms, scratch,
+                          out, stream, gate);
     return gate == out_gate;
   }
   if (splits == 1 && PrefillAttentionSupports(num_heads, num_kv_heads, head_dim) && aligned) {

@@ -1668,9 +1668,10 @@ void CudaBackend::PagedAttentionGated(const char* op, const Tensor& q, const Ten
   cuda::TokenMeta tokens;
   cuda::SegmentMeta segs;
   UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs);
-  const bool gated = cuda::LaunchPagedAttention(
-      Bf16(q), Bf16(k_cache), Bf16(v_cache), k_cache.dim(0), t, nh, nkv, hd, block_size, tokens,
-      segs, scale, splits, scratch, MutBf16(out), stream_, gate != nullptr ? Bf16(*gate) : nullptr);
+  const bool gated =
+      cuda::LaunchPagedAttention(Bf16(q), Bf16(k_cache), Bf16(v_cache), k_cache.dim(0), t, nh, nkv,
+                                 hd, block_size, tokens, segs, scale, splits, num_sms_, scratch,
+                                 MutBf16(out), stream_, gate != nullptr ? Bf16(*gate) : nullptr);
   if (gate != nullptr && !gated) {
     cuda::LaunchMulSigmoid(MutBf16(out), Bf16(*gate), out.numel(), stream_);
   }

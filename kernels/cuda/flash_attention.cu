@@ -771,22 +771,13 @@ DecodeConfig ForcedDecodeConfig() {
   return config;
 }
 
-int NumSms() {
-  static const int sms = [] {
-    int device = 0, count = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-    return count > 0 ? count : 1;
-  }();
-  return sms;
-}
-
 // Only head dim 256 was measured; at smaller ones 4 x 3 already leaves several blocks per SM.
-DecodeConfig DecodeConfigFor(int head_dim, int64_t num_tokens, int num_kv_heads, int splits) {
+DecodeConfig DecodeConfigFor(int head_dim, int64_t num_tokens, int num_kv_heads, int splits,
+                             int num_sms) {
   const DecodeConfig forced = ForcedDecodeConfig();
   if (forced.warps > 0) return forced;
   const int64_t blocks = num_tokens * num_kv_heads * splits;
-  return head_dim == 256 && blocks >= int64_t{kDecodeManyWavesBlocksPerSm} * NumSms()
+  return head_dim == 256 && blocks >= int64_t{kDecodeManyWavesBlocksPerSm} * num_sms
              ? kDecodeManyWaves
              : kDecodeOneWave;
 }
@@ -841,8 +832,7 @@ void LaunchDecodeFor(int64_t num_tokens, cudaStream_t stream, const uint16_t* q,
                      const uint16_t* k_cache, const uint16_t* v_cache, int64_t cache_blocks, int nh,
                      int nkv, int block_size, const TokenMeta& tokens, const SegmentMeta& segs,
                      float scale, int splits, void* scratch, uint16_t* out,
-                     const uint16_t* out_gate) {
-  const DecodeConfig c = DecodeConfigFor(kHd, num_tokens, nkv, splits);
+                     const uint16_t* out_gate, DecodeConfig c) {
   if (c.warps == 3) {
     LaunchDecode<kHd, 3, 2>(num_tokens, stream, q, k_cache, v_cache, cache_blocks, nh, nkv,
                             block_size, tokens, segs, scale, splits, scratch, out, out_gate);
@@ -921,8 +911,8 @@ int DecodeAttentionSplits(int64_t num_tokens, int num_kv_heads, int max_position
   // MOBIUS_DECODE_SPLITS=N forces N (timing).
   static const int forced = KnobInt("MOBIUS_DECODE_SPLITS", 0, 1, kCombineMaxSplits);
   if (forced > 0) return std::min(forced, kCombineMaxSplits);
-  const int warps =
-      ForcedDecodeConfig().warps > 0 ? ForcedDecodeConfig().warps : kDecodeOneWave.warps;
+  const DecodeConfig forced_config = ForcedDecodeConfig();
+  const int warps = forced_config.warps > 0 ? forced_config.warps : kDecodeOneWave.warps;
   const int64_t pairs = num_tokens * num_kv_heads;
   const int positions = std::max(max_positions, 1);
   int best = 1;
@@ -944,23 +934,25 @@ int DecodeAttentionSplits(int64_t num_tokens, int num_kv_heads, int max_position
 void LaunchDecodeAttention(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
                            int64_t cache_blocks, int64_t num_tokens, int num_heads,
                            int num_kv_heads, int head_dim, int block_size, const TokenMeta& tokens,
-                           const SegmentMeta& segs, float scale, int splits, void* scratch,
-                           uint16_t* out, cudaStream_t stream, const uint16_t* out_gate) {
+                           const SegmentMeta& segs, float scale, int splits, int num_sms,
+                           void* scratch, uint16_t* out, cudaStream_t stream,
+                           const uint16_t* out_gate) {
+  const DecodeConfig c = DecodeConfigFor(head_dim, num_tokens, num_kv_heads, splits, num_sms);
   switch (head_dim) {
     case 64:
       LaunchDecodeFor<64>(num_tokens, stream, q, k_cache, v_cache, cache_blocks, num_heads,
                           num_kv_heads, block_size, tokens, segs, scale, splits, scratch, out,
-                          out_gate);
+                          out_gate, c);
       break;
     case 128:
       LaunchDecodeFor<128>(num_tokens, stream, q, k_cache, v_cache, cache_blocks, num_heads,
                            num_kv_heads, block_size, tokens, segs, scale, splits, scratch, out,
-                           out_gate);
+                           out_gate, c);
       break;
     default:
       LaunchDecodeFor<256>(num_tokens, stream, q, k_cache, v_cache, cache_blocks, num_heads,
                            num_kv_heads, block_size, tokens, segs, scale, splits, scratch, out,
-                           out_gate);
+                           out_gate, c);
       break;
   }
 }

@@ -290,21 +290,24 @@ int DecodeAttentionSplits(int64_t num_tokens, int num_kv_heads, int max_position
 void LaunchDecodeAttention(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
                            int64_t cache_blocks, int64_t num_tokens, int num_heads,
                            int num_kv_heads, int head_dim, int block_size, const TokenMeta& tokens,
-                           const SegmentMeta& segs, float scale, int splits, void* scratch,
-                           uint16_t* out, cudaStream_t stream, const uint16_t* out_gate = nullptr);
+                           const SegmentMeta& segs, float scale, int splits, int num_sms,
+                           void* scratch, uint16_t* out, cudaStream_t stream,
+                           const uint16_t* out_gate = nullptr);
 // Number of position splits (flash-decoding) for a step whose longest attention span is
 // `max_positions`, and the device scratch they need.
 int PagedAttentionSplits(int64_t num_tokens, int num_segments, int num_heads, int num_kv_heads,
                          int head_dim, int max_positions, int num_sms);
 size_t PagedAttentionScratchBytes(int64_t num_tokens, int num_heads, int head_dim, int splits);
-// `cache_blocks`: the caches' first dimension ([blocks, block_size, nkv, head_dim]). With
-// out_gate, returns whether the kernels applied it (the decode kernels do; otherwise the caller
-// runs MulSigmoid).
+// `cache_blocks`: the caches' first dimension ([blocks, block_size, nkv, head_dim]); `num_sms`:
+// the device's SM count, as given to PagedAttentionSplits (the decode kernel's configuration
+// depends on the grid's blocks per SM). With out_gate, returns whether the kernels applied it (the
+// decode kernels do; otherwise the caller runs MulSigmoid).
 bool LaunchPagedAttention(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
                           int64_t cache_blocks, int64_t num_tokens, int num_heads, int num_kv_heads,
                           int head_dim, int block_size, const TokenMeta& tokens,
-                          const SegmentMeta& segments, float scale, int splits, void* scratch,
-                          uint16_t* out, cudaStream_t stream, const uint16_t* out_gate = nullptr);
+                          const SegmentMeta& segments, float scale, int splits, int num_sms,
+                          void* scratch, uint16_t* out, cudaStream_t stream,
+                          const uint16_t* out_gate = nullptr);
 
 // ---- mixture of experts (topk_softmax.cu: the router top-k; moe_kernels.cu: many tokens;
 // moe_few_tokens.cu: decode steps) ----
