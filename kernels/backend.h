@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_format.h"
 #include "kernels/tensor.h"
 #include "kernels/token_sampling.h"
 
@@ -89,6 +90,17 @@ struct DeltaNetMixerOperands {
   Tensor& beta;              // F32 [T, Hv]
   Tensor& conv_out;          // [T, 2*Hk*Dk + Hv*Dv] scratch
   Tensor& core;              // [T, Hv*Dv] scratch
+};
+
+// One DeltaNet layer's part in Backend::ReplayDeltaRuleStates: what a step kept of its inputs
+// (the pre-conv q/k/v rows and the gates its delta rule used) and the layer's states.
+struct DeltaRuleReplayLayer {
+  const Tensor* mixed = nullptr;       // [R, 2*Hk*Dk + Hv*Dv]: the kept rows
+  const Tensor* g = nullptr;           // F32 [R, Hv]
+  const Tensor* beta = nullptr;        // F32 [R, Hv]
+  const Tensor* conv_w = nullptr;      // [2*Hk*Dk + Hv*Dv, K]
+  Tensor* conv_states = nullptr;       // F32 [slots, 2*Hk*Dk + Hv*Dv, K-1], in place
+  Tensor* recurrent_states = nullptr;  // F32 [slots, Hv, Dk, Dv], in place
 };
 
 // The dimensions of a model's ops that a backend's kernels may bound (head sizes, conv taps),
@@ -267,6 +279,18 @@ class Backend {
   virtual void GatedDeltaNetMixer(const DeltaNetMixerOperands& op,
                                   std::span<const SequenceSegment> segments,
                                   DeltaRuleAlgorithm algorithm, Tensor& out);
+  // Speculative decoding's rollback past rejected drafts: for every layer, CausalConv1dSilu and
+  // then GatedDeltaRule (kAuto) over each segment's kept rows [token_begin, token_begin +
+  // num_tokens), continuing from and updating the segment's state slot in place; their outputs
+  // are not formed. Here token_begin indexes the R kept rows directly (segments need not be
+  // packed or cover them); no two segments may share a state slot. InvalidArgument (naming the
+  // layer or segment) for rows outside the kept ones or mismatched shapes, before any state is
+  // touched. The default gathers each layer's rows and runs the two ops; the CUDA backend runs
+  // every layer in one launch with the same bits (a replay was ~150 launches: 0.8-1.0 ms at
+  // batch 1 on an H200, for ~28 us of state traffic).
+  virtual absl::Status ReplayDeltaRuleStates(std::span<const DeltaRuleReplayLayer> layers,
+                                             const DeltaRuleDims& dims,
+                                             std::span<const SequenceSegment> segments);
 
   // ---- gated full attention ----
   // Splits q_gate [T, nh, 2*hd] (per head: query then gate) into q [T, nh, hd] and gate
@@ -499,6 +523,112 @@ inline void Backend::GatedDeltaNetMixer(const DeltaNetMixerOperands& op,
   Tensor heads_out = out.Reshape({rows, op.dims.v_head_dim});
   GatedRmsNorm(op.core.Reshape({rows, op.dims.v_head_dim}),
                op.z.Reshape({rows, op.dims.v_head_dim}), op.norm_w, op.eps, heads_out);
+}
+
+// The checks every backend's ReplayDeltaRuleStates makes before touching a state: each layer's
+// tensors present and shaped for `dims`, each segment's rows among the R kept ones (R of layer
+// 0, the same in every layer), its state slot within every layer's slots and not shared.
+inline absl::Status CheckDeltaRuleReplay(std::span<const DeltaRuleReplayLayer> layers,
+                                         const DeltaRuleDims& dims,
+                                         std::span<const SequenceSegment> segments) {
+  const int64_t channels = 2LL * dims.num_k_heads * dims.k_head_dim +
+                           static_cast<int64_t>(dims.num_v_heads) * dims.v_head_dim;
+  const int64_t hv = dims.num_v_heads;
+  if (dims.num_k_heads <= 0 || hv <= 0 || hv % dims.num_k_heads != 0 || dims.k_head_dim <= 0 ||
+      dims.v_head_dim <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("ReplayDeltaRuleStates: bad dims Hk=%d Hv=%d Dk=%d Dv=%d", dims.num_k_heads,
+                        hv, dims.k_head_dim, dims.v_head_dim));
+  }
+  int64_t rows = -1, slots = -1;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const DeltaRuleReplayLayer& L = layers[l];
+    if (L.mixed == nullptr || L.g == nullptr || L.beta == nullptr || L.conv_w == nullptr ||
+        L.conv_states == nullptr || L.recurrent_states == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("ReplayDeltaRuleStates: layer %d lacks a tensor", l));
+    }
+    const int64_t r = L.mixed->rank() == 2 ? L.mixed->dim(0) : -1;
+    const int64_t s = L.conv_states->rank() == 3 ? L.conv_states->dim(0) : -1;
+    const bool shapes =
+        r >= 0 && (rows < 0 || r == rows) && L.mixed->dim(1) == channels &&
+        L.g->dtype() == DType::kF32 && L.beta->dtype() == DType::kF32 && L.g->numel() == r * hv &&
+        L.beta->numel() == r * hv && L.conv_w->rank() >= 2 && L.conv_w->dim(0) == channels &&
+        s >= 0 && L.conv_states->dim(1) == channels &&
+        L.conv_w->numel() == channels * (L.conv_states->dim(2) + 1) &&
+        L.conv_states->dtype() == DType::kF32 && L.recurrent_states->rank() == 4 &&
+        L.recurrent_states->dtype() == DType::kF32 && L.recurrent_states->dim(0) == s &&
+        L.recurrent_states->dim(1) == hv && L.recurrent_states->dim(2) == dims.k_head_dim &&
+        L.recurrent_states->dim(3) == dims.v_head_dim;
+    if (!shapes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "ReplayDeltaRuleStates: layer %d: mixed %s, g %s, beta %s, conv_w %s, conv_states %s, "
+          "recurrent_states %s do not fit %d channels, Hv = %d and %d kept rows",
+          l, L.mixed->ShapeString(), L.g->ShapeString(), L.beta->ShapeString(),
+          L.conv_w->ShapeString(), L.conv_states->ShapeString(), L.recurrent_states->ShapeString(),
+          channels, hv, rows < 0 ? r : rows));
+    }
+    rows = r;
+    slots = slots < 0 ? s : std::min(slots, s);
+  }
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const SequenceSegment& seg = segments[i];
+    if (seg.token_begin < 0 || seg.num_tokens <= 0 ||
+        (rows >= 0 && int64_t{seg.token_begin} + seg.num_tokens > rows)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "ReplayDeltaRuleStates: segment %d: rows [%d, +%d) outside the %d kept rows", i,
+          seg.token_begin, seg.num_tokens, rows));
+    }
+    if (seg.state_slot < 0 || (slots >= 0 && seg.state_slot >= slots)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("ReplayDeltaRuleStates: segment %d: state slot %d outside [0, %d)", i,
+                          seg.state_slot, slots));
+    }
+    for (size_t o = 0; o < i; ++o) {
+      if (segments[o].state_slot == seg.state_slot) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "ReplayDeltaRuleStates: segments %d and %d share state slot %d", o, i, seg.state_slot));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+inline absl::Status Backend::ReplayDeltaRuleStates(std::span<const DeltaRuleReplayLayer> layers,
+                                                   const DeltaRuleDims& dims,
+                                                   std::span<const SequenceSegment> segments) {
+  if (absl::Status checked = CheckDeltaRuleReplay(layers, dims, segments); !checked.ok()) {
+    return checked;
+  }
+  // The kept rows of every segment, packed as the ops take a step's tokens.
+  std::vector<int32_t> rows;
+  std::vector<SequenceSegment> packed;
+  for (const SequenceSegment& seg : segments) {
+    SequenceSegment p = seg;
+    p.token_begin = static_cast<int32_t>(rows.size());
+    for (int32_t t = 0; t < seg.num_tokens; ++t) rows.push_back(seg.token_begin + t);
+    packed.push_back(p);
+  }
+  if (rows.empty() || layers.empty()) return absl::OkStatus();
+  const int64_t t = static_cast<int64_t>(rows.size());
+  const int64_t hv = dims.num_v_heads;
+  auto mixed = Allocate(activation_dtype(), {t, layers[0].mixed->dim(1)});
+  auto conv_out = Allocate(activation_dtype(), {t, layers[0].mixed->dim(1)});
+  auto g = Allocate(DType::kF32, {t, hv});
+  auto beta = Allocate(DType::kF32, {t, hv});
+  auto core = Allocate(activation_dtype(), {t, hv * dims.v_head_dim});
+  for (const auto* a : {&mixed, &conv_out, &g, &beta, &core}) {
+    if (!a->ok()) return a->status();
+  }
+  for (const DeltaRuleReplayLayer& layer : layers) {
+    GatherRows(*layer.mixed, rows, *mixed);
+    GatherRows(*layer.g, rows, *g);
+    GatherRows(*layer.beta, rows, *beta);
+    CausalConv1dSilu(*mixed, *layer.conv_w, *layer.conv_states, packed, *conv_out);
+    GatedDeltaRule(*conv_out, *g, *beta, dims, *layer.recurrent_states, packed,
+                   DeltaRuleAlgorithm::kAuto, *core);
+  }
+  return absl::OkStatus();
 }
 
 inline void Backend::QkNormRopeWriteKv(const Tensor& q_gate, Tensor& k, const Tensor& v,

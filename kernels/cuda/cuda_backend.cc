@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/parallel_ranges.h"
+#include "common/status_macros.h"
 #include "kernels/cuda/device_block_cache.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/lt_gemm.h"
@@ -313,6 +314,9 @@ class CudaBackend final : public Backend {
   void GatedDeltaNetMixer(const DeltaNetMixerOperands& op,
                           std::span<const SequenceSegment> segments, DeltaRuleAlgorithm algorithm,
                           Tensor& out) override;
+  absl::Status ReplayDeltaRuleStates(std::span<const DeltaRuleReplayLayer> layers,
+                                     const DeltaRuleDims& dims,
+                                     std::span<const SequenceSegment> segments) override;
 
   // ---- gated attention ----
   void QkNormRope(const Tensor& q_gate, Tensor& k, const Tensor& q_norm, const Tensor& k_norm,
@@ -1475,6 +1479,62 @@ void CudaBackend::GatedDeltaNetMixer(const DeltaNetMixerOperands& op,
   cuda::SegmentMeta segs;
   UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs);
   cuda::LaunchDeltaNetDecodeStep(args, segs, max_tokens, stream_);
+}
+
+absl::Status CudaBackend::ReplayDeltaRuleStates(std::span<const DeltaRuleReplayLayer> layers,
+                                                const DeltaRuleDims& dims,
+                                                std::span<const SequenceSegment> segments) {
+  RETURN_IF_ERROR(CheckDeltaRuleReplay(layers, dims, segments));
+  if (layers.empty() || segments.empty()) return absl::OkStatus();
+  // MOBIUS_DELTANET_REPLAY=0 replays through the separate kernels (Backend's default: ~5 launches
+  // a layer), for A/B runs; the bits are the same.
+  static const int forced = cuda::KnobChoice("MOBIUS_DELTANET_REPLAY", {"0", "1"});
+  bool fused = forced != 1 && static_cast<int>(segments.size()) <= 65535;
+  for (const SequenceSegment& seg : segments) {
+    fused = fused && seg.num_tokens <= cuda::kMaxDeltaNetStepTokens;
+  }
+  const int conv_kernel = static_cast<int>(layers[0].conv_w->dim(layers[0].conv_w->rank() - 1));
+  fused = fused && cuda::DeltaNetReplaySupports(dims.num_k_heads, dims.num_v_heads, dims.k_head_dim,
+                                                dims.v_head_dim, conv_kernel,
+                                                static_cast<int>(segments.size()));
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  for (const DeltaRuleReplayLayer& layer : layers) {
+    fused = fused && layer.mixed->dtype() == DType::kBF16 && layer.g->dtype() == DType::kF32 &&
+            layer.beta->dtype() == DType::kF32 && aligned(layer.conv_w->raw()) &&
+            aligned(layer.conv_states->raw()) && aligned(layer.recurrent_states->raw());
+  }
+  if (!fused) return Backend::ReplayDeltaRuleStates(layers, dims, segments);
+  // Only token_begin, num_tokens and state_slot are read (the kernel's segment metadata).
+  const size_t n = segments.size();
+  std::vector<int32_t> meta(3 * n);
+  for (size_t i = 0; i < n; ++i) {
+    meta[i] = segments[i].token_begin;
+    meta[n + i] = segments[i].num_tokens;
+    meta[2 * n + i] = segments[i].state_slot;
+  }
+  Enter();
+  const int32_t* d = Upload(meta);
+  cuda::SegmentMeta segs;
+  segs.num_segments = static_cast<int>(n);
+  segs.token_begin = d;
+  segs.num_tokens = d + n;
+  segs.state_slot = d + 2 * n;
+  for (size_t first = 0; first < layers.size(); first += cuda::kMaxReplayLayers) {
+    cuda::DeltaNetReplayLayers table;
+    table.count = static_cast<int>(std::min<size_t>(cuda::kMaxReplayLayers, layers.size() - first));
+    for (int l = 0; l < table.count; ++l) {
+      const DeltaRuleReplayLayer& layer = layers[first + l];
+      table.layer[l] = {Bf16(*layer.mixed),
+                        layer.g->data<float>(),
+                        layer.beta->data<float>(),
+                        Any(*layer.conv_w, "ReplayDeltaRuleStates", "conv_w"),
+                        layer.conv_states->data<float>(),
+                        layer.recurrent_states->data<float>()};
+    }
+    cuda::LaunchDeltaNetReplay(table, dims.num_k_heads, dims.num_v_heads, dims.k_head_dim, segs,
+                               stream_);
+  }
+  return absl::OkStatus();
 }
 
 // ---- gated attention ----

@@ -104,10 +104,13 @@ struct StepConvChannel {
   }
 };
 
-// kT: the most tokens of a segment (1 for decode steps, whose loops then unroll away).
-template <int kD, int kGroupCols, int kRowSplit, int kT>
-__global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads)
-    DeltaNetDecodeStepKernel(DeltaNetDecodeStepArgs p, SegmentMeta segs) {
+// The body of the step and replay kernels. kT: the most tokens of a segment (1 for decode
+// steps, whose loops then unroll away). kReplay (Backend::ReplayDeltaRuleStates): the conv and
+// delta rule only, over kept rows, with the gates the step kept (p.g, p.beta read, not written)
+// and no norm or output; every load follows PdlWait, since the states were just restored.
+template <int kD, int kGroupCols, int kRowSplit, int kT, bool kReplay>
+__device__ __forceinline__ void DeltaNetStepBody(const DeltaNetDecodeStepArgs& p,
+                                                 const SegmentMeta& segs) {
   using Shape = StepShape<kD, kGroupCols, kRowSplit>;
   constexpr int kQk = Shape::kQkPerBlock, kCols = Shape::kColsPerBlock;
   constexpr int kPasses = Shape::kPasses, kLpr = Shape::kLpr, kRowsPerPass = Shape::kRowsPerPass;
@@ -135,7 +138,7 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
   // Without the q/k barrier, this arrival (waited for before the first access to another block's
   // shared memory) is what guarantees every block of the cluster has started.
   [[maybe_unused]] auto started =
-      kLocalQk ? cluster.barrier_arrive() : decltype(cluster.barrier_arrive()){};
+      kLocalQk && !kReplay ? cluster.barrier_arrive() : decltype(cluster.barrier_arrive()){};
   const int rank = static_cast<int>(cluster.block_rank());
   const int kh = static_cast<int>(blockIdx.x) / kClusterBlocks, seg = blockIdx.y;
   const int hk = p.num_k_heads, hv = p.num_v_heads;
@@ -185,7 +188,7 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
   if constexpr (kLocalQk) v_ch.Load(p, slot, channels);
   const bool gate_thread = threadIdx.x == Shape::kThreads - 1;
   float a_log = 0.f, dt_bias = 0.f;
-  if (gate_thread) {
+  if (gate_thread && !kReplay) {
     a_log = Load(p.a_log, h);
     dt_bias = Load(p.dt_bias, h);
   }
@@ -203,7 +206,7 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
   // The lanes that hold output columns (the group's first warp, one lane per 4 columns).
   const bool owner = warp % kRowSplit == 0 && lane < kLpr;
   float nw[4] = {};
-  if (owner) {
+  if (owner && !kReplay) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) nw[i] = Load(p.norm_w, col + i);
   }
@@ -213,7 +216,7 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
   // The gate z of this lane's output columns for every token, read now so that the load overlaps
   // the conv and the delta rule instead of following the norm's cluster barrier.
   uint2 zraw[kT];
-  if (owner) {
+  if (owner && !kReplay) {
 #pragma unroll
     for (int i = 0; i < kT; ++i) {
       if (i >= len) break;
@@ -231,7 +234,13 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
   } else {
     ch.StoreState();
   }
-  if (gate_thread) {
+  if (gate_thread && kReplay) {
+    for (int i = 0; i < len; ++i) {
+      const int64_t gi = (begin + i) * hv + h;
+      gate_s[i][0] = p.g[gi];
+      gate_s[i][1] = p.beta[gi];
+    }
+  } else if (gate_thread) {
     for (int i = 0; i < len; ++i) {
       const int64_t gi = (begin + i) * hv + h;
       const float gn = DeltaGateG(Bf16ToF32(p.a[gi]), a_log, dt_bias);
@@ -289,7 +298,7 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
     // The two warps of a pair hold the partial products of half the rows each.
     if constexpr (kRowSplit == 2) DeltaRuleAddPartner<kLpr>(part_s[i & 1], warp, lane, u, sq);
     const float4 delta = DeltaRuleDelta(v, u, decay, b);
-    if (owner) {
+    if (owner && !kReplay) {
       // The delta rule's output, rounded as its bf16 tensor would hold it.
       const float4 o = DeltaRuleOutput(sq, delta, decay, kq);
       o_s[i][local_col] = Bf16ToF32(F32ToBf16(o.x));
@@ -312,6 +321,13 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
   // so that after the barrier below every block reads only its own shared memory and may leave
   // at once: no third cluster barrier holding the step's end (batch 8 6.42 -> 6.38 ms a step,
   // performance.md twenty-eighth version).
+  if constexpr (kReplay) {
+    // No norm: one barrier, so that no block overwrites a q/k conv state (kLocalQk) or leaves
+    // while another block may still read its shared memory (the q/k of the others).
+    cluster.sync();
+    if (kLocalQk && qk_state_owner) ch.StoreState();
+    return;
+  }
   __syncthreads();
   if constexpr (kLocalQk) cluster.barrier_wait(std::move(started));
   const int first = (rank / Shape::kBlocksPerHead) * Shape::kBlocksPerHead;
@@ -362,13 +378,39 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
   }
 }
 
+template <int kD, int kGroupCols, int kRowSplit, int kT>
+__global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads)
+    DeltaNetDecodeStepKernel(DeltaNetDecodeStepArgs p, SegmentMeta segs) {
+  DeltaNetStepBody<kD, kGroupCols, kRowSplit, kT, false>(p, segs);
+}
+
+// Layer blockIdx.z of `layers`; the rest of p (head counts and size) is every layer's.
+template <int kD, int kGroupCols, int kRowSplit>
+__global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads)
+    DeltaNetReplayKernel(DeltaNetDecodeStepArgs p, SegmentMeta segs, DeltaNetReplayLayers layers) {
+  PdlWait();  // the states were restored by the launch before
+  const DeltaNetReplayLayer& layer = layers.layer[blockIdx.z];
+  p.mixed = layer.mixed;
+  p.g = const_cast<float*>(layer.g);
+  p.beta = const_cast<float*>(layer.beta);
+  p.conv_w = layer.conv_w;
+  p.conv_states = layer.conv_states;
+  p.states = layer.states;
+  DeltaNetStepBody<kD, kGroupCols, kRowSplit, kMaxDeltaNetStepTokens, true>(p, segs);
+}
+
 template <int kD, int kGroupCols, int kRowSplit>
 void LaunchStep(const DeltaNetDecodeStepArgs& args, const SegmentMeta& segs, int max_tokens,
-                cudaStream_t stream) {
+                const DeltaNetReplayLayers* replay, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(args.num_k_heads * kClusterBlocks),
-                  static_cast<unsigned>(segs.num_segments));
+                  static_cast<unsigned>(segs.num_segments),
+                  replay != nullptr ? static_cast<unsigned>(replay->count) : 1u);
   const unsigned threads = StepShape<kD, kGroupCols, kRowSplit>::kThreads;
-  if (max_tokens == 1) {
+  if (replay != nullptr) {
+    LaunchPdlInClusters("DeltaNetReplayKernel", kClusterBlocks,
+                        DeltaNetReplayKernel<kD, kGroupCols, kRowSplit>, grid, threads, 0, stream,
+                        args, segs, *replay);
+  } else if (max_tokens == 1) {
     LaunchPdlInClusters("DeltaNetDecodeStepKernel", kClusterBlocks,
                         DeltaNetDecodeStepKernel<kD, kGroupCols, kRowSplit, 1>, grid, threads, 0,
                         stream, args, segs);
@@ -383,21 +425,21 @@ void LaunchStep(const DeltaNetDecodeStepArgs& args, const SegmentMeta& segs, int
 // a step and the separate kernels give the same bits.
 template <int kD>
 void LaunchForDim(const DeltaNetDecodeStepArgs& args, const SegmentMeta& segs, int max_tokens,
-                  cudaStream_t stream) {
+                  const DeltaNetReplayLayers* replay, cudaStream_t stream) {
   const DeltaRuleLayout layout = SelectDeltaRuleLayout(segs.num_segments);
   if (layout.cols == 8 && layout.row_split == 2) {
-    return LaunchStep<kD, 8, 2>(args, segs, max_tokens, stream);
+    return LaunchStep<kD, 8, 2>(args, segs, max_tokens, replay, stream);
   }
   if constexpr (kD >= 64) {
     if (layout.cols == 16 && layout.row_split == 2) {
-      return LaunchStep<kD, 16, 2>(args, segs, max_tokens, stream);
+      return LaunchStep<kD, 16, 2>(args, segs, max_tokens, replay, stream);
     }
     if (layout.cols == 16 && layout.row_split == 1) {
-      return LaunchStep<kD, 16, 1>(args, segs, max_tokens, stream);
+      return LaunchStep<kD, 16, 1>(args, segs, max_tokens, replay, stream);
     }
   }
   if (layout.cols == 8 && layout.row_split == 1) {
-    return LaunchStep<kD, 8, 1>(args, segs, max_tokens, stream);
+    return LaunchStep<kD, 8, 1>(args, segs, max_tokens, replay, stream);
   }
   std::fprintf(stderr, "mobius cuda: DeltaNet decode step without the layout %d x %d at D = %d\n",
                layout.cols, layout.row_split, kD);
@@ -406,10 +448,9 @@ void LaunchForDim(const DeltaNetDecodeStepArgs& args, const SegmentMeta& segs, i
 
 }  // namespace
 
-bool DeltaNetDecodeStepSupports(int num_k_heads, int num_v_heads, int k_head_dim, int v_head_dim,
-                                int conv_kernel, int num_segments, const void* z, const void* out,
-                                const void* conv_w, const void* norm_w, const void* conv_states,
-                                const void* states) {
+// The shapes and layouts the step body takes (both kernels).
+bool StepBodySupports(int num_k_heads, int num_v_heads, int k_head_dim, int v_head_dim,
+                      int conv_kernel, int num_segments) {
   const bool dims =
       k_head_dim == v_head_dim && (k_head_dim == 32 || k_head_dim == 64 || k_head_dim == 128) &&
       num_k_heads > 0 && num_v_heads == kHeadRatio * num_k_heads && conv_kernel == kConvTaps;
@@ -418,29 +459,61 @@ bool DeltaNetDecodeStepSupports(int num_k_heads, int num_v_heads, int k_head_dim
   const bool layout_ok = layout.cols == 8 || (layout.cols == 16 && k_head_dim >= 64);
   // Segments run on the grid's y dimension.
   const bool grid_ok = num_segments >= 1 && num_segments <= 65535;
-  return dims && layout_ok && grid_ok && IsAligned16(z) && IsAligned16(out) &&
-         IsAligned16(conv_w) && IsAligned16(norm_w) && IsAligned16(conv_states) &&
-         IsAligned16(states);
+  return dims && layout_ok && grid_ok;
 }
 
-void LaunchDeltaNetDecodeStep(const DeltaNetDecodeStepArgs& args, const SegmentMeta& segments,
-                              int max_tokens, cudaStream_t stream) {
-  if (segments.num_segments == 0) return;
+bool DeltaNetDecodeStepSupports(int num_k_heads, int num_v_heads, int k_head_dim, int v_head_dim,
+                                int conv_kernel, int num_segments, const void* z, const void* out,
+                                const void* conv_w, const void* norm_w, const void* conv_states,
+                                const void* states) {
+  return StepBodySupports(num_k_heads, num_v_heads, k_head_dim, v_head_dim, conv_kernel,
+                          num_segments) &&
+         IsAligned16(z) && IsAligned16(out) && IsAligned16(conv_w) && IsAligned16(norm_w) &&
+         IsAligned16(conv_states) && IsAligned16(states);
+}
+
+bool DeltaNetReplaySupports(int num_k_heads, int num_v_heads, int k_head_dim, int v_head_dim,
+                            int conv_kernel, int num_segments) {
+  return StepBodySupports(num_k_heads, num_v_heads, k_head_dim, v_head_dim, conv_kernel,
+                          num_segments);
+}
+
+namespace {
+void LaunchStepOrReplay(const DeltaNetDecodeStepArgs& args, const SegmentMeta& segments,
+                        int max_tokens, const DeltaNetReplayLayers* replay, cudaStream_t stream) {
   switch (args.head_dim) {
     case 32:
-      LaunchForDim<32>(args, segments, max_tokens, stream);
+      LaunchForDim<32>(args, segments, max_tokens, replay, stream);
       break;
     case 64:
-      LaunchForDim<64>(args, segments, max_tokens, stream);
+      LaunchForDim<64>(args, segments, max_tokens, replay, stream);
       break;
     case 128:
-      LaunchForDim<128>(args, segments, max_tokens, stream);
+      LaunchForDim<128>(args, segments, max_tokens, replay, stream);
       break;
     default:
       std::fprintf(stderr, "mobius cuda: DeltaNet decode step for head dim %d\n", args.head_dim);
       std::abort();
   }
+}
+}  // namespace
+
+void LaunchDeltaNetDecodeStep(const DeltaNetDecodeStepArgs& args, const SegmentMeta& segments,
+                              int max_tokens, cudaStream_t stream) {
+  if (segments.num_segments == 0) return;
+  LaunchStepOrReplay(args, segments, max_tokens, nullptr, stream);
   CheckLaunch("DeltaNetDecodeStep");
+}
+
+void LaunchDeltaNetReplay(const DeltaNetReplayLayers& layers, int num_k_heads, int num_v_heads,
+                          int head_dim, const SegmentMeta& segments, cudaStream_t stream) {
+  if (segments.num_segments == 0 || layers.count == 0) return;
+  DeltaNetDecodeStepArgs args;  // the per-layer pointers come from `layers`
+  args.num_k_heads = num_k_heads;
+  args.num_v_heads = num_v_heads;
+  args.head_dim = head_dim;
+  LaunchStepOrReplay(args, segments, kMaxDeltaNetStepTokens, &layers, stream);
+  CheckLaunch("DeltaNetReplay");
 }
 
 }  // namespace mobius::kernels::cuda

@@ -235,6 +235,29 @@ bool DeltaNetDecodeStepSupports(int num_k_heads, int num_v_heads, int k_head_dim
 // `max_tokens`: the longest segment (1 for a decode step, which takes a leaner kernel).
 void LaunchDeltaNetDecodeStep(const DeltaNetDecodeStepArgs& args, const SegmentMeta& segments,
                               int max_tokens, cudaStream_t stream);
+// Backend::ReplayDeltaRuleStates: the step's conv and delta rule (same arithmetic and layout, so
+// the same bits as the separate kernels) over kept rows for up to kMaxReplayLayers layers in
+// one launch (a grid dimension per layer), reading the gates the step kept.
+inline constexpr int kMaxReplayLayers = 32;
+struct DeltaNetReplayLayer {
+  const uint16_t* mixed = nullptr;  // [R, 2*Hk*D + Hv*D]: kept q, k, v before the conv
+  const float* g = nullptr;         // [R, Hv]
+  const float* beta = nullptr;      // [R, Hv]
+  AnyPtr conv_w;                    // [2*Hk*D + Hv*D, 4]
+  float* conv_states = nullptr;     // [slots, 2*Hk*D + Hv*D, 3]
+  float* states = nullptr;          // [slots, Hv, D, D]
+};
+struct DeltaNetReplayLayers {
+  int count = 0;
+  DeltaNetReplayLayer layer[kMaxReplayLayers];
+};
+// True when LaunchDeltaNetReplay takes these shapes (those of the step; with conv_w and the
+// states 16-byte aligned, which the caller checks). Segments' token_begin index the kept rows;
+// each holds 1 to kMaxDeltaNetStepTokens of them.
+bool DeltaNetReplaySupports(int num_k_heads, int num_v_heads, int k_head_dim, int v_head_dim,
+                            int conv_kernel, int num_segments);
+void LaunchDeltaNetReplay(const DeltaNetReplayLayers& layers, int num_k_heads, int num_v_heads,
+                          int head_dim, const SegmentMeta& segments, cudaStream_t stream);
 
 // ---- gated attention (attention_kernels.cu) ----
 // The largest head size the paged-attention kernels take (checked at load).

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -290,6 +291,128 @@ TEST(DeltaNetPrefillTest, ChunksOfFiveEqualOneShot) {
   ExpectAllClose(pieces.out, whole.out, 1e-5, 1e-4, "5-token prefill out");
   // The state of slot 0 was never touched.
   for (size_t i = 0; i < whole.state.size() / 2; ++i) ASSERT_EQ(pieces.state[i], 0.0f);
+}
+
+// Speculative decoding's rollback (Backend::ReplayDeltaRuleStates): replaying kept rows of a
+// step, for two layers and two sequences at once, leaves the states that running only those
+// rows through the conv and the delta rule leaves, and touches no other slot.
+TEST(DeltaRuleReplayTest, EqualsRunningTheKeptRows) {
+  auto backend = CreateCpuBackend(2);
+  std::mt19937 rng(17);
+  const DeltaRuleDims dims = Dims(2, 4, 8, 8);
+  const int conv_dim = 2 * 2 * 8 + 4 * 8, K = 4, rows = 12, slots = 4, layers = 2;
+  // Sequence A: kept rows 6..8 into slot 2; sequence B: row 1 into slot 0.
+  std::vector<SequenceSegment> replays(2);
+  replays[0].token_begin = 6;
+  replays[0].num_tokens = 3;
+  replays[0].state_slot = 2;
+  replays[1].token_begin = 1;
+  replays[1].num_tokens = 1;
+  replays[1].state_slot = 0;
+  struct Layer {
+    std::vector<float> x, g, beta, w, conv0, state0;
+  };
+  std::vector<Layer> host(layers);
+  for (Layer& l : host) {
+    l.x = RandomVector(rng, int64_t{rows} * conv_dim);
+    l.g = UniformVector(rng, rows * 4, -4.0f, 0.5f);
+    for (float& v : l.g) v = -std::exp(v);
+    l.beta = UniformVector(rng, rows * 4, 0.05f, 0.95f);
+    l.w = RandomVector(rng, conv_dim * K, 0.5f);
+    l.conv0 = RandomVector(rng, slots * conv_dim * (K - 1));
+    l.state0 = RandomVector(rng, slots * 4 * 8 * 8, 0.2f);
+  }
+  std::vector<Tensor> x, g, beta, w, conv, state;
+  for (const Layer& l : host) {
+    x.push_back(MakeF32(*backend, {rows, conv_dim}, l.x));
+    g.push_back(MakeF32(*backend, {rows, 4}, l.g));
+    beta.push_back(MakeF32(*backend, {rows, 4}, l.beta));
+    w.push_back(MakeF32(*backend, {conv_dim, K}, l.w));
+    conv.push_back(MakeF32(*backend, {slots, conv_dim, K - 1}, l.conv0));
+    state.push_back(MakeF32(*backend, {slots, 4, 8, 8}, l.state0));
+  }
+  std::vector<DeltaRuleReplayLayer> replay_layers;
+  for (int l = 0; l < layers; ++l) {
+    replay_layers.push_back({&x[l], &g[l], &beta[l], &w[l], &conv[l], &state[l]});
+  }
+  ASSERT_TRUE(backend->ReplayDeltaRuleStates(replay_layers, dims, replays).ok());
+
+  for (int l = 0; l < layers; ++l) {
+    // The same rows, packed as a step of two sequences, through the ops.
+    std::vector<float> px, pg, pb;
+    for (const SequenceSegment& r : replays) {
+      for (int t = r.token_begin; t < r.token_begin + r.num_tokens; ++t) {
+        px.insert(px.end(), host[l].x.begin() + t * conv_dim,
+                  host[l].x.begin() + (t + 1) * conv_dim);
+        pg.insert(pg.end(), host[l].g.begin() + t * 4, host[l].g.begin() + (t + 1) * 4);
+        pb.insert(pb.end(), host[l].beta.begin() + t * 4, host[l].beta.begin() + (t + 1) * 4);
+      }
+    }
+    const auto step = Pack({3, 1}, {2, 0});
+    Tensor conv_ref = MakeF32(*backend, {slots, conv_dim, K - 1}, host[l].conv0);
+    Tensor state_ref = MakeF32(*backend, {slots, 4, 8, 8}, host[l].state0);
+    Tensor conv_out = Zeros(*backend, {4, conv_dim}), out = Zeros(*backend, {4, 4 * 8});
+    backend->CausalConv1dSilu(MakeF32(*backend, {4, conv_dim}, px), w[l], conv_ref, step, conv_out);
+    backend->GatedDeltaRule(conv_out, MakeF32(*backend, {4, 4}, pg), MakeF32(*backend, {4, 4}, pb),
+                            dims, state_ref, step, DeltaRuleAlgorithm::kAuto, out);
+    EXPECT_EQ(ToHost(*backend, conv[l]), ToHost(*backend, conv_ref)) << "layer " << l;
+    EXPECT_EQ(ToHost(*backend, state[l]), ToHost(*backend, state_ref)) << "layer " << l;
+    // Slots 1 and 3 are nobody's: unchanged (and changed where a sequence was replayed).
+    const auto after = ToHost(*backend, state[l]);
+    const size_t per_slot = 4 * 8 * 8;
+    for (int s : {1, 3}) {
+      EXPECT_TRUE(std::equal(after.begin() + s * per_slot, after.begin() + (s + 1) * per_slot,
+                             host[l].state0.begin() + s * per_slot));
+    }
+    EXPECT_FALSE(std::equal(after.begin() + 2 * per_slot, after.begin() + 3 * per_slot,
+                            host[l].state0.begin() + 2 * per_slot));
+  }
+}
+
+// Bad replays fail with InvalidArgument naming what is wrong, before any state changes.
+TEST(DeltaRuleReplayTest, RejectsBadRowsSlotsAndShapes) {
+  auto backend = CreateCpuBackend(2);
+  std::mt19937 rng(19);
+  const DeltaRuleDims dims = Dims(2, 4, 8, 8);
+  const int conv_dim = 2 * 2 * 8 + 4 * 8, K = 4, rows = 6, slots = 3;
+  Tensor x = MakeF32(*backend, {rows, conv_dim}, RandomVector(rng, rows * conv_dim));
+  Tensor g = MakeF32(*backend, {rows, 4}, UniformVector(rng, rows * 4, -2.0f, -0.1f));
+  Tensor beta = MakeF32(*backend, {rows, 4}, UniformVector(rng, rows * 4, 0.1f, 0.9f));
+  Tensor w = MakeF32(*backend, {conv_dim, K}, RandomVector(rng, conv_dim * K));
+  const auto conv0 = RandomVector(rng, slots * conv_dim * (K - 1));
+  const auto state0 = RandomVector(rng, slots * 4 * 8 * 8);
+  Tensor conv = MakeF32(*backend, {slots, conv_dim, K - 1}, conv0);
+  Tensor state = MakeF32(*backend, {slots, 4, 8, 8}, state0);
+  Tensor short_g = MakeF32(*backend, {rows - 1, 4}, std::vector<float>((rows - 1) * 4, -1.0f));
+  const DeltaRuleReplayLayer layer{&x, &g, &beta, &w, &conv, &state};
+  auto seg = [](int begin, int n, int slot) {
+    SequenceSegment s;
+    s.token_begin = begin;
+    s.num_tokens = n;
+    s.state_slot = slot;
+    return s;
+  };
+  struct Case {
+    std::vector<DeltaRuleReplayLayer> layers;
+    std::vector<SequenceSegment> segments;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{layer}, {seg(4, 3, 0)}, "segment 0: rows [4, +3) outside the 6 kept rows"},
+      {{layer}, {seg(-1, 1, 0)}, "segment 0: rows [-1, +1)"},
+      {{layer}, {seg(0, 0, 0)}, "segment 0: rows [0, +0)"},
+      {{layer}, {seg(0, 1, 3)}, "segment 0: state slot 3 outside [0, 3)"},
+      {{layer}, {seg(0, 1, 1), seg(2, 1, 1)}, "segments 0 and 1 share state slot 1"},
+      {{layer, {&x, &short_g, &beta, &w, &conv, &state}}, {seg(0, 1, 0)}, "layer 1: mixed"},
+      {{layer, {&x, nullptr, &beta, &w, &conv, &state}}, {seg(0, 1, 0)}, "layer 1 lacks a tensor"},
+  };
+  for (const Case& c : cases) {
+    const absl::Status s = backend->ReplayDeltaRuleStates(c.layers, dims, c.segments);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_NE(s.message().find(c.message), std::string::npos) << s.message();
+    EXPECT_EQ(ToHost(*backend, conv), conv0);
+    EXPECT_EQ(ToHost(*backend, state), state0);
+  }
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
@@ -797,6 +798,159 @@ TEST(CudaVsCpuTest, DeltaNetMixerDecodeStep) {
         EXPECT_TRUE(std::equal(after.begin() + s * per_slot, after.begin() + (s + 1) * per_slot,
                                state0.begin() + s * per_slot))
             << what << ": slot " << s << " changed";
+      }
+    }
+  }
+}
+
+// Speculative decoding's rollback (Backend::ReplayDeltaRuleStates): the CUDA backend's one-launch
+// replay of every layer against the CPU reference, and bit for bit against the separate CUDA
+// kernels that the base class runs (Backend's default, called on the CUDA backend) and against a
+// verify step of only the replayed tokens: a rolled-back state must be the one a step of the
+// accepted tokens would have left.
+TEST(CudaVsCpuTest, ReplayDeltaRuleStates) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  Pair p;
+  std::mt19937 rng(37);
+  auto host = [&](const Tensor& t) {
+    std::vector<float> v(t.numel());
+    p.cuda().CopyToHostF32(t, v.data());
+    return v;
+  };
+  auto seg = [](int begin, int n, int slot) {
+    SequenceSegment s;
+    s.token_begin = begin;
+    s.num_tokens = n;
+    s.cached_tokens = 5;
+    s.state_slot = slot;
+    return s;
+  };
+  const int rows = 24;
+  std::vector<std::vector<SequenceSegment>> cases = {
+      {seg(0, 1, 2)},
+      {seg(5, 4, 0), seg(12, 1, 3), seg(1, 3, 6)},  // out of order, with gaps between them
+      {seg(16, 8, 1)},                              // the most a step takes
+      {seg(3, 9, 1)},                               // more: the separate kernels run
+  };
+  std::vector<SequenceSegment> five, seventeen;
+  for (int i = 0; i < 5; ++i) five.push_back(seg(4 * i, 2, 9 - i));
+  for (int i = 0; i < 17; ++i) seventeen.push_back(seg(i, 1 + i % 3, 20 - i));
+  cases.push_back(five);
+  cases.push_back(seventeen);
+  const bool defaults = std::getenv("MOBIUS_DELTA_RULE_COLS") == nullptr &&
+                        std::getenv("MOBIUS_DELTA_RULE_SPLIT") == nullptr &&
+                        std::getenv("MOBIUS_DELTA_RULE_GENERIC") == nullptr;
+  // 34 layers at D = 32: more than one launch takes (kMaxReplayLayers).
+  for (const auto& [Hk, D, L] :
+       std::vector<std::tuple<int, int, int>>{{2, 32, 34}, {4, 64, 3}, {16, 128, 2}}) {
+    const int Hv = 2 * Hk, C = 2 * Hk * D + Hv * D, slots = 21;
+    struct Layer {
+      std::pair<Tensor, Tensor> mixed, g, beta, conv_w, conv, state;
+      std::vector<float> g_host, beta_host;
+    };
+    std::vector<Layer> layers(L);
+    std::vector<std::vector<float>> conv0(L), state0(L);
+    for (int l = 0; l < L; ++l) {
+      Layer& y = layers[l];
+      y.mixed = p.Make({rows, C}, Random(rng, rows * C, -2, 2));
+      y.g_host = Random(rng, rows * Hv, 0.1f, 4.0f);
+      for (float& v : y.g_host) v = -v;  // a decay's log: negative
+      y.beta_host = Random(rng, rows * Hv, 0.05f, 0.95f);
+      y.g = p.Make({rows, Hv}, y.g_host, DType::kF32);
+      y.beta = p.Make({rows, Hv}, y.beta_host, DType::kF32);
+      y.conv_w = p.Make({C, 4}, Random(rng, C * 4, -0.5f, 0.5f));
+      conv0[l] = Random(rng, slots * C * 3, -2, 2);
+      state0[l] = Random(rng, slots * Hv * D * D, -0.2f, 0.2f);
+    }
+    const DeltaRuleDims dims{Hk, Hv, D, D};
+    for (const auto& segs : cases) {
+      const std::string what = "Replay D=" + std::to_string(D) + " layers=" + std::to_string(L) +
+                               " segments=" + std::to_string(segs.size()) +
+                               " first=" + std::to_string(segs[0].num_tokens);
+      std::vector<DeltaRuleReplayLayer> cpu_layers, cuda_layers, base_layers;
+      std::vector<std::pair<Tensor, Tensor>> conv(L), state(L), conv_b(L), state_b(L);
+      for (int l = 0; l < L; ++l) {
+        Layer& y = layers[l];
+        conv[l] = p.Make({slots, C, 3}, conv0[l], DType::kF32);
+        state[l] = p.Make({slots, Hv, D, D}, state0[l], DType::kF32);
+        conv_b[l] = p.Make({slots, C, 3}, conv0[l], DType::kF32);
+        state_b[l] = p.Make({slots, Hv, D, D}, state0[l], DType::kF32);
+        cpu_layers.push_back({&y.mixed.first, &y.g.first, &y.beta.first, &y.conv_w.first,
+                              &conv[l].first, &state[l].first});
+        cuda_layers.push_back({&y.mixed.second, &y.g.second, &y.beta.second, &y.conv_w.second,
+                               &conv[l].second, &state[l].second});
+        base_layers.push_back({&y.mixed.second, &y.g.second, &y.beta.second, &y.conv_w.second,
+                               &conv_b[l].second, &state_b[l].second});
+      }
+      ASSERT_TRUE(p.cpu().ReplayDeltaRuleStates(cpu_layers, dims, segs).ok()) << what;
+      ASSERT_TRUE(p.cuda().ReplayDeltaRuleStates(cuda_layers, dims, segs).ok()) << what;
+      ASSERT_TRUE(p.cuda().Backend::ReplayDeltaRuleStates(base_layers, dims, segs).ok()) << what;
+      for (int l = 0; l < L; ++l) {
+        const std::string at = what + " layer " + std::to_string(l);
+        if (l == 0 || l == L - 1) {
+          EXPECT_LT(p.Compare((at + " (conv states)").c_str(), conv[l].first, conv[l].second),
+                    kTol);
+          EXPECT_LT(p.Compare((at + " (states)").c_str(), state[l].first, state[l].second), kTol);
+        }
+        EXPECT_EQ(host(conv[l].second), host(conv_b[l].second)) << at;
+        if (defaults) EXPECT_EQ(host(state[l].second), host(state_b[l].second)) << at;
+        // Slots no segment names keep their states.
+        std::vector<bool> named(slots, false);
+        for (const SequenceSegment& s : segs) named[s.state_slot] = true;
+        const std::vector<float> after = host(state[l].second);
+        const size_t per_slot = static_cast<size_t>(Hv) * D * D;
+        for (int s = 0; s < slots; ++s) {
+          if (named[s]) continue;
+          EXPECT_TRUE(std::equal(after.begin() + s * per_slot, after.begin() + (s + 1) * per_slot,
+                                 state0[l].begin() + s * per_slot))
+              << at << ": slot " << s << " changed";
+        }
+      }
+      // One sequence of up to 8 tokens: a verify step of those tokens alone (the one-launch step,
+      // its gates made from a and b) leaves the replay's bits when the replay is handed the gates
+      // that step computed, as the engine's kept inputs are.
+      if (segs.size() == 1 && segs[0].num_tokens <= cuda::kMaxDeltaNetStepTokens && defaults &&
+          std::getenv("MOBIUS_DELTANET_STEP") == nullptr) {
+        const int n = segs[0].num_tokens, l = L - 1;
+        Layer& y = layers[l];
+        const std::vector<float> all = host(y.mixed.second);
+        std::vector<float> rows_of(all.begin() + segs[0].token_begin * C,
+                                   all.begin() + (segs[0].token_begin + n) * C);
+        auto mixed = p.Make({n, C}, rows_of);
+        auto z = p.Make({n, Hv * D}, Random(rng, n * Hv * D, -2, 2));
+        auto a = p.Make({n, Hv}, Random(rng, n * Hv, -3, 3));
+        auto b = p.Make({n, Hv}, Random(rng, n * Hv, -3, 3));
+        auto a_log = p.Make({Hv}, Random(rng, Hv, 0, 2.5f));
+        auto dt = p.Make({Hv}, Random(rng, Hv, -1, 1));
+        auto norm_w = p.Make({D}, Random(rng, D, 0.5f, 1.5f));
+        auto conv_s = p.Make({slots, C, 3}, conv0[l], DType::kF32);
+        auto state_s = p.Make({slots, Hv, D, D}, state0[l], DType::kF32);
+        auto g = p.Make({n, Hv}, std::vector<float>(n * Hv), DType::kF32);
+        auto beta = p.Make({n, Hv}, std::vector<float>(n * Hv), DType::kF32);
+        auto conv_out = p.Make({n, C}, std::vector<float>(n * C));
+        auto core = p.Make({n, Hv * D}, std::vector<float>(n * Hv * D));
+        auto out = p.Make({n, Hv * D}, std::vector<float>(n * Hv * D));
+        std::vector<SequenceSegment> step = {seg(0, n, segs[0].state_slot)};
+        p.cuda().GatedDeltaNetMixer(
+            {mixed.second, z.second, a.second, b.second, y.conv_w.second, a_log.second, dt.second,
+             norm_w.second, 1e-6f, dims, conv_s.second, state_s.second, g.second, beta.second,
+             conv_out.second, core.second},
+            step, DeltaRuleAlgorithm::kAuto, out.second);
+        // The replay from the same start with the step's own gates at the kept rows.
+        std::vector<float> g_rows = y.g_host, beta_rows = y.beta_host;
+        const std::vector<float> gs = host(g.second), bs = host(beta.second);
+        std::copy(gs.begin(), gs.end(), g_rows.begin() + segs[0].token_begin * Hv);
+        std::copy(bs.begin(), bs.end(), beta_rows.begin() + segs[0].token_begin * Hv);
+        auto g_kept = p.Make({rows, Hv}, g_rows, DType::kF32);
+        auto beta_kept = p.Make({rows, Hv}, beta_rows, DType::kF32);
+        auto conv_r = p.Make({slots, C, 3}, conv0[l], DType::kF32);
+        auto state_r = p.Make({slots, Hv, D, D}, state0[l], DType::kF32);
+        const std::vector<DeltaRuleReplayLayer> one = {{&y.mixed.second, &g_kept.second,
+                                                        &beta_kept.second, &y.conv_w.second,
+                                                        &conv_r.second, &state_r.second}};
+        ASSERT_TRUE(p.cuda().ReplayDeltaRuleStates(one, dims, segs).ok()) << what;
+        EXPECT_EQ(host(conv_r.second), host(conv_s.second)) << what << " (verify step)";
+        EXPECT_EQ(host(state_r.second), host(state_s.second)) << what << " (verify step)";
       }
     }
   }

@@ -150,7 +150,7 @@ absl::Status HybridModel::ReplayStateInputs(std::span<const StateReplay> replays
     return absl::OkStatus();
   }
   const int64_t kept_rows = kept_state_inputs_[0].mixed.dim(0);
-  std::vector<int32_t> rows;
+  // One segment per sequence, indexing the kept rows directly (ReplayDeltaRuleStates).
   std::vector<kernels::SequenceSegment> segments;
   for (size_t i = 0; i < replays.size(); ++i) {
     const StateReplay& r = replays[i];
@@ -167,16 +167,13 @@ absl::Status HybridModel::ReplayStateInputs(std::span<const StateReplay> replays
       }
     }
     kernels::SequenceSegment seg;
-    seg.token_begin = static_cast<int32_t>(rows.size());
+    seg.token_begin = r.first_row;
     seg.num_tokens = r.num_tokens;
     seg.cached_tokens = r.cache->num_tokens;
     seg.state_slot = r.cache->state_slot;
     seg.kv_blocks = r.cache->kv_blocks;
     segments.push_back(seg);
-    for (int t = 0; t < r.num_tokens; ++t) rows.push_back(r.first_row + t);
   }
-  const int T = static_cast<int>(rows.size()), Hv = local_.linear_num_value_heads,
-            cd = local_.conv_dim();
   // Validated: the followers replay the same (before this rank: their kept inputs are theirs).
   if (followers_ != nullptr) {
     std::vector<PlannedReplay> planned;
@@ -185,32 +182,21 @@ absl::Status HybridModel::ReplayStateInputs(std::span<const StateReplay> replays
     }
     RETURN_IF_ERROR(followers_->ReplayStateInputs(planned));
   }
-  // The conv and delta-rule kernels read the step's metadata; the ids are not used.
-  const std::vector<int32_t> ids(T, 0);
-  backend_.StageStep(ids, segments, max_positions_);
-  absl::Cleanup clear_step = [this] { backend_.ClearStep(); };
   kernels::DeltaRuleDims dims;
   dims.num_k_heads = local_.linear_num_key_heads;
-  dims.num_v_heads = Hv;
+  dims.num_v_heads = local_.linear_num_value_heads;
   dims.k_head_dim = config_.linear_key_head_dim;
   dims.v_head_dim = config_.linear_value_head_dim;
-  ASSIGN_OR_RETURN(Tensor mixed, Alloc({T, cd}));
-  ASSIGN_OR_RETURN(Tensor conv_out, Alloc({T, cd}));
-  ASSIGN_OR_RETURN(Tensor g, Alloc(DType::kF32, {T, Hv}));
-  ASSIGN_OR_RETURN(Tensor beta, Alloc(DType::kF32, {T, Hv}));
-  ASSIGN_OR_RETURN(Tensor core, Alloc({T, local_.value_dim()}));
+  std::vector<kernels::DeltaRuleReplayLayer> replay_layers;
   for (int layer = 0; layer < config_.num_hidden_layers; ++layer) {
     if (config_.layer_types[layer] != LayerType::kLinearAttention) continue;
     const int slot_layer = cache_index_[layer];
     const KeptStateInputs& kept = kept_state_inputs_[slot_layer];
-    backend_.GatherRows(kept.mixed, rows, mixed);
-    backend_.GatherRows(kept.g, rows, g);
-    backend_.GatherRows(kept.beta, rows, beta);
-    backend_.CausalConv1dSilu(mixed, weights_.layers[layer].linear->conv1d,
-                              state_slots_->conv_states(slot_layer), segments, conv_out);
-    backend_.GatedDeltaRule(conv_out, g, beta, dims, state_slots_->recurrent_states(slot_layer),
-                            segments, kernels::DeltaRuleAlgorithm::kAuto, core);
+    replay_layers.push_back(
+        {&kept.mixed, &kept.g, &kept.beta, &weights_.layers[layer].linear->conv1d,
+         &state_slots_->conv_states(slot_layer), &state_slots_->recurrent_states(slot_layer)});
   }
+  RETURN_IF_ERROR(backend_.ReplayDeltaRuleStates(replay_layers, dims, segments));
   for (const StateReplay& r : replays) r.cache->num_tokens += r.num_tokens;
   return absl::OkStatus();
 }
