@@ -198,7 +198,7 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
                      for (auto& s : head_seqs) s.num_tokens = C;
                      return absl::OkStatus();
                    }));
-  // The state snapshot of every sequence (taken before each verify step; a restore costs the same).
+  // The state snapshot of every sequence (taken before each verify step).
   std::vector<int32_t> snapshot_from, snapshot_to;
   for (int i = 0; i < B; ++i) {
     snapshot_from.push_back(seqs[i].state_slot);
@@ -235,9 +235,9 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
     // Drafting: the observe step that yields the first draft, then k - 1 chained head steps.
     const double draft_ms = k * head_ms;
     for (int a = 1; a <= k + 1; ++a) {
-      // a tokens emitted: a - 1 drafts accepted; unless all were, restore the snapshot and
-      // replay the state updates of the a committed tokens.
-      const double rollback_ms = a < k + 1 ? snapshot_ms + replay_ms[a] : 0;
+      // a tokens emitted: a - 1 drafts accepted; unless all were, replay the state updates of
+      // the a committed tokens onto the snapshot (which then becomes the sequence's slot).
+      const double rollback_ms = a < k + 1 ? replay_ms[a] : 0;
       const double step_ms = draft_ms + snapshot_ms + verify_ms[k + 1] + rollback_ms;
       std::printf("%4d %11.3f ms %9.3f ms %9.2fx %8d %11.3f ms %11.3f ms %11.2fx\n", k,
                   verify_ms[k + 1], verify_bound_ms[k + 1], verify_ms[k + 1] / plain_ms, a, step_ms,

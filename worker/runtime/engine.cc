@@ -576,7 +576,6 @@ bool Engine::Step() {
   const int64_t H = model_.config().hidden_size;
   std::vector<TargetStep> observed;
   std::vector<StateReplay> replays;  // rolled back: replay the accepted tokens' state updates
-  std::vector<int32_t> restore_from, restore_to;  // their snapshots, restored first
   std::vector<std::string> errored;
   absl::Status replay_error;
   std::vector<std::optional<SampledToken>> presampled;
@@ -666,10 +665,10 @@ bool Engine::Step() {
       new_tokens.push_back(verdict.next);
       seq.num_computed += 1 + accepted;
       if (accepted < d) {
-        // The DeltaNet state absorbed the rejected drafts: restore the snapshot taken before the
-        // step and replay the state updates of the pending token and the accepted drafts.
-        restore_from.push_back(snapshots_[seq.arrival].state_slot);
-        restore_to.push_back(seq.cache.state_slot);
+        // The DeltaNet state absorbed the rejected drafts; the snapshot taken before the step
+        // did not. The two slots swap roles (nothing is copied back) and the state updates of
+        // the pending token and the accepted drafts are replayed onto the snapshot.
+        std::swap(seq.cache.state_slot, snapshots_[seq.arrival].state_slot);
         seq.cache.num_tokens = c.begin;
         replays.push_back({&seq.cache, static_cast<int>(first_hidden), accepted + 1});
       }
@@ -731,8 +730,7 @@ bool Engine::Step() {
     if (done) finished.push_back(seq.request_id);
   }
   if (!replays.empty()) {
-    absl::Status replayed = model_.CopyStateSlots(restore_from, restore_to);
-    if (replayed.ok()) replayed = model_.ReplayStateInputs(replays);
+    absl::Status replayed = model_.ReplayStateInputs(replays);
     if (!replayed.ok()) {
       // Their state is lost: end them with the error (the tokens delivered so far are exact).
       for (const ScheduledChunk& c : plan.chunks) {

@@ -211,7 +211,6 @@ absl::Status SpeculativeDecoder::Generate(std::span<const SpeculativeRequest> re
 
     // Accept, and collect the sequences that must roll back.
     std::vector<StateReplay> replays;
-    std::vector<int32_t> restore_from, restore_to;
     std::vector<TargetStep> observed;
     int64_t row = 0;
     for (size_t m = 0; m < members.size(); ++m) {
@@ -256,10 +255,10 @@ absl::Status SpeculativeDecoder::Generate(std::span<const SpeculativeRequest> re
       const int64_t first_row = row;
       row += static_cast<int64_t>(s.step_tokens.size());
       if (accepted < d && !s.done) {
-        // The DeltaNet state has absorbed rejected drafts and cannot be un-applied: restore the
-        // snapshot taken before the verify step and replay the accepted tokens' state updates.
-        restore_from.push_back(s.snapshot.state_slot);
-        restore_to.push_back(s.cache.state_slot);
+        // The DeltaNet state has absorbed rejected drafts and cannot be un-applied; the snapshot
+        // taken before the verify step has not: the slots swap roles (nothing is copied back)
+        // and the accepted tokens' state updates are replayed onto the snapshot.
+        std::swap(s.cache.state_slot, s.snapshot.state_slot);
         s.cache.num_tokens = start_tokens[m];
         replays.push_back({&s.cache, static_cast<int>(first_row), accepted + 1});
         ++stats_.rollback_steps;
@@ -267,8 +266,7 @@ absl::Status SpeculativeDecoder::Generate(std::span<const SpeculativeRequest> re
     }
     if (status.ok() && !replays.empty()) {
       const auto start = Clock::now();
-      status = model_.CopyStateSlots(restore_from, restore_to);
-      if (status.ok()) status = model_.ReplayStateInputs(replays);
+      status = model_.ReplayStateInputs(replays);
       stats_.rollback_seconds += SecondsSince(start);
     }
     if (status.ok() && !observed.empty()) {
