@@ -14,6 +14,7 @@
 // and --csv-out writes every kernel position of the step (mean over the timed steps).
 //
 //   mobius_step_timeline --config 35b.json --batch 1 --context 1024 --steps 10 --csv-out t.csv
+//   mobius_step_timeline --config 35b.json --batch 1 --tokens 5 ...   # a verify of 4 drafts
 #include <cupti.h>
 #include <cxxabi.h>
 
@@ -41,6 +42,10 @@ ABSL_FLAG(std::string, config, "",
           "config.json of the model (dummy weights; e.g. the release config "
           "../shared/configs/intern-s2-mobius-35b/config.json). Required.");
 ABSL_FLAG(int, batch, 1, "Sequences per decode step (one token each).");
+ABSL_FLAG(int, tokens, 1,
+          "Tokens per sequence and step: 1 a decode step; 2-8 a speculative verify step of "
+          "tokens - 1 drafts, as the engine runs it (every token's logits reduced to its argmax "
+          "on the device, every token's hidden row, the DeltaNet state inputs kept).");
 ABSL_FLAG(int, context, 1024, "Tokens already cached per sequence.");
 ABSL_FLAG(int, steps, 10, "Timed (traced) decode steps, after 3 untraced warm-up steps.");
 ABSL_FLAG(int, top, 30, "Kernel names listed in the report, by their summed advance.");
@@ -139,12 +144,18 @@ struct Position {
 absl::Status Run() {
   const std::string config = absl::GetFlag(FLAGS_config);
   const int batch = absl::GetFlag(FLAGS_batch), context = absl::GetFlag(FLAGS_context);
-  const int steps = absl::GetFlag(FLAGS_steps);
+  const int steps = absl::GetFlag(FLAGS_steps), per_seq = absl::GetFlag(FLAGS_tokens);
   if (config.empty()) return absl::InvalidArgumentError("--config is required (see --help)");
   if (batch < 1 || context < 0 || steps < 1) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--batch %d, --context %d, --steps %d: batch and steps must be >= 1, context >= 0", batch,
         context, steps));
+  }
+  if (per_seq < 1 || per_seq > 8) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--tokens %d: a recorded step takes 1 (decode) to 8 (verify of 7 drafts) tokens a "
+        "sequence",
+        per_seq));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, kernels::CreateCudaBackend(0));
   worker::ModelSource source;
@@ -155,7 +166,7 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(std::unique_ptr<worker::HybridModel> model,
                    worker::LoadHybridModel(source, *backend));
   model->SetDecodeCapture(batch);
-  RETURN_IF_ERROR(model->CreateCaches(batch, context + steps + 8));
+  RETURN_IF_ERROR(model->CreateCaches(batch, context + steps * per_seq + 8));
   // As `mobius bench engine`: the sequences start with `context` positions reserved.
   std::vector<worker::SequenceCache> seqs(batch);
   for (auto& s : seqs) {
@@ -164,15 +175,33 @@ absl::Status Run() {
     s.num_tokens = context;
   }
   const int vocab = model->config().vocab_size;
-  std::vector<int32_t> tokens(batch);
-  for (int i = 0; i < batch; ++i) {
-    tokens[i] = static_cast<int32_t>((int64_t{i} * 7919 + 13) % vocab);  // as the bench's
+  std::vector<int32_t> tokens(static_cast<size_t>(batch) * per_seq);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<int32_t>((int64_t(i) * 7919 + 13) % vocab);  // as the bench's
   }
   std::vector<worker::SequenceStep> step;
-  for (int i = 0; i < batch; ++i) step.push_back({std::span(&tokens[i], 1), &seqs[i]});
+  for (int i = 0; i < batch; ++i) {
+    step.push_back(
+        {std::span(tokens).subspan(static_cast<size_t>(i) * per_seq, per_seq), &seqs[i]});
+  }
   worker::ForwardOptions options;
-  options.copy_logits = false;
-  std::vector<float> logits;
+  std::vector<float> logits, hidden;
+  std::vector<int32_t> argmax;
+  if (per_seq == 1) {
+    options.copy_logits = false;
+  } else {  // as `mobius bench engine --spec-tokens` times a greedy verify step
+    options.logits_rows.assign(batch, per_seq);
+    options.greedy_tokens = &argmax;
+    options.hidden_out = &hidden;
+    options.hidden_all_tokens = true;
+    options.keep_state_inputs = true;
+  }
+  // Every step starts from the same positions (a verify step is replayed at one shape).
+  auto forward = [&]() -> absl::Status {
+    RETURN_IF_ERROR(model->Forward(step, options, logits));
+    for (auto& s : seqs) s.num_tokens = context;
+    return absl::OkStatus();
+  };
   // Tracing starts before the warm-up steps, so that the graph is instantiated with CUPTI
   // attached (node-level records); what the warm-ups record is dropped.
   RETURN_IF_ERROR(Check(cuptiActivityRegisterCallbacks(BufferRequested, BufferCompleted),
@@ -181,7 +210,7 @@ absl::Status Run() {
                         "cuptiActivityEnable(CONCURRENT_KERNEL)"));
   RETURN_IF_ERROR(
       Check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET), "cuptiActivityEnable(MEMSET)"));
-  for (int w = 0; w < 3; ++w) RETURN_IF_ERROR(model->Forward(step, options, logits));
+  for (int w = 0; w < 3; ++w) RETURN_IF_ERROR(forward());
   if (model->num_decode_graphs() == 0) {
     return absl::FailedPreconditionError(
         absl::StrFormat("the step was not recorded (%s): this tool reads one graph launch per step",
@@ -194,7 +223,7 @@ absl::Status Run() {
     std::lock_guard<std::mutex> lock(activities_mutex);
     activities.clear();
   }
-  for (int s = 0; s < steps; ++s) RETURN_IF_ERROR(model->Forward(step, options, logits));
+  for (int s = 0; s < steps; ++s) RETURN_IF_ERROR(forward());
   backend->Synchronize();
   RETURN_IF_ERROR(
       Check(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll"));
@@ -298,10 +327,11 @@ absl::Status Run() {
   std::sort(ranked.begin(), ranked.end(),
             [](const auto& a, const auto& b) { return a.second.advance > b.second.advance; });
   std::printf(
-      "step: batch %d, context %d, %zu traced steps of %zu nodes: span %.1f us = advance %.1f + "
-      "gaps %.1f us; kernel durations sum to %.1f us (overlap %.1f us)\n",
-      batch, context, launches.size(), nodes, span / 1e3, total_advance / 1e3, total_gap / 1e3,
-      total_duration / 1e3, (total_duration - total_advance) / 1e3);
+      "step: batch %d x %d tokens, context %d, %zu traced steps of %zu nodes: span %.1f us = "
+      "advance %.1f + gaps %.1f us; kernel durations sum to %.1f us (overlap %.1f us)\n",
+      batch, absl::GetFlag(FLAGS_tokens), context, launches.size(), nodes, span / 1e3,
+      total_advance / 1e3, total_gap / 1e3, total_duration / 1e3,
+      (total_duration - total_advance) / 1e3);
   std::printf("%-72s %6s %11s %11s %11s %7s\n", "kernel", "count", "advance us", "gap us",
               "duration us", "share");
   const int top = std::max(0, absl::GetFlag(FLAGS_top));
@@ -334,8 +364,9 @@ absl::Status Run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "where a recorded decode step's time goes, kernel by kernel (CUPTI GPU timestamps of the "
-      "replayed graph): mobius_step_timeline --config CONFIG [--batch N] [--context N] [--steps "
-      "N]");
+      "replayed graph): mobius_step_timeline --config CONFIG [--batch N] [--tokens N] [--context "
+      "N] "
+      "[--steps N]");
   mobius::ListFlagsOfFilesInHelp({"step_timeline.cc"});
   // Flags may be spelled with dashes or underscores, as for the other binaries.
   const std::vector<std::string> positional =

@@ -1374,6 +1374,62 @@ TEST_F(CudaKernelsTest, TcGemvMatchesReference) {
   }
 }
 
+// The skinny GEMM (skinny_gemm.cu) at every row count it takes (1 and 2), two targets (bf16 and
+// fp32 outputs), against a double reference, and each row bit for bit as a launch of that row
+// alone gives it. K = 96 (fewer pieces than a
+// lane's round), 2048, 3072 and 4096 (K split over 1, 4, 2 and 8 warps).
+TEST_F(CudaKernelsTest, SkinnyGemmMatchesReferenceAndRowsAlone) {
+  for (const int64_t k : {96, 2048, 3072, 4096}) {
+    const int64_t n0 = 40, n1 = 1037;
+    const std::vector<float> x = Rand(8 * k), w0 = Rand(n0 * k), w1 = Rand(n1 * k);
+    Tensor xt = Make(DType::kBF16, {8, k}, x), w0t = Make(DType::kBF16, {n0, k}, w0),
+           w1t = Make(DType::kBF16, {n1, k}, w1);
+    auto run = [&](const uint16_t* xs, int m, Tensor& y0, Tensor& y1) {
+      const cuda::SkinnyTarget targets[2] = {
+          {static_cast<const uint16_t*>(w0t.raw()), n0, cuda::AnyMutPtr{y0.raw(), false}},
+          {static_cast<const uint16_t*>(w1t.raw()), n1, cuda::AnyMutPtr{y1.raw(), true}}};
+      backend_->Synchronize();
+      cuda::LaunchSkinnyGemm(xs, m, k, targets, 2, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    };
+    // Each row alone.
+    std::vector<std::vector<float>> alone0, alone1;
+    for (int r = 0; r < cuda::kMaxSkinnyRows; ++r) {
+      Tensor y0 = Poisoned(DType::kBF16, {1, n0}), y1 = Poisoned(DType::kF32, {1, n1});
+      run(static_cast<const uint16_t*>(xt.raw()) + r * k, 1, y0, y1);
+      alone0.push_back(Host(y0));
+      alone1.push_back(Host(y1));
+    }
+    for (int m = 1; m <= cuda::kMaxSkinnyRows; ++m) {
+      ASSERT_TRUE(cuda::SkinnyGemmSupports(m, k, xt.raw(), w0t.raw()));
+      Tensor y0 = Poisoned(DType::kBF16, {m, n0}), y1 = Poisoned(DType::kF32, {m, n1});
+      run(static_cast<const uint16_t*>(xt.raw()), m, y0, y1);
+      auto reference = [&](const std::vector<float>& w, int64_t n) {
+        std::vector<double> ref(static_cast<size_t>(m * n));
+        for (int r = 0; r < m; ++r) {
+          for (int64_t j = 0; j < n; ++j) {
+            double acc = 0;
+            for (int64_t i = 0; i < k; ++i) acc += double{x[r * k + i]} * w[j * k + i];
+            ref[r * n + j] = acc;
+          }
+        }
+        return ref;
+      };
+      const std::string what = absl::StrCat("m ", m, " k ", k);
+      const std::vector<float> h0 = Host(y0), h1 = Host(y1);
+      EXPECT_LT(RelErr(h0, reference(w0, n0)), kBf16Tol) << what;
+      EXPECT_LT(RelErr(h1, reference(w1, n1)), 1e-4) << what << " (fp32 output)";
+      for (int r = 0; r < m; ++r) {
+        EXPECT_TRUE(std::equal(alone0[r].begin(), alone0[r].end(), h0.begin() + r * n0))
+            << what << " row " << r;
+        EXPECT_TRUE(std::equal(alone1[r].begin(), alone1[r].end(), h1.begin() + r * n1))
+            << what << " row " << r << " (fp32 output)";
+      }
+    }
+  }
+  EXPECT_FALSE(cuda::SkinnyGemmSupports(cuda::kMaxSkinnyRows + 1, 2048, nullptr, nullptr));
+}
+
 // The shared expert's down projection fused into the few-token MoE kernels: computed by the
 // gate-up kernel (the default) or by the down kernel, the same bits, at 1, 2, 5 and 8 tokens (the
 // gate-up kernel's two distributions of the rows over its blocks), with
