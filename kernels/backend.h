@@ -526,11 +526,13 @@ inline void Backend::GatedDeltaNetMixer(const DeltaNetMixerOperands& op,
 }
 
 // The checks every backend's ReplayDeltaRuleStates makes before touching a state: each layer's
-// tensors present and shaped for `dims`, each segment's rows among the R kept ones (R of layer
-// 0, the same in every layer), its state slot within every layer's slots and not shared.
+// tensors present and shaped for `dims` (mixed in the backend's `activation` dtype, the gates and
+// states F32), each segment's rows among the R kept ones (R of layer 0, the same in every layer),
+// its state slot within every layer's slots and not shared.
 inline absl::Status CheckDeltaRuleReplay(std::span<const DeltaRuleReplayLayer> layers,
                                          const DeltaRuleDims& dims,
-                                         std::span<const SequenceSegment> segments) {
+                                         std::span<const SequenceSegment> segments,
+                                         DType activation) {
   const int64_t channels = 2LL * dims.num_k_heads * dims.k_head_dim +
                            static_cast<int64_t>(dims.num_v_heads) * dims.v_head_dim;
   const int64_t hv = dims.num_v_heads;
@@ -552,9 +554,11 @@ inline absl::Status CheckDeltaRuleReplay(std::span<const DeltaRuleReplayLayer> l
     const int64_t s = L.conv_states->rank() == 3 ? L.conv_states->dim(0) : -1;
     const bool shapes =
         r >= 0 && (rows < 0 || r == rows) && L.mixed->dim(1) == channels &&
-        L.g->dtype() == DType::kF32 && L.beta->dtype() == DType::kF32 && L.g->numel() == r * hv &&
-        L.beta->numel() == r * hv && L.conv_w->rank() >= 2 && L.conv_w->dim(0) == channels &&
-        s >= 0 && L.conv_states->dim(1) == channels &&
+        L.mixed->dtype() == activation && L.g->dtype() == DType::kF32 &&
+        L.beta->dtype() == DType::kF32 && L.g->rank() == 2 && L.g->dim(0) == r &&
+        L.g->dim(1) == hv && L.beta->rank() == 2 && L.beta->dim(0) == r && L.beta->dim(1) == hv &&
+        L.conv_w->rank() >= 2 && L.conv_w->dim(0) == channels && s >= 0 &&
+        L.conv_states->dim(1) == channels &&
         L.conv_w->numel() == channels * (L.conv_states->dim(2) + 1) &&
         L.conv_states->dtype() == DType::kF32 && L.recurrent_states->rank() == 4 &&
         L.recurrent_states->dtype() == DType::kF32 && L.recurrent_states->dim(0) == s &&
@@ -597,7 +601,8 @@ inline absl::Status CheckDeltaRuleReplay(std::span<const DeltaRuleReplayLayer> l
 inline absl::Status Backend::ReplayDeltaRuleStates(std::span<const DeltaRuleReplayLayer> layers,
                                                    const DeltaRuleDims& dims,
                                                    std::span<const SequenceSegment> segments) {
-  if (absl::Status checked = CheckDeltaRuleReplay(layers, dims, segments); !checked.ok()) {
+  if (absl::Status checked = CheckDeltaRuleReplay(layers, dims, segments, activation_dtype());
+      !checked.ok()) {
     return checked;
   }
   // The kept rows of every segment, packed as the ops take a step's tokens.

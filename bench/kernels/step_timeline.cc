@@ -196,10 +196,13 @@ absl::Status Run() {
     options.hidden_all_tokens = true;
     options.keep_state_inputs = true;
   }
-  // Every step starts from the same positions (a verify step is replayed at one shape).
+  // Verify steps start from the same positions every time (as the bench times them); decode
+  // steps advance one position a step, as before the flag existed.
   auto forward = [&]() -> absl::Status {
     RETURN_IF_ERROR(model->Forward(step, options, logits));
-    for (auto& s : seqs) s.num_tokens = context;
+    if (per_seq > 1) {
+      for (auto& s : seqs) s.num_tokens = context;
+    }
     return absl::OkStatus();
   };
   // Tracing starts before the warm-up steps, so that the graph is instantiated with CUPTI
@@ -329,9 +332,8 @@ absl::Status Run() {
   std::printf(
       "step: batch %d x %d tokens, context %d, %zu traced steps of %zu nodes: span %.1f us = "
       "advance %.1f + gaps %.1f us; kernel durations sum to %.1f us (overlap %.1f us)\n",
-      batch, absl::GetFlag(FLAGS_tokens), context, launches.size(), nodes, span / 1e3,
-      total_advance / 1e3, total_gap / 1e3, total_duration / 1e3,
-      (total_duration - total_advance) / 1e3);
+      batch, per_seq, context, launches.size(), nodes, span / 1e3, total_advance / 1e3,
+      total_gap / 1e3, total_duration / 1e3, (total_duration - total_advance) / 1e3);
   std::printf("%-72s %6s %11s %11s %11s %7s\n", "kernel", "count", "advance us", "gap us",
               "duration us", "share");
   const int top = std::max(0, absl::GetFlag(FLAGS_top));

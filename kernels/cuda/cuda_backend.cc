@@ -1484,7 +1484,7 @@ void CudaBackend::GatedDeltaNetMixer(const DeltaNetMixerOperands& op,
 absl::Status CudaBackend::ReplayDeltaRuleStates(std::span<const DeltaRuleReplayLayer> layers,
                                                 const DeltaRuleDims& dims,
                                                 std::span<const SequenceSegment> segments) {
-  RETURN_IF_ERROR(CheckDeltaRuleReplay(layers, dims, segments));
+  RETURN_IF_ERROR(CheckDeltaRuleReplay(layers, dims, segments, activation_dtype()));
   if (layers.empty() || segments.empty()) return absl::OkStatus();
   // MOBIUS_DELTANET_REPLAY=0 replays through the separate kernels (Backend's default: ~5 launches
   // a layer), for A/B runs; the bits are the same.
@@ -1499,8 +1499,7 @@ absl::Status CudaBackend::ReplayDeltaRuleStates(std::span<const DeltaRuleReplayL
                                                 static_cast<int>(segments.size()));
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   for (const DeltaRuleReplayLayer& layer : layers) {
-    fused = fused && layer.mixed->dtype() == DType::kBF16 && layer.g->dtype() == DType::kF32 &&
-            layer.beta->dtype() == DType::kF32 && aligned(layer.conv_w->raw()) &&
+    fused = fused && layer.conv_states->dim(2) == conv_kernel - 1 && aligned(layer.conv_w->raw()) &&
             aligned(layer.conv_states->raw()) && aligned(layer.recurrent_states->raw());
   }
   if (!fused) return Backend::ReplayDeltaRuleStates(layers, dims, segments);

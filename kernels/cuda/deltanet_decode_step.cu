@@ -107,7 +107,8 @@ struct StepConvChannel {
 // The body of the step and replay kernels. kT: the most tokens of a segment (1 for decode
 // steps, whose loops then unroll away). kReplay (Backend::ReplayDeltaRuleStates): the conv and
 // delta rule only, over kept rows, with the gates the step kept (p.g, p.beta read, not written)
-// and no norm or output; every load follows PdlWait, since the states were just restored.
+// and no norm or output; every load follows PdlWait (the states may have been written by the
+// launch before: the verify step, or a snapshot copy).
 template <int kD, int kGroupCols, int kRowSplit, int kT, bool kReplay>
 __device__ __forceinline__ void DeltaNetStepBody(const DeltaNetDecodeStepArgs& p,
                                                  const SegmentMeta& segs) {
@@ -388,7 +389,7 @@ __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads
 template <int kD, int kGroupCols, int kRowSplit>
 __global__ void __launch_bounds__(StepShape<kD, kGroupCols, kRowSplit>::kThreads)
     DeltaNetReplayKernel(DeltaNetDecodeStepArgs p, SegmentMeta segs, DeltaNetReplayLayers layers) {
-  PdlWait();  // the states were restored by the launch before
+  PdlWait();  // the launch before may have written the states
   const DeltaNetReplayLayer& layer = layers.layer[blockIdx.z];
   p.mixed = layer.mixed;
   p.g = const_cast<float*>(layer.g);
@@ -449,8 +450,8 @@ void LaunchForDim(const DeltaNetDecodeStepArgs& args, const SegmentMeta& segs, i
 }  // namespace
 
 // The shapes and layouts the step body takes (both kernels).
-bool StepBodySupports(int num_k_heads, int num_v_heads, int k_head_dim, int v_head_dim,
-                      int conv_kernel, int num_segments) {
+static bool StepBodySupports(int num_k_heads, int num_v_heads, int k_head_dim, int v_head_dim,
+                             int conv_kernel, int num_segments) {
   const bool dims =
       k_head_dim == v_head_dim && (k_head_dim == 32 || k_head_dim == 64 || k_head_dim == 128) &&
       num_k_heads > 0 && num_v_heads == kHeadRatio * num_k_heads && conv_kernel == kConvTaps;

@@ -366,6 +366,13 @@ TEST(DeltaRuleReplayTest, EqualsRunningTheKeptRows) {
     }
     EXPECT_FALSE(std::equal(after.begin() + 2 * per_slot, after.begin() + 3 * per_slot,
                             host[l].state0.begin() + 2 * per_slot));
+    const auto conv_after = ToHost(*backend, conv[l]);
+    const size_t conv_per_slot = static_cast<size_t>(conv_dim) * (K - 1);
+    for (int s : {1, 3}) {
+      EXPECT_TRUE(std::equal(conv_after.begin() + s * conv_per_slot,
+                             conv_after.begin() + (s + 1) * conv_per_slot,
+                             host[l].conv0.begin() + s * conv_per_slot));
+    }
   }
 }
 
@@ -384,6 +391,10 @@ TEST(DeltaRuleReplayTest, RejectsBadRowsSlotsAndShapes) {
   Tensor conv = MakeF32(*backend, {slots, conv_dim, K - 1}, conv0);
   Tensor state = MakeF32(*backend, {slots, 4, 8, 8}, state0);
   Tensor short_g = MakeF32(*backend, {rows - 1, 4}, std::vector<float>((rows - 1) * 4, -1.0f));
+  Tensor flat_g = MakeF32(*backend, {rows * 4}, std::vector<float>(rows * 4, -1.0f));
+  Tensor short_x =
+      MakeF32(*backend, {rows - 1, conv_dim}, std::vector<float>((rows - 1) * conv_dim, 0.5f));
+  Tensor wide_w = MakeF32(*backend, {conv_dim, K + 1}, std::vector<float>(conv_dim * (K + 1)));
   const DeltaRuleReplayLayer layer{&x, &g, &beta, &w, &conv, &state};
   auto seg = [](int begin, int n, int slot) {
     SequenceSegment s;
@@ -405,7 +416,16 @@ TEST(DeltaRuleReplayTest, RejectsBadRowsSlotsAndShapes) {
       {{layer}, {seg(0, 1, 1), seg(2, 1, 1)}, "segments 0 and 1 share state slot 1"},
       {{layer, {&x, &short_g, &beta, &w, &conv, &state}}, {seg(0, 1, 0)}, "layer 1: mixed"},
       {{layer, {&x, nullptr, &beta, &w, &conv, &state}}, {seg(0, 1, 0)}, "layer 1 lacks a tensor"},
+      {{layer}, {seg(0, 1, -1)}, "segment 0: state slot -1 outside [0, 3)"},
+      {{layer, {&x, &flat_g, &beta, &w, &conv, &state}}, {seg(0, 1, 0)}, "layer 1: mixed"},
+      {{layer, {&short_x, &short_g, &beta, &w, &conv, &state}}, {seg(0, 1, 0)}, "layer 1: mixed"},
+      {{layer, {&x, &g, &beta, &wide_w, &conv, &state}}, {seg(0, 1, 0)}, "layer 1: mixed"},
   };
+  // Hv must be a multiple of Hk.
+  const absl::Status bad_dims =
+      backend->ReplayDeltaRuleStates({&layer, 1}, Dims(3, 4, 8, 8), std::vector{seg(0, 1, 0)});
+  EXPECT_TRUE(absl::IsInvalidArgument(bad_dims)) << bad_dims;
+  EXPECT_NE(bad_dims.message().find("bad dims Hk=3 Hv=4"), std::string::npos) << bad_dims;
   for (const Case& c : cases) {
     const absl::Status s = backend->ReplayDeltaRuleStates(c.layers, dims, c.segments);
     EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;

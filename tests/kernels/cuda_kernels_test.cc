@@ -1381,8 +1381,9 @@ TEST_F(CudaKernelsTest, TcGemvMatchesReference) {
 TEST_F(CudaKernelsTest, SkinnyGemmMatchesReferenceAndRowsAlone) {
   for (const int64_t k : {96, 2048, 3072, 4096}) {
     const int64_t n0 = 40, n1 = 1037;
-    const std::vector<float> x = Rand(8 * k), w0 = Rand(n0 * k), w1 = Rand(n1 * k);
-    Tensor xt = Make(DType::kBF16, {8, k}, x), w0t = Make(DType::kBF16, {n0, k}, w0),
+    const int rows = cuda::kMaxSkinnyRows;
+    const std::vector<float> x = Rand(rows * k), w0 = Rand(n0 * k), w1 = Rand(n1 * k);
+    Tensor xt = Make(DType::kBF16, {rows, k}, x), w0t = Make(DType::kBF16, {n0, k}, w0),
            w1t = Make(DType::kBF16, {n1, k}, w1);
     auto run = [&](const uint16_t* xs, int m, Tensor& y0, Tensor& y1) {
       const cuda::SkinnyTarget targets[2] = {

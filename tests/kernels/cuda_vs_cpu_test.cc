@@ -898,12 +898,18 @@ TEST(CudaVsCpuTest, ReplayDeltaRuleStates) {
         std::vector<bool> named(slots, false);
         for (const SequenceSegment& s : segs) named[s.state_slot] = true;
         const std::vector<float> after = host(state[l].second);
+        const std::vector<float> conv_after = host(conv[l].second);
         const size_t per_slot = static_cast<size_t>(Hv) * D * D;
+        const size_t conv_per_slot = static_cast<size_t>(C) * 3;
         for (int s = 0; s < slots; ++s) {
           if (named[s]) continue;
           EXPECT_TRUE(std::equal(after.begin() + s * per_slot, after.begin() + (s + 1) * per_slot,
                                  state0[l].begin() + s * per_slot))
               << at << ": slot " << s << " changed";
+          EXPECT_TRUE(std::equal(conv_after.begin() + s * conv_per_slot,
+                                 conv_after.begin() + (s + 1) * conv_per_slot,
+                                 conv0[l].begin() + s * conv_per_slot))
+              << at << ": conv slot " << s << " changed";
         }
       }
       // One sequence of up to 8 tokens: a verify step of those tokens alone (the one-launch step,

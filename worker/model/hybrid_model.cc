@@ -174,14 +174,6 @@ absl::Status HybridModel::ReplayStateInputs(std::span<const StateReplay> replays
     seg.kv_blocks = r.cache->kv_blocks;
     segments.push_back(seg);
   }
-  // Validated: the followers replay the same (before this rank: their kept inputs are theirs).
-  if (followers_ != nullptr) {
-    std::vector<PlannedReplay> planned;
-    for (const StateReplay& r : replays) {
-      planned.push_back({r.cache->state_slot, r.cache->num_tokens, r.first_row, r.num_tokens});
-    }
-    RETURN_IF_ERROR(followers_->ReplayStateInputs(planned));
-  }
   kernels::DeltaRuleDims dims;
   dims.num_k_heads = local_.linear_num_key_heads;
   dims.num_v_heads = local_.linear_num_value_heads;
@@ -195,6 +187,17 @@ absl::Status HybridModel::ReplayStateInputs(std::span<const StateReplay> replays
     replay_layers.push_back(
         {&kept.mixed, &kept.g, &kept.beta, &weights_.layers[layer].linear->conv1d,
          &state_slots_->conv_states(slot_layer), &state_slots_->recurrent_states(slot_layer)});
+  }
+  // Checked here, before the followers are told: a replay they would refuse must not reach them.
+  RETURN_IF_ERROR(
+      kernels::CheckDeltaRuleReplay(replay_layers, dims, segments, backend_.activation_dtype()));
+  // Validated: the followers replay the same (before this rank: their kept inputs are theirs).
+  if (followers_ != nullptr) {
+    std::vector<PlannedReplay> planned;
+    for (const StateReplay& r : replays) {
+      planned.push_back({r.cache->state_slot, r.cache->num_tokens, r.first_row, r.num_tokens});
+    }
+    RETURN_IF_ERROR(followers_->ReplayStateInputs(planned));
   }
   RETURN_IF_ERROR(backend_.ReplayDeltaRuleStates(replay_layers, dims, segments));
   for (const StateReplay& r : replays) r.cache->num_tokens += r.num_tokens;

@@ -92,8 +92,8 @@ struct ForwardOptions {
 };
 
 // Accepted tokens of the last Forward (kept with keep_state_inputs) to apply again to a
-// sequence's restored DeltaNet state: rows [first_row, first_row + num_tokens) of that step's
-// packed tokens, at positions cache->num_tokens onward.
+// sequence's DeltaNet state from before that step (its snapshot slot): rows [first_row, first_row +
+// num_tokens) of that step's packed tokens, at positions cache->num_tokens onward.
 struct StateReplay {
   SequenceCache* cache = nullptr;  // advanced by num_tokens on success
   int first_row = 0;
@@ -161,7 +161,8 @@ class HybridModel {
   absl::Status StartSequence(SequenceCache& seq);
   void ReleaseSequence(SequenceCache& seq);
   // Copies the DeltaNet state (conv and recurrent, every layer) of slot `from` into slot `to`:
-  // the snapshot speculative decoding restores when it rejects drafts. Queued on the backend; a
+  // the snapshot speculative decoding takes before a verify step, and rolls back to (as the
+  // sequence's slot) when it rejects drafts. Queued on the backend; a
   // leader rank first hands it to its followers (every rank holds a shard of the state).
   absl::Status CopyStateSlot(int32_t from, int32_t to) {
     return CopyStateSlots(std::span(&from, 1), std::span(&to, 1));
@@ -169,9 +170,10 @@ class HybridModel {
   // Every copy from[i] -> to[i] of a step at once (one backend call per state tensor); no slot in
   // `to` may appear in `from`.
   absl::Status CopyStateSlots(std::span<const int32_t> from, std::span<const int32_t> to);
-  // Re-applies the kept state inputs of the last Forward (keep_state_inputs) for `replays`: per
-  // DeltaNet layer, the causal conv and the delta rule over those tokens (outputs discarded), so a
-  // restored snapshot reaches the state after the accepted tokens without running the model.
+  // Re-applies the kept state inputs of the last Forward (keep_state_inputs) for `replays`: for
+  // every DeltaNet layer, the causal conv and the delta rule over those tokens (outputs not
+  // formed; Backend::ReplayDeltaRuleStates, one launch on the GPU), so a snapshot taken before
+  // the step reaches the state after the accepted tokens without running the model.
   // Attention KV entries of those positions are already right (the verify step wrote them). A
   // leader rank first hands it to its followers; no collective runs.
   absl::Status ReplayStateInputs(std::span<const StateReplay> replays);

@@ -59,7 +59,7 @@ class ReplicaFollowers {
   virtual absl::Status Step(const ReplicaStepPlan& plan) = 0;
   // A new expert placement: every rank reloads its banks for it (between steps).
   virtual absl::Status ApplyPlacement(const ExpertPlacement& placement) = 0;
-  // Speculative decoding: copy a sequence's DeltaNet state between slots (snapshot, restore),
+  // Speculative decoding: copy a sequence's DeltaNet state between slots (the snapshot),
   // and replay the accepted tokens of the last step, on every rank's shard of the state.
   virtual absl::Status CopyStateSlots(const std::vector<int32_t>& from,
                                       const std::vector<int32_t>& to) = 0;

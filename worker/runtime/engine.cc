@@ -651,6 +651,7 @@ bool Engine::Step() {
     std::vector<int32_t> new_tokens;
     std::optional<SampledToken> sampled;
     int accepted = 0;
+    bool roll_back = false;  // drafts were rejected: the state must be rolled back (below)
     if (d == 0) {
       seq.num_computed += c.count;
       sampled = greedy_step ? SampledToken{greedy[first_row], 0.0f, {}} : *presampled[i];
@@ -664,14 +665,7 @@ bool Engine::Step() {
       new_tokens.assign(drafts[i].begin(), drafts[i].begin() + accepted);
       new_tokens.push_back(verdict.next);
       seq.num_computed += 1 + accepted;
-      if (accepted < d) {
-        // The DeltaNet state absorbed the rejected drafts; the snapshot taken before the step
-        // did not. The two slots swap roles (nothing is copied back) and the state updates of
-        // the pending token and the accepted drafts are replayed onto the snapshot.
-        std::swap(seq.cache.state_slot, snapshots_[seq.arrival].state_slot);
-        seq.cache.num_tokens = c.begin;
-        replays.push_back({&seq.cache, static_cast<int>(first_hidden), accepted + 1});
-      }
+      roll_back = accepted < d;
       if (EngineMetrics* m = options_.metrics) {
         m->spec_drafts.Increment();
         m->spec_draft_tokens.Increment(d);
@@ -717,6 +711,23 @@ bool Engine::Step() {
     out.prompt_tokens = static_cast<int>(seq.prompt.size());
     out.completion_tokens = static_cast<int>(seq.output.size());
     const bool done = out.finish != FinishReason::kNone;
+    if (roll_back && !done) {
+      // The DeltaNet state absorbed the rejected drafts; the snapshot taken before the step
+      // did not. The two slots swap roles (nothing is copied back) and the state updates of
+      // the pending token and the accepted drafts are replayed onto the snapshot. (A sequence
+      // that finishes here needs neither.)
+      auto snapshot = snapshots_.find(seq.arrival);
+      if (snapshot == snapshots_.end() || snapshot->second.state_slot < 0) {
+        errored.push_back(seq.request_id);
+        replay_error = absl::InternalError(absl::StrFormat(
+            "request %s rejected drafts but holds no state snapshot to roll back to",
+            seq.request_id));
+      } else {
+        std::swap(seq.cache.state_slot, snapshot->second.state_slot);
+        seq.cache.num_tokens = c.begin;
+        replays.push_back({&seq.cache, static_cast<int>(first_hidden), accepted + 1});
+      }
+    }
     if (!done) observe_commit(c.count + accepted, new_tokens.back());
     if (done) RecordFinish(seq, out.finish);
     {
