@@ -286,7 +286,7 @@ class Backend {
   // packed or cover them); no two segments may share a state slot. InvalidArgument (naming the
   // layer or segment) for rows outside the kept ones or mismatched shapes, before any state is
   // touched. The default gathers each layer's rows and runs the two ops; the CUDA backend runs
-  // every layer in one launch with the same bits (a replay was ~150 launches: 0.8-1.0 ms at
+  // every layer in one launch with the same bits (a replay was ~150 launches: 0.8-1.1 ms at
   // batch 1 on an H200, for ~28 us of state traffic).
   virtual absl::Status ReplayDeltaRuleStates(std::span<const DeltaRuleReplayLayer> layers,
                                              const DeltaRuleDims& dims,
