@@ -293,6 +293,15 @@ TEST(DeltaNetPrefillTest, ChunksOfFiveEqualOneShot) {
   for (size_t i = 0; i < whole.state.size() / 2; ++i) ASSERT_EQ(pieces.state[i], 0.0f);
 }
 
+// A replay of kept rows [begin, begin + n) into state slot `slot`.
+SequenceSegment ReplaySegment(int begin, int n, int slot) {
+  SequenceSegment s;
+  s.token_begin = begin;
+  s.num_tokens = n;
+  s.state_slot = slot;
+  return s;
+}
+
 // Speculative decoding's rollback (Backend::ReplayDeltaRuleStates): replaying kept rows of a
 // step, for two layers and two sequences at once, leaves the states that running only those
 // rows through the conv and the delta rule leaves, and touches no other slot.
@@ -302,13 +311,7 @@ TEST(DeltaRuleReplayTest, EqualsRunningTheKeptRows) {
   const DeltaRuleDims dims = Dims(2, 4, 8, 8);
   const int conv_dim = 2 * 2 * 8 + 4 * 8, K = 4, rows = 12, slots = 4, layers = 2;
   // Sequence A: kept rows 6..8 into slot 2; sequence B: row 1 into slot 0.
-  std::vector<SequenceSegment> replays(2);
-  replays[0].token_begin = 6;
-  replays[0].num_tokens = 3;
-  replays[0].state_slot = 2;
-  replays[1].token_begin = 1;
-  replays[1].num_tokens = 1;
-  replays[1].state_slot = 0;
+  const std::vector<SequenceSegment> replays = {ReplaySegment(6, 3, 2), ReplaySegment(1, 1, 0)};
   struct Layer {
     std::vector<float> x, g, beta, w, conv0, state0;
   };
@@ -396,13 +399,7 @@ TEST(DeltaRuleReplayTest, RejectsBadRowsSlotsAndShapes) {
       MakeF32(*backend, {rows - 1, conv_dim}, std::vector<float>((rows - 1) * conv_dim, 0.5f));
   Tensor wide_w = MakeF32(*backend, {conv_dim, K + 1}, std::vector<float>(conv_dim * (K + 1)));
   const DeltaRuleReplayLayer layer{&x, &g, &beta, &w, &conv, &state};
-  auto seg = [](int begin, int n, int slot) {
-    SequenceSegment s;
-    s.token_begin = begin;
-    s.num_tokens = n;
-    s.state_slot = slot;
-    return s;
-  };
+  auto seg = ReplaySegment;
   struct Case {
     std::vector<DeltaRuleReplayLayer> layers;
     std::vector<SequenceSegment> segments;

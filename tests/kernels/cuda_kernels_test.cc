@@ -1357,14 +1357,8 @@ TEST_F(CudaKernelsTest, TcGemvMatchesReference) {
       cuda::LaunchTcGemv(static_cast<const uint16_t*>(xt.raw()), m, k, targets, 2, nullptr);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       auto reference = [&](const std::vector<float>& w, int64_t n) {
-        std::vector<double> ref(static_cast<size_t>(m * n));
-        for (int r = 0; r < m; ++r) {
-          for (int64_t j = 0; j < n; ++j) {
-            double acc = 0;
-            for (int64_t i = 0; i < k; ++i) acc += double{x[r * k + i]} * w[j * k + i];
-            ref[r * n + j] = acc;
-          }
-        }
+        std::vector<double> ref;
+        RefLinear(x, w, m, n, k, ref);  // the first m rows of x
         return ref;
       };
       const std::string what = absl::StrCat("m ", m, " k ", k);
@@ -1406,14 +1400,8 @@ TEST_F(CudaKernelsTest, SkinnyGemmMatchesReferenceAndRowsAlone) {
       Tensor y0 = Poisoned(DType::kBF16, {m, n0}), y1 = Poisoned(DType::kF32, {m, n1});
       run(static_cast<const uint16_t*>(xt.raw()), m, y0, y1);
       auto reference = [&](const std::vector<float>& w, int64_t n) {
-        std::vector<double> ref(static_cast<size_t>(m * n));
-        for (int r = 0; r < m; ++r) {
-          for (int64_t j = 0; j < n; ++j) {
-            double acc = 0;
-            for (int64_t i = 0; i < k; ++i) acc += double{x[r * k + i]} * w[j * k + i];
-            ref[r * n + j] = acc;
-          }
-        }
+        std::vector<double> ref;
+        RefLinear(x, w, m, n, k, ref);  // the first m rows of x
         return ref;
       };
       const std::string what = absl::StrCat("m ", m, " k ", k);

@@ -66,6 +66,12 @@ class Pair {
     std::printf("[cuda-vs-cpu] %-28s rel err %.3e\n", what, err);
     return err;
   }
+  // A CUDA tensor's values on the host, as fp32.
+  std::vector<float> CudaHost(const Tensor& t) {
+    std::vector<float> v(t.numel());
+    cuda_->CopyToHostF32(t, v.data());
+    return v;
+  }
   Backend& cpu() { return *cpu_; }
   Backend& cuda() { return *cuda_; }
 
@@ -671,11 +677,7 @@ TEST(CudaVsCpuTest, DeltaNetMixerDecodeStep) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   Pair p;
   std::mt19937 rng(31);
-  auto host = [&](const Tensor& t) {
-    std::vector<float> v(t.numel());
-    p.cuda().CopyToHostF32(t, v.data());
-    return v;
-  };
+  auto host = [&](const Tensor& t) { return p.CudaHost(t); };
   std::vector<int32_t> none;
   const std::vector<std::vector<SequenceSegment>> layouts = {
       {{0, 1, 7, 2, none}},
@@ -812,11 +814,7 @@ TEST(CudaVsCpuTest, ReplayDeltaRuleStates) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   Pair p;
   std::mt19937 rng(37);
-  auto host = [&](const Tensor& t) {
-    std::vector<float> v(t.numel());
-    p.cuda().CopyToHostF32(t, v.data());
-    return v;
-  };
+  auto host = [&](const Tensor& t) { return p.CudaHost(t); };
   auto seg = [](int begin, int n, int slot) {
     SequenceSegment s;
     s.token_begin = begin;
