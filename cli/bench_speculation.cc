@@ -12,6 +12,7 @@
 #include "common/status_macros.h"
 #include "worker/model/decode_cost.h"
 #include "worker/model/mtp_draft_model.h"
+#include "worker/runtime/mtp_drafter.h"
 #include "worker/runtime/speculative_sampling.h"
 
 namespace mobius::cli {
@@ -48,6 +49,7 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
   }
   // The head, with its own caches at the same context.
   ASSIGN_OR_RETURN(std::unique_ptr<worker::HybridModel> head, worker::MakeMtpDraftModel(model));
+  worker::ApplyMtpHeadCapture(model, *head);
   RETURN_IF_ERROR(head->CreateCaches(B, C + K + 8));
   std::vector<worker::SequenceCache> head_seqs(B);
   for (auto& s : head_seqs) {

@@ -228,11 +228,12 @@ TEST_F(CudaSpeculativeTest, RecordedVerifyStepsMatchOpByOpSteps) {
   model_->SetDecodeCapture(0);
 }
 
-// The MTP head's one-token draft steps recorded as CUDA graphs (MOBIUS_MTP_HEAD_GRAPHS=1, off by
-// default until timed). The drafts themselves are compared (the target's outputs do not depend
-// on them): after observing a prompt, Draft chains three one-token head steps; the first Draft
-// records them and the later ones replay, and every round must draft what the head run op by
-// op drafts. The fixture's head is random, so a wrong input or output row changes its argmax.
+// The MTP head's one-token draft steps recorded as CUDA graphs (the default;
+// MOBIUS_MTP_HEAD_GRAPHS=0 runs them op by op). The drafts themselves are compared (the target's
+// outputs do not depend on them): after observing a prompt, Draft chains three one-token head
+// steps; the first Draft records them and the later ones replay, and every round must draft what
+// the head run op by op drafts. The fixture's head is random, so a wrong input or output row
+// changes its argmax.
 TEST_F(CudaSpeculativeTest, RecordedMtpHeadStepsMatchOpByOpSteps) {
   ASSERT_TRUE(model_->CreateCaches(16, 256).ok());
   model_->SetDecodeCapture(256);
@@ -253,9 +254,9 @@ TEST_F(CudaSpeculativeTest, RecordedMtpHeadStepsMatchOpByOpSteps) {
   const std::string saved = env != nullptr ? env : "";
   auto rounds = [&](bool record_head, int* head_graphs) {
     if (record_head) {
-      setenv("MOBIUS_MTP_HEAD_GRAPHS", "1", 1);
+      unsetenv("MOBIUS_MTP_HEAD_GRAPHS");  // the default records
     } else {
-      unsetenv("MOBIUS_MTP_HEAD_GRAPHS");
+      setenv("MOBIUS_MTP_HEAD_GRAPHS", "0", 1);
     }
     auto mtp = MtpDrafter::Create(*model_, 2, 256);
     std::vector<std::vector<std::vector<int32_t>>> drafts;

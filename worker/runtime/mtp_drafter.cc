@@ -9,18 +9,20 @@
 
 namespace mobius::worker {
 
+void ApplyMtpHeadCapture(const HybridModel& target, HybridModel& head) {
+  // The head shares the target's backend and so its capture pool: replaying a head step
+  // overwrites the tensors of the target's last replay (logits, hidden rows, kept state inputs).
+  // The speculative decoder and the engine read those before the head runs; keep it so.
+  const char* env = std::getenv("MOBIUS_MTP_HEAD_GRAPHS");
+  const bool off = env != nullptr && env[0] == '0';
+  head.SetDecodeCapture(off ? 0 : target.decode_capture_max_batch());
+}
+
 absl::StatusOr<std::unique_ptr<MtpDrafter>> MtpDrafter::Create(const HybridModel& target,
                                                                int max_sequences, int max_tokens) {
   ASSIGN_OR_RETURN(std::unique_ptr<HybridModel> head, MakeMtpDraftModel(target));
   RETURN_IF_ERROR(head->CreateCaches(max_sequences, max_tokens));
-  // Recorded head steps (one token, so batch 1) are not yet measured on a GPU: off unless
-  // MOBIUS_MTP_HEAD_GRAPHS=1, which records them as the target records its decode steps. The
-  // head shares the target's backend and so its capture pool: replaying a head step overwrites
-  // the tensors of the target's last replay (logits, hidden rows, kept state inputs). The
-  // speculative decoder and the engine read those before the head runs; keep it so.
-  if (const char* on = std::getenv("MOBIUS_MTP_HEAD_GRAPHS"); on != nullptr && on[0] == '1') {
-    head->SetDecodeCapture(target.decode_capture_max_batch());
-  }
+  ApplyMtpHeadCapture(target, *head);
   return std::unique_ptr<MtpDrafter>(new MtpDrafter(std::move(head)));
 }
 
