@@ -200,6 +200,10 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
                      for (auto& s : head_seqs) s.num_tokens = C;
                      return absl::OkStatus();
                    }));
+  if (!head->capture_error().ok()) {
+    std::fprintf(stderr, "bench: MTP head steps not recorded: %s\n",
+                 std::string(head->capture_error().message()).c_str());
+  }
   // The state snapshot of every sequence (taken before each verify step).
   std::vector<int32_t> snapshot_from, snapshot_to;
   for (int i = 0; i < B; ++i) {

@@ -291,6 +291,47 @@ TEST_F(CudaSpeculativeTest, RecordedMtpHeadStepsMatchOpByOpSteps) {
   model_->SetDecodeCapture(0);
 }
 
+// The production default: the target's verify steps and the head's one-token draft steps both
+// recorded (the head takes the target's --cuda-graph-max-batch when the drafter is made). They
+// share the backend's capture pool, so a head replay overwrites the target's last replay; the
+// rollback must read the kept state inputs before the head runs. One sequence (a head step
+// records at one token only) whose random-head drafts are mostly rejected: the same tokens as
+// with nothing recorded, and both kinds of recording must have happened.
+TEST_F(CudaSpeculativeTest, RecordedTargetAndHeadStepsMatchOpByOpSteps) {
+  ASSERT_TRUE(model_->CreateCaches(16, 256).ok());
+  const char* env = std::getenv("MOBIUS_MTP_HEAD_GRAPHS");
+  const std::string saved = env != nullptr ? env : "";
+  unsetenv("MOBIUS_MTP_HEAD_GRAPHS");
+  auto run = [&](int capture, int* head_graphs, int64_t* rollbacks) {
+    model_->SetDecodeCapture(capture);
+    std::vector<std::vector<int32_t>> out;
+    auto mtp = MtpDrafter::Create(*model_, 8, 256);
+    EXPECT_TRUE(mtp.ok()) << mtp.status();
+    if (!mtp.ok()) return out;
+    SpeculativeDecoder decoder(*model_, **mtp);
+    std::vector<SpeculativeRequest> requests = Requests(3, false);
+    requests.erase(requests.begin() + 1, requests.end());
+    EXPECT_TRUE(decoder.Generate(requests, out).ok());
+    *head_graphs = (*mtp)->head().num_decode_graphs();
+    *rollbacks = decoder.stats().rollback_steps;
+    return out;
+  };
+  int op_by_op_graphs = 0, recorded_graphs = 0;
+  int64_t op_by_op_rollbacks = 0, recorded_rollbacks = 0;
+  const auto op_by_op = run(0, &op_by_op_graphs, &op_by_op_rollbacks);
+  const auto recorded = run(256, &recorded_graphs, &recorded_rollbacks);
+  if (!saved.empty()) setenv("MOBIUS_MTP_HEAD_GRAPHS", saved.c_str(), 1);
+  ASSERT_EQ(op_by_op.size(), 1u);
+  EXPECT_FALSE(op_by_op[0].empty());
+  EXPECT_EQ(recorded, op_by_op);
+  EXPECT_EQ(op_by_op_graphs, 0);
+  EXPECT_GT(recorded_graphs, 0) << "no head step was recorded";
+  EXPECT_GT(model_->num_recorded_steps(4), 0) << "no verify step of 3 drafts was recorded";
+  EXPECT_GT(recorded_rollbacks, 0) << "no rollback read a recorded step's kept inputs";
+  EXPECT_EQ(recorded_rollbacks, op_by_op_rollbacks);
+  model_->SetDecodeCapture(0);
+}
+
 // The engine with MTP speculation (k = 3, chunked prefill beside verify steps, one request
 // decoding without drafts) gives the engine's own outputs without speculation.
 TEST_F(CudaSpeculativeTest, EngineWithMtpMatchesEngineWithout) {

@@ -1,7 +1,9 @@
 #include "worker/runtime/mtp_drafter.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <string_view>
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
@@ -12,10 +14,24 @@ namespace mobius::worker {
 void ApplyMtpHeadCapture(const HybridModel& target, HybridModel& head) {
   // The head shares the target's backend and so its capture pool: replaying a head step
   // overwrites the tensors of the target's last replay (logits, hidden rows, kept state inputs).
-  // The speculative decoder and the engine read those before the head runs; keep it so.
-  const char* env = std::getenv("MOBIUS_MTP_HEAD_GRAPHS");
-  const bool off = env != nullptr && env[0] == '0';
-  head.SetDecodeCapture(off ? 0 : target.decode_capture_max_batch());
+  // The speculative decoder and the engine read those before the head runs; keep it so
+  // (CudaSpeculativeTest.RecordedTargetAndHeadStepsMatchOpByOpSteps runs both recorded).
+  bool record = true;
+  if (const char* env = std::getenv("MOBIUS_MTP_HEAD_GRAPHS"); env != nullptr && env[0] != '\0') {
+    const std::string_view value(env);
+    if (value == "0") {
+      record = false;
+    } else if (value != "1") {
+      std::fprintf(stderr,
+                   "mobius: MOBIUS_MTP_HEAD_GRAPHS=%s ignored (accepted: 0, 1); head steps are "
+                   "recorded\n",
+                   env);
+    }
+  }
+  // On a sharded replica the leader's head has never run recorded on GPUs (no machine of several
+  // GPUs has been lent): it keeps running op by op there.
+  if (target.shard().sharded()) record = false;
+  head.SetDecodeCapture(record ? target.decode_capture_max_batch() : 0);
 }
 
 absl::StatusOr<std::unique_ptr<MtpDrafter>> MtpDrafter::Create(const HybridModel& target,

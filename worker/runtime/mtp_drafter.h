@@ -21,9 +21,10 @@
 namespace mobius::worker {
 
 // Records the one-token draft steps of `head` (made by MakeMtpDraftModel(target)) as CUDA graphs
-// up to the target's recorded batch size, as the target records its decode steps, unless
-// MOBIUS_MTP_HEAD_GRAPHS=0. MtpDrafter::Create applies it; so does `mobius bench engine`, so that
-// its head-step time is the drafter's.
+// up to the target's recorded batch size (--cuda-graph-max-batch; 0 records nothing), as the
+// target records its decode steps, unless MOBIUS_MTP_HEAD_GRAPHS=0 or the target is a shard of a
+// replica. MtpDrafter::Create applies it; so does `mobius bench engine`, so that its head-step
+// time is the drafter's.
 void ApplyMtpHeadCapture(const HybridModel& target, HybridModel& head);
 
 class MtpDrafter : public Drafter {
