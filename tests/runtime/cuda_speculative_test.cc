@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -228,6 +229,34 @@ TEST_F(CudaSpeculativeTest, RecordedVerifyStepsMatchOpByOpSteps) {
   model_->SetDecodeCapture(0);
 }
 
+// Sets MOBIUS_MTP_HEAD_GRAPHS for a scope (unset with nullptr: the default) and restores the
+// caller's value after it.
+class ScopedHeadGraphsEnv {
+ public:
+  ScopedHeadGraphsEnv() {
+    const char* env = std::getenv(kName);
+    if (env != nullptr) saved_ = env;
+  }
+  ~ScopedHeadGraphsEnv() {
+    if (saved_.has_value()) {
+      setenv(kName, saved_->c_str(), 1);
+    } else {
+      unsetenv(kName);
+    }
+  }
+  void Set(const char* value) {
+    if (value != nullptr) {
+      setenv(kName, value, 1);
+    } else {
+      unsetenv(kName);
+    }
+  }
+
+ private:
+  static constexpr const char* kName = "MOBIUS_MTP_HEAD_GRAPHS";
+  std::optional<std::string> saved_;
+};
+
 // The MTP head's one-token draft steps recorded as CUDA graphs (the default;
 // MOBIUS_MTP_HEAD_GRAPHS=0 runs them op by op). The drafts themselves are compared (the target's
 // outputs do not depend on them): after observing a prompt, Draft chains three one-token head
@@ -250,14 +279,9 @@ TEST_F(CudaSpeculativeTest, RecordedMtpHeadStepsMatchOpByOpSteps) {
     ASSERT_TRUE(model_->Forward(batch, options, logits).ok());
     model_->ReleaseSequence(cache);
   }
-  const char* env = std::getenv("MOBIUS_MTP_HEAD_GRAPHS");
-  const std::string saved = env != nullptr ? env : "";
+  ScopedHeadGraphsEnv env;
   auto rounds = [&](bool record_head, int* head_graphs) {
-    if (record_head) {
-      unsetenv("MOBIUS_MTP_HEAD_GRAPHS");  // the default records
-    } else {
-      setenv("MOBIUS_MTP_HEAD_GRAPHS", "0", 1);
-    }
+    env.Set(record_head ? nullptr : "0");  // the default records
     auto mtp = MtpDrafter::Create(*model_, 2, 256);
     std::vector<std::vector<std::vector<int32_t>>> drafts;
     EXPECT_TRUE(mtp.ok()) << mtp.status();
@@ -277,11 +301,6 @@ TEST_F(CudaSpeculativeTest, RecordedMtpHeadStepsMatchOpByOpSteps) {
   int op_by_op_graphs = 0, recorded_graphs = 0;
   const auto op_by_op = rounds(false, &op_by_op_graphs);
   const auto recorded = rounds(true, &recorded_graphs);
-  if (saved.empty()) {
-    unsetenv("MOBIUS_MTP_HEAD_GRAPHS");
-  } else {
-    setenv("MOBIUS_MTP_HEAD_GRAPHS", saved.c_str(), 1);
-  }
   ASSERT_EQ(op_by_op.size(), 3u);
   ASSERT_EQ(op_by_op[0].size(), 1u);
   EXPECT_EQ(op_by_op[0][0].size(), 4u);
@@ -299,9 +318,8 @@ TEST_F(CudaSpeculativeTest, RecordedMtpHeadStepsMatchOpByOpSteps) {
 // with nothing recorded, and both kinds of recording must have happened.
 TEST_F(CudaSpeculativeTest, RecordedTargetAndHeadStepsMatchOpByOpSteps) {
   ASSERT_TRUE(model_->CreateCaches(16, 256).ok());
-  const char* env = std::getenv("MOBIUS_MTP_HEAD_GRAPHS");
-  const std::string saved = env != nullptr ? env : "";
-  unsetenv("MOBIUS_MTP_HEAD_GRAPHS");
+  ScopedHeadGraphsEnv env;
+  env.Set(nullptr);
   auto run = [&](int capture, int* head_graphs, int64_t* rollbacks) {
     model_->SetDecodeCapture(capture);
     std::vector<std::vector<int32_t>> out;
@@ -320,7 +338,6 @@ TEST_F(CudaSpeculativeTest, RecordedTargetAndHeadStepsMatchOpByOpSteps) {
   int64_t op_by_op_rollbacks = 0, recorded_rollbacks = 0;
   const auto op_by_op = run(0, &op_by_op_graphs, &op_by_op_rollbacks);
   const auto recorded = run(256, &recorded_graphs, &recorded_rollbacks);
-  if (!saved.empty()) setenv("MOBIUS_MTP_HEAD_GRAPHS", saved.c_str(), 1);
   ASSERT_EQ(op_by_op.size(), 1u);
   EXPECT_FALSE(op_by_op[0].empty());
   EXPECT_EQ(recorded, op_by_op);
