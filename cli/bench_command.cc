@@ -108,6 +108,8 @@ absl::Status BenchEngine() {
                    ParseDrawModes(absl::GetFlag(FLAGS_draw)));
   ASSIGN_OR_RETURN(const int spec_tokens, SpecTokensFromFlags());
   ASSIGN_OR_RETURN(worker::ModelSource source, ModelSourceFromFlags());
+  ASSIGN_OR_RETURN(const worker::DraftVocabulary draft_vocabulary,
+                   DraftVocabularyFromFlags(source));
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, BackendFromFlags());
   // With --world-size > 1 this process is one rank of a replica: rank 0 runs the command, the
   // others follow its steps until it stops them.
@@ -315,6 +317,7 @@ absl::Status BenchEngine() {
         spec.steps = steps;
         spec.bandwidth = bandwidth;
         spec.world = world;
+        spec.draft_vocabulary = draft_vocabulary.ids();
         auto it = plain_ms.find({batch, context});
         if (it != plain_ms.end()) spec.plain_step_ms = it->second;
         absl::Status benched = BenchSpeculation(*model, spec, results);

@@ -48,7 +48,8 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
     seqs[i].num_tokens = C;
   }
   // The head, with its own caches at the same context.
-  ASSIGN_OR_RETURN(std::unique_ptr<worker::HybridModel> head, worker::MakeMtpDraftModel(model));
+  ASSIGN_OR_RETURN(std::unique_ptr<worker::HybridModel> head,
+                   worker::MakeMtpDraftModel(model, options.draft_vocabulary));
   worker::ApplyMtpHeadCapture(model, *head);
   RETURN_IF_ERROR(head->CreateCaches(B, C + K + 8));
   std::vector<worker::SequenceCache> head_seqs(B);
@@ -217,10 +218,15 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
                    }));
   const double plain_ms = options.plain_step_ms > 0 ? options.plain_step_ms : verify_ms[1];
 
+  const std::string drafted_over =
+      options.draft_vocabulary.empty()
+          ? std::string("the whole vocabulary")
+          : absl::StrFormat("%d tokens, --spec-token-map", options.draft_vocabulary.size());
   std::printf(
       "\nspeculative decoding (MTP), batch %d, context %d: plain decode step %.3f ms; one head "
-      "step %.3f ms; state snapshot %.3f ms; state replay of 1 / %d tokens %.3f / %.3f ms\n",
-      B, C, plain_ms, head_ms, snapshot_ms, K, replay_ms[1], replay_ms[K]);
+      "step %.3f ms (drafting over %s); state snapshot %.3f ms; state replay of 1 / %d tokens "
+      "%.3f / %.3f ms\n",
+      B, C, plain_ms, head_ms, drafted_over.c_str(), snapshot_ms, K, replay_ms[1], replay_ms[K]);
   std::printf(
       "verify of sampled requests (temperature 0.8, top-k 50, top-p 0.95), rows copied to the "
       "host and "
@@ -262,6 +268,7 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
                          {"snapshot_ms", snapshot_ms},
                          {"rollback_ms", rollback_ms},
                          {"head_step_ms", head_ms},
+                         {"draft_vocabulary", options.draft_vocabulary.size()},
                          {"step_ms", step_ms},
                          {"ms_per_token", step_ms / a}});
     }

@@ -8,6 +8,9 @@
 #ifndef MOBIUS_CLI_BENCH_SPECULATION_H_
 #define MOBIUS_CLI_BENCH_SPECULATION_H_
 
+#include <cstdint>
+#include <span>
+
 #include "absl/status/status.h"
 #include "nlohmann/json.hpp"
 #include "worker/model/hybrid_model.h"
@@ -22,6 +25,8 @@ struct SpeculationBenchOptions {
   double bandwidth = 0;       // bytes/s, for the bounds
   int world = 1;              // ranks whose bandwidth the bound may use
   double plain_step_ms = -1;  // the plain decode step at this batch/context, when measured
+  // The head's draft vocabulary (--spec-token-map; empty: the whole vocabulary).
+  std::span<const int32_t> draft_vocabulary;
 };
 
 // Appends one JSON object per (k, acceptance length) to `results` and prints a table.

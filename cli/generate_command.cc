@@ -62,12 +62,13 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
 // the same JSON as plain decoding, and the acceptance statistics on stderr.
 absl::Status GenerateSpeculatively(worker::HybridModel& model, const std::vector<int32_t>& prompt,
                                    int max_tokens, double temperature,
-                                   const std::vector<int32_t>& eos, int spec_tokens) {
+                                   const std::vector<int32_t>& eos, int spec_tokens,
+                                   worker::DraftVocabulary vocabulary) {
   const int max_len = static_cast<int>(prompt.size()) + max_tokens + spec_tokens;
   // The sequence's state slot and its rollback snapshot.
   RETURN_IF_ERROR(model.CreateCaches(/*max_sequences=*/2, max_len));
   ASSIGN_OR_RETURN(std::unique_ptr<worker::MtpDrafter> drafter,
-                   MtpDrafterFromFlags(model, /*max_sequences=*/1, max_len));
+                   MtpDrafterFromFlags(model, /*max_sequences=*/1, max_len, std::move(vocabulary)));
   worker::SpeculativeRequest request;
   request.prompt = prompt;
   request.max_new_tokens = max_tokens;
@@ -117,6 +118,7 @@ absl::Status Generate() {
         "decoder prefills the whole prompt in one step)");
   }
   ASSIGN_OR_RETURN(worker::ModelSource source, ModelSourceFromFlags());
+  ASSIGN_OR_RETURN(worker::DraftVocabulary draft_vocabulary, DraftVocabularyFromFlags(source));
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, BackendFromFlags());
   // With --world-size > 1 this process is one rank of a replica: rank 0 runs the command, the
   // others follow its steps until it stops them.
@@ -131,7 +133,8 @@ absl::Status Generate() {
                                        ? std::vector<int32_t>{}
                                        : worker::ReadEosTokenIds(source.model_dir);
   if (spec_tokens > 0) {
-    return GenerateSpeculatively(*model, prompt, max_tokens, temperature, eos, spec_tokens);
+    return GenerateSpeculatively(*model, prompt, max_tokens, temperature, eos, spec_tokens,
+                                 std::move(draft_vocabulary));
   }
   const int vocab = model->config().vocab_size;
   RETURN_IF_ERROR(

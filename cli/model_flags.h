@@ -11,11 +11,13 @@
 #include "kernels/backend.h"
 #include "worker/model/hybrid_model.h"
 #include "worker/model/model_factory.h"
+#include "worker/runtime/draft_vocabulary.h"
 #include "worker/runtime/mtp_drafter.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, config);
 ABSL_DECLARE_FLAG(int, spec_tokens);
+ABSL_DECLARE_FLAG(std::string, spec_token_map);
 
 namespace mobius::cli {
 
@@ -23,12 +25,19 @@ absl::StatusOr<worker::ModelSource> ModelSourceFromFlags();
 absl::StatusOr<std::unique_ptr<kernels::Backend>> BackendFromFlags();
 // Applies the flags that tune a loaded model's execution (--cuda-graph-max-batch).
 void ApplyModelRuntimeFlags(worker::HybridModel& model);
-// --spec-tokens: the validated draft count (0: off). InvalidArgument when negative.
+// --spec-tokens: the validated draft count (0: off). InvalidArgument when negative, or when 0
+// with --spec-token-map set.
 absl::StatusOr<int> SpecTokensFromFlags();
+// --spec-token-map: the MTP head's draft vocabulary (whole when the flag is empty), checked
+// against the vocabulary size in `source`'s config; call it before loading the weights. Errors
+// name the flag, the file, the entry and the reason.
+absl::StatusOr<worker::DraftVocabulary> DraftVocabularyFromFlags(const worker::ModelSource& source);
 // With --spec-tokens > 0, the MTP drafter of `model` with caches for `max_sequences` sequences
-// of `max_tokens` positions; null when off. Errors name the flag (no MTP head, sharded model).
+// of `max_tokens` positions, drafting over `vocabulary`; null when off. Errors name the flag (no
+// MTP head, sharded model).
 absl::StatusOr<std::unique_ptr<worker::MtpDrafter>> MtpDrafterFromFlags(
-    const worker::HybridModel& model, int max_sequences, int max_tokens);
+    const worker::HybridModel& model, int max_sequences, int max_tokens,
+    worker::DraftVocabulary vocabulary);
 
 }  // namespace mobius::cli
 

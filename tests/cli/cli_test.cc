@@ -95,6 +95,56 @@ TEST(CliTest, BenchEngineTimesSpeculation) {
   EXPECT_THAT(r.out, ::testing::ContainsRegex(" +2 +[0-9.]+ ms +[0-9.]+ ms +[0-9.]+x +3 "));
 }
 
+// --spec-token-map: the head drafts over the listed tokens only. The bench says so; generate's
+// greedy tokens stay those without the map; a bad map fails before the weights load, naming the
+// flag, the file, the entry and the reason.
+TEST(CliTest, SpecTokenMapRestrictsDraftsAndIsChecked) {
+  const std::string map = ::testing::TempDir() + "/cli_spec_token_map.txt";
+  {
+    std::ofstream out(map);
+    out << "# even ids\n";
+    for (int i = 0; i < 2048; i += 2) out << i << (i % 20 == 18 ? "\n" : " ");
+  }
+  Result bench = RunMobius("bench engine --config " + Fixture("intern-s2-mobius-tiny") +
+                           "/config.json --load-format dummy --batches 1 --contexts 8 "
+                           "--prefill-lengths '' --steps 1 --spec-tokens 2 --spec-token-map " +
+                           map);
+  EXPECT_EQ(bench.exit_code, 0) << bench.out;
+  EXPECT_THAT(bench.out, HasSubstr("drafting over 1024 tokens, --spec-token-map"));
+
+  const std::string generate = "generate --model " + Fixture("intern-s2-mobius-tiny") +
+                               " --prompt-ids 1,2,3,4,5,6,7 --max-tokens 12 --spec-tokens 3";
+  // The JSON line (stderr, with the acceptance statistics, is in the output too).
+  auto tokens_of = [](const Result& r) {
+    const size_t at = r.out.find("{\"prompt_ids\"");
+    EXPECT_NE(at, std::string::npos) << r.out;
+    if (at == std::string::npos) return nlohmann::json();
+    return nlohmann::json::parse(r.out.substr(at, r.out.find('\n', at) - at))["token_ids"];
+  };
+  Result whole = RunMobius(generate);
+  Result mapped = RunMobius(generate + " --spec-token-map " + map);
+  ASSERT_EQ(whole.exit_code, 0) << whole.out;
+  ASSERT_EQ(mapped.exit_code, 0) << mapped.out;
+  EXPECT_EQ(tokens_of(mapped), tokens_of(whole));
+  EXPECT_EQ(tokens_of(whole).size(), 12u);
+
+  const std::string bad = ::testing::TempDir() + "/cli_spec_token_map_bad.txt";
+  {
+    std::ofstream out(bad);
+    out << "1 2\n3 2048\n";
+  }
+  Result out_of_range = RunMobius(generate + " --spec-token-map " + bad);
+  EXPECT_NE(out_of_range.exit_code, 0);
+  EXPECT_THAT(out_of_range.out,
+              HasSubstr("--spec-token-map: " + bad +
+                        ": entry 4 (line 2) is token 2048, outside the model's vocabulary "
+                        "[0, 2048)"));
+  Result without_drafts = RunMobius("generate --model " + Fixture("intern-s2-mobius-tiny") +
+                                    " --prompt-ids 1 --spec-token-map " + map);
+  EXPECT_NE(without_drafts.exit_code, 0);
+  EXPECT_THAT(without_drafts.out, HasSubstr("--spec-token-map is set but --spec-tokens is 0"));
+}
+
 // --draw times the step again with its tokens drawn (greedy, on the device, on the host, with
 // penalties on either, with top-n logprobs), one line per mode; an unknown mode is named.
 TEST(CliTest, BenchEngineTimesTokenDraws) {

@@ -310,6 +310,92 @@ TEST_F(CudaSpeculativeTest, RecordedMtpHeadStepsMatchOpByOpSteps) {
   model_->SetDecodeCapture(0);
 }
 
+// A draft vocabulary on the GPU: the head's lm_head is a bf16 copy of the map's rows, gathered
+// once, and its one-token steps are recorded with the narrower logits. A map that holds the
+// whole-vocabulary drafts gives those drafts; one that lacks them gives drafts from the map;
+// greedy outputs with the latter stay those of plain decoding.
+TEST_F(CudaSpeculativeTest, DraftVocabularyRestrictsRecordedHeadDrafts) {
+  ASSERT_TRUE(model_->CreateCaches(16, 256).ok());
+  model_->SetDecodeCapture(256);
+  const std::vector<int32_t>& prompt = prompts_[2];
+  std::vector<float> hidden;
+  {
+    SequenceCache cache;
+    ASSERT_TRUE(model_->StartSequence(cache).ok());
+    std::vector<SequenceStep> batch = {{prompt, &cache}};
+    std::vector<float> logits;
+    ForwardOptions options;
+    options.hidden_out = &hidden;
+    options.hidden_all_tokens = true;
+    ASSERT_TRUE(model_->Forward(batch, options, logits).ok());
+    model_->ReleaseSequence(cache);
+  }
+  const int vocab = model_->config().vocab_size;
+  auto parse = [&](const std::vector<int32_t>& ids) {
+    std::string text;
+    for (int32_t id : ids) text += std::to_string(id) + " ";
+    auto v = DraftVocabulary::Parse(text, vocab, "test map");
+    EXPECT_TRUE(v.ok()) << v.status();
+    return v.ok() ? *std::move(v) : DraftVocabulary();
+  };
+  // Three rounds of four drafts (the first from the observe step, three recorded head steps).
+  auto rounds = [&](DraftVocabulary vocabulary, int* head_graphs) {
+    std::vector<int32_t> drafts;
+    auto mtp = MtpDrafter::Create(*model_, 2, 256, std::move(vocabulary));
+    EXPECT_TRUE(mtp.ok()) << mtp.status();
+    if (!mtp.ok()) return drafts;
+    const TargetStep whole{0, 0, prompt, hidden, /*next=*/5};
+    EXPECT_TRUE((*mtp)->Observe(std::span(&whole, 1)).ok());
+    std::vector<int32_t> context = prompt;
+    context.push_back(5);
+    const DraftRequest request{0, context, 4};
+    for (int round = 0; round < 3; ++round) {
+      std::vector<std::vector<int32_t>> d;
+      EXPECT_TRUE((*mtp)->Draft(std::span(&request, 1), d).ok());
+      if (d.size() == 1) drafts.insert(drafts.end(), d[0].begin(), d[0].end());
+    }
+    *head_graphs = (*mtp)->head().num_decode_graphs();
+    return drafts;
+  };
+  int graphs = 0;
+  const std::vector<int32_t> whole = rounds(DraftVocabulary(), &graphs);
+  ASSERT_EQ(whole.size(), 12u);
+  std::vector<int32_t> holding(whole.begin(), whole.end());
+  std::sort(holding.begin(), holding.end());
+  holding.erase(std::unique(holding.begin(), holding.end()), holding.end());
+  const size_t drafted = holding.size();
+  for (int i = 1; i < vocab; i += 5) {
+    if (!std::binary_search(holding.begin(), holding.begin() + drafted, i)) holding.push_back(i);
+  }
+  EXPECT_EQ(rounds(parse(holding), &graphs), whole);
+  EXPECT_GT(graphs, 0) << "no head step was recorded";
+  std::vector<int32_t> lacking;
+  for (int i = 0; i < vocab; i += 2) {
+    if (std::find(whole.begin(), whole.end(), i) == whole.end()) lacking.push_back(i);
+  }
+  const std::vector<int32_t> restricted = rounds(parse(lacking), &graphs);
+  ASSERT_EQ(restricted.size(), 12u);
+  for (int32_t t : restricted) {
+    EXPECT_TRUE(std::find(lacking.begin(), lacking.end(), t) != lacking.end())
+        << "draft " << t << " is not in the map";
+  }
+  model_->SetDecodeCapture(0);
+
+  auto none = MtpDrafter::Create(*model_, 8, 256);
+  ASSERT_TRUE(none.ok()) << none.status();
+  SpeculativeDecoder plain(*model_, **none);
+  std::vector<std::vector<int32_t>> expected;
+  ASSERT_TRUE(plain.Generate(Requests(0, false), expected).ok());
+  auto mapped = MtpDrafter::Create(*model_, 8, 256, parse(lacking));
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  SpeculativeDecoder spec(*model_, **mapped);
+  std::vector<std::vector<int32_t>> out;
+  ASSERT_TRUE(spec.Generate(Requests(4, false), out).ok());
+  const size_t identical = ExpectSameUntilNearTie(out, expected, "draft vocabulary");
+  EXPECT_GT(identical, prompts_.size() * kNewTokens / 2);
+  EXPECT_GT(spec.stats().verify_steps, 0);
+}
+
 // The production default: the target's verify steps and the head's one-token draft steps both
 // recorded (the head takes the target's --cuda-graph-max-batch when the drafter is made). They
 // share the backend's capture pool, so a head replay overwrites the target's last replay; the

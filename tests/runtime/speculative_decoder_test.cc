@@ -262,6 +262,79 @@ TEST_P(SpeculativeDecoderTest, MtpHeadCacheIsPositionExact) {
   EXPECT_EQ(a, again);
 }
 
+// A draft vocabulary (--spec-token-map) restricts drafts to its tokens and never changes
+// outputs: a map that holds the whole-vocabulary drafts gives those drafts (the argmax over a
+// subset holding the overall argmax is the same token, step after chained step), a map without
+// them gives other drafts from the map, and greedy generation is identical either way.
+TEST_P(SpeculativeDecoderTest, DraftVocabularyRestrictsDraftsNotOutputs) {
+  if (!model_->weights().mtp.has_value()) GTEST_SKIP() << "no mtp.* tensors in this fixture";
+  const std::vector<int32_t>& prompt = prompts_[2];
+  SequenceCache cache;
+  ASSERT_TRUE(model_->StartSequence(cache).ok());
+  std::vector<SequenceStep> batch = {{prompt, &cache}};
+  std::vector<float> logits, hidden;
+  ForwardOptions options;
+  options.hidden_out = &hidden;
+  options.hidden_all_tokens = true;
+  ASSERT_TRUE(model_->Forward(batch, options, logits).ok());
+  model_->ReleaseSequence(cache);
+  const int32_t next = 5;
+  std::vector<int32_t> context = prompt;
+  context.push_back(next);
+  auto drafts_with = [&](DraftVocabulary vocabulary) {
+    std::vector<std::vector<int32_t>> drafts;
+    auto drafter = MtpDrafter::Create(*model_, 2, 64, std::move(vocabulary));
+    EXPECT_TRUE(drafter.ok()) << drafter.status();
+    if (!drafter.ok()) return std::vector<int32_t>();
+    const TargetStep whole{0, 0, prompt, hidden, next};
+    EXPECT_TRUE((*drafter)->Observe(std::span(&whole, 1)).ok());
+    const DraftRequest request{0, context, 4};
+    EXPECT_TRUE((*drafter)->Draft(std::span(&request, 1), drafts).ok());
+    return drafts.size() == 1 ? drafts[0] : std::vector<int32_t>();
+  };
+  auto parse = [&](const std::vector<int32_t>& ids) {
+    std::string text;
+    for (int32_t id : ids) text += std::to_string(id) + "\n";
+    auto v = DraftVocabulary::Parse(text, vocab_, "test map");
+    EXPECT_TRUE(v.ok()) << v.status();
+    return v.ok() ? *std::move(v) : DraftVocabulary();
+  };
+  const std::vector<int32_t> whole = drafts_with(DraftVocabulary());
+  ASSERT_EQ(whole.size(), 4u);
+
+  std::vector<int32_t> every(vocab_);
+  for (int i = 0; i < vocab_; ++i) every[i] = vocab_ - 1 - i;  // listed in reverse: sorted
+  EXPECT_EQ(drafts_with(parse(every)), whole);
+
+  std::vector<int32_t> holding(whole.begin(), whole.end());
+  for (int i = 1; i < vocab_; i += 3) {
+    if (std::find(holding.begin(), holding.end(), i) == holding.end()) holding.push_back(i);
+  }
+  ASSERT_LT(static_cast<int>(holding.size()), vocab_);
+  EXPECT_EQ(drafts_with(parse(holding)), whole);
+
+  std::vector<int32_t> lacking;
+  for (int i = 0; i < vocab_; ++i) {
+    if (std::find(whole.begin(), whole.end(), i) == whole.end() && i % 2 == 0) lacking.push_back(i);
+  }
+  const std::vector<int32_t> restricted = drafts_with(parse(lacking));
+  ASSERT_EQ(restricted.size(), 4u);
+  for (int32_t t : restricted) {
+    EXPECT_TRUE(std::find(lacking.begin(), lacking.end(), t) != lacking.end())
+        << "draft " << t << " is not in the map";
+  }
+
+  for (const auto* ids : {&holding, &lacking}) {
+    auto drafter = MtpDrafter::Create(*model_, 16, 256, parse(*ids));
+    ASSERT_TRUE(drafter.ok()) << drafter.status();
+    SpeculativeDecoder spec(*model_, **drafter);
+    std::vector<std::vector<int32_t>> out;
+    ASSERT_TRUE(spec.Generate(Requests(4), out).ok());
+    EXPECT_EQ(out, expected_) << (ids == &holding ? "holding" : "lacking");
+    EXPECT_GT(spec.stats().verify_steps, 0);
+  }
+}
+
 // Sampling stays exact: the joint distribution of the first two sampled tokens (t1 from the
 // prefill, t2 from the first verify step) with speculation matches the target's, p(t1) p(t2|t1)
 // computed by plain forwards. The drafter proposes the target's likeliest t2, so drafts are

@@ -675,7 +675,9 @@ absl::StatusOr<Tensor> HybridModel::QueueStep(StepContext& ctx, std::span<const 
       rows.push_back(seg.token_begin + seg.num_tokens - 1);
     }
   }
-  const int R = static_cast<int>(rows.size()), V = config_.vocab_size;
+  // The lm_head's rows, not config_.vocab_size: an MTP head with a draft vocabulary keeps only
+  // some of them (MakeMtpDraftModel).
+  const int R = static_cast<int>(rows.size()), V = static_cast<int>(weights_.lm_head.dim(0));
   Tensor selected = final_normed;
   if (R != T) {
     ASSIGN_OR_RETURN(selected, AllocOutput({R, H}));

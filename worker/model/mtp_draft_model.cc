@@ -18,7 +18,8 @@ ModelConfig MtpDraftConfig(const ModelConfig& target) {
   return c;
 }
 
-absl::StatusOr<std::unique_ptr<HybridModel>> MakeMtpDraftModel(const HybridModel& target) {
+absl::StatusOr<std::unique_ptr<HybridModel>> MakeMtpDraftModel(
+    const HybridModel& target, std::span<const int32_t> draft_vocabulary) {
   const ModelWeights& tw = target.weights();
   if (!tw.mtp.has_value()) {
     return absl::FailedPreconditionError(
@@ -35,6 +36,29 @@ absl::StatusOr<std::unique_ptr<HybridModel>> MakeMtpDraftModel(const HybridModel
   ModelWeights w;
   w.embed = tw.embed;
   w.lm_head = tw.lm_head;
+  if (!draft_vocabulary.empty()) {
+    const int vocab = target.config().vocab_size;
+    for (size_t i = 0; i < draft_vocabulary.size(); ++i) {
+      const int32_t id = draft_vocabulary[i];
+      if (id < 0 || id >= vocab || (i > 0 && id <= draft_vocabulary[i - 1])) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "draft vocabulary entry %d is token %d: ids must be ascending, distinct and in "
+            "[0, %d)",
+            i, id, vocab));
+      }
+    }
+    kernels::Backend& backend = target.backend();
+    const int64_t rows = static_cast<int64_t>(draft_vocabulary.size());
+    absl::StatusOr<kernels::Tensor> kept =
+        backend.Allocate(tw.lm_head.dtype(), {rows, tw.lm_head.dim(1)});
+    if (!kept.ok()) {
+      return absl::Status(kept.status().code(),
+                          absl::StrFormat("draft vocabulary of %d tokens: lm_head rows: %s", rows,
+                                          kept.status().message()));
+    }
+    backend.GatherRows(tw.lm_head, draft_vocabulary, *kept);
+    w.lm_head = *std::move(kept);
+  }
   w.final_norm = tw.mtp->norm;
   w.layers = {tw.mtp->layer};
   w.banks = {tw.mtp->experts};

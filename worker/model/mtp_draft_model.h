@@ -6,7 +6,9 @@
 #ifndef MOBIUS_WORKER_MODEL_MTP_DRAFT_MODEL_H_
 #define MOBIUS_WORKER_MODEL_MTP_DRAFT_MODEL_H_
 
+#include <cstdint>
 #include <memory>
+#include <span>
 
 #include "absl/status/statusor.h"
 #include "worker/model/hybrid_model.h"
@@ -21,7 +23,13 @@ ModelConfig MtpDraftConfig(const ModelConfig& target);
 // sharded: on a replica of several ranks the leader runs it alone (its tensors, the embedding
 // and lm_head are whole on every rank). Call with each Forward the draft model's
 // `ForwardOptions::draft_hidden_in`.
-absl::StatusOr<std::unique_ptr<HybridModel>> MakeMtpDraftModel(const HybridModel& target);
+//
+// With `draft_vocabulary` (ascending, distinct ids of the target's vocabulary; empty: all of
+// it) the head's lm_head is a copy of just those rows, gathered once here, and its logits row r
+// is the score of token draft_vocabulary[r] (see runtime/draft_vocabulary.h). Token inputs are
+// still ids of the whole vocabulary. InvalidArgument for ids out of range or out of order.
+absl::StatusOr<std::unique_ptr<HybridModel>> MakeMtpDraftModel(
+    const HybridModel& target, std::span<const int32_t> draft_vocabulary = {});
 
 }  // namespace mobius::worker
 

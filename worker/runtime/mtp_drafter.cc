@@ -35,11 +35,12 @@ void ApplyMtpHeadCapture(const HybridModel& target, HybridModel& head) {
 }
 
 absl::StatusOr<std::unique_ptr<MtpDrafter>> MtpDrafter::Create(const HybridModel& target,
-                                                               int max_sequences, int max_tokens) {
-  ASSIGN_OR_RETURN(std::unique_ptr<HybridModel> head, MakeMtpDraftModel(target));
+                                                               int max_sequences, int max_tokens,
+                                                               DraftVocabulary vocabulary) {
+  ASSIGN_OR_RETURN(std::unique_ptr<HybridModel> head, MakeMtpDraftModel(target, vocabulary.ids()));
   RETURN_IF_ERROR(head->CreateCaches(max_sequences, max_tokens));
   ApplyMtpHeadCapture(target, *head);
-  return std::unique_ptr<MtpDrafter>(new MtpDrafter(std::move(head)));
+  return std::unique_ptr<MtpDrafter>(new MtpDrafter(std::move(head), std::move(vocabulary)));
 }
 
 absl::Status MtpDrafter::Step(std::span<SequenceStep> batch, const std::vector<float>& h_prev,
@@ -57,7 +58,12 @@ absl::Status MtpDrafter::Step(std::span<SequenceStep> batch, const std::vector<f
                                                greedy.size(), targets.size()));
   }
   for (size_t i = 0; i < targets.size(); ++i) {
-    targets[i]->first_draft = greedy[i];
+    const int32_t token = vocabulary_.TokenOfRow(greedy[i]);
+    if (token < 0) {
+      return absl::InternalError(
+          absl::StrFormat("MTP head: draft row %d is outside its logits", greedy[i]));
+    }
+    targets[i]->first_draft = token;
     targets[i]->h.assign(hidden.begin() + i * H, hidden.begin() + (i + 1) * H);
   }
   return absl::OkStatus();

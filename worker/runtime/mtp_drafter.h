@@ -4,7 +4,8 @@
 // after each verify step) in one head forward over the batch, whose last row per sequence gives
 // the first draft; Draft chains the head on its own post-norm output for the further drafts and
 // then rolls its cache back to the committed positions (the head has no DeltaNet state, so
-// resetting num_tokens is the whole rollback). Drafts are the head's argmax. A sequence the head
+// resetting num_tokens is the whole rollback). Drafts are the head's argmax (over the draft
+// vocabulary, when one is given). A sequence the head
 // has not seen from its first position gets no drafts (it decodes plainly): drafts only ever cost
 // or save time, so the drafter degrades instead of failing the step.
 #ifndef MOBIUS_WORKER_RUNTIME_MTP_DRAFTER_H_
@@ -16,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/model/hybrid_model.h"
+#include "worker/runtime/draft_vocabulary.h"
 #include "worker/runtime/speculative_decoder.h"
 
 namespace mobius::worker {
@@ -30,9 +32,11 @@ void ApplyMtpHeadCapture(const HybridModel& target, HybridModel& head);
 class MtpDrafter : public Drafter {
  public:
   // The head of `target` with caches for `max_sequences` sequences of `max_tokens` positions
-  // (prompt + output + the drafts of one step).
+  // (prompt + output + the drafts of one step), drafting among the tokens of `vocabulary`
+  // (default: all of them).
   static absl::StatusOr<std::unique_ptr<MtpDrafter>> Create(const HybridModel& target,
-                                                            int max_sequences, int max_tokens);
+                                                            int max_sequences, int max_tokens,
+                                                            DraftVocabulary vocabulary = {});
 
   [[nodiscard]] bool needs_target_hidden() const override { return true; }
   absl::Status Observe(std::span<const TargetStep> steps) override;
@@ -41,9 +45,11 @@ class MtpDrafter : public Drafter {
   void Finish(int64_t sequence) override;
 
   [[nodiscard]] HybridModel& head() { return *head_; }
+  [[nodiscard]] const DraftVocabulary& vocabulary() const { return vocabulary_; }
 
  private:
-  explicit MtpDrafter(std::unique_ptr<HybridModel> head) : head_(std::move(head)) {}
+  MtpDrafter(std::unique_ptr<HybridModel> head, DraftVocabulary vocabulary)
+      : head_(std::move(head)), vocabulary_(std::move(vocabulary)) {}
 
   struct Sequence {
     SequenceCache cache;       // the head's KV positions; num_tokens = committed positions
@@ -56,6 +62,7 @@ class MtpDrafter : public Drafter {
                     std::span<Sequence* const> targets);
 
   std::unique_ptr<HybridModel> head_;
+  DraftVocabulary vocabulary_;  // the head's logits row r is token vocabulary_.TokenOfRow(r)
   std::map<int64_t, Sequence> sequences_;
 };
 

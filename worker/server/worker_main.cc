@@ -102,6 +102,8 @@ absl::Status RunFollower(HybridModel& model, Communicator& comm) {
 absl::Status Run() {
   ASSIGN_OR_RETURN(ModelSource source, cli::ModelSourceFromFlags());
   ASSIGN_OR_RETURN(source.shard, cli::ShardFromFlags());
+  RETURN_IF_ERROR(cli::SpecTokensFromFlags().status());
+  ASSIGN_OR_RETURN(DraftVocabulary draft_vocabulary, cli::DraftVocabularyFromFlags(source));
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, cli::BackendFromFlags());
 
   // The health service of whichever role this process takes, once it exists: a failed group
@@ -133,14 +135,19 @@ absl::Status Run() {
   options.seed = absl::GetFlag(FLAGS_sampling_seed);
   options.eos_token_ids = ReadEosTokenIds(source.model_dir);
   // The MTP head's caches come first, so that the memory plan sees what they take.
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<MtpDrafter> drafter,
-      cli::MtpDrafterFromFlags(*model, options.scheduler.max_num_seqs, options.max_model_len));
+  ASSIGN_OR_RETURN(std::unique_ptr<MtpDrafter> drafter,
+                   cli::MtpDrafterFromFlags(*model, options.scheduler.max_num_seqs,
+                                            options.max_model_len, std::move(draft_vocabulary)));
   if (drafter != nullptr) {
     options.spec_tokens = absl::GetFlag(FLAGS_spec_tokens);
     options.drafter = drafter.get();
-    MOBIUS_LOG(INFO, "worker", "") << "speculative decoding: up to " << options.spec_tokens
-                                   << " MTP draft tokens per sequence and step";
+    const DraftVocabulary& vocabulary = drafter->vocabulary();
+    MOBIUS_LOG(INFO, "worker", "")
+        << "speculative decoding: up to " << options.spec_tokens
+        << " MTP draft tokens per sequence and step, drafted over "
+        << (vocabulary.whole()
+                ? std::string("the whole vocabulary")
+                : absl::StrCat(vocabulary.ids().size(), " tokens (--spec-token-map)"));
   }
   // On a GPU, size the KV cache from the memory the weights left (unless --num-kv-blocks says).
   if (options.num_kv_blocks == 0) {

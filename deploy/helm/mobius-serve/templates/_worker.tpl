@@ -27,6 +27,9 @@
 - --sampling-seed={{ $v.samplingSeed }}
 {{- if gt (int $v.specTokens) 0 }}
 - --spec-tokens={{ $v.specTokens }}
+{{- if $v.specTokenMap }}
+- --spec-token-map={{ $v.specTokenMap }}
+{{- end }}
 {{- end }}
 - --drain-timeout-s={{ $v.drainTimeoutSeconds }}
 {{- if gt (int (include "mobius.worldSize" $)) 1 }}
