@@ -1,14 +1,17 @@
 // `mobius tokenize`: encode text to token ids, or decode ids to text, with the same tokenizer
 // library the router uses, printing one JSON object so that scripts can compare against other
 // tokenizers.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -37,6 +40,14 @@ ABSL_FLAG(std::optional<std::string>, decode, std::nullopt,
           "Comma-separated token ids to decode, e.g. --decode 9707,11,1879; prints "
           "{\"text\": \"...\"}. Special tokens are kept; bytes that do not form complete UTF-8 "
           "characters become U+FFFD. An id outside the vocabulary is an error.");
+
+ABSL_FLAG(int, hot_tokens, 0,
+          "With --file or --text: instead of the ids, print the N most frequent token ids of the "
+          "encoded input as a JSON array (most frequent first, ties by lower id; fewer when the "
+          "input has fewer distinct tokens), and on stderr the share of the input's tokens they "
+          "cover. The array is a draft vocabulary for --spec-token-map (`mobius tokenize "
+          "--tokenizer DIR --file corpus.txt --hot-tokens 32768 > hot.json`); encode text like "
+          "the outputs the server produces. 0 (the default): print the ids.");
 
 namespace mobius::cli {
 namespace {
@@ -75,6 +86,33 @@ absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> LoadTokenizer(const std::s
   return tokenizer::Tokenizer::FromDirectory(path);
 }
 
+// --hot-tokens: the `count` most frequent ids of `ids` as a JSON array, and their coverage.
+absl::Status PrintHotTokens(const std::vector<int32_t>& ids, int count) {
+  absl::flat_hash_map<int32_t, int64_t> frequency;
+  for (int32_t id : ids) ++frequency[id];
+  std::vector<std::pair<int32_t, int64_t>> ranked(frequency.begin(), frequency.end());
+  std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+    return a.second != b.second ? a.second > b.second : a.first < b.first;
+  });
+  if (ranked.size() > static_cast<size_t>(count)) ranked.resize(static_cast<size_t>(count));
+  nlohmann::json hot = nlohmann::json::array();
+  int64_t covered = 0;
+  for (const auto& [id, n] : ranked) {
+    hot.push_back(id);
+    covered += n;
+  }
+  std::fprintf(stderr,
+               "mobius tokenize: %zu hot tokens (of %zu distinct) cover %.2f%% of the input's "
+               "%zu tokens\n",
+               ranked.size(), frequency.size(),
+               ids.empty() ? 0.0 : 100.0 * static_cast<double>(covered) / ids.size(), ids.size());
+  if (ranked.empty()) {
+    return absl::FailedPreconditionError("--hot-tokens: the input encodes to no tokens");
+  }
+  std::printf("%s\n", hot.dump().c_str());
+  return absl::OkStatus();
+}
+
 absl::Status Tokenize() {
   const std::optional<std::string> text = absl::GetFlag(FLAGS_text);
   const std::optional<std::string> file = absl::GetFlag(FLAGS_file);
@@ -82,6 +120,12 @@ absl::Status Tokenize() {
   const int modes = text.has_value() + file.has_value() + decode.has_value();
   if (modes != 1) {
     return absl::Status(kUsageError, "exactly one of --text, --file and --decode is required");
+  }
+  const int hot_tokens = absl::GetFlag(FLAGS_hot_tokens);
+  if (hot_tokens < 0 || (hot_tokens > 0 && decode.has_value())) {
+    return absl::Status(kUsageError,
+                        absl::StrCat("--hot-tokens is ", hot_tokens,
+                                     "; it must be >= 0, and > 0 goes with --file or --text"));
   }
   const std::string tokenizer_path = absl::GetFlag(FLAGS_tokenizer);
   if (tokenizer_path.empty()) {
@@ -111,6 +155,7 @@ absl::Status Tokenize() {
       input = *std::move(contents);
     }
     ASSIGN_OR_RETURN(const std::vector<int32_t> ids, (*tokenizer)->Encode(input));
+    if (hot_tokens > 0) return PrintHotTokens(ids, hot_tokens);
     output["ids"] = ids;
   }
   // Decoded text is always valid UTF-8; `replace` only guards the dump against surprises.

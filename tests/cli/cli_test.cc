@@ -207,4 +207,30 @@ TEST(CliTest, TokenizeAndDecode) {
   EXPECT_EQ(nlohmann::json::parse(dec.out)["text"], "Hello world");
 }
 
+// --hot-tokens N: the N most frequent ids of the input as a JSON array that --spec-token-map
+// reads, most frequent first.
+TEST(CliTest, TokenizeHotTokensRanksByFrequency) {
+  const std::string dir = Fixture("tokenizer-qwen3");
+  Result once = RunMobius("tokenize --tokenizer " + dir + " --text ' the cat the dog the'");
+  ASSERT_EQ(once.exit_code, 0) << once.out;
+  const nlohmann::json ids = nlohmann::json::parse(once.out)["ids"];
+  ASSERT_EQ(ids.size(), 5u) << ids;
+  Result hot =
+      RunMobius("tokenize --tokenizer " + dir + " --text ' the cat the dog the' --hot-tokens 2");
+  ASSERT_EQ(hot.exit_code, 0) << hot.out;
+  // The array on stdout; the coverage line (stderr) is in the output too.
+  EXPECT_THAT(hot.out, HasSubstr("2 hot tokens (of 3 distinct) cover 80.00% of the input's 5"));
+  const size_t at = hot.out.find('[');
+  ASSERT_NE(at, std::string::npos) << hot.out;
+  const nlohmann::json ranked =
+      nlohmann::json::parse(hot.out.substr(at, hot.out.find('\n', at) - at));
+  ASSERT_EQ(ranked.size(), 2u) << ranked;
+  EXPECT_EQ(ranked[0], ids[0]) << "' the' (three times) first";
+  EXPECT_EQ(ranked[1], std::min(ids[1].get<int>(), ids[3].get<int>()))
+      << "then the lower id of ' cat' and ' dog' (once each)";
+  Result bad = RunMobius("tokenize --tokenizer " + dir + " --decode 1 --hot-tokens 3");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.out, HasSubstr("--hot-tokens is 3"));
+}
+
 }  // namespace
