@@ -91,13 +91,18 @@ absl::Status GenerateSpeculatively(worker::HybridModel& model, const std::vector
     absl::StrAppend(&per_position, j == 0 ? "" : " ",
                     absl::StrFormat("%.3f", stats.AcceptanceRate(static_cast<int>(j))));
   }
+  const worker::DraftVocabulary& drafts_from = drafter->vocabulary();
+  const std::string over = drafts_from.whole() ? std::string("the whole vocabulary")
+                                               : absl::StrFormat("%d tokens (--spec-token-map)",
+                                                                 drafts_from.ids().size());
   std::fprintf(stderr,
                "speculation: %lld verify steps, mean accepted length %.3f tokens/step, acceptance "
                "per draft position [%s], %lld rollbacks; draft %.1f ms, verify %.1f ms, rollback "
-               "%.1f ms\n",
+               "%.1f ms; the head drafts over %s\n",
                static_cast<long long>(stats.verify_steps), stats.MeanAcceptedLength(),
                per_position.c_str(), static_cast<long long>(stats.rollback_steps),
-               1e3 * stats.draft_seconds, 1e3 * stats.verify_seconds, 1e3 * stats.rollback_seconds);
+               1e3 * stats.draft_seconds, 1e3 * stats.verify_seconds, 1e3 * stats.rollback_seconds,
+               over.c_str());
   return absl::OkStatus();
 }
 

@@ -81,11 +81,12 @@ absl::StatusOr<worker::DraftVocabulary> DraftVocabularyFromFlags(
   if (path.empty()) return worker::DraftVocabulary();
   // Read before the weights load, so that a bad map fails in a second, not after the load; the
   // config alone gives the vocabulary size.
-  absl::StatusOr<worker::ModelConfig> config =
-      worker::LoadModelConfig(source.config_path.empty() ? source.model_dir : source.config_path);
+  // A bad config is the model flags' error, not the map's: it goes out without the map's prefix.
+  ASSIGN_OR_RETURN(
+      const worker::ModelConfig config,
+      worker::LoadModelConfig(source.config_path.empty() ? source.model_dir : source.config_path));
   absl::StatusOr<worker::DraftVocabulary> vocabulary =
-      config.ok() ? worker::DraftVocabulary::Load(path, config->vocab_size)
-                  : absl::StatusOr<worker::DraftVocabulary>(config.status());
+      worker::DraftVocabulary::Load(path, config.vocab_size);
   if (!vocabulary.ok()) {
     return absl::Status(vocabulary.status().code(),
                         absl::StrCat("--spec-token-map: ", vocabulary.status().message()));

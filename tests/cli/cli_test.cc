@@ -127,6 +127,8 @@ TEST(CliTest, SpecTokenMapRestrictsDraftsAndIsChecked) {
   ASSERT_EQ(mapped.exit_code, 0) << mapped.out;
   EXPECT_EQ(tokens_of(mapped), tokens_of(whole));
   EXPECT_EQ(tokens_of(whole).size(), 12u);
+  EXPECT_THAT(whole.out, HasSubstr("the head drafts over the whole vocabulary"));
+  EXPECT_THAT(mapped.out, HasSubstr("the head drafts over 1024 tokens (--spec-token-map)"));
 
   const std::string bad = ::testing::TempDir() + "/cli_spec_token_map_bad.txt";
   {

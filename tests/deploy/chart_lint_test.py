@@ -27,6 +27,7 @@ refused = [
     (["worker.parallel.tp=2", "worker.parallel.ep=4"], "must each be 1 or the larger"),
     (["worker.parallel.ep=2", "worker.parallel.expertPlacement=load-aware"], "expertLoadFile"),
     (["worker.specTokens=-1"], "specTokens"),
+    (["worker.specTokens=0", "worker.specTokenMap=/models/m/hot.json"], "specTokenMap"),
 ]
 for sets, words in refused:
     try:

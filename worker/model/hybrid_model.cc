@@ -307,10 +307,12 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
       }
       for (size_t r = 0; r < options.top_logits_counts.size(); ++r) {
         const int32_t n = options.top_logits_counts[r];
-        if (n < 0 || n > kernels::kMaxTopLogprobs || n > config_.vocab_size) {
+        // The logits' width: an MTP head with a draft vocabulary has fewer rows than the vocab.
+        const int width = static_cast<int>(weights_.lm_head.dim(0));
+        if (n < 0 || n > kernels::kMaxTopLogprobs || n > width) {
           return absl::InvalidArgumentError(
               absl::StrFormat("top_logits_counts[%d] = %d is outside [0, %d]", r, n,
-                              std::min(kernels::kMaxTopLogprobs, config_.vocab_size)));
+                              std::min(kernels::kMaxTopLogprobs, width)));
         }
       }
     }

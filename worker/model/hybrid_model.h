@@ -232,7 +232,8 @@ class HybridModel {
     std::vector<KeptStateInputs> kept;
   };
 
-  // Queues the whole step (embedding to lm_head) and returns the logits tensor [rows, vocab].
+  // Queues the whole step (embedding to lm_head) and returns the logits tensor [rows, lm_head
+  // rows] (the vocabulary, or an MTP head's draft vocabulary).
   absl::StatusOr<kernels::Tensor> QueueStep(StepContext& ctx, std::span<const int32_t> ids);
   // Runs a decode step through its recording (recording it after running it op by op the first
   // time). Returns the logits tensor.

@@ -36,8 +36,16 @@ absl::StatusOr<std::unique_ptr<HybridModel>> MakeMtpDraftModel(
   ModelWeights w;
   w.embed = tw.embed;
   w.lm_head = tw.lm_head;
-  if (!draft_vocabulary.empty()) {
-    const int vocab = target.config().vocab_size;
+  const int vocab = target.config().vocab_size;
+  // Every id listed: the whole lm_head, shared, rather than a second copy of it.
+  if (!draft_vocabulary.empty() && static_cast<int64_t>(draft_vocabulary.size()) < vocab) {
+    // The gather takes vocabulary ids as rows: right for the whole lm_head every rank holds
+    // today, wrong for a vocabulary-parallel shard of it.
+    if (tw.lm_head.rank() != 2 || tw.lm_head.dim(0) != vocab) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "a draft vocabulary needs the whole lm_head (%d rows); this model holds %d", vocab,
+          tw.lm_head.rank() >= 1 ? tw.lm_head.dim(0) : 0));
+    }
     for (size_t i = 0; i < draft_vocabulary.size(); ++i) {
       const int32_t id = draft_vocabulary[i];
       if (id < 0 || id >= vocab || (i > 0 && id <= draft_vocabulary[i - 1])) {

@@ -2,7 +2,8 @@
 // with its own MoE, fed fc([RMSNorm1p_e(embed(token)); RMSNorm1p_h(h_prev)]), ending in its own
 // norm and the target's lm_head. It reuses HybridModel (a one-layer config whose only bank is the
 // head's MoE), so it runs on every backend and keeps its own paged KV cache; the embedding and
-// lm_head tensors are shared with the target, not copied.
+// lm_head tensors are shared with the target, not copied (unless a draft vocabulary narrows the
+// lm_head, below).
 #ifndef MOBIUS_WORKER_MODEL_MTP_DRAFT_MODEL_H_
 #define MOBIUS_WORKER_MODEL_MTP_DRAFT_MODEL_H_
 

@@ -23,18 +23,20 @@ class DraftVocabulary {
   // The whole vocabulary (no map): the head keeps the target's lm_head.
   DraftVocabulary() = default;
 
-  // Token ids in decimal, separated by whitespace, commas or brackets (so a JSON array of ints
-  // parses as well); `#` starts a comment that runs to the end of the line. Every id must lie in
+  // Token ids in decimal (a leading '+' or zeros are accepted), separated by whitespace, commas
+  // or brackets (so a JSON array of ints parses as well); `#` starts a comment that runs to the
+  // end of the line; a UTF-8 byte order mark is skipped. Every id must lie in
   // [0, vocab_size) and appear once, and there must be at least one. Errors name `source`, the
   // entry (1-based, with its line) and the reason.
   static absl::StatusOr<DraftVocabulary> Parse(std::string_view text, int vocab_size,
                                                std::string_view source);
-  // Parse of the file at `path`; NotFound when it cannot be read.
+  // Parse of the file at `path`. NotFound when it is not a regular file; InvalidArgument when
+  // it is larger than any map of `vocab_size` tokens could be (it is never read then).
   static absl::StatusOr<DraftVocabulary> Load(const std::string& path, int vocab_size);
 
   [[nodiscard]] bool whole() const { return ids_.empty(); }
-  // Ascending: so that the head's argmax over the kept rows breaks ties toward the lower id, as
-  // the argmax over the whole vocabulary does.
+  // Ascending: so that the head's argmax over the kept rows breaks exact ties toward the lower
+  // id, as the argmax over the whole vocabulary does.
   [[nodiscard]] std::span<const int32_t> ids() const { return ids_; }
   // The vocabulary id of row `index` of the head's logits (the index itself when whole()), or
   // -1 when `index` is not a row.

@@ -5,9 +5,9 @@
 // the first draft; Draft chains the head on its own post-norm output for the further drafts and
 // then rolls its cache back to the committed positions (the head has no DeltaNet state, so
 // resetting num_tokens is the whole rollback). Drafts are the head's argmax (over the draft
-// vocabulary, when one is given). A sequence the head
-// has not seen from its first position gets no drafts (it decodes plainly): drafts only ever cost
-// or save time, so the drafter degrades instead of failing the step.
+// vocabulary, when one is given). A sequence the head has not seen from its first position gets
+// no drafts (it decodes plainly): drafts only ever cost or save time, so the drafter degrades
+// instead of failing the step.
 #ifndef MOBIUS_WORKER_RUNTIME_MTP_DRAFTER_H_
 #define MOBIUS_WORKER_RUNTIME_MTP_DRAFTER_H_
 

@@ -30,6 +30,9 @@
 {{- if $v.specTokenMap }}
 - --spec-token-map={{ $v.specTokenMap }}
 {{- end }}
+{{- else if $v.specTokenMap }}
+{{- /* mobius-worker refuses the map without drafts too; failing here names the value. */}}
+{{- fail (printf "worker.specTokenMap (%s) is set but worker.specTokens is %d: the map only restricts the MTP head's drafts" $v.specTokenMap (int $v.specTokens)) }}
 {{- end }}
 - --drain-timeout-s={{ $v.drainTimeoutSeconds }}
 {{- if gt (int (include "mobius.worldSize" $)) 1 }}
