@@ -3,8 +3,11 @@
 // rule and gated RMSNorm, which otherwise take three or four kernels (the conv and, past one
 // token, its state update; the delta rule with its gates; the norm) between the in- and
 // out-projections. The tokens of a segment are walked in order inside the cluster, with two
-// cluster barriers per step whatever their number. With kLocalQk the first is split: its arrival
-// is made at the start and waited for before the piece sums (by then every block has arrived).
+// cluster barriers per step whatever their number; only the state's products and update are
+// serial per token (the conv inputs and gates are read at once, the q/k norms and the gated
+// norm's outputs run token-parallel, a warp pair meets at its own barrier). With kLocalQk the
+// first cluster barrier is split: its arrival is made at the start and waited for before the
+// piece sums (by then every block has arrived).
 //
 // Why clusters: each of those kernels needs data from outside a block's own slice. A value
 // column block of the delta rule needs its key head's whole q and k after the conv; the norm
@@ -82,12 +85,22 @@ struct StepConvChannel {
     }
   }
   // The conv kernels' order: oldest input first; the window slides over the segment's tokens and
-  // ends as the new state (the last K - 1 inputs).
+  // ends as the new state (the last K - 1 inputs). Every token's input is requested before the
+  // first output is stored: the compiler cannot tell the shared-memory stores from `mixed`, and
+  // would otherwise wait one L2 round trip per token of a verify step.
+  template <int kT>
   __device__ __forceinline__ void Run(const uint16_t* mixed, int64_t begin, int len,
                                       int64_t channels) {
     if (c < 0) return;
-    for (int i = 0; i < len; ++i) {
-      const float cur = Bf16ToF32(mixed[(begin + i) * channels + c]);
+    float in[kT];
+#pragma unroll
+    for (int i = 0; i < kT; ++i) {
+      if (i < len) in[i] = Bf16ToF32(mixed[(begin + i) * channels + c]);
+    }
+#pragma unroll
+    for (int i = 0; i < kT; ++i) {
+      if (i >= len) break;
+      const float cur = in[i];
       float acc = 0.0f;
 #pragma unroll
       for (int j = 0; j < kConvTaps - 1; ++j) acc += wk[j] * hist[j];
@@ -126,7 +139,11 @@ __device__ __forceinline__ void DeltaNetStepBody(const DeltaNetDecodeStepArgs& p
   // Per token: q channels, then k channels (the key head's, or this block's share).
   __shared__ float conv_s[kT][kLocalQk ? 2 * kD : 2 * kQk];
   __shared__ float v_s[kT][kCols];  // per token: the conv output of this block's columns
-  __shared__ float qk_s[Shape::kWarps][2][kD];
+  // One token (kT = 1): each warp's scratch for the normalised q and k. Several: every token's,
+  // normalised by the warps in parallel before the walk, so that the walk's serial chain holds
+  // only the state's products and update (and kq_s, each token's k . q).
+  __shared__ float qk_s[kT == 1 ? Shape::kWarps : kT][2][kD];
+  __shared__ float kq_s[kT];
   __shared__ float4 part_s[2][Shape::kWarps][kLpr][2];  // [token parity][warp][lane] (u, sq)
   // The delta rule's output (bf16-rounded) of this block's columns, per token.
   __shared__ float o_s[kT][kCols];
@@ -187,7 +204,11 @@ __device__ __forceinline__ void DeltaNetStepBody(const DeltaNetDecodeStepArgs& p
   // the states (written only by this layer's mixer, a step ago), the gate and norm parameters.
   ch.Load(p, slot, channels);
   if constexpr (kLocalQk) v_ch.Load(p, slot, channels);
-  const bool gate_thread = threadIdx.x == Shape::kThreads - 1;
+  // The gates of token i are thread kThreads - 1 - i's (one thread a token: a verify step's
+  // tokens do not wait for each other's exps and loads).
+  const int gate_token = Shape::kThreads - 1 - static_cast<int>(threadIdx.x);
+  const bool gate_thread = gate_token < kT;
+  static_assert(Shape::kThreads >= kT);
   float a_log = 0.f, dt_bias = 0.f;
   if (gate_thread && !kReplay) {
     a_log = Load(p.a_log, h);
@@ -204,46 +225,52 @@ __device__ __forceinline__ void DeltaNetStepBody(const DeltaNetDecodeStepArgs& p
     S[pp] = state != nullptr ? *reinterpret_cast<const float4*>(state + r * kD + col)
                              : make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  // The lanes that hold output columns (the group's first warp, one lane per 4 columns).
+  // The lanes that hold the delta rule's output columns (the group's first warp, one lane per 4
+  // columns).
   const bool owner = warp % kRowSplit == 0 && lane < kLpr;
+  // The gated norm's outputs. Past one token, thread n takes token n / kQuads, the block's
+  // columns 4 (n % kQuads) to 4 (n % kQuads) + 3, so that a verify step's tokens are normalised
+  // side by side; a decode step's single token stays with the owners, so that the one-token
+  // kernel is the one measured before the verify form (performance.md, session 34).
+  constexpr int kQuads = kCols / 4;
+  static_assert(kT * kQuads <= Shape::kThreads);
+  const int out_token = kT == 1 ? 0 : static_cast<int>(threadIdx.x) / kQuads;
+  // In the block's columns.
+  const int out_col = kT == 1 ? local_col : 4 * (static_cast<int>(threadIdx.x) % kQuads);
+  const bool out_thread = !kReplay && (kT == 1 ? owner : out_token < kT);
   float nw[4] = {};
-  if (owner && !kReplay) {
+  if (out_thread) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) nw[i] = Load(p.norm_w, col + i);
+    for (int i = 0; i < 4; ++i) nw[i] = Load(p.norm_w, block_col0 + out_col + i);
   }
 
   PdlWait();  // mixed, z, a and b come from the in-projection
   PdlTrigger();
-  // The gate z of this lane's output columns for every token, read now so that the load overlaps
-  // the conv and the delta rule instead of following the norm's cluster barrier.
-  uint2 zraw[kT];
-  if (owner && !kReplay) {
-#pragma unroll
-    for (int i = 0; i < kT; ++i) {
-      if (i >= len) break;
-      zraw[i] = *reinterpret_cast<const uint2*>(p.z + (begin + i) * hv * kD +
-                                                static_cast<int64_t>(h) * kD + col);
-    }
-  }
+  // The gate z of the thread's output, read now so that the load overlaps the conv and the delta
+  // rule instead of following the norm's cluster barrier.
+  // (The row offset is formed again at the store: kept live, it cost the one-token kernel a spill.)
+  auto out_row = [&] {
+    return (begin + out_token) * hv * kD + static_cast<int64_t>(h) * kD + block_col0 + out_col;
+  };
+  uint2 zr = {};
+  if (out_thread && out_token < len) zr = *reinterpret_cast<const uint2*>(p.z + out_row());
 
-  ch.Run(p.mixed, begin, len, channels);
+  ch.Run<kT>(p.mixed, begin, len, channels);
   if constexpr (kLocalQk) {
-    v_ch.Run(p.mixed, begin, len, channels);
+    v_ch.Run<kT>(p.mixed, begin, len, channels);
     v_ch.StoreState();
     // The other blocks of the cluster read this block's q/k conv state too: it is written after
     // the piece-sum barrier, which each of them passes after its conv.
   } else {
     ch.StoreState();
   }
-  if (gate_thread && kReplay) {
-    for (int i = 0; i < len; ++i) {
-      const int64_t gi = (begin + i) * hv + h;
+  if (gate_thread && gate_token < len) {
+    const int i = gate_token;
+    const int64_t gi = (begin + i) * hv + h;
+    if constexpr (kReplay) {
       gate_s[i][0] = p.g[gi];
       gate_s[i][1] = p.beta[gi];
-    }
-  } else if (gate_thread) {
-    for (int i = 0; i < len; ++i) {
-      const int64_t gi = (begin + i) * hv + h;
+    } else {
       const float gn = DeltaGateG(Bf16ToF32(p.a[gi]), a_log, dt_bias);
       const float bn = DeltaGateBeta(Bf16ToF32(p.b[gi]));
       gate_s[i][0] = gn;
@@ -263,11 +290,10 @@ __device__ __forceinline__ void DeltaNetStepBody(const DeltaNetDecodeStepArgs& p
   // Dk^-0.5 from the runtime head size, as the delta rule kernel forms it: a constant-folded
   // rsqrtf(kD) is the correctly rounded value, which the hardware's rsqrt need not return.
   const float q_scale = rsqrtf(static_cast<float>(p.head_dim));
-  float* q_s = qk_s[warp][0];
-  float* k_s = qk_s[warp][1];
-  for (int i = 0; i < len; ++i) {
-    // Lane l takes q and k elements l, l + 32, ... of the key head: from its own block's conv_s
-    // (kLocalQk) or from the blocks that own them.
+  // Token i's q and k, normalised into qk_s[slot], kq = k . q after both scalings: lane l takes
+  // elements l, l + 32, ... of the key head, from its own block's conv_s (kLocalQk) or from the
+  // blocks that own them.
+  auto normalise_qk = [&](int i, int slot) {
     float qn[Shape::kPerLane], kn[Shape::kPerLane];
 #pragma unroll
     for (int e = 0; e < Shape::kPerLane; ++e) {
@@ -281,23 +307,45 @@ __device__ __forceinline__ void DeltaNetStepBody(const DeltaNetDecodeStepArgs& p
         kn[e] = owner_s[kQk + d % kQk];
       }
     }
+    float qinv, kinv, kq;
+    DeltaRuleQkNorms<Shape::kPerLane>(qn, kn, q_scale, qinv, kinv, kq);
+#pragma unroll
+    for (int e = 0; e < Shape::kPerLane; ++e) {
+      qk_s[slot][0][lane + 32 * e] = qn[e] * qinv;
+      qk_s[slot][1][lane + 32 * e] = kn[e] * kinv;
+    }
+    return kq;
+  };
+  if constexpr (kT > 1) {
+    // The tokens' norms do not depend on the state: the warps take them in parallel (the same
+    // arithmetic as the one-token path, so the same bits).
+    for (int i = warp; i < len; i += Shape::kWarps) {
+      const float kq = normalise_qk(i, i);
+      if (lane == 0) kq_s[i] = kq;
+    }
+    __syncthreads();
+  }
+  for (int i = 0; i < len; ++i) {
     const float4 v = make_float4(v_s[i][local_col], v_s[i][local_col + 1], v_s[i][local_col + 2],
                                  v_s[i][local_col + 3]);
     const float decay = __expf(gate_s[i][0]), b = gate_s[i][1];
-    float qinv, kinv, kq;
-    DeltaRuleQkNorms<Shape::kPerLane>(qn, kn, q_scale, qinv, kinv, kq);
-    __syncwarp();  // the previous token's reads of q_s / k_s are done
-#pragma unroll
-    for (int e = 0; e < Shape::kPerLane; ++e) {
-      q_s[lane + 32 * e] = qn[e] * qinv;
-      k_s[lane + 32 * e] = kn[e] * kinv;
+    const float* q_s = qk_s[kT == 1 ? warp : i][0];
+    const float* k_s = qk_s[kT == 1 ? warp : i][1];
+    float kq;
+    if constexpr (kT == 1) {
+      kq = normalise_qk(0, warp);
+      __syncwarp();  // the warp's q_s / k_s are written
+    } else {
+      kq = kq_s[i];
     }
-    __syncwarp();
 
     float4 u, sq;
     DeltaRuleProducts<kPasses, kLpr>(S, k_s, q_s, r0, u, sq);
-    // The two warps of a pair hold the partial products of half the rows each.
-    if constexpr (kRowSplit == 2) DeltaRuleAddPartner<kLpr>(part_s[i & 1], warp, lane, u, sq);
+    // The two warps of a pair hold the partial products of half the rows each. Past one token
+    // they meet at the pair's own barrier: nothing else of the block changes inside the walk.
+    if constexpr (kRowSplit == 2) {
+      DeltaRuleAddPartner<kLpr, (kT > 1)>(part_s[i & 1], warp, lane, u, sq);
+    }
     const float4 delta = DeltaRuleDelta(v, u, decay, b);
     if (owner && !kReplay) {
       // The delta rule's output, rounded as its bf16 tensor would hold it.
@@ -346,36 +394,30 @@ __device__ __forceinline__ void DeltaNetStepBody(const DeltaNetDecodeStepArgs& p
   cluster.sync();  // every block's piece sums of its value head are published
   if (kLocalQk && qk_state_owner) ch.StoreState();
 
-  if (owner) {
+  if (out_thread && out_token < len) {
     constexpr int kPieces = kD / 8;
+    const int i = out_token;
+    float tree[kPieces];
 #pragma unroll
-    for (int i = 0; i < kT; ++i) {  // (unrolled: zraw stays in registers)
-      if (i >= len) break;
-      float tree[kPieces];
+    for (int piece = 0; piece < kPieces; ++piece) tree[piece] = piece_s[i][piece];
 #pragma unroll
-      for (int piece = 0; piece < kPieces; ++piece) tree[piece] = piece_s[i][piece];
+    for (int step = kPieces / 2; step > 0; step >>= 1) {
+      float next[kPieces];
 #pragma unroll
-      for (int step = kPieces / 2; step > 0; step >>= 1) {
-        float next[kPieces];
+      for (int piece = 0; piece < kPieces; ++piece) next[piece] = tree[piece] + tree[piece ^ step];
 #pragma unroll
-        for (int piece = 0; piece < kPieces; ++piece)
-          next[piece] = tree[piece] + tree[piece ^ step];
-#pragma unroll
-        for (int piece = 0; piece < kPieces; ++piece) tree[piece] = next[piece];
-      }
-      const float inv = rsqrtf(tree[0] / static_cast<float>(kD) + p.eps);
-      const int64_t row = (begin + i) * hv * kD + static_cast<int64_t>(h) * kD + col;
-      const uint2 zr = zraw[i];
-      const float zv[4] = {__uint_as_float(zr.x << 16), __uint_as_float(zr.x & 0xffff0000u),
-                           __uint_as_float(zr.y << 16), __uint_as_float(zr.y & 0xffff0000u)};
-      float y[4];
-#pragma unroll
-      for (int c = 0; c < 4; ++c) y[c] = o_s[i][local_col + c] * inv * nw[c] * Silu(zv[c]);
-      uint2 packed;
-      packed.x = PackBf16x2(y[0], y[1]);
-      packed.y = PackBf16x2(y[2], y[3]);
-      *reinterpret_cast<uint2*>(p.out + row) = packed;
+      for (int piece = 0; piece < kPieces; ++piece) tree[piece] = next[piece];
     }
+    const float inv = rsqrtf(tree[0] / static_cast<float>(kD) + p.eps);
+    const float zv[4] = {__uint_as_float(zr.x << 16), __uint_as_float(zr.x & 0xffff0000u),
+                         __uint_as_float(zr.y << 16), __uint_as_float(zr.y & 0xffff0000u)};
+    float y[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) y[c] = o_s[i][out_col + c] * inv * nw[c] * Silu(zv[c]);
+    uint2 packed;
+    packed.x = PackBf16x2(y[0], y[1]);
+    packed.y = PackBf16x2(y[2], y[3]);
+    *reinterpret_cast<uint2*>(p.out + out_row()) = packed;
   }
 }
 

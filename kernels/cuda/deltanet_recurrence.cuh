@@ -82,16 +82,23 @@ __device__ __forceinline__ void DeltaRuleProducts(const float4 (&S)[kPasses], co
 
 // When a warp pair splits the rows: each warp publishes its partial products in `part`
 // ([warp][lane][u, sq]; callers alternate two buffers by token parity, so that the next token's
-// writes cannot race this token's reads), meets its partner at a block barrier and adds the
-// partner's part to its own. Contains __syncthreads: call from uniform control flow.
-template <int kLpr>
+// writes cannot race this token's reads), meets its partner at a barrier and adds the partner's
+// part to its own. The barrier is the block's (__syncthreads: call from uniform control flow) or,
+// with kPairBarrier, the named barrier 1 + warp / 2 of the pair's 64 threads alone, so that a
+// pair does not wait for the block's slowest warp at every token (the block must have at most
+// 30 warps and use no other named barrier).
+template <int kLpr, bool kPairBarrier = false>
 __device__ __forceinline__ void DeltaRuleAddPartner(float4 (*part)[kLpr][2], int warp, int lane,
                                                     float4& u, float4& sq) {
   if (lane < kLpr) {
     part[warp][lane][0] = u;
     part[warp][lane][1] = sq;
   }
-  __syncthreads();
+  if constexpr (kPairBarrier) {
+    asm volatile("bar.sync %0, 64;\n" ::"r"(1 + warp / 2) : "memory");
+  } else {
+    __syncthreads();
+  }
   const float4 pu = part[warp ^ 1][lane % kLpr][0];
   const float4 pq = part[warp ^ 1][lane % kLpr][1];
   u.x += pu.x;
