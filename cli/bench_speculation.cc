@@ -203,8 +203,10 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
                    }));
   // The observe step after a verify step that committed a tokens a sequence: the head's entries
   // of those a positions in one forward, whose last row gives the first draft (MtpDrafter::
-  // Observe). One token is the head step above (recorded); more run op by op, since their
-  // [embedding; hidden] rows are joined by host indices that a recording cannot hold.
+  // Observe). One token a sequence is the head step above (recorded at batch 1); a step of two
+  // or more tokens in all runs op by op, since its [embedding; hidden] rows are joined by host
+  // indices that a recording cannot hold. Timed after the head step: these op-by-op forwards may
+  // grow buffers that the head step's recording points at.
   std::vector<double> observe_ms(K + 2, head_ms);
   for (int a = 2; a <= K + 1; ++a) {
     std::vector<float> observe_h(static_cast<size_t>(B) * a * H, 0.5f);
@@ -244,8 +246,8 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
           : absl::StrFormat("%d tokens, --spec-token-map", options.draft_vocabulary.size());
   std::printf(
       "\nspeculative decoding (MTP), batch %d, context %d: plain decode step %.3f ms; one head "
-      "step %.3f ms (drafting over %s); observe step of 2..%d tokens %s ms; state snapshot %.3f "
-      "ms; state replay of 1 / %d tokens %.3f / %.3f ms\n",
+      "step %.3f ms (drafting over %s); observe step of 2..%d committed tokens a sequence %s ms; "
+      "state snapshot %.3f ms; state replay of 1 / %d tokens %.3f / %.3f ms\n",
       B, C, plain_ms, head_ms, drafted_over.c_str(), K + 1,
       [&] {
         std::string v;

@@ -136,6 +136,9 @@ __device__ __forceinline__ void DeltaNetStepBody(const DeltaNetDecodeStepArgs& p
   // rows split over warp pairs (batches 1-3 by default; 256 threads at D = 128, 128 at 64, 64 at
   // 32). With the piece sums below: batch 1 2.41 -> 2.39 ms a step (performance.md, 28th version).
   constexpr bool kLocalQk = Shape::kThreads >= 2 * kD;
+  // Past one token warp pairs meet at named barriers 1 .. kWarps / 2 (DeltaRuleAddPartner); the
+  // kernel uses no other named barrier (0 is __syncthreads; the cluster's are separate).
+  static_assert(kRowSplit == 1 || (Shape::kWarps % 2 == 0 && Shape::kWarps <= 30));
   // Per token: q channels, then k channels (the key head's, or this block's share).
   __shared__ float conv_s[kT][kLocalQk ? 2 * kD : 2 * kQk];
   __shared__ float v_s[kT][kCols];  // per token: the conv output of this block's columns
@@ -165,9 +168,10 @@ __device__ __forceinline__ void DeltaNetStepBody(const DeltaNetDecodeStepArgs& p
   const int64_t channels = 2LL * hk * kD + static_cast<int64_t>(hv) * kD;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, group = warp / kRowSplit;
   // The segment metadata is staged by a copy, not by a kernel: readable before PdlWait. The host
-  // guarantees 1 <= len <= kT; every thread of the cluster walks the same tokens.
+  // guarantees 1 <= len <= kT (clamped all the same: the shared arrays are indexed by token);
+  // every thread of the cluster walks the same tokens.
   const int64_t begin = segs.token_begin[seg];
-  const int len = kT == 1 ? 1 : segs.num_tokens[seg];
+  const int len = kT == 1 ? 1 : min(segs.num_tokens[seg], kT);
   const int slot = segs.state_slot[seg];
 
   // This thread's conv channels: ch, a q/k channel (or, outside kLocalQk, a value column: one
@@ -290,10 +294,10 @@ __device__ __forceinline__ void DeltaNetStepBody(const DeltaNetDecodeStepArgs& p
   // Dk^-0.5 from the runtime head size, as the delta rule kernel forms it: a constant-folded
   // rsqrtf(kD) is the correctly rounded value, which the hardware's rsqrt need not return.
   const float q_scale = rsqrtf(static_cast<float>(p.head_dim));
-  // Token i's q and k, normalised into qk_s[slot], kq = k . q after both scalings: lane l takes
+  // Token i's q and k, normalised into qk_s[row], kq = k . q after both scalings: lane l takes
   // elements l, l + 32, ... of the key head, from its own block's conv_s (kLocalQk) or from the
   // blocks that own them.
-  auto normalise_qk = [&](int i, int slot) {
+  auto normalise_qk = [&](int i, int row) {
     float qn[Shape::kPerLane], kn[Shape::kPerLane];
 #pragma unroll
     for (int e = 0; e < Shape::kPerLane; ++e) {
@@ -311,8 +315,8 @@ __device__ __forceinline__ void DeltaNetStepBody(const DeltaNetDecodeStepArgs& p
     DeltaRuleQkNorms<Shape::kPerLane>(qn, kn, q_scale, qinv, kinv, kq);
 #pragma unroll
     for (int e = 0; e < Shape::kPerLane; ++e) {
-      qk_s[slot][0][lane + 32 * e] = qn[e] * qinv;
-      qk_s[slot][1][lane + 32 * e] = kn[e] * kinv;
+      qk_s[row][0][lane + 32 * e] = qn[e] * qinv;
+      qk_s[row][1][lane + 32 * e] = kn[e] * kinv;
     }
     return kq;
   };

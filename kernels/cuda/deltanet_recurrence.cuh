@@ -95,6 +95,10 @@ __device__ __forceinline__ void DeltaRuleAddPartner(float4 (*part)[kLpr][2], int
     part[warp][lane][1] = sq;
   }
   if constexpr (kPairBarrier) {
+    // bar.sync is barrier.sync.aligned: every lane of the warp must reach it together. The
+    // stores above are guarded by lane < kLpr and the warp reconverges after them, as named
+    // barriers after divergent code assume elsewhere too (CUTLASS). The non-.aligned form,
+    // measured together with other changes, was slower (performance.md, session 34).
     asm volatile("bar.sync %0, 64;\n" ::"r"(1 + warp / 2) : "memory");
   } else {
     __syncthreads();
