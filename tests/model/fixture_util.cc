@@ -78,4 +78,25 @@ std::unique_ptr<worker::HybridModel> LoadFixtureModel(const std::string& model_d
   return *std::move(model);
 }
 
+std::vector<float> PromptHiddenStates(worker::HybridModel& model,
+                                      const std::vector<int32_t>& prompt) {
+  worker::SequenceCache cache;
+  if (absl::Status started = model.StartSequence(cache); !started.ok()) {
+    ADD_FAILURE() << started;
+    return {};
+  }
+  std::vector<worker::SequenceStep> batch = {{prompt, &cache}};
+  std::vector<float> logits, hidden;
+  worker::ForwardOptions options;
+  options.hidden_out = &hidden;
+  options.hidden_all_tokens = true;
+  const absl::Status forward = model.Forward(batch, options, logits);
+  model.ReleaseSequence(cache);
+  if (!forward.ok()) {
+    ADD_FAILURE() << forward;
+    return {};
+  }
+  return hidden;
+}
+
 }  // namespace mobius::testing

@@ -38,6 +38,12 @@ double RelativeError(const float* a, const float* b, size_t n);
 std::unique_ptr<worker::HybridModel> LoadFixtureModel(const std::string& model_dir,
                                                       kernels::Backend& backend);
 
+// The target's post-norm hidden state at every position of `prompt` ([len, hidden], as the MTP
+// head observes them), from one forward in a sequence of its own that is released again. Fails
+// the calling test (ADD_FAILURE) and returns empty on error.
+std::vector<float> PromptHiddenStates(worker::HybridModel& model,
+                                      const std::vector<int32_t>& prompt);
+
 }  // namespace mobius::testing
 
 #endif  // MOBIUS_TESTS_MODEL_FIXTURE_UTIL_H_

@@ -267,18 +267,8 @@ TEST_F(CudaSpeculativeTest, RecordedMtpHeadStepsMatchOpByOpSteps) {
   ASSERT_TRUE(model_->CreateCaches(16, 256).ok());
   model_->SetDecodeCapture(256);
   const std::vector<int32_t>& prompt = prompts_[2];
-  std::vector<float> hidden;
-  {
-    SequenceCache cache;
-    ASSERT_TRUE(model_->StartSequence(cache).ok());
-    std::vector<SequenceStep> batch = {{prompt, &cache}};
-    std::vector<float> logits;
-    ForwardOptions options;
-    options.hidden_out = &hidden;
-    options.hidden_all_tokens = true;
-    ASSERT_TRUE(model_->Forward(batch, options, logits).ok());
-    model_->ReleaseSequence(cache);
-  }
+  const std::vector<float> hidden = testing::PromptHiddenStates(*model_, prompt);
+  ASSERT_FALSE(hidden.empty());
   ScopedHeadGraphsEnv env;
   auto rounds = [&](bool record_head, int* head_graphs) {
     env.Set(record_head ? nullptr : "0");  // the default records
@@ -318,18 +308,8 @@ TEST_F(CudaSpeculativeTest, DraftVocabularyRestrictsRecordedHeadDrafts) {
   ASSERT_TRUE(model_->CreateCaches(16, 256).ok());
   model_->SetDecodeCapture(256);
   const std::vector<int32_t>& prompt = prompts_[2];
-  std::vector<float> hidden;
-  {
-    SequenceCache cache;
-    ASSERT_TRUE(model_->StartSequence(cache).ok());
-    std::vector<SequenceStep> batch = {{prompt, &cache}};
-    std::vector<float> logits;
-    ForwardOptions options;
-    options.hidden_out = &hidden;
-    options.hidden_all_tokens = true;
-    ASSERT_TRUE(model_->Forward(batch, options, logits).ok());
-    model_->ReleaseSequence(cache);
-  }
+  const std::vector<float> hidden = testing::PromptHiddenStates(*model_, prompt);
+  ASSERT_FALSE(hidden.empty());
   const int vocab = model_->config().vocab_size;
   auto parse = [&](const std::vector<int32_t>& ids) {
     std::string text;

@@ -225,15 +225,7 @@ TEST_P(SpeculativeDecoderTest, MtpDraftsKeepGreedyOutputsIdentical) {
 TEST_P(SpeculativeDecoderTest, MtpHeadCacheIsPositionExact) {
   if (!model_->weights().mtp.has_value()) GTEST_SKIP() << "no mtp.* tensors in this fixture";
   const std::vector<int32_t>& prompt = prompts_[2];
-  SequenceCache cache;
-  ASSERT_TRUE(model_->StartSequence(cache).ok());
-  std::vector<SequenceStep> batch = {{prompt, &cache}};
-  std::vector<float> logits, hidden;
-  ForwardOptions options;
-  options.hidden_out = &hidden;
-  options.hidden_all_tokens = true;
-  ASSERT_TRUE(model_->Forward(batch, options, logits).ok());
-  model_->ReleaseSequence(cache);
+  const std::vector<float> hidden = testing::PromptHiddenStates(*model_, prompt);
   const int64_t H = model_->config().hidden_size;
   ASSERT_EQ(hidden.size(), prompt.size() * H);
   const int32_t next = 5;
@@ -269,15 +261,7 @@ TEST_P(SpeculativeDecoderTest, MtpHeadCacheIsPositionExact) {
 TEST_P(SpeculativeDecoderTest, DraftVocabularyRestrictsDraftsNotOutputs) {
   if (!model_->weights().mtp.has_value()) GTEST_SKIP() << "no mtp.* tensors in this fixture";
   const std::vector<int32_t>& prompt = prompts_[2];
-  SequenceCache cache;
-  ASSERT_TRUE(model_->StartSequence(cache).ok());
-  std::vector<SequenceStep> batch = {{prompt, &cache}};
-  std::vector<float> logits, hidden;
-  ForwardOptions options;
-  options.hidden_out = &hidden;
-  options.hidden_all_tokens = true;
-  ASSERT_TRUE(model_->Forward(batch, options, logits).ok());
-  model_->ReleaseSequence(cache);
+  const std::vector<float> hidden = testing::PromptHiddenStates(*model_, prompt);
   const int32_t next = 5;
   std::vector<int32_t> context = prompt;
   context.push_back(next);
