@@ -63,6 +63,19 @@ std::string ExpertLoadFile() {
   return path;
 }
 
+// A draft vocabulary for --spec-token-map: the fixture's even ids (1024 of 2048), one file per
+// test process as above.
+std::string SpecTokenMapFile() {
+  static const std::string path = [] {
+    const std::string p =
+        absl::StrCat(::testing::TempDir(), "/mobius_replica_spec_token_map_", getpid(), ".txt");
+    std::ofstream out(p);
+    for (int id = 0; id < 2048; id += 2) out << id << "\n";
+    return p;
+  }();
+  return path;
+}
+
 class ReplicaLayoutTest : public ::testing::TestWithParam<Layout> {};
 
 // Concurrent gRPC and HTTP streams through the router to one replica of several ranks: every
@@ -118,11 +131,18 @@ INSTANTIATE_TEST_SUITE_P(
         // MTP speculation (the fixture's random head: nearly every draft is rejected, so every
         // rank restores and replays its shard of the state nearly every step).
         Layout{2, {"--tp=2", "--spec-tokens=2"}}, Layout{2, {"--ep=2", "--spec-tokens=3"}},
-        Layout{2, {"--tp=2", "--sequence-parallel", "--spec-tokens=2"}}),
+        Layout{2, {"--tp=2", "--sequence-parallel", "--spec-tokens=2"}},
+        // The leader's head drafting over a draft vocabulary (its lm_head rows gathered from
+        // the whole lm_head every rank holds): outputs stay those of one process.
+        Layout{2, {"--tp=2", "--spec-tokens=2", "--spec-token-map=" + SpecTokenMapFile()}}),
     [](const ::testing::TestParamInfo<Layout>& info) {
       std::string name = "ranks" + std::to_string(info.param.ranks);
       for (std::string f : info.param.flags) {
         if (f.rfind("--expert-load=", 0) == 0) continue;  // a path
+        if (f.rfind("--spec-token-map=", 0) == 0) {
+          name += "_spectokenmap";  // a path
+          continue;
+        }
         std::string clean;
         for (char c : f) {
           if (std::isalnum(static_cast<unsigned char>(c))) clean += c;
