@@ -12,11 +12,23 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
 #include "absl/time/time.h"
 #include "inference.pb.h"
 #include "tokenizer/chat_template.h"
 
 namespace mobius::router {
+
+// An INVALID_ARGUMENT from the service may carry the GenerateRequest field it is about
+// ("temperature", "stop", "input_ids", "text", ...: a sampling field without its
+// "sampling_params." prefix) as a payload under this key, so that a front end can name the
+// field in its own spelling (the OpenAI error's `param`).
+inline constexpr char kRequestFieldPayload[] = "type.mobius.dev/generate_request.field";
+// That field, or "" when the status carries none.
+inline std::string RequestFieldOf(const absl::Status& status) {
+  const auto field = status.GetPayload(kRequestFieldPayload);  // absl::optional
+  return field.has_value() ? std::string(*field) : std::string();
+}
 
 // Per-call context supplied by a front end.
 struct CallContext {
@@ -36,9 +48,9 @@ class InferenceService {
   // complete message, or INVALID_ARGUMENT (bad request; named field), RESOURCE_EXHAUSTED (too
   // many queued; the message carries a retry hint), UNAVAILABLE (no healthy replica),
   // DEADLINE_EXCEEDED, CANCELLED, INTERNAL.
-  virtual absl::Status Generate(const v1::GenerateRequest& request, const CallContext& context,
-                                const std::function<bool(const v1::GenerateResponse&)>&
-                                    on_response) = 0;
+  virtual absl::Status Generate(
+      const v1::GenerateRequest& request, const CallContext& context,
+      const std::function<bool(const v1::GenerateResponse&)>& on_response) = 0;
 
   // Renders OpenAI-style chat messages into the model's prompt text (ChatML).
   virtual absl::StatusOr<std::string> RenderChat(

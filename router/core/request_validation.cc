@@ -3,14 +3,22 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_format.h"
 
 namespace mobius::router {
 namespace {
 
+absl::Status WithField(absl::Status status, std::string_view field) {
+  status.SetPayload(kRequestFieldPayload, absl::Cord(std::string(field)));
+  return status;
+}
+
 absl::Status Bad(std::string_view field, double value, std::string_view requirement) {
-  return absl::InvalidArgumentError(
-      absl::StrFormat("sampling_params.%s = %g is invalid: must be %s", field, value, requirement));
+  return WithField(
+      absl::InvalidArgumentError(absl::StrFormat("sampling_params.%s = %g is invalid: must be %s",
+                                                 field, value, requirement)),
+      field);
 }
 
 }  // namespace
@@ -41,9 +49,11 @@ absl::Status ValidateSamplingParams(const v1::SamplingParams& p, const v1::Model
   if (p.has_max_tokens()) {
     if (p.max_tokens() < 0) return Bad("max_tokens", p.max_tokens(), ">= 0");
     if (p.max_tokens() > model.max_context_length()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "sampling_params.max_tokens = %d is invalid: it exceeds the model's context length %d",
-          p.max_tokens(), model.max_context_length()));
+      return WithField(
+          absl::InvalidArgumentError(absl::StrFormat("sampling_params.max_tokens = %d is invalid: "
+                                                     "it exceeds the model's context length %d",
+                                                     p.max_tokens(), model.max_context_length())),
+          "max_tokens");
     }
   }
   if (p.has_logprobs() && (p.logprobs() < 0 || p.logprobs() > 20)) {
@@ -52,15 +62,18 @@ absl::Status ValidateSamplingParams(const v1::SamplingParams& p, const v1::Model
   for (int i = 0; i < p.stop_token_ids_size(); ++i) {
     const int32_t id = p.stop_token_ids(i);
     if (id < 0 || id >= model.vocab_size()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "sampling_params.stop_token_ids[%d] = %d is outside the model's vocabulary [0, %d)", i,
-          id, model.vocab_size()));
+      return WithField(absl::InvalidArgumentError(absl::StrFormat(
+                           "sampling_params.stop_token_ids[%d] = %d is outside the model's "
+                           "vocabulary [0, %d)",
+                           i, id, model.vocab_size())),
+                       "stop_token_ids");
     }
   }
   for (int i = 0; i < p.stop_size(); ++i) {
     if (p.stop(i).empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("sampling_params.stop[%d] is empty; stop strings need a character", i));
+      return WithField(absl::InvalidArgumentError(absl::StrFormat(
+                           "sampling_params.stop[%d] is empty; stop strings need a character", i)),
+                       "stop");
     }
   }
   return absl::OkStatus();
@@ -69,24 +82,29 @@ absl::Status ValidateSamplingParams(const v1::SamplingParams& p, const v1::Model
 absl::Status ValidatePrompt(absl::Span<const int32_t> ids, std::string_view field,
                             const v1::ModelInfo& model) {
   if (ids.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s is empty: the prompt needs a token", field));
+    return WithField(
+        absl::InvalidArgumentError(absl::StrFormat("%s is empty: the prompt needs a token", field)),
+        field);
   }
   const bool from_text = field == "text";
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= model.vocab_size()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: token %d at position %d is outside the model's vocabulary [0, %d)%s", field, ids[i],
-          i, model.vocab_size(),
-          from_text ? " (the router's --tokenizer does not match the served model)" : ""));
+      return WithField(
+          absl::InvalidArgumentError(absl::StrFormat(
+              "%s: token %d at position %d is outside the model's vocabulary [0, %d)%s", field,
+              ids[i], i, model.vocab_size(),
+              from_text ? " (the router's --tokenizer does not match the served model)" : "")),
+          field);
     }
   }
   const int64_t context = model.max_context_length();
   if (static_cast<int64_t>(ids.size()) >= context) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s has %d tokens; the model's context length is %d, so a prompt may have at most %d "
-        "(one position is left for the first generated token)",
-        field, ids.size(), context, context - 1));
+    return WithField(
+        absl::InvalidArgumentError(absl::StrFormat(
+            "%s has %d tokens; the model's context length is %d, so a prompt may have at most %d "
+            "(one position is left for the first generated token)",
+            field, ids.size(), context, context - 1)),
+        field);
   }
   return absl::OkStatus();
 }

@@ -5,16 +5,21 @@
 #define MOBIUS_ROUTER_CORE_REQUEST_VALIDATION_H_
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "inference.pb.h"
+#include "router/inference_service.h"
 
 namespace mobius::router {
 
 // Output tokens when the request leaves sampling_params.max_tokens unset (as the worker).
 inline constexpr int kDefaultMaxTokens = 16;
+
+// The errors below carry the field they are about as a RequestFieldOf payload
+// (router/inference_service.h).
 
 // INVALID_ARGUMENT naming the field for: temperature NaN, infinite or negative; top_k < -1; top_p
 // outside (0, 1]; min_p outside [0, 1]; repetition_penalty <= 0; presence/frequency penalty

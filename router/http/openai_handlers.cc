@@ -247,12 +247,14 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
   call.deadline = *deadline;
   call.cancelled = &sink.cancelled();
 
+  const bool chat = endpoint == Endpoint::kChat;
   if (!stream) {
     absl::Status status = service_.Generate(generate, call, [&](const v1::GenerateResponse& r) {
       learn_id(r);
       formatter.Append(r);
       return !sink.cancelled().load();
     });
+    status = ForOpenAiClient(status, chat);
     if (status.ok() && !formatter.complete()) {
       status = absl::InternalError("the service ended the request without a final message");
     }
@@ -295,6 +297,7 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
     if (!events.empty() && !sink.Write(std::move(events))) client_gone = true;
     return !client_gone;
   });
+  status = ForOpenAiClient(status, chat);
   if (!started) {
     if (status.ok()) {
       status = absl::InternalError("the service ended the request without a final message");
@@ -326,13 +329,13 @@ void OpenAiApi::DefaultChatMaxTokens(v1::SamplingParams* sampling) {
 }
 
 int32_t OpenAiApi::MaxContextLength() {
-  int32_t cached = max_context_length_.load();
-  if (cached >= 0) return cached;
+  // Asked every time, not cached: the service's length is the least of the replicas that have
+  // answered, and it drops when a replica with a shorter context joins. A cached default then
+  // exceeded it, and every chat request without max_tokens was refused for a field the client
+  // never sent.
   absl::StatusOr<v1::ModelInfo> info = service_.GetModelInfo();
-  if (!info.ok()) return 0;  // asked again next time: the replicas may not be up yet
-  cached = std::max(info->max_context_length(), 0);
-  max_context_length_.store(cached);
-  return cached;
+  if (!info.ok()) return 0;  // the replicas may not be up yet
+  return std::max(info->max_context_length(), 0);
 }
 
 std::string OpenAiApi::ModelName() {

@@ -58,14 +58,13 @@ class OpenAiApi {
   // OpenAI's chat default: generate until the context is full. Left unset (the service's
   // default) when the context length is unknown.
   void DefaultChatMaxTokens(v1::SamplingParams* sampling);
-  // The model's context length, asked of the service once; 0 when unknown.
+  // The model's context length as the service reports it now; 0 when unknown.
   int32_t MaxContextLength();
   std::string ModelName();
 
   InferenceService& service_;
   const HttpServerOptions options_;
   const int64_t created_;  // Unix seconds when the server started, for /v1/models
-  std::atomic<int32_t> max_context_length_{-1};
 };
 
 // An error response with the OpenAI error object, the status' HTTP code and, for 429,

@@ -7,9 +7,11 @@
 #include <utility>
 
 #include "absl/strings/cord.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/optional.h"
 #include "common/json_parse.h"
+#include "router/inference_service.h"
 
 namespace mobius::router::openai {
 namespace {
@@ -349,6 +351,31 @@ absl::Status FieldError(absl::string_view field, absl::string_view message) {
   return status;
 }
 
+absl::Status ForOpenAiClient(const absl::Status& status, bool chat) {
+  if (status.ok() || !ErrorParam(status).empty()) return status;
+  const std::string field = RequestFieldOf(status);
+  if (field.empty()) return status;
+  std::string param = field;
+  std::string message(status.message());
+  constexpr absl::string_view kSamplingPrefix = "sampling_params.";
+  if (field == "input_ids" || field == "text") {
+    param = chat ? "messages" : "prompt";
+    // The messages name the gRPC field first ("text has 600 tokens; ...").
+    if (absl::StartsWith(message, field)) message = param + message.substr(field.size());
+  } else {
+    if (chat && field == "logprobs") param = "top_logprobs";
+    if (absl::StartsWith(message, kSamplingPrefix)) {
+      message = message.substr(kSamplingPrefix.size());
+      if (param != field && absl::StartsWith(message, field)) {
+        message = param + message.substr(field.size());
+      }
+    }
+  }
+  absl::Status mapped(status.code(), message);
+  mapped.SetPayload(kParamPayload, absl::Cord(param));
+  return mapped;
+}
+
 std::string ErrorParam(const absl::Status& status) {
   absl::optional<absl::Cord> param = status.GetPayload(kParamPayload);
   return param.has_value() ? std::string(*param) : std::string();
@@ -383,7 +410,8 @@ absl::StatusOr<CompletionParams> ParseCompletionRequest(const Json& body,
   v1::SamplingParams* sampling = params.request.mutable_sampling_params();
   RETURN_IF_ERROR(ParseSampling(body, sampling));
   std::optional<int64_t> i;
-  ASSIGN_OR_RETURN(i, ReadInteger(body, "max_tokens"));
+  // At least 1, as vLLM asks (0 would return nothing and call it a length stop).
+  ASSIGN_OR_RETURN(i, ReadInteger(body, "max_tokens", /*min=*/1));
   sampling->set_max_tokens(i ? static_cast<int32_t>(*i) : kDefaultCompletionMaxTokens);
   ASSIGN_OR_RETURN(i, ReadInteger(body, "logprobs", 0, kInt32Max));
   if (i) {
@@ -416,9 +444,9 @@ absl::StatusOr<ChatParams> ParseChatRequest(const Json& body,
   RETURN_IF_ERROR(ParseSampling(body, &params.sampling));
   // max_completion_tokens replaces the deprecated max_tokens and wins when both are set.
   std::optional<int64_t> max_tokens;
-  ASSIGN_OR_RETURN(max_tokens, ReadInteger(body, "max_completion_tokens"));
+  ASSIGN_OR_RETURN(max_tokens, ReadInteger(body, "max_completion_tokens", /*min=*/1));
   if (!max_tokens) {
-    ASSIGN_OR_RETURN(max_tokens, ReadInteger(body, "max_tokens"));
+    ASSIGN_OR_RETURN(max_tokens, ReadInteger(body, "max_tokens", /*min=*/1));
   }
   if (max_tokens) params.sampling.set_max_tokens(static_cast<int32_t>(*max_tokens));
 

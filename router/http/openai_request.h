@@ -44,6 +44,11 @@ absl::StatusOr<ChatParams> ParseChatRequest(const nlohmann::json& body,
 
 // INVALID_ARGUMENT "<message>" carrying `field` as its OpenAI `param`.
 absl::Status FieldError(absl::string_view field, absl::string_view message);
+// A service error in the OpenAI API's terms: a field the router's validation named
+// (RequestFieldOf) becomes the error's `param` in the endpoint's spelling (the prompt is `prompt`,
+// or `messages` for chat; chat's logprobs count is `top_logprobs`), and its message loses the
+// "sampling_params." prefix of the gRPC field. Other statuses pass unchanged.
+absl::Status ForOpenAiClient(const absl::Status& status, bool chat);
 // The OpenAI error `param` / `code` attached to a status, or "" when none.
 std::string ErrorParam(const absl::Status& status);
 std::string ErrorCode(const absl::Status& status);

@@ -237,6 +237,13 @@ TEST_F(RouterServiceTest, ValidationErrorsNameTheField) {
     EXPECT_NE(c.status.message().find(test.expected), std::string::npos)
         << test.name << ": " << c.status;
     EXPECT_EQ(c.chunks + c.completes, 0) << test.name;
+    // The field rides along as a payload, for front ends to name in their own spelling.
+    if (test.name != "no input") {
+      std::string field(test.expected);
+      if (field.rfind("sampling_params.", 0) == 0) field = field.substr(16);
+      field = field.substr(0, field.find_first_of(" :[="));
+      EXPECT_EQ(RequestFieldOf(c.status), field) << test.name << ": " << c.status;
+    }
   }
   // Boundary values are accepted.
   v1::GenerateRequest ok = GreedyRequest({1, 2, 3}, 4);

@@ -130,7 +130,7 @@ class FakeService : public InferenceService {
     if (!model_info_ok) return absl::UnavailableError("no replica");
     v1::ModelInfo info;
     info.set_model_name("qwen-tiny");
-    info.set_max_context_length(100);
+    info.set_max_context_length(context_length.load());
     return info;
   }
 
@@ -152,6 +152,7 @@ class FakeService : public InferenceService {
 
   std::atomic<bool> ready{true};
   std::atomic<bool> model_info_ok{true};
+  std::atomic<int32_t> context_length{100};
 
  private:
   std::mutex mu_;
@@ -397,6 +398,24 @@ TEST_F(HttpServerTest, ChatWholeResponseDefaultsMaxTokensToTheContext) {
   EXPECT_EQ(service_.requests()[0].sampling_params().max_tokens(), 100);
 }
 
+// The default follows the service's context length as it is now: a replica with a shorter
+// context joining lowers it, and a default cached from before would exceed it (every chat
+// request without max_tokens was refused then).
+TEST_F(HttpServerTest, ChatDefaultMaxTokensFollowsTheContextLength) {
+  const Json chat = {{"messages", {{{"role", "user"}, {"content", "yo"}}}}};
+  service_.responses = {Chunk("Hi"), Complete(v1::FINISH_REASON_STOP, 5, 1)};
+  ASSERT_EQ(Post("/v1/chat/completions", chat).status, 200u);
+  service_.context_length = 60;
+  service_.responses = {Chunk("Hi"), Complete(v1::FINISH_REASON_STOP, 5, 1)};
+  ASSERT_EQ(Post("/v1/chat/completions", chat).status, 200u);
+  ASSERT_EQ(service_.requests().size(), 2u);
+  EXPECT_EQ(service_.requests()[0].sampling_params().max_tokens(), 100);
+  EXPECT_EQ(service_.requests()[1].sampling_params().max_tokens(), 60);
+  const Reply models = Send(http::verb::get, "/v1/models");
+  ASSERT_EQ(models.status, 200u);
+  EXPECT_EQ(models.json()["data"][0]["max_model_len"], 60);
+}
+
 TEST_F(HttpServerTest, TokenIdPromptsReachTheServiceAsIds) {
   service_.responses = {Complete(v1::FINISH_REASON_STOP, 3, 0)};
   ASSERT_EQ(Post("/v1/completions", {{"prompt", {1, 2, 3}}}).status, 200u);
@@ -419,6 +438,11 @@ TEST_F(HttpServerTest, RequestErrorsNameTheField) {
               "temperature", "temperature must be a number, got \"hot\"");
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 1.5}}), 400, "max_tokens",
               "max_tokens must be an integer");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 0}}), 400, "max_tokens",
+              "max_tokens must be an integer in [1, ");
+  ExpectError(Post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "yo"}}}},
+                                            {"max_completion_tokens", 0}}),
+              400, "max_completion_tokens", "max_completion_tokens must be an integer in [1, ");
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"n", 2}}), 400, "n", "n must be 1");
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"echo", true}}), 400, "echo",
               "echo is not supported");
@@ -440,6 +464,34 @@ TEST_F(HttpServerTest, RequestErrorsNameTheField) {
   Reply media = Send(http::verb::post, "/v1/completions", "{}", {{"Content-Type", "text/plain"}});
   ExpectError(media, 400, "", "application/json");
   EXPECT_TRUE(service_.requests().empty());
+}
+
+// The service's validation names the GenerateRequest field it refused (a RequestFieldOf
+// payload); the HTTP error names it as the OpenAI `param`, in the endpoint's spelling, and its
+// message drops the gRPC "sampling_params." prefix.
+TEST_F(HttpServerTest, ServiceFieldErrorsNameTheOpenAiParam) {
+  auto field_error = [](const std::string& message, const std::string& field) {
+    absl::Status status = absl::InvalidArgumentError(message);
+    status.SetPayload(kRequestFieldPayload, absl::Cord(field));
+    return status;
+  };
+  const Json chat = {{"messages", {{{"role", "user"}, {"content", "yo"}}}}};
+  service_.responses = {};
+  service_.status =
+      field_error("sampling_params.temperature = -1 is invalid: must be >= 0", "temperature");
+  for (bool stream : {false, true}) {
+    ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"stream", stream}}), 400, "temperature",
+                "temperature = -1 is invalid");
+    EXPECT_FALSE(absl::StrContains(
+        Post("/v1/completions", {{"prompt", "x"}, {"stream", stream}}).body, "sampling_params"));
+  }
+  service_.status = field_error("text has 600 tokens; the model's context length is 100", "text");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}}), 400, "prompt", "prompt has 600 tokens");
+  ExpectError(Post("/v1/chat/completions", chat), 400, "messages", "messages has 600 tokens");
+  service_.status =
+      field_error("sampling_params.logprobs = 30 is invalid: must be in [0, 20]", "logprobs");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}}), 400, "logprobs", "logprobs = 30");
+  ExpectError(Post("/v1/chat/completions", chat), 400, "top_logprobs", "top_logprobs = 30");
 }
 
 struct ServiceErrorCase {
