@@ -178,8 +178,50 @@ absl::Status ParseStop(const Json& body, v1::SamplingParams* sampling) {
   return absl::OkStatus();
 }
 
+// Request fields (of OpenAI's API or vLLM's extensions) that would change what is generated
+// and that we do not implement: refused by name rather than ignored, so that a client never
+// gets output it did not ask for. Each is refused only when set to something with an effect
+// (clients send the neutral values by default).
+absl::Status RefuseUnimplemented(const Json& body) {
+  auto effective = [](const Json& v) {
+    if (v.is_null()) return false;
+    if (v.is_boolean()) return v.get<bool>();
+    if (v.is_number()) return v.get<double>() != 0;
+    if (v.is_object() || v.is_array() || v.is_string()) return !v.empty();
+    return true;
+  };
+  struct Unimplemented {
+    const char* field;
+    const char* why;
+  };
+  static constexpr Unimplemented kFields[] = {
+      {"logit_bias", "per-token logit biases are not applied"},
+      {"min_tokens", "a minimum output length is not enforced"},
+      {"include_stop_str_in_output", "stop strings are always left out of the output"},
+      {"prompt_logprobs", "prompt log-probabilities are not computed"},
+      {"guided_json", "guided decoding is not supported"},
+      {"guided_regex", "guided decoding is not supported"},
+      {"guided_choice", "guided decoding is not supported"},
+      {"guided_grammar", "guided decoding is not supported"},
+      {"structured_outputs", "structured output is not supported"},
+      {"bad_words", "bad-word filtering is not applied"},
+      {"allowed_token_ids", "restricting the sampled tokens is not supported"},
+      {"truncate_prompt_tokens", "prompts are never truncated"},
+      {"use_beam_search", "beam search is not supported"},
+  };
+  for (const Unimplemented& u : kFields) {
+    const Json* value = Member(body, u.field);
+    if (value != nullptr && effective(*value)) {
+      return FieldError(u.field, absl::StrCat(u.field, " is not supported: ", u.why,
+                                              " (send it unset, or its neutral value)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Fields both endpoints share; max_tokens and logprobs differ between them and are left out.
 absl::Status ParseSampling(const Json& body, v1::SamplingParams* sampling) {
+  RETURN_IF_ERROR(RefuseUnimplemented(body));
   std::optional<float> f;
   ASSIGN_OR_RETURN(f, ReadFloat(body, "temperature"));
   if (f) sampling->set_temperature(*f);

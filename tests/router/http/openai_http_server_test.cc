@@ -304,6 +304,17 @@ TEST_F(HttpServerTest, CompletionWholeResponse) {
   EXPECT_FALSE(request.sampling_params().has_top_p());
 }
 
+TEST_F(HttpServerTest, NeutralValuesOfUnimplementedFieldsPass) {
+  service_.responses = {Chunk("x"), Complete(v1::FINISH_REASON_STOP, 1, 1)};
+  Reply reply = Post("/v1/completions", {{"prompt", "x"},
+                                         {"logit_bias", Json::object()},
+                                         {"min_tokens", 0},
+                                         {"include_stop_str_in_output", false},
+                                         {"prompt_logprobs", nullptr},
+                                         {"use_beam_search", false}});
+  EXPECT_EQ(reply.status, 200u) << reply.body;
+}
+
 TEST_F(HttpServerTest, ServiceAssignedIdIsReturned) {
   service_.responses = {Chunk("x"), Complete(v1::FINISH_REASON_STOP, 1, 1)};
   Reply reply = Post("/v1/completions", {{"prompt", "hi"}});
@@ -444,6 +455,17 @@ TEST_F(HttpServerTest, RequestErrorsNameTheField) {
                                             {"max_completion_tokens", 0}}),
               400, "max_completion_tokens", "max_completion_tokens must be an integer in [1, ");
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"n", 2}}), 400, "n", "n must be 1");
+  // Fields that would change the output and that we do not implement are refused by name, for
+  // both endpoints; their neutral values pass.
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"logit_bias", {{"57025", -100}}}}), 400,
+              "logit_bias", "logit_bias is not supported");
+  ExpectError(Post("/v1/chat/completions",
+                   {{"messages", {{{"role", "user"}, {"content", "yo"}}}}, {"min_tokens", 4}}),
+              400, "min_tokens", "min_tokens is not supported");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"include_stop_str_in_output", true}}), 400,
+              "include_stop_str_in_output", "is not supported");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"guided_json", {{"type", "object"}}}}),
+              400, "guided_json", "guided decoding is not supported");
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"echo", true}}), 400, "echo",
               "echo is not supported");
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"stop", {"a", "b", "c", "d", "e"}}}), 400,
