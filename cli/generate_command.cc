@@ -64,7 +64,12 @@ absl::Status GenerateSpeculatively(worker::HybridModel& model, const std::vector
                                    int max_tokens, double temperature,
                                    const std::vector<int32_t>& eos, int spec_tokens,
                                    worker::DraftVocabulary vocabulary) {
-  const int max_len = static_cast<int>(prompt.size()) + max_tokens + spec_tokens;
+  // In 64 bits and capped at the model's positions (the forward refuses more; drafts past the
+  // end are never proposed): a huge --max-tokens must not overflow the sum.
+  const int64_t positions = std::min<int64_t>(static_cast<int64_t>(prompt.size()) + max_tokens,
+                                              model.config().max_position_embeddings) +
+                            spec_tokens;
+  const int max_len = static_cast<int>(positions);
   // The sequence's state slot and its rollback snapshot.
   RETURN_IF_ERROR(model.CreateCaches(/*max_sequences=*/2, max_len));
   ASSIGN_OR_RETURN(std::unique_ptr<worker::MtpDrafter> drafter,

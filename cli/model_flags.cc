@@ -1,6 +1,8 @@
 #include "cli/model_flags.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -63,9 +65,11 @@ void ApplyModelRuntimeFlags(worker::HybridModel& model) {
 
 absl::StatusOr<int> SpecTokensFromFlags() {
   const int k = absl::GetFlag(FLAGS_spec_tokens);
-  if (k < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--spec-tokens is ", k, "; it must be >= 0 (0 turns speculation off)"));
+  if (k < 0 || k > kMaxSpecTokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--spec-tokens is ", k, "; it must be in [0, ", kMaxSpecTokens,
+        "] (0 turns speculation off; a verify step carries k + 1 tokens a sequence, and an MTP "
+        "head's acceptance falls with every position: 1-4 are typical)"));
   }
   if (k == 0 && !absl::GetFlag(FLAGS_spec_token_map).empty()) {
     return absl::InvalidArgumentError(
@@ -99,8 +103,17 @@ absl::StatusOr<std::unique_ptr<worker::MtpDrafter>> MtpDrafterFromFlags(
     worker::DraftVocabulary vocabulary) {
   ASSIGN_OR_RETURN(const int k, SpecTokensFromFlags());
   if (k == 0) return std::unique_ptr<worker::MtpDrafter>();
-  absl::StatusOr<std::unique_ptr<worker::MtpDrafter>> drafter =
-      worker::MtpDrafter::Create(model, max_sequences, max_tokens + k, std::move(vocabulary));
+  // The head's positions: a sequence's (capped as the engine caps --max-model-len) plus the
+  // drafts of one step.
+  const int64_t positions =
+      std::min<int64_t>(max_tokens, model.config().max_position_embeddings) + k;
+  if (positions > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat("--spec-tokens ", k, ": ", max_tokens,
+                                                   " positions and ", k,
+                                                   " drafts exceed what a sequence can address"));
+  }
+  absl::StatusOr<std::unique_ptr<worker::MtpDrafter>> drafter = worker::MtpDrafter::Create(
+      model, max_sequences, static_cast<int>(positions), std::move(vocabulary));
   if (!drafter.ok()) {
     return absl::Status(drafter.status().code(),
                         absl::StrCat("--spec-tokens ", k, ": ", drafter.status().message()));

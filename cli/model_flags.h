@@ -25,8 +25,10 @@ absl::StatusOr<worker::ModelSource> ModelSourceFromFlags();
 absl::StatusOr<std::unique_ptr<kernels::Backend>> BackendFromFlags();
 // Applies the flags that tune a loaded model's execution (--cuda-graph-max-batch).
 void ApplyModelRuntimeFlags(worker::HybridModel& model);
-// --spec-tokens: the validated draft count (0: off). InvalidArgument when negative, or when 0
-// with --spec-token-map set.
+// The most drafts --spec-tokens takes.
+inline constexpr int kMaxSpecTokens = 32;
+// --spec-tokens: the validated draft count (0: off). InvalidArgument when outside
+// [0, kMaxSpecTokens], or when 0 with --spec-token-map set.
 absl::StatusOr<int> SpecTokensFromFlags();
 // --spec-token-map: the MTP head's draft vocabulary (whole when the flag is empty), checked
 // against the vocabulary size in `source`'s config; call it before loading the weights. Errors

@@ -149,6 +149,10 @@ TEST(CliTest, SpecTokenMapRestrictsDraftsAndIsChecked) {
                                     " --prompt-ids 1 --spec-token-map " + map);
   EXPECT_NE(without_drafts.exit_code, 0);
   EXPECT_THAT(without_drafts.out, HasSubstr("--spec-token-map is set but --spec-tokens is 0"));
+  Result too_many = RunMobius("generate --model " + Fixture("intern-s2-mobius-tiny") +
+                              " --prompt-ids 1 --spec-tokens 33");
+  EXPECT_NE(too_many.exit_code, 0);
+  EXPECT_THAT(too_many.out, HasSubstr("--spec-tokens is 33; it must be in [0, 32]"));
 }
 
 // --draw times the step again with its tokens drawn (greedy, on the device, on the host, with

@@ -499,6 +499,34 @@ TEST_F(EngineTest, AcceptedDraftsStreamSeveralTokensPerMessage) {
   EXPECT_THAT(text, HasSubstr("mobius_spec_decode_verify_seconds_count"));
 }
 
+// A stop token inside the accepted drafts ends the output there: the tokens after it were
+// verified but never sent, and vllm:generation_tokens counts what was sent.
+TEST_F(EngineTest, GenerationTokensCountWhatAStopInsideTheDraftsLeaves) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  EngineMetrics metrics(registry, "tiny", model_->num_banks());
+  ReferenceDrafter drafter(ref_);
+  EngineOptions options;
+  options.max_model_len = 256;
+  options.metrics = &metrics;
+  options.spec_tokens = 4;
+  options.drafter = &drafter;
+  auto engine = Start(options);
+  ASSERT_NE(engine, nullptr);
+  Streams streams;
+  const auto& [p, expected] = ref_.greedy[0];
+  ASSERT_GE(expected.size(), 8u);
+  GenerationRequest request = Greedy("stop", ref_.prompts[p], 20);
+  // The third token: the first verify step (after the prefill's token) accepts the drafts up to
+  // and past it. (It must not occur earlier in the continuation.)
+  ASSERT_EQ(std::count(expected.begin(), expected.begin() + 3, expected[2]), 1);
+  request.params.stop_token_ids = {expected[2]};
+  ASSERT_TRUE(engine->Enqueue(request, streams.For("stop")).ok());
+  const auto r = streams.Wait("stop");
+  EXPECT_EQ(r.tokens, std::vector<int32_t>(expected.begin(), expected.begin() + 3));
+  EXPECT_GT(metrics.spec_accepted_tokens.Value(), 1);  // the drafts past the stop were accepted
+  EXPECT_EQ(metrics.generation_tokens.Value(), 3);
+}
+
 // Sampled requests with drafts: each sequence's drafts are verified against its own rows and
 // random stream (in parallel across the step's sequences), so seeded outputs do not depend on
 // which sequences share a step: one sequence a step and four give the same tokens. Drafts are

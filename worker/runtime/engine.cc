@@ -678,7 +678,6 @@ bool Engine::Step() {
     }
     const absl::Time token_time = absl::Now();
     if (EngineMetrics* m = options_.metrics) {
-      m->generation_tokens.Increment(static_cast<double>(new_tokens.size()));
       if (seq.output.empty()) {
         m->time_to_first_token.Observe(absl::ToDoubleSeconds(token_time - seq.arrival_time));
       } else {
@@ -707,6 +706,11 @@ bool Engine::Step() {
         out.finish = FinishReason::kLength;
       }
       if (out.finish != FinishReason::kNone) break;
+    }
+    // The tokens sent, not those verified: a stop inside the accepted drafts drops the rest.
+    // (The speculation counters above keep the verifier's view: they measure the drafter.)
+    if (EngineMetrics* m = options_.metrics) {
+      m->generation_tokens.Increment(static_cast<double>(out.tokens.size()));
     }
     out.prompt_tokens = static_cast<int>(seq.prompt.size());
     out.completion_tokens = static_cast<int>(seq.output.size());

@@ -83,9 +83,19 @@ absl::Status MtpDrafter::Observe(std::span<const TargetStep> steps) {
           absl::StrFormat("MTP observe: sequence %d has %d tokens and %d hidden values (H = %d)",
                           step.sequence, n, step.hidden.size(), H));
     }
-    auto [it, fresh] = sequences_.try_emplace(step.sequence);
+    auto it = sequences_.find(step.sequence);
+    if (it == sequences_.end()) {
+      // A sequence the head has not seen from its first position (it was forgotten after a gap,
+      // or this is not its first step) gets no drafts: no head slot is taken for it.
+      if (step.start > 0) continue;
+      it = sequences_.try_emplace(step.sequence).first;
+      if (!head_->StartSequence(it->second.cache).ok()) {
+        // No head slot: this sequence decodes without drafts; the others still observe.
+        sequences_.erase(it);
+        continue;
+      }
+    }
     Sequence& s = it->second;
-    if (fresh) RETURN_IF_ERROR(head_->StartSequence(s.cache));
     if (step.start > s.cache.num_tokens) {
       // A gap (an earlier observation of this sequence failed): its drafts could only be noise,
       // so forget it: the sequence decodes without drafts from here on.

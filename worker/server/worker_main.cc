@@ -103,7 +103,6 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(ModelSource source, cli::ModelSourceFromFlags());
   ASSIGN_OR_RETURN(source.shard, cli::ShardFromFlags());
   RETURN_IF_ERROR(cli::SpecTokensFromFlags().status());
-  ASSIGN_OR_RETURN(DraftVocabulary draft_vocabulary, cli::DraftVocabularyFromFlags(source));
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, cli::BackendFromFlags());
 
   // The health service of whichever role this process takes, once it exists: a failed group
@@ -120,6 +119,12 @@ absl::Status Run() {
         std::_Exit(3);
       }));
   source.comm = replica.comm.get();
+  // Only the leader drafts, so only it reads --spec-token-map (on a replica of several hosts the
+  // file need only be beside the leader); before the weights load, so that a bad map fails fast.
+  DraftVocabulary draft_vocabulary;
+  if (replica.leader()) {
+    ASSIGN_OR_RETURN(draft_vocabulary, cli::DraftVocabularyFromFlags(source));
+  }
   MOBIUS_LOG(INFO, "worker", "") << "loading model " << source.model_dir << source.config_path;
   ASSIGN_OR_RETURN(std::unique_ptr<HybridModel> model, LoadHybridModel(source, *backend));
   cli::ApplyModelRuntimeFlags(*model);
