@@ -38,14 +38,15 @@ ABSL_FLAG(int, cuda_graph_max_batch, 256,
           "each batch size runs and replayed afterwards (one launch per step instead of "
           "hundreds); 0 runs every op separately. Only the cuda device records.");
 
-ABSL_FLAG(int, spec_tokens, 0,
-          "Speculative decoding with the checkpoint's MTP draft head (mtp.*): up to this many "
-          "draft tokens per decoding sequence and step, verified together in one target forward "
-          "and rolled back exactly when rejected, so outputs do not change (greedy: identical; "
-          "sampling: the same distribution). 0 turns it off. Needs the mtp.* tensors (dummy "
-          "weights have them). On a replica of several ranks the leader runs the head and every "
-          "rank rolls back its shard of the state. Requests that ask for logprobs decode "
-          "without drafts.");
+ABSL_FLAG(
+    int, spec_tokens, 0,
+    "Speculative decoding with the checkpoint's MTP draft head (mtp.*): up to this many "
+    "draft tokens per decoding sequence and step, verified together in one target forward "
+    "and rolled back exactly when rejected, so outputs do not change (greedy: identical; "
+    "sampling: the same distribution). 0 turns it off; at most 32. Needs the mtp.* tensors (dummy "
+    "weights have them). On a replica of several ranks the leader runs the head and every "
+    "rank rolls back its shard of the state. Requests that ask for logprobs decode "
+    "without drafts.");
 
 ABSL_FLAG(std::string, spec_token_map, "",
           "With --spec-tokens: a file of the token ids the MTP head may draft (a \"hot\" "
