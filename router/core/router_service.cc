@@ -193,7 +193,11 @@ class RouterService::RequestRun {
     for (int k = 0; k < chunk.token_ids_size() && !matched_stop_; ++k) {
       const int32_t id = chunk.token_ids(k);
       out->add_token_ids(id);
-      if (k < chunk.logprobs_size()) *out->add_logprobs() = chunk.logprobs(k);
+      if (k < chunk.logprobs_size()) {
+        v1::OutputLogprobs* logprobs = out->add_logprobs();
+        *logprobs = chunk.logprobs(k);
+        AddTokenBytes(id, *logprobs);
+      }
       ++completion_tokens_;
       if (!detokenizer_) continue;
       // An id the tokenizer lacks (embedding rows past its vocabulary) has no text.
@@ -216,6 +220,23 @@ class RouterService::RequestRun {
       series_.generation_tokens->Increment(out->token_ids_size());
     }
     return on_response_(response);
+  }
+
+  // The chosen and the top tokens' bytes (TokenLogprob.token_bytes), so that a front end can
+  // show the tokens themselves; nothing without a tokenizer, or for an id it lacks. Special
+  // tokens keep their text here whatever skip_special_tokens says: a logprob entry names a
+  // token, it is not output text.
+  void AddTokenBytes(int32_t chosen, v1::OutputLogprobs& logprobs) const {
+    const tokenizer::Tokenizer* tokenizer = service_.tokenizer_.get();
+    if (tokenizer == nullptr) return;
+    if (absl::StatusOr<std::string_view> b = tokenizer->TokenBytes(chosen); b.ok()) {
+      logprobs.set_token_bytes(std::string(*b));
+    }
+    for (v1::TokenLogprob& t : *logprobs.mutable_top()) {
+      if (absl::StatusOr<std::string_view> b = tokenizer->TokenBytes(t.token_id()); b.ok()) {
+        t.set_token_bytes(std::string(*b));
+      }
+    }
   }
 
   // Sends the held-back text (when `flush`) and the one `complete` message.

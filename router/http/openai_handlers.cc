@@ -221,6 +221,7 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
     stream = params->stream;
     context.include_usage = params->include_usage;
     context.logprobs = params->logprobs;
+    context.tokens_as_ids = params->tokens_as_ids;
   } else {
     absl::StatusOr<ChatParams> params = ParseChatRequest(*body, context.model);
     if (!params.ok()) return fail(params.status());
@@ -232,6 +233,7 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
     stream = params->stream;
     context.include_usage = params->include_usage;
     context.logprobs = params->logprobs;
+    context.tokens_as_ids = params->tokens_as_ids;
   }
   generate.set_request_id(*request_id);
 

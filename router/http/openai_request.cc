@@ -461,6 +461,9 @@ absl::StatusOr<CompletionParams> ParseCompletionRequest(const Json& body,
     params.logprobs = true;
   }
   RETURN_IF_ERROR(ParseStreaming(body, &params.stream, &params.include_usage));
+  std::optional<bool> as_ids;
+  ASSIGN_OR_RETURN(as_ids, ReadBool(body, "return_tokens_as_token_ids"));
+  params.tokens_as_ids = as_ids.value_or(false);
 
   std::optional<bool> echo;
   ASSIGN_OR_RETURN(echo, ReadBool(body, "echo"));
@@ -495,6 +498,9 @@ absl::StatusOr<ChatParams> ParseChatRequest(const Json& body,
   std::optional<bool> logprobs;
   ASSIGN_OR_RETURN(logprobs, ReadBool(body, "logprobs"));
   params.logprobs = logprobs.value_or(false);
+  std::optional<bool> as_ids;
+  ASSIGN_OR_RETURN(as_ids, ReadBool(body, "return_tokens_as_token_ids"));
+  params.tokens_as_ids = as_ids.value_or(false);
   std::optional<int64_t> top;
   ASSIGN_OR_RETURN(top, ReadInteger(body, "top_logprobs", 0, kInt32Max));
   if (top && !params.logprobs) {

@@ -23,6 +23,7 @@ struct CompletionParams {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool logprobs = false;       // `logprobs` was given (sampling_params.logprobs holds n)
+  bool tokens_as_ids = false;  // return_tokens_as_token_ids (vLLM): "token_id:<id>" labels
 };
 
 struct ChatParams {
@@ -30,7 +31,8 @@ struct ChatParams {
   v1::SamplingParams sampling;  // max_tokens unset when the client gave neither alias
   bool stream = false;
   bool include_usage = false;
-  bool logprobs = false;  // `logprobs: true` (sampling.logprobs holds top_logprobs)
+  bool logprobs = false;       // `logprobs: true` (sampling.logprobs holds top_logprobs)
+  bool tokens_as_ids = false;  // return_tokens_as_token_ids
 };
 
 // Parses a request body. Malformed JSON names the byte offset; nesting is capped.

@@ -9,7 +9,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "router/http/openai_request.h"
+#include "tokenizer/utf8.h"
 
 namespace mobius::router::openai {
 namespace {
@@ -57,7 +59,27 @@ const char* FinishReason(v1::FinishReason reason) {
   }
 }
 
-std::string TokenLabel(int32_t id) { return absl::StrCat("token_id:", id); }
+// A token as the logprobs show it: its text when the router sent its bytes (TokenLogprob.
+// token_bytes) and they are whole UTF-8; vLLM's "bytes:\xNN..." spelling when they are part of
+// a character; "token_id:N" without a tokenizer.
+std::string TokenLabel(int32_t id, bool has_bytes, const std::string& bytes) {
+  if (!has_bytes || id < 0) return absl::StrCat("token_id:", id);
+  if (tokenizer::IsValidUtf8(bytes)) return bytes;
+  std::string out = "bytes:";
+  for (unsigned char c : bytes) absl::StrAppend(&out, absl::StrFormat("\\x%02x", c));
+  return out;
+}
+template <typename Entry>
+std::string TokenLabelOf(const Entry& e, bool as_ids) {
+  return TokenLabel(e.token_id(), e.has_token_bytes() && !as_ids, e.token_bytes());
+}
+// OpenAI's `bytes`: the token's UTF-8 bytes as integers, or null when unknown.
+Json BytesJson(bool has_bytes, const std::string& bytes) {
+  if (!has_bytes) return nullptr;
+  Json out = Json::array();
+  for (unsigned char c : bytes) out.push_back(static_cast<int>(c));
+  return out;
+}
 
 size_t CountCodePoints(const std::string& text) {
   return static_cast<size_t>(std::count_if(text.begin(), text.end(), [](char c) {
@@ -181,14 +203,19 @@ Json CompletionFormatter::Logprobs(const v1::TextChunk& chunk, size_t text_offse
              {"top_logprobs", Json::array()},
              {"text_offset", Json::array()}};
     for (int k = 0; k < n; ++k) {
-      out["tokens"].push_back(TokenLabel(chunk.token_ids(k)));
+      const bool chosen_bytes = k < chunk.logprobs_size() && chunk.logprobs(k).has_token_bytes() &&
+                                !context_.tokens_as_ids;
+      const std::string chosen =
+          TokenLabel(chunk.token_ids(k), chosen_bytes,
+                     chosen_bytes ? chunk.logprobs(k).token_bytes() : std::string());
+      out["tokens"].push_back(chosen);
       out["token_logprobs"].push_back(entry_logprob(k));
       Json top = Json::object();
       if (k < chunk.logprobs_size()) {
         for (const v1::TokenLogprob& t : chunk.logprobs(k).top()) {
-          top[TokenLabel(t.token_id())] = t.logprob();
+          top[TokenLabelOf(t, context_.tokens_as_ids)] = t.logprob();
         }
-        top[TokenLabel(chunk.token_ids(k))] = chunk.logprobs(k).logprob();
+        top[chosen] = chunk.logprobs(k).logprob();
       }
       out["top_logprobs"].push_back(std::move(top));
       // Token strings are unknown here, so every token of a chunk starts where its text does.
@@ -201,14 +228,18 @@ Json CompletionFormatter::Logprobs(const v1::TextChunk& chunk, size_t text_offse
     Json top = Json::array();
     if (k < chunk.logprobs_size()) {
       for (const v1::TokenLogprob& t : chunk.logprobs(k).top()) {
-        top.push_back(Json{
-            {"token", TokenLabel(t.token_id())}, {"logprob", t.logprob()}, {"bytes", nullptr}});
+        top.push_back(Json{{"token", TokenLabelOf(t, context_.tokens_as_ids)},
+                           {"logprob", t.logprob()},
+                           {"bytes", BytesJson(t.has_token_bytes(), t.token_bytes())}});
       }
     }
-    content.push_back(Json{{"token", TokenLabel(chunk.token_ids(k))},
-                           {"logprob", entry_logprob(k)},
-                           {"bytes", nullptr},
-                           {"top_logprobs", std::move(top)}});
+    const bool has_bytes = k < chunk.logprobs_size() && chunk.logprobs(k).has_token_bytes();
+    const std::string bytes = has_bytes ? chunk.logprobs(k).token_bytes() : std::string();
+    content.push_back(
+        Json{{"token", TokenLabel(chunk.token_ids(k), has_bytes && !context_.tokens_as_ids, bytes)},
+             {"logprob", entry_logprob(k)},
+             {"bytes", BytesJson(has_bytes, bytes)},
+             {"top_logprobs", std::move(top)}});
   }
   return Json{{"content", std::move(content)}};
 }

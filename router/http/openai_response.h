@@ -44,11 +44,13 @@ struct ResponseContext {
   std::string model;
   bool logprobs = false;       // the client asked for logprobs
   bool include_usage = false;  // streaming: a usage chunk before [DONE]
+  bool tokens_as_ids = false;  // logprob tokens as "token_id:<id>" (return_tokens_as_token_ids)
 };
 
 // Turns one request's GenerateResponse messages into OpenAI objects, either chunk by chunk
-// (streaming) or accumulated into one body. Logprob tokens are rendered "token_id:<id>" (vLLM's
-// --return-tokens-as-token-ids form), since the service streams ids, not token strings.
+// (streaming) or accumulated into one body. Logprob tokens are the tokens' text when the service
+// sent their bytes (a router with a tokenizer does; vLLM's "bytes:\xNN" spelling for part of a
+// character), and "token_id:<id>" without them or with return_tokens_as_token_ids (vLLM's form).
 class CompletionFormatter {
  public:
   explicit CompletionFormatter(ResponseContext context);

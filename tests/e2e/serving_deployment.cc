@@ -260,8 +260,14 @@ GrpcOutcome GrpcGenerate(v1::Inference::Stub& stub, const v1::GenerateRequest& r
 }
 
 Json CompletionBody(const std::vector<int32_t>& prompt, int max_tokens) {
-  return Json{{"model", kServedModel}, {"prompt", prompt},   {"max_tokens", max_tokens},
-              {"temperature", 0},      {"ignore_eos", true}, {"logprobs", 0},
+  // The ids come back as the logprobs' "token_id:<id>" labels.
+  return Json{{"model", kServedModel},
+              {"prompt", prompt},
+              {"max_tokens", max_tokens},
+              {"temperature", 0},
+              {"ignore_eos", true},
+              {"logprobs", 0},
+              {"return_tokens_as_token_ids", true},
               {"stream", true}};
 }
 

@@ -92,6 +92,34 @@ TEST_F(RouterServiceTest, GreedyOutputsMatchTheReference) {
   }
 }
 
+// With a tokenizer the router adds each logprob entry's token bytes (the chosen token's and the
+// top ones'), so that front ends can show the tokens: the tokenizer's own bytes of each id.
+TEST_F(RouterServiceTest, LogprobsCarryTheTokensBytes) {
+  StartRouter(1);
+  auto tok = LoadTokenizer();
+  v1::GenerateRequest request = GreedyRequest(Prompt(0), 4);
+  request.mutable_sampling_params()->set_logprobs(2);
+  std::vector<v1::OutputLogprobs> entries;
+  std::vector<int32_t> ids;
+  Collected c = RunGenerate(*router_, request, nullptr, [&](const v1::TextChunk& chunk) {
+    for (int k = 0; k < chunk.logprobs_size(); ++k) {
+      entries.push_back(chunk.logprobs(k));
+      ids.push_back(chunk.token_ids(k));
+    }
+  });
+  ASSERT_TRUE(c.status.ok()) << c.status;
+  ASSERT_EQ(entries.size(), 4u);
+  for (size_t k = 0; k < entries.size(); ++k) {
+    ASSERT_TRUE(entries[k].has_token_bytes()) << k;
+    EXPECT_EQ(entries[k].token_bytes(), std::string(*tok->TokenBytes(ids[k]))) << k;
+    ASSERT_EQ(entries[k].top_size(), 2) << k;
+    for (const v1::TokenLogprob& t : entries[k].top()) {
+      ASSERT_TRUE(t.has_token_bytes()) << k;
+      EXPECT_EQ(t.token_bytes(), std::string(*tok->TokenBytes(t.token_id()))) << k;
+    }
+  }
+}
+
 TEST_F(RouterServiceTest, SixteenConcurrentStreamsUseBothReplicasAndFinish) {
   StartRouter(2);
   constexpr int kStreams = 16;

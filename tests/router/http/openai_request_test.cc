@@ -57,6 +57,18 @@ TEST(ParseCompletion, IncludeUsageOnlyWhenStreaming) {
   EXPECT_TRUE(ParseCompletionRequest(body, "")->include_usage);
 }
 
+TEST(ParseCompletion, ReturnTokensAsTokenIds) {
+  Json body{{"prompt", "p"}};
+  EXPECT_FALSE(ParseCompletionRequest(body, "")->tokens_as_ids);
+  body["return_tokens_as_token_ids"] = true;
+  EXPECT_TRUE(ParseCompletionRequest(body, "")->tokens_as_ids);
+  Json chat{{"messages", {{{"role", "user"}, {"content", "x"}}}},
+            {"return_tokens_as_token_ids", true}};
+  EXPECT_TRUE(ParseChatRequest(chat, "")->tokens_as_ids);
+  body["return_tokens_as_token_ids"] = "yes";
+  EXPECT_FALSE(ParseCompletionRequest(body, "").ok());
+}
+
 TEST(ParseCompletion, EmptyServedNameAcceptsAnyModel) {
   EXPECT_TRUE(ParseCompletionRequest(Json{{"model", "x"}, {"prompt", "p"}}, "").ok());
   absl::Status wrong = ParseCompletionRequest(Json{{"model", "x"}, {"prompt", "p"}}, "y").status();
@@ -239,6 +251,47 @@ TEST(Formatter, ChatLogprobsStream) {
   EXPECT_EQ(content[0]["token"], "token_id:11");
   EXPECT_EQ(content[0]["logprob"], -0.5);
   EXPECT_EQ(content[0]["top_logprobs"][0]["token"], "token_id:99");
+}
+
+// With the tokens' bytes (a router with a tokenizer sends them) the logprobs show the tokens:
+// their text when whole UTF-8, vLLM's "bytes:\xNN" spelling for part of a character, and chat's
+// `bytes` as integers; return_tokens_as_token_ids keeps the "token_id:<id>" labels.
+v1::GenerateResponse LogprobChunkWithBytes() {
+  v1::GenerateResponse r = LogprobChunk();
+  v1::TextChunk* chunk = r.mutable_chunk();
+  chunk->mutable_logprobs(0)->set_token_bytes("h");
+  chunk->mutable_logprobs(1)->set_token_bytes("\xc3");  // the first byte of "é"
+  for (int k = 0; k < 2; ++k) chunk->mutable_logprobs(k)->mutable_top(0)->set_token_bytes(" a");
+  return r;
+}
+
+TEST(Formatter, LogprobTokensAreTheirTextWhenTheBytesAreKnown) {
+  CompletionFormatter completions({Endpoint::kCompletions, "cmpl-1", 5, "m", true, false});
+  completions.Append(LogprobChunkWithBytes());
+  v1::GenerateResponse done;
+  done.mutable_complete()->set_finish_reason(v1::FINISH_REASON_STOP);
+  completions.Append(done);
+  const Json lp = Json::parse(completions.Body())["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"], Json({"h", "bytes:\\xc3"}));
+  EXPECT_EQ(lp["top_logprobs"][0][" a"], -0.25);
+  EXPECT_EQ(lp["top_logprobs"][0]["h"], -0.5);
+
+  CompletionFormatter chat({Endpoint::kChat, "chatcmpl-1", 5, "m", true, false});
+  const std::string event = chat.StreamEvents(LogprobChunkWithBytes());
+  const Json content = Json::parse(event.substr(6))["choices"][0]["logprobs"]["content"];
+  EXPECT_EQ(content[0]["token"], "h");
+  EXPECT_EQ(content[0]["bytes"], Json({104}));
+  EXPECT_EQ(content[1]["bytes"], Json({0xc3}));
+  EXPECT_EQ(content[0]["top_logprobs"][0]["token"], " a");
+  EXPECT_EQ(content[0]["top_logprobs"][0]["bytes"], Json({32, 97}));
+
+  ResponseContext as_ids{Endpoint::kCompletions, "cmpl-2", 5, "m", true, false};
+  as_ids.tokens_as_ids = true;
+  CompletionFormatter ids(as_ids);
+  ids.Append(LogprobChunkWithBytes());
+  ids.Append(done);
+  EXPECT_EQ(Json::parse(ids.Body())["choices"][0]["logprobs"]["tokens"],
+            Json({"token_id:11", "token_id:12"}));
 }
 
 TEST(Formatter, EmptyChunksAreSkippedInStreams) {
