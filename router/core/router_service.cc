@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -306,7 +307,8 @@ RouterService::RouterService(std::unique_ptr<ReplicaSet> replicas,
       tokenizer_(std::move(tokenizer)),
       options_(std::move(options)),
       owned_metrics_(options_.metrics == nullptr ? std::make_unique<RouterMetrics>() : nullptr),
-      metrics_(options_.metrics != nullptr ? *options_.metrics : *owned_metrics_) {}
+      metrics_(options_.metrics != nullptr ? *options_.metrics : *owned_metrics_),
+      id_prefix_(absl::StrFormat("%08x", absl::Uniform<uint32_t>(absl::BitGen()))) {}
 
 RouterService::~RouterService() = default;
 
@@ -371,7 +373,7 @@ absl::Status RouterService::Generate(
         "the router is shutting down and takes no new requests; send them to another router");
   }
   const std::string id = request.request_id().empty()
-                             ? absl::StrCat("router-", next_id_.fetch_add(1))
+                             ? absl::StrCat("router-", id_prefix_, "-", next_id_.fetch_add(1))
                              : request.request_id();
   ActiveRequest active;
   {

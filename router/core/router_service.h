@@ -80,6 +80,10 @@ class RouterService final : public InferenceService {
   const RouterOptions options_;
   std::unique_ptr<RouterMetrics> owned_metrics_;  // when options_.metrics is null
   RouterMetrics& metrics_;
+  // Ids given to requests that came without one: "router-<id_prefix_>-<n>". The prefix is drawn
+  // at start, so that ids do not repeat across routers or restarts (logs, traces, the worker's
+  // request ids).
+  const std::string id_prefix_;
   std::atomic<uint64_t> next_id_{0};
   std::atomic<bool> draining_{false};
 

@@ -88,7 +88,13 @@ TEST_F(RouterServiceTest, GreedyOutputsMatchTheReference) {
     tokenizer::DecodeOptions decode;
     decode.skip_special_tokens = true;
     EXPECT_EQ(c.text, *tok->Decode(expected, decode));
-    EXPECT_EQ(c.request_id.rfind("router-", 0), 0u) << c.request_id;
+    // router-<prefix drawn at start>-<n>: ids do not repeat across routers or restarts.
+    const std::string& id = c.request_id;
+    const bool shaped =
+        id.size() >= 17 && id.rfind("router-", 0) == 0 && id[15] == '-' &&
+        std::all_of(id.begin() + 7, id.begin() + 15, [](char ch) { return std::isxdigit(ch); }) &&
+        std::all_of(id.begin() + 16, id.end(), [](char ch) { return std::isdigit(ch); });
+    EXPECT_TRUE(shaped) << id;
   }
 }
 
