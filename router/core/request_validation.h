@@ -34,7 +34,9 @@ absl::Status ValidatePrompt(absl::Span<const int32_t> ids, std::string_view fiel
 
 // max_tokens (or the default) capped to the context left after the prompt: a request whose prompt
 // plus max_tokens exceeds the context is served and ends with FINISH_REASON_LENGTH at the
-// context's end, as vLLM and SGLang do, rather than being refused.
+// context's end rather than being refused. (vLLM's OpenAI server refuses such a request with a
+// 400 instead; serving it gives a prefix of what a longer context would, and a client that
+// wants the refusal can check prompt + max_tokens against /v1/models' max_model_len.)
 int EffectiveMaxTokens(const v1::SamplingParams& params, int prompt_tokens,
                        const v1::ModelInfo& model);
 
