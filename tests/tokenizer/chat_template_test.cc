@@ -26,6 +26,14 @@ TEST(ChatTemplateTest, RendersChatMl) {
   EXPECT_EQ(*no_prompt + "<|im_start|>assistant\n", *prompt);
 }
 
+// OpenAI's "developer" role is the system turn it replaced.
+TEST(ChatTemplateTest, DeveloperRoleIsASystemTurn) {
+  const std::vector<ChatMessage> messages = {{"developer", "Be brief."}, {"user", "hi"}};
+  absl::StatusOr<std::string> prompt = RenderChatMessages(messages, false);
+  ASSERT_TRUE(prompt.ok()) << prompt.status();
+  EXPECT_EQ(*prompt, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n");
+}
+
 TEST(ChatTemplateTest, RejectsUnknownRoles) {
   const std::vector<ChatMessage> messages = {{"user", "hi"}, {"wizard", "boo"}};
   absl::StatusOr<std::string> prompt = RenderChatMessages(messages, true);
