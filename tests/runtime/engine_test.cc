@@ -471,16 +471,22 @@ class ReferenceDrafter : public Drafter {
   const testing::ModelReference& ref_;
 };
 
-TEST_F(EngineTest, AcceptedDraftsStreamSeveralTokensPerMessage) {
-  auto registry = std::make_shared<prometheus::Registry>();
-  EngineMetrics metrics(registry, "tiny", model_->num_banks());
-  ReferenceDrafter drafter(ref_);
+// Up to 4 drafts a step from `drafter`, counted in `metrics`, at context 256.
+EngineOptions Speculating(EngineMetrics& metrics, Drafter& drafter) {
   EngineOptions options;
-  options.scheduler.max_num_seqs = 4;
   options.max_model_len = 256;
   options.metrics = &metrics;
   options.spec_tokens = 4;
   options.drafter = &drafter;
+  return options;
+}
+
+TEST_F(EngineTest, AcceptedDraftsStreamSeveralTokensPerMessage) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  EngineMetrics metrics(registry, "tiny", model_->num_banks());
+  ReferenceDrafter drafter(ref_);
+  EngineOptions options = Speculating(metrics, drafter);
+  options.scheduler.max_num_seqs = 4;
   auto engine = Start(options);
   ASSERT_NE(engine, nullptr);
   Streams streams;
@@ -505,12 +511,7 @@ TEST_F(EngineTest, GenerationTokensCountWhatAStopInsideTheDraftsLeaves) {
   auto registry = std::make_shared<prometheus::Registry>();
   EngineMetrics metrics(registry, "tiny", model_->num_banks());
   ReferenceDrafter drafter(ref_);
-  EngineOptions options;
-  options.max_model_len = 256;
-  options.metrics = &metrics;
-  options.spec_tokens = 4;
-  options.drafter = &drafter;
-  auto engine = Start(options);
+  auto engine = Start(Speculating(metrics, drafter));
   ASSERT_NE(engine, nullptr);
   Streams streams;
   const auto& [p, expected] = ref_.greedy[0];
