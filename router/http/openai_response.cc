@@ -218,8 +218,13 @@ Json CompletionFormatter::Logprobs(const v1::TextChunk& chunk, size_t text_offse
         top[chosen] = chunk.logprobs(k).logprob();
       }
       out["top_logprobs"].push_back(std::move(top));
-      // Token strings are unknown here, so every token of a chunk starts where its text does.
+      // Each token starts where the ones before it in the chunk end, counted in code points of
+      // their bytes (a partial character counts once, at its lead byte). Without the bytes every
+      // token of the chunk starts where its text does.
       out["text_offset"].push_back(text_offset);
+      if (k < chunk.logprobs_size() && chunk.logprobs(k).has_token_bytes()) {
+        text_offset += CountCodePoints(chunk.logprobs(k).token_bytes());
+      }
     }
     return out;
   }

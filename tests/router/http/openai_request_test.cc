@@ -235,7 +235,7 @@ TEST(Formatter, CompletionLogprobsAccumulate) {
   EXPECT_EQ(lp["token_logprobs"][1], -1.0);
   EXPECT_EQ(lp["top_logprobs"][0]["token_id:99"], -0.25);
   EXPECT_EQ(lp["top_logprobs"][0]["token_id:11"], -0.5);
-  EXPECT_EQ(lp["text_offset"], Json({0, 0, 2, 2}));  // code points, per chunk
+  EXPECT_EQ(lp["text_offset"], Json({0, 0, 2, 2}));  // code points, per chunk (no bytes)
   EXPECT_EQ(body["choices"][0]["text"], "héhé");
   EXPECT_EQ(body["choices"][0]["finish_reason"], "abort");
   EXPECT_EQ(body["choices"][0]["stop_reason"], "###");
@@ -273,6 +273,7 @@ TEST(Formatter, LogprobTokensAreTheirTextWhenTheBytesAreKnown) {
   completions.Append(done);
   const Json lp = Json::parse(completions.Body())["choices"][0]["logprobs"];
   EXPECT_EQ(lp["tokens"], Json({"h", "bytes:\\xc3"}));
+  EXPECT_EQ(lp["text_offset"], Json({0, 1}));  // "h" is one code point
   EXPECT_EQ(lp["top_logprobs"][0][" a"], -0.25);
   EXPECT_EQ(lp["top_logprobs"][0]["h"], -0.5);
 
