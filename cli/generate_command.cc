@@ -66,14 +66,14 @@ absl::Status GenerateSpeculatively(worker::HybridModel& model, const std::vector
                                    worker::DraftVocabulary vocabulary) {
   // In 64 bits and capped at the model's positions (the forward refuses more; drafts past the
   // end are never proposed): a huge --max-tokens must not overflow the sum.
-  const int64_t positions = std::min<int64_t>(static_cast<int64_t>(prompt.size()) + max_tokens,
-                                              model.config().max_position_embeddings) +
-                            spec_tokens;
-  const int max_len = static_cast<int>(positions);
-  // The sequence's state slot and its rollback snapshot.
-  RETURN_IF_ERROR(model.CreateCaches(/*max_sequences=*/2, max_len));
-  ASSIGN_OR_RETURN(std::unique_ptr<worker::MtpDrafter> drafter,
-                   MtpDrafterFromFlags(model, /*max_sequences=*/1, max_len, std::move(vocabulary)));
+  const int sequence_len = static_cast<int>(std::min<int64_t>(
+      static_cast<int64_t>(prompt.size()) + max_tokens, model.config().max_position_embeddings));
+  // The sequence's state slot and its rollback snapshot, with room for one step's drafts; the
+  // drafter adds that room to the head's caches itself.
+  RETURN_IF_ERROR(model.CreateCaches(/*max_sequences=*/2, sequence_len + spec_tokens));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<worker::MtpDrafter> drafter,
+      MtpDrafterFromFlags(model, /*max_sequences=*/1, sequence_len, std::move(vocabulary)));
   worker::SpeculativeRequest request;
   request.prompt = prompt;
   request.max_new_tokens = max_tokens;

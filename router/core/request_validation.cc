@@ -5,6 +5,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_format.h"
+#include "router/inference_service.h"
 
 namespace mobius::router {
 namespace {

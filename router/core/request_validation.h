@@ -11,7 +11,6 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "inference.pb.h"
-#include "router/inference_service.h"
 
 namespace mobius::router {
 

@@ -398,20 +398,15 @@ absl::Status ForOpenAiClient(const absl::Status& status, bool chat) {
   const std::string field = RequestFieldOf(status);
   if (field.empty()) return status;
   std::string param = field;
+  if (field == "input_ids" || field == "text") param = chat ? "messages" : "prompt";
+  if (chat && field == "logprobs") param = "top_logprobs";
+  // The messages name the gRPC field first ("sampling_params.temperature = ...", "text has 600
+  // tokens; ..."): this API's spelling replaces it.
   std::string message(status.message());
   constexpr absl::string_view kSamplingPrefix = "sampling_params.";
-  if (field == "input_ids" || field == "text") {
-    param = chat ? "messages" : "prompt";
-    // The messages name the gRPC field first ("text has 600 tokens; ...").
-    if (absl::StartsWith(message, field)) message = param + message.substr(field.size());
-  } else {
-    if (chat && field == "logprobs") param = "top_logprobs";
-    if (absl::StartsWith(message, kSamplingPrefix)) {
-      message = message.substr(kSamplingPrefix.size());
-      if (param != field && absl::StartsWith(message, field)) {
-        message = param + message.substr(field.size());
-      }
-    }
+  if (absl::StartsWith(message, kSamplingPrefix)) message.erase(0, kSamplingPrefix.size());
+  if (param != field && absl::StartsWith(message, field)) {
+    message = param + message.substr(field.size());
   }
   absl::Status mapped(status.code(), message);
   mapped.SetPayload(kParamPayload, absl::Cord(param));

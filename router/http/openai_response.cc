@@ -63,7 +63,7 @@ const char* FinishReason(v1::FinishReason reason) {
 // token_bytes) and they are whole UTF-8; vLLM's "bytes:\xNN..." spelling when they are part of
 // a character; "token_id:N" without a tokenizer.
 std::string TokenLabel(int32_t id, bool has_bytes, const std::string& bytes) {
-  if (!has_bytes || id < 0) return absl::StrCat("token_id:", id);
+  if (!has_bytes) return absl::StrCat("token_id:", id);
   if (tokenizer::IsValidUtf8(bytes)) return bytes;
   std::string out = "bytes:";
   for (unsigned char c : bytes) absl::StrAppend(&out, absl::StrFormat("\\x%02x", c));
@@ -197,17 +197,24 @@ Json CompletionFormatter::Logprobs(const v1::TextChunk& chunk, size_t text_offse
   auto entry_logprob = [&](int k) -> Json {
     return k < chunk.logprobs_size() ? Json(chunk.logprobs(k).logprob()) : Json(nullptr);
   };
+  // The chosen token's bytes, or null when the service did not send them.
+  auto chosen_bytes = [&](int k) -> const std::string* {
+    return k < chunk.logprobs_size() && chunk.logprobs(k).has_token_bytes()
+               ? &chunk.logprobs(k).token_bytes()
+               : nullptr;
+  };
+  auto chosen_label = [&](int k) {
+    const std::string* bytes = chosen_bytes(k);
+    return TokenLabel(chunk.token_ids(k), bytes != nullptr && !context_.tokens_as_ids,
+                      bytes != nullptr ? *bytes : std::string());
+  };
   if (context_.endpoint == Endpoint::kCompletions) {
     Json out{{"tokens", Json::array()},
              {"token_logprobs", Json::array()},
              {"top_logprobs", Json::array()},
              {"text_offset", Json::array()}};
     for (int k = 0; k < n; ++k) {
-      const bool chosen_bytes = k < chunk.logprobs_size() && chunk.logprobs(k).has_token_bytes() &&
-                                !context_.tokens_as_ids;
-      const std::string chosen =
-          TokenLabel(chunk.token_ids(k), chosen_bytes,
-                     chosen_bytes ? chunk.logprobs(k).token_bytes() : std::string());
+      const std::string chosen = chosen_label(k);
       out["tokens"].push_back(chosen);
       out["token_logprobs"].push_back(entry_logprob(k));
       Json top = Json::object();
@@ -222,9 +229,7 @@ Json CompletionFormatter::Logprobs(const v1::TextChunk& chunk, size_t text_offse
       // their bytes (a partial character counts once, at its lead byte). Without the bytes every
       // token of the chunk starts where its text does.
       out["text_offset"].push_back(text_offset);
-      if (k < chunk.logprobs_size() && chunk.logprobs(k).has_token_bytes()) {
-        text_offset += CountCodePoints(chunk.logprobs(k).token_bytes());
-      }
+      if (const std::string* bytes = chosen_bytes(k)) text_offset += CountCodePoints(*bytes);
     }
     return out;
   }
@@ -238,13 +243,11 @@ Json CompletionFormatter::Logprobs(const v1::TextChunk& chunk, size_t text_offse
                            {"bytes", BytesJson(t.has_token_bytes(), t.token_bytes())}});
       }
     }
-    const bool has_bytes = k < chunk.logprobs_size() && chunk.logprobs(k).has_token_bytes();
-    const std::string bytes = has_bytes ? chunk.logprobs(k).token_bytes() : std::string();
-    content.push_back(
-        Json{{"token", TokenLabel(chunk.token_ids(k), has_bytes && !context_.tokens_as_ids, bytes)},
-             {"logprob", entry_logprob(k)},
-             {"bytes", BytesJson(has_bytes, bytes)},
-             {"top_logprobs", std::move(top)}});
+    const std::string* bytes = chosen_bytes(k);
+    content.push_back(Json{{"token", chosen_label(k)},
+                           {"logprob", entry_logprob(k)},
+                           {"bytes", bytes != nullptr ? BytesJson(true, *bytes) : Json(nullptr)},
+                           {"top_logprobs", std::move(top)}});
   }
   return Json{{"content", std::move(content)}};
 }
