@@ -114,6 +114,39 @@ TEST(MemoryPlanTest, TightMemoryGivesFewerBlocksWithinTheUtilization) {
   EXPECT_GT(plan->activation_reserve, EstimateStepActivationBytes(ReleaseConfig(), 2048, 256, 2));
 }
 
+// A verify step carries every sequence's drafts beside the token budget, a logits row per
+// draft, and keeps every DeltaNet layer's inputs until the next step: the reserve grows by
+// exactly that, and the KV cache shrinks by it.
+TEST(MemoryPlanTest, SpeculativeDecodingReservesItsVerifyStep) {
+  FakeDeviceBackend backend(60 * kGiB, 140 * kGiB);
+  const ModelConfig config = ReleaseConfig();
+  MemoryPlanOptions options;
+  options.max_num_seqs = 64;
+  options.max_model_len = 32768;
+  auto plain = PlanDeviceMemory(config, backend, options);
+  options.spec_tokens = 4;
+  auto speculative = PlanDeviceMemory(config, backend, options);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_TRUE(speculative.ok()) << speculative.status();
+  // 2048 + 64 x 4 tokens, 64 x 5 logits rows.
+  const int64_t verify = EstimateStepActivationBytes(config, 2304, 320, 2);
+  // 30 DeltaNet layers x (8192 bf16 conv channels + fp32 decay and beta of 32 heads) a token.
+  const int64_t kept = int64_t{2304} * 30 * (8192 * 2 + 2 * 4 * 32);
+  EXPECT_EQ(EstimateKeptStateInputBytes(config, 2304, 2), kept);
+  const int64_t step = EstimateStepBytes(config, 2304, 320, /*keeps_state_inputs=*/true, 2);
+  EXPECT_GE(step, verify + kept);
+  EXPECT_EQ(speculative->activation_reserve, 2 * step + kGiB);
+  EXPECT_EQ(plain->activation_reserve, 2 * EstimateStepBytes(config, 2048, 64, false, 2) + kGiB);
+  EXPECT_GE(EstimateStepBytes(config, 2048, 64, false, 2),
+            EstimateStepActivationBytes(config, 2048, 64, 2));
+  EXPECT_LT(speculative->num_kv_blocks, plain->num_kv_blocks);
+  // An absurd draft count is refused by name instead of overflowing the token count.
+  options.spec_tokens = 1 << 30;
+  const absl::Status huge = PlanDeviceMemory(config, backend, options).status();
+  EXPECT_EQ(huge.code(), absl::StatusCode::kInvalidArgument) << huge;
+  EXPECT_NE(huge.message().find("spec_tokens"), std::string::npos) << huge;
+}
+
 TEST(MemoryPlanTest, NotEvenOneSequenceIsAClearError) {
   FakeDeviceBackend backend(2 * kGiB, 140 * kGiB);
   MemoryPlanOptions options;

@@ -1,6 +1,7 @@
 #include "worker/model/memory_plan.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
@@ -12,7 +13,7 @@ double GiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 30); }
 
 }  // namespace
 
-int64_t EstimateStepActivationBytes(const ModelConfig& config, int tokens, int sequences,
+int64_t EstimateStepActivationBytes(const ModelConfig& config, int tokens, int logit_rows,
                                     int activation_bytes) {
   const int64_t t = tokens, a = activation_bytes;
   // Residual, normed and delta streams live through the whole step.
@@ -31,9 +32,26 @@ int64_t EstimateStepActivationBytes(const ModelConfig& config, int tokens, int s
       t * (4 * int64_t{config.num_experts} +
            k * (2 * int64_t{config.moe_intermediate_size} * a + 4 * int64_t{config.hidden_size}) +
            2 * int64_t{config.shared_expert_intermediate_size} * a);
-  // fp32 logits of one row per sequence.
-  const int64_t logits = 4 * int64_t{sequences} * config.vocab_size;
+  const int64_t logits = 4 * int64_t{logit_rows} * config.vocab_size;
   return stream + std::max({deltanet, attention, moe}) + logits;
+}
+
+int64_t EstimateKeptStateInputBytes(const ModelConfig& config, int tokens, int activation_bytes) {
+  const int64_t per_token = int64_t{config.conv_dim()} * activation_bytes +
+                            2 * 4 * int64_t{config.linear_num_value_heads};
+  return int64_t{tokens} * config.num_layers_of(LayerType::kLinearAttention) * per_token;
+}
+
+int64_t EstimateStepBytes(const ModelConfig& config, int tokens, int logit_rows,
+                          bool keeps_state_inputs, int activation_bytes) {
+  const int64_t live =
+      EstimateStepActivationBytes(config, tokens, logit_rows, activation_bytes) +
+      (keeps_state_inputs ? EstimateKeptStateInputBytes(config, tokens, activation_bytes) : 0);
+  // Both allocators round a block up to a quarter-power-of-two bucket (at most 25% more), and a
+  // step's many small blocks (ids, weights, metadata) are at least 512 bytes each. Measured on
+  // the H200 (docs/cuda-backend.md, "Memory of recorded steps"): a recording took 1.06-1.27x
+  // the live estimate.
+  return live + live / 4 + (int64_t{1} << 20);
 }
 
 std::string MemoryPlan::Summary() const {
@@ -67,11 +85,22 @@ absl::StatusOr<MemoryPlan> PlanDeviceMemory(const ModelConfig& config, kernels::
       (int64_t{config.conv_dim()} * std::max(0, config.linear_conv_kernel_dim - 1) +
        int64_t{config.linear_num_value_heads} * config.linear_key_head_dim *
            config.linear_value_head_dim);
-  // Twice the largest step's intermediates (the block cache keeps freed blocks, and recorded
-  // decode steps have a pool of their own) plus 1 GiB for library workspaces and fragmentation.
+  // The largest step: the token budget, plus every running sequence's drafts on top of it (a
+  // verify chunk is scheduled as one token), with a logits row per sequence and per draft.
+  const int64_t spec = std::max(0, options.spec_tokens);
+  const int64_t step_tokens = options.max_tokens_per_step + options.max_num_seqs * spec;
+  const int64_t logit_rows = options.max_num_seqs * (1 + spec);
+  if (step_tokens > std::numeric_limits<int>::max() ||
+      logit_rows > std::numeric_limits<int>::max()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "max_tokens_per_step %d + max_num_seqs %d x spec_tokens %d is too large a step",
+        options.max_tokens_per_step, options.max_num_seqs, options.spec_tokens));
+  }
+  // Twice the largest step (the block cache keeps an op-by-op step's freed blocks, and recorded
+  // steps have a pool of their own) plus 1 GiB for library workspaces and fragmentation.
   plan.activation_reserve =
-      2 * EstimateStepActivationBytes(config, options.max_tokens_per_step, options.max_num_seqs,
-                                      options.activation_bytes) +
+      2 * EstimateStepBytes(config, static_cast<int>(step_tokens), static_cast<int>(logit_rows),
+                            spec > 0, options.activation_bytes) +
       (int64_t{1} << 30);
   const int64_t blocks_per_seq =
       (int64_t{options.max_model_len} + options.kv_block_size - 1) / options.kv_block_size;

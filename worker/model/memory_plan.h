@@ -19,6 +19,8 @@ struct MemoryPlanOptions {
   int max_model_len = 8192;         // longest sequence
   int kv_block_size = 16;           // positions per KV block
   int max_tokens_per_step = 2048;   // sizes the activation reserve
+  int spec_tokens = 0;              // MTP drafts per sequence and step (verify steps carry them
+                                    // beside the token budget, and keep their DeltaNet inputs)
   double memory_utilization = 0.9;  // share of the device's total memory the worker may use
   int activation_bytes = 2;         // bf16 activations and KV entries
 };
@@ -41,9 +43,20 @@ absl::StatusOr<MemoryPlan> PlanDeviceMemory(const ModelConfig& config, kernels::
                                             const MemoryPlanOptions& options);
 
 // Bytes of a step's intermediates for `tokens` tokens (the largest live set of one layer plus
-// the logits), the estimate behind MemoryPlan::activation_reserve.
-int64_t EstimateStepActivationBytes(const ModelConfig& config, int tokens, int sequences,
+// fp32 logits of `logit_rows` rows).
+int64_t EstimateStepActivationBytes(const ModelConfig& config, int tokens, int logit_rows,
                                     int activation_bytes);
+
+// Bytes a speculative verify step of `tokens` tokens keeps until the next step to roll rejected
+// drafts back (ForwardOptions::keep_state_inputs): every DeltaNet layer's conv input, decay and
+// beta.
+int64_t EstimateKeptStateInputBytes(const ModelConfig& config, int tokens, int activation_bytes);
+
+// What one step of `tokens` tokens needs, whether it runs op by op (the block cache) or recorded
+// (the capture pool): its intermediates and, for a verify step (`keeps_state_inputs`), the
+// kept DeltaNet inputs. MemoryPlan::activation_reserve holds two of the largest (one in each).
+int64_t EstimateStepBytes(const ModelConfig& config, int tokens, int logit_rows,
+                          bool keeps_state_inputs, int activation_bytes);
 
 }  // namespace mobius::worker
 
