@@ -13,6 +13,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "cli/bench_speculation.h"
 #include "cli/commands.h"
@@ -63,6 +64,17 @@ absl::StatusOr<std::vector<int>> ParseList(const std::string& flag, const std::s
 
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
+}
+
+// What the recorded steps' memory pool holds after a row (stderr; the CPU backend has none):
+// the pool is sized by the largest recording, which the memory plan has to leave room for.
+void ReportRecordedStepMemory(kernels::Backend& backend, const std::string& after) {
+  absl::StatusOr<kernels::DeviceMemoryInfo> info = backend.MemoryInfo();
+  if (!info.ok() || info->recorded_step_bytes == 0) return;
+  std::fprintf(stderr,
+               "bench: after %s, recorded steps hold %.1f MiB (largest recording %.1f MiB)\n",
+               after.c_str(), info->recorded_step_bytes / 1048576.0,
+               info->recorded_step_peak_bytes / 1048576.0);
 }
 
 absl::StatusOr<std::vector<std::string>> ParseDrawModes(const std::string& text) {
@@ -296,6 +308,7 @@ absl::Status BenchEngine() {
         std::fprintf(stderr, "bench: decode steps not recorded: %s\n",
                      std::string(model->capture_error().message()).c_str());
       }
+      ReportRecordedStepMemory(*backend, absl::StrFormat("decode batch %d", batch));
       results.push_back({{"phase", "decode"},
                          {"cuda_graph", graphs},
                          {"batch", batch},
@@ -321,6 +334,11 @@ absl::Status BenchEngine() {
         auto it = plain_ms.find({batch, context});
         if (it != plain_ms.end()) spec.plain_step_ms = it->second;
         absl::Status benched = BenchSpeculation(*model, spec, results);
+        if (!model->capture_error().ok()) {
+          std::fprintf(stderr, "bench: a verify step was not recorded: %s\n",
+                       std::string(model->capture_error().message()).c_str());
+        }
+        ReportRecordedStepMemory(*backend, absl::StrFormat("speculative batch %d", batch));
         if (!benched.ok()) {
           std::printf("speculative batch %d context %d skipped: %s\n", batch, context,
                       std::string(benched.message()).c_str());

@@ -123,6 +123,10 @@ class CapturedStep {
 struct DeviceMemoryInfo {
   int64_t free_bytes = 0;
   int64_t total_bytes = 0;
+  // Held for the intermediates of recorded steps (BeginCapture), and the most that one
+  // recording has used of it.
+  int64_t recorded_step_bytes = 0;
+  int64_t recorded_step_peak_bytes = 0;
 };
 
 class Backend {

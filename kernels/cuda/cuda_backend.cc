@@ -22,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "common/parallel_ranges.h"
 #include "common/status_macros.h"
+#include "kernels/cuda/capture_pool.h"
 #include "kernels/cuda/device_block_cache.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/lt_gemm.h"
@@ -117,7 +118,6 @@ class CudaBackend final : public Backend {
     if (step_meta_ != nullptr) cudaFree(step_meta_);
     if (step_host_ != nullptr) cudaFreeHost(step_host_);
     if (step_copied_ != nullptr) cudaEventDestroy(step_copied_);
-    for (const PoolChunk& chunk : pool_) cudaFree(chunk.ptr);
     cudaStreamDestroy(stream_);
   }
 
@@ -144,7 +144,9 @@ class CudaBackend final : public Backend {
     }
     // Blocks the cache holds for reuse are free for planning purposes.
     return DeviceMemoryInfo{static_cast<int64_t>(free_bytes + blocks_->cached_bytes()),
-                            static_cast<int64_t>(total_bytes)};
+                            static_cast<int64_t>(total_bytes),
+                            static_cast<int64_t>(pool_->reserved_bytes()),
+                            static_cast<int64_t>(pool_->peak_bytes())};
   }
 
   absl::StatusOr<double> MeasureCopyBandwidth(size_t bytes) override {
@@ -470,24 +472,30 @@ class CudaBackend final : public Backend {
   size_t step_capacity_ = 0;  // int32 elements of both
   cudaEvent_t step_copied_ = nullptr;
 
-  // Capture: allocations come from pool_ (chunks never freed while the backend lives; every
-  // capture starts again at the first chunk). `generation_` changes whenever a buffer that a
-  // captured step may point at (step_meta_) is reallocated.
-  struct PoolChunk {
-    void* ptr;
-    size_t bytes;
-  };
+  // Capture: allocations come from pool_ (cuda::CapturePool). `generation_` changes whenever a
+  // buffer that a captured step may point at (step_meta_) is reallocated. A capture that ran out
+  // of device memory (capture_out_of_memory_) is refused at EndCapture, so that its recording,
+  // which points at buffers it did not get, is never replayed.
   absl::StatusOr<Tensor> AllocateAndFill(DType dtype, std::vector<int64_t> shape, bool zero);
-  void* PoolGet(size_t bytes);
   bool capturing_ = false;
-  std::vector<PoolChunk> pool_;
-  size_t pool_chunk_ = 0, pool_offset_ = 0;
+  bool capture_out_of_memory_ = false;
+  size_t capture_failed_bytes_ = 0;
+  std::shared_ptr<cuda::CapturePool> pool_ = std::make_shared<cuda::CapturePool>(
+      device_, cuda::KnobChoice("MOBIUS_CAPTURE_POOL_REUSE", {"0", "1"}) != 1);
   uint64_t generation_ = 0;
 };
 
 void* CudaBackend::Scratch(size_t bytes) {
   // A captured step keeps its own scratch: the shared buffer may be reallocated later.
-  if (capturing_) return PoolGet(bytes);
+  if (capturing_) {
+    // Nothing runs while capturing: a failed capture only has to be refused at EndCapture.
+    void* ptr = pool_->Scratch(bytes);
+    if (ptr == nullptr) {
+      capture_out_of_memory_ = true;
+      capture_failed_bytes_ = bytes;
+    }
+    return ptr;
+  }
   if (bytes > scratch_bytes_) {
     if (scratch_ != nullptr) {
       CheckCuda(cudaStreamSynchronize(stream_), "Scratch");
@@ -639,8 +647,7 @@ absl::StatusOr<Tensor> CudaBackend::AllocateAndFill(DType dtype, std::vector<int
   // Zero-sized tensors still get a (tiny) allocation so that they are not empty().
   const size_t bytes = std::max<size_t>(static_cast<size_t>(numel) * DTypeSize(dtype), 16);
   CheckCuda(cudaSetDevice(device_), "cudaSetDevice");
-  std::shared_ptr<void> storage =
-      capturing_ ? std::shared_ptr<void>(PoolGet(bytes), [](void*) {}) : blocks_->Get(bytes);
+  std::shared_ptr<void> storage = capturing_ ? pool_->Get(bytes) : blocks_->Get(bytes);
   if (storage == nullptr) {
     size_t free_bytes = 0, total_bytes = 0;
     cudaMemGetInfo(&free_bytes, &total_bytes);
@@ -661,31 +668,14 @@ absl::StatusOr<Tensor> CudaBackend::AllocateAndFill(DType dtype, std::vector<int
   return Tensor(std::move(storage), ptr, dtype, std::move(shape), Device::kCuda);
 }
 
-void* CudaBackend::PoolGet(size_t bytes) {
-  bytes = (bytes + 255) / 256 * 256;
-  while (pool_chunk_ < pool_.size() && pool_offset_ + bytes > pool_[pool_chunk_].bytes) {
-    ++pool_chunk_;
-    pool_offset_ = 0;
-  }
-  if (pool_chunk_ == pool_.size()) {
-    PoolChunk chunk{nullptr, std::max<size_t>(bytes, size_t{256} << 20)};
-    CheckCuda(cudaMalloc(&chunk.ptr, chunk.bytes), "capture pool allocation");
-    pool_.push_back(chunk);
-    pool_offset_ = 0;
-  }
-  void* ptr = static_cast<char*>(pool_[pool_chunk_].ptr) + pool_offset_;
-  pool_offset_ += bytes;
-  return ptr;
-}
-
 absl::Status CudaBackend::BeginCapture() {
   if (capturing_) return absl::FailedPreconditionError("BeginCapture: already capturing");
   if (!staged_.active) {
     return absl::FailedPreconditionError("BeginCapture: no staged step (call StageStep first)");
   }
   Enter();
-  pool_chunk_ = 0;
-  pool_offset_ = 0;
+  pool_->Begin();
+  capture_out_of_memory_ = false;
   const cudaError_t err = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed);
   if (err != cudaSuccess) {
     return absl::InternalError(absl::StrCat("cudaStreamBeginCapture: ", cudaGetErrorString(err)));
@@ -703,6 +693,15 @@ absl::StatusOr<std::unique_ptr<CapturedStep>> CudaBackend::EndCapture() {
   if (err != cudaSuccess) {
     cudaGetLastError();
     return absl::InternalError(absl::StrCat("cudaStreamEndCapture: ", cudaGetErrorString(err)));
+  }
+  if (capture_out_of_memory_) {
+    cudaGraphDestroy(graph);
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "cuda:%d: recording the step needed %d more bytes of scratch than the device had (%d of "
+        "%d bytes free, %d held for recorded steps)",
+        device_, capture_failed_bytes_, free_bytes, total_bytes, pool_->reserved_bytes()));
   }
   static const bool census = cuda::KnobChoice("MOBIUS_GRAPH_CENSUS", {"0", "1"}) == 2;
   if (census) {

@@ -21,6 +21,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "nlohmann/json.hpp"
 #include "tests/model/fixture_util.h"
+#include "worker/model/memory_plan.h"
 #include "worker/model/model_factory.h"
 
 namespace mobius::testing {
@@ -182,6 +183,141 @@ TEST(CudaModelLoad, UnsupportedShapesFailBeforeLoading) {
     EXPECT_NE(s.message().find(absl::StrCat(c.field, " = ", c.value)), std::string_view::npos) << s;
   }
   std::filesystem::remove_all(dir);
+}
+
+// The qwen3next-tiny fixture's config with its eight layers twice (16 layers), written under the
+// test's temporary directory: deep enough that every layer's temporaries added up are far more
+// than one layer's live set.
+std::filesystem::path WriteSixteenLayerConfig() {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / "cuda_sixteen_layers";
+  std::filesystem::create_directories(dir);
+  std::ifstream in(std::filesystem::path(FixtureModelDir("qwen3next-tiny")) / "config.json");
+  EXPECT_TRUE(in) << "cannot read the qwen3next-tiny fixture's config.json";
+  nlohmann::json config = nlohmann::json::parse(in);
+  nlohmann::json layers = config["layer_types"];
+  for (const auto& type : config["layer_types"]) layers.push_back(type);
+  config["layer_types"] = layers;
+  config["num_hidden_layers"] = layers.size();
+  const std::filesystem::path file = dir / "config.json";
+  std::ofstream(file) << config.dump();
+  return file;
+}
+
+std::unique_ptr<worker::HybridModel> LoadDummyModel(const std::filesystem::path& config,
+                                                    kernels::Backend& backend) {
+  worker::ModelSource source;
+  source.config_path = config.string();
+  source.load_format = worker::LoadFormat::kDummy;
+  auto model = worker::LoadHybridModel(source, backend);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return model.ok() ? *std::move(model) : nullptr;
+}
+
+// Steps of `sequences` sequences with `tokens` tokens each, the shapes a model records: decode
+// (one token) or a speculative verify step (every token's logits, DeltaNet inputs kept).
+class UniformSteps {
+ public:
+  UniformSteps(worker::HybridModel& model, int sequences, int tokens)
+      : model_(model), seqs_(sequences), tokens_(static_cast<size_t>(sequences) * tokens) {
+    for (size_t i = 0; i < tokens_.size(); ++i) tokens_[i] = static_cast<int32_t>(i * 37 % 2048);
+    for (int i = 0; i < sequences; ++i) {
+      EXPECT_TRUE(model.StartSequence(seqs_[i]).ok());
+      steps_.push_back(
+          {std::span(tokens_).subspan(static_cast<size_t>(i) * tokens, tokens), &seqs_[i]});
+    }
+    if (tokens > 1) {
+      options_.logits = worker::LogitsMode::kAllTokens;
+      options_.keep_state_inputs = true;
+    }
+  }
+  ~UniformSteps() {
+    for (auto& seq : seqs_) model_.ReleaseSequence(seq);
+  }
+  // One step; its logits are finite (a block handed out again while still needed would show as
+  // NaN under MOBIUS_UNINITIALIZED_FILL=poison).
+  void Step() {
+    std::vector<float> logits;
+    ASSERT_TRUE(model_.Forward(steps_, options_, logits).ok());
+    EXPECT_TRUE(
+        std::all_of(logits.begin(), logits.end(), [](float v) { return std::isfinite(v); }));
+  }
+
+ private:
+  worker::HybridModel& model_;
+  std::vector<worker::SequenceCache> seqs_;
+  std::vector<int32_t> tokens_;
+  std::vector<worker::SequenceStep> steps_;
+  worker::ForwardOptions options_;
+};
+
+// A recorded step's intermediates come from the capture pool, which hands a released block to
+// the same recording's later allocations: a recording then needs about one step's live set (the
+// memory plan reserves EstimateStepBytes for it), not every layer's temporaries added up. The
+// first step of a shape runs op by op and records it on the way; the pool's high-water mark is
+// that recording's. (With MOBIUS_CAPTURE_POOL_REUSE=0 the recordings took 5.95 and 7.43 MB
+// against estimates of 2.0 and 2.9 MB: this test fails.)
+TEST(CudaRecordedStepMemory, ARecordingNeedsOneStepNotEveryLayersTemporaries) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const std::filesystem::path config = WriteSixteenLayerConfig();
+  struct Case {
+    const char* name;
+    int sequences, tokens;
+  };
+  for (const Case c : {Case{"decode", 64, 1}, Case{"verify", 16, 5}}) {
+    SCOPED_TRACE(c.name);
+    auto backend = kernels::CreateCudaBackend(0);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    auto model = LoadDummyModel(config, **backend);
+    ASSERT_NE(model, nullptr);
+    ASSERT_EQ(model->config().num_hidden_layers, 16);
+    ASSERT_TRUE(model->CreateCaches(c.sequences, 64).ok());
+    model->SetDecodeCapture(c.sequences);
+    UniformSteps steps(*model, c.sequences, c.tokens);
+    steps.Step();
+    ASSERT_TRUE(model->capture_error().ok()) << model->capture_error();
+    ASSERT_EQ(model->num_decode_graphs(), 1);
+    auto info = (*backend)->MemoryInfo();
+    ASSERT_TRUE(info.ok()) << info.status();
+    const int t = c.sequences * c.tokens;
+    const int64_t estimate = worker::EstimateStepBytes(model->config(), t, t, c.tokens > 1,
+                                                       /*activation_bytes=*/2);
+    std::printf("[cuda] %s recording: %lld bytes used, estimate %lld (pool holds %lld)\n", c.name,
+                static_cast<long long>(info->recorded_step_peak_bytes),
+                static_cast<long long>(estimate),
+                static_cast<long long>(info->recorded_step_bytes));
+    EXPECT_GT(info->recorded_step_peak_bytes, 0);
+    EXPECT_LE(info->recorded_step_peak_bytes, estimate);
+    steps.Step();  // replayed
+  }
+}
+
+// A recording that runs out of device memory (simulated by MOBIUS_CAPTURE_POOL_LIMIT_KIB: the
+// decode recording below takes ~0.95 MB, the verify one ~1.7 MB) fails only its own shape: that
+// shape runs op by op from then on, and the decode step keeps replaying its recording.
+TEST(CudaRecordedStepMemory, AShapeWhoseRecordingRunsOutOfMemoryRunsOpByOp) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const std::filesystem::path config = WriteSixteenLayerConfig();
+  setenv("MOBIUS_CAPTURE_POOL_LIMIT_KIB", "1400", 1);
+  auto backend = kernels::CreateCudaBackend(0);  // its capture pool reads the limit
+  unsetenv("MOBIUS_CAPTURE_POOL_LIMIT_KIB");
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  auto model = LoadDummyModel(config, **backend);
+  ASSERT_NE(model, nullptr);
+  ASSERT_TRUE(model->CreateCaches(80, 64).ok());
+  model->SetDecodeCapture(64);
+  UniformSteps decode(*model, 64, 1), verify(*model, 16, 5);
+  decode.Step();
+  ASSERT_TRUE(model->capture_error().ok()) << model->capture_error();
+  EXPECT_EQ(model->num_decode_graphs(), 1);
+  verify.Step();  // op by op, then a recording that fails
+  EXPECT_EQ(model->capture_error().code(), absl::StatusCode::kResourceExhausted)
+      << model->capture_error();
+  EXPECT_EQ(model->num_decode_graphs(), 1);
+  EXPECT_EQ(model->decode_capture_max_batch(), 64) << "recording stopped for every shape";
+  verify.Step();
+  decode.Step();
+  EXPECT_EQ(model->num_decode_graphs(), 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFixtureTest, ::testing::ValuesIn(kFixtureModels),

@@ -257,6 +257,21 @@ class ScopedHeadGraphsEnv {
   std::optional<std::string> saved_;
 };
 
+// The head observes `prompt` (its hidden states; the target's next token 5), then drafts 4 tokens
+// after it in each of three rounds: every round's drafts.
+std::vector<std::vector<std::vector<int32_t>>> DraftRounds(MtpDrafter& mtp,
+                                                           const std::vector<int32_t>& prompt,
+                                                           const std::vector<float>& hidden) {
+  const TargetStep whole{0, 0, prompt, hidden, /*next=*/5};
+  EXPECT_TRUE(mtp.Observe(std::span(&whole, 1)).ok());
+  std::vector<int32_t> context = prompt;
+  context.push_back(5);
+  const DraftRequest request{0, context, 4};
+  std::vector<std::vector<std::vector<int32_t>>> rounds(3);
+  for (auto& drafts : rounds) EXPECT_TRUE(mtp.Draft(std::span(&request, 1), drafts).ok());
+  return rounds;
+}
+
 // The MTP head's one-token draft steps recorded as CUDA graphs (the default;
 // MOBIUS_MTP_HEAD_GRAPHS=0 runs them op by op). The drafts themselves are compared (the target's
 // outputs do not depend on them): after observing a prompt, Draft chains three one-token head
@@ -276,15 +291,7 @@ TEST_F(CudaSpeculativeTest, RecordedMtpHeadStepsMatchOpByOpSteps) {
     std::vector<std::vector<std::vector<int32_t>>> drafts;
     EXPECT_TRUE(mtp.ok()) << mtp.status();
     if (!mtp.ok()) return drafts;
-    const TargetStep whole{0, 0, prompt, hidden, /*next=*/5};
-    EXPECT_TRUE((*mtp)->Observe(std::span(&whole, 1)).ok());
-    std::vector<int32_t> context = prompt;
-    context.push_back(5);
-    const DraftRequest request{0, context, 4};
-    for (int round = 0; round < 3; ++round) {
-      drafts.emplace_back();
-      EXPECT_TRUE((*mtp)->Draft(std::span(&request, 1), drafts.back()).ok());
-    }
+    drafts = DraftRounds(**mtp, prompt, hidden);
     *head_graphs = (*mtp)->head().num_decode_graphs();
     return drafts;
   };
@@ -324,14 +331,7 @@ TEST_F(CudaSpeculativeTest, DraftVocabularyRestrictsRecordedHeadDrafts) {
     auto mtp = MtpDrafter::Create(*model_, 2, 256, std::move(vocabulary));
     EXPECT_TRUE(mtp.ok()) << mtp.status();
     if (!mtp.ok()) return drafts;
-    const TargetStep whole{0, 0, prompt, hidden, /*next=*/5};
-    EXPECT_TRUE((*mtp)->Observe(std::span(&whole, 1)).ok());
-    std::vector<int32_t> context = prompt;
-    context.push_back(5);
-    const DraftRequest request{0, context, 4};
-    for (int round = 0; round < 3; ++round) {
-      std::vector<std::vector<int32_t>> d;
-      EXPECT_TRUE((*mtp)->Draft(std::span(&request, 1), d).ok());
+    for (const auto& d : DraftRounds(**mtp, prompt, hidden)) {
       if (d.size() == 1) drafts.insert(drafts.end(), d[0].begin(), d[0].end());
     }
     *head_graphs = (*mtp)->head().num_decode_graphs();

@@ -72,6 +72,7 @@ absl::Status HybridModel::CreateCaches(int max_sequences, int max_tokens, int bl
   kv.num_blocks = num_kv_blocks > 0 ? num_kv_blocks
                                     : max_sequences * ((max_tokens + block_size - 1) / block_size);
   decode_graphs_.clear();
+  unrecordable_.clear();  // the memory left for recordings changes with the caches
   max_positions_ = max_tokens;
   ASSIGN_OR_RETURN(kv_cache_, PagedKvCache::Create(kv, backend_));
 
@@ -401,6 +402,7 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
       (m == 1 || (m <= 8 && all_rows)) &&
       (m > 1 || (!options.keep_state_inputs && (options.hidden_out == nullptr || draft)));
   for (const kernels::SequenceSegment& seg : ctx.segments) recordable &= seg.num_tokens == m;
+  recordable &= !unrecordable_.contains({static_cast<int>(ctx.segments.size()), m});
   Tensor out;
   if (recordable) {
     ASSIGN_OR_RETURN(out, RunDecodeGraph(ctx, ids));
@@ -586,7 +588,13 @@ absl::StatusOr<Tensor> HybridModel::RunDecodeGraph(StepContext& ctx, std::span<c
   absl::StatusOr<std::unique_ptr<kernels::CapturedStep>> recorded = backend_.EndCapture();
   if (!recorded_logits.ok() || !recorded.ok()) {
     capture_error_ = !recorded_logits.ok() ? recorded_logits.status() : recorded.status();
-    decode_capture_max_batch_ = 0;
+    if (absl::IsResourceExhausted(capture_error_)) {
+      // Out of device memory for this shape's recording: it runs op by op from now on, and the
+      // shapes already recorded (or small enough to record) keep their graphs.
+      unrecordable_.insert(key);
+    } else {
+      decode_capture_max_batch_ = 0;
+    }
     return out;
   }
   decode_graphs_[key] = DecodeGraph{*std::move(recorded), *std::move(recorded_logits),

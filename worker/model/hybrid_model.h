@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <vector>
 
@@ -127,6 +128,7 @@ class HybridModel {
   // Recorded decode steps point at them, so they go too.
   void DropCaches() {
     decode_graphs_.clear();
+    unrecordable_.clear();
     kv_cache_.reset();
     state_slots_.reset();
   }
@@ -140,9 +142,12 @@ class HybridModel {
   void SetDecodeCapture(int max_batch) {
     decode_capture_max_batch_ = max_batch;
     decode_graphs_.clear();
+    unrecordable_.clear();
   }
   [[nodiscard]] int decode_capture_max_batch() const { return decode_capture_max_batch_; }
-  // Why recording stopped, if it failed (OK otherwise).
+  // Why the last failed recording failed (OK if none did). A recording that ran out of device
+  // memory leaves only its own shape (sequences, tokens each) to run op by op; any other
+  // failure stops recording.
   [[nodiscard]] const absl::Status& capture_error() const { return capture_error_; }
   // Batch sizes with a recorded decode step.
   [[nodiscard]] int num_decode_graphs() const { return static_cast<int>(decode_graphs_.size()); }
@@ -301,6 +306,7 @@ class HybridModel {
   absl::Status capture_error_;
   // By (sequences, tokens per sequence): decode steps, and uniform speculative verify steps.
   std::map<std::pair<int, int>, DecodeGraph> decode_graphs_;
+  std::set<std::pair<int, int>> unrecordable_;  // shapes whose recording ran out of memory
   std::vector<KeptStateInputs> kept_state_inputs_;
   // MTP draft head: the step's h_prev rows on the device (UploadDraftHidden); grown, never shrunk.
   kernels::Tensor draft_hidden_;
