@@ -891,7 +891,9 @@ TEST(CudaVsCpuTest, ReplayDeltaRuleStates) {
           EXPECT_LT(p.Compare((at + " (states)").c_str(), state[l].first, state[l].second), kTol);
         }
         EXPECT_EQ(host(conv[l].second), host(conv_b[l].second)) << at;
-        if (defaults) EXPECT_EQ(host(state[l].second), host(state_b[l].second)) << at;
+        if (defaults) {
+          EXPECT_EQ(host(state[l].second), host(state_b[l].second)) << at;
+        }
         // Slots no segment names keep their states.
         std::vector<bool> named(slots, false);
         for (const SequenceSegment& s : segs) named[s.state_slot] = true;
@@ -1027,10 +1029,15 @@ TEST(CudaVsCpuTest, CopyRowsAgrees) {
   }
   // Several tensors in one call (a snapshot of every layer's states): rows of different widths,
   // one of them not in 16-byte pieces (that tensor takes the row-by-row default after the launch,
-  // which reads the row pairs its uploads would overwrite).
+  // which reads the row pairs its uploads would overwrite), and rows wider than one block's 16 KB
+  // piece (128 KB, and 160 KB whose last piece is partial) between narrow ones.
   const int rows = 9;
   const std::vector<std::pair<DType, std::vector<int64_t>>> specs = {
-      {DType::kF32, {rows, 4, 32, 32}}, {DType::kBF16, {rows, 3, 40}}, {DType::kBF16, {rows, 5}}};
+      {DType::kF32, {rows, 4, 32, 32}},
+      {DType::kF32, {rows, 2, 128, 128}},
+      {DType::kBF16, {rows, 3, 40}},
+      {DType::kF32, {rows, 40000}},
+      {DType::kBF16, {rows, 5}}};
   std::vector<Tensor> xs;
   std::vector<std::vector<float>> expected;
   for (const auto& [dtype, shape] : specs) {
