@@ -303,7 +303,7 @@ absl::Status BenchEngine() {
                            {"step_ms", with_draw * 1e3},
                            {"bound_ms", bound * 1e3}});
       }
-      const bool graphs = model->num_decode_graphs() > 0;
+      const bool graphs = model->HasRecording(batch, 1);
       if (!model->capture_error().ok()) {
         std::fprintf(stderr, "bench: decode steps not recorded: %s\n",
                      std::string(model->capture_error().message()).c_str());
@@ -334,8 +334,14 @@ absl::Status BenchEngine() {
         auto it = plain_ms.find({batch, context});
         if (it != plain_ms.end()) spec.plain_step_ms = it->second;
         absl::Status benched = BenchSpeculation(*model, spec, results);
-        if (!model->capture_error().ok()) {
-          std::fprintf(stderr, "bench: a verify step was not recorded: %s\n",
+        for (const auto& [sequences, tokens] : model->unrecordable_shapes()) {
+          std::fprintf(stderr,
+                       "bench: steps of %d sequences x %d tokens ran op by op: their recording "
+                       "ran out of device memory\n",
+                       sequences, tokens);
+        }
+        if (model->decode_capture_max_batch() == 0 && !model->capture_error().ok()) {
+          std::fprintf(stderr, "bench: recording stopped: %s\n",
                        std::string(model->capture_error().message()).c_str());
         }
         ReportRecordedStepMemory(*backend, absl::StrFormat("speculative batch %d", batch));

@@ -173,6 +173,9 @@ class Backend {
   virtual absl::StatusOr<DeviceMemoryInfo> MemoryInfo() {
     return absl::UnimplementedError("no device memory");
   }
+  // Gives the blocks an allocator keeps for reuse back to the device (waiting for queued work
+  // first), so that a larger allocation elsewhere can succeed. False when nothing was held.
+  virtual bool ReleaseCachedMemory() { return false; }
   // Sets every byte of `t` to zero. The default goes through CopyFromHost; backends with a
   // device memset override it.
   virtual void ZeroFill(Tensor& t);

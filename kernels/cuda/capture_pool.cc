@@ -96,6 +96,7 @@ void CapturePool::Release(void* ptr, size_t bytes, uint64_t epoch) {
 
 void* CapturePool::Scratch(size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
+  bytes = std::max<size_t>(bytes, 1);  // nullptr means out of memory, even for an empty request
   if (!reuse_) return Carve(bytes);
   if (bytes > scratch_bytes_) {
     // Kernels recorded before keep the smaller buffer; it is simply not handed out again.

@@ -149,6 +149,12 @@ class CudaBackend final : public Backend {
                             static_cast<int64_t>(pool_->peak_bytes())};
   }
 
+  bool ReleaseCachedMemory() override {
+    CheckCuda(cudaSetDevice(device_), "cudaSetDevice");
+    Check(!capturing_, "ReleaseCachedMemory", "cannot release memory while recording a step");
+    return blocks_->Trim() > 0;
+  }
+
   absl::StatusOr<double> MeasureCopyBandwidth(size_t bytes) override {
     CheckCuda(cudaSetDevice(device_), "cudaSetDevice");
     std::shared_ptr<void> a = blocks_->Get(bytes), b = blocks_->Get(bytes);
@@ -477,6 +483,7 @@ class CudaBackend final : public Backend {
   // of device memory (capture_out_of_memory_) is refused at EndCapture, so that its recording,
   // which points at buffers it did not get, is never replayed.
   absl::StatusOr<Tensor> AllocateAndFill(DType dtype, std::vector<int64_t> shape, bool zero);
+  absl::Status CaptureScratchError() const;  // the capture's failed scratch block, with sizes
   bool capturing_ = false;
   bool capture_out_of_memory_ = false;
   size_t capture_failed_bytes_ = 0;
@@ -488,9 +495,10 @@ class CudaBackend final : public Backend {
 void* CudaBackend::Scratch(size_t bytes) {
   // A captured step keeps its own scratch: the shared buffer may be reallocated later.
   if (capturing_) {
-    // Nothing runs while capturing: a failed capture only has to be refused at EndCapture.
+    // Nothing runs while capturing: a capture out of memory only has to be refused at
+    // EndCapture, and its ops skip their launches on the nullptr returned here.
     void* ptr = pool_->Scratch(bytes);
-    if (ptr == nullptr) {
+    if (ptr == nullptr && !capture_out_of_memory_) {
       capture_out_of_memory_ = true;
       capture_failed_bytes_ = bytes;
     }
@@ -647,13 +655,17 @@ absl::StatusOr<Tensor> CudaBackend::AllocateAndFill(DType dtype, std::vector<int
   // Zero-sized tensors still get a (tiny) allocation so that they are not empty().
   const size_t bytes = std::max<size_t>(static_cast<size_t>(numel) * DTypeSize(dtype), 16);
   CheckCuda(cudaSetDevice(device_), "cudaSetDevice");
+  // A recording already out of memory is refused at its end: its first failure is the error.
+  if (capturing_ && capture_out_of_memory_) return CaptureScratchError();
   std::shared_ptr<void> storage = capturing_ ? pool_->Get(bytes) : blocks_->Get(bytes);
   if (storage == nullptr) {
     size_t free_bytes = 0, total_bytes = 0;
     cudaMemGetInfo(&free_bytes, &total_bytes);
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "cuda:%d: cannot allocate %d bytes for %s %s; %d of %d bytes free", device_, bytes,
+        "cuda:%d: cannot allocate %d bytes for %s %s%s; %d of %d bytes free", device_, bytes,
         DTypeName(dtype), Tensor({}, nullptr, dtype, shape, Device::kCuda).ShapeString(),
+        capturing_ ? " while recording a step (the capture pool's limit or the device's memory)"
+                   : "",
         free_bytes, total_bytes));
   }
   void* ptr = storage.get();
@@ -684,6 +696,16 @@ absl::Status CudaBackend::BeginCapture() {
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::CaptureScratchError() const {
+  size_t free_bytes = 0, total_bytes = 0;
+  cudaMemGetInfo(&free_bytes, &total_bytes);
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "cuda:%d: recording a step: a scratch block of %d bytes could not be carved from the "
+      "capture pool (its limit or the device's memory: %d of %d bytes free, %d held for "
+      "recorded steps)",
+      device_, capture_failed_bytes_, free_bytes, total_bytes, pool_->reserved_bytes()));
+}
+
 absl::StatusOr<std::unique_ptr<CapturedStep>> CudaBackend::EndCapture() {
   if (!capturing_) return absl::FailedPreconditionError("EndCapture: not capturing");
   Enter();
@@ -696,12 +718,7 @@ absl::StatusOr<std::unique_ptr<CapturedStep>> CudaBackend::EndCapture() {
   }
   if (capture_out_of_memory_) {
     cudaGraphDestroy(graph);
-    size_t free_bytes = 0, total_bytes = 0;
-    cudaMemGetInfo(&free_bytes, &total_bytes);
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "cuda:%d: recording the step needed %d more bytes of scratch than the device had (%d of "
-        "%d bytes free, %d held for recorded steps)",
-        device_, capture_failed_bytes_, free_bytes, total_bytes, pool_->reserved_bytes()));
+    return CaptureScratchError();
   }
   static const bool census = cuda::KnobChoice("MOBIUS_GRAPH_CENSUS", {"0", "1"}) == 2;
   if (census) {
@@ -1358,6 +1375,7 @@ void CudaBackend::RunGatedDeltaRule(const Tensor& qkv, Tensor& g, Tensor& beta,
   }
   if (num_chunks > 0) {
     void* scratch = Scratch(cuda::ChunkedDeltaRuleScratchBytes(num_chunks, hv, dk, dv));
+    if (scratch == nullptr) return;  // a recording out of memory: EndCapture refuses it
     cuda::LaunchGatedDeltaRuleChunked(Bf16(qkv), g.data<float>(), beta.data<float>(), hk, hv, dk,
                                       dv, recurrent_states.data<float>(), segs, min_chunked,
                                       num_chunks, chunked_segments, scratch, MutBf16(out), stream_);
@@ -1723,6 +1741,7 @@ void CudaBackend::PagedAttentionGated(const char* op, const Tensor& q, const Ten
                                                 max_positions, num_sms_);
   void* scratch =
       splits > 1 ? Scratch(cuda::PagedAttentionScratchBytes(t, nh, hd, splits)) : nullptr;
+  if (splits > 1 && scratch == nullptr) return;  // a recording out of memory: refused at its end
   cuda::TokenMeta tokens;
   cuda::SegmentMeta segs;
   UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs);
@@ -1816,6 +1835,7 @@ void CudaBackend::RunMoeExperts(const Tensor& x, const Tensor& ids, const Tensor
   const int64_t t = ids.dim(0), inter = gate_up.dim(1) / 2, hidden = gate_up.dim(2);
   const int k = static_cast<int>(ids.dim(1)), num_local = static_cast<int>(gate_up.dim(0));
   void* scratch = Scratch(cuda::MoeScratchBytes(t, k, num_local, hidden, inter));
+  if (scratch == nullptr) return;  // a recording out of memory: EndCapture refuses it
   const int32_t* counts = cuda::LaunchMoeExperts(
       Bf16(x), ids.data<int32_t>(), weights.data<float>(), Bf16(gate_up), Bf16(down), t, k,
       num_local, first_expert, hidden, inter, scratch, shared, MutBf16(out), stream_);
@@ -1837,6 +1857,7 @@ bool CudaBackend::TryMoeFewTokens(const Tensor& x, const Tensor& ids, const Tens
   if (t * k > cuda::kMoeFewTokensMaxPairs) return false;
   auto* act = static_cast<uint16_t*>(
       Scratch(sizeof(uint16_t) * cuda::MoeFewTokensScratchElems(t, k, gate_up.dim(2), inter)));
+  if (act == nullptr) return true;  // a recording out of memory: EndCapture refuses it
   return cuda::LaunchMoeExpertsFewTokens(Bf16(x), ids.data<int32_t>(), weights.data<float>(),
                                          Bf16(gate_up), Bf16(down), t, k,
                                          static_cast<int>(gate_up.dim(0)), first_expert,

@@ -75,6 +75,12 @@ void DeviceBlockCache::ReleaseAll() {
   cached_bytes_ = 0;
 }
 
+size_t DeviceBlockCache::Trim() {
+  const size_t bytes = cached_bytes();
+  ReleaseAll();
+  return bytes;
+}
+
 size_t DeviceBlockCache::cached_bytes() {
   std::lock_guard<std::mutex> lock(mu_);
   return cached_bytes_;

@@ -25,6 +25,9 @@ class DeviceBlockCache : public std::enable_shared_from_this<DeviceBlockCache> {
   std::shared_ptr<void> Get(size_t bytes);
   // Blocks held for reuse, in bytes.
   [[nodiscard]] size_t cached_bytes();
+  // Returns every block held for reuse to the device (after the device's queued work); the
+  // bytes returned.
+  size_t Trim();
 
  private:
   void Put(void* ptr, size_t bytes);

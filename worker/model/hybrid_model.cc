@@ -73,6 +73,7 @@ absl::Status HybridModel::CreateCaches(int max_sequences, int max_tokens, int bl
                                     : max_sequences * ((max_tokens + block_size - 1) / block_size);
   decode_graphs_.clear();
   unrecordable_.clear();  // the memory left for recordings changes with the caches
+  capture_error_ = absl::OkStatus();
   max_positions_ = max_tokens;
   ASSIGN_OR_RETURN(kv_cache_, PagedKvCache::Create(kv, backend_));
 
@@ -578,25 +579,33 @@ absl::StatusOr<Tensor> HybridModel::RunDecodeGraph(StepContext& ctx, std::span<c
     ctx.hidden_rows = hidden_rows;
     kept_state_inputs_ = kept;
   };
-  absl::Status began = backend_.BeginCapture();
-  if (!began.ok()) {
-    capture_error_ = began;
-    decode_capture_max_batch_ = 0;
-    return out;
-  }
-  absl::StatusOr<Tensor> recorded_logits = QueueStep(ctx, ids);
-  absl::StatusOr<std::unique_ptr<kernels::CapturedStep>> recorded = backend_.EndCapture();
-  if (!recorded_logits.ok() || !recorded.ok()) {
-    capture_error_ = !recorded_logits.ok() ? recorded_logits.status() : recorded.status();
-    if (absl::IsResourceExhausted(capture_error_)) {
-      // Out of device memory for this shape's recording: it runs op by op from now on, and the
-      // shapes already recorded (or small enough to record) keep their graphs.
-      unrecordable_.insert(key);
-    } else {
+  absl::StatusOr<Tensor> recorded_logits;
+  absl::StatusOr<std::unique_ptr<kernels::CapturedStep>> recorded;
+  for (int attempt = 0;; ++attempt) {
+    absl::Status began = backend_.BeginCapture();
+    if (!began.ok()) {
+      capture_error_ = began;
       decode_capture_max_batch_ = 0;
+      return out;
     }
-    return out;
+    recorded_logits = QueueStep(ctx, ids);
+    recorded = backend_.EndCapture();
+    if (recorded_logits.ok() && recorded.ok()) break;
+    capture_error_ = !recorded_logits.ok() ? recorded_logits.status() : recorded.status();
+    if (!absl::IsResourceExhausted(capture_error_)) {
+      decode_capture_max_batch_ = 0;
+      return out;
+    }
+    // Out of device memory for this recording. The op-by-op run just before it left its freed
+    // blocks in the backend's cache, which a capture cannot return to the device: once they are
+    // returned, try again. If that does not do, this shape runs op by op from now on, and the
+    // shapes already recorded (or small enough to record) keep their recordings.
+    if (attempt > 0 || !backend_.ReleaseCachedMemory()) {
+      unrecordable_.insert(key);
+      return out;
+    }
   }
+  capture_error_ = absl::OkStatus();
   decode_graphs_[key] = DecodeGraph{*std::move(recorded), *std::move(recorded_logits),
                                     ctx.hidden_rows, kept_state_inputs_};
   return out;

@@ -143,14 +143,24 @@ class HybridModel {
     decode_capture_max_batch_ = max_batch;
     decode_graphs_.clear();
     unrecordable_.clear();
+    capture_error_ = absl::OkStatus();
   }
   [[nodiscard]] int decode_capture_max_batch() const { return decode_capture_max_batch_; }
-  // Why the last failed recording failed (OK if none did). A recording that ran out of device
-  // memory leaves only its own shape (sequences, tokens each) to run op by op; any other
-  // failure stops recording.
+  // Why the last recording failed (OK if it succeeded, or none was tried since the caches or
+  // SetDecodeCapture). A recording that ran out of device memory (also after the allocator's
+  // cached blocks were returned) leaves only its own shape (sequences, tokens each) to run op by
+  // op; any other failure stops recording.
   [[nodiscard]] const absl::Status& capture_error() const { return capture_error_; }
   // Batch sizes with a recorded decode step.
   [[nodiscard]] int num_decode_graphs() const { return static_cast<int>(decode_graphs_.size()); }
+  // Shapes (sequences, tokens each) whose recording ran out of device memory: op by op.
+  [[nodiscard]] const std::set<std::pair<int, int>>& unrecordable_shapes() const {
+    return unrecordable_;
+  }
+  // Whether steps of `sequences` sequences of `tokens` tokens each replay a recording.
+  [[nodiscard]] bool HasRecording(int sequences, int tokens) const {
+    return decode_graphs_.contains({sequences, tokens});
+  }
   // Recorded steps with `tokens` tokens per sequence (1: decode; more: speculative verify).
   [[nodiscard]] int num_recorded_steps(int tokens) const {
     int n = 0;
