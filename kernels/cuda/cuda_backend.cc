@@ -423,6 +423,10 @@ class CudaBackend final : public Backend {
   // Device scratch of at least `bytes`, valid until the next call. Stream order makes reuse
   // across ops safe; growing waits for queued work that may still read the old buffer.
   void* Scratch(size_t bytes);
+  // Allocates a device buffer of `wanted` bytes, or of `needed` after the block cache gave its
+  // held blocks back; aborts when neither fits (its callers are ops, which return no status).
+  // Returns the size allocated.
+  size_t GrowBuffer(void** ptr, size_t needed, size_t wanted, const char* what);
   // Copies `data` into the device metadata buffer (reused by every op) and returns its address.
   const int32_t* Upload(const std::vector<int32_t>& data);
 
@@ -510,11 +514,24 @@ void* CudaBackend::Scratch(size_t bytes) {
       cudaFree(scratch_);
       scratch_ = nullptr;
     }
-    const size_t grown = std::max(bytes, scratch_bytes_ + scratch_bytes_ / 2);
-    CheckCuda(cudaMalloc(&scratch_, grown), "Scratch allocation");
-    scratch_bytes_ = grown;
+    scratch_bytes_ = GrowBuffer(&scratch_, bytes,
+                                std::max(bytes, scratch_bytes_ + scratch_bytes_ / 2), "op scratch");
   }
   return scratch_;
+}
+
+size_t CudaBackend::GrowBuffer(void** ptr, size_t needed, size_t wanted, const char* what) {
+  if (cudaMalloc(ptr, wanted) == cudaSuccess) return wanted;
+  cudaGetLastError();
+  // Blocks the cache holds for other shapes' steps go back to the device, and only what is
+  // needed is asked for again: a cache grown by earlier steps must not make this one abort.
+  blocks_->Trim();
+  if (cudaMalloc(ptr, needed) == cudaSuccess) return needed;
+  cudaGetLastError();
+  size_t free_bytes = 0, total_bytes = 0;
+  cudaMemGetInfo(&free_bytes, &total_bytes);
+  Fail(absl::StrFormat("cannot allocate %d bytes of %s on cuda:%d (%d of %d bytes free)", needed,
+                       what, device_, free_bytes, total_bytes));
 }
 
 const int32_t* CudaBackend::Upload(const std::vector<int32_t>& data) {
@@ -527,9 +544,8 @@ const int32_t* CudaBackend::Upload(const std::vector<int32_t>& data) {
       cudaFree(meta_);
       meta_ = nullptr;
     }
-    const size_t grown = std::max<size_t>({bytes, 2 * meta_bytes_, 4096});
-    CheckCuda(cudaMalloc(&meta_, grown), "metadata allocation");
-    meta_bytes_ = grown;
+    meta_bytes_ =
+        GrowBuffer(&meta_, bytes, std::max<size_t>({bytes, 2 * meta_bytes_, 4096}), "op metadata");
   }
   // A pageable source is staged before cudaMemcpyAsync returns, so `data` may die right after.
   if (bytes > 0) {
@@ -618,9 +634,13 @@ void CudaBackend::StageStep(std::span<const int32_t> ids, std::span<const Sequen
     step_meta_ = nullptr;
     step_host_ = nullptr;
     const size_t grown = std::max<size_t>({total, 2 * step_capacity_, size_t{1} << 20});
-    CheckCuda(cudaMalloc(&step_meta_, grown * sizeof(int32_t)), "step metadata allocation");
-    CheckCuda(cudaMallocHost(&step_host_, grown * sizeof(int32_t)), "pinned step metadata");
-    step_capacity_ = grown;
+    void* meta = nullptr;
+    const size_t capacity =
+        GrowBuffer(&meta, total * sizeof(int32_t), grown * sizeof(int32_t), "step metadata") /
+        sizeof(int32_t);
+    step_meta_ = static_cast<int32_t*>(meta);
+    CheckCuda(cudaMallocHost(&step_host_, capacity * sizeof(int32_t)), "pinned step metadata");
+    step_capacity_ = capacity;
     ++generation_;
   }
   std::copy(ids.begin(), ids.end(), step_host_);

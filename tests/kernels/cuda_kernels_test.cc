@@ -1189,6 +1189,50 @@ TEST_F(CudaKernelsTest, MoeExpertsExpertParallelSlice) {
   EXPECT_LT(Reported("moe (EP slice, few tokens)", RelErr(Host(out_few), ref_few)), kBf16Tol);
 }
 
+// An op's scratch that does not fit beside the blocks the cache holds for other steps' shapes:
+// the cache gives them back to the device and the scratch is allocated, instead of the process
+// aborting (CudaBackend::GrowBuffer). The MoE's operands are made first; then the device's free
+// memory is taken in 512 MiB tensors and released into the block cache, and a MoE of 16384
+// tokens x 8 experts asks for ~1.03 GiB of scratch (its fp32 pair rows).
+TEST_F(CudaKernelsTest, ScratchFitsOnceTheBlockCacheGivesItsBlocksBack) {
+  const int64_t t = 16384, h = 2048, inter = 64;
+  const int k = 8, experts = 8;
+  std::vector<int32_t> ids(t * k);
+  for (int64_t r = 0; r < t; ++r) {
+    for (int j = 0; j < k; ++j) ids[r * k + j] = static_cast<int32_t>((r + j) % experts);
+  }
+  const std::vector<float> x = Rand(t * h), w = Rand(t * k, 0.1f, 1.0f),
+                           gu = Rand(experts * 2 * inter * h, -0.3f, 0.3f),
+                           dn = Rand(experts * h * inter, -0.3f, 0.3f);
+  Tensor xt = Make(DType::kBF16, {t, h}, x), idt = MakeI32({t, k}, ids),
+         wt = Make(DType::kF32, {t, k}, w), gut = Make(DType::kBF16, {experts, 2 * inter, h}, gu),
+         dnt = Make(DType::kBF16, {experts, h, inter}, dn);
+  auto out = backend_->Allocate(DType::kBF16, {t, h});
+  ASSERT_TRUE(out.ok()) << out.status();
+  {
+    std::vector<Tensor> held;
+    for (;;) {
+      auto block = backend_->AllocateUninitialized(DType::kF32, {int64_t{1} << 27});
+      if (!block.ok()) break;
+      held.push_back(*std::move(block));
+    }
+    ASSERT_GT(held.size(), 2u);
+  }  // into the block cache, not back to the device
+  size_t free_bytes = 0, total_bytes = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+  ASSERT_LT(free_bytes, size_t{1} << 30) << "the scratch would fit without the cache's blocks";
+  backend_->MoeExperts(xt, idt, wt, gut, dnt, 0, *out, {});
+  backend_->Synchronize();
+  // The first rows against the host reference (all 16384 would take minutes on the host).
+  const int64_t rows = 16;
+  std::vector<double> ref(rows * h, 0.0);
+  std::vector<int64_t> counts(experts, 0);
+  RefMoe(x, ids, w, gu, dn, rows, k, experts, 0, h, inter, ref, counts);
+  std::vector<float> got = Host(*out);
+  got.resize(rows * h);
+  EXPECT_LT(Reported("moe (scratch after the cache gave back)", RelErr(got, ref)), kBf16Tol);
+}
+
 TEST_F(CudaKernelsTest, RoutingOver2560ExpertsThroughMoeExperts) {
   const int64_t t = 150, h = 64, inter = 32;
   const int k = 8, experts = 2560;
