@@ -568,8 +568,8 @@ absl::StatusOr<Tensor> HybridModel::RunDecodeGraph(StepContext& ctx, std::span<c
   }
   // Run this step op by op (which also sizes every lazily grown buffer), then record the same
   // ops for the next steps of this batch size; recording runs nothing.
-  // A failed recording does not fail the step (it already ran): recording stops and the error
-  // is kept for capture_error().
+  // A failed recording does not fail the step (it already ran): recording stops (out of device
+  // memory, only for this shape) and the error is kept for capture_error().
   ASSIGN_OR_RETURN(Tensor out, QueueStep(ctx, ids));
   // What this (op by op) run computed; the recording below points ctx at tensors it fills only
   // when replayed.
