@@ -23,8 +23,10 @@ CapturePool::~CapturePool() {
 void CapturePool::Begin() {
   std::lock_guard<std::mutex> lock(mu_);
   ++epoch_;
-  if (trace_)
-    std::fprintf(stderr, "capture pool: capture %llu begins\n", (unsigned long long)epoch_);
+  if (trace_) {
+    std::fprintf(stderr, "capture pool: capture %llu begins\n",
+                 static_cast<unsigned long long>(epoch_));
+  }
   for (Chunk& chunk : chunks_) chunk.used = 0;
   used_ = 0;
   free_.clear();
