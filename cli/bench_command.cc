@@ -24,6 +24,7 @@
 #include "kernels/token_sampling.h"
 #include "nlohmann/json.hpp"
 #include "worker/model/decode_cost.h"
+#include "worker/model/hybrid_model.h"
 
 ABSL_FLAG(std::string, batches, "1,8,64,256", "Decode batch sizes to time (comma-separated).");
 ABSL_FLAG(std::string, contexts, "1024,8192",
@@ -66,9 +67,21 @@ double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_cloc
   return std::chrono::duration<double>(b - a).count();
 }
 
-// What the recorded steps' memory pool holds after a row (stderr; the CPU backend has none):
-// the pool is sized by the largest recording, which the memory plan has to leave room for.
-void ReportRecordedStepMemory(kernels::Backend& backend, const std::string& after) {
+// After a row (stderr): which of its shapes did not record and why, and what the recorded
+// steps' memory pool holds (the largest recording sizes it; the memory plan leaves room for it;
+// the CPU backend has none).
+void ReportRecordings(const worker::HybridModel& model, kernels::Backend& backend,
+                      const std::string& after) {
+  for (const auto& [sequences, tokens] : model.unrecordable_shapes()) {
+    std::fprintf(stderr,
+                 "bench: %s: steps of %d sequences x %d tokens ran op by op: their recording ran "
+                 "out of device memory\n",
+                 after.c_str(), sequences, tokens);
+  }
+  if (model.decode_capture_max_batch() == 0 && !model.capture_error().ok()) {
+    std::fprintf(stderr, "bench: %s: recording stopped: %s\n", after.c_str(),
+                 std::string(model.capture_error().message()).c_str());
+  }
   absl::StatusOr<kernels::DeviceMemoryInfo> info = backend.MemoryInfo();
   if (!info.ok() || info->recorded_step_bytes == 0) return;
   std::fprintf(stderr,
@@ -304,11 +317,7 @@ absl::Status BenchEngine() {
                            {"bound_ms", bound * 1e3}});
       }
       const bool graphs = model->HasRecording(batch, 1);
-      if (!model->capture_error().ok()) {
-        std::fprintf(stderr, "bench: decode steps not recorded: %s\n",
-                     std::string(model->capture_error().message()).c_str());
-      }
-      ReportRecordedStepMemory(*backend, absl::StrFormat("decode batch %d", batch));
+      ReportRecordings(*model, *backend, absl::StrFormat("decode batch %d", batch));
       results.push_back({{"phase", "decode"},
                          {"cuda_graph", graphs},
                          {"batch", batch},
@@ -334,17 +343,7 @@ absl::Status BenchEngine() {
         auto it = plain_ms.find({batch, context});
         if (it != plain_ms.end()) spec.plain_step_ms = it->second;
         absl::Status benched = BenchSpeculation(*model, spec, results);
-        for (const auto& [sequences, tokens] : model->unrecordable_shapes()) {
-          std::fprintf(stderr,
-                       "bench: steps of %d sequences x %d tokens ran op by op: their recording "
-                       "ran out of device memory\n",
-                       sequences, tokens);
-        }
-        if (model->decode_capture_max_batch() == 0 && !model->capture_error().ok()) {
-          std::fprintf(stderr, "bench: recording stopped: %s\n",
-                       std::string(model->capture_error().message()).c_str());
-        }
-        ReportRecordedStepMemory(*backend, absl::StrFormat("speculative batch %d", batch));
+        ReportRecordings(*model, *backend, absl::StrFormat("speculative batch %d", batch));
         if (!benched.ok()) {
           std::printf("speculative batch %d context %d skipped: %s\n", batch, context,
                       std::string(benched.message()).c_str());

@@ -10,7 +10,7 @@ constexpr size_t kLargestCached = size_t{1} << 30;
 
 }  // namespace
 
-DeviceBlockCache::~DeviceBlockCache() { ReleaseAll(); }
+DeviceBlockCache::~DeviceBlockCache() { Trim(); }
 
 size_t DeviceBlockCache::Bucket(size_t bytes) {
   if (bytes <= 512) return 512;
@@ -37,7 +37,7 @@ std::shared_ptr<void> DeviceBlockCache::Get(size_t bytes) {
     cudaSetDevice(device_);
     if (cudaMalloc(&ptr, size) != cudaSuccess) {
       cudaGetLastError();
-      ReleaseAll();  // give cached blocks back to the device and try once more
+      Trim();  // give cached blocks back to the device and try once more
       if (cudaMalloc(&ptr, size) != cudaSuccess) {
         cudaGetLastError();
         return nullptr;
@@ -65,19 +65,15 @@ void DeviceBlockCache::Put(void* ptr, size_t bytes) {
   cached_bytes_ += bytes;
 }
 
-void DeviceBlockCache::ReleaseAll() {
+size_t DeviceBlockCache::Trim() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (free_.empty()) return;
+  if (free_.empty()) return 0;
   cudaSetDevice(device_);
   cudaDeviceSynchronize();  // blocks may still be in use by queued work
   for (auto& [size, ptr] : free_) cudaFree(ptr);
   free_.clear();
+  const size_t bytes = cached_bytes_;
   cached_bytes_ = 0;
-}
-
-size_t DeviceBlockCache::Trim() {
-  const size_t bytes = cached_bytes();
-  ReleaseAll();
   return bytes;
 }
 

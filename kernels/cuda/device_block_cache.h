@@ -31,7 +31,6 @@ class DeviceBlockCache : public std::enable_shared_from_this<DeviceBlockCache> {
 
  private:
   void Put(void* ptr, size_t bytes);
-  void ReleaseAll();
 
   int device_;
   std::mutex mu_;
