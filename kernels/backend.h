@@ -176,6 +176,11 @@ class Backend {
   // Gives the blocks an allocator keeps for reuse back to the device (waiting for queued work
   // first), so that a larger allocation elsewhere can succeed. False when nothing was held.
   virtual bool ReleaseCachedMemory() { return false; }
+  // The first failure of an op since the last call, then cleared. Ops return no status: one
+  // that cannot get its device memory (the CUDA backend's op scratch) skips its launches, leaves
+  // its outputs unwritten and reports ResourceExhausted here, so that the step it belongs to
+  // fails with that error instead of the process aborting. OK when nothing failed.
+  virtual absl::Status TakeOpError() { return absl::OkStatus(); }
   // Sets every byte of `t` to zero. The default goes through CopyFromHost; backends with a
   // device memset override it.
   virtual void ZeroFill(Tensor& t);

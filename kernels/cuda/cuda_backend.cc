@@ -1,7 +1,9 @@
 // CudaBackend: validates each op's tensors, uploads the per-step host metadata (segments, block
 // tables, row ids) to the device, and queues the kernels of launch.h on the backend's stream.
 // Interface misuse (wrong dtype, shape or device) aborts with a message: ops have no error
-// channel, and running on regardless would corrupt device memory.
+// channel, and running on regardless would corrupt device memory. Running out of device memory
+// is not misuse: tensors come back as ResourceExhausted, and an op whose scratch does not fit
+// skips its launches and reports it through TakeOpError, which fails the step.
 #include "kernels/cuda/cuda_backend.h"
 
 #include <cuda_runtime.h>
@@ -15,6 +17,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -154,6 +157,7 @@ class CudaBackend final : public Backend {
     Check(!capturing_, "ReleaseCachedMemory", "cannot release memory while recording a step");
     return blocks_->Trim() > 0;
   }
+  absl::Status TakeOpError() override { return std::exchange(op_error_, absl::OkStatus()); }
 
   absl::StatusOr<double> MeasureCopyBandwidth(size_t bytes) override {
     CheckCuda(cudaSetDevice(device_), "cudaSetDevice");
@@ -421,12 +425,18 @@ class CudaBackend final : public Backend {
                            std::span<const SequenceSegment> segments, float scale, Tensor& out);
 
   // Device scratch of at least `bytes`, valid until the next call. Stream order makes reuse
-  // across ops safe; growing waits for queued work that may still read the old buffer.
+  // across ops safe; growing waits for queued work that may still read the old buffer. Null
+  // when the device cannot hold it: the caller skips its launches, and the failure is the
+  // step's error (op_error_ outside a capture, refused at EndCapture inside one).
   void* Scratch(size_t bytes);
   // Allocates a device buffer of `wanted` bytes, or of `needed` after the block cache gave its
-  // held blocks back; aborts when neither fits (its callers are ops, which return no status).
-  // Returns the size allocated.
+  // held blocks back, and returns the size allocated; 0 (and *ptr null) when neither fits.
+  size_t TryGrowBuffer(void** ptr, size_t needed, size_t wanted);
+  // TryGrowBuffer for the metadata buffers, whose users take their address unconditionally:
+  // aborts, naming `what`, when neither fits (they hold a step's segments, kilobytes to a few MB).
   size_t GrowBuffer(void** ptr, size_t needed, size_t wanted, const char* what);
+  // ResourceExhausted for `bytes` of `what` that the device could not give, with its free memory.
+  absl::Status OutOfMemory(size_t bytes, const char* what) const;
   // Copies `data` into the device metadata buffer (reused by every op) and returns its address.
   const int32_t* Upload(const std::vector<int32_t>& data);
 
@@ -488,6 +498,8 @@ class CudaBackend final : public Backend {
   // which points at buffers it did not get, is never replayed.
   absl::StatusOr<Tensor> AllocateAndFill(DType dtype, std::vector<int64_t> shape, bool zero);
   absl::Status CaptureScratchError() const;  // the capture's failed scratch block, with sizes
+  // The first op failure outside a capture since TakeOpError (an op scratch that did not fit).
+  absl::Status op_error_;
   bool capturing_ = false;
   bool capture_out_of_memory_ = false;
   size_t capture_failed_bytes_ = 0;
@@ -514,24 +526,42 @@ void* CudaBackend::Scratch(size_t bytes) {
       cudaFree(scratch_);
       scratch_ = nullptr;
     }
-    scratch_bytes_ = GrowBuffer(&scratch_, bytes,
-                                std::max(bytes, scratch_bytes_ + scratch_bytes_ / 2), "op scratch");
+    scratch_bytes_ =
+        TryGrowBuffer(&scratch_, bytes, std::max(bytes, scratch_bytes_ + scratch_bytes_ / 2));
+    if (scratch_bytes_ == 0) {
+      // The op skips its launches; its step fails with this error (HybridModel::Forward takes
+      // it), and the next op that asks for less may still get it.
+      if (op_error_.ok()) op_error_ = OutOfMemory(bytes, "op scratch");
+      return nullptr;
+    }
   }
   return scratch_;
 }
 
-size_t CudaBackend::GrowBuffer(void** ptr, size_t needed, size_t wanted, const char* what) {
+size_t CudaBackend::TryGrowBuffer(void** ptr, size_t needed, size_t wanted) {
   if (cudaMalloc(ptr, wanted) == cudaSuccess) return wanted;
   cudaGetLastError();
   // Blocks the cache holds for other shapes' steps go back to the device, and only what is
-  // needed is asked for again: a cache grown by earlier steps must not make this one abort.
+  // needed is asked for again: a cache grown by earlier steps must not make this one fail.
   blocks_->Trim();
   if (cudaMalloc(ptr, needed) == cudaSuccess) return needed;
   cudaGetLastError();
+  *ptr = nullptr;
+  return 0;
+}
+
+size_t CudaBackend::GrowBuffer(void** ptr, size_t needed, size_t wanted, const char* what) {
+  const size_t got = TryGrowBuffer(ptr, needed, wanted);
+  if (got == 0) Fail(std::string(OutOfMemory(needed, what).message()));
+  return got;
+}
+
+absl::Status CudaBackend::OutOfMemory(size_t bytes, const char* what) const {
   size_t free_bytes = 0, total_bytes = 0;
   cudaMemGetInfo(&free_bytes, &total_bytes);
-  Fail(absl::StrFormat("cannot allocate %d bytes of %s on cuda:%d (%d of %d bytes free)", needed,
-                       what, device_, free_bytes, total_bytes));
+  return absl::ResourceExhaustedError(
+      absl::StrFormat("cuda:%d: cannot allocate %d bytes of %s (%d of %d bytes free)", device_,
+                      bytes, what, free_bytes, total_bytes));
 }
 
 const int32_t* CudaBackend::Upload(const std::vector<int32_t>& data) {
@@ -1395,7 +1425,7 @@ void CudaBackend::RunGatedDeltaRule(const Tensor& qkv, Tensor& g, Tensor& beta,
   }
   if (num_chunks > 0) {
     void* scratch = Scratch(cuda::ChunkedDeltaRuleScratchBytes(num_chunks, hv, dk, dv));
-    if (scratch == nullptr) return;  // a recording out of memory: EndCapture refuses it
+    if (scratch == nullptr) return;  // out of memory: the step fails (Scratch)
     cuda::LaunchGatedDeltaRuleChunked(Bf16(qkv), g.data<float>(), beta.data<float>(), hk, hv, dk,
                                       dv, recurrent_states.data<float>(), segs, min_chunked,
                                       num_chunks, chunked_segments, scratch, MutBf16(out), stream_);
@@ -1761,7 +1791,7 @@ void CudaBackend::PagedAttentionGated(const char* op, const Tensor& q, const Ten
                                                 max_positions, num_sms_);
   void* scratch =
       splits > 1 ? Scratch(cuda::PagedAttentionScratchBytes(t, nh, hd, splits)) : nullptr;
-  if (splits > 1 && scratch == nullptr) return;  // a recording out of memory: refused at its end
+  if (splits > 1 && scratch == nullptr) return;  // out of memory: the step fails (Scratch)
   cuda::TokenMeta tokens;
   cuda::SegmentMeta segs;
   UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs);
@@ -1855,7 +1885,7 @@ void CudaBackend::RunMoeExperts(const Tensor& x, const Tensor& ids, const Tensor
   const int64_t t = ids.dim(0), inter = gate_up.dim(1) / 2, hidden = gate_up.dim(2);
   const int k = static_cast<int>(ids.dim(1)), num_local = static_cast<int>(gate_up.dim(0));
   void* scratch = Scratch(cuda::MoeScratchBytes(t, k, num_local, hidden, inter));
-  if (scratch == nullptr) return;  // a recording out of memory: EndCapture refuses it
+  if (scratch == nullptr) return;  // out of memory: the step fails (Scratch)
   const int32_t* counts = cuda::LaunchMoeExperts(
       Bf16(x), ids.data<int32_t>(), weights.data<float>(), Bf16(gate_up), Bf16(down), t, k,
       num_local, first_expert, hidden, inter, scratch, shared, MutBf16(out), stream_);
@@ -1877,7 +1907,7 @@ bool CudaBackend::TryMoeFewTokens(const Tensor& x, const Tensor& ids, const Tens
   if (t * k > cuda::kMoeFewTokensMaxPairs) return false;
   auto* act = static_cast<uint16_t*>(
       Scratch(sizeof(uint16_t) * cuda::MoeFewTokensScratchElems(t, k, gate_up.dim(2), inter)));
-  if (act == nullptr) return true;  // a recording out of memory: EndCapture refuses it
+  if (act == nullptr) return true;  // out of memory: the step fails (Scratch)
   return cuda::LaunchMoeExpertsFewTokens(Bf16(x), ids.data<int32_t>(), weights.data<float>(),
                                          Bf16(gate_up), Bf16(down), t, k,
                                          static_cast<int>(gate_up.dim(0)), first_expert,

@@ -1189,48 +1189,110 @@ TEST_F(CudaKernelsTest, MoeExpertsExpertParallelSlice) {
   EXPECT_LT(Reported("moe (EP slice, few tokens)", RelErr(Host(out_few), ref_few)), kBf16Tol);
 }
 
-// An op's scratch that does not fit beside the blocks the cache holds for other steps' shapes:
-// the cache gives them back to the device and the scratch is allocated, instead of the process
-// aborting (CudaBackend::GrowBuffer). The MoE's operands are made first; then the device's free
-// memory is taken in 512 MiB tensors and released into the block cache, and a MoE of 16384
-// tokens x 8 experts asks for ~1.03 GiB of scratch (its fp32 pair rows).
-TEST_F(CudaKernelsTest, ScratchFitsOnceTheBlockCacheGivesItsBlocksBack) {
-  const int64_t t = 16384, h = 2048, inter = 64;
-  const int k = 8, experts = 8;
-  std::vector<int32_t> ids(t * k);
-  for (int64_t r = 0; r < t; ++r) {
-    for (int j = 0; j < k; ++j) ids[r * k + j] = static_cast<int32_t>((r + j) % experts);
+// A MoE of 16384 tokens x 8 of 8 experts, whose grouped path asks for ~1.03 GiB of scratch (its
+// fp32 pair rows): the operands of the out-of-memory tests below.
+struct LargeScratchMoe {
+  static constexpr int64_t t = 16384, h = 2048, inter = 64;
+  static constexpr int k = 8, experts = 8;
+  std::vector<int32_t> ids;
+  std::vector<float> x, w, gu, dn;
+  Tensor xt, idt, wt, gut, dnt;
+};
+
+class CudaOutOfMemoryTest : public CudaKernelsTest {
+ protected:
+  void SetUp() override {
+    CudaKernelsTest::SetUp();
+    if (IsSkipped()) return;
+    LargeScratchMoe& m = moe_;
+    m.ids.resize(m.t * m.k);
+    for (int64_t r = 0; r < m.t; ++r) {
+      for (int j = 0; j < m.k; ++j) m.ids[r * m.k + j] = static_cast<int32_t>((r + j) % m.experts);
+    }
+    m.x = Rand(m.t * m.h);
+    m.w = Rand(m.t * m.k, 0.1f, 1.0f);
+    m.gu = Rand(m.experts * 2 * m.inter * m.h, -0.3f, 0.3f);
+    m.dn = Rand(m.experts * m.h * m.inter, -0.3f, 0.3f);
+    m.xt = Make(DType::kBF16, {m.t, m.h}, m.x);
+    m.idt = MakeI32({m.t, m.k}, m.ids);
+    m.wt = Make(DType::kF32, {m.t, m.k}, m.w);
+    m.gut = Make(DType::kBF16, {m.experts, 2 * m.inter, m.h}, m.gu);
+    m.dnt = Make(DType::kBF16, {m.experts, m.h, m.inter}, m.dn);
   }
-  const std::vector<float> x = Rand(t * h), w = Rand(t * k, 0.1f, 1.0f),
-                           gu = Rand(experts * 2 * inter * h, -0.3f, 0.3f),
-                           dn = Rand(experts * h * inter, -0.3f, 0.3f);
-  Tensor xt = Make(DType::kBF16, {t, h}, x), idt = MakeI32({t, k}, ids),
-         wt = Make(DType::kF32, {t, k}, w), gut = Make(DType::kBF16, {experts, 2 * inter, h}, gu),
-         dnt = Make(DType::kBF16, {experts, h, inter}, dn);
-  auto out = backend_->Allocate(DType::kBF16, {t, h});
-  ASSERT_TRUE(out.ok()) << out.status();
-  {
+
+  // Takes the device's free memory in 512 MiB tensors, leaving less than the MoE's scratch.
+  std::vector<Tensor> TakeFreeMemory() {
     std::vector<Tensor> held;
     for (;;) {
       auto block = backend_->AllocateUninitialized(DType::kF32, {int64_t{1} << 27});
       if (!block.ok()) break;
       held.push_back(*std::move(block));
     }
-    ASSERT_GT(held.size(), 2u);
-  }  // into the block cache, not back to the device
+    return held;
+  }
+
+  // The MoE into `out` (zeroed), its first rows against the host reference (all 16384 would
+  // take minutes on the host).
+  void ExpectFirstRowsRight(const Tensor& out, const char* what) {
+    const LargeScratchMoe& m = moe_;
+    const int64_t rows = 16;
+    std::vector<double> ref(rows * m.h, 0.0);
+    std::vector<int64_t> counts(m.experts, 0);
+    RefMoe(m.x, m.ids, m.w, m.gu, m.dn, rows, m.k, m.experts, 0, m.h, m.inter, ref, counts);
+    std::vector<float> got = Host(out);
+    got.resize(rows * m.h);
+    EXPECT_LT(Reported(what, RelErr(got, ref)), kBf16Tol);
+  }
+
+  LargeScratchMoe moe_;
+};
+
+// An op's scratch that does not fit beside the blocks the cache holds for other steps' shapes:
+// the cache gives them back to the device and the scratch is allocated, instead of the op
+// failing (CudaBackend::TryGrowBuffer). The device's free memory is taken and released into
+// the block cache before the MoE asks for its scratch.
+TEST_F(CudaOutOfMemoryTest, ScratchFitsOnceTheBlockCacheGivesItsBlocksBack) {
+  const LargeScratchMoe& m = moe_;
+  auto out = backend_->Allocate(DType::kBF16, {m.t, m.h});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_GT(TakeFreeMemory().size(), 2u);  // into the block cache, not back to the device
   size_t free_bytes = 0, total_bytes = 0;
   ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
   ASSERT_LT(free_bytes, size_t{1} << 30) << "the scratch would fit without the cache's blocks";
-  backend_->MoeExperts(xt, idt, wt, gut, dnt, 0, *out, {});
+  backend_->MoeExperts(m.xt, m.idt, m.wt, m.gut, m.dnt, 0, *out, {});
   backend_->Synchronize();
-  // The first rows against the host reference (all 16384 would take minutes on the host).
-  const int64_t rows = 16;
-  std::vector<double> ref(rows * h, 0.0);
-  std::vector<int64_t> counts(experts, 0);
-  RefMoe(x, ids, w, gu, dn, rows, k, experts, 0, h, inter, ref, counts);
-  std::vector<float> got = Host(*out);
-  got.resize(rows * h);
-  EXPECT_LT(Reported("moe (scratch after the cache gave back)", RelErr(got, ref)), kBf16Tol);
+  EXPECT_TRUE(backend_->TakeOpError().ok());
+  ExpectFirstRowsRight(*out, "moe (scratch after the cache gave back)");
+}
+
+// An op's scratch that the device cannot hold even with the cache's blocks back (live tensors
+// hold the memory): the op skips its launches, leaving its output unwritten, and TakeOpError
+// reports ResourceExhausted naming the op scratch, once, instead of the process aborting. With
+// the memory free again the same op runs and is right.
+TEST_F(CudaOutOfMemoryTest, AnOpScratchThatCannotFitFailsInsteadOfAborting) {
+  const LargeScratchMoe& m = moe_;
+  auto out = backend_->Allocate(DType::kBF16, {m.t, m.h});
+  ASSERT_TRUE(out.ok()) << out.status();
+  {
+    const std::vector<Tensor> held = TakeFreeMemory();
+    ASSERT_GT(held.size(), 2u);
+    size_t free_bytes = 0, total_bytes = 0;
+    ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+    ASSERT_LT(free_bytes, size_t{1} << 30) << "the scratch would fit";
+    backend_->MoeExperts(m.xt, m.idt, m.wt, m.gut, m.dnt, 0, *out, {});
+    backend_->Synchronize();
+    const absl::Status error = backend_->TakeOpError();
+    EXPECT_TRUE(absl::IsResourceExhausted(error)) << error;
+    EXPECT_NE(std::string(error.message()).find("op scratch"), std::string::npos) << error;
+    EXPECT_TRUE(backend_->TakeOpError().ok()) << "taken once";
+    const std::vector<float> unwritten = Host(*out);
+    EXPECT_TRUE(std::all_of(unwritten.begin(), unwritten.end(), [](float v) { return v == 0.f; }))
+        << "the op launched without its scratch";
+  }  // the held tensors go to the block cache, which gives them back on the next miss
+  backend_->MoeExperts(m.xt, m.idt, m.wt, m.gut, m.dnt, 0, *out, {});
+  backend_->Synchronize();
+  EXPECT_TRUE(backend_->TakeOpError().ok());
+  ExpectFirstRowsRight(*out, "moe (after an op scratch that did not fit)");
 }
 
 TEST_F(CudaKernelsTest, RoutingOver2560ExpertsThroughMoeExperts) {

@@ -329,6 +329,54 @@ TEST(CudaRecordedStepMemory, AShapeWhoseRecordingRunsOutOfMemoryRunsOpByOp) {
   EXPECT_TRUE(model->HasRecording(64, 1));
 }
 
+// A step that the device's memory cannot hold fails with ResourceExhausted (its tensors, or an op
+// scratch through Backend::TakeOpError) instead of aborting the process, and leaves its sequence
+// where it was; with the memory free again a fresh sequence's prefill of the same prompt gives
+// the same logits as before. The prompt runs once first, so that its kernels are loaded and the
+// step metadata buffers sized; the block cache is emptied; then the test takes the device's
+// free memory in ever smaller tensors, down to 1 MiB.
+TEST(CudaStepMemory, AStepThatDoesNotFitFailsAndTheNextOneRuns) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  auto backend = kernels::CreateCudaBackend(0);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  auto model = LoadDummyModel(
+      std::filesystem::path(FixtureModelDir("qwen3next-tiny")) / "config.json", **backend);
+  ASSERT_NE(model, nullptr);
+  const int tokens = 2048;
+  ASSERT_TRUE(model->CreateCaches(3, tokens).ok());
+  std::vector<int32_t> prompt(tokens);
+  for (int i = 0; i < tokens; ++i) prompt[i] = (i * 37 + 11) % 2048;
+  auto prefill = [&](worker::SequenceCache& seq, std::vector<float>& logits) {
+    EXPECT_TRUE(model->StartSequence(seq).ok());
+    std::vector<worker::SequenceStep> step = {{std::span<const int32_t>(prompt), &seq}};
+    return model->Forward(step, worker::ForwardOptions{}, logits);
+  };
+  worker::SequenceCache first, starved, again;
+  std::vector<float> expected, logits;
+  ASSERT_TRUE(prefill(first, expected).ok());
+  ASSERT_FALSE(expected.empty());
+  model->ReleaseSequence(first);
+  (*backend)->ReleaseCachedMemory();
+  {
+    std::vector<kernels::Tensor> held;
+    for (int64_t elems = int64_t{1} << 27; elems >= (int64_t{1} << 18); elems /= 8) {
+      for (;;) {
+        auto block = (*backend)->AllocateUninitialized(kernels::DType::kF32, {elems});
+        if (!block.ok()) break;
+        held.push_back(*std::move(block));
+      }
+    }
+    const absl::Status status = prefill(starved, logits);
+    std::printf("[cuda] the starved prefill: %s\n", status.ToString().c_str());
+    EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+    EXPECT_EQ(starved.num_tokens, 0) << "a failed step advanced its sequence";
+    model->ReleaseSequence(starved);
+  }  // the held tensors go to the block cache, which gives them back on the next miss
+  ASSERT_TRUE(prefill(again, logits).ok());
+  EXPECT_EQ(logits, expected);
+  model->ReleaseSequence(again);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaFixtureTest, ::testing::ValuesIn(kFixtureModels),
                          FixtureParamName);
 

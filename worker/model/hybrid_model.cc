@@ -382,6 +382,8 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
   if (options.keep_state_inputs) {
     kept_state_inputs_.resize(config_.num_layers_of(LayerType::kLinearAttention));
   }
+  // An op failure left by ops run outside a step (their callers check it) is not this step's.
+  backend_.TakeOpError().IgnoreError();
   // Every op of the step reads these from one staged device copy.
   backend_.StageStep(ids, ctx.segments, max_positions_);
   absl::Cleanup clear_step = [this] { backend_.ClearStep(); };
@@ -443,6 +445,9 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
     options.hidden_out->resize(static_cast<size_t>(ctx.hidden_rows.numel()));
     backend_.CopyToHostF32(ctx.hidden_rows, options.hidden_out->data());
   }
+  // An op that could not get its device memory skipped its launches: the step's outputs and the
+  // states it wrote are not to be used, and the caller fails its sequences (the engine does).
+  RETURN_IF_ERROR(backend_.TakeOpError());
   if (options.expert_tokens != nullptr && shard_.ep_size > 1) {
     RETURN_IF_ERROR(SumExpertCounts(*options.expert_tokens));
   }
