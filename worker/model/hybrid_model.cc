@@ -445,12 +445,13 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
     options.hidden_out->resize(static_cast<size_t>(ctx.hidden_rows.numel()));
     backend_.CopyToHostF32(ctx.hidden_rows, options.hidden_out->data());
   }
-  // An op that could not get its device memory skipped its launches: the step's outputs and the
-  // states it wrote are not to be used, and the caller fails its sequences (the engine does).
-  RETURN_IF_ERROR(backend_.TakeOpError());
   if (options.expert_tokens != nullptr && shard_.ep_size > 1) {
     RETURN_IF_ERROR(SumExpertCounts(*options.expert_tokens));
   }
+  // An op that could not get its device memory skipped its launches: the step's outputs and the
+  // states it wrote are not to be used, and the caller fails its sequences (the engine does).
+  // Taken after the step's last collective, which the other ranks are waiting in.
+  RETURN_IF_ERROR(backend_.TakeOpError());
   for (SequenceStep& step : batch) step.cache->num_tokens += step.tokens.size();
   return absl::OkStatus();
 }
