@@ -435,8 +435,9 @@ class CudaBackend final : public Backend {
   // TryGrowBuffer for the metadata buffers, whose users take their address unconditionally:
   // aborts, naming `what`, when neither fits (they hold a step's segments, kilobytes to a few MB).
   size_t GrowBuffer(void** ptr, size_t needed, size_t wanted, const char* what);
-  // ResourceExhausted for `bytes` of `what` that the device could not give, with its free memory.
-  absl::Status OutOfMemory(size_t bytes, const char* what) const;
+  // ResourceExhausted for `bytes` of `what` that the device could not give, with its free memory:
+  // the one form of every out-of-memory error this backend returns.
+  absl::Status OutOfMemory(size_t bytes, const std::string& what) const;
   // Copies `data` into the device metadata buffer (reused by every op) and returns its address.
   const int32_t* Upload(const std::vector<int32_t>& data);
 
@@ -556,7 +557,7 @@ size_t CudaBackend::GrowBuffer(void** ptr, size_t needed, size_t wanted, const c
   return got;
 }
 
-absl::Status CudaBackend::OutOfMemory(size_t bytes, const char* what) const {
+absl::Status CudaBackend::OutOfMemory(size_t bytes, const std::string& what) const {
   size_t free_bytes = 0, total_bytes = 0;
   cudaMemGetInfo(&free_bytes, &total_bytes);
   return absl::ResourceExhaustedError(
@@ -709,14 +710,12 @@ absl::StatusOr<Tensor> CudaBackend::AllocateAndFill(DType dtype, std::vector<int
   if (capturing_ && capture_out_of_memory_) return CaptureScratchError();
   std::shared_ptr<void> storage = capturing_ ? pool_->Get(bytes) : blocks_->Get(bytes);
   if (storage == nullptr) {
-    size_t free_bytes = 0, total_bytes = 0;
-    cudaMemGetInfo(&free_bytes, &total_bytes);
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "cuda:%d: cannot allocate %d bytes for %s %s%s; %d of %d bytes free", device_, bytes,
-        DTypeName(dtype), Tensor({}, nullptr, dtype, shape, Device::kCuda).ShapeString(),
-        capturing_ ? " while recording a step (the capture pool's limit or the device's memory)"
-                   : "",
-        free_bytes, total_bytes));
+    return OutOfMemory(
+        bytes, absl::StrCat(std::string(DTypeName(dtype)), " ",
+                            Tensor({}, nullptr, dtype, shape, Device::kCuda).ShapeString(),
+                            capturing_ ? " while recording a step (the capture pool's limit or "
+                                         "the device's memory)"
+                                       : ""));
   }
   void* ptr = storage.get();
   // MOBIUS_UNINITIALIZED_FILL=zero fills uninitialised tensors as Allocate does (the timing
@@ -747,13 +746,11 @@ absl::Status CudaBackend::BeginCapture() {
 }
 
 absl::Status CudaBackend::CaptureScratchError() const {
-  size_t free_bytes = 0, total_bytes = 0;
-  cudaMemGetInfo(&free_bytes, &total_bytes);
-  return absl::ResourceExhaustedError(absl::StrFormat(
-      "cuda:%d: recording a step: a scratch block of %d bytes could not be carved from the "
-      "capture pool (its limit or the device's memory: %d of %d bytes free, %d held for "
-      "recorded steps)",
-      device_, capture_failed_bytes_, free_bytes, total_bytes, pool_->reserved_bytes()));
+  return OutOfMemory(capture_failed_bytes_,
+                     absl::StrFormat("op scratch while recording a step (the capture pool's "
+                                     "limit or the device's memory; %d bytes held for recorded "
+                                     "steps)",
+                                     pool_->reserved_bytes()));
 }
 
 absl::StatusOr<std::unique_ptr<CapturedStep>> CudaBackend::EndCapture() {
