@@ -14,7 +14,7 @@
 
 namespace mobius::kernels {
 
-class CpuBackend final : public Backend {
+class CpuBackend : public Backend {
  public:
   // `num_threads` <= 0 uses every core.
   explicit CpuBackend(int num_threads);

@@ -186,6 +186,24 @@ TEST_P(FixtureModelTest, MixedPrefillAndDecodeStepMatchesReference) {
             std::vector<int32_t>(expected0.begin(), expected0.begin() + k));
 }
 
+TEST_P(FixtureModelTest, ExpertCountsOfTheWrongLayerCountAreRejected) {
+  SequenceCache seq;
+  ASSERT_TRUE(model_->StartSequence(seq).ok());
+  std::vector<int32_t> tokens = {1, 2};
+  SequenceStep step{tokens, &seq};
+  std::vector<std::vector<int64_t>> expert_tokens;  // empty: the caller forgot to size it
+  ForwardOptions options;
+  options.expert_tokens = &expert_tokens;
+  std::vector<float> logits;
+  absl::Status s = model_->Forward(std::span(&step, 1), options, logits);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("expert_tokens has 0 layers"), std::string_view::npos) << s;
+  EXPECT_EQ(seq.num_tokens, 0);
+  expert_tokens.resize(model_->config().num_hidden_layers);
+  ASSERT_TRUE(model_->Forward(std::span(&step, 1), options, logits).ok());
+  EXPECT_EQ(seq.num_tokens, 2);
+}
+
 TEST_P(FixtureModelTest, SequenceTwiceInOneStepIsRejectedWithoutChangingState) {
   SequenceCache seq, other;
   ASSERT_TRUE(model_->StartSequence(seq).ok());

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "step_plan.pb.h"
 
@@ -135,7 +136,13 @@ absl::Status FollowLeader(HybridModel& model, Communicator& comm) {
         break;
       }
       case v1::ReplicaMessage::kStep:
-        RETURN_IF_ERROR(model.ExecutePlan(FromProto(m.step())));
+        if (absl::Status s = model.ExecutePlan(FromProto(m.step())); !s.ok()) {
+          // Failed on every rank together (some rank ran out of memory): the group is still in
+          // step, the leader fails that step's requests and sends the next.
+          if (!model.last_step_failed_together()) return s;
+          MOBIUS_LOG(WARNING, "worker", "")
+              << "rank " << comm.rank() << ": step " << received << " failed on the group: " << s;
+        }
         break;
       case v1::ReplicaMessage::kPlacement: {
         std::vector<std::vector<int32_t>> orders;

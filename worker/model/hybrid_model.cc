@@ -19,6 +19,10 @@ struct HybridModel::StepContext {
   std::vector<kernels::SequenceSegment> segments;
   ForwardOptions options;
   Tensor hidden_rows;  // the final post-norm rows the logits come from
+  // A sharded step's first failure on this rank alone (a tensor that did not fit). The rank
+  // then skips its sublayers but keeps taking part in the step's collectives, so that its peers
+  // are not left waiting in them; Forward then fails the step on every rank (ShareStepStatus).
+  absl::Status local_error;
 };
 
 HybridModel::HybridModel(ModelConfig config, ModelWeights weights, kernels::Backend& backend,
@@ -92,6 +96,10 @@ absl::Status HybridModel::CreateCaches(int max_sequences, int max_tokens, int bl
   slots.num_slots = max_sequences;
   ASSIGN_OR_RETURN(state_slots_, StateSlotPool::Create(slots, backend_));
   planned_blocks_.assign(max_sequences, {});
+  if (shard_.sharded()) {
+    // Allocated here, so that a step that runs out of memory can still tell the other ranks.
+    ASSIGN_OR_RETURN(step_codes_, backend_.Allocate(DType::kF32, {comm_->world_size()}));
+  }
   return absl::OkStatus();
 }
 
@@ -212,11 +220,18 @@ absl::StatusOr<Tensor> HybridModel::AllocOutput(DType dtype, std::vector<int64_t
 
 absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOptions& options,
                                   std::vector<float>& logits) {
+  last_step_failed_together_ = false;
   RETURN_IF_ERROR(shard_error_);
   if (!kv_cache_ || !state_slots_) {
     return absl::FailedPreconditionError("CreateCaches was not called");
   }
   // Validate the whole batch before changing any state.
+  if (options.expert_tokens != nullptr &&
+      options.expert_tokens->size() != static_cast<size_t>(config_.num_hidden_layers)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("expert_tokens has %d layers; the model has %d",
+                        options.expert_tokens->size(), config_.num_hidden_layers));
+  }
   StepContext ctx;
   ctx.options = options;
   std::vector<int32_t> ids;
@@ -412,6 +427,36 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
   } else {
     ASSIGN_OR_RETURN(out, QueueStep(ctx, ids));
   }
+  // A sharded step fails on every rank or on none: a rank that failed on its own still took part
+  // in every collective (StepContext::local_error), and the ranks' statuses are shared before
+  // anything else that pairs their collectives (the expert counts, the next step). The outputs
+  // wait for them: another rank's failure leaves this rank's logits undefined (NaN, say), which
+  // the samplers need not handle.
+  absl::Status status = ctx.local_error;
+  if (shard_.sharded()) {
+    status.Update(backend_.TakeOpError());
+    ASSIGN_OR_RETURN(absl::Status group, ShareStepStatus(status));
+    if (!group.ok()) {
+      last_step_failed_together_ = true;
+      return status.ok() ? group : status;
+    }
+    if (options.expert_tokens != nullptr && shard_.ep_size > 1) {
+      RETURN_IF_ERROR(SumExpertCounts(*options.expert_tokens));
+    }
+  }
+  if (status.ok()) status = WriteStepOutputs(ctx, out, logits);
+  RETURN_IF_ERROR(status);
+  // An op that could not get its device memory skipped its launches: the step's outputs and the
+  // states it wrote are not to be used, and the caller fails its sequences (the engine does).
+  // A sharded step's were shared above; these are the outputs' (this rank's own).
+  RETURN_IF_ERROR(backend_.TakeOpError());
+  for (SequenceStep& step : batch) step.cache->num_tokens += step.tokens.size();
+  return absl::OkStatus();
+}
+
+absl::Status HybridModel::WriteStepOutputs(StepContext& ctx, Tensor& out,
+                                           std::vector<float>& logits) {
+  const ForwardOptions& options = ctx.options;
   if (options.greedy_tokens != nullptr) {
     const int64_t rows = out.rank() >= 1 ? out.dim(0) : 0;
     ASSIGN_OR_RETURN(Tensor ids, Alloc(DType::kI32, {rows}));
@@ -445,14 +490,25 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
     options.hidden_out->resize(static_cast<size_t>(ctx.hidden_rows.numel()));
     backend_.CopyToHostF32(ctx.hidden_rows, options.hidden_out->data());
   }
-  if (options.expert_tokens != nullptr && shard_.ep_size > 1) {
-    RETURN_IF_ERROR(SumExpertCounts(*options.expert_tokens));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<absl::Status> HybridModel::ShareStepStatus(const absl::Status& status) {
+  // Each rank writes its status code at its own index; the sum gives every rank every code.
+  const int world = comm_->world_size();
+  std::vector<float> codes(static_cast<size_t>(world), 0.0f);
+  codes[static_cast<size_t>(comm_->rank())] = static_cast<float>(status.code());
+  backend_.CopyFromHost(codes.data(), DType::kF32, step_codes_);
+  RETURN_IF_ERROR(comm_->AllReduceSum(step_codes_));  // the group itself failed
+  backend_.CopyToHostF32(step_codes_, codes.data());
+  for (int r = 0; r < world; ++r) {
+    const int code = static_cast<int>(codes[r] + 0.5f);
+    if (code == 0) continue;
+    const auto status_code = static_cast<absl::StatusCode>(code);
+    return absl::Status(
+        status_code, absl::StrFormat("rank %d of %d could not run this step (%s; its log says why)",
+                                     r, world, absl::StatusCodeToString(status_code)));
   }
-  // An op that could not get its device memory skipped its launches: the step's outputs and the
-  // states it wrote are not to be used, and the caller fails its sequences (the engine does).
-  // Taken after the step's last collective, which the other ranks are waiting in.
-  RETURN_IF_ERROR(backend_.TakeOpError());
-  for (SequenceStep& step : batch) step.cache->num_tokens += step.tokens.size();
   return absl::OkStatus();
 }
 
@@ -621,16 +677,22 @@ template <typename Sublayer>
 absl::Status HybridModel::RunSharded(StepContext& ctx, bool partitioned, Sublayer&& sublayer,
                                      const Tensor& normed, Tensor& gathered, Tensor& partial,
                                      Tensor& delta) {
+  auto run = [&](const Tensor& x, Tensor& y) {
+    if (ctx.local_error.ok()) ctx.local_error = sublayer(x, y);
+  };
   if (gathered.empty()) {
-    RETURN_IF_ERROR(sublayer(normed, delta));
+    run(normed, delta);
     if (partitioned && shard_.sharded()) RETURN_IF_ERROR(comm_->AllReduceSum(delta));
-    return absl::OkStatus();
+  } else {
+    // Padding rows of `partial` are never written, so they stay zero.
+    RETURN_IF_ERROR(comm_->AllGather(normed, gathered));
+    Tensor out = partial.Rows(0, ctx.num_tokens);
+    run(gathered.Rows(0, ctx.num_tokens), out);
+    RETURN_IF_ERROR(comm_->ReduceScatterSum(partial, delta));
   }
-  // Padding rows of `partial` are never written, so they stay zero.
-  RETURN_IF_ERROR(comm_->AllGather(normed, gathered));
-  Tensor out = partial.Rows(0, ctx.num_tokens);
-  RETURN_IF_ERROR(sublayer(gathered.Rows(0, ctx.num_tokens), out));
-  return comm_->ReduceScatterSum(partial, delta);
+  // Errors returned from here end the step at once: a collective's (the group has failed), or
+  // an unsharded step's own. A sharded rank's own failure waits in ctx.local_error.
+  return shard_.sharded() ? absl::OkStatus() : ctx.local_error;
 }
 
 absl::StatusOr<Tensor> HybridModel::QueueStep(StepContext& ctx, std::span<const int32_t> ids) {
@@ -647,13 +709,26 @@ absl::StatusOr<Tensor> HybridModel::QueueStep(StepContext& ctx, std::span<const 
   auto alloc_rows = [&](std::vector<int64_t> shape) {
     return sp ? Alloc(std::move(shape)) : AllocOutput(std::move(shape));
   };
-  ASSIGN_OR_RETURN(Tensor hidden, alloc_rows({Tl, H}));
-  ASSIGN_OR_RETURN(Tensor normed, alloc_rows({Tl, H}));
-  ASSIGN_OR_RETURN(Tensor delta, alloc_rows({Tl, H}));
+  // The residual stream and the collectives' buffers. Without them this rank cannot take part
+  // in the step's collectives, so a sharded rank fails its group (the communicator returns the
+  // error to the other ranks' collectives) instead of leaving it waiting.
+  Tensor hidden, normed, delta;
   Tensor gathered, partial;  // [Tp, H], sequence parallel only
+  if (absl::Status s = [&]() -> absl::Status {
+        ASSIGN_OR_RETURN(hidden, alloc_rows({Tl, H}));
+        ASSIGN_OR_RETURN(normed, alloc_rows({Tl, H}));
+        ASSIGN_OR_RETURN(delta, alloc_rows({Tl, H}));
+        if (sp) {
+          ASSIGN_OR_RETURN(gathered, Alloc({Tp, H}));
+          ASSIGN_OR_RETURN(partial, Alloc({Tp, H}));
+        }
+        return absl::OkStatus();
+      }();
+      !s.ok()) {
+    if (shard_.sharded()) comm_->Abort(s);
+    return s;
+  }
   if (sp) {
-    ASSIGN_OR_RETURN(gathered, Alloc({Tp, H}));
-    ASSIGN_OR_RETURN(partial, Alloc({Tp, H}));
     const int first = shard_.rank() * Tl, n = std::clamp(T - first, 0, Tl);
     if (n > 0) {
       Tensor rows = hidden.Rows(0, n);
@@ -673,17 +748,29 @@ absl::StatusOr<Tensor> HybridModel::QueueStep(StepContext& ctx, std::span<const 
                                                                    : AttentionMixer(ctx, i, x, out);
     };
     RETURN_IF_ERROR(RunSharded(ctx, mixer_partitioned, mixer, normed, gathered, partial, delta));
-    backend_.AddRmsNorm1p(hidden, delta, lw.post_norm, eps, normed);
+    if (ctx.local_error.ok()) backend_.AddRmsNorm1p(hidden, delta, lw.post_norm, eps, normed);
     auto ffn = [&](const Tensor& x, Tensor& out) { return FeedForward(ctx, i, x, out); };
     RETURN_IF_ERROR(RunSharded(ctx, /*partitioned=*/true, ffn, normed, gathered, partial, delta));
     const Tensor& next_norm = i + 1 < L ? weights_.layers[i + 1].input_norm : weights_.final_norm;
-    backend_.AddRmsNorm1p(hidden, delta, next_norm, eps, normed);
+    if (ctx.local_error.ok()) backend_.AddRmsNorm1p(hidden, delta, next_norm, eps, normed);
   }
   Tensor final_normed = normed;  // [T, H]
   if (sp) {
     RETURN_IF_ERROR(comm_->AllGather(normed, gathered));
     final_normed = gathered.Rows(0, T);
   }
+  // The step's last collective is behind: what follows is this rank's own.
+  if (!ctx.local_error.ok()) return Tensor();
+  absl::StatusOr<Tensor> out = Logits(ctx, final_normed);
+  if (!out.ok() && shard_.sharded()) {
+    ctx.local_error = out.status();
+    return Tensor();
+  }
+  return out;
+}
+
+absl::StatusOr<Tensor> HybridModel::Logits(StepContext& ctx, const Tensor& final_normed) {
+  const int T = ctx.num_tokens, H = config_.hidden_size;
 
   std::vector<int32_t> rows;
   if (!ctx.options.logits_rows.empty()) {

@@ -222,6 +222,13 @@ class HybridModel {
   // Follower rank: repeats one of the leader's steps on this rank's shard (zeroes the state slots
   // of sequences at position 0, then runs the sequences with the plan's block tables and slots).
   absl::Status ExecutePlan(const ReplicaStepPlan& plan);
+  // True when the last Forward of a sharded model failed on every rank together: some rank could
+  // not run the step on its own (a tensor or an op's memory did not fit) and still took part in
+  // all of its collectives, so the group is still in step and can run the next one. False after
+  // a success, an error found before the step ran, or a failure of the group itself (a
+  // collective's error, or a rank that could not allocate the step's residual stream and so
+  // aborted the communicator).
+  [[nodiscard]] bool last_step_failed_together() const { return last_step_failed_together_; }
 
   [[nodiscard]] const ModelConfig& config() const { return config_; }
   [[nodiscard]] int num_banks() const { return static_cast<int>(weights_.banks.size()); }
@@ -250,6 +257,15 @@ class HybridModel {
   // Queues the whole step (embedding to lm_head) and returns the logits tensor [rows, lm_head
   // rows] (the vocabulary, or an MTP head's draft vocabulary).
   absl::StatusOr<kernels::Tensor> QueueStep(StepContext& ctx, std::span<const int32_t> ids);
+  // The lm_head over the rows the step's options select of the final normalised hidden states.
+  absl::StatusOr<kernels::Tensor> Logits(StepContext& ctx, const kernels::Tensor& final_normed);
+  // The step's outputs from its logits `out` (penalised in place): greedy or sampled tokens, the
+  // logits on the host, the hidden rows.
+  absl::Status WriteStepOutputs(StepContext& ctx, kernels::Tensor& out, std::vector<float>& logits);
+  // Sharded steps: an all-reduce gives every rank each rank's status code for the step. Returns
+  // the group's status for the step (OK, or the first failed rank's code, naming the rank), or
+  // the collective's own error (the group itself failed).
+  absl::StatusOr<absl::Status> ShareStepStatus(const absl::Status& status);
   // Runs a decode step through its recording (recording it after running it op by op the first
   // time). Returns the logits tensor.
   // Expert parallelism: sums every rank's (token, expert) counts of the step over the ranks.
@@ -272,6 +288,8 @@ class HybridModel {
   // leaves this rank's rows of the sum over ranks in `delta`: an all-reduce when the sublayer is
   // `partitioned` across ranks, or, sequence parallel, all-gather of `normed` before and
   // reduce-scatter after (through the padded [Tp, H] buffers `gathered` and `partial`).
+  // A sharded rank whose sublayer fails keeps the error in ctx.local_error and from then on runs
+  // only the collectives; errors returned end the step (a collective's, or an unsharded step's).
   template <typename Sublayer>
   absl::Status RunSharded(StepContext& ctx, bool partitioned, Sublayer&& sublayer,
                           const kernels::Tensor& normed, kernels::Tensor& gathered,
@@ -320,6 +338,9 @@ class HybridModel {
   std::vector<KeptStateInputs> kept_state_inputs_;
   // MTP draft head: the step's h_prev rows on the device (UploadDraftHidden); grown, never shrunk.
   kernels::Tensor draft_hidden_;
+  // Sharded: F32 [world], each rank's status code for the step (ShareStepStatus).
+  kernels::Tensor step_codes_;
+  bool last_step_failed_together_ = false;
 };
 
 }  // namespace mobius::worker
