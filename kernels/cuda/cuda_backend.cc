@@ -432,21 +432,21 @@ class CudaBackend final : public Backend {
   // Allocates a device buffer of `wanted` bytes, or of `needed` after the block cache gave its
   // held blocks back, and returns the size allocated; 0 (and *ptr null) when neither fits.
   size_t TryGrowBuffer(void** ptr, size_t needed, size_t wanted);
-  // TryGrowBuffer for the metadata buffers, whose users take their address unconditionally:
-  // aborts, naming `what`, when neither fits (they hold a step's segments, kilobytes to a few MB).
-  size_t GrowBuffer(void** ptr, size_t needed, size_t wanted, const char* what);
   // ResourceExhausted for `bytes` of `what` that the device could not give, with its free memory:
   // the one form of every out-of-memory error this backend returns.
   absl::Status OutOfMemory(size_t bytes, const std::string& what) const;
   // Copies `data` into the device metadata buffer (reused by every op) and returns its address.
+  // Null when the buffer cannot grow to hold it: the caller skips its launches and the step fails
+  // with op_error_, as for the op scratch.
   const int32_t* Upload(const std::vector<int32_t>& data);
 
   // Packs the segments (and, with `block_tables`, their kv block tables) of a step of
   // `num_tokens` tokens; aborts when the segments do not tile [0, num_tokens).
   PackedSegments PackSegments(const char* op, std::span<const SequenceSegment> segments,
                               int64_t num_tokens, bool block_tables) const;
-  void UploadSegments(const PackedSegments& packed, int num_segments, cuda::TokenMeta* tokens,
-                      cuda::SegmentMeta* segs);
+  // False when Upload failed (the caller skips its launches).
+  [[nodiscard]] bool UploadSegments(const PackedSegments& packed, int num_segments,
+                                    cuda::TokenMeta* tokens, cuda::SegmentMeta* segs);
 
   void Gather(const char* op, const Tensor& src, std::span<const int32_t> rows, Tensor& out);
 
@@ -551,12 +551,6 @@ size_t CudaBackend::TryGrowBuffer(void** ptr, size_t needed, size_t wanted) {
   return 0;
 }
 
-size_t CudaBackend::GrowBuffer(void** ptr, size_t needed, size_t wanted, const char* what) {
-  const size_t got = TryGrowBuffer(ptr, needed, wanted);
-  if (got == 0) Fail(std::string(OutOfMemory(needed, what).message()));
-  return got;
-}
-
 absl::Status CudaBackend::OutOfMemory(size_t bytes, const std::string& what) const {
   size_t free_bytes = 0, total_bytes = 0;
   cudaMemGetInfo(&free_bytes, &total_bytes);
@@ -575,8 +569,11 @@ const int32_t* CudaBackend::Upload(const std::vector<int32_t>& data) {
       cudaFree(meta_);
       meta_ = nullptr;
     }
-    meta_bytes_ =
-        GrowBuffer(&meta_, bytes, std::max<size_t>({bytes, 2 * meta_bytes_, 4096}), "op metadata");
+    meta_bytes_ = TryGrowBuffer(&meta_, bytes, std::max<size_t>({bytes, 2 * meta_bytes_, 4096}));
+    if (meta_bytes_ == 0) {
+      if (op_error_.ok()) op_error_ = OutOfMemory(bytes, "op metadata");
+      return nullptr;
+    }
   }
   // A pageable source is staged before cudaMemcpyAsync returns, so `data` may die right after.
   if (bytes > 0) {
@@ -629,9 +626,10 @@ PackedSegments CudaBackend::PackSegments(const char* op, std::span<const Sequenc
   return p;
 }
 
-void CudaBackend::UploadSegments(const PackedSegments& packed, int num_segments,
+bool CudaBackend::UploadSegments(const PackedSegments& packed, int num_segments,
                                  cuda::TokenMeta* tokens, cuda::SegmentMeta* segs) {
   const int32_t* d = packed.staged ? step_meta_ + staged_.segments_offset : Upload(packed.data);
+  if (d == nullptr) return false;
   tokens->token_segment = d + packed.token_segment;
   tokens->token_position = d + packed.token_position;
   segs->num_segments = num_segments;
@@ -641,6 +639,7 @@ void CudaBackend::UploadSegments(const PackedSegments& packed, int num_segments,
   segs->state_slot = d + packed.state_slot;
   segs->block_table_begin = d + packed.block_table_begin;
   segs->block_tables = d + packed.block_tables;
+  return true;
 }
 
 // ---- step staging and capture ----
@@ -665,14 +664,30 @@ void CudaBackend::StageStep(std::span<const int32_t> ids, std::span<const Sequen
     step_meta_ = nullptr;
     step_host_ = nullptr;
     const size_t grown = std::max<size_t>({total, 2 * step_capacity_, size_t{1} << 20});
+    step_capacity_ = 0;
+    ++generation_;
+    // When either buffer cannot be had the step is not staged: it fails with op_error_
+    // (HybridModel::Forward takes it before the step runs), and the next one tries again.
     void* meta = nullptr;
     const size_t capacity =
-        GrowBuffer(&meta, total * sizeof(int32_t), grown * sizeof(int32_t), "step metadata") /
-        sizeof(int32_t);
+        TryGrowBuffer(&meta, total * sizeof(int32_t), grown * sizeof(int32_t)) / sizeof(int32_t);
+    if (capacity == 0) {
+      if (op_error_.ok()) op_error_ = OutOfMemory(total * sizeof(int32_t), "step metadata");
+      return;
+    }
+    if (cudaMallocHost(&step_host_, capacity * sizeof(int32_t)) != cudaSuccess) {
+      cudaGetLastError();
+      cudaFree(meta);
+      step_host_ = nullptr;
+      if (op_error_.ok()) {
+        op_error_ = absl::ResourceExhaustedError(absl::StrFormat(
+            "cuda:%d: cannot allocate %d bytes of pinned host memory for the step metadata",
+            device_, capacity * sizeof(int32_t)));
+      }
+      return;
+    }
     step_meta_ = static_cast<int32_t*>(meta);
-    CheckCuda(cudaMallocHost(&step_host_, capacity * sizeof(int32_t)), "pinned step metadata");
     step_capacity_ = capacity;
-    ++generation_;
   }
   std::copy(ids.begin(), ids.end(), step_host_);
   std::copy(packed.data.begin(), packed.data.end(), step_host_ + ids.size());
@@ -910,6 +925,7 @@ void CudaBackend::Gather(const char* op, const Tensor& src, std::span<const int3
       staged_.active && rows.data() == staged_.ids && rows.size() == staged_.num_ids;
   const int32_t* d_rows =
       staged ? step_meta_ : Upload(std::vector<int32_t>(rows.begin(), rows.end()));
+  if (d_rows == nullptr) return;  // out of memory: the step fails (Upload)
   cuda::LaunchGatherRows(s, d_rows, static_cast<int64_t>(rows.size()), width,
                          AnyMutPtr{out.raw(), out.dtype() == DType::kF32}, stream_);
 }
@@ -965,6 +981,7 @@ void CudaBackend::CopyRows(std::span<Tensor* const> xs, std::span<const int32_t>
     std::vector<int32_t> pairs(from.begin(), from.end());
     pairs.insert(pairs.end(), to.begin(), to.end());
     const int32_t* d = Upload(pairs);
+    if (d == nullptr) return;  // out of memory: TakeOpError says so (Upload)
     const auto n = static_cast<int64_t>(from.size());
     for (size_t first = 0; first < targets.size(); first += cuda::kMaxCopyRowsTargets) {
       const int count =
@@ -1062,6 +1079,7 @@ void CudaBackend::PenalizeRows(Tensor& logits, std::span<const LogitPenalties> r
   }
   Enter();
   const int32_t* meta = Upload(words);
+  if (meta == nullptr) return;  // out of memory: the step fails (Upload)
   // One launch per run of consecutive active rows (usually one run: every row, or a single row).
   size_t i = 0;
   while (i < active.size()) {
@@ -1104,6 +1122,7 @@ void CudaBackend::TopLogitsRows(const Tensor& logits, std::span<const int32_t> c
   std::copy(chosen.begin(), chosen.end(), words.begin() + rows);
   Enter();
   const int32_t* meta = Upload(words);
+  if (meta == nullptr) return;  // out of memory: the step fails (Upload)
   auto* results = reinterpret_cast<cuda::TopLogitResult*>(const_cast<int32_t*>(meta) + 2 * rows);
   auto* device_chosen = reinterpret_cast<float*>(const_cast<int32_t*>(meta) + 2 * rows + 2 * pairs);
   cuda::LaunchTopLogitsRows(logits.data<float>(), rows, vocab, meta, meta + rows, width, results,
@@ -1153,6 +1172,7 @@ void CudaBackend::SampleRows(const Tensor& logits, std::span<const SamplingRule>
   }
   Enter();
   const int32_t* meta = Upload(words);
+  if (meta == nullptr) return;  // out of memory: the step fails (Upload)
   int32_t* device_results = const_cast<int32_t*>(meta) + rows * kParamWords;
   cuda::LaunchSampleRows(logits.data<float>(), rows, vocab,
                          reinterpret_cast<const cuda::SampleRowParams*>(meta),
@@ -1297,7 +1317,7 @@ void CudaBackend::CausalConv1dSilu(const Tensor& x, const Tensor& w, Tensor& con
   const PackedSegments packed = PackSegments("CausalConv1dSilu", segments, t, false);
   cuda::TokenMeta tokens;
   cuda::SegmentMeta segs;
-  UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs);
+  if (!UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs)) return;
   const bool single_token_segments =
       std::all_of(segments.begin(), segments.end(),
                   [](const SequenceSegment& seg) { return seg.num_tokens == 1; });
@@ -1407,7 +1427,7 @@ void CudaBackend::RunGatedDeltaRule(const Tensor& qkv, Tensor& g, Tensor& beta,
   const PackedSegments packed = PackSegments("GatedDeltaRule", segments, t, false);
   cuda::TokenMeta tokens;
   cuda::SegmentMeta segs;
-  UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs);
+  if (!UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs)) return;
   // Only the recurrent kernel computes gates itself: with chunked segments (whose kernels read
   // g and beta) or no recurrent one, the gates kernel runs first, for every token.
   if (gates != nullptr && (num_chunks > 0 || !any_recurrent)) {
@@ -1541,7 +1561,7 @@ void CudaBackend::GatedDeltaNetMixer(const DeltaNetMixerOperands& op,
   const PackedSegments packed = PackSegments("GatedDeltaNetMixer", segments, t, false);
   cuda::TokenMeta tokens;
   cuda::SegmentMeta segs;
-  UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs);
+  if (!UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs)) return;
   cuda::LaunchDeltaNetDecodeStep(args, segs, max_tokens, stream_);
 }
 
@@ -1577,6 +1597,7 @@ absl::Status CudaBackend::ReplayDeltaRuleStates(std::span<const DeltaRuleReplayL
   }
   Enter();
   const int32_t* d = Upload(meta);
+  if (d == nullptr) return TakeOpError();
   cuda::SegmentMeta segs;
   segs.num_segments = static_cast<int>(n);
   segs.token_begin = d;
@@ -1649,7 +1670,7 @@ void CudaBackend::QkNormRopeThenWrite(const char* op, const Tensor& q_gate, Tens
   const PackedSegments packed = PackSegments(op, segments, t, kv != nullptr);
   cuda::TokenMeta tokens;
   cuda::SegmentMeta segs;
-  UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs);
+  if (!UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs)) return;
   cuda::KvCacheWrite write;
   if (kv != nullptr) {
     write.v = Bf16(kv->v);
@@ -1677,7 +1698,7 @@ void CudaBackend::WriteKvCache(const Tensor& k, const Tensor& v,
   const PackedSegments packed = PackSegments("WriteKvCache", segments, t, true);
   cuda::TokenMeta tokens;
   cuda::SegmentMeta segs;
-  UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs);
+  if (!UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs)) return;
   cuda::LaunchWriteKvCache(Bf16(k), Bf16(v), tokens, segs, static_cast<int>(k_cache.dim(1)), t,
                            k_cache.dim(2) * k_cache.dim(3), MutBf16(k_cache), MutBf16(v_cache),
                            stream_);
@@ -1791,7 +1812,7 @@ void CudaBackend::PagedAttentionGated(const char* op, const Tensor& q, const Ten
   if (splits > 1 && scratch == nullptr) return;  // out of memory: the step fails (Scratch)
   cuda::TokenMeta tokens;
   cuda::SegmentMeta segs;
-  UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs);
+  if (!UploadSegments(packed, static_cast<int>(segments.size()), &tokens, &segs)) return;
   const bool gated =
       cuda::LaunchPagedAttention(Bf16(q), Bf16(k_cache), Bf16(v_cache), k_cache.dim(0), t, nh, nkv,
                                  hd, block_size, tokens, segs, scale, splits, num_sms_, scratch,

@@ -1220,13 +1220,16 @@ class CudaOutOfMemoryTest : public CudaKernelsTest {
     m.dnt = Make(DType::kBF16, {m.experts, m.h, m.inter}, m.dn);
   }
 
-  // Takes the device's free memory in 512 MiB tensors, leaving less than the MoE's scratch.
-  std::vector<Tensor> TakeFreeMemory() {
+  // Takes the device's free memory in 512 MiB tensors, leaving less than the MoE's scratch, and
+  // then in `smallest`-byte tensors, leaving less than that.
+  std::vector<Tensor> TakeFreeMemory(int64_t smallest = int64_t{1} << 29) {
     std::vector<Tensor> held;
-    for (;;) {
-      auto block = backend_->AllocateUninitialized(DType::kF32, {int64_t{1} << 27});
-      if (!block.ok()) break;
-      held.push_back(*std::move(block));
+    for (int64_t bytes = int64_t{1} << 29; bytes >= smallest; bytes /= 8) {
+      for (;;) {
+        auto block = backend_->AllocateUninitialized(DType::kF32, {bytes / 4});
+        if (!block.ok()) break;
+        held.push_back(*std::move(block));
+      }
     }
     return held;
   }
@@ -1293,6 +1296,53 @@ TEST_F(CudaOutOfMemoryTest, AnOpScratchThatCannotFitFailsInsteadOfAborting) {
   backend_->Synchronize();
   EXPECT_TRUE(backend_->TakeOpError().ok());
   ExpectFirstRowsRight(*out, "moe (after an op scratch that did not fit)");
+}
+
+// The metadata buffers that cannot grow (an op's uploaded rows, a step's staged ids and
+// segments; live tensors hold the memory): the op skips its launches and StageStep stages
+// nothing, and TakeOpError reports ResourceExhausted naming the buffer, instead of the process
+// aborting. With the memory free again both work.
+TEST_F(CudaOutOfMemoryTest, MetadataThatCannotGrowFailsInsteadOfAborting) {
+  const int64_t n = int64_t{1} << 22, width = 8;  // 16 MiB of row ids
+  const std::vector<float> src_host = Rand(4 * width);
+  const Tensor src = Make(DType::kBF16, {4, width}, src_host);
+  auto out = backend_->Allocate(DType::kBF16, {n, width});
+  ASSERT_TRUE(out.ok()) << out.status();
+  std::vector<int32_t> rows(n);
+  for (int64_t i = 0; i < n; ++i) rows[i] = static_cast<int32_t>((i * 7) % 4);
+  const SequenceSegment segment{0, static_cast<int32_t>(n), 0, 0, {}};
+  {
+    const std::vector<Tensor> held = TakeFreeMemory(int64_t{1} << 20);
+    ASSERT_GT(held.size(), 2u);
+    size_t free_bytes = 0, total_bytes = 0;
+    ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+    ASSERT_LT(free_bytes, size_t{8} << 20) << "the metadata would fit";
+    backend_->GatherRows(src, rows, *out);
+    backend_->Synchronize();
+    absl::Status error = backend_->TakeOpError();
+    EXPECT_TRUE(absl::IsResourceExhausted(error)) << error;
+    EXPECT_NE(std::string(error.message()).find("op metadata"), std::string::npos) << error;
+    const std::vector<float> unwritten = Host(*out);
+    EXPECT_TRUE(std::all_of(unwritten.begin(), unwritten.end(), [](float v) { return v == 0.f; }))
+        << "the op launched without its metadata";
+    backend_->StageStep(rows, std::span(&segment, 1), static_cast<int>(n));
+    error = backend_->TakeOpError();
+    EXPECT_TRUE(absl::IsResourceExhausted(error)) << error;
+    EXPECT_NE(std::string(error.message()).find("step metadata"), std::string::npos) << error;
+    backend_->ClearStep();
+  }  // the held tensors go to the block cache, which gives them back on the next miss
+  backend_->StageStep(rows, std::span(&segment, 1), static_cast<int>(n));
+  EXPECT_TRUE(backend_->TakeOpError().ok());
+  backend_->GatherRows(src, rows, *out);  // reads the staged rows
+  backend_->Synchronize();
+  backend_->ClearStep();
+  EXPECT_TRUE(backend_->TakeOpError().ok());
+  const std::vector<float> got = Host(*out), src_rounded = Host(src);
+  for (int64_t i : {int64_t{0}, int64_t{1}, n / 2 + 1, n - 1}) {
+    for (int64_t c = 0; c < width; ++c) {
+      EXPECT_EQ(got[i * width + c], src_rounded[rows[i] * width + c]) << "row " << i;
+    }
+  }
 }
 
 TEST_F(CudaKernelsTest, RoutingOver2560ExpertsThroughMoeExperts) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_format.h"
@@ -145,7 +146,8 @@ absl::Status HybridModel::CopyStateSlots(std::span<const int32_t> from,
   std::vector<Tensor*> xs;
   for (Tensor& t : rows) xs.push_back(&t);
   backend_.CopyRows(xs, from, to);
-  return absl::OkStatus();
+  // The copy's metadata may not have fit (ResourceExhausted); then nothing was copied.
+  return backend_.TakeOpError();
 }
 
 absl::Status HybridModel::ReplayStateInputs(std::span<const StateReplay> replays) {
@@ -201,6 +203,8 @@ absl::Status HybridModel::ReplayStateInputs(std::span<const StateReplay> replays
     RETURN_IF_ERROR(followers_->ReplayStateInputs(planned));
   }
   RETURN_IF_ERROR(backend_.ReplayDeltaRuleStates(replay_layers, dims, segments));
+  // Ops of a replay run through the separate kernels that could not get their memory.
+  RETURN_IF_ERROR(backend_.TakeOpError());
   for (const StateReplay& r : replays) r.cache->num_tokens += r.num_tokens;
   return absl::OkStatus();
 }
@@ -402,6 +406,12 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
   // Every op of the step reads these from one staged device copy.
   backend_.StageStep(ids, ctx.segments, max_positions_);
   absl::Cleanup clear_step = [this] { backend_.ClearStep(); };
+  // A step whose metadata could not be staged (out of memory) does not run: its ops would upload
+  // their own, which a recording cannot. A sharded rank still makes the step's collectives.
+  if (absl::Status staged = backend_.TakeOpError(); !staged.ok()) {
+    if (!shard_.sharded()) return staged;
+    ctx.local_error = staged;
+  }
   // Collectives are host calls between ranks, so a sharded step is never recorded. A recorded
   // step has one token per sequence (decode), or the same m <= 8 tokens per sequence with the
   // logits of every token (a speculative verify step): no op then needs host data that the
@@ -691,8 +701,10 @@ absl::Status HybridModel::RunSharded(StepContext& ctx, bool partitioned, Sublaye
     RETURN_IF_ERROR(comm_->ReduceScatterSum(partial, delta));
   }
   // Errors returned from here end the step at once: a collective's (the group has failed), or
-  // an unsharded step's own. A sharded rank's own failure waits in ctx.local_error.
-  return shard_.sharded() ? absl::OkStatus() : ctx.local_error;
+  // an unsharded step's own. A sharded rank's own failure waits in ctx.local_error; an unsharded
+  // one leaves it clear, since a failed recording attempt queues the same step again with ctx.
+  if (shard_.sharded()) return absl::OkStatus();
+  return std::exchange(ctx.local_error, absl::OkStatus());
 }
 
 absl::StatusOr<Tensor> HybridModel::QueueStep(StepContext& ctx, std::span<const int32_t> ids) {
