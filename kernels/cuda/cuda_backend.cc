@@ -563,7 +563,8 @@ const int32_t* CudaBackend::Upload(const std::vector<int32_t>& data) {
   Check(!capturing_, "capture",
         "an op uploads host metadata that StageStep did not stage; it cannot be recorded");
   const size_t bytes = data.size() * sizeof(int32_t);
-  if (bytes > meta_bytes_) {
+  // (Also after a failed growth left no buffer: null means failure to the callers.)
+  if (bytes > meta_bytes_ || meta_ == nullptr) {
     if (meta_ != nullptr) {
       CheckCuda(cudaStreamSynchronize(stream_), "Upload");
       cudaFree(meta_);

@@ -98,8 +98,14 @@ absl::Status HybridModel::CreateCaches(int max_sequences, int max_tokens, int bl
   ASSIGN_OR_RETURN(state_slots_, StateSlotPool::Create(slots, backend_));
   planned_blocks_.assign(max_sequences, {});
   if (shard_.sharded()) {
-    // Allocated here, so that a step that runs out of memory can still tell the other ranks.
+    // Allocated here, so that a step that runs out of memory can still tell the other ranks, and
+    // the expert counts' all-reduce after it cannot fail on one rank alone.
     ASSIGN_OR_RETURN(step_codes_, backend_.Allocate(DType::kF32, {comm_->world_size()}));
+    if (shard_.ep_size > 1) {
+      ASSIGN_OR_RETURN(expert_counts_,
+                       backend_.Allocate(DType::kF32, {int64_t{config_.num_hidden_layers} *
+                                                       config_.num_experts}));
+    }
   }
   return absl::OkStatus();
 }
@@ -133,6 +139,7 @@ absl::Status HybridModel::CopyStateSlots(std::span<const int32_t> from,
     }
   }
   if (from.empty()) return absl::OkStatus();
+  backend_.TakeOpError().IgnoreError();  // an earlier call's, which that call reported or dropped
   if (followers_ != nullptr) {
     RETURN_IF_ERROR(followers_->CopyStateSlots({from.begin(), from.end()}, {to.begin(), to.end()}));
   }
@@ -202,6 +209,7 @@ absl::Status HybridModel::ReplayStateInputs(std::span<const StateReplay> replays
     }
     RETURN_IF_ERROR(followers_->ReplayStateInputs(planned));
   }
+  backend_.TakeOpError().IgnoreError();  // an earlier call's, which that call reported or dropped
   RETURN_IF_ERROR(backend_.ReplayDeltaRuleStates(replay_layers, dims, segments));
   // Ops of a replay run through the separate kernels that could not get their memory.
   RETURN_IF_ERROR(backend_.TakeOpError());
@@ -526,7 +534,11 @@ absl::Status HybridModel::SumExpertCounts(std::vector<std::vector<int64_t>>& cou
   std::vector<float> flat;
   for (const auto& layer : counts) flat.insert(flat.end(), layer.begin(), layer.end());
   if (flat.empty()) return absl::OkStatus();
-  ASSIGN_OR_RETURN(Tensor t, Alloc(DType::kF32, {static_cast<int64_t>(flat.size())}));
+  if (static_cast<int64_t>(flat.size()) > expert_counts_.numel()) {
+    return absl::InternalError(absl::StrFormat("%d expert counts; the buffer holds %d", flat.size(),
+                                               expert_counts_.numel()));
+  }
+  Tensor t = expert_counts_.Rows(0, static_cast<int64_t>(flat.size()));
   backend_.CopyFromHost(flat.data(), DType::kF32, t);
   RETURN_IF_ERROR(comm_->AllReduceSum(t));
   backend_.CopyToHostF32(t, flat.data());
@@ -580,6 +592,8 @@ absl::Status HybridModel::BuildExpertRoutes() {
 }
 
 absl::Status HybridModel::ExecutePlan(const ReplicaStepPlan& plan) {
+  // An error below, before Forward, is not a step the group failed together.
+  last_step_failed_together_ = false;
   if (!kv_cache_ || !state_slots_) {
     return absl::FailedPreconditionError("a step plan arrived before the cache geometry");
   }

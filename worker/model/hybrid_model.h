@@ -338,8 +338,10 @@ class HybridModel {
   std::vector<KeptStateInputs> kept_state_inputs_;
   // MTP draft head: the step's h_prev rows on the device (UploadDraftHidden); grown, never shrunk.
   kernels::Tensor draft_hidden_;
-  // Sharded: F32 [world], each rank's status code for the step (ShareStepStatus).
+  // Sharded: F32 [world], each rank's status code for the step (ShareStepStatus); with expert
+  // parallelism F32 [layers * experts], the step's expert counts (SumExpertCounts).
   kernels::Tensor step_codes_;
+  kernels::Tensor expert_counts_;
   bool last_step_failed_together_ = false;
 };
 
