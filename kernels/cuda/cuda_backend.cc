@@ -501,6 +501,10 @@ class CudaBackend final : public Backend {
   absl::Status CaptureScratchError() const;  // the capture's failed scratch block, with sizes
   // The first op failure outside a capture since TakeOpError (an op scratch that did not fit).
   absl::Status op_error_;
+  // Keeps `error` in op_error_ unless an earlier failure is already waiting there.
+  void RecordOpError(absl::Status error) {
+    if (op_error_.ok()) op_error_ = std::move(error);
+  }
   bool capturing_ = false;
   bool capture_out_of_memory_ = false;
   size_t capture_failed_bytes_ = 0;
@@ -532,7 +536,7 @@ void* CudaBackend::Scratch(size_t bytes) {
     if (scratch_bytes_ == 0) {
       // The op skips its launches; its step fails with this error (HybridModel::Forward takes
       // it), and the next op that asks for less may still get it.
-      if (op_error_.ok()) op_error_ = OutOfMemory(bytes, "op scratch");
+      RecordOpError(OutOfMemory(bytes, "op scratch"));
       return nullptr;
     }
   }
@@ -572,7 +576,7 @@ const int32_t* CudaBackend::Upload(const std::vector<int32_t>& data) {
     }
     meta_bytes_ = TryGrowBuffer(&meta_, bytes, std::max<size_t>({bytes, 2 * meta_bytes_, 4096}));
     if (meta_bytes_ == 0) {
-      if (op_error_.ok()) op_error_ = OutOfMemory(bytes, "op metadata");
+      RecordOpError(OutOfMemory(bytes, "op metadata"));
       return nullptr;
     }
   }
@@ -673,18 +677,16 @@ void CudaBackend::StageStep(std::span<const int32_t> ids, std::span<const Sequen
     const size_t capacity =
         TryGrowBuffer(&meta, total * sizeof(int32_t), grown * sizeof(int32_t)) / sizeof(int32_t);
     if (capacity == 0) {
-      if (op_error_.ok()) op_error_ = OutOfMemory(total * sizeof(int32_t), "step metadata");
+      RecordOpError(OutOfMemory(total * sizeof(int32_t), "step metadata"));
       return;
     }
     if (cudaMallocHost(&step_host_, capacity * sizeof(int32_t)) != cudaSuccess) {
       cudaGetLastError();
       cudaFree(meta);
       step_host_ = nullptr;
-      if (op_error_.ok()) {
-        op_error_ = absl::ResourceExhaustedError(absl::StrFormat(
-            "cuda:%d: cannot allocate %d bytes of pinned host memory for the step metadata",
-            device_, capacity * sizeof(int32_t)));
-      }
+      RecordOpError(absl::ResourceExhaustedError(absl::StrFormat(
+          "cuda:%d: cannot allocate %d bytes of pinned host memory for the step metadata", device_,
+          capacity * sizeof(int32_t))));
       return;
     }
     step_meta_ = static_cast<int32_t*>(meta);
