@@ -110,8 +110,9 @@ TEST(MemoryPlanTest, TightMemoryGivesFewerBlocksWithinTheUtilization) {
       (allowed - plan->activation_reserve - 256 * plan->state_slot_bytes) / plan->kv_block_bytes;
   EXPECT_EQ(plan->num_kv_blocks, expected);
   EXPECT_LT(plan->num_kv_blocks, plan->max_useful_blocks);
-  // The reserve covers at least the 2048-token step's own estimate.
-  EXPECT_GT(plan->activation_reserve, EstimateStepActivationBytes(ReleaseConfig(), 2048, 256, 2));
+  // The reserve covers at least the token budget's step's own estimate.
+  EXPECT_GT(plan->activation_reserve,
+            EstimateStepActivationBytes(ReleaseConfig(), options.max_tokens_per_step, 256, 2));
 }
 
 // A verify step carries every sequence's drafts beside the token budget, a logits row per
@@ -128,15 +129,16 @@ TEST(MemoryPlanTest, SpeculativeDecodingReservesItsVerifyStep) {
   auto speculative = PlanDeviceMemory(config, backend, options);
   ASSERT_TRUE(plain.ok()) << plain.status();
   ASSERT_TRUE(speculative.ok()) << speculative.status();
-  // 2048 + 64 x 4 tokens, 64 x 5 logits rows.
-  const int64_t verify = EstimateStepActivationBytes(config, 2304, 320, 2);
+  // The budget + 64 x 4 tokens, 64 x 5 logits rows.
+  const int budget = options.max_tokens_per_step;
+  const int64_t verify = EstimateStepActivationBytes(config, budget + 256, 320, 2);
   // 30 DeltaNet layers x (8192 bf16 conv channels + fp32 decay and beta of 32 heads) a token.
-  const int64_t kept = int64_t{2304} * 30 * (8192 * 2 + 2 * 4 * 32);
-  EXPECT_EQ(EstimateKeptStateInputBytes(config, 2304, 2), kept);
+  const int64_t kept = int64_t{budget + 256} * 30 * (8192 * 2 + 2 * 4 * 32);
+  EXPECT_EQ(EstimateKeptStateInputBytes(config, budget + 256, 2), kept);
   // Each step's live bytes plus a quarter (bucket rounding) and 1 MiB, twice, and 1 GiB.
   auto reserve = [](int64_t live) { return 2 * (live + live / 4 + (int64_t{1} << 20)) + kGiB; };
   EXPECT_EQ(speculative->activation_reserve, reserve(verify + kept));
-  EXPECT_EQ(plain->activation_reserve, reserve(EstimateStepActivationBytes(config, 2048, 64, 2)));
+  EXPECT_EQ(plain->activation_reserve, reserve(EstimateStepActivationBytes(config, budget, 64, 2)));
   EXPECT_LT(speculative->num_kv_blocks, plain->num_kv_blocks);
   // An absurd draft count is refused by name instead of overflowing the token count.
   options.spec_tokens = 1 << 30;

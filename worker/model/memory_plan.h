@@ -18,7 +18,7 @@ struct MemoryPlanOptions {
   int extra_state_slots = 0;        // speculative decoding's rollback snapshots
   int max_model_len = 8192;         // longest sequence
   int kv_block_size = 16;           // positions per KV block
-  int max_tokens_per_step = 2048;   // sizes the activation reserve
+  int max_tokens_per_step = 8192;   // sizes the activation reserve (the scheduler's budget)
   int spec_tokens = 0;              // MTP drafts per sequence and step (verify steps carry them
                                     // beside the token budget, and keep their DeltaNet inputs)
   double memory_utilization = 0.9;  // share of the device's total memory the worker may use

@@ -49,9 +49,16 @@ struct Sequence {
   }
 };
 
+// The default token budget of one step. At release scale a prefill step costs about the same
+// from ~2K tokens up, because it reads every expert of every bank (16 GB a layer); a budget
+// that holds a whole max_model_len prompt prefills it in one step. Measured on one H200
+// (docs/performance.md, "The step token budget"): 8000-token prompts' TTFT 691 ms at 2048
+// against 264 ms at 8192. The cost is longer gaps for running sequences during a long prefill.
+inline constexpr int kDefaultMaxTokensPerStep = 8192;
+
 struct SchedulerOptions {
-  int max_num_seqs = 64;           // running sequences (each holds a state slot)
-  int max_tokens_per_step = 2048;  // token budget of one step, decode + prefill chunks
+  int max_num_seqs = 64;                               // running sequences (each a state slot)
+  int max_tokens_per_step = kDefaultMaxTokensPerStep;  // decode tokens + prefill chunks
 };
 
 // What one step runs: per sequence, tokens [begin, begin + count) of prompt + output.
