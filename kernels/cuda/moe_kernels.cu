@@ -232,7 +232,7 @@ struct TcArgs {
   // down projection at 8192 tokens, more than L2) before the next slice starts, and ncu counted
   // them read from DRAM again by every slice.
   int consecutive_slices = 0;
-  // down only: c holds bf16 pair rows instead of fp32 (MOBIUS_MOE_PAIR_BF16=1, see PairRowsBf16).
+  // down only: c holds bf16 pair rows instead of fp32 (see PairRowsBf16).
   bool c_bf16 = false;
 };
 
@@ -540,18 +540,24 @@ int ForcedTileTokens() {
   }();
   return forced;
 }
-// MOBIUS_MOE_PAIR_BF16=1 (read once): the tensor-core down GEMM writes its per-pair rows in bf16
-// and the combine reads them so, halving the rows' traffic (at 8192 tokens 0.54 GB written and
-// read back per layer in fp32). Each row is rounded once more before the weighted sum (fp32
-// accumulation in the combine). Measured on the H200 (session 14, fp32 / bf16 rows): moe.T8192
-// 4259 / 4213 us, T4096 3952 / 3916; engine 8K prefill 274.0 / 270.9 ms, batch-256 decode 100.39
-// / 100.13 ms. Off by default: the extra rounding separates the tensor-core path (verify steps of
-// k + 1 tokens) from the few-token kernels (plain one-token steps) enough that on the tiny
-// fixtures the MTP verify accepted 11% of the target's own greedy drafts instead of over 90%
-// (CudaSpeculativeTest), so greedy outputs with MTP would no longer match those without.
-bool PairRowsBf16() {
-  static const bool on = KnobChoice("MOBIUS_MOE_PAIR_BF16", {"0", "1"}) == 2;
-  return on;
+// Pair rows in bf16: the tensor-core down GEMM writes its per-pair rows in bf16 and the combine
+// reads them so, halving the rows' traffic (at 8192 tokens 0.54 GB written and read back per
+// layer in fp32). Each row is rounded once more before the weighted sum (fp32 accumulation in
+// the combine), as the reference's own bf16 expert outputs are. Measured on the H200, fp32 /
+// bf16 rows: session 14, moe.T8192 4259 / 4213 us, T4096 3952 / 3916, 8K prefill 274.0 / 270.9
+// ms, batch-256 decode 100.39 / 100.13 ms; session 38, 8K prefill 261.3 / 259.4 ms (two runs
+// each). On from kPairRowsBf16MinTokens tokens a step (prefill chunks) and off below: the extra
+// rounding separates the tensor-core path (verify steps of k + 1 tokens) from the few-token
+// kernels (plain one-token steps) enough that on the tiny fixtures the MTP verify accepted 11%
+// of the target's own greedy drafts instead of over 90% (CudaSpeculativeTest), so greedy
+// outputs with MTP would no longer match those without. Verify steps stay below the threshold
+// unless max_num_seqs x (spec_tokens + 1) reaches it. MOBIUS_MOE_PAIR_BF16=0 / 1 (read once)
+// forces fp32 / bf16 rows at every size.
+constexpr int64_t kPairRowsBf16MinTokens = 2048;
+bool PairRowsBf16(int64_t num_tokens) {
+  static const int forced = KnobChoice("MOBIUS_MOE_PAIR_BF16", {"0", "1"});
+  if (forced != 0) return forced == 2;
+  return num_tokens >= kPairRowsBf16MinTokens;
 }
 
 int TcTileTokens(int64_t pairs, int64_t num_local) {
@@ -964,6 +970,7 @@ const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const flo
   }
 
   // The grid covers the most tiles any routing can need; surplus blocks exit at once.
+  const bool dn_bf16 = tc && PairRowsBf16(num_tokens);
   if (tc) {
     TcArgs gu;
     gu.a = x;
@@ -991,7 +998,7 @@ const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const flo
     dn.k = inter;
     dn.c = s.pair_out;
     dn.ldc = hidden;
-    dn.c_bf16 = PairRowsBf16();
+    dn.c_bf16 = dn_bf16;
     LaunchTcGroupedGemm<false>(dn, s.bm, s.max_tiles, stream);
     CheckLaunch("MoeDown (tensor cores)");
   } else {
@@ -1039,7 +1046,7 @@ const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const flo
               shared != nullptr ? shared->value : nullptr,
               shared != nullptr ? shared->gate_logits : AnyPtr{}, out);
   };
-  if (tc && PairRowsBf16()) {
+  if (dn_bf16) {
     combine(reinterpret_cast<const uint16_t*>(s.pair_out));
   } else {
     combine(static_cast<const float*>(s.pair_out));

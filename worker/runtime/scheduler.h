@@ -52,8 +52,9 @@ struct Sequence {
 // The default token budget of one step. At release scale a prefill step costs about the same
 // from ~2K tokens up, because it reads every expert of every bank (16 GB a layer); a budget
 // that holds a whole max_model_len prompt prefills it in one step. Measured on one H200
-// (docs/performance.md, "The step token budget"): 8000-token prompts' TTFT 691 ms at 2048
-// against 264 ms at 8192. The cost is longer gaps for running sequences during a long prefill.
+// (docs/performance.md, "Serving at release scale: the step token budget"): 8000-token prompts'
+// TTFT 691 ms at 2048 against 264 ms at 8192. The cost is longer gaps for running sequences during
+// a long prefill.
 inline constexpr int kDefaultMaxTokensPerStep = 8192;
 
 struct SchedulerOptions {
