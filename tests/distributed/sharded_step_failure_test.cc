@@ -5,6 +5,7 @@
 // leader's next step then paired its collectives with the followers' stale ones. Ranks are threads
 // joined by a LocalCommunicator, on CPU.
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <span>
 #include <thread>
@@ -41,6 +42,9 @@ class FaultyCpuBackend final : public kernels::CpuBackend {
   // and TakeOpError then reports it as the CUDA backend's does. (Arming the error itself would
   // not do: Forward drops errors left from before the step.)
   void FailAnOp() { fail_an_op_ = true; }
+  // The next state-slot copy or state replay skips its work and TakeOpError reports it, as the
+  // CUDA backend's do when their metadata cannot grow.
+  void FailAStateOp() { fail_a_state_op_ = true; }
   [[nodiscard]] int64_t allocations() const { return allocations_; }
 
   absl::StatusOr<kernels::Tensor> Allocate(kernels::DType dtype,
@@ -50,6 +54,23 @@ class FaultyCpuBackend final : public kernels::CpuBackend {
     if (fail_in_ > 0 && --fail_in_ == 0) return absl::ResourceExhaustedError(kInjected);
     return CpuBackend::Allocate(dtype, std::move(shape));
   }
+  void CopyRows(std::span<kernels::Tensor* const> xs, std::span<const int32_t> from,
+                std::span<const int32_t> to) override {
+    if (std::exchange(fail_a_state_op_, false)) {
+      op_failed_ = true;
+      return;
+    }
+    CpuBackend::CopyRows(xs, from, to);
+  }
+  absl::Status ReplayDeltaRuleStates(std::span<const kernels::DeltaRuleReplayLayer> layers,
+                                     const kernels::DeltaRuleDims& dims,
+                                     std::span<const kernels::SequenceSegment> segments) override {
+    if (std::exchange(fail_a_state_op_, false)) {
+      op_failed_ = true;
+      return absl::OkStatus();
+    }
+    return CpuBackend::ReplayDeltaRuleStates(layers, dims, segments);
+  }
   absl::Status TakeOpError() override {
     if (!op_failed_) return absl::OkStatus();
     op_failed_ = false;
@@ -58,7 +79,7 @@ class FaultyCpuBackend final : public kernels::CpuBackend {
 
  private:
   int fail_in_ = 0;
-  bool fail_an_op_ = false, op_failed_ = false;
+  bool fail_an_op_ = false, fail_a_state_op_ = false, op_failed_ = false;
   int64_t allocations_ = 0;
 };
 
@@ -152,7 +173,7 @@ RankResult RunRank(const std::string& dir, const std::vector<int32_t>& prompt, c
   const absl::Time start = absl::Now();
   r.failed_step = prefill(unused);
   r.failed_step_time = absl::Now() - start;
-  r.failed_together = model.last_step_failed_together();
+  r.failed_together = model.last_call_failed_together();
   if (c.fault != Fault::kResidualStream) r.after_status = prefill(r.after);
   return r;
 }
@@ -267,6 +288,96 @@ TEST(ShardedStepFailureTest, AFollowerThatFailsAStepKeepsFollowing) {
   const absl::Status next = first.ok() ? prefill(after) : first;
   EXPECT_TRUE(next.ok()) << next;
   EXPECT_EQ(after, before);
+  const absl::Status stopped = broadcast.Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+  if (!stopped.ok()) comms[0]->Abort(stopped);
+  follower_thread.join();
+  EXPECT_TRUE(followed.ok()) << followed;
+}
+
+// Speculative decoding's state snapshot (CopyStateSlots) and rollback (ReplayStateInputs) run
+// between steps on every rank of a replica. One that fails on a single rank (leader or follower)
+// fails on both, the follower keeps following, and the next copy, replay and step run. Before,
+// a follower's failure ended its FollowLeader and the group failed as for a dead peer.
+TEST(ShardedStepFailureTest, AStateCopyOrReplayThatFailsOnOneRankFailsOnBoth) {
+  const std::string dir = FixtureModelDir("intern-s2-mobius-tiny");
+  const ModelReference ref = LoadReference(dir);
+  auto comms = worker::CreateLocalCommunicators(2, absl::Seconds(20));
+  FaultyCpuBackend leader_backend, follower_backend;
+  auto load = [&](int rank, kernels::Backend& backend) {
+    worker::ModelSource source;
+    source.model_dir = dir;
+    source.shard = ShardSpec::ForRank(rank, 2, 1);
+    source.comm = comms[rank].get();
+    return worker::LoadHybridModel(source, backend);
+  };
+  auto leader_model = load(0, leader_backend);
+  ASSERT_TRUE(leader_model.ok()) << leader_model.status();
+  auto follower_model = load(1, follower_backend);
+  ASSERT_TRUE(follower_model.ok()) << follower_model.status();
+  worker::HybridModel& leader = **leader_model;
+  absl::Status followed;
+  std::thread follower_thread(
+      [&] { followed = worker::FollowLeader(**follower_model, *comms[1]); });
+  worker::LeaderBroadcast broadcast(*comms[0]);
+  leader.SetFollowers(&broadcast);
+
+  const std::vector<int32_t>& prompt = ref.prompts[1];
+  ForwardOptions options;
+  options.logits = LogitsMode::kAllTokens;
+  options.keep_state_inputs = true;  // for the replays
+  std::vector<float> before, after;
+  SequenceCache seq, snapshot;
+  absl::Status s = leader.CreateCaches(4, 64);
+  if (s.ok()) s = leader.StartSequence(seq);
+  if (s.ok()) s = leader.StartSequence(snapshot);
+  SequenceStep step{prompt, &seq};
+  if (s.ok()) s = leader.Forward(std::span(&step, 1), options, before);
+  EXPECT_TRUE(s.ok()) << s;
+
+  // Each call with its fault on `rank`'s backend (the follower's thread waits for the next
+  // message meanwhile, so its backend is not in use), then the same call with none.
+  auto copy = [&] { return leader.CopyStateSlot(seq.state_slot, snapshot.state_slot); };
+  auto replay = [&] {
+    // The last token again, from the kept inputs, onto the snapshot taken above.
+    SequenceCache rolled = snapshot;
+    rolled.num_tokens = static_cast<int>(prompt.size()) - 1;
+    const worker::StateReplay r{&rolled, static_cast<int>(prompt.size()) - 1, 1};
+    return leader.ReplayStateInputs(std::span(&r, 1));
+  };
+  struct Call {
+    const char* name;
+    std::function<absl::Status()> run;
+  };
+  for (const Call& call : {Call{"copy", copy}, Call{"replay", replay}}) {
+    for (int rank : {1, 0}) {
+      if (!s.ok()) break;
+      (rank == 0 ? leader_backend : follower_backend).FailAStateOp();
+      const absl::Status failed = call.run();
+      EXPECT_TRUE(absl::IsResourceExhausted(failed))
+          << call.name << " on rank " << rank << ": " << failed;
+      if (rank == 0) {
+        EXPECT_EQ(failed.message(), kInjected) << call.name;
+      } else {
+        EXPECT_NE(failed.message().find("rank 1 of 2"), std::string::npos)
+            << call.name << ": " << failed;
+      }
+      EXPECT_TRUE(leader.last_call_failed_together()) << call.name << " on rank " << rank;
+      s = call.run();
+      EXPECT_TRUE(s.ok()) << call.name << " after the fault on rank " << rank << ": " << s;
+      EXPECT_FALSE(leader.last_call_failed_together()) << call.name;
+    }
+  }
+  leader.ReleaseSequence(seq);
+  leader.ReleaseSequence(snapshot);
+  // The group is still in step: a fresh prefill gives the first one's logits.
+  SequenceCache fresh;
+  if (s.ok()) s = leader.StartSequence(fresh);
+  SequenceStep again{prompt, &fresh};
+  if (s.ok()) s = leader.Forward(std::span(&again, 1), options, after);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(after, before);
+  leader.ReleaseSequence(fresh);
   const absl::Status stopped = broadcast.Stop();
   EXPECT_TRUE(stopped.ok()) << stopped;
   if (!stopped.ok()) comms[0]->Abort(stopped);

@@ -139,7 +139,7 @@ absl::Status FollowLeader(HybridModel& model, Communicator& comm) {
         if (absl::Status s = model.ExecutePlan(FromProto(m.step())); !s.ok()) {
           // Failed on every rank together (some rank ran out of memory): the group is still in
           // step, the leader fails that step's requests and sends the next.
-          if (!model.last_step_failed_together()) return s;
+          if (!model.last_call_failed_together()) return s;
           MOBIUS_LOG(WARNING, "worker", "")
               << "rank " << comm.rank() << ": step " << received << " failed on the group: " << s;
         }
@@ -161,9 +161,15 @@ absl::Status FollowLeader(HybridModel& model, Communicator& comm) {
         break;
       }
       case v1::ReplicaMessage::kCopyState:
-        RETURN_IF_ERROR(model.CopyStateSlots(
-            std::vector<int32_t>(m.copy_state().from().begin(), m.copy_state().from().end()),
-            std::vector<int32_t>(m.copy_state().to().begin(), m.copy_state().to().end())));
+        if (absl::Status s = model.CopyStateSlots(
+                std::vector<int32_t>(m.copy_state().from().begin(), m.copy_state().from().end()),
+                std::vector<int32_t>(m.copy_state().to().begin(), m.copy_state().to().end()));
+            !s.ok()) {
+          // As for a step: failed on every rank, so the leader drops that step's drafts.
+          if (!model.last_call_failed_together()) return s;
+          MOBIUS_LOG(WARNING, "worker", "") << "rank " << comm.rank() << ": state copy " << received
+                                            << " failed on the group: " << s;
+        }
         break;
       case v1::ReplicaMessage::kReplayState: {
         std::vector<SequenceCache> caches(m.replay_state().sequences_size());
@@ -174,7 +180,12 @@ absl::Status FollowLeader(HybridModel& model, Communicator& comm) {
           caches[i].num_tokens = s.cached_tokens();
           replays.push_back({&caches[i], s.first_row(), s.num_tokens()});
         }
-        RETURN_IF_ERROR(model.ReplayStateInputs(replays));
+        if (absl::Status s = model.ReplayStateInputs(replays); !s.ok()) {
+          // Failed on every rank: the leader ends the rolled-back sequences.
+          if (!model.last_call_failed_together()) return s;
+          MOBIUS_LOG(WARNING, "worker", "") << "rank " << comm.rank() << ": state replay "
+                                            << received << " failed on the group: " << s;
+        }
         break;
       }
       case v1::ReplicaMessage::kStop:

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "worker/distributed/communicator.h"
@@ -124,21 +125,23 @@ void HybridModel::ReleaseSequence(SequenceCache& seq) {
 
 absl::Status HybridModel::CopyStateSlots(std::span<const int32_t> from,
                                          std::span<const int32_t> to) {
+  last_call_failed_together_ = false;
   if (!state_slots_) return absl::FailedPreconditionError("CreateCaches was not called");
   if (from.size() != to.size()) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%d source and %d destination state slots", from.size(), to.size()));
   }
+  if (from.empty()) return absl::OkStatus();
   for (size_t i = 0; i < from.size(); ++i) {
     if (from[i] < 0 || to[i] < 0 || from[i] >= state_slots_->num_slots() ||
         to[i] >= state_slots_->num_slots() ||
         std::find(from.begin(), from.end(), to[i]) != from.end()) {
+      // Checked on the leader before its followers are told, and the same on every rank.
       return absl::InvalidArgumentError(
           absl::StrFormat("state slot copy %d -> %d: outside [0, %d) or onto a source", from[i],
                           to[i], state_slots_->num_slots()));
     }
   }
-  if (from.empty()) return absl::OkStatus();
   backend_.TakeOpError().IgnoreError();  // an earlier call's, which that call reported or dropped
   if (followers_ != nullptr) {
     RETURN_IF_ERROR(followers_->CopyStateSlots({from.begin(), from.end()}, {to.begin(), to.end()}));
@@ -154,10 +157,22 @@ absl::Status HybridModel::CopyStateSlots(std::span<const int32_t> from,
   for (Tensor& t : rows) xs.push_back(&t);
   backend_.CopyRows(xs, from, to);
   // The copy's metadata may not have fit (ResourceExhausted); then nothing was copied.
-  return backend_.TakeOpError();
+  return ShareStateOpStatus(backend_.TakeOpError(), "state copy");
+}
+
+absl::Status HybridModel::ShareStateOpStatus(absl::Status local, absl::string_view what) {
+  if (!shard_.sharded()) return local;
+  // A rank whose part failed: the others learn it here, so the leader fails the call (the engine
+  // then drops that step's drafts, or ends the rolled-back sequences) and the followers keep
+  // following; a copy or replay that ran on some ranks only is never used.
+  ASSIGN_OR_RETURN(absl::Status group, ShareStepStatus(local, what));
+  if (group.ok()) return local;
+  last_call_failed_together_ = true;
+  return local.ok() ? group : local;
 }
 
 absl::Status HybridModel::ReplayStateInputs(std::span<const StateReplay> replays) {
+  last_call_failed_together_ = false;
   if (replays.empty()) return absl::OkStatus();
   const int layers = config_.num_layers_of(LayerType::kLinearAttention);
   if (static_cast<int>(kept_state_inputs_.size()) != layers) {
@@ -210,9 +225,10 @@ absl::Status HybridModel::ReplayStateInputs(std::span<const StateReplay> replays
     RETURN_IF_ERROR(followers_->ReplayStateInputs(planned));
   }
   backend_.TakeOpError().IgnoreError();  // an earlier call's, which that call reported or dropped
-  RETURN_IF_ERROR(backend_.ReplayDeltaRuleStates(replay_layers, dims, segments));
+  absl::Status local = backend_.ReplayDeltaRuleStates(replay_layers, dims, segments);
   // Ops of a replay run through the separate kernels that could not get their memory.
-  RETURN_IF_ERROR(backend_.TakeOpError());
+  if (local.ok()) local = backend_.TakeOpError();
+  RETURN_IF_ERROR(ShareStateOpStatus(std::move(local), "state replay"));
   for (const StateReplay& r : replays) r.cache->num_tokens += r.num_tokens;
   return absl::OkStatus();
 }
@@ -232,7 +248,7 @@ absl::StatusOr<Tensor> HybridModel::AllocOutput(DType dtype, std::vector<int64_t
 
 absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOptions& options,
                                   std::vector<float>& logits) {
-  last_step_failed_together_ = false;
+  last_call_failed_together_ = false;
   RETURN_IF_ERROR(shard_error_);
   if (!kv_cache_ || !state_slots_) {
     return absl::FailedPreconditionError("CreateCaches was not called");
@@ -455,7 +471,7 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
     status.Update(backend_.TakeOpError());
     ASSIGN_OR_RETURN(absl::Status group, ShareStepStatus(status));
     if (!group.ok()) {
-      last_step_failed_together_ = true;
+      last_call_failed_together_ = true;
       return status.ok() ? group : status;
     }
     if (options.expert_tokens != nullptr && shard_.ep_size > 1) {
@@ -511,7 +527,8 @@ absl::Status HybridModel::WriteStepOutputs(StepContext& ctx, Tensor& out,
   return absl::OkStatus();
 }
 
-absl::StatusOr<absl::Status> HybridModel::ShareStepStatus(const absl::Status& status) {
+absl::StatusOr<absl::Status> HybridModel::ShareStepStatus(const absl::Status& status,
+                                                          absl::string_view what) {
   // Each rank writes its status code at its own index; the sum gives every rank every code.
   const int world = comm_->world_size();
   std::vector<float> codes(static_cast<size_t>(world), 0.0f);
@@ -523,9 +540,9 @@ absl::StatusOr<absl::Status> HybridModel::ShareStepStatus(const absl::Status& st
     const int code = static_cast<int>(codes[r] + 0.5f);
     if (code == 0) continue;
     const auto status_code = static_cast<absl::StatusCode>(code);
-    return absl::Status(
-        status_code, absl::StrFormat("rank %d of %d could not run this step (%s; its log says why)",
-                                     r, world, absl::StatusCodeToString(status_code)));
+    return absl::Status(status_code,
+                        absl::StrCat("rank ", r, " of ", world, " could not run this ", what, " (",
+                                     absl::StatusCodeToString(status_code), "; its log says why)"));
   }
   return absl::OkStatus();
 }
@@ -593,7 +610,7 @@ absl::Status HybridModel::BuildExpertRoutes() {
 
 absl::Status HybridModel::ExecutePlan(const ReplicaStepPlan& plan) {
   // An error below, before Forward, is not a step the group failed together.
-  last_step_failed_together_ = false;
+  last_call_failed_together_ = false;
   if (!kv_cache_ || !state_slots_) {
     return absl::FailedPreconditionError("a step plan arrived before the cache geometry");
   }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/backend.h"
 #include "worker/cache/paged_kv_cache.h"
 #include "worker/cache/sequence_cache.h"
@@ -178,7 +179,8 @@ class HybridModel {
   // Copies the DeltaNet state (conv and recurrent, every layer) of slot `from` into slot `to`:
   // the snapshot speculative decoding takes before a verify step, and rolls back to (as the
   // sequence's slot) when it rejects drafts. Queued on the backend; a
-  // leader rank first hands it to its followers (every rank holds a shard of the state).
+  // leader rank first hands it to its followers (every rank holds a shard of the state), and a
+  // sharded model's ranks then share the outcome: a copy that failed on one rank fails on all.
   absl::Status CopyStateSlot(int32_t from, int32_t to) {
     return CopyStateSlots(std::span(&from, 1), std::span(&to, 1));
   }
@@ -190,7 +192,8 @@ class HybridModel {
   // formed; Backend::ReplayDeltaRuleStates, one launch on the GPU), so a snapshot taken before
   // the step reaches the state after the accepted tokens without running the model.
   // Attention KV entries of those positions are already right (the verify step wrote them). A
-  // leader rank first hands it to its followers; no collective runs.
+  // leader rank first hands it to its followers, and a sharded model's ranks then share the
+  // outcome (one small all-reduce), as after CopyStateSlots.
   absl::Status ReplayStateInputs(std::span<const StateReplay> replays);
 
   // Runs one step. Validates every token id against the vocabulary and every position against
@@ -222,13 +225,13 @@ class HybridModel {
   // Follower rank: repeats one of the leader's steps on this rank's shard (zeroes the state slots
   // of sequences at position 0, then runs the sequences with the plan's block tables and slots).
   absl::Status ExecutePlan(const ReplicaStepPlan& plan);
-  // True when the last Forward of a sharded model failed on every rank together: some rank could
-  // not run the step on its own (a tensor or an op's memory did not fit) and still took part in
-  // all of its collectives, so the group is still in step and can run the next one. False after
-  // a success, an error found before the step ran, or a failure of the group itself (a
-  // collective's error, or a rank that could not allocate the step's residual stream and so
-  // aborted the communicator).
-  [[nodiscard]] bool last_step_failed_together() const { return last_step_failed_together_; }
+  // True when the last Forward, CopyStateSlots or ReplayStateInputs of a sharded model failed on
+  // every rank together: some rank could not run it on its own (a tensor or an op's memory did
+  // not fit) and still took part in all of its collectives, so the group is still in step and
+  // can run the next call. False after a success, an error found before the leader told the
+  // other ranks, or a failure of the group itself (a collective's error, or a rank that could
+  // not allocate the step's residual stream and so aborted the communicator).
+  [[nodiscard]] bool last_call_failed_together() const { return last_call_failed_together_; }
 
   [[nodiscard]] const ModelConfig& config() const { return config_; }
   [[nodiscard]] int num_banks() const { return static_cast<int>(weights_.banks.size()); }
@@ -265,7 +268,13 @@ class HybridModel {
   // Sharded steps: an all-reduce gives every rank each rank's status code for the step. Returns
   // the group's status for the step (OK, or the first failed rank's code, naming the rank), or
   // the collective's own error (the group itself failed).
-  absl::StatusOr<absl::Status> ShareStepStatus(const absl::Status& status);
+  absl::StatusOr<absl::Status> ShareStepStatus(const absl::Status& status,
+                                               absl::string_view what = "step");
+  // The end of a sharded model's CopyStateSlots or ReplayStateInputs once every rank runs it:
+  // `local` (this rank's outcome) shared as a step's is (ShareStepStatus), so that a copy or
+  // replay that failed on one rank fails on every rank and the group stays in step
+  // (last_call_failed_together). Unsharded: `local`.
+  absl::Status ShareStateOpStatus(absl::Status local, absl::string_view what);
   // Runs a decode step through its recording (recording it after running it op by op the first
   // time). Returns the logits tensor.
   // Expert parallelism: sums every rank's (token, expert) counts of the step over the ranks.
@@ -342,7 +351,7 @@ class HybridModel {
   // parallelism F32 [layers * experts], the step's expert counts (SumExpertCounts).
   kernels::Tensor step_codes_;
   kernels::Tensor expert_counts_;
-  bool last_step_failed_together_ = false;
+  bool last_call_failed_together_ = false;
 };
 
 }  // namespace mobius::worker
