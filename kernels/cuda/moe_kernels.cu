@@ -545,14 +545,18 @@ int ForcedTileTokens() {
 // layer in fp32). Each row is rounded once more before the weighted sum (fp32 accumulation in
 // the combine), as the reference's own bf16 expert outputs are. Measured on the H200, fp32 /
 // bf16 rows: session 14, moe.T8192 4259 / 4213 us, T4096 3952 / 3916, 8K prefill 274.0 / 270.9
-// ms, batch-256 decode 100.39 / 100.13 ms; session 38, 8K prefill 261.3 / 259.4 ms (two runs
+// ms, batch-256 decode 100.39 / 100.13 ms; session 38, 8K prefill 256.0 / 253.7 ms (four runs
 // each). On from kPairRowsBf16MinTokens tokens a step (prefill chunks) and off below: the extra
 // rounding separates the tensor-core path (verify steps of k + 1 tokens) from the few-token
 // kernels (plain one-token steps) enough that on the tiny fixtures the MTP verify accepted 11%
 // of the target's own greedy drafts instead of over 90% (CudaSpeculativeTest), so greedy
-// outputs with MTP would no longer match those without. Verify steps stay below the threshold
-// unless max_num_seqs x (spec_tokens + 1) reaches it. MOBIUS_MOE_PAIR_BF16=0 / 1 (read once)
-// forces fp32 / bf16 rows at every size.
+// outputs with MTP would no longer match those without. A step of verify rows alone stays
+// below the threshold unless max_num_seqs x (spec_tokens + 1) reaches it; verify rows that
+// share a step of 2048+ tokens with prefill chunks (under load) take bf16 rows too. Drafts are
+// still checked against that step's own logits; what can change there is how many are
+// accepted, and whether greedy outputs with MTP equal those without (a decode token's numerics
+// already depend on the step it lands in). MOBIUS_MOE_PAIR_BF16=0 / 1 (read once) forces fp32 /
+// bf16 rows at every size.
 constexpr int64_t kPairRowsBf16MinTokens = 2048;
 bool PairRowsBf16(int64_t num_tokens) {
   static const int forced = KnobChoice("MOBIUS_MOE_PAIR_BF16", {"0", "1"});

@@ -338,12 +338,16 @@ TEST(ShardedStepFailureTest, AStateCopyOrReplayThatFailsOnOneRankFailsOnBoth) {
   // Each call with its fault on `rank`'s backend (the follower's thread waits for the next
   // message meanwhile, so its backend is not in use), then the same call with none.
   auto copy = [&] { return leader.CopyStateSlot(seq.state_slot, snapshot.state_slot); };
-  auto replay = [&] {
-    // The last token again, from the kept inputs, onto the snapshot taken above.
+  auto replay = [&]() -> absl::Status {
+    // The last token again, from the kept inputs, onto the snapshot taken above. A replay that
+    // failed leaves the sequence's position where it was.
+    const int start = static_cast<int>(prompt.size()) - 1;
     SequenceCache rolled = snapshot;
-    rolled.num_tokens = static_cast<int>(prompt.size()) - 1;
-    const worker::StateReplay r{&rolled, static_cast<int>(prompt.size()) - 1, 1};
-    return leader.ReplayStateInputs(std::span(&r, 1));
+    rolled.num_tokens = start;
+    const worker::StateReplay r{&rolled, start, 1};
+    absl::Status replayed = leader.ReplayStateInputs(std::span(&r, 1));
+    EXPECT_EQ(rolled.num_tokens, replayed.ok() ? start + 1 : start) << replayed;
+    return replayed;
   };
   struct Call {
     const char* name;

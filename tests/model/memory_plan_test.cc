@@ -6,6 +6,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
+#include "worker/runtime/scheduler.h"
 
 namespace mobius::worker {
 namespace {
@@ -95,6 +96,26 @@ TEST(MemoryPlanTest, BlockAndSlotSizesOfTheReleaseModel) {
   EXPECT_EQ(plan->max_useful_blocks, 64 * 512);
   EXPECT_EQ(plan->num_kv_blocks, plan->max_useful_blocks);
   EXPECT_NE(plan->Summary().find("32768 blocks"), std::string::npos) << plan->Summary();
+}
+
+// The reserve is sized for the step the scheduler will plan: both default to one budget.
+TEST(MemoryPlanTest, PlansForTheSchedulersDefaultBudget) {
+  EXPECT_EQ(MemoryPlanOptions{}.max_tokens_per_step, kDefaultMaxTokensPerStep);
+  EXPECT_EQ(SchedulerOptions{}.max_tokens_per_step, kDefaultMaxTokensPerStep);
+}
+
+// One sequence of 1024 tokens can never fill an 8192-token step: the reserve is the 1024-token
+// step's (twice its estimate with a quarter for bucket rounding, and 1 GiB).
+TEST(MemoryPlanTest, ReservesNoMoreThanTheCachesCanSchedule) {
+  FakeDeviceBackend backend(60 * kGiB, 140 * kGiB);
+  MemoryPlanOptions options;
+  options.max_num_seqs = 1;
+  options.max_model_len = 1024;
+  options.max_tokens_per_step = 8192;
+  auto plan = PlanDeviceMemory(ReleaseConfig(), backend, options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const int64_t live = EstimateStepActivationBytes(ReleaseConfig(), 1024, 1, 2);
+  EXPECT_EQ(plan->activation_reserve, 2 * (live + live / 4 + (int64_t{1} << 20)) + kGiB);
 }
 
 TEST(MemoryPlanTest, TightMemoryGivesFewerBlocksWithinTheUtilization) {

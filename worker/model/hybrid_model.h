@@ -178,9 +178,10 @@ class HybridModel {
   void ReleaseSequence(SequenceCache& seq);
   // Copies the DeltaNet state (conv and recurrent, every layer) of slot `from` into slot `to`:
   // the snapshot speculative decoding takes before a verify step, and rolls back to (as the
-  // sequence's slot) when it rejects drafts. Queued on the backend; a
-  // leader rank first hands it to its followers (every rank holds a shard of the state), and a
-  // sharded model's ranks then share the outcome: a copy that failed on one rank fails on all.
+  // sequence's slot) when it rejects drafts. Queued on the backend. A leader rank first hands it
+  // to its followers (every rank holds a shard of the state); a sharded model's ranks then share
+  // the outcome (one small all-reduce and a host wait), so a copy that failed on one rank fails
+  // on all.
   absl::Status CopyStateSlot(int32_t from, int32_t to) {
     return CopyStateSlots(std::span(&from, 1), std::span(&to, 1));
   }
