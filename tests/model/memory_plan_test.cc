@@ -131,9 +131,11 @@ TEST(MemoryPlanTest, TightMemoryGivesFewerBlocksWithinTheUtilization) {
       (allowed - plan->activation_reserve - 256 * plan->state_slot_bytes) / plan->kv_block_bytes;
   EXPECT_EQ(plan->num_kv_blocks, expected);
   EXPECT_LT(plan->num_kv_blocks, plan->max_useful_blocks);
-  // The reserve covers at least the token budget's step's own estimate.
-  EXPECT_GT(plan->activation_reserve,
-            EstimateStepActivationBytes(ReleaseConfig(), options.max_tokens_per_step, 256, 2));
+  // The reserve is the budget's step, 256 logits rows: twice its estimate with a quarter for
+  // bucket rounding and 1 MiB, and 1 GiB for workspaces.
+  const int64_t live =
+      EstimateStepActivationBytes(ReleaseConfig(), options.max_tokens_per_step, 256, 2);
+  EXPECT_EQ(plan->activation_reserve, 2 * (live + live / 4 + (int64_t{1} << 20)) + kGiB);
 }
 
 // A verify step carries every sequence's drafts beside the token budget, a logits row per
