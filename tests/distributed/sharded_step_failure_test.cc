@@ -241,57 +241,91 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{kTp2Ep2, Fault::kSublayerTensor, "tp2_ep2_sublayer_tensor"}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
+// A worker replica of two ranks on threads: the leader hands each call to its follower through
+// LeaderBroadcast, and the follower runs FollowLeader until Finish stops it.
+class TwoRankReplica {
+ public:
+  explicit TwoRankReplica(const std::string& dir)
+      : comms_(worker::CreateLocalCommunicators(2, absl::Seconds(20))) {
+    auto load = [&](int rank, kernels::Backend& backend) {
+      worker::ModelSource source;
+      source.model_dir = dir;
+      source.shard = ShardSpec::ForRank(rank, 2, 1);
+      source.comm = comms_[rank].get();
+      return worker::LoadHybridModel(source, backend);
+    };
+    auto leader = load(0, leader_backend);
+    auto follower = load(1, follower_backend);
+    if (!leader.ok() || !follower.ok()) {
+      setup = leader.ok() ? follower.status() : leader.status();
+      return;
+    }
+    leader_ = *std::move(leader);
+    follower_ = *std::move(follower);
+    follower_thread_ =
+        std::thread([this] { followed_ = worker::FollowLeader(*follower_, *comms_[1]); });
+    leader_->SetFollowers(&broadcast_);
+  }
+  ~TwoRankReplica() {
+    if (follower_thread_.joinable()) Finish().IgnoreError();
+  }
+
+  worker::HybridModel& leader() { return *leader_; }
+  // Stops the follower; returns what its FollowLeader returned.
+  absl::Status Finish() {
+    const absl::Status stopped = broadcast_.Stop();
+    EXPECT_TRUE(stopped.ok()) << stopped;
+    if (!stopped.ok()) comms_[0]->Abort(stopped);
+    follower_thread_.join();
+    return followed_;
+  }
+
+  absl::Status setup;
+  // The follower's thread waits for the next message between the leader's calls, so a test may
+  // arm the follower's backend then.
+  FaultyCpuBackend leader_backend, follower_backend;
+
+ private:
+  std::vector<std::unique_ptr<worker::Communicator>> comms_;
+  std::unique_ptr<worker::HybridModel> leader_, follower_;
+  worker::LeaderBroadcast broadcast_{*comms_[0]};
+  std::thread follower_thread_;
+  absl::Status followed_;
+};
+
 // A worker replica: the leader hands each step to its follower through LeaderBroadcast, and the
 // follower (FollowLeader) fails one step on its own. The leader's step fails naming the
 // follower, the follower keeps following, and the next step runs.
 TEST(ShardedStepFailureTest, AFollowerThatFailsAStepKeepsFollowing) {
   const std::string dir = FixtureModelDir("intern-s2-mobius-tiny");
   const ModelReference ref = LoadReference(dir);
-  auto comms = worker::CreateLocalCommunicators(2, absl::Seconds(20));
-  FaultyCpuBackend leader_backend, follower_backend;
-  auto load = [&](int rank, kernels::Backend& backend) {
-    worker::ModelSource source;
-    source.model_dir = dir;
-    source.shard = ShardSpec::ForRank(rank, 2, 1);
-    source.comm = comms[rank].get();
-    return worker::LoadHybridModel(source, backend);
-  };
-  auto leader = load(0, leader_backend);
-  ASSERT_TRUE(leader.ok()) << leader.status();
-  auto follower = load(1, follower_backend);
-  ASSERT_TRUE(follower.ok()) << follower.status();
-  absl::Status followed;
-  std::thread follower_thread([&] { followed = worker::FollowLeader(**follower, *comms[1]); });
-  worker::LeaderBroadcast broadcast(*comms[0]);
-  (*leader)->SetFollowers(&broadcast);
+  TwoRankReplica replica(dir);
+  ASSERT_TRUE(replica.setup.ok()) << replica.setup;
+  worker::HybridModel& leader = replica.leader();
 
   ForwardOptions options;
   options.logits = LogitsMode::kAllTokens;
   auto prefill = [&](std::vector<float>& logits) {
     SequenceCache seq;
-    absl::Status s = (*leader)->StartSequence(seq);
+    absl::Status s = leader.StartSequence(seq);
     SequenceStep step{ref.prompts[1], &seq};
-    if (s.ok()) s = (*leader)->Forward(std::span(&step, 1), options, logits);
-    (*leader)->ReleaseSequence(seq);
+    if (s.ok()) s = leader.Forward(std::span(&step, 1), options, logits);
+    leader.ReleaseSequence(seq);
     return s;
   };
   std::vector<float> before, failed, after;
-  absl::Status caches = (*leader)->CreateCaches(4, 64);
+  absl::Status caches = leader.CreateCaches(4, 64);
   EXPECT_TRUE(caches.ok()) << caches;
   absl::Status first = caches.ok() ? prefill(before) : caches;
   EXPECT_TRUE(first.ok()) << first;
-  // The follower's thread is waiting for the next message, so its backend is not in use.
-  follower_backend.FailAllocation(10);
+  replica.follower_backend.FailAllocation(10);
   const absl::Status failed_step = first.ok() ? prefill(failed) : first;
   EXPECT_TRUE(absl::IsResourceExhausted(failed_step)) << failed_step;
   EXPECT_NE(failed_step.message().find("rank 1 of 2"), std::string::npos) << failed_step;
   const absl::Status next = first.ok() ? prefill(after) : first;
   EXPECT_TRUE(next.ok()) << next;
   EXPECT_EQ(after, before);
-  const absl::Status stopped = broadcast.Stop();
-  EXPECT_TRUE(stopped.ok()) << stopped;
-  if (!stopped.ok()) comms[0]->Abort(stopped);
-  follower_thread.join();
+  const absl::Status followed = replica.Finish();
   EXPECT_TRUE(followed.ok()) << followed;
 }
 
@@ -302,25 +336,9 @@ TEST(ShardedStepFailureTest, AFollowerThatFailsAStepKeepsFollowing) {
 TEST(ShardedStepFailureTest, AStateCopyOrReplayThatFailsOnOneRankFailsOnBoth) {
   const std::string dir = FixtureModelDir("intern-s2-mobius-tiny");
   const ModelReference ref = LoadReference(dir);
-  auto comms = worker::CreateLocalCommunicators(2, absl::Seconds(20));
-  FaultyCpuBackend leader_backend, follower_backend;
-  auto load = [&](int rank, kernels::Backend& backend) {
-    worker::ModelSource source;
-    source.model_dir = dir;
-    source.shard = ShardSpec::ForRank(rank, 2, 1);
-    source.comm = comms[rank].get();
-    return worker::LoadHybridModel(source, backend);
-  };
-  auto leader_model = load(0, leader_backend);
-  ASSERT_TRUE(leader_model.ok()) << leader_model.status();
-  auto follower_model = load(1, follower_backend);
-  ASSERT_TRUE(follower_model.ok()) << follower_model.status();
-  worker::HybridModel& leader = **leader_model;
-  absl::Status followed;
-  std::thread follower_thread(
-      [&] { followed = worker::FollowLeader(**follower_model, *comms[1]); });
-  worker::LeaderBroadcast broadcast(*comms[0]);
-  leader.SetFollowers(&broadcast);
+  TwoRankReplica replica(dir);
+  ASSERT_TRUE(replica.setup.ok()) << replica.setup;
+  worker::HybridModel& leader = replica.leader();
 
   const std::vector<int32_t>& prompt = ref.prompts[1];
   ForwardOptions options;
@@ -335,8 +353,7 @@ TEST(ShardedStepFailureTest, AStateCopyOrReplayThatFailsOnOneRankFailsOnBoth) {
   if (s.ok()) s = leader.Forward(std::span(&step, 1), options, before);
   EXPECT_TRUE(s.ok()) << s;
 
-  // Each call with its fault on `rank`'s backend (the follower's thread waits for the next
-  // message meanwhile, so its backend is not in use), then the same call with none.
+  // Each call with its fault on `rank`'s backend, then the same call with none.
   auto copy = [&] { return leader.CopyStateSlot(seq.state_slot, snapshot.state_slot); };
   auto replay = [&]() -> absl::Status {
     // The last token again, from the kept inputs, onto the snapshot taken above. A replay that
@@ -356,7 +373,7 @@ TEST(ShardedStepFailureTest, AStateCopyOrReplayThatFailsOnOneRankFailsOnBoth) {
   for (const Call& call : {Call{"copy", copy}, Call{"replay", replay}}) {
     for (int rank : {1, 0}) {
       if (!s.ok()) break;
-      (rank == 0 ? leader_backend : follower_backend).FailAStateOp();
+      (rank == 0 ? replica.leader_backend : replica.follower_backend).FailAStateOp();
       const absl::Status failed = call.run();
       EXPECT_TRUE(absl::IsResourceExhausted(failed))
           << call.name << " on rank " << rank << ": " << failed;
@@ -382,10 +399,7 @@ TEST(ShardedStepFailureTest, AStateCopyOrReplayThatFailsOnOneRankFailsOnBoth) {
   EXPECT_TRUE(s.ok()) << s;
   EXPECT_EQ(after, before);
   leader.ReleaseSequence(fresh);
-  const absl::Status stopped = broadcast.Stop();
-  EXPECT_TRUE(stopped.ok()) << stopped;
-  if (!stopped.ok()) comms[0]->Abort(stopped);
-  follower_thread.join();
+  const absl::Status followed = replica.Finish();
   EXPECT_TRUE(followed.ok()) << followed;
 }
 

@@ -128,6 +128,16 @@ absl::Status FollowLeader(HybridModel& model, Communicator& comm) {
           absl::StrFormat("rank %d: message %d from the leader (%d bytes) is not a ReplicaMessage",
                           comm.rank(), received, bytes.size()));
     }
+    // A step, state copy or replay that failed on every rank together (some rank ran out of
+    // memory) leaves the group in step: the leader fails that call's requests (or drops its
+    // drafts) and sends the next message. Any other failure ends the follower.
+    auto keep_following = [&](const absl::Status& s, const char* what) {
+      if (s.ok()) return absl::OkStatus();
+      if (!model.last_call_failed_together()) return s;
+      MOBIUS_LOG(WARNING, "worker", "") << "rank " << comm.rank() << ": " << what << " " << received
+                                        << " failed on the group: " << s;
+      return absl::OkStatus();
+    };
     switch (m.kind_case()) {
       case v1::ReplicaMessage::kCreateCaches: {
         const CacheGeometry g = FromProto(m.create_caches());
@@ -136,13 +146,7 @@ absl::Status FollowLeader(HybridModel& model, Communicator& comm) {
         break;
       }
       case v1::ReplicaMessage::kStep:
-        if (absl::Status s = model.ExecutePlan(FromProto(m.step())); !s.ok()) {
-          // Failed on every rank together (some rank ran out of memory): the group is still in
-          // step, the leader fails that step's requests and sends the next.
-          if (!model.last_call_failed_together()) return s;
-          MOBIUS_LOG(WARNING, "worker", "")
-              << "rank " << comm.rank() << ": step " << received << " failed on the group: " << s;
-        }
+        RETURN_IF_ERROR(keep_following(model.ExecutePlan(FromProto(m.step())), "step"));
         break;
       case v1::ReplicaMessage::kPlacement: {
         std::vector<std::vector<int32_t>> orders;
@@ -161,15 +165,11 @@ absl::Status FollowLeader(HybridModel& model, Communicator& comm) {
         break;
       }
       case v1::ReplicaMessage::kCopyState:
-        if (absl::Status s = model.CopyStateSlots(
+        RETURN_IF_ERROR(keep_following(
+            model.CopyStateSlots(
                 std::vector<int32_t>(m.copy_state().from().begin(), m.copy_state().from().end()),
-                std::vector<int32_t>(m.copy_state().to().begin(), m.copy_state().to().end()));
-            !s.ok()) {
-          // As for a step: failed on every rank, so the leader drops that step's drafts.
-          if (!model.last_call_failed_together()) return s;
-          MOBIUS_LOG(WARNING, "worker", "") << "rank " << comm.rank() << ": state copy " << received
-                                            << " failed on the group: " << s;
-        }
+                std::vector<int32_t>(m.copy_state().to().begin(), m.copy_state().to().end())),
+            "state copy"));
         break;
       case v1::ReplicaMessage::kReplayState: {
         std::vector<SequenceCache> caches(m.replay_state().sequences_size());
@@ -180,12 +180,7 @@ absl::Status FollowLeader(HybridModel& model, Communicator& comm) {
           caches[i].num_tokens = s.cached_tokens();
           replays.push_back({&caches[i], s.first_row(), s.num_tokens()});
         }
-        if (absl::Status s = model.ReplayStateInputs(replays); !s.ok()) {
-          // Failed on every rank: the leader ends the rolled-back sequences.
-          if (!model.last_call_failed_together()) return s;
-          MOBIUS_LOG(WARNING, "worker", "") << "rank " << comm.rank() << ": state replay "
-                                            << received << " failed on the group: " << s;
-        }
+        RETURN_IF_ERROR(keep_following(model.ReplayStateInputs(replays), "state replay"));
         break;
       }
       case v1::ReplicaMessage::kStop:
