@@ -1,6 +1,7 @@
 // `mobius bench engine`: decode-step time and prefill throughput of the engine at release
-// shapes (dummy weights work), each beside its bound from the performance model
-// (docs/performance-model.md): bytes per step over the memory bandwidth measured in the same run.
+// shapes (dummy weights work), each beside its bounds from the performance model
+// (docs/performance-model.md): bytes per step over the memory bandwidth, and FLOPs per step over
+// the matrix rate, both measured in the same run.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "cli/bench_speculation.h"
 #include "cli/commands.h"
+#include "cli/matrix_rate_probe.h"
 #include "cli/model_flags.h"
 #include "cli/replica_flags.h"
 #include "common/parallel_ranges.h"
@@ -29,11 +31,16 @@
 ABSL_FLAG(std::string, batches, "1,8,64,256", "Decode batch sizes to time (comma-separated).");
 ABSL_FLAG(std::string, contexts, "1024,8192",
           "Context lengths (tokens already cached per sequence) for the decode timings.");
-ABSL_FLAG(std::string, prefill_lengths, "1024,8192", "Prompt lengths for prefill throughput.");
+ABSL_FLAG(std::string, prefill_lengths, "1024,8192",
+          "Prompt lengths (comma-separated) for prefill throughput.");
 ABSL_FLAG(int, steps, 10, "Timed decode steps per configuration (after 3 warm-up steps).");
 ABSL_FLAG(double, hbm_bandwidth_override, 0,
           "Bytes/s to use for the bound instead of measuring (CPU backend: required for a "
           "bound; otherwise 4.27e12, the H200 figure, is assumed).");
+ABSL_FLAG(double, matrix_rate_override, 0,
+          "FLOP/s to use for the FLOP bound instead of measuring it (by default a "
+          "[d, d] x [d, d]^T product through the backend's Linear, bf16 with d = 8192 on CUDA, "
+          "fp32 with d = 512 on the CPU backend, best of three rounds).");
 ABSL_FLAG(std::string, json_out, "", "Also write the results as JSON to this file.");
 ABSL_FLAG(std::string, draw, "",
           "Also time each decode step with its next tokens drawn and on the host, one line per "
@@ -65,6 +72,40 @@ absl::StatusOr<std::vector<int>> ParseList(const std::string& flag, const std::s
 
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
+}
+
+// What the run's bounds divide by. A replica of W ranks streams its bytes from W GPUs and
+// multiplies on W GPUs: its bounds assume a perfect split (the replicated router, norms,
+// embedding and lm_head make the real one a little higher).
+struct Ceilings {
+  double bandwidth = 0;    // bytes/s of one device
+  double matrix_rate = 0;  // FLOP/s of one device
+  int world = 1;
+};
+
+worker::StepBound BoundOf(const worker::ModelConfig& config, const worker::DecodeCostOptions& cost,
+                          const Ceilings& ceilings) {
+  return worker::BoundStep(
+      worker::EstimateDecodeStepBytes(config, cost), worker::EstimateDecodeStepFlops(config, cost),
+      ceilings.bandwidth * ceilings.world, ceilings.matrix_rate * ceilings.world);
+}
+
+// One row of the table: time, the three bounds, then `experts` (touched per layer, or blank),
+// tokens/s and the roofline as a share of the time.
+void PrintRow(const std::string& phase, int batch, int context, double step_s,
+              const worker::StepBound& bound, const std::string& experts, double tokens) {
+  std::printf("%-15s %6d %8d %9.3f ms %9.3f ms %9.3f ms %9.3f ms %14s %10.0f %9.0f%%\n",
+              phase.c_str(), batch, context, step_s * 1e3, bound.bytes * 1e3, bound.flops * 1e3,
+              bound.serial * 1e3, experts.c_str(), tokens / step_s,
+              100 * bound.roofline() / step_s);
+}
+
+// The bounds as JSON fields of a result.
+void AddBounds(nlohmann::json& result, const worker::StepBound& bound) {
+  result["bound_ms"] = bound.roofline() * 1e3;
+  result["bytes_bound_ms"] = bound.bytes * 1e3;
+  result["flops_bound_ms"] = bound.flops * 1e3;
+  result["serial_bound_ms"] = bound.serial * 1e3;
 }
 
 // After a row (stderr): which of its shapes did not record and why, and what the recorded
@@ -154,6 +195,20 @@ absl::Status BenchEngine() {
   }
   std::fprintf(stderr, "bench: backend %s, memory bandwidth %.2f TB/s %s\n",
                backend->name().c_str(), bandwidth / 1e12, bandwidth_source.c_str());
+  double matrix_rate = absl::GetFlag(FLAGS_matrix_rate_override);
+  std::string matrix_rate_source = "given";
+  if (matrix_rate <= 0) {
+    // Before the model loads, while its memory is free.
+    const bool f32 = backend->activation_dtype() == kernels::DType::kF32;
+    ASSIGN_OR_RETURN(const MatrixRate probe,
+                     MeasureMatrixRate(*backend, f32 ? 512 : 8192, f32 ? 2 : 10));
+    matrix_rate = probe.flops_per_second;
+    matrix_rate_source =
+        absl::StrFormat("measured ([%d, %d] x [%d, %d]^T %s Linear, %.3f ms)", probe.dim, probe.dim,
+                        probe.dim, probe.dim, f32 ? "fp32" : "bf16", probe.per_call_s * 1e3);
+  }
+  std::fprintf(stderr, "bench: matrix rate %.1f TFLOP/s %s\n", matrix_rate / 1e12,
+               matrix_rate_source.c_str());
   std::fprintf(stderr, "bench: loading the model...\n");
   const auto t_load = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(std::unique_ptr<worker::HybridModel> model,
@@ -168,15 +223,17 @@ absl::Status BenchEngine() {
   const int world = source.shard.world_size();
   if (world > 1) {
     std::fprintf(stderr,
-                 "bench: rank 0 of a replica of %d ranks; bounds are the replica's bytes "
-                 "over %d GPUs' bandwidth\n",
+                 "bench: rank 0 of a replica of %d ranks; bounds are the replica's bytes and "
+                 "FLOPs over %d GPUs' bandwidth and matrix rate\n",
                  world, world);
   }
+  const Ceilings ceilings{bandwidth, matrix_rate, world};
 
   nlohmann::json results = nlohmann::json::array();
   std::map<std::pair<int, int>, double> plain_ms;  // (batch, context) -> decode step
-  std::printf("%-15s %6s %8s %12s %12s %14s %10s %10s\n", "phase", "batch", "context", "time/step",
-              "bound", "experts/layer", "tokens/s", "of bound");
+  std::printf("%-15s %6s %8s %12s %12s %12s %12s %14s %10s %10s\n", "phase", "batch", "context",
+              "time/step", "bytes bound", "FLOP bound", "serial bound", "experts/layer", "tokens/s",
+              "of bound");
   for (int context : contexts) {
     for (int batch : batches) {
       // Positions past the model's range are an error of the step; say so per configuration and
@@ -241,12 +298,9 @@ absl::Status BenchEngine() {
       cost.kv_bytes = cost.weight_bytes;
       cost.distinct_experts = touched_per_layer;
       const double bytes = worker::EstimateDecodeStepBytes(config, cost).total();
-      // A replica of W ranks streams its bytes from W GPUs: the bound assumes a perfect split
-      // (replicated router, norms, embedding and lm_head make the real one a little higher).
-      const double bound = bytes / (bandwidth * world);
-      std::printf("%-15s %6d %8d %9.3f ms %9.3f ms %14.1f %10.0f %9.0f%%\n", "decode", batch,
-                  context, per_step * 1e3, bound * 1e3, touched_per_layer, batch / per_step,
-                  100 * bound / per_step);
+      const worker::StepBound bound = BoundOf(config, cost, ceilings);
+      PrintRow("decode", batch, context, per_step, bound,
+               absl::StrFormat("%.1f", touched_per_layer), batch);
       plain_ms[{batch, context}] = per_step * 1e3;
       // The same step with its next tokens drawn and copied to the host (--draw).
       const std::vector<kernels::SamplingRule> rules(batch, kernels::SamplingRule{0.8f, 50, 0.95f});
@@ -306,26 +360,27 @@ absl::Status BenchEngine() {
         const auto d0 = std::chrono::steady_clock::now();
         for (int s = 0; s < steps; ++s) RETURN_IF_ERROR(draw_step());
         const double with_draw = Seconds(d0, std::chrono::steady_clock::now()) / steps;
-        std::printf("%-15s %6d %8d %9.3f ms %9.3f ms %14s %10.0f %9.0f%%\n", ("+" + mode).c_str(),
-                    batch, context, with_draw * 1e3, bound * 1e3, "", batch / with_draw,
-                    100 * bound / with_draw);
-        results.push_back({{"phase", "decode_draw"},
-                           {"draw", mode},
-                           {"batch", batch},
-                           {"context", context},
-                           {"step_ms", with_draw * 1e3},
-                           {"bound_ms", bound * 1e3}});
+        PrintRow("+" + mode, batch, context, with_draw, bound, "", batch);
+        nlohmann::json drawn_result = {{"phase", "decode_draw"},
+                                       {"draw", mode},
+                                       {"batch", batch},
+                                       {"context", context},
+                                       {"step_ms", with_draw * 1e3}};
+        AddBounds(drawn_result, bound);
+        results.push_back(std::move(drawn_result));
       }
       const bool graphs = model->HasRecording(batch, 1);
       ReportRecordings(*model, *backend, absl::StrFormat("decode batch %d", batch));
-      results.push_back({{"phase", "decode"},
-                         {"cuda_graph", graphs},
-                         {"batch", batch},
-                         {"context", context},
-                         {"step_ms", per_step * 1e3},
-                         {"bound_ms", bound * 1e3},
-                         {"bytes", bytes},
-                         {"experts_touched_per_layer", touched_per_layer}});
+      nlohmann::json result = {{"phase", "decode"},
+                               {"cuda_graph", graphs},
+                               {"batch", batch},
+                               {"context", context},
+                               {"step_ms", per_step * 1e3},
+                               {"bytes", bytes},
+                               {"flops", worker::EstimateDecodeStepFlops(config, cost).total()},
+                               {"experts_touched_per_layer", touched_per_layer}};
+      AddBounds(result, bound);
+      results.push_back(std::move(result));
       for (auto& s : seqs) model->ReleaseSequence(s);
     }
   }
@@ -386,15 +441,16 @@ absl::Status BenchEngine() {
     cost.batch = length;
     cost.sequences = 1;
     cost.weight_bytes = backend->activation_dtype() == kernels::DType::kF32 ? 4 : 2;
-    const double bytes = worker::EstimateDecodeStepBytes(config, cost).total();
-    const double bound = bytes / (bandwidth * world);
-    std::printf("%-15s %6d %8d %9.3f ms %9.3f ms %14s %10.0f %9.0f%%\n", "prefill", 1, length,
-                best * 1e3, bound * 1e3, "-", length / best, 100 * bound / best);
-    results.push_back({{"phase", "prefill"},
-                       {"tokens", length},
-                       {"time_ms", best * 1e3},
-                       {"bytes_bound_ms", bound * 1e3},
-                       {"tokens_per_s", length / best}});
+    const worker::StepBound bound = BoundOf(config, cost, ceilings);
+    PrintRow("prefill", 1, length, best, bound, "-", length);
+    nlohmann::json result = {{"phase", "prefill"},
+                             {"tokens", length},
+                             {"time_ms", best * 1e3},
+                             {"bytes", worker::EstimateDecodeStepBytes(config, cost).total()},
+                             {"flops", worker::EstimateDecodeStepFlops(config, cost).total()},
+                             {"tokens_per_s", length / best}};
+    AddBounds(result, bound);
+    results.push_back(std::move(result));
   }
   const std::string json_path = absl::GetFlag(FLAGS_json_out);
   if (!json_path.empty()) {
@@ -402,6 +458,8 @@ absl::Status BenchEngine() {
     if (f == nullptr) return absl::InternalError(absl::StrCat("cannot write ", json_path));
     const std::string text = nlohmann::json({{"bandwidth", bandwidth},
                                              {"bandwidth_source", bandwidth_source},
+                                             {"matrix_rate", matrix_rate},
+                                             {"matrix_rate_source", matrix_rate_source},
                                              {"backend", backend->name()},
                                              {"world_size", world},
                                              {"tp", source.shard.tp_size},

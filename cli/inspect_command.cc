@@ -1,12 +1,16 @@
-// `mobius inspect`: what a model is, how big it is, and what one decode step must read.
+// `mobius inspect`: what a model is, how big it is, what one decode step must read, and what
+// one sequence's prefill must read and compute.
 #include <cstdio>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "cli/commands.h"
 #include "cli/model_flags.h"
 #include "common/status_macros.h"
@@ -21,6 +25,12 @@ ABSL_FLAG(int, context, 0,
 ABSL_FLAG(double, hbm_bandwidth, 4.27e12,
           "Memory bandwidth in bytes/s used to turn decode-step bytes into a time bound (the "
           "4.27 TB/s measured on an H200).");
+ABSL_FLAG(double, matrix_rate, 7.99e14,
+          "Matrix rate in FLOP/s used to turn a step's FLOPs into a time bound (the bf16 rate "
+          "`mobius bench engine` measures on an H200, 799 TFLOP/s).");
+ABSL_FLAG(std::string, prefill_tokens, "1024,8192",
+          "Prompt lengths (comma-separated) for the table of one sequence's prefill: its bytes, "
+          "FLOPs and bounds (`mobius bench engine --prefill-lengths` times the same prompts).");
 
 namespace mobius::cli {
 namespace {
@@ -36,6 +46,16 @@ const char* FamilyName(worker::ModelFamily f) {
 }
 
 absl::Status Inspect() {
+  std::vector<int> prefill_tokens;
+  for (absl::string_view part :
+       absl::StrSplit(absl::GetFlag(FLAGS_prefill_tokens), ',', absl::SkipWhitespace())) {
+    int tokens = 0;
+    if (!absl::SimpleAtoi(part, &tokens) || tokens <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--prefill-tokens: \"", part, "\" is not a positive integer"));
+    }
+    prefill_tokens.push_back(tokens);
+  }
   std::string model_dir = absl::GetFlag(FLAGS_model);
   const std::string config_path = absl::GetFlag(FLAGS_config);
   if (model_dir.empty() && config_path.empty()) {
@@ -132,6 +152,28 @@ absl::Status Inspect() {
                 Gb(b.dense_weights).c_str(), Gb(b.lm_head).c_str(), Gb(b.routed_experts).c_str(),
                 b.distinct_experts_per_layer, Gb(b.kv_cache).c_str(), Gb(b.recurrent_state).c_str(),
                 Gb(b.total()).c_str(), b.total() / absl::GetFlag(FLAGS_hbm_bandwidth) * 1e3);
+  }
+
+  // What one sequence's prefill reads and computes: a long prompt touches every expert of every
+  // bank (bandwidth-bound) and multiplies 2 x its tokens x the dense weights (compute-bound).
+  std::printf(
+      "\nprefill of one sequence (one logits row; bounds at %.2f TB/s and %.0f TFLOP/s; serial: "
+      "each kind of work at its own limit, in sequence):\n",
+      absl::GetFlag(FLAGS_hbm_bandwidth) / 1e12, absl::GetFlag(FLAGS_matrix_rate) / 1e12);
+  std::printf("  %7s %10s %10s %10s %10s %10s %12s %12s %12s\n", "tokens", "bytes", "dense",
+              "experts", "attention", "all", "bytes bound", "FLOP bound", "serial bound");
+  for (int tokens : prefill_tokens) {
+    worker::DecodeCostOptions o;
+    o.batch = tokens;
+    o.sequences = 1;
+    const worker::DecodeStepBytes b = worker::EstimateDecodeStepBytes(c, o);
+    const worker::DecodeStepFlops f = worker::EstimateDecodeStepFlops(c, o);
+    const worker::StepBound bound = worker::BoundStep(b, f, absl::GetFlag(FLAGS_hbm_bandwidth),
+                                                      absl::GetFlag(FLAGS_matrix_rate));
+    std::printf("  %7d %10s %7.1f TF %7.1f TF %7.1f TF %7.1f TF %9.3f ms %9.3f ms %9.3f ms\n",
+                tokens, Gb(b.total()).c_str(), f.dense_projections / 1e12, f.routed_experts / 1e12,
+                f.attention / 1e12, f.total() / 1e12, bound.bytes * 1e3, bound.flops * 1e3,
+                bound.serial * 1e3);
   }
 
   if (absl::GetFlag(FLAGS_tensors)) {

@@ -1,9 +1,11 @@
 // The `mobius` binary end to end: its JSON output and its errors on bad input.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <fstream>
+#include <regex>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -79,6 +81,42 @@ TEST(CliTest, BenchEngineSkipsConfigurationsPastMaxPositions) {
   EXPECT_THAT(r.out, HasSubstr("5000   skipped: exceeds max_position_embeddings (4096)"));
   EXPECT_THAT(r.out, ::testing::ContainsRegex("decode +1 +8 +[0-9.]+ ms"));
   EXPECT_THAT(r.out, ::testing::ContainsRegex("prefill +1 +16 +[0-9.]+ ms"));
+}
+
+// Each row prints its bytes, FLOP and serial bounds; the matrix rate is measured (or given by
+// --matrix-rate-override) and written to the JSON with each result's bounds.
+TEST(CliTest, BenchEnginePrintsBytesAndFlopBounds) {
+  const std::string json = ::testing::TempDir() + "/bench_bounds.json";
+  Result r = RunMobius("bench engine --config " + Fixture("qwen3next-tiny") +
+                       "/config.json --load-format dummy --batches 2 --contexts 8 "
+                       "--prefill-lengths 32 --steps 1 --matrix-rate-override 2e12 "
+                       "--hbm-bandwidth-override 1e12 --json-out " +
+                       json);
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("matrix rate 2.0 TFLOP/s given"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex("bytes bound +FLOP bound +serial bound"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex(
+                         "prefill +1 +32 +[0-9.]+ ms +[0-9.]+ ms +[0-9.]+ ms +[0-9.]+ ms"));
+  std::ifstream in(json);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << "unreadable " << json;
+  EXPECT_DOUBLE_EQ(j["matrix_rate"].get<double>(), 2e12);
+  ASSERT_EQ(j["results"].size(), 2u);
+  for (const nlohmann::json& result : j["results"]) {
+    const double bytes = result["bytes_bound_ms"], flops = result["flops_bound_ms"],
+                 serial = result["serial_bound_ms"], bound = result["bound_ms"];
+    EXPECT_DOUBLE_EQ(bytes, result["bytes"].get<double>() / 1e12 * 1e3) << result;
+    EXPECT_DOUBLE_EQ(flops, result["flops"].get<double>() / 2e12 * 1e3) << result;
+    EXPECT_DOUBLE_EQ(bound, std::max(bytes, flops)) << result;
+    EXPECT_GE(serial, bound * (1 - 1e-12)) << result;
+  }
+
+  Result measured = RunMobius("bench engine --config " + Fixture("qwen3next-tiny") +
+                              "/config.json --load-format dummy --batches 1 --contexts 8 "
+                              "--prefill-lengths '' --steps 1");
+  EXPECT_EQ(measured.exit_code, 0) << measured.out;
+  EXPECT_THAT(measured.out,
+              ::testing::ContainsRegex("matrix rate [0-9.]+ TFLOP/s measured \\(\\[512, 512\\]"));
 }
 
 // --spec-tokens times speculative decoding with the MTP head: the table for greedy requests (a
@@ -202,6 +240,30 @@ TEST(CliTest, InspectReleaseConfigReportsAbout36BParameters) {
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_THAT(r.out, HasSubstr("parameters: 35.5"));
   EXPECT_THAT(r.out, HasSubstr("4 banks x 2560 experts"));
+}
+
+// The prefill table: an 8K prompt reads every expert of every bank, and its dense projections
+// and attention are compute-bound, so the serial bound exceeds the bytes bound.
+TEST(CliTest, InspectBoundsPrefillByBytesAndFlops) {
+  Result r = RunMobius("inspect --config " + std::string(MOBIUS_CONFIGS_DIR) +
+                       "/intern-s2-mobius-35b/config.json --notensors --prefill-tokens 8192 "
+                       "--matrix-rate 1e15 --hbm-bandwidth 4e12");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("bounds at 4.00 TB/s and 1000 TFLOP/s"));
+  std::smatch m;
+  const std::regex row(" +8192 +([0-9.]+) GB .* ([0-9.]+) ms +([0-9.]+) ms +([0-9.]+) ms");
+  ASSERT_TRUE(std::regex_search(r.out, m, row)) << r.out;
+  const double gb = std::stod(m[1]), bytes_ms = std::stod(m[2]), flops_ms = std::stod(m[3]),
+               serial_ms = std::stod(m[4]);
+  EXPECT_NEAR(bytes_ms, gb / 4e12 * 1e9 * 1e3, 0.01);
+  EXPECT_GT(flops_ms, 0);
+  EXPECT_GT(serial_ms, bytes_ms + 0.2 * flops_ms);
+  EXPECT_LT(serial_ms, bytes_ms + flops_ms);
+
+  Result bad = RunMobius("inspect --config " + std::string(MOBIUS_CONFIGS_DIR) +
+                         "/intern-s2-mobius-35b/config.json --notensors --prefill-tokens 8,x");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_THAT(bad.out, HasSubstr("--prefill-tokens: \"x\" is not a positive integer"));
 }
 
 TEST(CliTest, TokenizeAndDecode) {
