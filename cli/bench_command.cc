@@ -35,12 +35,13 @@ ABSL_FLAG(std::string, prefill_lengths, "1024,8192",
           "Prompt lengths (comma-separated) for prefill throughput.");
 ABSL_FLAG(int, steps, 10, "Timed decode steps per configuration (after 3 warm-up steps).");
 ABSL_FLAG(double, hbm_bandwidth_override, 0,
-          "Bytes/s to use for the bound instead of measuring (CPU backend: required for a "
-          "bound; otherwise 4.27e12, the H200 figure, is assumed).");
+          "Bytes/s to use for the bytes bound instead of measuring it (0: measure with a 2 GiB "
+          "device copy; the CPU backend has no device memory to measure, so there 4.27e12, the "
+          "H200 figure, is assumed, and with it the H200's matrix rate).");
 ABSL_FLAG(double, matrix_rate_override, 0,
-          "FLOP/s to use for the FLOP bound instead of measuring it (by default a "
-          "[d, d] x [d, d]^T product through the backend's Linear, bf16 with d = 8192 on CUDA, "
-          "fp32 with d = 512 on the CPU backend, best of three rounds; where it cannot run, "
+          "FLOP/s to use for the FLOP bound instead of measuring it (0: measure with an "
+          "[8192, 8192] x [8192, 8192]^T bf16 product through the backend's Linear, best of "
+          "three rounds of ten; where the bandwidth is assumed or the product cannot run, "
           "7.99e14, the H200 figure, is assumed).");
 ABSL_FLAG(std::string, json_out, "", "Also write the results as JSON to this file.");
 ABSL_FLAG(std::string, draw, "",
@@ -183,7 +184,15 @@ absl::Status BenchEngine() {
   ASSIGN_OR_RETURN(ReplicaRank replica, JoinReplicaForCommand(source, *backend));
 
   double bandwidth = absl::GetFlag(FLAGS_hbm_bandwidth_override);
+  double matrix_rate = absl::GetFlag(FLAGS_matrix_rate_override);
+  if (bandwidth < 0 || matrix_rate < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--hbm-bandwidth-override is %g and --matrix-rate-override is %g; each must be positive "
+        "(or 0: measure)",
+        bandwidth, matrix_rate));
+  }
   std::string bandwidth_source = "given";
+  bool bandwidth_assumed = false;
   if (bandwidth <= 0) {
     auto measured = backend->MeasureCopyBandwidth(size_t{2} << 30);
     if (measured.ok()) {
@@ -192,21 +201,26 @@ absl::Status BenchEngine() {
     } else {
       bandwidth = 4.27e12;
       bandwidth_source = "assumed (H200)";
+      bandwidth_assumed = true;
     }
   }
   std::fprintf(stderr, "bench: backend %s, memory bandwidth %.2f TB/s %s\n",
                backend->name().c_str(), bandwidth / 1e12, bandwidth_source.c_str());
-  double matrix_rate = absl::GetFlag(FLAGS_matrix_rate_override);
   std::string matrix_rate_source = "given";
-  if (matrix_rate <= 0) {
+  if (matrix_rate <= 0 && bandwidth_assumed) {
+    // Both ceilings of one machine: a CPU's FLOP rate beside an H200's bandwidth would bound
+    // nothing real.
+    matrix_rate = 7.99e14;
+    matrix_rate_source = "assumed (H200 bf16, as the bandwidth)";
+  } else if (matrix_rate <= 0) {
     // Before the model loads, while its memory is free.
-    const bool f32 = backend->activation_dtype() == kernels::DType::kF32;
-    absl::StatusOr<MatrixRate> probe = MeasureMatrixRate(*backend, f32 ? 512 : 8192, f32 ? 2 : 10);
+    absl::StatusOr<MatrixRate> probe = MeasureMatrixRate(*backend, 8192, 10);
     if (probe.ok()) {
       matrix_rate = probe->flops_per_second;
-      matrix_rate_source = absl::StrFormat("measured ([%d, %d] x [%d, %d]^T %s Linear, %.3f ms)",
-                                           probe->dim, probe->dim, probe->dim, probe->dim,
-                                           f32 ? "fp32" : "bf16", probe->per_call_s * 1e3);
+      matrix_rate_source = absl::StrFormat(
+          "measured ([%d, %d] x [%d, %d]^T %s Linear, %.3f ms)", probe->dim, probe->dim, probe->dim,
+          probe->dim, std::string(kernels::DTypeName(backend->activation_dtype())).c_str(),
+          probe->per_call_s * 1e3);
     } else {
       // As for the bandwidth: the H200's figure, with the reason the probe could not run.
       matrix_rate = 7.99e14;

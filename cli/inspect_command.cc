@@ -30,7 +30,8 @@ ABSL_FLAG(double, matrix_rate, 7.99e14,
           "`mobius bench engine` measures on an H200, 799 TFLOP/s).");
 ABSL_FLAG(std::string, prefill_tokens, "1024,8192",
           "Prompt lengths (comma-separated) for the table of one sequence's prefill: its bytes, "
-          "FLOPs and bounds (`mobius bench engine --prefill-lengths` times the same prompts).");
+          "FLOPs and bounds (`mobius bench engine --prefill-lengths` times the same prompts); "
+          "empty: no table.");
 
 namespace mobius::cli {
 namespace {
@@ -46,6 +47,14 @@ const char* FamilyName(worker::ModelFamily f) {
 }
 
 absl::Status Inspect() {
+  for (const auto& [name, value] :
+       {std::pair<const char*, double>{"--hbm-bandwidth", absl::GetFlag(FLAGS_hbm_bandwidth)},
+        std::pair<const char*, double>{"--matrix-rate", absl::GetFlag(FLAGS_matrix_rate)}}) {
+    if (!(value > 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s is %g; it must be a positive rate", name, value));
+    }
+  }
   std::vector<int> prefill_tokens;
   for (absl::string_view part :
        absl::StrSplit(absl::GetFlag(FLAGS_prefill_tokens), ',', absl::SkipWhitespace())) {
@@ -156,24 +165,27 @@ absl::Status Inspect() {
 
   // What one sequence's prefill reads and computes: a long prompt touches every expert of every
   // bank (bandwidth-bound) and multiplies 2 x its tokens x the dense weights (compute-bound).
-  std::printf(
-      "\nprefill of one sequence (one logits row; bounds at %.2f TB/s and %.0f TFLOP/s; serial: "
-      "each kind of work at its own limit, in sequence):\n",
-      absl::GetFlag(FLAGS_hbm_bandwidth) / 1e12, absl::GetFlag(FLAGS_matrix_rate) / 1e12);
-  std::printf("  %7s %10s %10s %10s %10s %10s %12s %12s %12s\n", "tokens", "bytes", "dense",
-              "experts", "attention", "all", "bytes bound", "FLOP bound", "serial bound");
-  for (int tokens : prefill_tokens) {
-    worker::DecodeCostOptions o;
-    o.batch = tokens;
-    o.sequences = 1;
-    const worker::DecodeStepBytes b = worker::EstimateDecodeStepBytes(c, o);
-    const worker::DecodeStepFlops f = worker::EstimateDecodeStepFlops(c, o);
-    const worker::StepBound bound = worker::BoundStep(b, f, absl::GetFlag(FLAGS_hbm_bandwidth),
-                                                      absl::GetFlag(FLAGS_matrix_rate));
-    std::printf("  %7d %10s %7.1f TF %7.1f TF %7.1f TF %7.1f TF %9.3f ms %9.3f ms %9.3f ms\n",
-                tokens, Gb(b.total()).c_str(), f.dense_projections / 1e12, f.routed_experts / 1e12,
-                f.attention / 1e12, f.total() / 1e12, bound.bytes * 1e3, bound.flops * 1e3,
-                bound.serial * 1e3);
+  // An empty --prefill-tokens leaves the table out.
+  if (!prefill_tokens.empty()) {
+    std::printf(
+        "\nprefill of one sequence (one logits row; bounds at %.2f TB/s and %.0f TFLOP/s; serial: "
+        "each kind of work at its own limit, in sequence):\n",
+        absl::GetFlag(FLAGS_hbm_bandwidth) / 1e12, absl::GetFlag(FLAGS_matrix_rate) / 1e12);
+    std::printf("  %7s %10s %10s %10s %10s %10s %12s %12s %12s\n", "tokens", "bytes", "dense",
+                "experts", "attention", "all", "bytes bound", "FLOP bound", "serial bound");
+    for (int tokens : prefill_tokens) {
+      worker::DecodeCostOptions o;
+      o.batch = tokens;
+      o.sequences = 1;
+      const worker::DecodeStepBytes b = worker::EstimateDecodeStepBytes(c, o);
+      const worker::DecodeStepFlops f = worker::EstimateDecodeStepFlops(c, o);
+      const worker::StepBound bound = worker::BoundStep(b, f, absl::GetFlag(FLAGS_hbm_bandwidth),
+                                                        absl::GetFlag(FLAGS_matrix_rate));
+      std::printf("  %7d %10s %7.1f TF %7.1f TF %7.1f TF %7.1f TF %9.3f ms %9.3f ms %9.3f ms\n",
+                  tokens, Gb(b.total()).c_str(), f.dense_projections / 1e12,
+                  f.routed_experts / 1e12, f.attention / 1e12, f.total() / 1e12, bound.bytes * 1e3,
+                  bound.flops * 1e3, bound.serial * 1e3);
+    }
   }
 
   if (absl::GetFlag(FLAGS_tensors)) {

@@ -83,8 +83,9 @@ TEST(CliTest, BenchEngineSkipsConfigurationsPastMaxPositions) {
   EXPECT_THAT(r.out, ::testing::ContainsRegex("prefill +1 +16 +[0-9.]+ ms"));
 }
 
-// Each row prints its bytes, FLOP and serial bounds; the matrix rate is measured (or given by
-// --matrix-rate-override) and written to the JSON with each result's bounds.
+// Each row prints its bytes, FLOP and serial bounds from the given ceilings, and the JSON carries
+// them with each result; without ceilings the CPU backend bounds its rows as an H200 would (its
+// copy bandwidth cannot be measured, so neither ceiling is); a negative ceiling is an error.
 TEST(CliTest, BenchEnginePrintsBytesAndFlopBounds) {
   const std::string json = ::testing::TempDir() + "/bench_bounds.json";
   Result r = RunMobius("bench engine --config " + Fixture("qwen3next-tiny") +
@@ -108,15 +109,21 @@ TEST(CliTest, BenchEnginePrintsBytesAndFlopBounds) {
     EXPECT_DOUBLE_EQ(bytes, result["bytes"].get<double>() / 1e12 * 1e3) << result;
     EXPECT_DOUBLE_EQ(flops, result["flops"].get<double>() / 2e12 * 1e3) << result;
     EXPECT_DOUBLE_EQ(bound, std::max(bytes, flops)) << result;
-    EXPECT_GE(serial, bound * (1 - 1e-12)) << result;
+    EXPECT_GT(serial, 0) << result;
   }
 
   Result measured = RunMobius("bench engine --config " + Fixture("qwen3next-tiny") +
                               "/config.json --load-format dummy --batches 1 --contexts 8 "
                               "--prefill-lengths '' --steps 1");
   EXPECT_EQ(measured.exit_code, 0) << measured.out;
+  EXPECT_THAT(measured.out, HasSubstr("memory bandwidth 4.27 TB/s assumed (H200)"));
   EXPECT_THAT(measured.out,
-              ::testing::ContainsRegex("matrix rate [0-9.]+ TFLOP/s measured \\(\\[512, 512\\]"));
+              HasSubstr("matrix rate 799.0 TFLOP/s assumed (H200 bf16, as the bandwidth)"));
+
+  Result negative = RunMobius("bench engine --config " + Fixture("qwen3next-tiny") +
+                              "/config.json --load-format dummy --matrix-rate-override -1");
+  EXPECT_NE(negative.exit_code, 0);
+  EXPECT_THAT(negative.out, HasSubstr("--matrix-rate-override is -1; each must be positive"));
 }
 
 // --spec-tokens times speculative decoding with the MTP head: the table for greedy requests (a
@@ -258,12 +265,19 @@ TEST(CliTest, InspectBoundsPrefillByBytesAndFlops) {
   EXPECT_NEAR(bytes_ms, gb / 4e12 * 1e9 * 1e3, 0.01);
   EXPECT_GT(flops_ms, 0);
   EXPECT_GT(serial_ms, bytes_ms + 0.2 * flops_ms);
-  EXPECT_LT(serial_ms, bytes_ms + flops_ms);
 
   Result bad = RunMobius("inspect --config " + std::string(MOBIUS_CONFIGS_DIR) +
                          "/intern-s2-mobius-35b/config.json --notensors --prefill-tokens 8,x");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_THAT(bad.out, HasSubstr("--prefill-tokens: \"x\" is not a positive integer"));
+  Result no_rate = RunMobius("inspect --config " + std::string(MOBIUS_CONFIGS_DIR) +
+                             "/intern-s2-mobius-35b/config.json --notensors --matrix-rate 0");
+  EXPECT_NE(no_rate.exit_code, 0);
+  EXPECT_THAT(no_rate.out, HasSubstr("--matrix-rate is 0; it must be a positive rate"));
+  Result no_table = RunMobius("inspect --config " + std::string(MOBIUS_CONFIGS_DIR) +
+                              "/intern-s2-mobius-35b/config.json --notensors --prefill-tokens ''");
+  EXPECT_EQ(no_table.exit_code, 0) << no_table.out;
+  EXPECT_THAT(no_table.out, ::testing::Not(HasSubstr("prefill of one sequence")));
 }
 
 TEST(CliTest, TokenizeAndDecode) {

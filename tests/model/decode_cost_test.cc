@@ -117,10 +117,13 @@ TEST(DecodeCostTest, BoundsAreTheRooflineAndTheSerialSumOfEachPartsLimit) {
   EXPECT_NEAR(p.serial, expected_serial, 1e-12);
   EXPECT_GT(p.serial, p.bytes * 1.1);
 
-  // Without ceilings there is no bound.
-  const StepBound none = BoundStep(pb, pf, 0, kRate);
-  EXPECT_EQ(none.bytes, 0);
-  EXPECT_EQ(none.serial, 0);
+  // Without both ceilings there is no bound.
+  for (const auto& [bandwidth, rate] : {std::pair{0.0, kRate}, std::pair{kBandwidth, 0.0}}) {
+    const StepBound none = BoundStep(pb, pf, bandwidth, rate);
+    EXPECT_EQ(none.bytes, 0);
+    EXPECT_EQ(none.flops, 0);
+    EXPECT_EQ(none.serial, 0);
+  }
 }
 
 }  // namespace

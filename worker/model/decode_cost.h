@@ -78,11 +78,13 @@ struct StepBound {
   double flops = 0;  // every FLOP at the matrix rate
   // The roofline: the step can be no faster than either. Benchmarks report against it.
   [[nodiscard]] double roofline() const { return bytes > flops ? bytes : flops; }
-  // Each kind of work at its own limit, one after another: dense projections (with the
-  // embedding rows), lm_head, routed experts, attention (with the KV cache), delta rule (with
-  // the recurrent state). A forward pass runs them in that dependency order, so where some are
-  // compute-bound and others bandwidth-bound (a long prefill) this sum, not the roofline, is the
-  // floor of an implementation that does not overlap them.
+  // Each kind of work at its own limit, summed: dense projections (with the embedding rows),
+  // lm_head, routed experts, attention (with the KV cache), delta rule (with the recurrent
+  // state). Summing each kind's limit is never more than summing each operation's, so this is a
+  // lower bound for an implementation that runs one operation after another, as a forward pass
+  // must where each layer's experts need its mixer's output (not a limit of the hardware). Where
+  // some kinds are compute-bound and others bandwidth-bound (a long prefill) it exceeds the
+  // roofline.
   double serial = 0;
 };
 
