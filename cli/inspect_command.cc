@@ -148,19 +148,23 @@ absl::Status Inspect() {
   // What one decode step reads, at a few batch sizes.
   std::printf(
       "\nbytes read per decode step (bf16 weights and KV, fp32 DeltaNet state, context "
-      "%d, uniform routing):\n",
-      absl::GetFlag(FLAGS_context));
-  std::printf("  %6s %10s %10s %10s %10s %10s %12s %10s %12s\n", "batch", "dense", "lm_head",
-              "experts", "exp/layer", "kv", "state", "total", "bound@HBM");
+      "%d, uniform routing; serial: each kind of work at its own limit at %.0f TFLOP/s, in "
+      "sequence):\n",
+      absl::GetFlag(FLAGS_context), absl::GetFlag(FLAGS_matrix_rate) / 1e12);
+  std::printf("  %6s %10s %10s %10s %10s %10s %12s %10s %12s %12s\n", "batch", "dense", "lm_head",
+              "experts", "exp/layer", "kv", "state", "total", "bound@HBM", "serial");
   for (int batch : {1, 8, 64, 256}) {
     worker::DecodeCostOptions o;
     o.batch = batch;
     o.context = absl::GetFlag(FLAGS_context);
     const worker::DecodeStepBytes b = worker::EstimateDecodeStepBytes(c, o);
-    std::printf("  %6d %10s %10s %10s %10.1f %10s %12s %10s %9.3f ms\n", batch,
+    const worker::StepBound bound =
+        worker::BoundStep(b, worker::EstimateDecodeStepFlops(c, o),
+                          absl::GetFlag(FLAGS_hbm_bandwidth), absl::GetFlag(FLAGS_matrix_rate));
+    std::printf("  %6d %10s %10s %10s %10.1f %10s %12s %10s %9.3f ms %9.3f ms\n", batch,
                 Gb(b.dense_weights).c_str(), Gb(b.lm_head).c_str(), Gb(b.routed_experts).c_str(),
                 b.distinct_experts_per_layer, Gb(b.kv_cache).c_str(), Gb(b.recurrent_state).c_str(),
-                Gb(b.total()).c_str(), b.total() / absl::GetFlag(FLAGS_hbm_bandwidth) * 1e3);
+                Gb(b.total()).c_str(), bound.bytes * 1e3, bound.serial * 1e3);
   }
 
   // What one sequence's prefill reads and computes: a long prompt touches every expert of every

@@ -265,6 +265,22 @@ TEST(CliTest, InspectBoundsPrefillByBytesAndFlops) {
   EXPECT_NEAR(bytes_ms, gb / 4e12 * 1e9 * 1e3, 0.01);
   EXPECT_GT(flops_ms, 0);
   EXPECT_GT(serial_ms, bytes_ms + 0.2 * flops_ms);
+  // Decode: at batch 256 the dense projections (2 x 256 tokens x 1.62 G weights: 0.83 TFLOP,
+  // 0.83 ms at this rate) outlast their 3.24 GB (0.81 ms), so the serial bound is above the bytes
+  // bound there, and equal to it at batch 1.
+  const std::regex decode_row(" +(1|256) +[0-9.]+ GB .* ([0-9.]+) ms +([0-9.]+) ms\n");
+  int decode_rows = 0;
+  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), decode_row);
+       it != std::sregex_iterator(); ++it) {
+    ++decode_rows;
+    const double bytes_bound = std::stod((*it)[2]), serial = std::stod((*it)[3]);
+    if ((*it)[1] == "1") {
+      EXPECT_NEAR(serial, bytes_bound, 1e-3);
+    } else {
+      EXPECT_GT(serial, bytes_bound + 0.01);
+    }
+  }
+  EXPECT_EQ(decode_rows, 2) << r.out;
 
   Result bad = RunMobius("inspect --config " + std::string(MOBIUS_CONFIGS_DIR) +
                          "/intern-s2-mobius-35b/config.json --notensors --prefill-tokens 8,x");
