@@ -10,7 +10,9 @@ namespace mobius {
 void ForEachRangeInParallel(size_t n, size_t max_threads, size_t min_per_range,
                             const std::function<void(size_t begin, size_t end)>& fn) {
   if (n == 0) return;
-  const size_t hardware = std::max(1u, std::thread::hardware_concurrency());
+  // Read once: glibc counts the CPUs with a system call (sched_getaffinity) on every ask, and
+  // the engine asks on every step.
+  static const size_t hardware = std::max(1u, std::thread::hardware_concurrency());
   const size_t threads = std::max<size_t>(
       1, std::min({hardware, max_threads, n / std::max<size_t>(1, min_per_range)}));
   if (threads == 1) {
