@@ -85,11 +85,20 @@ struct Ceilings {
   int world = 1;
 };
 
-worker::StepBound BoundOf(const worker::ModelConfig& config, const worker::DecodeCostOptions& cost,
-                          const Ceilings& ceilings) {
-  return worker::BoundStep(
-      worker::EstimateDecodeStepBytes(config, cost), worker::EstimateDecodeStepFlops(config, cost),
-      ceilings.bandwidth * ceilings.world, ceilings.matrix_rate * ceilings.world);
+// A row's bytes and FLOPs from the performance model, and its bounds on this run's ceilings.
+struct RowCost {
+  double bytes = 0;
+  double flops = 0;
+  worker::StepBound bound;
+};
+
+RowCost CostOf(const worker::ModelConfig& config, const worker::DecodeCostOptions& cost,
+               const Ceilings& ceilings) {
+  const worker::DecodeStepBytes bytes = worker::EstimateDecodeStepBytes(config, cost);
+  const worker::DecodeStepFlops flops = worker::EstimateDecodeStepFlops(config, cost);
+  return {bytes.total(), flops.total(),
+          worker::BoundStep(bytes, flops, ceilings.bandwidth * ceilings.world,
+                            ceilings.matrix_rate * ceilings.world)};
 }
 
 // One row of the table: time, the three bounds, then `experts` (touched per layer, or blank),
@@ -102,8 +111,11 @@ void PrintRow(const std::string& phase, int batch, int context, double step_s,
               100 * bound.roofline() / step_s);
 }
 
-// The bounds as JSON fields of a result.
-void AddBounds(nlohmann::json& result, const worker::StepBound& bound) {
+// The bytes, FLOPs and bounds as JSON fields of a result.
+void AddCost(nlohmann::json& result, const RowCost& row) {
+  const worker::StepBound& bound = row.bound;
+  result["bytes"] = row.bytes;
+  result["flops"] = row.flops;
   result["bound_ms"] = bound.roofline() * 1e3;
   result["bytes_bound_ms"] = bound.bytes * 1e3;
   result["flops_bound_ms"] = bound.flops * 1e3;
@@ -318,9 +330,8 @@ absl::Status BenchEngine() {
       cost.weight_bytes = backend->activation_dtype() == kernels::DType::kF32 ? 4 : 2;
       cost.kv_bytes = cost.weight_bytes;
       cost.distinct_experts = touched_per_layer;
-      const double bytes = worker::EstimateDecodeStepBytes(config, cost).total();
-      const worker::StepBound bound = BoundOf(config, cost, ceilings);
-      PrintRow("decode", batch, context, per_step, bound,
+      const RowCost row = CostOf(config, cost, ceilings);
+      PrintRow("decode", batch, context, per_step, row.bound,
                absl::StrFormat("%.1f", touched_per_layer), batch);
       plain_ms[{batch, context}] = per_step * 1e3;
       // The same step with its next tokens drawn and copied to the host (--draw).
@@ -381,13 +392,13 @@ absl::Status BenchEngine() {
         const auto d0 = std::chrono::steady_clock::now();
         for (int s = 0; s < steps; ++s) RETURN_IF_ERROR(draw_step());
         const double with_draw = Seconds(d0, std::chrono::steady_clock::now()) / steps;
-        PrintRow("+" + mode, batch, context, with_draw, bound, "", batch);
+        PrintRow("+" + mode, batch, context, with_draw, row.bound, "", batch);
         nlohmann::json drawn_result = {{"phase", "decode_draw"},
                                        {"draw", mode},
                                        {"batch", batch},
                                        {"context", context},
                                        {"step_ms", with_draw * 1e3}};
-        AddBounds(drawn_result, bound);
+        AddCost(drawn_result, row);
         results.push_back(std::move(drawn_result));
       }
       const bool graphs = model->HasRecording(batch, 1);
@@ -397,10 +408,8 @@ absl::Status BenchEngine() {
                                {"batch", batch},
                                {"context", context},
                                {"step_ms", per_step * 1e3},
-                               {"bytes", bytes},
-                               {"flops", worker::EstimateDecodeStepFlops(config, cost).total()},
                                {"experts_touched_per_layer", touched_per_layer}};
-      AddBounds(result, bound);
+      AddCost(result, row);
       results.push_back(std::move(result));
       for (auto& s : seqs) model->ReleaseSequence(s);
     }
@@ -462,15 +471,13 @@ absl::Status BenchEngine() {
     cost.batch = length;
     cost.sequences = 1;
     cost.weight_bytes = backend->activation_dtype() == kernels::DType::kF32 ? 4 : 2;
-    const worker::StepBound bound = BoundOf(config, cost, ceilings);
-    PrintRow("prefill", 1, length, best, bound, "-", length);
+    const RowCost row = CostOf(config, cost, ceilings);
+    PrintRow("prefill", 1, length, best, row.bound, "-", length);
     nlohmann::json result = {{"phase", "prefill"},
                              {"tokens", length},
                              {"time_ms", best * 1e3},
-                             {"bytes", worker::EstimateDecodeStepBytes(config, cost).total()},
-                             {"flops", worker::EstimateDecodeStepFlops(config, cost).total()},
                              {"tokens_per_s", length / best}};
-    AddBounds(result, bound);
+    AddCost(result, row);
     results.push_back(std::move(result));
   }
   const std::string json_path = absl::GetFlag(FLAGS_json_out);

@@ -157,14 +157,14 @@ absl::Status HybridModel::CopyStateSlots(std::span<const int32_t> from,
   for (Tensor& t : rows) xs.push_back(&t);
   backend_.CopyRows(xs, from, to);
   // The copy's metadata may not have fit (ResourceExhausted); then nothing was copied.
-  return ShareStateOpStatus(backend_.TakeOpError(), "state copy");
+  return ShareCallStatus(backend_.TakeOpError(), "state copy");
 }
 
-absl::Status HybridModel::ShareStateOpStatus(absl::Status local, absl::string_view what) {
+absl::Status HybridModel::ShareCallStatus(absl::Status local, absl::string_view what) {
   if (!shard_.sharded()) return local;
   // A rank whose part failed: the others learn it here, so the leader fails the call (the engine
-  // then drops that step's drafts, or ends the rolled-back sequences) and the followers keep
-  // following; a copy or replay that ran on some ranks only is never used.
+  // fails the step's requests, drops its drafts, or ends the rolled-back sequences) and the
+  // followers keep following; a call that ran on some ranks only is never used.
   ASSIGN_OR_RETURN(absl::Status group, ShareStepStatus(local, what));
   if (group.ok()) return local;
   last_call_failed_together_ = true;
@@ -228,7 +228,7 @@ absl::Status HybridModel::ReplayStateInputs(std::span<const StateReplay> replays
   absl::Status local = backend_.ReplayDeltaRuleStates(replay_layers, dims, segments);
   // Ops of a replay run through the separate kernels that could not get their memory.
   if (local.ok()) local = backend_.TakeOpError();
-  RETURN_IF_ERROR(ShareStateOpStatus(std::move(local), "state replay"));
+  RETURN_IF_ERROR(ShareCallStatus(std::move(local), "state replay"));
   for (const StateReplay& r : replays) r.cache->num_tokens += r.num_tokens;
   return absl::OkStatus();
 }
@@ -469,11 +469,7 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
   absl::Status status = ctx.local_error;
   if (shard_.sharded()) {
     status.Update(backend_.TakeOpError());
-    ASSIGN_OR_RETURN(absl::Status group, ShareStepStatus(status));
-    if (!group.ok()) {
-      last_call_failed_together_ = true;
-      return status.ok() ? group : status;
-    }
+    RETURN_IF_ERROR(ShareCallStatus(status, "step"));  // OK here: this rank's status was OK too
     if (options.expert_tokens != nullptr && shard_.ep_size > 1) {
       RETURN_IF_ERROR(SumExpertCounts(*options.expert_tokens));
     }

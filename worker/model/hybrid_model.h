@@ -271,11 +271,12 @@ class HybridModel {
   // the collective's own error (the group itself failed).
   absl::StatusOr<absl::Status> ShareStepStatus(const absl::Status& status,
                                                absl::string_view what = "step");
-  // The end of a sharded model's CopyStateSlots or ReplayStateInputs once every rank runs it:
-  // `local` (this rank's outcome) shared as a step's is (ShareStepStatus), so that a copy or
-  // replay that failed on one rank fails on every rank and the group stays in step
-  // (last_call_failed_together). Unsharded: `local`.
-  absl::Status ShareStateOpStatus(absl::Status local, absl::string_view what);
+  // The end of a sharded model's Forward, CopyStateSlots or ReplayStateInputs once every rank
+  // runs it: `local` (this rank's outcome) shared through ShareStepStatus, so that a call that
+  // failed on one rank fails on every rank and the group stays in step (sets
+  // last_call_failed_together). Returns `local` where it failed, else the group's error.
+  // Unsharded: `local`.
+  absl::Status ShareCallStatus(absl::Status local, absl::string_view what);
   // Runs a decode step through its recording (recording it after running it op by op the first
   // time). Returns the logits tensor.
   // Expert parallelism: sums every rank's (token, expert) counts of the step over the ranks.
