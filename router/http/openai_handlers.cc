@@ -1,7 +1,9 @@
 #include "router/http/openai_handlers.h"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -14,7 +16,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "router/http/choice_fan_out.h"
 #include "router/http/openai_request.h"
 
 namespace mobius::router::openai {
@@ -84,6 +88,14 @@ absl::StatusOr<absl::Time> DeadlineHeader(const HttpRequest& request) {
                      View(it->value()), "\""));
   }
   return absl::Now() + absl::Seconds(seconds);
+}
+
+// An id for a request with several choices whose client gave none: the choices' service calls
+// are named after it, so it is made here. 64 random bits: unique enough among the requests in
+// flight, which is where the service requires uniqueness.
+std::string NewRequestId() {
+  thread_local std::mt19937_64 engine{std::random_device{}()};
+  return absl::StrFormat("http-%016x", engine());
 }
 
 // A request body must be JSON; a request without Content-Type is read as JSON too (curl -d
@@ -206,18 +218,20 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
   absl::StatusOr<nlohmann::json> body = ParseJsonBody(request.body());
   if (!body.ok()) return fail(body.status());
 
-  v1::GenerateRequest generate;
   ResponseContext context;
   context.endpoint = endpoint;
   context.created = created;
   // The name clients must use: --served-model-name, else the workers' own name (so that an
   // unknown `model` is refused in both cases, as OpenAI and vLLM do).
   context.model = ModelName();
+  std::vector<v1::GenerateRequest> prompts;
+  int n = 1;
   bool stream = false;
   if (endpoint == Endpoint::kCompletions) {
     absl::StatusOr<CompletionParams> params = ParseCompletionRequest(*body, context.model);
     if (!params.ok()) return fail(params.status());
-    generate = std::move(params->request);
+    prompts = std::move(params->prompts);
+    n = params->n;
     stream = params->stream;
     context.include_usage = params->include_usage;
     context.logprobs = params->logprobs;
@@ -228,22 +242,54 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
     absl::StatusOr<std::string> prompt = service_.RenderChat(params->messages, true);
     if (!prompt.ok()) return fail(prompt.status());
     if (!params->sampling.has_max_tokens()) DefaultChatMaxTokens(&params->sampling);
+    v1::GenerateRequest& generate = prompts.emplace_back();
     generate.set_text(*std::move(prompt));
     *generate.mutable_sampling_params() = std::move(params->sampling);
+    n = params->n;
     stream = params->stream;
     context.include_usage = params->include_usage;
     context.logprobs = params->logprobs;
     context.tokens_as_ids = params->tokens_as_ids;
   }
-  generate.set_request_id(*request_id);
 
-  const char* id_prefix = endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-";
-  CompletionFormatter formatter(std::move(context));
+  // One choice keeps the client's id, or none, and the service assigns one (its messages carry
+  // it). Several are named "<id>-<index>" after one id, ours when the client gave none.
   std::string service_id = *request_id;
-  // The service assigns an id when the client gave none; its messages carry it.
+  if (service_id.empty() && prompts.size() * static_cast<size_t>(n) > 1) {
+    service_id = NewRequestId();
+  }
+  const std::vector<v1::GenerateRequest> choices = ExpandChoices(prompts, n, service_id);
+  const char* id_prefix = endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-";
+  std::vector<CompletionFormatter> formatters;
+  formatters.reserve(choices.size());
+  for (size_t i = 0; i < choices.size(); ++i) {
+    ResponseContext choice_context = context;
+    choice_context.choice_index = static_cast<int>(i);
+    if (!service_id.empty()) choice_context.id = absl::StrCat(id_prefix, service_id);
+    formatters.emplace_back(std::move(choice_context));
+  }
   auto learn_id = [&](const v1::GenerateResponse& response) {
-    if (service_id.empty()) service_id = response.request_id();
-    if (formatter.id().empty()) formatter.set_id(absl::StrCat(id_prefix, service_id));
+    if (!service_id.empty()) return;
+    service_id = response.request_id();
+    for (CompletionFormatter& f : formatters) f.set_id(absl::StrCat(id_prefix, service_id));
+  };
+  // The usage of the whole response: each prompt's tokens once (all its choices report them),
+  // every choice's output.
+  auto total_usage = [&] {
+    v1::Usage usage;
+    for (size_t i = 0; i < formatters.size(); ++i) {
+      const v1::Usage& u = formatters[i].usage();
+      if (i % static_cast<size_t>(n) == 0) {
+        usage.set_prompt_tokens(usage.prompt_tokens() + u.prompt_tokens());
+        usage.set_cached_tokens(usage.cached_tokens() + u.cached_tokens());
+      }
+      usage.set_completion_tokens(usage.completion_tokens() + u.completion_tokens());
+    }
+    return usage;
+  };
+  auto all_complete = [&] {
+    return std::all_of(formatters.begin(), formatters.end(),
+                       [](const CompletionFormatter& f) { return f.complete(); });
   };
   CallContext call;
   call.deadline = *deadline;
@@ -251,13 +297,14 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
 
   const bool chat = endpoint == Endpoint::kChat;
   if (!stream) {
-    absl::Status status = service_.Generate(generate, call, [&](const v1::GenerateResponse& r) {
-      learn_id(r);
-      formatter.Append(r);
-      return !sink.cancelled().load();
-    });
+    absl::Status status =
+        RunChoices(service_, choices, call, [&](int choice, const v1::GenerateResponse& r) {
+          learn_id(r);
+          formatters[choice].Append(r);
+          return !sink.cancelled().load();
+        });
     status = ForOpenAiClient(status, chat);
-    if (status.ok() && !formatter.complete()) {
+    if (status.ok() && !all_complete()) {
       status = absl::InternalError("the service ended the request without a final message");
     }
     if (!status.ok()) {
@@ -267,7 +314,8 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
       return status;
     }
     HttpResponse response =
-        MakeResponse(request, http::status::ok, formatter.Body(), "application/json");
+        MakeResponse(request, http::status::ok,
+                     CompletionFormatter::Body(formatters, total_usage()), "application/json");
     SetRequestId(response.base(), service_id);
     sink.Send(std::move(response));
     return status;
@@ -277,28 +325,30 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
   // full) still get their own HTTP status.
   bool started = false;
   bool client_gone = false;
-  absl::Status status = service_.Generate(generate, call, [&](const v1::GenerateResponse& r) {
-    if (client_gone) return false;
-    learn_id(r);
-    std::string events;
-    if (!started) {
-      HttpResponseHeader header;
-      header.version(request.version());
-      header.result(http::status::ok);
-      header.set(http::field::content_type, "text/event-stream");
-      header.set(http::field::cache_control, "no-cache");
-      SetRequestId(header, service_id);
-      started = true;
-      if (!sink.StartStream(std::move(header))) {
-        client_gone = true;
-        return false;
-      }
-      events = formatter.StreamStart();
-    }
-    events += formatter.StreamEvents(r);
-    if (!events.empty() && !sink.Write(std::move(events))) client_gone = true;
-    return !client_gone;
-  });
+  absl::Status status =
+      RunChoices(service_, choices, call, [&](int choice, const v1::GenerateResponse& r) {
+        if (client_gone) return false;
+        learn_id(r);
+        std::string events;
+        if (!started) {
+          HttpResponseHeader header;
+          header.version(request.version());
+          header.result(http::status::ok);
+          header.set(http::field::content_type, "text/event-stream");
+          header.set(http::field::cache_control, "no-cache");
+          SetRequestId(header, service_id);
+          started = true;
+          if (!sink.StartStream(std::move(header))) {
+            client_gone = true;
+            return false;
+          }
+          // Chat opens every choice with its role.
+          for (const CompletionFormatter& f : formatters) events += f.StreamStart();
+        }
+        events += formatters[choice].StreamEvents(r);
+        if (!events.empty() && !sink.Write(std::move(events))) client_gone = true;
+        return !client_gone;
+      });
   status = ForOpenAiClient(status, chat);
   if (!started) {
     if (status.ok()) {
@@ -309,7 +359,7 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
     sink.Send(std::move(response));
     return status;
   }
-  if (status.ok() && !formatter.complete()) {
+  if (status.ok() && !all_complete()) {
     status = absl::InternalError("the service ended the stream without a final message");
   }
   if (!status.ok()) {
@@ -318,6 +368,7 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
     sink.EndStream(/*close=*/true);
     return status;
   }
+  if (!client_gone && !sink.Write(formatters.front().StreamEnd(total_usage()))) client_gone = true;
   sink.EndStream(/*close=*/client_gone);
   return status;
 }

@@ -249,10 +249,6 @@ absl::Status ParseSampling(const Json& body, v1::SamplingParams* sampling) {
       sampling->set_seed(static_cast<uint64_t>(v));
     }
   }
-  ASSIGN_OR_RETURN(i, ReadInteger(body, "n"));
-  if (i && *i != 1) {
-    return FieldError("n", absl::StrCat("n must be 1 (one choice per request), got ", *i));
-  }
 
   RETURN_IF_ERROR(ParseStop(body, sampling));
   if (const Json* ids = Member(body, "stop_token_ids"); ids != nullptr) {
@@ -300,34 +296,59 @@ absl::Status ParseTokenIds(const Json& ids, absl::string_view field, v1::TokenId
   return absl::OkStatus();
 }
 
-// A prompt is a string, an array of token ids, or a batch of one of those.
-absl::Status ParsePrompt(const Json& body, v1::GenerateRequest* request) {
+// A prompt is a string or an array of token ids; `prompt` is one of those, or a batch of them.
+absl::Status ParsePrompts(const Json& body, std::vector<v1::GenerateRequest>* prompts) {
   const Json* prompt = Member(body, "prompt");
   if (prompt == nullptr) return FieldError("prompt", "prompt is required");
-  constexpr char kShape[] = "a string or an array of token ids";
+  constexpr char kShape[] = "a string, an array of token ids, or an array of those";
   if (prompt->is_string()) {
     // Refused here rather than by the service, so that the message names `prompt`.
     if (prompt->get_ref<const std::string&>().empty()) {
       return FieldError("prompt", "prompt must not be empty");
     }
-    request->set_text(prompt->get<std::string>());
+    prompts->emplace_back().set_text(prompt->get<std::string>());
     return absl::OkStatus();
   }
   if (!prompt->is_array()) return TypeError("prompt", kShape, *prompt);
   if (prompt->empty()) return FieldError("prompt", "prompt must not be empty");
   const Json& first = prompt->front();
-  if (first.is_string() || first.is_array()) {
-    if (prompt->size() > 1) {
-      return FieldError("prompt", absl::StrCat("batch prompts not supported: prompt holds ",
-                                               prompt->size(), " prompts; send one per request"));
-    }
-    if (first.is_string()) {
-      request->set_text(first.get<std::string>());
-      return absl::OkStatus();
-    }
-    return ParseTokenIds(first, "prompt[0]", request->mutable_input_ids());
+  if (!first.is_string() && !first.is_array()) {
+    return ParseTokenIds(*prompt, "prompt", prompts->emplace_back().mutable_input_ids());
   }
-  return ParseTokenIds(*prompt, "prompt", request->mutable_input_ids());
+  if (prompt->size() > static_cast<size_t>(kMaxChoices)) {
+    return FieldError("prompt", absl::StrCat("prompt holds ", prompt->size(),
+                                             " prompts; a request takes at most ", kMaxChoices));
+  }
+  // A batch: every element of the first one's kind.
+  for (size_t k = 0; k < prompt->size(); ++k) {
+    const std::string field = absl::StrCat("prompt[", k, "]");
+    const Json& p = (*prompt)[k];
+    v1::GenerateRequest& request = prompts->emplace_back();
+    if (first.is_string()) {
+      if (!p.is_string()) return TypeError(field, "a string, as prompt[0] is", p);
+      if (p.get_ref<const std::string&>().empty()) {
+        return FieldError(field, absl::StrCat(field, " must not be empty"));
+      }
+      request.set_text(p.get<std::string>());
+    } else {
+      if (!p.is_array()) return TypeError(field, "an array of token ids, as prompt[0] is", p);
+      RETURN_IF_ERROR(ParseTokenIds(p, field, request.mutable_input_ids()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// `n`: choices per prompt, and the request's total (prompts x n) within kMaxChoices.
+absl::StatusOr<int> ParseChoiceCount(const Json& body, size_t prompts) {
+  std::optional<int64_t> n;
+  ASSIGN_OR_RETURN(n, ReadInteger(body, "n", 1, kMaxChoices));
+  const int64_t count = n.value_or(1);
+  if (count * static_cast<int64_t>(prompts) > kMaxChoices) {
+    return FieldError("n", absl::StrCat("n = ", count, " choices for each of ", prompts,
+                                        " prompts is ", count * static_cast<int64_t>(prompts),
+                                        "; a request takes at most ", kMaxChoices));
+  }
+  return static_cast<int>(count);
 }
 
 absl::StatusOr<std::string> ParseMessageContent(const Json& message, const std::string& field) {
@@ -431,6 +452,26 @@ absl::Status ModelNotFoundError(absl::string_view model) {
   return status;
 }
 
+std::vector<v1::GenerateRequest> ExpandChoices(const std::vector<v1::GenerateRequest>& prompts,
+                                               int n, const std::string& request_id) {
+  std::vector<v1::GenerateRequest> choices;
+  choices.reserve(prompts.size() * static_cast<size_t>(n));
+  for (const v1::GenerateRequest& prompt : prompts) {
+    for (int k = 0; k < n; ++k) {
+      v1::GenerateRequest& choice = choices.emplace_back(prompt);
+      if (k > 0 && choice.sampling_params().has_seed()) {
+        choice.mutable_sampling_params()->set_seed(choice.sampling_params().seed() +
+                                                   static_cast<uint64_t>(k));
+      }
+    }
+  }
+  const bool several = choices.size() > 1;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    choices[i].set_request_id(several ? absl::StrCat(request_id, "-", i) : request_id);
+  }
+  return choices;
+}
+
 absl::StatusOr<Json> ParseJsonBody(absl::string_view body) {
   if (body.empty()) return FieldError("", "request body is empty; expected a JSON object");
   absl::StatusOr<Json> root = ParseJson(body, JsonParseOptions{.max_depth = kMaxDepth});
@@ -443,8 +484,10 @@ absl::StatusOr<CompletionParams> ParseCompletionRequest(const Json& body,
   RETURN_IF_ERROR(CheckBody(body));
   RETURN_IF_ERROR(CheckModel(body, served_model_name));
   CompletionParams params;
-  RETURN_IF_ERROR(ParsePrompt(body, &params.request));
-  v1::SamplingParams* sampling = params.request.mutable_sampling_params();
+  RETURN_IF_ERROR(ParsePrompts(body, &params.prompts));
+  ASSIGN_OR_RETURN(params.n, ParseChoiceCount(body, params.prompts.size()));
+  v1::SamplingParams sampling_params;
+  v1::SamplingParams* sampling = &sampling_params;
   RETURN_IF_ERROR(ParseSampling(body, sampling));
   std::optional<int64_t> i;
   // At least 1, as vLLM asks (0 would return nothing and call it a length stop).
@@ -463,14 +506,20 @@ absl::StatusOr<CompletionParams> ParseCompletionRequest(const Json& body,
   std::optional<bool> echo;
   ASSIGN_OR_RETURN(echo, ReadBool(body, "echo"));
   if (echo.value_or(false)) return FieldError("echo", "echo is not supported");
+  // best_of > n would generate more choices and return the n with the highest likelihood:
+  // not implemented. best_of == n (or 1 with n = 1) is every choice returned, which we do.
   ASSIGN_OR_RETURN(i, ReadInteger(body, "best_of"));
-  if (i && *i != 1) {
-    return FieldError("best_of", absl::StrCat("best_of must be 1, got ", *i));
+  if (i && *i != params.n) {
+    return FieldError("best_of", absl::StrCat("best_of must equal n (", params.n, "), got ", *i,
+                                              "; ranking choices by likelihood is not supported"));
   }
   std::optional<std::string> suffix;
   ASSIGN_OR_RETURN(suffix, ReadString(body, "suffix"));
   if (suffix.has_value() && !suffix->empty()) {
     return FieldError("suffix", "suffix is not supported");
+  }
+  for (v1::GenerateRequest& prompt : params.prompts) {
+    *prompt.mutable_sampling_params() = sampling_params;
   }
   return params;
 }
@@ -482,6 +531,7 @@ absl::StatusOr<ChatParams> ParseChatRequest(const Json& body,
   ChatParams params;
   RETURN_IF_ERROR(ParseMessages(body, &params.messages));
   RETURN_IF_ERROR(ParseSampling(body, &params.sampling));
+  ASSIGN_OR_RETURN(params.n, ParseChoiceCount(body, 1));
   // max_completion_tokens replaces the deprecated max_tokens and wins when both are set.
   std::optional<int64_t> max_tokens;
   ASSIGN_OR_RETURN(max_tokens, ReadInteger(body, "max_completion_tokens", /*min=*/1));

@@ -18,8 +18,15 @@
 
 namespace mobius::router::openai {
 
+// The most choices one request may ask for (its prompts times `n`): each is a service call of its
+// own, running on a thread of the HTTP server for as long as it generates.
+inline constexpr int kMaxChoices = 128;
+
 struct CompletionParams {
-  v1::GenerateRequest request;  // input and sampling params; request_id left to the caller
+  // One per prompt (a batch has several), each with the input and the sampling params;
+  // request_id left to the caller.
+  std::vector<v1::GenerateRequest> prompts;
+  int n = 1;  // choices per prompt
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool logprobs = false;       // `logprobs` was given (sampling_params.logprobs holds n)
@@ -29,11 +36,19 @@ struct CompletionParams {
 struct ChatParams {
   std::vector<tokenizer::ChatMessage> messages;
   v1::SamplingParams sampling;  // max_tokens unset when the client gave neither alias
+  int n = 1;                    // choices
   bool stream = false;
   bool include_usage = false;
   bool logprobs = false;       // `logprobs: true` (sampling.logprobs holds top_logprobs)
   bool tokens_as_ids = false;  // return_tokens_as_token_ids
 };
+
+// The service calls of a request's choices, in OpenAI's order (prompt by prompt, then `n` choices
+// of each: choice index = prompt * n + k). Choice k of a prompt with a seed draws with seed + k
+// (wrapping), so that the choices differ and the whole response is still reproducible, as vLLM
+// does. A single choice keeps `request_id`; several get "<request_id>-<index>".
+std::vector<v1::GenerateRequest> ExpandChoices(const std::vector<v1::GenerateRequest>& prompts,
+                                               int n, const std::string& request_id);
 
 // Parses a request body. Malformed JSON names the byte offset; nesting is capped.
 absl::StatusOr<nlohmann::json> ParseJsonBody(absl::string_view body);

@@ -252,8 +252,7 @@ Json CompletionFormatter::Logprobs(const v1::TextChunk& chunk, size_t text_offse
   return Json{{"content", std::move(content)}};
 }
 
-Json CompletionFormatter::Usage() const {
-  const v1::Usage& usage = final_.usage();
+static Json UsageJson(const v1::Usage& usage) {
   return Json{{"prompt_tokens", usage.prompt_tokens()},
               {"completion_tokens", usage.completion_tokens()},
               {"total_tokens", usage.prompt_tokens() + usage.completion_tokens()},
@@ -275,7 +274,7 @@ Json CompletionFormatter::StopReason() const {
 std::string CompletionFormatter::StreamStart() const {
   if (context_.endpoint != Endpoint::kChat) return "";
   Json chunk = ChunkEnvelope();
-  chunk["choices"] = Json::array({Json{{"index", 0},
+  chunk["choices"] = Json::array({Json{{"index", context_.choice_index},
                                        {"delta", Json{{"role", "assistant"}, {"content", ""}}},
                                        {"logprobs", nullptr},
                                        {"finish_reason", nullptr}}});
@@ -289,7 +288,7 @@ std::string CompletionFormatter::StreamEvents(const v1::GenerateResponse& respon
     const v1::TextChunk& piece = response.chunk();
     if (piece.text().empty() && !(context_.logprobs && piece.token_ids_size() > 0)) return "";
     Json choice;
-    choice["index"] = 0;
+    choice["index"] = context_.choice_index;
     if (chat) {
       choice["delta"] = Json{{"content", piece.text()}};
     } else {
@@ -307,7 +306,7 @@ std::string CompletionFormatter::StreamEvents(const v1::GenerateResponse& respon
   complete_ = true;
   final_ = response.complete();
   Json choice;
-  choice["index"] = 0;
+  choice["index"] = context_.choice_index;
   if (chat) {
     choice["delta"] = Json::object();
   } else {
@@ -319,15 +318,18 @@ std::string CompletionFormatter::StreamEvents(const v1::GenerateResponse& respon
   Json chunk = ChunkEnvelope();
   chunk["choices"] = Json::array({std::move(choice)});
   if (context_.include_usage) chunk["usage"] = nullptr;
-  std::string events = SseEvent(chunk);
+  return SseEvent(chunk);
+}
+
+std::string CompletionFormatter::StreamEnd(const v1::Usage& usage) const {
+  std::string events;
   if (context_.include_usage) {
     Json usage_chunk = ChunkEnvelope();
     usage_chunk["choices"] = Json::array();
-    usage_chunk["usage"] = Usage();
+    usage_chunk["usage"] = UsageJson(usage);
     events += SseEvent(usage_chunk);
   }
-  events += kSseDone;
-  return events;
+  return events + kSseDone;
 }
 
 std::string CompletionFormatter::StreamError(const absl::Status& status) {
@@ -351,11 +353,10 @@ void CompletionFormatter::Append(const v1::GenerateResponse& response) {
   }
 }
 
-std::string CompletionFormatter::Body() const {
-  const bool chat = context_.endpoint == Endpoint::kChat;
+Json CompletionFormatter::Choice() const {
   Json choice;
-  choice["index"] = 0;
-  if (chat) {
+  choice["index"] = context_.choice_index;
+  if (context_.endpoint == Endpoint::kChat) {
     choice["message"] = Json{{"role", "assistant"}, {"content", text_}};
   } else {
     choice["text"] = text_;
@@ -363,13 +364,22 @@ std::string CompletionFormatter::Body() const {
   choice["logprobs"] = context_.logprobs ? logprobs_ : Json(nullptr);
   choice["finish_reason"] = FinishReason(final_.finish_reason());
   choice["stop_reason"] = StopReason();
+  return choice;
+}
+
+std::string CompletionFormatter::Body(std::span<const CompletionFormatter> choices,
+                                      const v1::Usage& usage) {
   Json body;
-  body["id"] = context_.id;
-  body["object"] = chat ? "chat.completion" : "text_completion";
-  body["created"] = context_.created;
-  body["model"] = context_.model;
-  body["choices"] = Json::array({std::move(choice)});
-  body["usage"] = Usage();
+  if (!choices.empty()) {
+    const ResponseContext& context = choices.front().context_;
+    body["id"] = context.id;
+    body["object"] = context.endpoint == Endpoint::kChat ? "chat.completion" : "text_completion";
+    body["created"] = context.created;
+    body["model"] = context.model;
+  }
+  body["choices"] = Json::array();
+  for (const CompletionFormatter& choice : choices) body["choices"].push_back(choice.Choice());
+  body["usage"] = UsageJson(usage);
   return body.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 

@@ -5,6 +5,7 @@
 #define MOBIUS_ROUTER_HTTP_OPENAI_RESPONSE_H_
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -45,9 +46,10 @@ struct ResponseContext {
   bool logprobs = false;       // the client asked for logprobs
   bool include_usage = false;  // streaming: a usage chunk before [DONE]
   bool tokens_as_ids = false;  // logprob tokens as "token_id:<id>" (return_tokens_as_token_ids)
+  int choice_index = 0;        // the `index` of the choice this formatter writes
 };
 
-// Turns one request's GenerateResponse messages into OpenAI objects, either chunk by chunk
+// Turns one choice's GenerateResponse messages into OpenAI objects, either chunk by chunk
 // (streaming) or accumulated into one body. Logprob tokens are the tokens' text when the service
 // sent their bytes (a router with a tokenizer does; vLLM's "bytes:\xNN" spelling for part of a
 // character), and "token_id:<id>" without them or with return_tokens_as_token_ids (vLLM's form).
@@ -61,21 +63,28 @@ class CompletionFormatter {
   // Streaming. The first event: chat's {"role": "assistant"} delta; "" for completions.
   [[nodiscard]] std::string StreamStart() const;
   // The events of one message: a text chunk (none when it carries no text and no logprobs
-  // were asked for), or for `complete` the finish chunk, the usage chunk if asked for, and
-  // [DONE].
+  // were asked for), or for `complete` the choice's finish chunk.
   std::string StreamEvents(const v1::GenerateResponse& response);
+  // The end of a stream, once every choice has finished: the usage chunk (of all the choices) if
+  // asked for, and [DONE].
+  [[nodiscard]] std::string StreamEnd(const v1::Usage& usage) const;
   // An error after the stream started: the error object as an event, then [DONE].
   static std::string StreamError(const absl::Status& status);
 
   // Non-streaming.
   void Append(const v1::GenerateResponse& response);
   [[nodiscard]] bool complete() const { return complete_; }
-  [[nodiscard]] std::string Body() const;
+  // The whole response of the request's choices (each formatter's own, in order; the first one's
+  // id and model) with the usage of all of them.
+  static std::string Body(std::span<const CompletionFormatter> choices, const v1::Usage& usage);
+  // The final message's usage (empty before it).
+  [[nodiscard]] const v1::Usage& usage() const { return final_.usage(); }
 
  private:
   nlohmann::ordered_json ChunkEnvelope() const;
   nlohmann::ordered_json Logprobs(const v1::TextChunk& chunk, size_t text_offset) const;
-  nlohmann::ordered_json Usage() const;
+  // The choice object of a whole (non-streamed) response.
+  [[nodiscard]] nlohmann::ordered_json Choice() const;
   [[nodiscard]] nlohmann::ordered_json StopReason() const;
 
   ResponseContext context_;

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -80,6 +81,10 @@ class FakeService : public InferenceService {
   bool block = false;
   absl::Duration delay = absl::ZeroDuration();  // before each message
   std::string service_request_id = "svc-1";     // stamped on messages when the client gave none
+  // When set, answers each call in place of the fields above (after it is recorded).
+  std::function<absl::Status(const v1::GenerateRequest&, const CallContext&,
+                             const std::function<bool(const v1::GenerateResponse&)>&)>
+      script;
 
   absl::Status Generate(
       const v1::GenerateRequest& request, const CallContext& context,
@@ -89,6 +94,7 @@ class FakeService : public InferenceService {
       requests_.push_back(request);
     }
     started_.Notify();
+    if (script) return script(request, context, on_response);
     for (v1::GenerateResponse r : responses) {
       absl::SleepFor(delay);
       r.set_request_id(request.request_id().empty() ? service_request_id : request.request_id());
@@ -443,8 +449,10 @@ TEST_F(HttpServerTest, TokenIdPromptsReachTheServiceAsIds) {
 }
 
 TEST_F(HttpServerTest, RequestErrorsNameTheField) {
-  ExpectError(Post("/v1/completions", {{"prompt", {"a", "b"}}}), 400, "prompt",
-              "batch prompts not supported");
+  ExpectError(Post("/v1/completions", {{"prompt", {"a", 5}}}), 400, "prompt[1]",
+              "prompt[1] must be a string, as prompt[0] is");
+  ExpectError(Post("/v1/completions", {{"prompt", Json::array({Json::array({1}), Json::array()})}}),
+              400, "prompt[1]", "prompt[1] must not be empty");
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"temperature", "hot"}}), 400,
               "temperature", "temperature must be a number, got \"hot\"");
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 1.5}}), 400, "max_tokens",
@@ -454,7 +462,12 @@ TEST_F(HttpServerTest, RequestErrorsNameTheField) {
   ExpectError(Post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "yo"}}}},
                                             {"max_completion_tokens", 0}}),
               400, "max_completion_tokens", "max_completion_tokens must be an integer in [1, ");
-  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"n", 2}}), 400, "n", "n must be 1");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"n", 0}}), 400, "n",
+              "n must be an integer in [1, 128]");
+  ExpectError(Post("/v1/completions", {{"prompt", {"a", "b", "c"}}, {"n", 50}}), 400, "n",
+              "n = 50 choices for each of 3 prompts is 150; a request takes at most 128");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"n", 2}, {"best_of", 3}}), 400, "best_of",
+              "best_of must equal n (2), got 3");
   // Fields that would change the output and that we do not implement are refused by name, for
   // both endpoints; their neutral values pass.
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"logit_bias", {{"57025", -100}}}}), 400,
@@ -592,6 +605,208 @@ TEST_F(HttpServerTest, ClientDisconnectBeforeAnyOutputCancels) {
     ASSERT_TRUE(service_.started().WaitForNotificationWithTimeout(absl::Seconds(3)));
   }
   EXPECT_TRUE(service_.saw_cancel().WaitForNotificationWithTimeout(absl::Seconds(3)));
+}
+
+// Answers a call with "<prompt>/<seed>" (the prompt's text, or its first token id) as two chunks,
+// then a finish whose usage counts the prompt's bytes (or ids) and one output token per chunk.
+absl::Status EchoPromptAndSeed(const v1::GenerateRequest& request,
+                               const std::function<bool(const v1::GenerateResponse&)>& send) {
+  const std::string prompt =
+      request.has_input_ids() ? std::to_string(request.input_ids().ids(0)) : request.text();
+  const int prompt_tokens =
+      request.has_input_ids() ? request.input_ids().ids_size() : static_cast<int>(prompt.size());
+  std::vector<v1::GenerateResponse> messages = {
+      Chunk(prompt + "/"), Chunk(std::to_string(request.sampling_params().seed())),
+      Complete(v1::FINISH_REASON_LENGTH, prompt_tokens, 2)};
+  messages.back().mutable_complete()->mutable_usage()->set_cached_tokens(1);
+  for (v1::GenerateResponse& m : messages) {
+    m.set_request_id(request.request_id());
+    if (!send(m)) return absl::CancelledError("client went away");
+  }
+  return absl::OkStatus();
+}
+
+// n choices of a batch of prompts: one service call each, prompt by prompt, choice k of a
+// prompt drawing with seed + k; the choices in OpenAI's order; each prompt's tokens counted once.
+TEST_F(HttpServerTest, ChoicesOfABatchOfPromptsAreCallsOfTheirOwn) {
+  service_.script = [](const v1::GenerateRequest& request, const CallContext&,
+                       const std::function<bool(const v1::GenerateResponse&)>& send) {
+    return EchoPromptAndSeed(request, send);
+  };
+  Reply reply =
+      Post("/v1/completions", {{"prompt", {"ab", "cde"}}, {"n", 3}, {"best_of", 3}, {"seed", 40}},
+           {{"X-Request-Id", "batch"}});
+  ASSERT_EQ(reply.status, 200u) << reply.body;
+  EXPECT_EQ(reply.header("X-Request-Id"), "batch");
+  Json body = reply.json();
+  EXPECT_EQ(body["id"], "cmpl-batch");
+  ASSERT_EQ(body["choices"].size(), 6u) << reply.body;
+  const std::vector<std::string> texts = {"ab/40", "ab/41", "ab/42", "cde/40", "cde/41", "cde/42"};
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(body["choices"][i]["index"], i);
+    EXPECT_EQ(body["choices"][i]["text"], texts[i]);
+    EXPECT_EQ(body["choices"][i]["finish_reason"], "length");
+  }
+  EXPECT_EQ(body["usage"]["prompt_tokens"], 2 + 3);
+  EXPECT_EQ(body["usage"]["completion_tokens"], 6 * 2);
+  EXPECT_EQ(body["usage"]["total_tokens"], 5 + 12);
+  EXPECT_EQ(body["usage"]["prompt_tokens_details"]["cached_tokens"], 2);
+
+  std::vector<v1::GenerateRequest> requests = service_.requests();
+  ASSERT_EQ(requests.size(), 6u);
+  std::set<std::string> ids;
+  for (const v1::GenerateRequest& r : requests) ids.insert(r.request_id());
+  EXPECT_EQ(ids, (std::set<std::string>{"batch-0", "batch-1", "batch-2", "batch-3", "batch-4",
+                                        "batch-5"}));
+}
+
+// Without a seed no choice gets one (each draws its own); without a client id the choices are
+// named after one the server makes, which the response carries.
+TEST_F(HttpServerTest, ChoicesWithoutSeedOrIdGetNoSeedAndOneId) {
+  service_.script = [](const v1::GenerateRequest& request, const CallContext&,
+                       const std::function<bool(const v1::GenerateResponse&)>& send) {
+    return EchoPromptAndSeed(request, send);
+  };
+  Reply reply = Post("/v1/completions", {{"prompt", {7, 8}}, {"n", 2}});
+  ASSERT_EQ(reply.status, 200u) << reply.body;
+  const std::string id = reply.header("X-Request-Id");
+  EXPECT_TRUE(absl::StartsWith(id, "http-")) << id;
+  EXPECT_EQ(reply.json()["id"], "cmpl-" + id);
+  EXPECT_EQ(reply.json()["usage"]["prompt_tokens"], 2);
+  std::vector<v1::GenerateRequest> requests = service_.requests();
+  ASSERT_EQ(requests.size(), 2u);
+  for (const v1::GenerateRequest& r : requests) {
+    EXPECT_FALSE(r.sampling_params().has_seed());
+    EXPECT_TRUE(r.request_id() == id + "-0" || r.request_id() == id + "-1") << r.request_id();
+  }
+}
+
+// A streamed chat with two choices: both roles first, each chunk tagged with its choice, a finish
+// chunk per choice, then one usage chunk for both and one [DONE].
+TEST_F(HttpServerTest, ChatStreamOfTwoChoices) {
+  service_.script = [](const v1::GenerateRequest& request, const CallContext&,
+                       const std::function<bool(const v1::GenerateResponse&)>& send) {
+    return EchoPromptAndSeed(request, send);
+  };
+  Reply reply = Post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "yo"}}}},
+                                              {"n", 2},
+                                              {"seed", 5},
+                                              {"stream", true},
+                                              {"stream_options", {{"include_usage", true}}}});
+  ASSERT_EQ(reply.status, 200u) << reply.body;
+  std::vector<std::string> data = SseData(reply.body);
+  // 2 roles, 2 x (2 chunks + finish), usage, [DONE].
+  ASSERT_EQ(data.size(), 10u) << reply.body;
+  std::string text[2];
+  int finishes[2] = {0, 0};
+  for (size_t e = 0; e + 2 < data.size(); ++e) {
+    Json chunk = Json::parse(data[e]);
+    EXPECT_EQ(chunk["object"], "chat.completion.chunk");
+    EXPECT_TRUE(chunk["usage"].is_null());
+    ASSERT_EQ(chunk["choices"].size(), 1u);
+    const Json& choice = chunk["choices"][0];
+    const int index = choice["index"].get<int>();
+    ASSERT_TRUE(index == 0 || index == 1) << data[e];
+    if (e < 2) {
+      EXPECT_EQ(index, static_cast<int>(e));
+      EXPECT_EQ(choice["delta"]["role"], "assistant");
+      continue;
+    }
+    EXPECT_EQ(finishes[index], 0) << "a chunk after choice " << index << " finished";
+    if (!choice["finish_reason"].is_null()) {
+      ++finishes[index];
+    } else {
+      text[index] += choice["delta"]["content"].get<std::string>();
+    }
+  }
+  const std::string prompt = "<user>yo<assistant>";
+  EXPECT_EQ(text[0], prompt + "/5");
+  EXPECT_EQ(text[1], prompt + "/6");
+  EXPECT_EQ(finishes[0], 1);
+  EXPECT_EQ(finishes[1], 1);
+  Json usage = Json::parse(data[8]);
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["prompt_tokens"], static_cast<int>(prompt.size()));
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 4);
+  EXPECT_EQ(data[9], "[DONE]");
+}
+
+// One choice failing fails the response with its status, and the other calls are cancelled
+// rather than left to run.
+TEST_F(HttpServerTest, OneFailingChoiceFailsTheResponseAndCancelsTheOthers) {
+  std::atomic<int> cancelled{0};
+  service_.script = [&](const v1::GenerateRequest& request, const CallContext& context,
+                        const std::function<bool(const v1::GenerateResponse&)>& send) {
+    if (absl::EndsWith(request.request_id(), "-2")) {
+      absl::SleepFor(absl::Milliseconds(20));
+      return absl::ResourceExhaustedError("queue full; retry after 2s");
+    }
+    if (!send(Chunk("x"))) return absl::CancelledError("client went away");
+    const absl::Time until = absl::Now() + absl::Seconds(5);
+    while (absl::Now() < until) {
+      if (context.cancelled != nullptr && context.cancelled->load()) {
+        ++cancelled;
+        return absl::CancelledError("cancelled");
+      }
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    return absl::DeadlineExceededError("never cancelled");
+  };
+  for (bool stream : {false, true}) {
+    cancelled = 0;
+    Reply reply = Post("/v1/completions", {{"prompt", "x"}, {"n", 4}, {"stream", stream}},
+                       {{"X-Request-Id", stream ? "s" : "w"}});
+    if (stream) {
+      ASSERT_EQ(reply.status, 200u) << reply.body;  // the others' chunks started the stream
+      std::vector<std::string> data = SseData(reply.body);
+      ASSERT_GE(data.size(), 2u) << reply.body;
+      EXPECT_EQ(Json::parse(data[data.size() - 2])["error"]["message"],
+                "queue full; retry after 2s");
+      EXPECT_EQ(data.back(), "[DONE]");
+    } else {
+      ExpectError(reply, 429, "", "queue full");
+      EXPECT_EQ(reply.header(http::field::retry_after), "2");
+      EXPECT_EQ(reply.header("X-Request-Id"), "w");
+    }
+    EXPECT_EQ(cancelled.load(), 3) << (stream ? "stream" : "whole");
+  }
+}
+
+// A client that leaves a stream of several choices cancels every one of them.
+TEST_F(HttpServerTest, ClientDisconnectCancelsEveryChoice) {
+  std::atomic<int> cancelled{0};
+  service_.script = [&](const v1::GenerateRequest&, const CallContext& context,
+                        const std::function<bool(const v1::GenerateResponse&)>& send) {
+    if (!send(Chunk("first"))) {
+      ++cancelled;
+      return absl::CancelledError("client went away");
+    }
+    const absl::Time until = absl::Now() + absl::Seconds(5);
+    while (absl::Now() < until) {
+      if (context.cancelled != nullptr && context.cancelled->load()) {
+        ++cancelled;
+        return absl::CancelledError("cancelled");
+      }
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    return absl::DeadlineExceededError("never cancelled");
+  };
+  {
+    tcp::socket socket = Connect();
+    http::write(socket, MakeRequest(http::verb::post, "/v1/completions",
+                                    Json{{"prompt", "x"}, {"n", 3}, {"stream", true}}.dump(), {}));
+    std::string seen;
+    char buffer[1024];
+    while (!absl::StrContains(seen, "first")) {
+      beast::error_code ec;
+      size_t n = socket.read_some(net::buffer(buffer), ec);
+      ASSERT_FALSE(ec) << ec.message();
+      seen.append(buffer, n);
+    }
+  }
+  const absl::Time until = absl::Now() + absl::Seconds(3);
+  while (cancelled.load() < 3 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(cancelled.load(), 3);
 }
 
 TEST_F(HttpServerTest, ModelsHealthAndRouting) {

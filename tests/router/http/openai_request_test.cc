@@ -1,5 +1,9 @@
 // Request translation, response formatting and error mapping of the OpenAI front end, without
 // sockets.
+#include <span>
+#include <string>
+#include <vector>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -32,7 +36,9 @@ TEST(ParseCompletion, SamplingFields) {
                                   {"suffix", ""}},
                              "m");
   ASSERT_TRUE(params.ok()) << params.status();
-  const v1::SamplingParams& s = params->request.sampling_params();
+  ASSERT_EQ(params->prompts.size(), 1u);
+  EXPECT_EQ(params->n, 1);
+  const v1::SamplingParams& s = params->prompts[0].sampling_params();
   EXPECT_FLOAT_EQ(s.top_p(), 0.9f);
   EXPECT_EQ(s.top_k(), 40);
   EXPECT_FLOAT_EQ(s.min_p(), 0.1f);
@@ -84,7 +90,9 @@ TEST(ParseCompletion, FieldErrors) {
     std::string message;
   };
   const std::vector<Case> cases = {
-      {{{"prompt", 5}}, "prompt", "prompt must be a string or an array of token ids, got 5"},
+      {{{"prompt", 5}},
+       "prompt",
+       "prompt must be a string, an array of token ids, or an array of those, got 5"},
       {{{"prompt", Json::array()}}, "prompt", "prompt must not be empty"},
       {{{"prompt", ""}}, "prompt", "prompt must not be empty"},
       {{{"prompt", {1, -2}}}, "prompt[1]", "prompt[1] must be an integer in [0, 2147483647]"},
@@ -103,7 +111,15 @@ TEST(ParseCompletion, FieldErrors) {
       {{{"prompt", "p"}, {"temperature", {1}}},
        "temperature",
        "temperature must be a number, got an array"},
-      {{{"prompt", "p"}, {"best_of", 3}}, "best_of", "best_of must be 1"},
+      {{{"prompt", "p"}, {"best_of", 3}}, "best_of", "best_of must equal n (1), got 3"},
+      {{{"prompt", "p"}, {"n", 129}}, "n", "n must be an integer in [1, 128], got 129"},
+      {{{"prompt", "p"}, {"n", "2"}}, "n", "n must be an integer, got \"2\""},
+      {{{"prompt", {{1}, "a"}}}, "prompt[1]", "prompt[1] must be an array of token ids, as"},
+      {{{"prompt", {{1}, {2, -1}}}}, "prompt[1][1]", "prompt[1][1] must be an integer in"},
+      {{{"prompt", Json(std::vector<std::string>(129, "a"))}},
+       "prompt",
+       "prompt holds 129 prompts; a request takes at most 128"},
+      {{{"prompt", {"a", "b"}}, {"n", 65}}, "n", "n = 65 choices for each of 2 prompts is 130"},
       {{{"prompt", "p"}, {"suffix", "x"}}, "suffix", "suffix is not supported"},
       {{{"prompt", "p"}, {"model", 3}}, "model", "model must be a string"},
   };
@@ -113,6 +129,56 @@ TEST(ParseCompletion, FieldErrors) {
     EXPECT_EQ(ErrorParam(status), c.param) << c.body;
     EXPECT_TRUE(absl::StartsWith(status.message(), c.message)) << c.body << ": " << status;
   }
+}
+
+TEST(ParseCompletion, BatchesOfPromptsShareTheSamplingParams) {
+  absl::StatusOr<CompletionParams> texts = ParseCompletionRequest(
+      Json{{"prompt", {"a", "bc"}}, {"n", 2}, {"best_of", 2}, {"temperature", 0.5}}, "");
+  ASSERT_TRUE(texts.ok()) << texts.status();
+  ASSERT_EQ(texts->prompts.size(), 2u);
+  EXPECT_EQ(texts->n, 2);
+  EXPECT_EQ(texts->prompts[0].text(), "a");
+  EXPECT_EQ(texts->prompts[1].text(), "bc");
+  for (const v1::GenerateRequest& p : texts->prompts) {
+    EXPECT_FLOAT_EQ(p.sampling_params().temperature(), 0.5f);
+    EXPECT_EQ(p.sampling_params().max_tokens(), 16);
+  }
+  absl::StatusOr<CompletionParams> ids =
+      ParseCompletionRequest(Json{{"prompt", {{1, 2}, {3}}}}, "");
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  ASSERT_EQ(ids->prompts.size(), 2u);
+  EXPECT_EQ(ids->prompts[0].input_ids().ids_size(), 2);
+  EXPECT_EQ(ids->prompts[1].input_ids().ids(0), 3);
+  // 128 choices in all is the limit, however they are made.
+  EXPECT_TRUE(ParseCompletionRequest(Json{{"prompt", {"a", "b"}}, {"n", 64}}, "").ok());
+  absl::StatusOr<ChatParams> chat =
+      ParseChatRequest(Json{{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"n", 128}}, "");
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_EQ(chat->n, 128);
+}
+
+TEST(ExpandChoices, SeedsAndIdsPerChoice) {
+  std::vector<v1::GenerateRequest> prompts(2);
+  prompts[0].set_text("a");
+  prompts[1].set_text("b");
+  for (v1::GenerateRequest& p : prompts) p.mutable_sampling_params()->set_seed(~uint64_t{0});
+  const std::vector<v1::GenerateRequest> choices = ExpandChoices(prompts, 3, "r");
+  ASSERT_EQ(choices.size(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(choices[i].text(), i < 3 ? "a" : "b");
+    EXPECT_EQ(choices[i].request_id(), "r-" + std::to_string(i));
+    // seed + k, wrapping: the largest seed, then 0 and 1.
+    EXPECT_EQ(choices[i].sampling_params().seed(), ~uint64_t{0} + static_cast<uint64_t>(i % 3));
+  }
+  prompts.resize(1);
+  prompts[0].mutable_sampling_params()->clear_seed();
+  const std::vector<v1::GenerateRequest> unseeded = ExpandChoices(prompts, 2, "r");
+  ASSERT_EQ(unseeded.size(), 2u);
+  for (const v1::GenerateRequest& c : unseeded) EXPECT_FALSE(c.sampling_params().has_seed());
+  // One choice keeps the id as given (empty: the service names it).
+  const std::vector<v1::GenerateRequest> one = ExpandChoices(prompts, 1, "");
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].request_id(), "");
 }
 
 TEST(ParseChat, MessagesAndLogprobs) {
@@ -204,6 +270,11 @@ TEST(Errors, ObjectShape) {
   EXPECT_EQ(HttpStatusFor(absl::StatusCode::kUnknown), 500);
 }
 
+// A whole response of one choice.
+std::string BodyOf(const CompletionFormatter& f) {
+  return CompletionFormatter::Body(std::span<const CompletionFormatter>(&f, 1), f.usage());
+}
+
 v1::GenerateResponse LogprobChunk() {
   v1::GenerateResponse r;
   v1::TextChunk* chunk = r.mutable_chunk();
@@ -229,7 +300,7 @@ TEST(Formatter, CompletionLogprobsAccumulate) {
   done.mutable_complete()->set_matched_string("###");
   f.Append(done);
   ASSERT_TRUE(f.complete());
-  Json body = Json::parse(f.Body());
+  Json body = Json::parse(BodyOf(f));
   const Json& lp = body["choices"][0]["logprobs"];
   EXPECT_EQ(lp["tokens"], Json({"token_id:11", "token_id:12", "token_id:11", "token_id:12"}));
   EXPECT_EQ(lp["token_logprobs"][1], -1.0);
@@ -271,7 +342,7 @@ TEST(Formatter, LogprobTokensAreTheirTextWhenTheBytesAreKnown) {
   v1::GenerateResponse done;
   done.mutable_complete()->set_finish_reason(v1::FINISH_REASON_STOP);
   completions.Append(done);
-  const Json lp = Json::parse(completions.Body())["choices"][0]["logprobs"];
+  const Json lp = Json::parse(BodyOf(completions))["choices"][0]["logprobs"];
   EXPECT_EQ(lp["tokens"], Json({"h", "bytes:\\xc3"}));
   EXPECT_EQ(lp["text_offset"], Json({0, 1}));  // "h" is one code point
   EXPECT_EQ(lp["top_logprobs"][0][" a"], -0.25);
@@ -291,7 +362,7 @@ TEST(Formatter, LogprobTokensAreTheirTextWhenTheBytesAreKnown) {
   CompletionFormatter ids(as_ids);
   ids.Append(LogprobChunkWithBytes());
   ids.Append(done);
-  EXPECT_EQ(Json::parse(ids.Body())["choices"][0]["logprobs"]["tokens"],
+  EXPECT_EQ(Json::parse(BodyOf(ids))["choices"][0]["logprobs"]["tokens"],
             Json({"token_id:11", "token_id:12"}));
 }
 
