@@ -42,7 +42,8 @@ class RouterService::RequestRun {
         deadline_(deadline),
         series_(series),
         on_response_(on_response),
-        matcher_({params.stop().begin(), params.stop().end()}) {
+        matcher_({params.stop().begin(), params.stop().end()},
+                 params.include_stop_str_in_output()) {
     if (service.tokenizer_ != nullptr) {
       tokenizer::DecodeOptions options;
       options.skip_special_tokens =
@@ -353,6 +354,7 @@ absl::Status RouterService::Prepare(const v1::GenerateRequest& request, const v1
   // Stop strings and detokenization are the router's; the worker sees ids only.
   w.mutable_sampling_params()->clear_stop();
   w.mutable_sampling_params()->clear_skip_special_tokens();
+  w.mutable_sampling_params()->clear_include_stop_str_in_output();
   w.mutable_sampling_params()->set_max_tokens(prepared.max_tokens);
   w.set_priority(request.priority());
   return absl::OkStatus();

@@ -6,7 +6,8 @@
 
 namespace mobius::router {
 
-StopStringMatcher::StopStringMatcher(std::vector<std::string> stop_strings) {
+StopStringMatcher::StopStringMatcher(std::vector<std::string> stop_strings, bool include_match)
+    : include_match_(include_match) {
   for (std::string& s : stop_strings) {
     if (s.empty()) continue;
     max_length_ = std::max(max_length_, s.size());
@@ -35,7 +36,7 @@ StopStringMatcher::Result StopStringMatcher::Push(const std::string& text) {
   }
   if (best != nullptr) {
     matched_ = true;
-    result.text = held_.substr(0, best_pos);
+    result.text = held_.substr(0, include_match_ ? best_pos + best->size() : best_pos);
     result.matched = *best;
     held_.clear();
     return result;

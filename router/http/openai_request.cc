@@ -197,7 +197,6 @@ absl::Status RefuseUnimplemented(const Json& body) {
   static constexpr Unimplemented kFields[] = {
       {"logit_bias", "per-token logit biases are not applied"},
       {"min_tokens", "a minimum output length is not enforced"},
-      {"include_stop_str_in_output", "stop strings are always left out of the output"},
       {"prompt_logprobs", "prompt log-probabilities are not computed"},
       {"guided_json", "guided decoding is not supported"},
       {"guided_regex", "guided decoding is not supported"},
@@ -265,6 +264,8 @@ absl::Status ParseSampling(const Json& body, v1::SamplingParams* sampling) {
   if (b) sampling->set_ignore_eos(*b);
   ASSIGN_OR_RETURN(b, ReadBool(body, "skip_special_tokens"));
   if (b) sampling->set_skip_special_tokens(*b);
+  ASSIGN_OR_RETURN(b, ReadBool(body, "include_stop_str_in_output"));
+  if (b) sampling->set_include_stop_str_in_output(*b);
   return absl::OkStatus();
 }
 

@@ -382,6 +382,15 @@ TEST_F(RouterServiceTest, StopStringTruncatesTheTextAndEndsTheRequest) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_EQ(workers_[0]->abort_calls(), std::vector<std::string>{"stopped"});
+
+  // include_stop_str_in_output: the same tokens, the text through the end of the stop string.
+  request.mutable_sampling_params()->set_include_stop_str_in_output(true);
+  request.set_request_id("stopped-including");
+  Collected included = RunGenerate(*router_, request);
+  ASSERT_TRUE(included.status.ok()) << included.status;
+  EXPECT_EQ(included.text, full.substr(0, match + stop.size()));
+  EXPECT_EQ(included.complete.matched_string(), stop);
+  EXPECT_EQ(included.tokens, c.tokens);
 }
 
 TEST_F(RouterServiceTest, TokenizeModelInfoAndDrain) {

@@ -35,6 +35,18 @@ TEST(StopStringMatcherTest, MatchAcrossPushesTruncatesBeforeIt) {
   EXPECT_EQ(m.Flush(), "");
 }
 
+// include_stop_str_in_output: the text ends just after the match, wherever the match began.
+TEST(StopStringMatcherTest, IncludedMatchEndsTheTextAfterIt) {
+  StopStringMatcher m({"STOP", "ST"}, /*include_match=*/true);
+  EXPECT_EQ(m.Push("one S").text, "one ");
+  StopStringMatcher::Result r = m.Push("TOP and more");
+  EXPECT_EQ(r.text, "STOP");  // the longest of the matches at the earliest position
+  ASSERT_TRUE(r.matched);
+  EXPECT_EQ(*r.matched, "STOP");
+  EXPECT_EQ(m.Push("later").text, "");
+  EXPECT_EQ(m.Flush(), "");
+}
+
 TEST(StopStringMatcherTest, EarliestMatchWinsThenLongest) {
   StopStringMatcher m({"world", "o w", "o"});
   StopStringMatcher::Result r = m.Push("hello world");

@@ -278,6 +278,7 @@ TEST_F(HttpServerTest, CompletionWholeResponse) {
                       {"top_k", 40},
                       {"seed", 7},
                       {"stop", "\n"},
+                      {"include_stop_str_in_output", true},
                       {"user", "ignored"}},
                      {{"X-Request-Id", "abc"}});
   ASSERT_EQ(reply.status, 200u) << reply.body;
@@ -307,6 +308,7 @@ TEST_F(HttpServerTest, CompletionWholeResponse) {
   EXPECT_EQ(request.sampling_params().seed(), 7u);
   ASSERT_EQ(request.sampling_params().stop_size(), 1);
   EXPECT_EQ(request.sampling_params().stop(0), "\n");
+  EXPECT_TRUE(request.sampling_params().include_stop_str_in_output());
   EXPECT_FALSE(request.sampling_params().has_top_p());
 }
 
@@ -475,8 +477,6 @@ TEST_F(HttpServerTest, RequestErrorsNameTheField) {
   ExpectError(Post("/v1/chat/completions",
                    {{"messages", {{{"role", "user"}, {"content", "yo"}}}}, {"min_tokens", 4}}),
               400, "min_tokens", "min_tokens is not supported");
-  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"include_stop_str_in_output", true}}), 400,
-              "include_stop_str_in_output", "is not supported");
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"guided_json", {{"type", "object"}}}}),
               400, "guided_json", "guided decoding is not supported");
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"echo", true}}), 400, "echo",
