@@ -57,6 +57,10 @@ class InferenceService {
       const std::vector<tokenizer::ChatMessage>& messages, bool add_generation_prompt) = 0;
 
   virtual absl::StatusOr<v1::TokenizeResponse> Tokenize(const v1::TokenizeRequest& request) = 0;
+  // INVALID_ARGUMENT naming the field "ids" for an id outside the tokenizer's vocabulary;
+  // FAILED_PRECONDITION without a tokenizer.
+  virtual absl::StatusOr<v1::DetokenizeResponse> Detokenize(
+      const v1::DetokenizeRequest& request) = 0;
   virtual absl::StatusOr<v1::ModelInfo> GetModelInfo() = 0;
   virtual absl::StatusOr<v1::AbortResponse> Abort(const v1::AbortRequest& request) = 0;
   // True while at least one replica is healthy and the router is not draining.

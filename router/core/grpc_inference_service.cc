@@ -69,6 +69,15 @@ grpc::Status GrpcInferenceService::Tokenize(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
+grpc::Status GrpcInferenceService::Detokenize(grpc::ServerContext*,
+                                              const v1::DetokenizeRequest* request,
+                                              v1::DetokenizeResponse* response) {
+  absl::StatusOr<v1::DetokenizeResponse> result = service_.Detokenize(*request);
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  *response = *std::move(result);
+  return grpc::Status::OK;
+}
+
 grpc::Status GrpcInferenceService::GetModelInfo(grpc::ServerContext*,
                                                 const v1::GetModelInfoRequest*,
                                                 v1::ModelInfo* response) {

@@ -35,6 +35,8 @@ class GrpcInferenceService final : public v1::Inference::Service {
                         grpc::ServerWriter<v1::GenerateResponse>* writer) override;
   grpc::Status Tokenize(grpc::ServerContext* context, const v1::TokenizeRequest* request,
                         v1::TokenizeResponse* response) override;
+  grpc::Status Detokenize(grpc::ServerContext* context, const v1::DetokenizeRequest* request,
+                          v1::DetokenizeResponse* response) override;
   grpc::Status GetModelInfo(grpc::ServerContext* context, const v1::GetModelInfoRequest* request,
                             v1::ModelInfo* response) override;
   grpc::Status Abort(grpc::ServerContext* context, const v1::AbortRequest* request,

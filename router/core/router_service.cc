@@ -449,6 +449,36 @@ absl::StatusOr<v1::TokenizeResponse> RouterService::Tokenize(const v1::TokenizeR
   return response;
 }
 
+absl::StatusOr<v1::DetokenizeResponse> RouterService::Detokenize(
+    const v1::DetokenizeRequest& request) {
+  if (tokenizer_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "the router runs without --tokenizer, so it cannot detokenize ids");
+  }
+  const int64_t vocab = static_cast<int64_t>(tokenizer_->vocab_size());
+  for (int k = 0; k < request.ids_size(); ++k) {
+    if (request.ids(k) < 0 || request.ids(k) >= vocab) {
+      absl::Status status = absl::InvalidArgumentError(
+          absl::StrFormat("ids[%d] = %d is not a token id of the tokenizer (its ids are [0, %d))",
+                          k, request.ids(k), vocab));
+      status.SetPayload(kRequestFieldPayload, absl::Cord("ids"));
+      return status;
+    }
+  }
+  tokenizer::DecodeOptions options;
+  options.skip_special_tokens = request.skip_special_tokens();
+  absl::StatusOr<std::string> text = tokenizer_->Decode(request.ids(), options);
+  if (!text.ok()) {
+    absl::Status status =
+        absl::InvalidArgumentError(absl::StrCat("ids: ", text.status().message()));
+    status.SetPayload(kRequestFieldPayload, absl::Cord("ids"));
+    return status;
+  }
+  v1::DetokenizeResponse response;
+  response.set_text(*std::move(text));
+  return response;
+}
+
 absl::StatusOr<v1::ModelInfo> RouterService::GetModelInfo() {
   std::optional<v1::ModelInfo> info = replicas_->model_info();
   if (!info) return absl::UnavailableError("no worker replica has answered yet");

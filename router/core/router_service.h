@@ -50,6 +50,7 @@ class RouterService final : public InferenceService {
   absl::StatusOr<std::string> RenderChat(const std::vector<tokenizer::ChatMessage>& messages,
                                          bool add_generation_prompt) override;
   absl::StatusOr<v1::TokenizeResponse> Tokenize(const v1::TokenizeRequest& request) override;
+  absl::StatusOr<v1::DetokenizeResponse> Detokenize(const v1::DetokenizeRequest& request) override;
   absl::StatusOr<v1::ModelInfo> GetModelInfo() override;
   absl::StatusOr<v1::AbortResponse> Abort(const v1::AbortRequest& request) override;
   bool Ready() override;

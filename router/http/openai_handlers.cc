@@ -108,6 +108,15 @@ bool IsJsonContentType(const HttpRequest& request) {
   return absl::EqualsIgnoreCase(absl::StripAsciiWhitespace(type), "application/json");
 }
 
+// The JSON body of a POST: its Content-Type checked (JSON, or none), then parsed.
+absl::StatusOr<nlohmann::json> JsonBody(const HttpRequest& request) {
+  if (!IsJsonContentType(request)) {
+    return FieldError("", absl::StrCat("Content-Type must be application/json, got \"",
+                                       View(request[http::field::content_type]), "\""));
+  }
+  return ParseJsonBody(request.body());
+}
+
 // Holds back a completion's whole response (an error or a non-streamed answer) until the
 // request has been counted: a client that reads /metrics right after its answer then finds it
 // (the counter was bumped after the send, and CI once scraped in between). A stream's header and
@@ -180,6 +189,10 @@ void OpenAiApi::Handle(const HttpRequest& request, ResponseSink& sink) {
     if (allow_only(http::verb::get)) {
       GetModel(request, std::string(path.substr(sizeof("/v1/models/") - 1)), sink);
     }
+  } else if (path == "/tokenize") {
+    if (allow_only(http::verb::post)) Tokenize(request, sink);
+  } else if (path == "/detokenize") {
+    if (allow_only(http::verb::post)) Detokenize(request, sink);
   } else if (path == "/health") {
     if (allow_only(http::verb::get)) Health(request, sink);
   } else if (path == "/metrics") {
@@ -204,19 +217,10 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
     sink.Send(std::move(response));
     return status;
   };
-  if (!IsJsonContentType(request)) {
-    const std::string message = absl::StrCat("Content-Type must be application/json, got \"",
-                                             View(request[http::field::content_type]), "\"");
-    HttpResponse response =
-        PlainError(request, http::status::bad_request, message, "invalid_request_error");
-    SetRequestId(response.base(), *request_id);
-    sink.Send(std::move(response));
-    return absl::InvalidArgumentError(message);
-  }
+  absl::StatusOr<nlohmann::json> body = JsonBody(request);
+  if (!body.ok()) return fail(body.status());
   absl::StatusOr<absl::Time> deadline = DeadlineHeader(request);
   if (!deadline.ok()) return fail(deadline.status());
-  absl::StatusOr<nlohmann::json> body = ParseJsonBody(request.body());
-  if (!body.ok()) return fail(body.status());
 
   ResponseContext context;
   context.endpoint = endpoint;
@@ -409,6 +413,48 @@ void OpenAiApi::GetModel(const HttpRequest& request, const std::string& id, Resp
   Json model{{"id", id}, {"object", "model"}, {"created", created_}, {"owned_by", "mobius"}};
   if (const int32_t length = MaxContextLength(); length > 0) model["max_model_len"] = length;
   sink.Send(JsonResponse(request, model));
+}
+
+void OpenAiApi::Tokenize(const HttpRequest& request, ResponseSink& sink) {
+  absl::StatusOr<nlohmann::json> body = JsonBody(request);
+  if (!body.ok()) return sink.Send(ErrorResponse(request, body.status()));
+  absl::StatusOr<TokenizeParams> params = ParseTokenizeRequest(*body, ModelName());
+  if (!params.ok()) return sink.Send(ErrorResponse(request, params.status()));
+  v1::TokenizeRequest tokenize;
+  if (params->prompt.has_value()) {
+    tokenize.set_text(*params->prompt);
+  } else {
+    // The prompt the chat endpoint would send for these messages.
+    absl::StatusOr<std::string> text =
+        service_.RenderChat(params->messages, params->add_generation_prompt);
+    if (!text.ok()) return sink.Send(ErrorResponse(request, text.status()));
+    tokenize.set_text(*std::move(text));
+  }
+  absl::StatusOr<v1::TokenizeResponse> ids = service_.Tokenize(tokenize);
+  if (!ids.ok()) return sink.Send(ErrorResponse(request, ids.status()));
+  Json out{{"count", ids->ids_size()}};
+  if (const int32_t length = MaxContextLength(); length > 0) out["max_model_len"] = length;
+  out["tokens"] = std::vector<int32_t>(ids->ids().begin(), ids->ids().end());
+  sink.Send(JsonResponse(request, out));
+}
+
+void OpenAiApi::Detokenize(const HttpRequest& request, ResponseSink& sink) {
+  absl::StatusOr<nlohmann::json> body = JsonBody(request);
+  if (!body.ok()) return sink.Send(ErrorResponse(request, body.status()));
+  absl::StatusOr<v1::DetokenizeRequest> params = ParseDetokenizeRequest(*body, ModelName());
+  if (!params.ok()) return sink.Send(ErrorResponse(request, params.status()));
+  absl::StatusOr<v1::DetokenizeResponse> text = service_.Detokenize(*params);
+  if (!text.ok()) {
+    absl::Status status = text.status();
+    // The service names its field "ids"; this API's is "tokens".
+    if (RequestFieldOf(status) == "ids") {
+      std::string message(status.message());
+      if (absl::StartsWith(message, "ids")) message.replace(0, 3, "tokens");
+      status = FieldError("tokens", message);
+    }
+    return sink.Send(ErrorResponse(request, status));
+  }
+  sink.Send(JsonResponse(request, Json{{"prompt", text->text()}}));
 }
 
 void OpenAiApi::Health(const HttpRequest& request, ResponseSink& sink) {

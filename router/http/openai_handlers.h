@@ -53,6 +53,9 @@ class OpenAiApi {
   absl::Status Generate(const HttpRequest& request, Endpoint endpoint, ResponseSink& sink);
   void ListModels(const HttpRequest& request, ResponseSink& sink);
   void GetModel(const HttpRequest& request, const std::string& id, ResponseSink& sink);
+  // vLLM's POST /tokenize and /detokenize, through the service's tokenizer.
+  void Tokenize(const HttpRequest& request, ResponseSink& sink);
+  void Detokenize(const HttpRequest& request, ResponseSink& sink);
   void Health(const HttpRequest& request, ResponseSink& sink);
   void Metrics(const HttpRequest& request, ResponseSink& sink);
   // OpenAI's chat default: generate until the context is full. Left unset (the service's

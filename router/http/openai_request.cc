@@ -570,6 +570,48 @@ absl::StatusOr<ChatParams> ParseChatRequest(const Json& body,
   return params;
 }
 
+absl::StatusOr<TokenizeParams> ParseTokenizeRequest(const Json& body,
+                                                    const std::string& served_model_name) {
+  RETURN_IF_ERROR(CheckBody(body));
+  RETURN_IF_ERROR(CheckModel(body, served_model_name));
+  TokenizeParams params;
+  const bool has_prompt = Member(body, "prompt") != nullptr;
+  const bool has_messages = Member(body, "messages") != nullptr;
+  if (has_prompt == has_messages) {
+    return FieldError(has_prompt ? "messages" : "prompt",
+                      "give either prompt (a text) or messages (a chat), not both or neither");
+  }
+  if (has_prompt) {
+    ASSIGN_OR_RETURN(params.prompt, ReadString(body, "prompt"));
+  } else {
+    RETURN_IF_ERROR(ParseMessages(body, &params.messages));
+    std::optional<bool> b;
+    ASSIGN_OR_RETURN(b, ReadBool(body, "add_generation_prompt"));
+    params.add_generation_prompt = b.value_or(true);
+  }
+  // The Qwen tokenizers add no special tokens to a text, so either value gives the same ids; the
+  // type is still checked.
+  std::optional<bool> special;
+  ASSIGN_OR_RETURN(special, ReadBool(body, "add_special_tokens"));
+  return params;
+}
+
+absl::StatusOr<v1::DetokenizeRequest> ParseDetokenizeRequest(const Json& body,
+                                                             const std::string& served_model_name) {
+  RETURN_IF_ERROR(CheckBody(body));
+  RETURN_IF_ERROR(CheckModel(body, served_model_name));
+  const Json* tokens = Member(body, "tokens");
+  if (tokens == nullptr) return FieldError("tokens", "tokens is required");
+  if (!tokens->is_array()) return TypeError("tokens", "an array of token ids", *tokens);
+  v1::DetokenizeRequest request;
+  for (size_t k = 0; k < tokens->size(); ++k) {
+    int64_t id = 0;
+    ASSIGN_OR_RETURN(id, ToInteger((*tokens)[k], absl::StrCat("tokens[", k, "]"), 0, kInt32Max));
+    request.add_ids(static_cast<int32_t>(id));
+  }
+  return request;
+}
+
 #undef RETURN_IF_ERROR
 #undef ASSIGN_OR_RETURN
 #undef MOBIUS_CONCAT

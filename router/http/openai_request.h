@@ -5,6 +5,7 @@
 #ifndef MOBIUS_ROUTER_HTTP_OPENAI_REQUEST_H_
 #define MOBIUS_ROUTER_HTTP_OPENAI_REQUEST_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,14 @@ struct ChatParams {
   bool tokens_as_ids = false;  // return_tokens_as_token_ids
 };
 
+// POST /tokenize (vLLM's): the tokens of a text (`prompt`) or of a chat rendered as the chat
+// endpoint renders it (`messages`, `add_generation_prompt` default true); exactly one of them.
+struct TokenizeParams {
+  std::optional<std::string> prompt;
+  std::vector<tokenizer::ChatMessage> messages;
+  bool add_generation_prompt = true;
+};
+
 // The service calls of a request's choices, in OpenAI's order (prompt by prompt, then `n` choices
 // of each: choice index = prompt * n + k). Choice k of a prompt with a seed draws with seed + k
 // (wrapping), so that the choices differ and the whole response is still reproducible, as vLLM
@@ -58,6 +67,12 @@ absl::StatusOr<CompletionParams> ParseCompletionRequest(const nlohmann::json& bo
                                                         const std::string& served_model_name);
 absl::StatusOr<ChatParams> ParseChatRequest(const nlohmann::json& body,
                                             const std::string& served_model_name);
+
+absl::StatusOr<TokenizeParams> ParseTokenizeRequest(const nlohmann::json& body,
+                                                    const std::string& served_model_name);
+// POST /detokenize (vLLM's): `tokens`, an array of token ids.
+absl::StatusOr<v1::DetokenizeRequest> ParseDetokenizeRequest(const nlohmann::json& body,
+                                                             const std::string& served_model_name);
 
 // INVALID_ARGUMENT "<message>" carrying `field` as its OpenAI `param`.
 absl::Status FieldError(absl::string_view field, absl::string_view message);

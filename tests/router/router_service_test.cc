@@ -403,6 +403,22 @@ TEST_F(RouterServiceTest, TokenizeModelInfoAndDrain) {
   ASSERT_TRUE(ids.ok()) << ids.status();
   EXPECT_EQ(*LoadTokenizer()->Encode("Hello world"),
             std::vector<int32_t>(ids->ids().begin(), ids->ids().end()));
+  // Detokenize inverts it; special tokens keep their text unless asked to be skipped.
+  v1::DetokenizeRequest detokenize;
+  *detokenize.mutable_ids() = ids->ids();
+  const std::optional<int32_t> im_end = LoadTokenizer()->TokenToId("<|im_end|>");
+  ASSERT_TRUE(im_end.has_value());
+  detokenize.add_ids(*im_end);
+  auto text = router_->Detokenize(detokenize);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(text->text(), "Hello world<|im_end|>");
+  detokenize.set_skip_special_tokens(true);
+  EXPECT_EQ(router_->Detokenize(detokenize)->text(), "Hello world");
+  detokenize.add_ids(-3);
+  const absl::Status bad = router_->Detokenize(detokenize).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RequestFieldOf(bad), "ids");
+  EXPECT_NE(bad.message().find("ids[3] = -3"), std::string::npos) << bad;
   auto info = router_->GetModelInfo();
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->model_name(), "mobius-tiny");
@@ -432,6 +448,8 @@ TEST_F(RouterServiceTest, WithoutTokenizerIdsWorkAndTextIsRefused) {
   EXPECT_EQ(c.status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(c.status.message().find("--tokenizer"), std::string::npos);
   EXPECT_EQ(router.Tokenize(v1::TokenizeRequest()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(router.Detokenize(v1::DetokenizeRequest()).status().code(),
             absl::StatusCode::kFailedPrecondition);
 }
 

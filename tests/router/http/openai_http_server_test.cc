@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 
@@ -129,6 +130,21 @@ class FakeService : public InferenceService {
   absl::StatusOr<v1::TokenizeResponse> Tokenize(const v1::TokenizeRequest& request) override {
     v1::TokenizeResponse out;
     for (size_t i = 0; i < request.text().size(); ++i) out.add_ids(1);  // one id per byte
+    return out;
+  }
+
+  // "<id>,<id>,..."; ids from 1000 are refused as the router refuses unknown ids.
+  absl::StatusOr<v1::DetokenizeResponse> Detokenize(const v1::DetokenizeRequest& request) override {
+    v1::DetokenizeResponse out;
+    for (int k = 0; k < request.ids_size(); ++k) {
+      if (request.ids(k) >= 1000) {
+        absl::Status status = absl::InvalidArgumentError(
+            absl::StrCat("ids[", k, "] = ", request.ids(k), " is not a token id"));
+        status.SetPayload(kRequestFieldPayload, absl::Cord("ids"));
+        return status;
+      }
+      out.mutable_text()->append(absl::StrCat(k > 0 ? "," : "", request.ids(k)));
+    }
     return out;
   }
 
@@ -807,6 +823,43 @@ TEST_F(HttpServerTest, ClientDisconnectCancelsEveryChoice) {
   const absl::Time until = absl::Now() + absl::Seconds(3);
   while (cancelled.load() < 3 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
   EXPECT_EQ(cancelled.load(), 3);
+}
+
+// vLLM's /tokenize of a text or of a chat (rendered as the chat endpoint renders it), and
+// /detokenize, with their errors naming the field.
+TEST_F(HttpServerTest, TokenizeAndDetokenize) {
+  Reply text = Post("/tokenize", {{"model", "mobius-test"}, {"prompt", "abc"}});
+  ASSERT_EQ(text.status, 200u) << text.body;
+  EXPECT_EQ(text.json(), Json({{"count", 3}, {"max_model_len", 100}, {"tokens", {1, 1, 1}}}));
+
+  Reply chat = Post("/tokenize", {{"messages", {{{"role", "user"}, {"content", "yo"}}}},
+                                  {"add_generation_prompt", false}});
+  ASSERT_EQ(chat.status, 200u) << chat.body;
+  EXPECT_EQ(chat.json()["count"], std::string("<user>yo").size());
+  Reply prompted = Post("/tokenize", {{"messages", {{{"role", "user"}, {"content", "yo"}}}}});
+  EXPECT_EQ(prompted.json()["count"], std::string("<user>yo<assistant>").size());
+
+  Reply back = Post("/detokenize", {{"tokens", {5, 6}}});
+  ASSERT_EQ(back.status, 200u) << back.body;
+  EXPECT_EQ(back.json(), Json({{"prompt", "5,6"}}));
+
+  ExpectError(Post("/tokenize", Json::object()), 400, "prompt", "give either prompt");
+  ExpectError(Post("/tokenize", {{"prompt", "a"}, {"messages", Json::array()}}), 400, "messages",
+              "not both");
+  ExpectError(Post("/tokenize", {{"prompt", 5}}), 400, "prompt", "prompt must be a string");
+  ExpectError(Post("/tokenize", {{"prompt", "a"}, {"model", "other"}}), 400, "model", "other");
+  ExpectError(Post("/tokenize", {{"prompt", "a"}, {"add_special_tokens", "no"}}), 400,
+              "add_special_tokens", "must be a boolean");
+  ExpectError(Post("/detokenize", {{"tokens", {1, -1}}}), 400, "tokens[1]",
+              "tokens[1] must be an integer in [0, ");
+  ExpectError(Post("/detokenize", {{"tokens", {1, 1000}}}), 400, "tokens",
+              "tokens[1] = 1000 is not a token id");
+  ExpectError(Post("/detokenize", Json::object()), 400, "tokens", "tokens is required");
+  ExpectError(Send(http::verb::post, "/detokenize", "{}", {{"Content-Type", "text/plain"}}), 400,
+              "", "application/json");
+  Reply get = Send(http::verb::get, "/tokenize");
+  EXPECT_EQ(get.status, 405u);
+  EXPECT_EQ(get.header(http::field::allow), "POST");
 }
 
 TEST_F(HttpServerTest, ModelsHealthAndRouting) {
