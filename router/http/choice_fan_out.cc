@@ -10,6 +10,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 
 namespace mobius::router::openai {
@@ -47,13 +48,14 @@ class FanOutState {
     ++running_;
   }
 
-  // A call has returned `status`. The first failure that nothing else caused (a call stopped
-  // because a sibling failed or the client left returns CANCELLED, which is not news) stops the
-  // rest and becomes the response's status.
-  void CallReturned(const absl::Status& status) {
+  // Call `choice` has returned `status`. The first failure that nothing else caused (a call
+  // stopped because a sibling failed or the client left returns CANCELLED, which is not news)
+  // stops the rest and becomes the response's status.
+  void CallReturned(int choice, const absl::Status& status) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!status.ok() && !stopped_) {
       failure_ = status;
+      failed_choice_ = choice;
       StopLocked(/*client_gone=*/false);
     }
     --running_;
@@ -82,20 +84,24 @@ class FanOutState {
     StopLocked(client_gone);
   }
 
-  bool stopped() {
+  bool client_gone() {
     std::lock_guard<std::mutex> lock(mu_);
-    return stopped_;
+    return client_gone_;
   }
 
-  // A call that could not start: the response fails with `status` unless something came first.
-  void StartFailed(const absl::Status& status) {
+  // Call `choice` could not start: the response fails with `status` unless something came first.
+  void StartFailed(int choice, const absl::Status& status) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!stopped_) failure_ = status;
+    if (!stopped_) {
+      failure_ = status;
+      failed_choice_ = choice;
+    }
     StopLocked(/*client_gone=*/false);
   }
 
-  absl::Status Result() {
+  absl::Status Result(int* failed_choice) {
     std::lock_guard<std::mutex> lock(mu_);
+    if (failed_choice != nullptr) *failed_choice = failed_choice_;
     if (!failure_.ok()) return failure_;
     if (client_gone_) return absl::CancelledError("the client went away");
     return absl::OkStatus();
@@ -106,7 +112,7 @@ class FanOutState {
 
  private:
   void StopLocked(bool client_gone) {
-    if (!stopped_ && client_gone) client_gone_ = true;
+    if (client_gone) client_gone_ = true;
     stopped_ = true;
     stop_flag_.store(true);
     changed_.notify_all();
@@ -120,16 +126,20 @@ class FanOutState {
   bool stopped_ = false;
   bool client_gone_ = false;
   absl::Status failure_;
+  int failed_choice_ = -1;
   std::atomic<bool> stop_flag_{false};
 };
 
 }  // namespace
 
 absl::Status RunChoices(InferenceService& service, const std::vector<v1::GenerateRequest>& choices,
-                        const CallContext& call, const ChoiceConsumer& consume) {
+                        const CallContext& call, const ChoiceConsumer& consume,
+                        int* failed_choice) {
   if (choices.size() == 1) {  // no other call to wait beside: this thread makes it
-    return service.Generate(choices.front(), call,
-                            [&](const v1::GenerateResponse& r) { return consume(0, r); });
+    absl::Status status = service.Generate(
+        choices.front(), call, [&](const v1::GenerateResponse& r) { return consume(0, r); });
+    if (failed_choice != nullptr) *failed_choice = status.ok() ? -1 : 0;
+    return status;
   }
   FanOutState state(choices.size());
   CallContext child;
@@ -137,33 +147,42 @@ absl::Status RunChoices(InferenceService& service, const std::vector<v1::Generat
   child.cancelled = state.stop_flag();
   std::vector<std::thread> threads;
   threads.reserve(choices.size());
+  // Whatever leaves this function (an exception from `consume` or an allocation included), the
+  // calls are stopped and their threads joined before `state` and `child` go away.
+  absl::Cleanup join = [&] {
+    state.Stop(/*client_gone=*/false);
+    for (std::thread& thread : threads) {
+      if (thread.joinable()) thread.join();
+    }
+  };
   for (size_t i = 0; i < choices.size(); ++i) {
+    const int choice = static_cast<int>(i);
     state.CallStarted();
-    auto run = [&, i] {
-      const absl::Status status = service.Generate(
-          choices[i], child,
-          [&](const v1::GenerateResponse& r) { return state.Push(static_cast<int>(i), r); });
-      state.CallReturned(status);
+    auto run = [&, choice] {
+      const absl::Status status =
+          service.Generate(choices[choice], child,
+                           [&](const v1::GenerateResponse& r) { return state.Push(choice, r); });
+      state.CallReturned(choice, status);
     };
     // std::thread reports a failure to start one (a thread limit reached) only by throwing.
     try {
       threads.emplace_back(std::move(run));
     } catch (const std::system_error& e) {
-      state.CallReturned(absl::OkStatus());
-      state.StartFailed(absl::UnavailableError(
-          absl::StrCat("cannot start a thread for choice ", i, " of ", choices.size(), ": ",
-                       e.what(), "; ask for fewer choices (n) or retry")));
+      state.CallReturned(choice, absl::OkStatus());
+      state.StartFailed(choice, absl::UnavailableError(absl::StrCat(
+                                    "cannot start a thread for choice ", i, " of ", choices.size(),
+                                    ": ", e.what(), "; ask for fewer choices (n) or retry")));
       break;
     }
   }
   while (std::optional<Message> message = state.Next(call.cancelled)) {
-    // After a stop the remaining messages are dropped: the response has failed or the client
-    // is gone.
-    if (state.stopped()) continue;
+    // Once the client is gone nothing more is written. After a failure the messages queued before
+    // it still are (nothing is queued after it).
+    if (state.client_gone()) continue;
     if (!consume(message->choice, message->response)) state.Stop(/*client_gone=*/true);
   }
   for (std::thread& thread : threads) thread.join();
-  return state.Result();
+  return state.Result(failed_choice);
 }
 
 }  // namespace mobius::router::openai

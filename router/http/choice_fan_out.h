@@ -22,14 +22,17 @@ using ChoiceConsumer = std::function<bool(int choice, const v1::GenerateResponse
 // returned.
 //
 // The first call to fail ends the others (they are cancelled, as for a client that went away) and
-// its status is returned: the response has failed as a whole. The calls are also cancelled when
-// `call.cancelled` becomes true (polled while waiting) or `consume` returns false; that status is
-// then CANCELLED. A call that produces messages faster than `consume` takes them waits (a few
-// messages are queued per call), so a slow client slows its stream as a single call's does.
-// `call.deadline` is every call's deadline. OK when every call returned OK. A single request is
-// made on this thread, with `call` as it is, and its status returned.
+// its status is returned, with its index in `failed_choice` when given: the response has failed as
+// a whole. The messages queued before the failure are still consumed, so a stream shows what came
+// before its error. The calls are also cancelled when `call.cancelled` becomes true (polled while
+// waiting) or `consume` returns false; the status is then CANCELLED and nothing more is consumed.
+// The queue holds 4 messages per call, shared: a call that finds it full waits, so a slow client
+// slows its stream as a single call's does. `call.deadline` is every call's deadline. OK when every
+// call returned OK. A single request is made on this thread, with `call` as it is, and its status
+// returned.
 absl::Status RunChoices(InferenceService& service, const std::vector<v1::GenerateRequest>& choices,
-                        const CallContext& call, const ChoiceConsumer& consume);
+                        const CallContext& call, const ChoiceConsumer& consume,
+                        int* failed_choice = nullptr);
 
 }  // namespace mobius::router::openai
 

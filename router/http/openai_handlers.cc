@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
-#include <random>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -12,6 +11,7 @@
 #include <prometheus/text_serializer.h>
 #include <nlohmann/json.hpp>
 
+#include "absl/random/random.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -91,11 +91,27 @@ absl::StatusOr<absl::Time> DeadlineHeader(const HttpRequest& request) {
 }
 
 // An id for a request with several choices whose client gave none: the choices' service calls
-// are named after it, so it is made here. 64 random bits: unique enough among the requests in
-// flight, which is where the service requires uniqueness.
+// are named after it, so it is made here. 64 random bits: unique among the requests in flight,
+// which is where the service requires uniqueness.
 std::string NewRequestId() {
-  thread_local std::mt19937_64 engine{std::random_device{}()};
-  return absl::StrFormat("http-%016x", engine());
+  thread_local absl::BitGen bits;  // seeded from the OS entropy source
+  return absl::StrFormat("http-%016x", absl::Uniform<uint64_t>(bits));
+}
+
+// A service error about the prompt names which prompt of a batch it is about.
+absl::Status ForBatchPrompt(const absl::Status& status, int prompt, size_t prompts) {
+  if (status.code() != absl::StatusCode::kInvalidArgument || prompts <= 1 || prompt < 0 ||
+      ErrorParam(status) != "prompt") {
+    return status;
+  }
+  std::string message(status.message());
+  const std::string indexed = absl::StrCat("prompt[", prompt, "]");
+  if (absl::StartsWith(message, "prompt")) {
+    message.replace(0, 6, indexed);
+  } else {
+    message = absl::StrCat(indexed, ": ", message);
+  }
+  return FieldError(indexed, message);  // only INVALID_ARGUMENT names a field
 }
 
 // A request body must be JSON; a request without Content-Type is read as JSON too (curl -d
@@ -301,13 +317,17 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
 
   const bool chat = endpoint == Endpoint::kChat;
   if (!stream) {
-    absl::Status status =
-        RunChoices(service_, choices, call, [&](int choice, const v1::GenerateResponse& r) {
+    int failed = -1;
+    absl::Status status = RunChoices(
+        service_, choices, call,
+        [&](int choice, const v1::GenerateResponse& r) {
           learn_id(r);
           formatters[choice].Append(r);
           return !sink.cancelled().load();
-        });
-    status = ForOpenAiClient(status, chat);
+        },
+        &failed);
+    status =
+        ForBatchPrompt(ForOpenAiClient(status, chat), failed < 0 ? -1 : failed / n, prompts.size());
     if (status.ok() && !all_complete()) {
       status = absl::InternalError("the service ended the request without a final message");
     }
@@ -325,16 +345,27 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
     return status;
   }
 
-  // Streams start at the first message, so that errors found before it (invalid request, queue
-  // full) still get their own HTTP status.
+  // Streams start once every choice has sent its first message, so that errors found before it
+  // (an invalid prompt of a batch, queue full, no replica) still get their own HTTP status, as
+  // when the request had one choice. Until then the messages wait here, in arrival order.
   bool started = false;
   bool client_gone = false;
-  absl::Status status =
-      RunChoices(service_, choices, call, [&](int choice, const v1::GenerateResponse& r) {
+  std::vector<bool> answered(choices.size(), false);
+  size_t unanswered = choices.size();
+  std::vector<std::pair<int, v1::GenerateResponse>> waiting;
+  int failed = -1;
+  absl::Status status = RunChoices(
+      service_, choices, call,
+      [&](int choice, const v1::GenerateResponse& r) {
         if (client_gone) return false;
         learn_id(r);
-        std::string events;
+        if (!answered[choice]) {
+          answered[choice] = true;
+          --unanswered;
+        }
         if (!started) {
+          waiting.emplace_back(choice, r);
+          if (unanswered > 0) return true;
           HttpResponseHeader header;
           header.version(request.version());
           header.result(http::status::ok);
@@ -347,13 +378,20 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
             return false;
           }
           // Chat opens every choice with its role.
+          std::string events;
           for (const CompletionFormatter& f : formatters) events += f.StreamStart();
+          for (const auto& [c, message] : waiting) events += formatters[c].StreamEvents(message);
+          waiting.clear();
+          if (!events.empty() && !sink.Write(std::move(events))) client_gone = true;
+          return !client_gone;
         }
-        events += formatters[choice].StreamEvents(r);
+        std::string events = formatters[choice].StreamEvents(r);
         if (!events.empty() && !sink.Write(std::move(events))) client_gone = true;
         return !client_gone;
-      });
-  status = ForOpenAiClient(status, chat);
+      },
+      &failed);
+  status =
+      ForBatchPrompt(ForOpenAiClient(status, chat), failed < 0 ? -1 : failed / n, prompts.size());
   if (!started) {
     if (status.ok()) {
       status = absl::InternalError("the service ended the request without a final message");

@@ -691,10 +691,33 @@ TEST_F(HttpServerTest, ChoicesWithoutSeedOrIdGetNoSeedAndOneId) {
   EXPECT_EQ(reply.json()["usage"]["prompt_tokens"], 2);
   std::vector<v1::GenerateRequest> requests = service_.requests();
   ASSERT_EQ(requests.size(), 2u);
+  std::set<std::string> ids;
   for (const v1::GenerateRequest& r : requests) {
     EXPECT_FALSE(r.sampling_params().has_seed());
-    EXPECT_TRUE(r.request_id() == id + "-0" || r.request_id() == id + "-1") << r.request_id();
+    ids.insert(r.request_id());
   }
+  EXPECT_EQ(ids, (std::set<std::string>{id + "-0", id + "-1"}));
+}
+
+// A service error about one prompt of a batch names that prompt.
+TEST_F(HttpServerTest, BatchPromptErrorsNameThePrompt) {
+  service_.script = [](const v1::GenerateRequest& request, const CallContext&,
+                       const std::function<bool(const v1::GenerateResponse&)>& send) {
+    if (request.text() == "long") {
+      absl::Status status =
+          absl::InvalidArgumentError("text has 600 tokens; the model's context length is 100");
+      status.SetPayload(kRequestFieldPayload, absl::Cord("text"));
+      return status;
+    }
+    return EchoPromptAndSeed(request, send);
+  };
+  for (bool stream : {false, true}) {
+    ExpectError(Post("/v1/completions", {{"prompt", {"a", "b", "long"}}, {"stream", stream}}), 400,
+                "prompt[2]", "prompt[2] has 600 tokens");
+  }
+  // One prompt keeps the plain name.
+  ExpectError(Post("/v1/completions", {{"prompt", "long"}, {"n", 2}}), 400, "prompt",
+              "prompt has 600 tokens");
 }
 
 // A streamed chat with two choices: both roles first, each chunk tagged with its choice, a finish
@@ -748,16 +771,25 @@ TEST_F(HttpServerTest, ChatStreamOfTwoChoices) {
 }
 
 // One choice failing fails the response with its status, and the other calls are cancelled
-// rather than left to run.
+// rather than left to run. Here every choice has sent a chunk before the failure, so a stream has
+// started and shows them before the error.
 TEST_F(HttpServerTest, OneFailingChoiceFailsTheResponseAndCancelsTheOthers) {
   std::atomic<int> cancelled{0};
+  std::atomic<int> sent{0};
   service_.script = [&](const v1::GenerateRequest& request, const CallContext& context,
                         const std::function<bool(const v1::GenerateResponse&)>& send) {
     if (absl::EndsWith(request.request_id(), "-2")) {
-      absl::SleepFor(absl::Milliseconds(20));
+      if (!send(Chunk("y"))) return absl::CancelledError("client went away");
+      const absl::Time until = absl::Now() + absl::Seconds(5);
+      while (sent.load() < 3 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
       return absl::ResourceExhaustedError("queue full; retry after 2s");
     }
-    if (!send(Chunk("x"))) return absl::CancelledError("client went away");
+    const bool delivered = send(Chunk("x"));
+    ++sent;
+    if (!delivered) {
+      ++cancelled;
+      return absl::CancelledError("client went away");
+    }
     const absl::Time until = absl::Now() + absl::Seconds(5);
     while (absl::Now() < until) {
       if (context.cancelled != nullptr && context.cancelled->load()) {
@@ -770,12 +802,16 @@ TEST_F(HttpServerTest, OneFailingChoiceFailsTheResponseAndCancelsTheOthers) {
   };
   for (bool stream : {false, true}) {
     cancelled = 0;
+    sent = 0;
     Reply reply = Post("/v1/completions", {{"prompt", "x"}, {"n", 4}, {"stream", stream}},
                        {{"X-Request-Id", stream ? "s" : "w"}});
     if (stream) {
       ASSERT_EQ(reply.status, 200u) << reply.body;  // the others' chunks started the stream
       std::vector<std::string> data = SseData(reply.body);
-      ASSERT_GE(data.size(), 2u) << reply.body;
+      ASSERT_EQ(data.size(), 6u) << reply.body;  // four chunks, the error, [DONE]
+      std::multiset<std::string> texts;
+      for (int e = 0; e < 4; ++e) texts.insert(Json::parse(data[e])["choices"][0]["text"]);
+      EXPECT_EQ(texts, (std::multiset<std::string>{"x", "x", "x", "y"}));
       EXPECT_EQ(Json::parse(data[data.size() - 2])["error"]["message"],
                 "queue full; retry after 2s");
       EXPECT_EQ(data.back(), "[DONE]");
