@@ -1,24 +1,41 @@
-// Renders OpenAI-style chat messages into the ChatML prompt that Qwen-family models are trained
-// on: "<|im_start|>{role}\n{content}<|im_end|>\n" per message, then "<|im_start|>assistant\n"
-// when a reply is requested. The full Qwen3 Jinja template (tools, reasoning blocks) is not
-// interpreted; this is its plain-conversation subset.
+// Renders OpenAI-style chat messages into the prompt that Qwen3-family models are trained on, as
+// the Qwen3 chat template (tokenizer_config.json's Jinja `chat_template`) renders them: ChatML
+// turns "<|im_start|>{role}\n{content}<|im_end|>\n", tools listed in the system turn, assistant
+// tool calls as <tool_call> blocks, tool results as <tool_response> blocks in a user turn, and the
+// template's reasoning rules (an assistant turn after the last user query carries its
+// <think> block; earlier ones lose it). The template's logic is written out here rather than
+// interpreted; tests/tokenizer/chat_template_reference_test.cc checks it against the template
+// itself rendered by Jinja.
 #ifndef MOBIUS_TOKENIZER_CHAT_TEMPLATE_H_
 #define MOBIUS_TOKENIZER_CHAT_TEMPLATE_H_
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
 namespace mobius::tokenizer {
 
-struct ChatMessage {
-  std::string role;  // "system", "user" or "assistant".
-  std::string content;
+// A function call an assistant turn made.
+struct ToolCall {
+  std::string name;
+  std::string arguments;  // a JSON object as text, rendered as given
 };
 
-// InvalidArgument naming the role for any other role.
+struct ChatMessage {
+  std::string role;  // "system" (or "developer"), "user", "assistant" or "tool"
+  std::string content;
+  std::vector<ToolCall> tool_calls;              // assistant turns
+  std::optional<std::string> reasoning_content;  // assistant turns: the <think> part, if given
+};
+
+// `tools`: each tool's definition as JSON text (the template's `tool | tojson`), listed in the
+// system turn; none: no tool section. InvalidArgument naming the message for a role other than
+// system, developer, user, assistant or tool (the template would drop such a turn silently).
 absl::StatusOr<std::string> RenderChatMessages(absl::Span<const ChatMessage> messages,
+                                               absl::Span<const std::string> tools,
                                                bool add_generation_prompt);
 
 }  // namespace mobius::tokenizer

@@ -433,8 +433,9 @@ absl::Status RouterService::Generate(
 }
 
 absl::StatusOr<std::string> RouterService::RenderChat(
-    const std::vector<tokenizer::ChatMessage>& messages, bool add_generation_prompt) {
-  return tokenizer::RenderChatMessages(messages, add_generation_prompt);
+    const std::vector<tokenizer::ChatMessage>& messages, const std::vector<std::string>& tools,
+    bool add_generation_prompt) {
+  return tokenizer::RenderChatMessages(messages, tools, add_generation_prompt);
 }
 
 absl::StatusOr<v1::TokenizeResponse> RouterService::Tokenize(const v1::TokenizeRequest& request) {

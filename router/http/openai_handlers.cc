@@ -259,7 +259,15 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
   } else {
     absl::StatusOr<ChatParams> params = ParseChatRequest(*body, context.model);
     if (!params.ok()) return fail(params.status());
-    absl::StatusOr<std::string> prompt = service_.RenderChat(params->messages, true);
+    std::vector<std::string> tools;
+    if (params->use_tools) {
+      absl::StatusOr<std::vector<std::string>> definitions = ToolDefinitions(request.body());
+      if (!definitions.ok()) return fail(definitions.status());
+      tools = *std::move(definitions);
+      context.parse_tool_calls = true;
+      if (!params->parallel_tool_calls) context.max_tool_calls = 1;
+    }
+    absl::StatusOr<std::string> prompt = service_.RenderChat(params->messages, tools, true);
     if (!prompt.ok()) return fail(prompt.status());
     if (!params->sampling.has_max_tokens()) DefaultChatMaxTokens(&params->sampling);
     v1::GenerateRequest& generate = prompts.emplace_back();
@@ -464,7 +472,7 @@ void OpenAiApi::Tokenize(const HttpRequest& request, ResponseSink& sink) {
   } else {
     // The prompt the chat endpoint would send for these messages.
     absl::StatusOr<std::string> text =
-        service_.RenderChat(params->messages, params->add_generation_prompt);
+        service_.RenderChat(params->messages, {}, params->add_generation_prompt);
     if (!text.ok()) return sink.Send(ErrorResponse(request, text.status()));
     tokenize.set_text(*std::move(text));
   }

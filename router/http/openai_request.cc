@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/optional.h"
 #include "common/json_parse.h"
+#include "router/http/python_json.h"
 #include "router/inference_service.h"
 
 namespace mobius::router::openai {
@@ -386,6 +387,105 @@ absl::StatusOr<std::string> ParseMessageContent(const Json& message, const std::
   return text;
 }
 
+// An assistant turn's `tool_calls` ([{id, type: "function", function: {name, arguments}}],
+// arguments a JSON string as OpenAI sends it, or an object) and vLLM's `reasoning_content`.
+absl::Status ParseAssistantTurn(const Json& message, const std::string& field,
+                                tokenizer::ChatMessage* out) {
+  std::optional<std::string> reasoning;
+  ASSIGN_OR_RETURN(reasoning, ReadString(message, "reasoning_content"));
+  out->reasoning_content = std::move(reasoning);
+  const Json* calls = Member(message, "tool_calls");
+  if (calls == nullptr) return absl::OkStatus();
+  const std::string calls_field = absl::StrCat(field, ".tool_calls");
+  if (!calls->is_array()) return TypeError(calls_field, "an array of tool calls", *calls);
+  for (size_t k = 0; k < calls->size(); ++k) {
+    const std::string call_field = absl::StrCat(calls_field, "[", k, "]");
+    const Json& call = (*calls)[k];
+    if (!call.is_object()) return TypeError(call_field, "an object", call);
+    const Json* function = Member(call, "function");
+    const std::string function_field = absl::StrCat(call_field, ".function");
+    if (function == nullptr || !function->is_object()) {
+      return function == nullptr
+                 ? FieldError(function_field, absl::StrCat(function_field, " is required"))
+                 : TypeError(function_field, "an object", *function);
+    }
+    tokenizer::ToolCall parsed;
+    const Json* name = Member(*function, "name");
+    const std::string name_field = absl::StrCat(function_field, ".name");
+    if (name == nullptr || !name->is_string()) {
+      return name == nullptr ? FieldError(name_field, absl::StrCat(name_field, " is required"))
+                             : TypeError(name_field, "a string", *name);
+    }
+    parsed.name = name->get<std::string>();
+    const Json* arguments = Member(*function, "arguments");
+    const std::string arguments_field = absl::StrCat(function_field, ".arguments");
+    if (arguments == nullptr) {
+      parsed.arguments = "{}";
+    } else if (arguments->is_string()) {
+      parsed.arguments = arguments->get<std::string>();
+    } else if (arguments->is_object()) {
+      parsed.arguments = PythonJsonDumps(nlohmann::ordered_json(*arguments));
+    } else {
+      return TypeError(arguments_field, "a JSON string or an object", *arguments);
+    }
+    out->tool_calls.push_back(std::move(parsed));
+  }
+  return absl::OkStatus();
+}
+
+// `tools`: [{type: "function", function: {name, description?, parameters?}}]; `tool_choice`:
+// "auto" or "none" ("required" and a named function would need constrained decoding).
+absl::Status ParseTools(const Json& body, ChatParams* params) {
+  const Json* tools = Member(body, "tools");
+  const bool has_tools = tools != nullptr && !(tools->is_array() && tools->empty());
+  if (has_tools) {
+    if (!tools->is_array()) return TypeError("tools", "an array of tools", *tools);
+    for (size_t k = 0; k < tools->size(); ++k) {
+      const std::string field = absl::StrCat("tools[", k, "]");
+      const Json& tool = (*tools)[k];
+      if (!tool.is_object()) return TypeError(field, "an object", tool);
+      const Json* type = Member(tool, "type");
+      if (type == nullptr || *type != "function") {
+        return FieldError(absl::StrCat(field, ".type"),
+                          absl::StrCat(field, ".type must be \"function\""));
+      }
+      const Json* function = Member(tool, "function");
+      if (function == nullptr || !function->is_object()) {
+        return FieldError(absl::StrCat(field, ".function"),
+                          absl::StrCat(field, ".function must be an object"));
+      }
+      const Json* name = Member(*function, "name");
+      if (name == nullptr || !name->is_string() || name->get_ref<const std::string&>().empty()) {
+        return FieldError(absl::StrCat(field, ".function.name"),
+                          absl::StrCat(field, ".function.name must be a non-empty string"));
+      }
+    }
+  }
+  std::string choice = "auto";
+  if (const Json* tool_choice = Member(body, "tool_choice"); tool_choice != nullptr) {
+    if (tool_choice->is_string()) {
+      choice = tool_choice->get<std::string>();
+    } else if (tool_choice->is_object()) {
+      choice = "a named function";
+    } else {
+      return TypeError("tool_choice", "a string or an object", *tool_choice);
+    }
+    if (choice != "auto" && choice != "none") {
+      return FieldError("tool_choice",
+                        absl::StrCat("tool_choice ",
+                                     choice == "a named function" ? choice : Describe(*tool_choice),
+                                     " is not supported: forcing a call needs constrained "
+                                     "decoding; use \"auto\" or \"none\""));
+    }
+  }
+  std::optional<bool> parallel;
+  ASSIGN_OR_RETURN(parallel, ReadBool(body, "parallel_tool_calls"));
+  params->parallel_tool_calls = parallel.value_or(true);
+  // "none": the model answers in text; the tools stay out of the prompt, as OpenAI describes it.
+  params->use_tools = has_tools && choice == "auto";
+  return absl::OkStatus();
+}
+
 absl::Status ParseMessages(const Json& body, std::vector<tokenizer::ChatMessage>* messages) {
   const Json* list = Member(body, "messages");
   if (list == nullptr) return FieldError("messages", "messages is required");
@@ -402,6 +502,12 @@ absl::Status ParseMessages(const Json& body, std::vector<tokenizer::ChatMessage>
     tokenizer::ChatMessage out;
     out.role = role->get<std::string>();
     ASSIGN_OR_RETURN(out.content, ParseMessageContent(message, absl::StrCat(field, ".content")));
+    if (out.role == "assistant") {
+      RETURN_IF_ERROR(ParseAssistantTurn(message, field, &out));
+    } else if (out.role == "tool") {
+      std::optional<std::string> id;  // answers a call by id; the template does not show it
+      ASSIGN_OR_RETURN(id, ReadString(message, "tool_call_id"));
+    }
     messages->push_back(std::move(out));
   }
   return absl::OkStatus();
@@ -555,10 +661,7 @@ absl::StatusOr<ChatParams> ParseChatRequest(const Json& body,
   if (params.logprobs) params.sampling.set_logprobs(top ? static_cast<int32_t>(*top) : 0);
   RETURN_IF_ERROR(ParseStreaming(body, &params.stream, &params.include_usage));
 
-  if (const Json* tools = Member(body, "tools");
-      tools != nullptr && !(tools->is_array() && tools->empty())) {
-    return FieldError("tools", "tools are not supported");
-  }
+  RETURN_IF_ERROR(ParseTools(body, &params));
   if (const Json* format = Member(body, "response_format"); format != nullptr) {
     const Json* type = format->is_object() ? Member(*format, "type") : nullptr;
     if (type == nullptr || *type != "text") {
@@ -568,6 +671,18 @@ absl::StatusOr<ChatParams> ParseChatRequest(const Json& body,
     }
   }
   return params;
+}
+
+absl::StatusOr<std::vector<std::string>> ToolDefinitions(absl::string_view body) {
+  // The body was parsed (and its depth checked) once already; this parse keeps the key order.
+  const nlohmann::ordered_json ordered =
+      nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+  std::vector<std::string> out;
+  if (!ordered.is_object() || !ordered.contains("tools") || !ordered["tools"].is_array()) {
+    return out;
+  }
+  for (const nlohmann::ordered_json& tool : ordered["tools"]) out.push_back(PythonJsonDumps(tool));
+  return out;
 }
 
 absl::StatusOr<TokenizeParams> ParseTokenizeRequest(const Json& body,

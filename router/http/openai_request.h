@@ -38,6 +38,10 @@ struct ChatParams {
   std::vector<tokenizer::ChatMessage> messages;
   v1::SamplingParams sampling;  // max_tokens unset when the client gave neither alias
   int n = 1;                    // choices
+  // `tools` given and `tool_choice` "auto" (or unset): the tools go into the prompt
+  // (ToolDefinitions) and <tool_call> blocks of the output become tool calls.
+  bool use_tools = false;
+  bool parallel_tool_calls = true;  // false: at most one call is returned
   bool stream = false;
   bool include_usage = false;
   bool logprobs = false;       // `logprobs: true` (sampling.logprobs holds top_logprobs)
@@ -67,6 +71,11 @@ absl::StatusOr<CompletionParams> ParseCompletionRequest(const nlohmann::json& bo
                                                         const std::string& served_model_name);
 absl::StatusOr<ChatParams> ParseChatRequest(const nlohmann::json& body,
                                             const std::string& served_model_name);
+
+// Each of a chat request body's `tools` as JSON text for the prompt, as the Qwen3 template's
+// `tojson` writes it: in the client's key order (so `body` is parsed again, keeping it), Python's
+// separators. For a body ParseChatRequest accepted.
+absl::StatusOr<std::vector<std::string>> ToolDefinitions(absl::string_view body);
 
 absl::StatusOr<TokenizeParams> ParseTokenizeRequest(const nlohmann::json& body,
                                                     const std::string& served_model_name);

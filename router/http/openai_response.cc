@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <utility>
 
+#include "absl/random/random.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -170,7 +171,20 @@ std::string SseEvent(const Json& data) {
 
 void CompletionFormatter::set_id(std::string id) { context_.id = std::move(id); }
 
+// An id for a tool call: "call_" and 24 random letters and digits, as OpenAI's.
+static std::string NewToolCallId() {
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  thread_local absl::BitGen bits;
+  std::string id = "call_";
+  for (int i = 0; i < 24; ++i) {
+    id.push_back(kAlphabet[absl::Uniform<size_t>(bits, 0, sizeof(kAlphabet) - 1)]);
+  }
+  return id;
+}
+
 CompletionFormatter::CompletionFormatter(ResponseContext context) : context_(std::move(context)) {
+  if (context_.parse_tool_calls) tool_parser_.emplace(context_.max_tool_calls);
   if (context_.endpoint == Endpoint::kCompletions) {
     logprobs_ = Json{{"tokens", Json::array()},
                      {"token_logprobs", Json::array()},
@@ -282,8 +296,60 @@ std::string CompletionFormatter::StreamStart() const {
   return SseEvent(chunk);
 }
 
+Json CompletionFormatter::ToolCallJson(const ParsedToolCall& call, std::optional<int> index) {
+  Json json;
+  if (index.has_value()) json["index"] = *index;
+  const size_t k = index.value_or(static_cast<int>(tool_call_ids_.size()));
+  while (tool_call_ids_.size() <= k) tool_call_ids_.push_back(NewToolCallId());
+  json["id"] = tool_call_ids_[k];
+  json["type"] = "function";
+  json["function"] = Json{{"name", call.name}, {"arguments", call.arguments}};
+  return json;
+}
+
+const char* CompletionFormatter::ChoiceFinishReason(int calls) const {
+  if (calls > 0 && final_.finish_reason() == v1::FINISH_REASON_STOP) return "tool_calls";
+  return FinishReason(final_.finish_reason());
+}
+
+std::string CompletionFormatter::ToolStepEvents(const ToolCallParser::Step& step,
+                                                const v1::TextChunk* piece) {
+  std::string events;
+  const bool with_logprobs = piece != nullptr && context_.logprobs && piece->token_ids_size() > 0;
+  if (!step.content.empty() || with_logprobs) {
+    Json choice;
+    choice["index"] = context_.choice_index;
+    choice["delta"] = Json{{"content", step.content}};
+    choice["logprobs"] = piece != nullptr ? Logprobs(*piece, 0) : Json(nullptr);
+    choice["finish_reason"] = nullptr;
+    Json chunk = ChunkEnvelope();
+    chunk["choices"] = Json::array({std::move(choice)});
+    if (context_.include_usage) chunk["usage"] = nullptr;
+    events += SseEvent(chunk);
+  }
+  for (const ParsedToolCall& call : step.calls) {
+    Json choice;
+    choice["index"] = context_.choice_index;
+    choice["delta"] = Json{{"tool_calls", Json::array({ToolCallJson(call, tool_calls_sent_++)})}};
+    choice["logprobs"] = nullptr;
+    choice["finish_reason"] = nullptr;
+    Json chunk = ChunkEnvelope();
+    chunk["choices"] = Json::array({std::move(choice)});
+    if (context_.include_usage) chunk["usage"] = nullptr;
+    events += SseEvent(chunk);
+  }
+  return events;
+}
+
 std::string CompletionFormatter::StreamEvents(const v1::GenerateResponse& response) {
   const bool chat = context_.endpoint == Endpoint::kChat;
+  if (tool_parser_.has_value() && response.has_chunk()) {
+    return ToolStepEvents(tool_parser_->Push(response.chunk().text()), &response.chunk());
+  }
+  std::string tail;  // a tool-call stream's held-back text and last calls
+  if (tool_parser_.has_value() && response.has_complete()) {
+    tail = ToolStepEvents(tool_parser_->Finish(), nullptr);
+  }
   if (response.has_chunk()) {
     const v1::TextChunk& piece = response.chunk();
     if (piece.text().empty() && !(context_.logprobs && piece.token_ids_size() > 0)) return "";
@@ -313,12 +379,12 @@ std::string CompletionFormatter::StreamEvents(const v1::GenerateResponse& respon
     choice["text"] = "";
   }
   choice["logprobs"] = nullptr;
-  choice["finish_reason"] = FinishReason(final_.finish_reason());
+  choice["finish_reason"] = ChoiceFinishReason(tool_calls_sent_);
   choice["stop_reason"] = StopReason();
   Json chunk = ChunkEnvelope();
   chunk["choices"] = Json::array({std::move(choice)});
   if (context_.include_usage) chunk["usage"] = nullptr;
-  return SseEvent(chunk);
+  return tail + SseEvent(chunk);
 }
 
 std::string CompletionFormatter::StreamEnd(const v1::Usage& usage) const {
@@ -353,21 +419,39 @@ void CompletionFormatter::Append(const v1::GenerateResponse& response) {
   }
 }
 
-Json CompletionFormatter::Choice() const {
+Json CompletionFormatter::Choice() {
   Json choice;
   choice["index"] = context_.choice_index;
-  if (context_.endpoint == Endpoint::kChat) {
+  int calls = 0;
+  if (context_.endpoint == Endpoint::kChat && context_.parse_tool_calls) {
+    // The whole text through the same parser a stream uses: the same content and calls.
+    ToolCallParser parser(context_.max_tool_calls);
+    ToolCallParser::Step step = parser.Push(text_);
+    ToolCallParser::Step last = parser.Finish();
+    step.content += last.content;
+    step.calls.insert(step.calls.end(), last.calls.begin(), last.calls.end());
+    Json message{{"role", "assistant"},
+                 {"content", step.content.empty() ? Json(nullptr) : Json(step.content)}};
+    if (!step.calls.empty()) {
+      message["tool_calls"] = Json::array();
+      for (const ParsedToolCall& call : step.calls) {
+        message["tool_calls"].push_back(ToolCallJson(call, std::nullopt));
+      }
+    }
+    calls = static_cast<int>(step.calls.size());
+    choice["message"] = std::move(message);
+  } else if (context_.endpoint == Endpoint::kChat) {
     choice["message"] = Json{{"role", "assistant"}, {"content", text_}};
   } else {
     choice["text"] = text_;
   }
   choice["logprobs"] = context_.logprobs ? logprobs_ : Json(nullptr);
-  choice["finish_reason"] = FinishReason(final_.finish_reason());
+  choice["finish_reason"] = ChoiceFinishReason(calls);
   choice["stop_reason"] = StopReason();
   return choice;
 }
 
-std::string CompletionFormatter::Body(std::span<const CompletionFormatter> choices,
+std::string CompletionFormatter::Body(std::span<CompletionFormatter> choices,
                                       const v1::Usage& usage) {
   Json body;
   if (!choices.empty()) {
@@ -378,7 +462,7 @@ std::string CompletionFormatter::Body(std::span<const CompletionFormatter> choic
     body["model"] = context.model;
   }
   body["choices"] = Json::array();
-  for (const CompletionFormatter& choice : choices) body["choices"].push_back(choice.Choice());
+  for (CompletionFormatter& choice : choices) body["choices"].push_back(choice.Choice());
   body["usage"] = UsageJson(usage);
   return body.dump(-1, ' ', false, Json::error_handler_t::replace);
 }

@@ -5,6 +5,7 @@
 #define MOBIUS_ROUTER_HTTP_OPENAI_RESPONSE_H_
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "inference.pb.h"
+#include "router/http/tool_call_parser.h"
 
 namespace mobius::router::openai {
 
@@ -47,6 +49,10 @@ struct ResponseContext {
   bool include_usage = false;  // streaming: a usage chunk before [DONE]
   bool tokens_as_ids = false;  // logprob tokens as "token_id:<id>" (return_tokens_as_token_ids)
   int choice_index = 0;        // the `index` of the choice this formatter writes
+  // Chat with tools: <tool_call> blocks in the output become the message's `tool_calls`
+  // (ToolCallParser), at most `max_tool_calls` of them.
+  bool parse_tool_calls = false;
+  int max_tool_calls = 1 << 30;
 };
 
 // Turns one choice's GenerateResponse messages into OpenAI objects, either chunk by chunk
@@ -76,15 +82,22 @@ class CompletionFormatter {
   [[nodiscard]] bool complete() const { return complete_; }
   // The whole response of the request's choices (each formatter's own, in order; the first one's
   // id and model) with the usage of all of them.
-  static std::string Body(std::span<const CompletionFormatter> choices, const v1::Usage& usage);
+  static std::string Body(std::span<CompletionFormatter> choices, const v1::Usage& usage);
   // The final message's usage (empty before it).
   [[nodiscard]] const v1::Usage& usage() const { return final_.usage(); }
 
  private:
   nlohmann::ordered_json ChunkEnvelope() const;
+  // The stream events of one parser step: a content chunk (with `piece`'s logprobs, when given),
+  // then one chunk per completed call.
+  std::string ToolStepEvents(const ToolCallParser::Step& step, const v1::TextChunk* piece);
+  // A call as OpenAI's tool_calls entry; `index` only in stream deltas.
+  nlohmann::ordered_json ToolCallJson(const ParsedToolCall& call, std::optional<int> index);
+  // "tool_calls" when the output made calls and ended by itself, else the service's reason.
+  [[nodiscard]] const char* ChoiceFinishReason(int calls) const;
   nlohmann::ordered_json Logprobs(const v1::TextChunk& chunk, size_t text_offset) const;
-  // The choice object of a whole (non-streamed) response.
-  [[nodiscard]] nlohmann::ordered_json Choice() const;
+  // The choice object of a whole (non-streamed) response (not const: tool-call ids are made once).
+  [[nodiscard]] nlohmann::ordered_json Choice();
   [[nodiscard]] nlohmann::ordered_json StopReason() const;
 
   ResponseContext context_;
@@ -93,6 +106,9 @@ class CompletionFormatter {
   nlohmann::ordered_json logprobs_;  // accumulated (non-streaming)
   bool complete_ = false;
   v1::TextComplete final_;
+  std::optional<ToolCallParser> tool_parser_;  // streaming with parse_tool_calls
+  int tool_calls_sent_ = 0;
+  std::vector<std::string> tool_call_ids_;  // per call, made once (a body may be built twice)
 };
 
 }  // namespace mobius::router::openai

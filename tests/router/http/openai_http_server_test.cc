@@ -119,9 +119,11 @@ class FakeService : public InferenceService {
   }
 
   absl::StatusOr<std::string> RenderChat(const std::vector<tokenizer::ChatMessage>& messages,
+                                         const std::vector<std::string>& tools,
                                          bool add_generation_prompt) override {
     std::lock_guard<std::mutex> lock(mu_);
     chat_messages_ = messages;
+    chat_tools_ = tools;
     std::string out;
     for (const auto& m : messages) out += "<" + m.role + ">" + m.content;
     return out + (add_generation_prompt ? "<assistant>" : "");
@@ -169,6 +171,10 @@ class FakeService : public InferenceService {
     std::lock_guard<std::mutex> lock(mu_);
     return chat_messages_;
   }
+  std::vector<std::string> chat_tools() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return chat_tools_;
+  }
   Event& started() { return started_; }
   Event& saw_cancel() { return saw_cancel_; }
 
@@ -180,6 +186,7 @@ class FakeService : public InferenceService {
   std::mutex mu_;
   std::vector<v1::GenerateRequest> requests_;
   std::vector<tokenizer::ChatMessage> chat_messages_;
+  std::vector<std::string> chat_tools_;
   Event started_;
   Event saw_cancel_;
 };
@@ -896,6 +903,130 @@ TEST_F(HttpServerTest, TokenizeAndDetokenize) {
   Reply get = Send(http::verb::get, "/tokenize");
   EXPECT_EQ(get.status, 405u);
   EXPECT_EQ(get.header(http::field::allow), "POST");
+}
+
+// Chat with tools: the tools reach the prompt as the template's `tojson` writes them, and the
+// model's <tool_call> blocks come back as OpenAI tool calls, whole and streamed.
+const char kToolOutput[] =
+    "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+    "</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>";
+
+Json ToolRequest() {
+  return Json{{"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}},
+              {"tools",
+               {{{"type", "function"},
+                 {"function",
+                  {{"name", "get_weather"},
+                   {"parameters",
+                    {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}}}}};
+}
+
+// The output text in pieces of 5 bytes, then a stop.
+std::vector<v1::GenerateResponse> InPieces(const std::string& text) {
+  std::vector<v1::GenerateResponse> out;
+  for (size_t at = 0; at < text.size(); at += 5) out.push_back(Chunk(text.substr(at, 5)));
+  out.push_back(Complete(v1::FINISH_REASON_STOP, 9, static_cast<int>(out.size())));
+  return out;
+}
+
+TEST_F(HttpServerTest, ChatToolCallsWhole) {
+  service_.responses = InPieces(kToolOutput);
+  Reply reply = Post("/v1/chat/completions", ToolRequest());
+  ASSERT_EQ(reply.status, 200u) << reply.body;
+  const Json choice = reply.json()["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  EXPECT_EQ(choice["message"]["content"], "Checking.\n");
+  const Json& calls = choice["message"]["tool_calls"];
+  ASSERT_EQ(calls.size(), 2u) << reply.body;
+  EXPECT_EQ(calls[0]["type"], "function");
+  EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(calls[0]["function"]["arguments"], "{\"city\": \"Paris\"}");
+  EXPECT_EQ(calls[1]["function"]["name"], "now");
+  for (const Json& call : calls) {
+    const std::string id = call["id"];
+    EXPECT_TRUE(absl::StartsWith(id, "call_") && id.size() == 29) << id;
+  }
+  EXPECT_NE(calls[0]["id"], calls[1]["id"]);
+  // The tool as Python's json.dumps writes it, keys in the client's order (the Json of this test
+  // sorts them, so "function" precedes "type" here).
+  ASSERT_EQ(service_.chat_tools().size(), 1u);
+  EXPECT_EQ(service_.chat_tools()[0],
+            "{\"function\": {\"name\": \"get_weather\", \"parameters\": {\"properties\": "
+            "{\"city\": {\"type\": \"string\"}}, \"type\": \"object\"}}, \"type\": \"function\"}");
+
+  // parallel_tool_calls = false: the first call only.
+  service_.responses = InPieces(kToolOutput);
+  Json one = ToolRequest();
+  one["parallel_tool_calls"] = false;
+  Reply single = Post("/v1/chat/completions", one);
+  EXPECT_EQ(single.json()["choices"][0]["message"]["tool_calls"].size(), 1u) << single.body;
+
+  // tool_choice "none": no tools in the prompt, the text as it is.
+  service_.responses = InPieces(kToolOutput);
+  Json none = ToolRequest();
+  none["tool_choice"] = "none";
+  Reply text = Post("/v1/chat/completions", none);
+  ASSERT_EQ(text.status, 200u) << text.body;
+  EXPECT_EQ(text.json()["choices"][0]["message"]["content"], kToolOutput);
+  EXPECT_FALSE(text.json()["choices"][0]["message"].contains("tool_calls"));
+  EXPECT_EQ(text.json()["choices"][0]["finish_reason"], "stop");
+  EXPECT_TRUE(service_.chat_tools().empty());
+}
+
+TEST_F(HttpServerTest, ChatToolCallsStreamed) {
+  service_.responses = InPieces(kToolOutput);
+  Json body = ToolRequest();
+  body["stream"] = true;
+  Reply reply = Post("/v1/chat/completions", body);
+  ASSERT_EQ(reply.status, 200u) << reply.body;
+  std::vector<std::string> data = SseData(reply.body);
+  ASSERT_FALSE(data.empty());
+  EXPECT_EQ(data.back(), "[DONE]");
+  std::string content;
+  std::vector<Json> calls;
+  std::string finish;
+  for (size_t e = 1; e + 1 < data.size(); ++e) {
+    const Json delta = Json::parse(data[e])["choices"][0]["delta"];
+    const Json reason = Json::parse(data[e])["choices"][0]["finish_reason"];
+    if (reason.is_string()) finish = reason;
+    if (delta.contains("content")) content += delta["content"].get<std::string>();
+    if (delta.contains("tool_calls")) {
+      for (const Json& call : delta["tool_calls"]) calls.push_back(call);
+    }
+  }
+  EXPECT_EQ(content, "Checking.\n");  // nothing of the blocks leaks into the content
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[0]["index"], 0);
+  EXPECT_EQ(calls[1]["index"], 1);
+  EXPECT_EQ(calls[0]["function"]["arguments"], "{\"city\": \"Paris\"}");
+  EXPECT_EQ(calls[1]["function"]["name"], "now");
+  EXPECT_TRUE(absl::StartsWith(calls[0]["id"].get<std::string>(), "call_"));
+  EXPECT_EQ(finish, "tool_calls");
+}
+
+// Earlier tool turns render through the template: the assistant's calls and the tool results.
+TEST_F(HttpServerTest, ChatToolTurnsReachTheRenderer) {
+  service_.responses = {Chunk("21 degrees."), Complete(v1::FINISH_REASON_STOP, 9, 3)};
+  Json body = ToolRequest();
+  body["messages"].push_back(
+      {{"role", "assistant"},
+       {"content", nullptr},
+       {"tool_calls",
+        {{{"id", "call_1"},
+          {"type", "function"},
+          {"function", {{"name", "get_weather"}, {"arguments", "{\"city\": \"Paris\"}"}}}}}}});
+  body["messages"].push_back({{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "21"}});
+  Reply reply = Post("/v1/chat/completions", body);
+  ASSERT_EQ(reply.status, 200u) << reply.body;
+  EXPECT_EQ(reply.json()["choices"][0]["message"]["content"], "21 degrees.");
+  EXPECT_EQ(reply.json()["choices"][0]["finish_reason"], "stop");
+  const std::vector<tokenizer::ChatMessage> messages = service_.chat_messages();
+  ASSERT_EQ(messages.size(), 3u);
+  ASSERT_EQ(messages[1].tool_calls.size(), 1u);
+  EXPECT_EQ(messages[1].tool_calls[0].name, "get_weather");
+  EXPECT_EQ(messages[1].tool_calls[0].arguments, "{\"city\": \"Paris\"}");
+  EXPECT_EQ(messages[2].role, "tool");
+  EXPECT_EQ(messages[2].content, "21");
 }
 
 TEST_F(HttpServerTest, ModelsHealthAndRouting) {

@@ -228,7 +228,38 @@ TEST(ParseChat, FieldErrors) {
        "messages[0].content[0].text is required"},
       {{{"messages", {user}}, {"top_logprobs", 2}}, "top_logprobs", "top_logprobs requires"},
       {{{"messages", {user}}, {"logprobs", 2}}, "logprobs", "logprobs must be a boolean"},
-      {{{"messages", {user}}, {"tools", {{{"type", "function"}}}}}, "tools", "tools are not"},
+      {{{"messages", {user}}, {"tools", {{{"type", "function"}}}}},
+       "tools[0].function",
+       "tools[0].function must be an object"},
+      {{{"messages", {user}}, {"tools", {{{"type", "code"}}}}},
+       "tools[0].type",
+       "tools[0].type must be \"function\""},
+      {{{"messages", {user}}, {"tools", "f"}}, "tools", "tools must be an array of tools"},
+      {{{"messages", {user}},
+        {"tools", {{{"type", "function"}, {"function", {{"name", ""}}}}}}},
+       "tools[0].function.name",
+       "tools[0].function.name must be a non-empty string"},
+      {{{"messages", {user}}, {"tool_choice", "required"}},
+       "tool_choice",
+       "tool_choice \"required\" is not supported"},
+      {{{"messages", {user}}, {"tool_choice", {{"type", "function"}}}},
+       "tool_choice",
+       "tool_choice a named function is not supported"},
+      {{{"messages", {user}}, {"parallel_tool_calls", "no"}},
+       "parallel_tool_calls",
+       "parallel_tool_calls must be a boolean"},
+      {{{"messages", {user, {{"role", "assistant"}, {"tool_calls", {{{"type", "function"}}}}}}}},
+       "messages[1].tool_calls[0].function",
+       "messages[1].tool_calls[0].function is required"},
+      {{{"messages",
+         {user,
+          {{"role", "assistant"},
+           {"tool_calls", {{{"function", {{"name", "f"}, {"arguments", 3}}}}}}}}}},
+       "messages[1].tool_calls[0].function.arguments",
+       "messages[1].tool_calls[0].function.arguments must be a JSON string or an object"},
+      {{{"messages", {user, {{"role", "tool"}, {"content", "x"}, {"tool_call_id", 5}}}}},
+       "tool_call_id",
+       "tool_call_id must be a string"},
       {{{"messages", {user}}, {"response_format", {{"type", "json_object"}}}},
        "response_format.type",
        "response_format.type must be \"text\""},
@@ -239,6 +270,63 @@ TEST(ParseChat, FieldErrors) {
     EXPECT_EQ(ErrorParam(status), c.param) << c.body;
     EXPECT_TRUE(absl::StartsWith(status.message(), c.message)) << c.body << ": " << status;
   }
+}
+
+TEST(ParseChat, ToolsAndToolTurns) {
+  const Json body = {
+      {"messages",
+       {{{"role", "user"}, {"content", "weather?"}},
+        {{"role", "assistant"},
+         {"content", nullptr},
+         {"reasoning_content", "need a tool"},
+         {"tool_calls",
+          {{{"id", "call_1"},
+            {"type", "function"},
+            {"function", {{"name", "get"}, {"arguments", "{\"city\": \"Paris\"}"}}}},
+           {{"function", {{"name", "now"}, {"arguments", {{"tz", "UTC"}, {"a", 1}}}}}}}}},
+        {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "21"}}}},
+      {"tools", {{{"type", "function"}, {"function", {{"name", "get"}}}}}},
+      {"parallel_tool_calls", false}};
+  absl::StatusOr<ChatParams> params = ParseChatRequest(body, "");
+  ASSERT_TRUE(params.ok()) << params.status();
+  EXPECT_TRUE(params->use_tools);
+  EXPECT_FALSE(params->parallel_tool_calls);
+  ASSERT_EQ(params->messages.size(), 3u);
+  const tokenizer::ChatMessage& assistant = params->messages[1];
+  EXPECT_EQ(assistant.content, "");
+  EXPECT_EQ(assistant.reasoning_content, "need a tool");
+  ASSERT_EQ(assistant.tool_calls.size(), 2u);
+  EXPECT_EQ(assistant.tool_calls[0].name, "get");
+  EXPECT_EQ(assistant.tool_calls[0].arguments, "{\"city\": \"Paris\"}");  // as sent
+  // An object is written as Python's json.dumps would (keys sorted by the parser here).
+  EXPECT_EQ(assistant.tool_calls[1].arguments, "{\"a\": 1, \"tz\": \"UTC\"}");
+  EXPECT_EQ(params->messages[2].role, "tool");
+  EXPECT_EQ(params->messages[2].content, "21");
+
+  Json none = body;
+  none["tool_choice"] = "none";
+  EXPECT_FALSE(ParseChatRequest(none, "")->use_tools);
+  Json empty = body;
+  empty["tools"] = Json::array();
+  EXPECT_FALSE(ParseChatRequest(empty, "")->use_tools);
+}
+
+// The tools as the template's `tojson` writes them: the client's key order, Python's separators,
+// non-ASCII kept, strings escaped as json.dumps escapes them.
+TEST(ToolDefinitions, PythonJsonInTheClientsOrder) {
+  const std::string body =
+      R"({"messages": [], "tools": [{"type": "function", "function": {"name": "f", )"
+      R"("parameters": {"type": "object", "properties": {"q": {"type": "string", )"
+      R"("description": "caf\u00e9 \"x\"\n"}}, "required": ["q"]}}}, {"function": {"name": "g"}, )"
+      R"("type": "function"}]})";
+  absl::StatusOr<std::vector<std::string>> tools = ToolDefinitions(body);
+  ASSERT_TRUE(tools.ok()) << tools.status();
+  ASSERT_EQ(tools->size(), 2u);
+  EXPECT_EQ((*tools)[0],
+            "{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": "
+            "{\"type\": \"object\", \"properties\": {\"q\": {\"type\": \"string\", "
+            "\"description\": \"caf\xc3\xa9 \\\"x\\\"\\n\"}}, \"required\": [\"q\"]}}}");
+  EXPECT_EQ((*tools)[1], "{\"function\": {\"name\": \"g\"}, \"type\": \"function\"}");
 }
 
 TEST(ParseJsonBody, MalformedAndDeep) {
@@ -271,8 +359,8 @@ TEST(Errors, ObjectShape) {
 }
 
 // A whole response of one choice.
-std::string BodyOf(const CompletionFormatter& f) {
-  return CompletionFormatter::Body(std::span<const CompletionFormatter>(&f, 1), f.usage());
+std::string BodyOf(CompletionFormatter& f) {
+  return CompletionFormatter::Body(std::span<CompletionFormatter>(&f, 1), f.usage());
 }
 
 v1::GenerateResponse LogprobChunk() {
