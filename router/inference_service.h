@@ -52,11 +52,11 @@ class InferenceService {
       const v1::GenerateRequest& request, const CallContext& context,
       const std::function<bool(const v1::GenerateResponse&)>& on_response) = 0;
 
-  // Renders OpenAI-style chat messages into the model's prompt text (ChatML, the Qwen3 template),
-  // `tools` (each tool's definition as JSON text) listed in its system turn.
+  // Renders OpenAI-style chat messages into the model's prompt text (the Qwen3 chat template:
+  // tokenizer/chat_template.h), with the tools and options in `args`.
   virtual absl::StatusOr<std::string> RenderChat(
-      const std::vector<tokenizer::ChatMessage>& messages, const std::vector<std::string>& tools,
-      bool add_generation_prompt) = 0;
+      const std::vector<tokenizer::ChatMessage>& messages,
+      const tokenizer::ChatTemplateArgs& args) = 0;
 
   virtual absl::StatusOr<v1::TokenizeResponse> Tokenize(const v1::TokenizeRequest& request) = 0;
   // INVALID_ARGUMENT naming the field "ids" for an id outside the tokenizer's vocabulary;

@@ -44,8 +44,8 @@ bool IsToolResponseTurn(std::string_view content) {
 }  // namespace
 
 absl::StatusOr<std::string> RenderChatMessages(absl::Span<const ChatMessage> messages,
-                                               absl::Span<const std::string> tools,
-                                               bool add_generation_prompt) {
+                                               const ChatTemplateArgs& args) {
+  const std::vector<std::string>& tools = args.tools;
   // OpenAI's "developer" role replaced "system" for instructions to the model; the template has
   // no such role, so it is rendered as the system turn it means.
   std::vector<std::string> roles;
@@ -119,7 +119,10 @@ absl::StatusOr<std::string> RenderChatMessages(absl::Span<const ChatMessage> mes
       if (i + 1 == n || roles[i + 1] != "tool") prompt.append("<|im_end|>\n");
     }
   }
-  if (add_generation_prompt) prompt.append("<|im_start|>assistant\n");
+  if (args.add_generation_prompt) {
+    prompt.append("<|im_start|>assistant\n");
+    if (!args.enable_thinking) prompt.append("<think>\n\n</think>\n\n");
+  }
   return prompt;
 }
 

@@ -5,7 +5,8 @@
 // template's reasoning rules (an assistant turn after the last user query carries its
 // <think> block; earlier ones lose it). The template's logic is written out here rather than
 // interpreted; tests/tokenizer/chat_template_reference_test.cc checks it against the template
-// itself rendered by Jinja.
+// itself rendered by Jinja. One deliberate difference: OpenAI's "developer" turn, which the
+// template would drop, is rendered as the system turn it stands for.
 #ifndef MOBIUS_TOKENIZER_CHAT_TEMPLATE_H_
 #define MOBIUS_TOKENIZER_CHAT_TEMPLATE_H_
 
@@ -31,12 +32,21 @@ struct ChatMessage {
   std::optional<std::string> reasoning_content;  // assistant turns: the <think> part, if given
 };
 
-// `tools`: each tool's definition as JSON text (the template's `tool | tojson`), listed in the
-// system turn; none: no tool section. InvalidArgument naming the message for a role other than
-// system, developer, user, assistant or tool (the template would drop such a turn silently).
+// The template's other inputs.
+struct ChatTemplateArgs {
+  // Each tool's definition as JSON text (the template's `tool | tojson`), listed in the system
+  // turn; none: no tool section.
+  std::vector<std::string> tools;
+  bool add_generation_prompt = true;  // end with the assistant turn's opening
+  // False: that opening carries an empty <think> block, so a reasoning model answers at once
+  // (the template's `enable_thinking`, which vLLM takes in `chat_template_kwargs`).
+  bool enable_thinking = true;
+};
+
+// InvalidArgument naming the message for a role other than system, developer, user, assistant or
+// tool (the template would drop such a turn silently).
 absl::StatusOr<std::string> RenderChatMessages(absl::Span<const ChatMessage> messages,
-                                               absl::Span<const std::string> tools,
-                                               bool add_generation_prompt);
+                                               const ChatTemplateArgs& args);
 
 }  // namespace mobius::tokenizer
 

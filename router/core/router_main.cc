@@ -55,6 +55,11 @@ ABSL_FLAG(int, request_timeout_s, 0,
 ABSL_FLAG(int, drain_timeout_s, 600,
           "On SIGTERM, how long requests in flight may take to finish before the router exits.");
 
+ABSL_FLAG(std::string, reasoning_parser, "",
+          "Reasoning output of chat answers: \"qwen3\" returns an answer's <think>...</think> "
+          "block as the message's reasoning_content (vLLM's field), the rest as its content; \"\" "
+          "(default) returns the text as the model wrote it.");
+
 namespace mobius::router {
 namespace {
 
@@ -83,6 +88,12 @@ absl::Status Run() {
   // Declared before the service, which owns the replicas it reads: scrapes stop (the HTTP server
   // is shut down) before either goes away.
   RouterMetrics metrics(replicas.get());
+
+  const std::string reasoning_parser = absl::GetFlag(FLAGS_reasoning_parser);
+  if (!reasoning_parser.empty() && reasoning_parser != "qwen3") {
+    return absl::InvalidArgumentError(absl::StrCat("--reasoning-parser=", reasoning_parser,
+                                                   " is not known: use qwen3, or leave it empty"));
+  }
 
   RouterOptions options;
   options.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
@@ -120,6 +131,7 @@ absl::Status Run() {
     http_options.port = absl::GetFlag(FLAGS_http_port);
     http_options.served_model_name = options.served_model_name;
     http_options.metrics = &metrics;
+    http_options.parse_reasoning = reasoning_parser == "qwen3";
     http_options.on_generate_done = [&metrics](absl::StatusCode code) {
       metrics.RequestFinished("http", code);
     };

@@ -433,9 +433,8 @@ absl::Status RouterService::Generate(
 }
 
 absl::StatusOr<std::string> RouterService::RenderChat(
-    const std::vector<tokenizer::ChatMessage>& messages, const std::vector<std::string>& tools,
-    bool add_generation_prompt) {
-  return tokenizer::RenderChatMessages(messages, tools, add_generation_prompt);
+    const std::vector<tokenizer::ChatMessage>& messages, const tokenizer::ChatTemplateArgs& args) {
+  return tokenizer::RenderChatMessages(messages, args);
 }
 
 absl::StatusOr<v1::TokenizeResponse> RouterService::Tokenize(const v1::TokenizeRequest& request) {

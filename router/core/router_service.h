@@ -48,8 +48,7 @@ class RouterService final : public InferenceService {
       const v1::GenerateRequest& request, const CallContext& context,
       const std::function<bool(const v1::GenerateResponse&)>& on_response) override;
   absl::StatusOr<std::string> RenderChat(const std::vector<tokenizer::ChatMessage>& messages,
-                                         const std::vector<std::string>& tools,
-                                         bool add_generation_prompt) override;
+                                         const tokenizer::ChatTemplateArgs& args) override;
   absl::StatusOr<v1::TokenizeResponse> Tokenize(const v1::TokenizeRequest& request) override;
   absl::StatusOr<v1::DetokenizeResponse> Detokenize(const v1::DetokenizeRequest& request) override;
   absl::StatusOr<v1::ModelInfo> GetModelInfo() override;

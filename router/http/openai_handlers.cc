@@ -259,6 +259,7 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
   } else {
     absl::StatusOr<ChatParams> params = ParseChatRequest(*body, context.model);
     if (!params.ok()) return fail(params.status());
+    context.parse_reasoning = options_.parse_reasoning;
     std::vector<std::string> tools;
     if (params->use_tools) {
       absl::StatusOr<std::vector<std::string>> definitions = ToolDefinitions(request.body());
@@ -267,7 +268,10 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
       context.parse_tool_calls = true;
       if (!params->parallel_tool_calls) context.max_tool_calls = 1;
     }
-    absl::StatusOr<std::string> prompt = service_.RenderChat(params->messages, tools, true);
+    absl::StatusOr<std::string> prompt =
+        service_.RenderChat(params->messages, {.tools = std::move(tools),
+                                               .add_generation_prompt = true,
+                                               .enable_thinking = params->enable_thinking});
     if (!prompt.ok()) return fail(prompt.status());
     if (!params->sampling.has_max_tokens()) DefaultChatMaxTokens(&params->sampling);
     v1::GenerateRequest& generate = prompts.emplace_back();
@@ -471,8 +475,16 @@ void OpenAiApi::Tokenize(const HttpRequest& request, ResponseSink& sink) {
     tokenize.set_text(*params->prompt);
   } else {
     // The prompt the chat endpoint would send for these messages.
-    absl::StatusOr<std::string> text =
-        service_.RenderChat(params->messages, {}, params->add_generation_prompt);
+    std::vector<std::string> tools;
+    if (params->use_tools) {
+      absl::StatusOr<std::vector<std::string>> definitions = ToolDefinitions(request.body());
+      if (!definitions.ok()) return sink.Send(ErrorResponse(request, definitions.status()));
+      tools = *std::move(definitions);
+    }
+    absl::StatusOr<std::string> text = service_.RenderChat(
+        params->messages, {.tools = std::move(tools),
+                           .add_generation_prompt = params->add_generation_prompt,
+                           .enable_thinking = params->enable_thinking});
     if (!text.ok()) return sink.Send(ErrorResponse(request, text.status()));
     tokenize.set_text(*std::move(text));
   }

@@ -1,7 +1,8 @@
 // OpenAI-compatible HTTP front end of the router: POST /v1/completions, POST
 // /v1/chat/completions (both with `stream: true` as server-sent events ending in
-// `data: [DONE]`), GET /v1/models, GET /health, GET /metrics. It translates JSON to and from the
-// mobius.v1 protos and calls InferenceService; it owns no inference logic.
+// `data: [DONE]`), GET /v1/models, POST /tokenize and /detokenize, GET /health, GET /metrics. It
+// translates JSON to and from the mobius.v1 protos and calls InferenceService; it owns no inference
+// logic.
 #ifndef MOBIUS_ROUTER_HTTP_OPENAI_HTTP_SERVER_H_
 #define MOBIUS_ROUTER_HTTP_OPENAI_HTTP_SERVER_H_
 
@@ -31,6 +32,9 @@ struct HttpServerOptions {
   // Called once per completion or chat request with its final status (the one its HTTP status
   // or SSE error event came from; CANCELLED when the client went away), e.g. to count requests.
   std::function<void(absl::StatusCode)> on_generate_done;
+  // Chat answers of a reasoning model: "<think>...</think>" becomes the message's
+  // `reasoning_content` (vLLM's --reasoning-parser qwen3; router/http/reasoning_parser.h).
+  bool parse_reasoning = false;
 };
 
 class OpenAiHttpServer {

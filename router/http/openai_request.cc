@@ -21,8 +21,9 @@ using Json = nlohmann::json;
 
 constexpr char kParamPayload[] = "type.mobius.dev/openai.param";
 constexpr char kCodePayload[] = "type.mobius.dev/openai.code";
-// Requests nest three levels deep (messages[i].content[j]); anything far deeper is not a request.
-constexpr size_t kMaxDepth = 32;
+// A request's own structure nests a few levels (messages[i].tool_calls[j].function); the JSON
+// schemas of tools nest deeper, rarely past a few dozen levels.
+constexpr size_t kMaxDepth = 64;
 // OpenAI's limit on stop sequences.
 constexpr size_t kMaxStopStrings = 4;
 // OpenAI's default for the legacy completions endpoint.
@@ -391,9 +392,12 @@ absl::StatusOr<std::string> ParseMessageContent(const Json& message, const std::
 // arguments a JSON string as OpenAI sends it, or an object) and vLLM's `reasoning_content`.
 absl::Status ParseAssistantTurn(const Json& message, const std::string& field,
                                 tokenizer::ChatMessage* out) {
-  std::optional<std::string> reasoning;
-  ASSIGN_OR_RETURN(reasoning, ReadString(message, "reasoning_content"));
-  out->reasoning_content = std::move(reasoning);
+  if (const Json* reasoning = Member(message, "reasoning_content"); reasoning != nullptr) {
+    if (!reasoning->is_string()) {
+      return TypeError(absl::StrCat(field, ".reasoning_content"), "a string", *reasoning);
+    }
+    out->reasoning_content = reasoning->get<std::string>();
+  }
   const Json* calls = Member(message, "tool_calls");
   if (calls == nullptr) return absl::OkStatus();
   const std::string calls_field = absl::StrCat(field, ".tool_calls");
@@ -446,18 +450,23 @@ absl::Status ParseTools(const Json& body, ChatParams* params) {
       if (!tool.is_object()) return TypeError(field, "an object", tool);
       const Json* type = Member(tool, "type");
       if (type == nullptr || *type != "function") {
-        return FieldError(absl::StrCat(field, ".type"),
-                          absl::StrCat(field, ".type must be \"function\""));
+        return type == nullptr ? FieldError(absl::StrCat(field, ".type"),
+                                            absl::StrCat(field, ".type is required (\"function\")"))
+                               : TypeError(absl::StrCat(field, ".type"), "\"function\"", *type);
       }
       const Json* function = Member(tool, "function");
       if (function == nullptr || !function->is_object()) {
-        return FieldError(absl::StrCat(field, ".function"),
-                          absl::StrCat(field, ".function must be an object"));
+        return function == nullptr
+                   ? FieldError(absl::StrCat(field, ".function"),
+                                absl::StrCat(field, ".function is required"))
+                   : TypeError(absl::StrCat(field, ".function"), "an object", *function);
       }
       const Json* name = Member(*function, "name");
       if (name == nullptr || !name->is_string() || name->get_ref<const std::string&>().empty()) {
-        return FieldError(absl::StrCat(field, ".function.name"),
-                          absl::StrCat(field, ".function.name must be a non-empty string"));
+        return name == nullptr
+                   ? FieldError(absl::StrCat(field, ".function.name"),
+                                absl::StrCat(field, ".function.name is required"))
+                   : TypeError(absl::StrCat(field, ".function.name"), "a non-empty string", *name);
       }
     }
   }
@@ -470,12 +479,17 @@ absl::Status ParseTools(const Json& body, ChatParams* params) {
     } else {
       return TypeError("tool_choice", "a string or an object", *tool_choice);
     }
+    if (choice == "required" || choice == "a named function") {
+      return FieldError(
+          "tool_choice",
+          absl::StrCat("tool_choice ", choice == "required" ? Describe(*tool_choice) : choice,
+                       " is not supported: forcing a call needs constrained "
+                       "decoding; use \"auto\" or \"none\""));
+    }
     if (choice != "auto" && choice != "none") {
-      return FieldError("tool_choice",
-                        absl::StrCat("tool_choice ",
-                                     choice == "a named function" ? choice : Describe(*tool_choice),
-                                     " is not supported: forcing a call needs constrained "
-                                     "decoding; use \"auto\" or \"none\""));
+      return FieldError(
+          "tool_choice",
+          absl::StrCat("tool_choice must be \"auto\" or \"none\", got ", Describe(*tool_choice)));
     }
   }
   std::optional<bool> parallel;
@@ -483,6 +497,26 @@ absl::Status ParseTools(const Json& body, ChatParams* params) {
   params->parallel_tool_calls = parallel.value_or(true);
   // "none": the model answers in text; the tools stay out of the prompt, as OpenAI describes it.
   params->use_tools = has_tools && choice == "auto";
+  return absl::OkStatus();
+}
+
+// vLLM's `chat_template_kwargs`: the template's own arguments. The Qwen3 template reads one,
+// `enable_thinking`; any other would be ignored by it, so it is refused by name.
+absl::Status ParseChatTemplateKwargs(const Json& body, bool* enable_thinking) {
+  const Json* kwargs = Member(body, "chat_template_kwargs");
+  if (kwargs == nullptr) return absl::OkStatus();
+  if (!kwargs->is_object()) return TypeError("chat_template_kwargs", "an object", *kwargs);
+  for (const auto& [key, value] : kwargs->items()) {
+    const std::string field = absl::StrCat("chat_template_kwargs.", key);
+    if (key != "enable_thinking") {
+      return FieldError(field, absl::StrCat(field,
+                                            " is not supported: the chat template takes "
+                                            "enable_thinking only"));
+    }
+    if (value.is_null()) continue;
+    if (!value.is_boolean()) return TypeError(field, "a boolean", value);
+    *enable_thinking = value.get<bool>();
+  }
   return absl::OkStatus();
 }
 
@@ -505,8 +539,10 @@ absl::Status ParseMessages(const Json& body, std::vector<tokenizer::ChatMessage>
     if (out.role == "assistant") {
       RETURN_IF_ERROR(ParseAssistantTurn(message, field, &out));
     } else if (out.role == "tool") {
-      std::optional<std::string> id;  // answers a call by id; the template does not show it
-      ASSIGN_OR_RETURN(id, ReadString(message, "tool_call_id"));
+      // Answers a call by id; the template does not show it, so only its type is checked.
+      if (const Json* id = Member(message, "tool_call_id"); id != nullptr && !id->is_string()) {
+        return TypeError(absl::StrCat(field, ".tool_call_id"), "a string", *id);
+      }
     }
     messages->push_back(std::move(out));
   }
@@ -662,6 +698,7 @@ absl::StatusOr<ChatParams> ParseChatRequest(const Json& body,
   RETURN_IF_ERROR(ParseStreaming(body, &params.stream, &params.include_usage));
 
   RETURN_IF_ERROR(ParseTools(body, &params));
+  RETURN_IF_ERROR(ParseChatTemplateKwargs(body, &params.enable_thinking));
   if (const Json* format = Member(body, "response_format"); format != nullptr) {
     const Json* type = format->is_object() ? Member(*format, "type") : nullptr;
     if (type == nullptr || *type != "text") {
@@ -703,6 +740,10 @@ absl::StatusOr<TokenizeParams> ParseTokenizeRequest(const Json& body,
     std::optional<bool> b;
     ASSIGN_OR_RETURN(b, ReadBool(body, "add_generation_prompt"));
     params.add_generation_prompt = b.value_or(true);
+    RETURN_IF_ERROR(ParseChatTemplateKwargs(body, &params.enable_thinking));
+    ChatParams chat;
+    RETURN_IF_ERROR(ParseTools(body, &chat));
+    params.use_tools = chat.use_tools;
   }
   // The Qwen tokenizers add no special tokens to a text, so either value gives the same ids; the
   // type is still checked.

@@ -42,6 +42,7 @@ struct ChatParams {
   // (ToolDefinitions) and <tool_call> blocks of the output become tool calls.
   bool use_tools = false;
   bool parallel_tool_calls = true;  // false: at most one call is returned
+  bool enable_thinking = true;      // chat_template_kwargs.enable_thinking (vLLM's)
   bool stream = false;
   bool include_usage = false;
   bool logprobs = false;       // `logprobs: true` (sampling.logprobs holds top_logprobs)
@@ -54,6 +55,8 @@ struct TokenizeParams {
   std::optional<std::string> prompt;
   std::vector<tokenizer::ChatMessage> messages;
   bool add_generation_prompt = true;
+  bool enable_thinking = true;  // chat_template_kwargs.enable_thinking
+  bool use_tools = false;       // `tools` (and `tool_choice`) as the chat endpoint takes them
 };
 
 // The service calls of a request's choices, in OpenAI's order (prompt by prompt, then `n` choices

@@ -184,7 +184,12 @@ static std::string NewToolCallId() {
 }
 
 CompletionFormatter::CompletionFormatter(ResponseContext context) : context_(std::move(context)) {
-  if (context_.parse_tool_calls) tool_parser_.emplace(context_.max_tool_calls);
+  if (context_.endpoint == Endpoint::kChat && context_.parse_tool_calls) {
+    tool_parser_.emplace(context_.max_tool_calls);
+  }
+  if (context_.endpoint == Endpoint::kChat && context_.parse_reasoning) {
+    reasoning_parser_.emplace();
+  }
   if (context_.endpoint == Endpoint::kCompletions) {
     logprobs_ = Json{{"tokens", Json::array()},
                      {"token_logprobs", Json::array()},
@@ -296,10 +301,10 @@ std::string CompletionFormatter::StreamStart() const {
   return SseEvent(chunk);
 }
 
-Json CompletionFormatter::ToolCallJson(const ParsedToolCall& call, std::optional<int> index) {
+Json CompletionFormatter::ToolCallJson(const ParsedToolCall& call, int position, bool with_index) {
   Json json;
-  if (index.has_value()) json["index"] = *index;
-  const size_t k = index.value_or(static_cast<int>(tool_call_ids_.size()));
+  if (with_index) json["index"] = position;
+  const size_t k = static_cast<size_t>(position);
   while (tool_call_ids_.size() <= k) tool_call_ids_.push_back(NewToolCallId());
   json["id"] = tool_call_ids_[k];
   json["type"] = "function";
@@ -312,44 +317,64 @@ const char* CompletionFormatter::ChoiceFinishReason(int calls) const {
   return FinishReason(final_.finish_reason());
 }
 
-std::string CompletionFormatter::ToolStepEvents(const ToolCallParser::Step& step,
-                                                const v1::TextChunk* piece) {
-  std::string events;
-  const bool with_logprobs = piece != nullptr && context_.logprobs && piece->token_ids_size() > 0;
-  if (!step.content.empty() || with_logprobs) {
-    Json choice;
-    choice["index"] = context_.choice_index;
-    choice["delta"] = Json{{"content", step.content}};
-    choice["logprobs"] = piece != nullptr ? Logprobs(*piece, 0) : Json(nullptr);
-    choice["finish_reason"] = nullptr;
-    Json chunk = ChunkEnvelope();
-    chunk["choices"] = Json::array({std::move(choice)});
-    if (context_.include_usage) chunk["usage"] = nullptr;
-    events += SseEvent(chunk);
+std::string CompletionFormatter::DeltaEvent(Json delta, Json logprobs) {
+  Json choice;
+  choice["index"] = context_.choice_index;
+  choice["delta"] = std::move(delta);
+  choice["logprobs"] = std::move(logprobs);
+  choice["finish_reason"] = nullptr;
+  Json chunk = ChunkEnvelope();
+  chunk["choices"] = Json::array({std::move(choice)});
+  if (context_.include_usage) chunk["usage"] = nullptr;
+  return SseEvent(chunk);
+}
+
+std::string CompletionFormatter::ParsedChatEvents(const v1::TextChunk* piece) {
+  const std::string text = piece != nullptr ? piece->text() : std::string();
+  ReasoningParser::Step split;
+  if (!reasoning_parser_.has_value()) {
+    split.content = text;
+  } else if (piece != nullptr) {
+    split = reasoning_parser_->Push(text);
+  } else {
+    split = reasoning_parser_->Finish();
   }
-  for (const ParsedToolCall& call : step.calls) {
-    Json choice;
-    choice["index"] = context_.choice_index;
-    choice["delta"] = Json{{"tool_calls", Json::array({ToolCallJson(call, tool_calls_sent_++)})}};
-    choice["logprobs"] = nullptr;
-    choice["finish_reason"] = nullptr;
-    Json chunk = ChunkEnvelope();
-    chunk["choices"] = Json::array({std::move(choice)});
-    if (context_.include_usage) chunk["usage"] = nullptr;
-    events += SseEvent(chunk);
+  ToolCallParser::Step calls;
+  if (!tool_parser_.has_value()) {
+    calls.content = std::move(split.content);
+  } else {
+    calls = tool_parser_->Push(split.content);
+    if (piece == nullptr) {
+      ToolCallParser::Step last = tool_parser_->Finish();
+      calls.content += last.content;
+      calls.calls.insert(calls.calls.end(), last.calls.begin(), last.calls.end());
+    }
+  }
+  Json logprobs = piece != nullptr && context_.logprobs && piece->token_ids_size() > 0
+                      ? Logprobs(*piece, 0)
+                      : Json(nullptr);
+  std::string events;
+  if (!split.reasoning.empty()) {
+    events += DeltaEvent(Json{{"reasoning_content", split.reasoning}}, std::move(logprobs));
+    logprobs = nullptr;
+  }
+  if (!calls.content.empty() || !logprobs.is_null()) {
+    events += DeltaEvent(Json{{"content", calls.content}}, std::move(logprobs));
+  }
+  for (const ParsedToolCall& call : calls.calls) {
+    const int position = tool_calls_sent_++;
+    events += DeltaEvent(Json{{"tool_calls", Json::array({ToolCallJson(call, position, true)})}},
+                         nullptr);
   }
   return events;
 }
 
 std::string CompletionFormatter::StreamEvents(const v1::GenerateResponse& response) {
   const bool chat = context_.endpoint == Endpoint::kChat;
-  if (tool_parser_.has_value() && response.has_chunk()) {
-    return ToolStepEvents(tool_parser_->Push(response.chunk().text()), &response.chunk());
-  }
-  std::string tail;  // a tool-call stream's held-back text and last calls
-  if (tool_parser_.has_value() && response.has_complete()) {
-    tail = ToolStepEvents(tool_parser_->Finish(), nullptr);
-  }
+  const bool parsed = tool_parser_.has_value() || reasoning_parser_.has_value();
+  if (parsed && response.has_chunk()) return ParsedChatEvents(&response.chunk());
+  std::string tail;  // a parsed stream's held-back text and last calls
+  if (parsed && response.has_complete()) tail = ParsedChatEvents(nullptr);
   if (response.has_chunk()) {
     const v1::TextChunk& piece = response.chunk();
     if (piece.text().empty() && !(context_.logprobs && piece.token_ids_size() > 0)) return "";
@@ -423,19 +448,40 @@ Json CompletionFormatter::Choice() {
   Json choice;
   choice["index"] = context_.choice_index;
   int calls = 0;
-  if (context_.endpoint == Endpoint::kChat && context_.parse_tool_calls) {
-    // The whole text through the same parser a stream uses: the same content and calls.
-    ToolCallParser parser(context_.max_tool_calls);
-    ToolCallParser::Step step = parser.Push(text_);
-    ToolCallParser::Step last = parser.Finish();
-    step.content += last.content;
-    step.calls.insert(step.calls.end(), last.calls.begin(), last.calls.end());
+  if (context_.endpoint == Endpoint::kChat &&
+      (context_.parse_tool_calls || context_.parse_reasoning)) {
+    // The whole text through the same parsers a stream uses: the same reasoning, content and
+    // calls.
+    ReasoningParser::Step split;
+    if (context_.parse_reasoning) {
+      ReasoningParser reasoning;
+      split = reasoning.Push(text_);
+      ReasoningParser::Step last = reasoning.Finish();
+      split.reasoning += last.reasoning;
+      split.content += last.content;
+    } else {
+      split.content = text_;
+    }
+    ToolCallParser::Step step;
+    if (context_.parse_tool_calls) {
+      ToolCallParser parser(context_.max_tool_calls);
+      step = parser.Push(split.content);
+      ToolCallParser::Step last = parser.Finish();
+      step.content += last.content;
+      step.calls.insert(step.calls.end(), last.calls.begin(), last.calls.end());
+    } else {
+      step.content = std::move(split.content);
+    }
     Json message{{"role", "assistant"},
                  {"content", step.content.empty() ? Json(nullptr) : Json(step.content)}};
+    if (context_.parse_reasoning) {
+      message["reasoning_content"] =
+          split.reasoning.empty() ? Json(nullptr) : Json(split.reasoning);
+    }
     if (!step.calls.empty()) {
       message["tool_calls"] = Json::array();
-      for (const ParsedToolCall& call : step.calls) {
-        message["tool_calls"].push_back(ToolCallJson(call, std::nullopt));
+      for (size_t k = 0; k < step.calls.size(); ++k) {
+        message["tool_calls"].push_back(ToolCallJson(step.calls[k], static_cast<int>(k), false));
       }
     }
     calls = static_cast<int>(step.calls.size());

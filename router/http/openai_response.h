@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "inference.pb.h"
+#include "router/http/reasoning_parser.h"
 #include "router/http/tool_call_parser.h"
 
 namespace mobius::router::openai {
@@ -53,6 +54,8 @@ struct ResponseContext {
   // (ToolCallParser), at most `max_tool_calls` of them.
   bool parse_tool_calls = false;
   int max_tool_calls = 1 << 30;
+  // Chat: a leading <think> block becomes `reasoning_content` (ReasoningParser).
+  bool parse_reasoning = false;
 };
 
 // Turns one choice's GenerateResponse messages into OpenAI objects, either chunk by chunk
@@ -88,11 +91,15 @@ class CompletionFormatter {
 
  private:
   nlohmann::ordered_json ChunkEnvelope() const;
-  // The stream events of one parser step: a content chunk (with `piece`'s logprobs, when given),
-  // then one chunk per completed call.
-  std::string ToolStepEvents(const ToolCallParser::Step& step, const v1::TextChunk* piece);
-  // A call as OpenAI's tool_calls entry; `index` only in stream deltas.
-  nlohmann::ordered_json ToolCallJson(const ParsedToolCall& call, std::optional<int> index);
+  // A chat stream's events for `piece` (nullptr: the end of the output) through the reasoning
+  // and tool-call parsers: a reasoning chunk, a content chunk, then one chunk per completed call;
+  // `piece`'s logprobs go with the first of them (a content chunk of "" when there is none).
+  std::string ParsedChatEvents(const v1::TextChunk* piece);
+  // A delta chunk of this choice.
+  std::string DeltaEvent(nlohmann::ordered_json delta, nlohmann::ordered_json logprobs);
+  // The choice's call number `position` as OpenAI's tool_calls entry (its id made once per
+  // position); `index` only in stream deltas.
+  nlohmann::ordered_json ToolCallJson(const ParsedToolCall& call, int position, bool with_index);
   // "tool_calls" when the output made calls and ended by itself, else the service's reason.
   [[nodiscard]] const char* ChoiceFinishReason(int calls) const;
   nlohmann::ordered_json Logprobs(const v1::TextChunk& chunk, size_t text_offset) const;
@@ -106,7 +113,8 @@ class CompletionFormatter {
   nlohmann::ordered_json logprobs_;  // accumulated (non-streaming)
   bool complete_ = false;
   v1::TextComplete final_;
-  std::optional<ToolCallParser> tool_parser_;  // streaming with parse_tool_calls
+  std::optional<ReasoningParser> reasoning_parser_;  // streaming with parse_reasoning
+  std::optional<ToolCallParser> tool_parser_;        // streaming with parse_tool_calls
   int tool_calls_sent_ = 0;
   std::vector<std::string> tool_call_ids_;  // per call, made once (a body may be built twice)
 };

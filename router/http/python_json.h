@@ -12,7 +12,8 @@
 namespace mobius::router::openai {
 
 // Numbers are written as nlohmann writes them (the shortest text that reads back the same
-// value), which equals Python's repr except for some floats of exponent 15 and beyond.
+// value), which equals Python's repr except for floats in [1e15, 1e16) (nlohmann: 1e+15, Python:
+// 1000000000000000.0) and integers beyond 64 bits, which nlohmann holds as doubles.
 std::string PythonJsonDumps(const nlohmann::ordered_json& value);
 
 }  // namespace mobius::router::openai

@@ -57,19 +57,22 @@ size_t PartialTagSuffix(std::string_view text, std::string_view tag) {
 }  // namespace
 
 void ToolCallParser::AddContent(std::string_view text, Step& step) {
-  if (blocks_ > 0 && Trim(text).empty()) {
-    // Whitespace after a block waits: it is dropped before the next block or the end, and kept
-    // before more text, whatever pieces the output arrives in.
+  if (text.empty()) return;
+  if (after_block_ && Trim(text).empty()) {
+    // Blank text right after a block waits: it is dropped before the next block or the end, and
+    // kept before more text, whatever pieces the output arrives in.
     pending_space_.append(text);
     return;
   }
   step.content.append(pending_space_);
   pending_space_.clear();
+  after_block_ = false;
   step.content.append(text);
 }
 
 void ToolCallParser::CloseBlock(std::string_view block, bool closed, Step& step) {
   ++blocks_;
+  after_block_ = true;
   const std::string_view body = Trim(block);
   nlohmann::ordered_json call;
   if (!NestsDeeperThan(body, kMaxDepth)) {
@@ -95,8 +98,13 @@ ToolCallParser::Step ToolCallParser::Push(std::string_view text) {
   held_.append(text);
   while (true) {
     if (in_block_) {
-      const size_t close = held_.find(kClose);
-      if (close == std::string::npos) break;
+      const size_t close = held_.find(kClose, scanned_);
+      if (close == std::string::npos) {
+        // The next search starts where a tag split across pieces could begin.
+        scanned_ = held_.size() >= kClose.size() ? held_.size() - (kClose.size() - 1) : 0;
+        break;
+      }
+      scanned_ = 0;
       CloseBlock(std::string_view(held_).substr(0, close), /*closed=*/true, step);
       held_.erase(0, close + kClose.size());
       in_block_ = false;
@@ -112,6 +120,7 @@ ToolCallParser::Step ToolCallParser::Push(std::string_view text) {
     AddContent(std::string_view(held_).substr(0, open), step);
     pending_space_.clear();
     held_.erase(0, open + kOpen.size());
+    scanned_ = 0;
     in_block_ = true;
   }
   return step;
@@ -126,6 +135,7 @@ ToolCallParser::Step ToolCallParser::Finish() {
     AddContent(held_, step);
   }
   held_.clear();
+  scanned_ = 0;
   pending_space_.clear();
   return step;
 }

@@ -45,13 +45,15 @@ class ToolCallParser {
   [[nodiscard]] int calls() const { return calls_; }
 
  private:
-  // Appends `text` to step.content; whitespace after a block waits in pending_space_.
+  // Appends `text` to step.content; blank text right after a block waits in pending_space_.
   void AddContent(std::string_view text, Step& step);
   void CloseBlock(std::string_view block, bool closed, Step& step);
 
   const int max_calls_;
   std::string held_;
+  size_t scanned_ = 0;  // held_[0, scanned_) holds no closing tag (a block's search resumes there)
   std::string pending_space_;
+  bool after_block_ = false;  // only blank text since the last block closed
   bool in_block_ = false;
   int blocks_ = 0;  // blocks seen, calls or not
   int calls_ = 0;

@@ -2,7 +2,7 @@
 // template rendered by Jinja the way transformers renders it (render_chat_template.py), over
 // conversations that exercise every branch: system turns, tools, tool calls with and without
 // content, consecutive tool results, reasoning given or embedded in the content, turns before and
-// after the last user query, and with and without the generation prompt.
+// after the last user query, with and without the generation prompt, and enable_thinking.
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -25,6 +25,7 @@ struct Case {
   std::vector<ChatMessage> messages;
   Json tools;  // null: none
   bool add_generation_prompt = true;
+  std::optional<bool> enable_thinking;  // unset: not passed to the template
 };
 
 Json MessageJson(const ChatMessage& m) {
@@ -51,9 +52,11 @@ Json RenderWithJinja(const std::vector<Case>& cases) {
     for (const Case& c : cases) {
       Json messages = Json::array();
       for (const ChatMessage& m : c.messages) messages.push_back(MessageJson(m));
-      all.push_back({{"messages", messages},
-                     {"tools", c.tools},
-                     {"add_generation_prompt", c.add_generation_prompt}});
+      Json one = {{"messages", messages},
+                  {"tools", c.tools},
+                  {"add_generation_prompt", c.add_generation_prompt}};
+      if (c.enable_thinking.has_value()) one["enable_thinking"] = *c.enable_thinking;
+      all.push_back(std::move(one));
     }
     std::ofstream(input) << all.dump();
   }
@@ -139,6 +142,10 @@ TEST(ChatTemplateReferenceTest, MatchesTheQwen3TemplateRenderedByJinja) {
         Assistant("<think>done</think>18 degrees")},
        Json::array({weather}),
        false},
+      // enable_thinking: false opens the answer with an empty reasoning block; true changes
+      // nothing.
+      {{{"user", "hi"}}, nullptr, true, false},
+      {{{"user", "hi"}}, Json::array({clock}), true, true},
   };
   const Json reference = RenderWithJinja(cases);
   ASSERT_TRUE(reference.is_array()) << reference.dump();
@@ -146,8 +153,10 @@ TEST(ChatTemplateReferenceTest, MatchesTheQwen3TemplateRenderedByJinja) {
   for (size_t i = 0; i < cases.size(); ++i) {
     std::vector<std::string> tools;
     for (const Json& t : reference[i]["tools"]) tools.push_back(t.get<std::string>());
-    absl::StatusOr<std::string> ours =
-        RenderChatMessages(cases[i].messages, tools, cases[i].add_generation_prompt);
+    absl::StatusOr<std::string> ours = RenderChatMessages(
+        cases[i].messages, {.tools = tools,
+                            .add_generation_prompt = cases[i].add_generation_prompt,
+                            .enable_thinking = cases[i].enable_thinking.value_or(true)});
     ASSERT_TRUE(ours.ok()) << ours.status();
     EXPECT_EQ(*ours, reference[i]["prompt"].get<std::string>()) << "case " << i;
   }

@@ -5,7 +5,8 @@ loop controls; `tojson` as json.dumps with ensure_ascii=False), so that tests ca
 C++ renderer with the template itself.
 
 Usage: render_chat_template.py TOKENIZER_CONFIG CASES_JSON
-CASES_JSON holds a list of {"messages": [...], "tools": [...] or null, "add_generation_prompt": bool}.
+CASES_JSON holds a list of {"messages": [...], "tools": [...] or null, "add_generation_prompt": bool,
+"enable_thinking": bool (optional)}.
 Prints a JSON list with, per case, {"prompt": str, "tools": [tojson(tool), ...]}.
 """
 import json
@@ -33,8 +34,9 @@ def main():
     out = []
     for case in cases:
         tools = case.get("tools")
+        extra = {"enable_thinking": case["enable_thinking"]} if "enable_thinking" in case else {}
         prompt = template.render(messages=case["messages"], tools=tools,
-                                 add_generation_prompt=case["add_generation_prompt"])
+                                 add_generation_prompt=case["add_generation_prompt"], **extra)
         out.append({"prompt": prompt, "tools": [tojson(t) for t in (tools or [])]})
     json.dump(out, sys.stdout, ensure_ascii=False)
 

@@ -119,11 +119,12 @@ class FakeService : public InferenceService {
   }
 
   absl::StatusOr<std::string> RenderChat(const std::vector<tokenizer::ChatMessage>& messages,
-                                         const std::vector<std::string>& tools,
-                                         bool add_generation_prompt) override {
+                                         const tokenizer::ChatTemplateArgs& args) override {
+    const bool add_generation_prompt = args.add_generation_prompt;
     std::lock_guard<std::mutex> lock(mu_);
     chat_messages_ = messages;
-    chat_tools_ = tools;
+    chat_tools_ = args.tools;
+    chat_enable_thinking_ = args.enable_thinking;
     std::string out;
     for (const auto& m : messages) out += "<" + m.role + ">" + m.content;
     return out + (add_generation_prompt ? "<assistant>" : "");
@@ -175,6 +176,10 @@ class FakeService : public InferenceService {
     std::lock_guard<std::mutex> lock(mu_);
     return chat_tools_;
   }
+  bool chat_enable_thinking() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return chat_enable_thinking_;
+  }
   Event& started() { return started_; }
   Event& saw_cancel() { return saw_cancel_; }
 
@@ -187,6 +192,7 @@ class FakeService : public InferenceService {
   std::vector<v1::GenerateRequest> requests_;
   std::vector<tokenizer::ChatMessage> chat_messages_;
   std::vector<std::string> chat_tools_;
+  bool chat_enable_thinking_ = true;
   Event started_;
   Event saw_cancel_;
 };
@@ -881,6 +887,15 @@ TEST_F(HttpServerTest, TokenizeAndDetokenize) {
   EXPECT_EQ(chat.json()["count"], std::string("<user>yo").size());
   Reply prompted = Post("/tokenize", {{"messages", {{{"role", "user"}, {"content", "yo"}}}}});
   EXPECT_EQ(prompted.json()["count"], std::string("<user>yo<assistant>").size());
+  EXPECT_TRUE(service_.chat_enable_thinking());
+  ASSERT_EQ(Post("/tokenize", {{"messages", {{{"role", "user"}, {"content", "yo"}}}},
+                               {"chat_template_kwargs", {{"enable_thinking", false}}}})
+                .status,
+            200u);
+  EXPECT_FALSE(service_.chat_enable_thinking());
+  ExpectError(Post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "yo"}}}},
+                                            {"chat_template_kwargs", {{"thinking", true}}}}),
+              400, "chat_template_kwargs.thinking", "takes enable_thinking only");
 
   Reply back = Post("/detokenize", {{"tokens", {5, 6}}});
   ASSERT_EQ(back.status, 200u) << back.body;
@@ -1027,6 +1042,77 @@ TEST_F(HttpServerTest, ChatToolTurnsReachTheRenderer) {
   EXPECT_EQ(messages[1].tool_calls[0].arguments, "{\"city\": \"Paris\"}");
   EXPECT_EQ(messages[2].role, "tool");
   EXPECT_EQ(messages[2].content, "21");
+}
+
+// vLLM's chat_template_kwargs.enable_thinking reaches the template.
+TEST_F(HttpServerTest, ChatTemplateKwargsReachTheRenderer) {
+  service_.responses = {Chunk("Hi"), Complete(v1::FINISH_REASON_STOP, 5, 1)};
+  ASSERT_EQ(Post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "yo"}}}},
+                                          {"chat_template_kwargs", {{"enable_thinking", false}}}})
+                .status,
+            200u);
+  EXPECT_FALSE(service_.chat_enable_thinking());
+  service_.responses = {Chunk("Hi"), Complete(v1::FINISH_REASON_STOP, 5, 1)};
+  ASSERT_EQ(
+      Post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "yo"}}}}}).status,
+      200u);
+  EXPECT_TRUE(service_.chat_enable_thinking());
+  ExpectError(Post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "yo"}}}},
+                                            {"chat_template_kwargs", {{"enable_thinking", 0}}}}),
+              400, "chat_template_kwargs.enable_thinking", "must be a boolean");
+}
+
+// A server with the reasoning parser: the <think> block becomes reasoning_content, whole and
+// streamed, and the answer after it still goes through the tool-call parser.
+class ReasoningServerTest : public HttpServerTest {
+ protected:
+  void SetUp() override {
+    HttpServerOptions options;
+    options.parse_reasoning = true;
+    StartServer(options);
+  }
+};
+
+TEST_F(ReasoningServerTest, ThinkBlockIsReasoningContent) {
+  const std::string output =
+      "<think>\nThe user wants weather.\n</think>\n\nChecking.\n<tool_call>\n{\"name\": "
+      "\"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+  service_.responses = InPieces(output);
+  Reply whole = Post("/v1/chat/completions", ToolRequest());
+  ASSERT_EQ(whole.status, 200u) << whole.body;
+  const Json message = whole.json()["choices"][0]["message"];
+  EXPECT_EQ(message["reasoning_content"], "The user wants weather.");
+  EXPECT_EQ(message["content"], "Checking.\n");
+  ASSERT_EQ(message["tool_calls"].size(), 1u);
+  EXPECT_EQ(whole.json()["choices"][0]["finish_reason"], "tool_calls");
+
+  service_.responses = InPieces(output);
+  Json body = ToolRequest();
+  body["stream"] = true;
+  Reply streamed = Post("/v1/chat/completions", body);
+  ASSERT_EQ(streamed.status, 200u) << streamed.body;
+  std::string reasoning, content;
+  int calls = 0;
+  for (const std::string& data : SseData(streamed.body)) {
+    if (data == "[DONE]") continue;
+    const Json delta = Json::parse(data)["choices"][0]["delta"];
+    if (delta.contains("reasoning_content")) reasoning += delta["reasoning_content"];
+    if (delta.contains("content")) content += delta["content"];
+    if (delta.contains("tool_calls")) calls += static_cast<int>(delta["tool_calls"].size());
+  }
+  EXPECT_EQ(reasoning, "The user wants weather.");
+  EXPECT_EQ(content, "Checking.\n");
+  EXPECT_EQ(calls, 1);
+
+  // An answer without a block: no reasoning (null), the text as content; completions untouched.
+  service_.responses = InPieces("Just this.");
+  Reply plain =
+      Post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "x"}}}}});
+  EXPECT_TRUE(plain.json()["choices"][0]["message"]["reasoning_content"].is_null()) << plain.body;
+  EXPECT_EQ(plain.json()["choices"][0]["message"]["content"], "Just this.");
+  service_.responses = InPieces("<think>a</think>b");
+  Reply completion = Post("/v1/completions", {{"prompt", "x"}});
+  EXPECT_EQ(completion.json()["choices"][0]["text"], "<think>a</think>b");
 }
 
 TEST_F(HttpServerTest, ModelsHealthAndRouting) {

@@ -83,6 +83,20 @@ TEST_P(ToolCallParserTest, TextAfterCallsIsKeptUnlessBlank) {
   EXPECT_EQ(p.content, "\n\n and then some");
 }
 
+// Text after a block keeps its own whitespace, however the pieces fall (a tokenizer often sends a
+// newline as a token of its own); only blank text right after a block, or at the end after one,
+// is dropped.
+TEST_P(ToolCallParserTest, WhitespaceAfterTextFollowingABlockIsKept) {
+  const Parsed p = Parse("<tool_call>{\"name\": \"f\"}</tool_call>\nhi \n", GetParam());
+  EXPECT_EQ(p.content, "\nhi \n");
+  const Parsed between = Parse(
+      "<tool_call>{\"name\": \"f\"}</tool_call>\nNote: x\n<tool_call>{\"name\": \"g\"}"
+      "</tool_call>\n",
+      GetParam());
+  EXPECT_EQ(between.content, "\nNote: x\n");
+  EXPECT_EQ(between.calls.size(), 2u);
+}
+
 TEST_P(ToolCallParserTest, CallsPastTheLimitAreDropped) {
   const Parsed p =
       Parse("<tool_call>{\"name\": \"a\"}</tool_call><tool_call>{\"name\": \"b\"}</tool_call>",
