@@ -207,8 +207,15 @@ void ApplyLogitPenalties(std::span<float> logits, const LogitPenalties& p) {
       logits[t] = PenalizedLogit(logits[t], counts[i], p.repetition, p.frequency, p.presence);
     }
   };
-  apply(p.tokens, p.counts);
-  apply(p.shared_tokens, p.shared_counts);
+  if (p.repetition != 1.0f || p.frequency != 0.0f || p.presence != 0.0f) {
+    apply(p.tokens, p.counts);
+    apply(p.shared_tokens, p.shared_counts);
+  }
+  for (size_t i = 0; i < p.bias_tokens.size() && i < p.biases.size(); ++i) {
+    const int32_t t = p.bias_tokens[i];
+    if (t < 0 || static_cast<size_t>(t) >= vocab) continue;
+    logits[t] += p.biases[i];
+  }
 }
 
 void RuleDistribution(std::span<const float> logits, const SamplingRule& rule,

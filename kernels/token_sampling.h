@@ -44,11 +44,16 @@ struct LogitPenalties {
   std::span<const int32_t> counts;
   std::span<const int32_t> shared_tokens;
   std::span<const int32_t> shared_counts;
+  // Added to those tokens' logits after the penalties (OpenAI's logit_bias; -infinity bans a
+  // token, as min_tokens does with the stop tokens).
+  std::span<const int32_t> bias_tokens;
+  std::span<const float> biases;
 
   // False when applying them changes nothing (neutral values or no tokens).
   [[nodiscard]] bool Active() const {
-    return (!tokens.empty() || !shared_tokens.empty()) &&
-           (repetition != 1.0f || frequency != 0.0f || presence != 0.0f);
+    return ((!tokens.empty() || !shared_tokens.empty()) &&
+            (repetition != 1.0f || frequency != 0.0f || presence != 0.0f)) ||
+           !bias_tokens.empty();
   }
 };
 

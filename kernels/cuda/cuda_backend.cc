@@ -1014,6 +1014,13 @@ void CudaBackend::ArgmaxRows(const Tensor& logits, Tensor& ids) {
 
 void CudaBackend::PenalizeRows(Tensor& logits, std::span<const LogitPenalties> rows) {
   CheckTensor(logits, DType::kF32, "PenalizeRows", "logits");
+  // Logit biases (logit_bias, min_tokens) are rare: their rows go through the host (the base
+  // class: each biased or penalised row copied down, changed, copied back) rather than a kernel.
+  if (std::any_of(rows.begin(), rows.end(),
+                  [](const LogitPenalties& p) { return !p.bias_tokens.empty(); })) {
+    Backend::PenalizeRows(logits, rows);
+    return;
+  }
   const int64_t count = static_cast<int64_t>(rows.size());
   Check(count == 0 || (logits.numel() % count == 0 && logits.numel() / count > 0 &&
                        logits.numel() / count <= INT32_MAX),

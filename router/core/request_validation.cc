@@ -70,6 +70,39 @@ absl::Status ValidateSamplingParams(const v1::SamplingParams& p, const v1::Model
                        "stop_token_ids");
     }
   }
+  // OpenAI's limit on logit_bias entries is 300; more than this is not a bias but a vocabulary
+  // restriction, which allowed_token_ids would express.
+  constexpr int kMaxLogitBias = 1024;
+  if (p.logit_bias_size() > kMaxLogitBias) {
+    return WithField(absl::InvalidArgumentError(absl::StrFormat(
+                         "sampling_params.logit_bias has %d entries; at most %d are taken",
+                         p.logit_bias_size(), kMaxLogitBias)),
+                     "logit_bias");
+  }
+  for (const auto& [id, bias] : p.logit_bias()) {
+    if (id < 0 || id >= model.vocab_size()) {
+      return WithField(absl::InvalidArgumentError(absl::StrFormat(
+                           "sampling_params.logit_bias names token %d, outside the model's "
+                           "vocabulary [0, %d)",
+                           id, model.vocab_size())),
+                       "logit_bias");
+    }
+    if (!(bias >= -100 && bias <= 100)) {
+      return WithField(
+          absl::InvalidArgumentError(absl::StrFormat(
+              "sampling_params.logit_bias[%d] = %g is invalid: must be in [-100, 100]", id, bias)),
+          "logit_bias");
+    }
+  }
+  if (p.has_min_tokens()) {
+    if (p.min_tokens() < 0) return Bad("min_tokens", p.min_tokens(), ">= 0");
+    if (p.has_max_tokens() && p.min_tokens() > p.max_tokens()) {
+      return WithField(absl::InvalidArgumentError(absl::StrFormat(
+                           "sampling_params.min_tokens = %d is invalid: it exceeds max_tokens %d",
+                           p.min_tokens(), p.max_tokens())),
+                       "min_tokens");
+    }
+  }
   for (int i = 0; i < p.stop_size(); ++i) {
     if (p.stop(i).empty()) {
       return WithField(absl::InvalidArgumentError(absl::StrFormat(

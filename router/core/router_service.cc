@@ -42,8 +42,8 @@ class RouterService::RequestRun {
         deadline_(deadline),
         series_(series),
         on_response_(on_response),
-        matcher_({params.stop().begin(), params.stop().end()},
-                 params.include_stop_str_in_output()) {
+        matcher_({params.stop().begin(), params.stop().end()}, params.include_stop_str_in_output()),
+        min_tokens_(params.min_tokens()) {
     if (service.tokenizer_ != nullptr) {
       tokenizer::DecodeOptions options;
       options.skip_special_tokens =
@@ -205,6 +205,12 @@ class RouterService::RequestRun {
       // An id the tokenizer lacks (embedding rows past its vocabulary) has no text.
       absl::StatusOr<std::string> piece = detokenizer_->Push(id);
       if (!piece.ok()) continue;
+      // Before min_tokens output tokens no stop string matches (vLLM's rule): the text goes out
+      // as it comes.
+      if (completion_tokens_ < min_tokens_) {
+        text += *piece;
+        continue;
+      }
       StopStringMatcher::Result r = matcher_.Push(*piece);
       text += r.text;
       if (r.matched) matched_stop_ = std::move(r.matched);
@@ -295,6 +301,7 @@ class RouterService::RequestRun {
   const std::function<bool(const v1::GenerateResponse&)>& on_response_;
   std::optional<tokenizer::IncrementalDetokenizer> detokenizer_;
   StopStringMatcher matcher_;
+  const int min_tokens_;  // stop strings match only from this many output tokens
   std::optional<std::string> matched_stop_;
   int completion_tokens_ = 0;
   v1::FinishReason finish_reason_ = v1::FINISH_REASON_UNSPECIFIED;
@@ -356,6 +363,10 @@ absl::Status RouterService::Prepare(const v1::GenerateRequest& request, const v1
   w.mutable_sampling_params()->clear_skip_special_tokens();
   w.mutable_sampling_params()->clear_include_stop_str_in_output();
   w.mutable_sampling_params()->set_max_tokens(prepared.max_tokens);
+  // The context may leave fewer tokens than min_tokens asks for: then all of them.
+  if (params.has_min_tokens()) {
+    w.mutable_sampling_params()->set_min_tokens(std::min(params.min_tokens(), prepared.max_tokens));
+  }
   w.set_priority(request.priority());
   return absl::OkStatus();
 }

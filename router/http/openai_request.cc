@@ -8,6 +8,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/optional.h"
 #include "common/json_parse.h"
@@ -197,8 +198,6 @@ absl::Status RefuseUnimplemented(const Json& body) {
     const char* why;
   };
   static constexpr Unimplemented kFields[] = {
-      {"logit_bias", "per-token logit biases are not applied"},
-      {"min_tokens", "a minimum output length is not enforced"},
       {"prompt_logprobs", "prompt log-probabilities are not computed"},
       {"guided_json", "guided decoding is not supported"},
       {"guided_regex", "guided decoding is not supported"},
@@ -268,6 +267,22 @@ absl::Status ParseSampling(const Json& body, v1::SamplingParams* sampling) {
   if (b) sampling->set_skip_special_tokens(*b);
   ASSIGN_OR_RETURN(b, ReadBool(body, "include_stop_str_in_output"));
   if (b) sampling->set_include_stop_str_in_output(*b);
+  ASSIGN_OR_RETURN(i, ReadInteger(body, "min_tokens", 0, kInt32Max));
+  if (i) sampling->set_min_tokens(static_cast<int32_t>(*i));
+  // logit_bias: {"<token id>": bias}, ids as strings (JSON keys), as OpenAI sends them.
+  if (const Json* bias = Member(body, "logit_bias"); bias != nullptr) {
+    if (!bias->is_object()) return TypeError("logit_bias", "an object of token id -> bias", *bias);
+    for (const auto& [key, value] : bias->items()) {
+      const std::string field = absl::StrCat("logit_bias[\"", key, "\"]");
+      int64_t id = 0;
+      if (!absl::SimpleAtoi(key, &id) || id < 0 || id > kInt32Max) {
+        return FieldError("logit_bias",
+                          absl::StrCat("logit_bias keys must be token ids, got \"", key, "\""));
+      }
+      if (!value.is_number()) return TypeError(field, "a number", value);
+      (*sampling->mutable_logit_bias())[static_cast<int32_t>(id)] = value.get<float>();
+    }
+  }
   return absl::OkStatus();
 }
 

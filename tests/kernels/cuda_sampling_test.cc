@@ -385,6 +385,42 @@ TEST_F(CudaSamplingTest, PenalizeRowsMatchesHostBits) {
   }
 }
 
+// Rows with logit biases (logit_bias, min_tokens' -infinity) go through the host path, with the
+// penalties of every row of the call, and give ApplyLogitPenalties' bits.
+TEST_F(CudaSamplingTest, PenalizeRowsWithBiasesMatchesHost) {
+  const int vocab = 248320, rows = 3;
+  std::vector<float> flat;
+  std::vector<std::vector<float>> host(rows);
+  for (int r = 0; r < rows; ++r) {
+    host[r] = Row(vocab, 3.0f, 0.0f);
+    flat.insert(flat.end(), host[r].begin(), host[r].end());
+  }
+  const std::vector<int32_t> seen = {5, 17, 40000}, counts = {1, 0, 3};
+  const std::vector<int32_t> bias_tokens = {17, 151645, 248319};
+  const std::vector<float> biases = {2.5f, -INFINITY, -100.0f};
+  std::vector<LogitPenalties> penalties(rows);
+  penalties[0] = {1.3f, 0.5f, 0.2f, seen, counts, {}, {}};                       // penalties only
+  penalties[1] = {1.0f, 0.0f, 0.0f, {}, {}, {}, {}, bias_tokens, biases};        // biases only
+  penalties[2] = {1.2f, 0.1f, 0.0f, seen, counts, {}, {}, bias_tokens, biases};  // both
+  auto logits = backend_->Allocate(DType::kF32, {rows, vocab});
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  backend_->CopyFromHost(flat.data(), DType::kF32, *logits);
+  backend_->PenalizeRows(*logits, penalties);
+  std::vector<float> device(flat.size());
+  backend_->CopyToHostF32(*logits, device.data());
+  for (int r = 0; r < rows; ++r) {
+    std::vector<float> expected = host[r];
+    ApplyLogitPenalties(expected, penalties[r]);
+    int differ = 0;
+    for (int t = 0; t < vocab; ++t) {
+      differ += std::memcmp(&device[static_cast<size_t>(r) * vocab + t], &expected[t],
+                            sizeof(float)) != 0;
+    }
+    EXPECT_EQ(differ, 0) << "row " << r;
+  }
+  EXPECT_EQ(device[static_cast<size_t>(vocab) + 151645], -INFINITY);
+}
+
 // TopLogitsRows gives TopLogits' pairs (ties to the lower id, NaN never ranked, token -1 past
 // the rankable logits) and the chosen tokens' logits, for counts 0 to 20 under caps of 20, 10
 // and 5 (each list length), rows with many ties and masked entries, a row with fewer finite

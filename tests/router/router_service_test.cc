@@ -262,6 +262,19 @@ TEST_F(RouterServiceTest, ValidationErrorsNameTheField) {
       {"empty stop string",
        [](v1::GenerateRequest& r) { r.mutable_sampling_params()->add_stop(""); },
        "sampling_params.stop[0]"},
+      {"logit_bias token outside vocab",
+       [](v1::GenerateRequest& r) {
+         (*r.mutable_sampling_params()->mutable_logit_bias())[5000] = 1;
+       },
+       "sampling_params.logit_bias names token 5000"},
+      {"logit_bias too large",
+       [](v1::GenerateRequest& r) {
+         (*r.mutable_sampling_params()->mutable_logit_bias())[3] = 150;
+       },
+       "sampling_params.logit_bias[3] = 150"},
+      {"min_tokens above max_tokens",
+       [](v1::GenerateRequest& r) { r.mutable_sampling_params()->set_min_tokens(5); },
+       "sampling_params.min_tokens = 5 is invalid: it exceeds max_tokens 4"},
   };
   for (const Case& test : cases) {
     v1::GenerateRequest request = GreedyRequest({1, 2, 3}, 4);
@@ -391,6 +404,17 @@ TEST_F(RouterServiceTest, StopStringTruncatesTheTextAndEndsTheRequest) {
   EXPECT_EQ(included.text, full.substr(0, match + stop.size()));
   EXPECT_EQ(included.complete.matched_string(), stop);
   EXPECT_EQ(included.tokens, c.tokens);
+
+  // min_tokens past the token that completes the match: no stop string matches before it, so
+  // the text runs on through the stop string.
+  request.mutable_sampling_params()->clear_include_stop_str_in_output();
+  request.mutable_sampling_params()->set_min_tokens(static_cast<int>(k) + 1);
+  request.mutable_sampling_params()->set_max_tokens(static_cast<int>(k) + 1);
+  request.set_request_id("stopped-later");
+  Collected later = RunGenerate(*router_, request);
+  ASSERT_TRUE(later.status.ok()) << later.status;
+  EXPECT_EQ(later.tokens.size(), k + 1);
+  EXPECT_EQ(later.text.substr(0, match + stop.size()), full.substr(0, match + stop.size()));
 }
 
 TEST_F(RouterServiceTest, TokenizeModelInfoAndDrain) {

@@ -293,6 +293,10 @@ TEST_F(EngineTest, BackendSamplingMatchesHostSampling) {
         r.params.logprobs = 2;
         r.params.frequency_penalty = 0.3f;
       }
+      if (i == 3) {  // logit biases (through the host inside Backend::PenalizeRows on a GPU)
+        r.params.logit_bias = {{7, 3.0f}, {100, -100.0f}, {ref_.prompts[3][0], 1.5f}};
+        r.params.min_tokens = 4;
+      }
       EXPECT_TRUE(engine->Enqueue(r, streams.For(r.request_id)).ok());
     }
     for (int i = 0; i < 6; ++i) outputs.push_back(streams.Wait("r" + std::to_string(i)));
@@ -337,6 +341,31 @@ TEST_F(EngineTest, StopTokenEndsTheStream) {
   EXPECT_EQ(result.tokens, std::vector<int32_t>(expected.begin(), first + 1));
   EXPECT_EQ(result.finish, FinishReason::kStop);
   EXPECT_EQ(result.matched, expected[3]);
+}
+
+// logit_bias shifts the tokens' logits (a large bias makes greedy decoding repeat the token);
+// min_tokens keeps a stop token from ending the output before it is that long.
+TEST_F(EngineTest, LogitBiasAndMinTokensShapeTheOutput) {
+  auto engine = Start(EngineOptions{});
+  ASSERT_NE(engine, nullptr);
+  const auto& [p, expected] = ref_.greedy[1];
+  GenerationRequest biased = Greedy("biased", ref_.prompts[p], 6);
+  biased.params.logit_bias = {{77, 100.0f}};
+  // The first greedy token stops the output, but not before 3 tokens.
+  GenerationRequest held = Greedy("held", ref_.prompts[p], 20);
+  held.params.stop_token_ids = {expected[0]};
+  held.params.min_tokens = 3;
+  Streams streams;
+  ASSERT_TRUE(engine->Enqueue(biased, streams.For("biased")).ok());
+  ASSERT_TRUE(engine->Enqueue(held, streams.For("held")).ok());
+  EXPECT_EQ(streams.Wait("biased").tokens, std::vector<int32_t>(6, 77));
+  const auto result = streams.Wait("held");
+  ASSERT_GE(result.tokens.size(), 3u);
+  for (size_t k = 0; k < 3; ++k) EXPECT_NE(result.tokens[k], expected[0]) << "token " << k;
+  if (result.finish == FinishReason::kStop) {
+    EXPECT_EQ(result.tokens.back(), expected[0]);
+    EXPECT_GE(result.tokens.size(), 4u);
+  }
 }
 
 TEST_F(EngineTest, InvalidRequestsAreRejectedWithReasons) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <tuple>
 #include <vector>
@@ -342,7 +343,12 @@ TEST(SamplerTest, VerifyPenaltiesAreTheHistoryWithTheDraftsBefore) {
     params.repetition_penalty = trial % 4 == 0 ? 1.0f : 1.3f;
     params.frequency_penalty = trial % 4 == 1 ? 0.0f : 0.4f;
     params.presence_penalty = trial % 4 == 2 ? 0.0f : 0.7f;
-    RequestSampler sampler(params, 1);
+    // Biases, and min_tokens whose ban ends within or after the drafts.
+    if (trial % 3 == 1) params.logit_bias = {{3, 2.5f}, {11, -100.0f}};
+    params.min_tokens = trial % 8;
+    params.stop_token_ids = {9};
+    const std::vector<int32_t> eos = {5};
+    RequestSampler sampler(params, 1, eos);
     TokenHistory history;
     std::vector<int32_t> prompt(5);
     for (int32_t& t : prompt) t = token(gen);
@@ -378,6 +384,51 @@ TEST(SamplerTest, VerifyPenaltiesAreTheHistoryWithTheDraftsBefore) {
     }
   }
   EXPECT_GT(listed_rows, 300);
+}
+
+// logit_bias moves the tokens' logits after the penalties; min_tokens bans the stop tokens (EOS
+// unless ignore_eos, and stop_token_ids) until the output is that long.
+TEST(SamplerTest, LogitBiasAndMinTokens) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 0.5f};  // argmax 1, then 2
+  SamplingParams p;
+  p.temperature = 0;
+  EXPECT_TRUE(RequestSampler(p, 1).ArgmaxOnly());
+  p.logit_bias = {{0, 2.5f}};  // 3.5 beats 3.0
+  EXPECT_FALSE(RequestSampler(p, 1).ArgmaxOnly());
+  EXPECT_EQ(SampleOnce(p, logits).token, 0);
+  p.logit_bias = {{1, -100.0f}};
+  EXPECT_EQ(SampleOnce(p, logits).token, 2);
+
+  p.logit_bias.clear();
+  p.min_tokens = 2;
+  p.stop_token_ids = {2};
+  const std::vector<int32_t> eos = {1};
+  RequestSampler sampler(p, 1, eos);
+  EXPECT_FALSE(sampler.ArgmaxOnly());
+  TokenHistory history;
+  std::vector<float> row = logits;
+  EXPECT_EQ(sampler.Sample(row, history).token, 0);  // 1 (EOS) and 2 (stop) banned
+  EXPECT_EQ(row[1], -std::numeric_limits<float>::infinity());
+  history.AddOutput(0);
+  row = logits;
+  EXPECT_EQ(sampler.Sample(row, history).token, 0);  // one output token: still banned
+  history.AddOutput(0);
+  row = logits;
+  EXPECT_EQ(sampler.Sample(row, history).token, 1);  // two: the ban is over
+  // ignore_eos: only the request's own stop tokens are banned.
+  p.ignore_eos = true;
+  RequestSampler no_eos(p, 1, eos);
+  row = logits;
+  EXPECT_EQ(no_eos.Sample(row, TokenHistory{}).token, 1);
+  // Sampled draws never pick a banned token either.
+  p.ignore_eos = false;
+  p.temperature = 1.0f;
+  RequestSampler sampled(p, 7, eos);
+  for (int i = 0; i < 200; ++i) {
+    row = logits;
+    const int32_t t = sampled.Sample(row, TokenHistory{}).token;
+    EXPECT_TRUE(t == 0 || t == 3) << t;
+  }
 }
 
 TEST(SamplerTest, TopLogitsOrder) {
@@ -419,6 +470,14 @@ TEST(SamplingParamsTest, ValidateNamesTheField) {
   p = {};
   p.repetition_penalty = 0;
   EXPECT_THAT(p.Validate(10).message(), HasSubstr("repetition_penalty"));
+  p = {};
+  p.logit_bias = {{10, 1.0f}};
+  EXPECT_THAT(p.Validate(10).message(), HasSubstr("logit_bias names token 10"));
+  p.logit_bias = {{3, 101.0f}};
+  EXPECT_THAT(p.Validate(10).message(), HasSubstr("logit_bias[3] = 101"));
+  p = {};
+  p.min_tokens = 17;
+  EXPECT_THAT(p.Validate(10).message(), HasSubstr("min_tokens"));
 }
 
 }  // namespace

@@ -89,7 +89,8 @@ absl::Status Engine::Enqueue(GenerationRequest request, OutputCallback callback)
     }
     // Unseeded requests draw from the engine's seed and their admission order.
     seq->sampler = std::make_unique<RequestSampler>(
-        seq->params, options_.seed * 0x9e3779b97f4a7c15ull + stats_.steps + callbacks_.size());
+        seq->params, options_.seed * 0x9e3779b97f4a7c15ull + stats_.steps + callbacks_.size(),
+        options_.eos_token_ids);
     if (seq->params.max_tokens == 0) {
       GenerationOutput out;
       out.finish = FinishReason::kLength;

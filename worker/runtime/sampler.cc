@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
+#include <map>
 
 namespace mobius::worker {
 
@@ -27,6 +29,7 @@ void TokenHistory::AddPrompt(std::span<const int32_t> tokens) {
 }
 
 void TokenHistory::AddOutput(int32_t token) {
+  ++output_length_;  // a position of the output, whatever token fills it
   if (token < 0) return;
   ++seen_counts_[Touch(token)];
 }
@@ -42,17 +45,47 @@ int TokenHistory::OutputCount(int32_t token) const {
   return seen_counts_[position_[token] - 1];
 }
 
-RequestSampler::RequestSampler(const SamplingParams& params, uint64_t fallback_seed)
-    : params_(params), rng_(params.seed.value_or(fallback_seed)) {}
+RequestSampler::RequestSampler(const SamplingParams& params, uint64_t fallback_seed,
+                               std::span<const int32_t> eos_token_ids)
+    : params_(params), rng_(params.seed.value_or(fallback_seed)) {
+  std::map<int32_t, float> bias(params.logit_bias.begin(), params.logit_bias.end());
+  for (const auto& [token, b] : bias) {
+    bias_tokens_.push_back(token);
+    biases_.push_back(b);
+  }
+  if (params.min_tokens > 0) {
+    std::map<int32_t, float> banned = bias;
+    if (!params.ignore_eos) {
+      for (int32_t t : eos_token_ids) banned[t] = -std::numeric_limits<float>::infinity();
+    }
+    for (int32_t t : params.stop_token_ids) banned[t] = -std::numeric_limits<float>::infinity();
+    for (const auto& [token, b] : banned) {
+      banned_tokens_.push_back(token);
+      banned_biases_.push_back(b);
+    }
+  }
+}
+
+void RequestSampler::SetBiases(int output_length, kernels::LogitPenalties& p) const {
+  if (output_length < params_.min_tokens) {
+    p.bias_tokens = banned_tokens_;
+    p.biases = banned_biases_;
+  } else {
+    p.bias_tokens = bias_tokens_;
+    p.biases = biases_;
+  }
+}
 
 kernels::LogitPenalties RequestSampler::Penalties(const TokenHistory& history) const {
-  return {params_.repetition_penalty,
-          params_.frequency_penalty,
-          params_.presence_penalty,
-          history.seen(),
-          history.counts(),
-          {},
-          {}};
+  kernels::LogitPenalties p{params_.repetition_penalty,
+                            params_.frequency_penalty,
+                            params_.presence_penalty,
+                            history.seen(),
+                            history.counts(),
+                            {},
+                            {}};
+  SetBiases(history.output_length(), p);
+  return p;
 }
 
 std::vector<kernels::LogitPenalties> RequestSampler::VerifyPenalties(
@@ -62,6 +95,8 @@ std::vector<kernels::LogitPenalties> RequestSampler::VerifyPenalties(
   std::vector<kernels::LogitPenalties> rows(
       k + 1,
       kernels::LogitPenalties{base.repetition, base.frequency, base.presence, {}, {}, {}, {}});
+  // Row j follows drafts[0, j): its output is j tokens longer (min_tokens).
+  for (size_t j = 0; j <= k; ++j) SetBiases(history.output_length() + static_cast<int>(j), rows[j]);
   lists.shared_tokens.clear();
   lists.shared_counts.clear();
   lists.row_tokens.assign(k + 1, {});

@@ -35,6 +35,8 @@ class TokenHistory {
   [[nodiscard]] const std::vector<int32_t>& seen() const { return seen_; }  // distinct tokens
   // counts()[i]: the output occurrences of seen()[i] (0 for a token seen only in the prompt).
   [[nodiscard]] const std::vector<int32_t>& counts() const { return seen_counts_; }
+  // Output tokens added so far.
+  [[nodiscard]] int output_length() const { return output_length_; }
 
  private:
   // The position of `token` in seen_, added if new.
@@ -43,6 +45,7 @@ class TokenHistory {
   std::vector<int32_t> seen_counts_;
   std::vector<uint8_t> in_prompt_;
   std::vector<int32_t> position_;  // token -> 1 + its index in seen_; 0: not seen
+  int output_length_ = 0;
 };
 
 // The index of one draw from non-negative weights that sum to `total` (kernels::DrawIndexAt with
@@ -54,8 +57,10 @@ size_t DrawIndex(std::span<const Weight> weights, double total, std::mt19937_64&
 
 class RequestSampler {
  public:
-  // `fallback_seed` seeds the stream when the request has none.
-  RequestSampler(const SamplingParams& params, uint64_t fallback_seed);
+  // `fallback_seed` seeds the stream when the request has none. `eos_token_ids` are the model's
+  // (min_tokens bans them with the request's stop_token_ids until the output is long enough).
+  RequestSampler(const SamplingParams& params, uint64_t fallback_seed,
+                 std::span<const int32_t> eos_token_ids = {});
 
   // Samples from `logits` (one row, vocab entries; modified in place).
   SampledToken Sample(std::span<float> logits, const TokenHistory& history);
@@ -64,7 +69,7 @@ class RequestSampler {
   [[nodiscard]] bool ArgmaxOnly() const {
     return params_.temperature == 0 && params_.repetition_penalty == 1.0f &&
            params_.presence_penalty == 0.0f && params_.frequency_penalty == 0.0f &&
-           params_.logprobs < 0;
+           params_.logprobs < 0 && bias_tokens_.empty() && params_.min_tokens == 0;
   }
   // The distribution Sample draws from (penalties, temperature, top-k/top-p/min-p; one-hot at the
   // argmax for greedy requests), as probabilities over the vocabulary; `logits` is modified in
@@ -114,8 +119,15 @@ class RequestSampler {
  private:
   void ApplyPenalties(std::span<float> logits, const TokenHistory& history) const;
 
+  // The logit biases of a row whose output so far is `output_length` tokens: logit_bias, plus
+  // -infinity on the stop tokens while it is shorter than min_tokens (spans into the members).
+  void SetBiases(int output_length, kernels::LogitPenalties& p) const;
+
   SamplingParams params_;
   std::mt19937_64 rng_;
+  // logit_bias by token (sorted), and the same with the stop tokens at -infinity (min_tokens).
+  std::vector<int32_t> bias_tokens_, banned_tokens_;
+  std::vector<float> biases_, banned_biases_;
 };
 
 }  // namespace mobius::worker

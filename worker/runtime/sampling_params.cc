@@ -43,6 +43,20 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
           vocab_size));
     }
   }
+  for (const auto& [id, bias] : logit_bias) {
+    if (id < 0 || id >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sampling parameter logit_bias names token %d, outside the vocabulary [0, %d)", id,
+          vocab_size));
+    }
+    if (!(bias >= -100 && bias <= 100)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sampling parameter logit_bias[%d] = %g is invalid: must be in [-100, 100]", id, bias));
+    }
+  }
+  if (min_tokens < 0 || min_tokens > max_tokens) {
+    return Bad("min_tokens", min_tokens, "in [0, max_tokens]");
+  }
   return absl::OkStatus();
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -24,6 +25,11 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   int logprobs = -1;  // -1: none; n >= 0: chosen token's logprob plus top n
+  // Added to the tokens' logits after the penalties (OpenAI's logit_bias), each in [-100, 100].
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  // The stop tokens (EOS unless ignore_eos, and stop_token_ids) cannot be drawn before this many
+  // output tokens (vLLM's min_tokens), <= max_tokens.
+  int min_tokens = 0;
 
   // InvalidArgument naming the field, its value and the allowed range.
   [[nodiscard]] absl::Status Validate(int vocab_size) const;

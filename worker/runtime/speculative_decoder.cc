@@ -65,7 +65,7 @@ absl::Status SpeculativeDecoder::Generate(std::span<const SpeculativeRequest> re
   absl::Status status;
   for (int i = 0; i < n && status.ok(); ++i) {
     const SpeculativeRequest& r = requests[i];
-    samplers.emplace_back(r.params, r.seed);
+    samplers.emplace_back(r.params, r.seed, r.stop_tokens);
     if (r.prompt.empty()) {
       status = absl::InvalidArgumentError(absl::StrFormat("request %d: empty prompt", i));
       break;

@@ -1,5 +1,7 @@
 #include "worker/server/proto_convert.h"
 
+#include <algorithm>
+
 namespace mobius::worker {
 
 SamplingParams FromProto(const v1::SamplingParams& p) {
@@ -16,6 +18,10 @@ SamplingParams FromProto(const v1::SamplingParams& p) {
   s.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
   if (p.has_ignore_eos()) s.ignore_eos = p.ignore_eos();
   if (p.has_logprobs()) s.logprobs = p.logprobs();
+  // Sorted by id: the map's order is unspecified, and the bias list's order must not depend on it.
+  for (const auto& [id, bias] : p.logit_bias()) s.logit_bias.emplace_back(id, bias);
+  std::sort(s.logit_bias.begin(), s.logit_bias.end());
+  if (p.has_min_tokens()) s.min_tokens = p.min_tokens();
   return s;
 }
 

@@ -308,6 +308,8 @@ TEST_F(HttpServerTest, CompletionWholeResponse) {
                       {"seed", 7},
                       {"stop", "\n"},
                       {"include_stop_str_in_output", true},
+                      {"logit_bias", {{"57025", -100}, {"3", 2.5}}},
+                      {"min_tokens", 2},
                       {"user", "ignored"}},
                      {{"X-Request-Id", "abc"}});
   ASSERT_EQ(reply.status, 200u) << reply.body;
@@ -338,6 +340,10 @@ TEST_F(HttpServerTest, CompletionWholeResponse) {
   ASSERT_EQ(request.sampling_params().stop_size(), 1);
   EXPECT_EQ(request.sampling_params().stop(0), "\n");
   EXPECT_TRUE(request.sampling_params().include_stop_str_in_output());
+  EXPECT_EQ(request.sampling_params().min_tokens(), 2);
+  ASSERT_EQ(request.sampling_params().logit_bias_size(), 2);
+  EXPECT_FLOAT_EQ(request.sampling_params().logit_bias().at(57025), -100.0f);
+  EXPECT_FLOAT_EQ(request.sampling_params().logit_bias().at(3), 2.5f);
   EXPECT_FALSE(request.sampling_params().has_top_p());
 }
 
@@ -501,11 +507,13 @@ TEST_F(HttpServerTest, RequestErrorsNameTheField) {
               "best_of must equal n (2), got 3");
   // Fields that would change the output and that we do not implement are refused by name, for
   // both endpoints; their neutral values pass.
-  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"logit_bias", {{"57025", -100}}}}), 400,
-              "logit_bias", "logit_bias is not supported");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"logit_bias", {{"tok", -100}}}}), 400,
+              "logit_bias", "logit_bias keys must be token ids, got \"tok\"");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"logit_bias", {{"5", "big"}}}}), 400,
+              "logit_bias[\"5\"]", "logit_bias[\"5\"] must be a number, got \"big\"");
   ExpectError(Post("/v1/chat/completions",
-                   {{"messages", {{{"role", "user"}, {"content", "yo"}}}}, {"min_tokens", 4}}),
-              400, "min_tokens", "min_tokens is not supported");
+                   {{"messages", {{{"role", "user"}, {"content", "yo"}}}}, {"min_tokens", -1}}),
+              400, "min_tokens", "min_tokens must be an integer in [0, ");
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"guided_json", {{"type", "object"}}}}),
               400, "guided_json", "guided decoding is not supported");
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"echo", true}}), 400, "echo",
