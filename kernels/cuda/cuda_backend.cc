@@ -1014,11 +1014,22 @@ void CudaBackend::ArgmaxRows(const Tensor& logits, Tensor& ids) {
 
 void CudaBackend::PenalizeRows(Tensor& logits, std::span<const LogitPenalties> rows) {
   CheckTensor(logits, DType::kF32, "PenalizeRows", "logits");
-  // Logit biases (logit_bias, min_tokens) are rare: their rows go through the host (the base
-  // class: each biased or penalised row copied down, changed, copied back) rather than a kernel.
+  // Logit biases (logit_bias, min_tokens) are rare: the penalties of every row go through the
+  // kernel below, then only the biased rows make a host round trip for their biases (the base
+  // class: row copied down, biased, copied back). Biases come after penalties, so the row gets
+  // the host's bits either way.
   if (std::any_of(rows.begin(), rows.end(),
                   [](const LogitPenalties& p) { return !p.bias_tokens.empty(); })) {
-    Backend::PenalizeRows(logits, rows);
+    std::vector<LogitPenalties> penalties(rows.begin(), rows.end());
+    std::vector<LogitPenalties> biases(rows.size());
+    for (size_t r = 0; r < rows.size(); ++r) {
+      biases[r].bias_tokens = rows[r].bias_tokens;
+      biases[r].biases = rows[r].biases;
+      penalties[r].bias_tokens = {};
+      penalties[r].biases = {};
+    }
+    PenalizeRows(logits, penalties);
+    Backend::PenalizeRows(logits, biases);  // rows without biases are inactive there: skipped
     return;
   }
   const int64_t count = static_cast<int64_t>(rows.size());

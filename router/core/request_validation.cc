@@ -71,8 +71,15 @@ absl::Status ValidateSamplingParams(const v1::SamplingParams& p, const v1::Model
     }
   }
   // OpenAI's limit on logit_bias entries is 300; more than this is not a bias but a vocabulary
-  // restriction, which allowed_token_ids would express.
+  // restriction, which allowed_token_ids would express. Stop ids are capped alike.
   constexpr int kMaxLogitBias = 1024;
+  constexpr int kMaxStopTokenIds = 1024;
+  if (p.stop_token_ids_size() > kMaxStopTokenIds) {
+    return WithField(absl::InvalidArgumentError(absl::StrFormat(
+                         "sampling_params.stop_token_ids has %d entries; at most %d are taken",
+                         p.stop_token_ids_size(), kMaxStopTokenIds)),
+                     "stop_token_ids");
+  }
   if (p.logit_bias_size() > kMaxLogitBias) {
     return WithField(absl::InvalidArgumentError(absl::StrFormat(
                          "sampling_params.logit_bias has %d entries; at most %d are taken",

@@ -205,9 +205,10 @@ class RouterService::RequestRun {
       // An id the tokenizer lacks (embedding rows past its vocabulary) has no text.
       absl::StatusOr<std::string> piece = detokenizer_->Push(id);
       if (!piece.ok()) continue;
-      // Before min_tokens output tokens no stop string matches (vLLM's rule): the text goes out
-      // as it comes.
-      if (completion_tokens_ < min_tokens_) {
+      // No stop string matches until the output is longer than min_tokens (vLLM v1 checks stop
+      // strings only then): the text goes out as it comes. (A stop string that begins in that
+      // text and ends after it is not matched; vLLM would match it.)
+      if (completion_tokens_ <= min_tokens_) {
         text += *piece;
         continue;
       }
@@ -250,7 +251,19 @@ class RouterService::RequestRun {
   // Sends the held-back text (when `flush`) and the one `complete` message.
   absl::Status Complete(v1::FinishReason reason, std::optional<int32_t> matched_token,
                         int cached_tokens, bool flush) {
-    if (flush && detokenizer_) {
+    if (flush && detokenizer_ && min_tokens_ > 0 && completion_tokens_ <= min_tokens_) {
+      // Ended (aborted, say) before stop strings could match: the tail is text.
+      std::string tail = detokenizer_->Finish();
+      if (!tail.empty()) {
+        v1::GenerateResponse response;
+        response.set_request_id(prepared_.request_id);
+        response.mutable_chunk()->set_text(std::move(tail));
+        if (!on_response_(response)) {
+          return absl::CancelledError(absl::StrCat("request ", prepared_.request_id,
+                                                   ": the client stopped reading the stream"));
+        }
+      }
+    } else if (flush && detokenizer_) {
       StopStringMatcher::Result r = matcher_.Push(detokenizer_->Finish());
       std::string tail = std::move(r.text);
       if (r.matched) {
@@ -301,7 +314,7 @@ class RouterService::RequestRun {
   const std::function<bool(const v1::GenerateResponse&)>& on_response_;
   std::optional<tokenizer::IncrementalDetokenizer> detokenizer_;
   StopStringMatcher matcher_;
-  const int min_tokens_;  // stop strings match only from this many output tokens
+  const int min_tokens_;  // stop strings match only past this many output tokens
   std::optional<std::string> matched_stop_;
   int completion_tokens_ = 0;
   v1::FinishReason finish_reason_ = v1::FINISH_REASON_UNSPECIFIED;

@@ -1,5 +1,6 @@
 #include "router/http/openai_request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -27,6 +28,8 @@ constexpr char kCodePayload[] = "type.mobius.dev/openai.code";
 constexpr size_t kMaxDepth = 64;
 // OpenAI's limit on stop sequences.
 constexpr size_t kMaxStopStrings = 4;
+// The service's limit on logit_bias entries (OpenAI's is 300).
+constexpr size_t kMaxLogitBias = 1024;
 // OpenAI's default for the legacy completions endpoint.
 constexpr int kDefaultCompletionMaxTokens = 16;
 
@@ -269,18 +272,35 @@ absl::Status ParseSampling(const Json& body, v1::SamplingParams* sampling) {
   if (b) sampling->set_include_stop_str_in_output(*b);
   ASSIGN_OR_RETURN(i, ReadInteger(body, "min_tokens", 0, kInt32Max));
   if (i) sampling->set_min_tokens(static_cast<int32_t>(*i));
-  // logit_bias: {"<token id>": bias}, ids as strings (JSON keys), as OpenAI sends them.
+  // logit_bias: {"<token id>": bias}, ids as strings (JSON keys), as OpenAI sends them; checked
+  // in full here (the service checks again) so that a huge map is refused before it is copied.
   if (const Json* bias = Member(body, "logit_bias"); bias != nullptr) {
     if (!bias->is_object()) return TypeError("logit_bias", "an object of token id -> bias", *bias);
+    if (bias->size() > kMaxLogitBias) {
+      return FieldError("logit_bias",
+                        absl::StrCat("logit_bias has ", bias->size(), " entries; at most ",
+                                     kMaxLogitBias, " are taken"));
+    }
     for (const auto& [key, value] : bias->items()) {
-      const std::string field = absl::StrCat("logit_bias[\"", key, "\"]");
+      // Canonical decimal ids only: "+5", " 5" and "05" would all name token 5.
       int64_t id = 0;
-      if (!absl::SimpleAtoi(key, &id) || id < 0 || id > kInt32Max) {
+      const bool canonical =
+          !key.empty() && key.size() <= 10 &&
+          std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
+          (key.size() == 1 || key[0] != '0');
+      if (!canonical || !absl::SimpleAtoi(key, &id) || id > kInt32Max) {
         return FieldError("logit_bias",
                           absl::StrCat("logit_bias keys must be token ids, got \"", key, "\""));
       }
-      if (!value.is_number()) return TypeError(field, "a number", value);
-      (*sampling->mutable_logit_bias())[static_cast<int32_t>(id)] = value.get<float>();
+      const double b = value.is_number() ? value.get<double>() : 0.0;
+      if (!value.is_number() || !(b >= -100 && b <= 100)) {
+        const std::string field = absl::StrCat("logit_bias[\"", key, "\"]");
+        return value.is_number()
+                   ? FieldError(field, absl::StrCat(field, " = ", Describe(value),
+                                                    " is invalid: must be in [-100, 100]"))
+                   : TypeError(field, "a number", value);
+      }
+      (*sampling->mutable_logit_bias())[static_cast<int32_t>(id)] = static_cast<float>(b);
     }
   }
   return absl::OkStatus();

@@ -405,16 +405,31 @@ TEST_F(RouterServiceTest, StopStringTruncatesTheTextAndEndsTheRequest) {
   EXPECT_EQ(included.complete.matched_string(), stop);
   EXPECT_EQ(included.tokens, c.tokens);
 
-  // min_tokens past the token that completes the match: no stop string matches before it, so
-  // the text runs on through the stop string.
+  // min_tokens = k: stop strings match only once the output is longer than k tokens (vLLM v1),
+  // so the one completed by token k does not, and the text runs on through it.
   request.mutable_sampling_params()->clear_include_stop_str_in_output();
-  request.mutable_sampling_params()->set_min_tokens(static_cast<int>(k) + 1);
+  request.mutable_sampling_params()->set_min_tokens(static_cast<int>(k));
   request.mutable_sampling_params()->set_max_tokens(static_cast<int>(k) + 1);
   request.set_request_id("stopped-later");
   Collected later = RunGenerate(*router_, request);
   ASSERT_TRUE(later.status.ok()) << later.status;
   EXPECT_EQ(later.tokens.size(), k + 1);
   EXPECT_EQ(later.text.substr(0, match + stop.size()), full.substr(0, match + stop.size()));
+  // min_tokens = k - 1: token k may stop the output, and does when the stop string lies within
+  // its text (one that began in the text before the boundary is not matched: a documented
+  // difference from vLLM).
+  const std::string before_k =
+      k >= 2 ? *tok->Decode(absl::MakeConstSpan(expected).first(k - 1), decode) : std::string();
+  if (k >= 2 && before_k.size() <= match) {
+    request.mutable_sampling_params()->set_min_tokens(static_cast<int>(k) - 1);
+    request.mutable_sampling_params()->set_max_tokens(200);
+    request.set_request_id("stopped-at-k");
+    Collected at_k = RunGenerate(*router_, request);
+    ASSERT_TRUE(at_k.status.ok()) << at_k.status;
+    EXPECT_EQ(at_k.text, full.substr(0, match));
+    EXPECT_EQ(at_k.complete.matched_string(), stop);
+    EXPECT_EQ(at_k.tokens.size(), k);
+  }
 }
 
 TEST_F(RouterServiceTest, TokenizeModelInfoAndDrain) {

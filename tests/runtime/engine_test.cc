@@ -295,7 +295,9 @@ TEST_F(EngineTest, BackendSamplingMatchesHostSampling) {
       }
       if (i == 3) {  // logit biases (through the host inside Backend::PenalizeRows on a GPU)
         r.params.logit_bias = {{7, 3.0f}, {100, -100.0f}, {ref_.prompts[3][0], 1.5f}};
-        r.params.min_tokens = 4;
+        // Banned (-infinity) for the whole output: min_tokens = max_tokens.
+        r.params.stop_token_ids = {ref_.prompts[3][1], 9};
+        r.params.min_tokens = 12;
       }
       EXPECT_TRUE(engine->Enqueue(r, streams.For(r.request_id)).ok());
     }

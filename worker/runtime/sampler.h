@@ -69,7 +69,7 @@ class RequestSampler {
   [[nodiscard]] bool ArgmaxOnly() const {
     return params_.temperature == 0 && params_.repetition_penalty == 1.0f &&
            params_.presence_penalty == 0.0f && params_.frequency_penalty == 0.0f &&
-           params_.logprobs < 0 && bias_tokens_.empty() && params_.min_tokens == 0;
+           params_.logprobs < 0 && bias_tokens_.empty() && banned_tokens_.empty();
   }
   // The distribution Sample draws from (penalties, temperature, top-k/top-p/min-p; one-hot at the
   // argmax for greedy requests), as probabilities over the vocabulary; `logits` is modified in
@@ -86,14 +86,14 @@ class RequestSampler {
   [[nodiscard]] kernels::SamplingRule Rule() const {
     return {params_.temperature, params_.top_k, params_.top_p, params_.min_p};
   }
-  // The request's penalties over `history`'s tokens (inactive when it has none); the spans point
-  // into `history`.
+  // The request's penalties over `history`'s tokens and its logit biases as of its output length
+  // (inactive when it has none); the spans point into `history` and into this sampler.
   [[nodiscard]] kernels::LogitPenalties Penalties(const TokenHistory& history) const;
   // The penalties of the k + 1 rows of a speculative verify step of `drafts`, row j counting
   // drafts[0, j) as output beyond `history`. The rows share one list, the history's tokens
   // without the drafted ones; each row's own list holds the drafted tokens' entries as of that
   // row. The spans point into `lists` (left empty, the penalties inactive, when the request has
-  // none).
+  // none) and, for the biases (row j's as of j more output tokens), into this sampler.
   struct VerifyPenaltyLists {
     std::vector<int32_t> shared_tokens, shared_counts;
     std::vector<std::vector<int32_t>> row_tokens, row_counts;

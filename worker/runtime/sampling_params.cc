@@ -43,6 +43,11 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
           vocab_size));
     }
   }
+  if (logit_bias.size() > kMaxLogitBias) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sampling parameter logit_bias has %d entries; at most %d are taken",
+                        logit_bias.size(), kMaxLogitBias));
+  }
   for (const auto& [id, bias] : logit_bias) {
     if (id < 0 || id >= vocab_size) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -55,7 +60,9 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
     }
   }
   if (min_tokens < 0 || min_tokens > max_tokens) {
-    return Bad("min_tokens", min_tokens, "in [0, max_tokens]");
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sampling parameter min_tokens = %d is invalid: must be in [0, max_tokens = %d]",
+        min_tokens, max_tokens));
   }
   return absl::OkStatus();
 }

@@ -2,6 +2,7 @@
 #ifndef MOBIUS_WORKER_RUNTIME_SAMPLING_PARAMS_H_
 #define MOBIUS_WORKER_RUNTIME_SAMPLING_PARAMS_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <utility>
@@ -10,6 +11,10 @@
 #include "absl/status/status.h"
 
 namespace mobius::worker {
+
+// The most logit_bias entries a request may carry (OpenAI allows 300); more is not a bias but a
+// vocabulary restriction.
+inline constexpr size_t kMaxLogitBias = 1024;
 
 struct SamplingParams {
   float temperature = 1.0f;         // 0: greedy

@@ -509,6 +509,10 @@ TEST_F(HttpServerTest, RequestErrorsNameTheField) {
   // both endpoints; their neutral values pass.
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"logit_bias", {{"tok", -100}}}}), 400,
               "logit_bias", "logit_bias keys must be token ids, got \"tok\"");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"logit_bias", {{"05", 1}}}}), 400,
+              "logit_bias", "logit_bias keys must be token ids, got \"05\"");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"logit_bias", {{"5", 1e39}}}}), 400,
+              "logit_bias[\"5\"]", "logit_bias[\"5\"] = 1e+39 is invalid: must be in [-100, 100]");
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"logit_bias", {{"5", "big"}}}}), 400,
               "logit_bias[\"5\"]", "logit_bias[\"5\"] must be a number, got \"big\"");
   ExpectError(Post("/v1/chat/completions",
