@@ -251,25 +251,18 @@ class RouterService::RequestRun {
   // Sends the held-back text (when `flush`) and the one `complete` message.
   absl::Status Complete(v1::FinishReason reason, std::optional<int32_t> matched_token,
                         int cached_tokens, bool flush) {
-    if (flush && detokenizer_ && min_tokens_ > 0 && completion_tokens_ <= min_tokens_) {
-      // Ended (aborted, say) before stop strings could match: the tail is text.
+    if (flush && detokenizer_) {
       std::string tail = detokenizer_->Finish();
-      if (!tail.empty()) {
-        v1::GenerateResponse response;
-        response.set_request_id(prepared_.request_id);
-        response.mutable_chunk()->set_text(std::move(tail));
-        if (!on_response_(response)) {
-          return absl::CancelledError(absl::StrCat("request ", prepared_.request_id,
-                                                   ": the client stopped reading the stream"));
+      // Past min_tokens the tail may still complete a stop string; before, it is text (a request
+      // aborted early must not end as a stop-string match).
+      if (min_tokens_ == 0 || completion_tokens_ > min_tokens_) {
+        StopStringMatcher::Result r = matcher_.Push(tail);
+        tail = std::move(r.text);
+        if (r.matched) {
+          matched_stop_ = std::move(r.matched);
+        } else {
+          tail += matcher_.Flush();
         }
-      }
-    } else if (flush && detokenizer_) {
-      StopStringMatcher::Result r = matcher_.Push(detokenizer_->Finish());
-      std::string tail = std::move(r.text);
-      if (r.matched) {
-        matched_stop_ = std::move(r.matched);
-      } else {
-        tail += matcher_.Flush();
       }
       if (!tail.empty()) {
         v1::GenerateResponse response;

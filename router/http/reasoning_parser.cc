@@ -1,6 +1,6 @@
 #include "router/http/reasoning_parser.h"
 
-#include <algorithm>
+#include "router/http/partial_tag.h"
 
 namespace mobius::router::openai {
 namespace {
@@ -13,14 +13,6 @@ bool IsSpace(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
 std::string_view DropLeading(std::string_view s, char c) {
   while (!s.empty() && s.front() == c) s.remove_prefix(1);
   return s;
-}
-
-// The longest suffix of `text` that is a proper prefix of `tag`.
-size_t PartialTagSuffix(std::string_view text, std::string_view tag) {
-  for (size_t len = std::min(text.size(), tag.size() - 1); len > 0; --len) {
-    if (text.substr(text.size() - len) == tag.substr(0, len)) return len;
-  }
-  return 0;
 }
 
 }  // namespace

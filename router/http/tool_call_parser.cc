@@ -1,9 +1,8 @@
 #include "router/http/tool_call_parser.h"
 
-#include <algorithm>
-
 #include <nlohmann/json.hpp>
 
+#include "router/http/partial_tag.h"
 #include "router/http/python_json.h"
 
 namespace mobius::router::openai {
@@ -44,14 +43,6 @@ bool NestsDeeperThan(std::string_view text, int limit) {
     }
   }
   return false;
-}
-
-// The longest suffix of `text` that is a proper prefix of `tag` (it may yet become the tag).
-size_t PartialTagSuffix(std::string_view text, std::string_view tag) {
-  for (size_t len = std::min(text.size(), tag.size() - 1); len > 0; --len) {
-    if (text.substr(text.size() - len) == tag.substr(0, len)) return len;
-  }
-  return 0;
 }
 
 }  // namespace

@@ -795,6 +795,20 @@ TEST_F(HttpServerTest, ChatStreamOfTwoChoices) {
   EXPECT_EQ(data[9], "[DONE]");
 }
 
+// A scripted call that has sent what it had: returns CANCELLED (counting it) once the call is
+// cancelled, or DEADLINE_EXCEEDED after 5 s.
+absl::Status WaitForCancel(const CallContext& context, std::atomic<int>& cancelled) {
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  while (absl::Now() < until) {
+    if (context.cancelled != nullptr && context.cancelled->load()) {
+      ++cancelled;
+      return absl::CancelledError("cancelled");
+    }
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  return absl::DeadlineExceededError("never cancelled");
+}
+
 // One choice failing fails the response with its status, and the other calls are cancelled
 // rather than left to run. Here every choice has sent a chunk before the failure, so a stream has
 // started and shows them before the error.
@@ -815,15 +829,7 @@ TEST_F(HttpServerTest, OneFailingChoiceFailsTheResponseAndCancelsTheOthers) {
       ++cancelled;
       return absl::CancelledError("client went away");
     }
-    const absl::Time until = absl::Now() + absl::Seconds(5);
-    while (absl::Now() < until) {
-      if (context.cancelled != nullptr && context.cancelled->load()) {
-        ++cancelled;
-        return absl::CancelledError("cancelled");
-      }
-      absl::SleepFor(absl::Milliseconds(2));
-    }
-    return absl::DeadlineExceededError("never cancelled");
+    return WaitForCancel(context, cancelled);
   };
   for (bool stream : {false, true}) {
     cancelled = 0;
@@ -858,15 +864,7 @@ TEST_F(HttpServerTest, ClientDisconnectCancelsEveryChoice) {
       ++cancelled;
       return absl::CancelledError("client went away");
     }
-    const absl::Time until = absl::Now() + absl::Seconds(5);
-    while (absl::Now() < until) {
-      if (context.cancelled != nullptr && context.cancelled->load()) {
-        ++cancelled;
-        return absl::CancelledError("cancelled");
-      }
-      absl::SleepFor(absl::Milliseconds(2));
-    }
-    return absl::DeadlineExceededError("never cancelled");
+    return WaitForCancel(context, cancelled);
   };
   {
     tcp::socket socket = Connect();
