@@ -357,6 +357,21 @@ absl::Status RouterService::Prepare(const v1::GenerateRequest& request, const v1
     case v1::GenerateRequest::INPUT_NOT_SET:
       return absl::InvalidArgumentError("the request has no input: set text or input_ids");
   }
+  if (request.has_truncate_prompt_tokens()) {
+    const int32_t keep = request.truncate_prompt_tokens();
+    if (keep != -1 && keep < 1) {
+      absl::Status status = absl::InvalidArgumentError(absl::StrFormat(
+          "truncate_prompt_tokens = %d is invalid: must be -1 (fit the context) or >= 1", keep));
+      status.SetPayload(kRequestFieldPayload, absl::Cord("truncate_prompt_tokens"));
+      return status;
+    }
+    const size_t limit =
+        static_cast<size_t>(keep == -1 ? std::max(1, model.max_context_length() - 1) : keep);
+    if (prepared.prompt.size() > limit) {
+      prepared.prompt.erase(prepared.prompt.begin(),
+                            prepared.prompt.end() - static_cast<std::ptrdiff_t>(limit));
+    }
+  }
   RETURN_IF_ERROR(ValidatePrompt(prepared.prompt, field, model));
   prepared.max_tokens = EffectiveMaxTokens(params, static_cast<int>(prepared.prompt.size()), model);
 

@@ -277,6 +277,9 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
     v1::GenerateRequest& generate = prompts.emplace_back();
     generate.set_text(*std::move(prompt));
     *generate.mutable_sampling_params() = std::move(params->sampling);
+    if (params->truncate_prompt_tokens.has_value()) {
+      generate.set_truncate_prompt_tokens(*params->truncate_prompt_tokens);
+    }
     n = params->n;
     stream = params->stream;
     context.include_usage = params->include_usage;

@@ -209,7 +209,6 @@ absl::Status RefuseUnimplemented(const Json& body) {
       {"structured_outputs", "structured output is not supported"},
       {"bad_words", "bad-word filtering is not applied"},
       {"allowed_token_ids", "restricting the sampled tokens is not supported"},
-      {"truncate_prompt_tokens", "prompts are never truncated"},
       {"use_beam_search", "beam search is not supported"},
   };
   for (const Unimplemented& u : kFields) {
@@ -374,6 +373,15 @@ absl::Status ParsePrompts(const Json& body, std::vector<v1::GenerateRequest>* pr
     }
   }
   return absl::OkStatus();
+}
+
+// vLLM's truncate_prompt_tokens: keep the prompt's last N tokens (N >= 1), or -1 for as many as
+// the context leaves room for; 0 and null leave the prompt whole.
+absl::StatusOr<std::optional<int32_t>> ParseTruncation(const Json& body) {
+  std::optional<int64_t> n;
+  ASSIGN_OR_RETURN(n, ReadInteger(body, "truncate_prompt_tokens", -1, kInt32Max));
+  if (!n.has_value() || *n == 0) return std::optional<int32_t>();
+  return std::optional<int32_t>(static_cast<int32_t>(*n));
 }
 
 // `n`: choices per prompt, and the request's total (prompts x n) within kMaxChoices.
@@ -696,8 +704,11 @@ absl::StatusOr<CompletionParams> ParseCompletionRequest(const Json& body,
   if (suffix.has_value() && !suffix->empty()) {
     return FieldError("suffix", "suffix is not supported");
   }
+  std::optional<int32_t> truncation;
+  ASSIGN_OR_RETURN(truncation, ParseTruncation(body));
   for (v1::GenerateRequest& prompt : params.prompts) {
     *prompt.mutable_sampling_params() = sampling_params;
+    if (truncation.has_value()) prompt.set_truncate_prompt_tokens(*truncation);
   }
   return params;
 }
@@ -734,6 +745,7 @@ absl::StatusOr<ChatParams> ParseChatRequest(const Json& body,
 
   RETURN_IF_ERROR(ParseTools(body, &params));
   RETURN_IF_ERROR(ParseChatTemplateKwargs(body, &params.enable_thinking));
+  ASSIGN_OR_RETURN(params.truncate_prompt_tokens, ParseTruncation(body));
   if (const Json* format = Member(body, "response_format"); format != nullptr) {
     const Json* type = format->is_object() ? Member(*format, "type") : nullptr;
     if (type == nullptr || *type != "text") {

@@ -5,6 +5,7 @@
 #ifndef MOBIUS_ROUTER_HTTP_OPENAI_REQUEST_H_
 #define MOBIUS_ROUTER_HTTP_OPENAI_REQUEST_H_
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,8 +42,9 @@ struct ChatParams {
   // `tools` given and `tool_choice` "auto" (or unset): the tools go into the prompt
   // (ToolDefinitions) and <tool_call> blocks of the output become tool calls.
   bool use_tools = false;
-  bool parallel_tool_calls = true;  // false: at most one call is returned
-  bool enable_thinking = true;      // chat_template_kwargs.enable_thinking (vLLM's)
+  bool parallel_tool_calls = true;                // false: at most one call is returned
+  bool enable_thinking = true;                    // chat_template_kwargs.enable_thinking (vLLM's)
+  std::optional<int32_t> truncate_prompt_tokens;  // vLLM's: keep the prompt's last N tokens
   bool stream = false;
   bool include_usage = false;
   bool logprobs = false;       // `logprobs: true` (sampling.logprobs holds top_logprobs)

@@ -471,6 +471,29 @@ TEST_F(RouterServiceTest, TokenizeModelInfoAndDrain) {
   EXPECT_TRUE(router_->WaitUntilIdle(absl::Now() + absl::Seconds(1)));
 }
 
+// truncate_prompt_tokens keeps the prompt's last N tokens: the output is the shorter prompt's,
+// and usage counts what was kept; -1 keeps what the context holds; 0 is refused here.
+TEST_F(RouterServiceTest, TruncatePromptTokensKeepsTheEnd) {
+  StartRouter(1);
+  std::vector<int32_t> long_prompt = {11, 12, 13, 14, 15, 16};
+  const std::vector<int32_t>& tail = Prompt(1);
+  long_prompt.insert(long_prompt.end(), tail.begin(), tail.end());
+  v1::GenerateRequest request = GreedyRequest(long_prompt, 24);
+  request.set_truncate_prompt_tokens(static_cast<int32_t>(tail.size()));
+  Collected truncated = RunGenerate(*router_, request);
+  ASSERT_TRUE(truncated.status.ok()) << truncated.status;
+  EXPECT_EQ(truncated.tokens, Expected(1));
+  EXPECT_EQ(truncated.complete.usage().prompt_tokens(), static_cast<int>(tail.size()));
+  request.set_truncate_prompt_tokens(-1);  // the context (4096) holds it all
+  Collected whole = RunGenerate(*router_, request);
+  ASSERT_TRUE(whole.status.ok()) << whole.status;
+  EXPECT_EQ(whole.complete.usage().prompt_tokens(), static_cast<int>(long_prompt.size()));
+  request.set_truncate_prompt_tokens(0);
+  const absl::Status zero = RunGenerate(*router_, request).status;
+  EXPECT_EQ(zero.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RequestFieldOf(zero), "truncate_prompt_tokens");
+}
+
 TEST_F(RouterServiceTest, WithoutTokenizerIdsWorkAndTextIsRefused) {
   workers_.push_back(std::make_unique<InProcessWorker>());
   auto replicas = ReplicaSet::Create({workers_[0]->address()}, {});

@@ -310,6 +310,7 @@ TEST_F(HttpServerTest, CompletionWholeResponse) {
                       {"include_stop_str_in_output", true},
                       {"logit_bias", {{"57025", -100}, {"3", 2.5}}},
                       {"min_tokens", 2},
+                      {"truncate_prompt_tokens", 100},
                       {"user", "ignored"}},
                      {{"X-Request-Id", "abc"}});
   ASSERT_EQ(reply.status, 200u) << reply.body;
@@ -341,6 +342,7 @@ TEST_F(HttpServerTest, CompletionWholeResponse) {
   EXPECT_EQ(request.sampling_params().stop(0), "\n");
   EXPECT_TRUE(request.sampling_params().include_stop_str_in_output());
   EXPECT_EQ(request.sampling_params().min_tokens(), 2);
+  EXPECT_EQ(request.truncate_prompt_tokens(), 100);
   ASSERT_EQ(request.sampling_params().logit_bias_size(), 2);
   EXPECT_FLOAT_EQ(request.sampling_params().logit_bias().at(57025), -100.0f);
   EXPECT_FLOAT_EQ(request.sampling_params().logit_bias().at(3), 2.5f);
@@ -518,6 +520,8 @@ TEST_F(HttpServerTest, RequestErrorsNameTheField) {
   ExpectError(Post("/v1/chat/completions",
                    {{"messages", {{{"role", "user"}, {"content", "yo"}}}}, {"min_tokens", -1}}),
               400, "min_tokens", "min_tokens must be an integer in [0, ");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"truncate_prompt_tokens", -2}}), 400,
+              "truncate_prompt_tokens", "truncate_prompt_tokens must be an integer in [-1, ");
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"guided_json", {{"type", "object"}}}}),
               400, "guided_json", "guided decoding is not supported");
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"echo", true}}), 400, "echo",
