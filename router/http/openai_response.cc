@@ -184,11 +184,10 @@ static std::string NewToolCallId() {
 }
 
 CompletionFormatter::CompletionFormatter(ResponseContext context) : context_(std::move(context)) {
-  if (context_.endpoint == Endpoint::kChat && context_.parse_tool_calls) {
-    tool_parser_.emplace(context_.max_tool_calls);
-  }
-  if (context_.endpoint == Endpoint::kChat && context_.parse_reasoning) {
-    reasoning_parser_.emplace();
+  if (context_.endpoint == Endpoint::kChat &&
+      (context_.parse_tool_calls || context_.parse_reasoning)) {
+    output_parser_.emplace(context_.parse_reasoning, context_.parse_tool_calls,
+                           context_.max_tool_calls);
   }
   if (context_.endpoint == Endpoint::kCompletions) {
     logprobs_ = Json{{"tokens", Json::array()},
@@ -330,38 +329,20 @@ std::string CompletionFormatter::DeltaEvent(Json delta, Json logprobs) {
 }
 
 std::string CompletionFormatter::ParsedChatEvents(const v1::TextChunk* piece) {
-  const std::string text = piece != nullptr ? piece->text() : std::string();
-  ReasoningParser::Step split;
-  if (!reasoning_parser_.has_value()) {
-    split.content = text;
-  } else if (piece != nullptr) {
-    split = reasoning_parser_->Push(text);
-  } else {
-    split = reasoning_parser_->Finish();
-  }
-  ToolCallParser::Step calls;
-  if (!tool_parser_.has_value()) {
-    calls.content = std::move(split.content);
-  } else {
-    calls = tool_parser_->Push(split.content);
-    if (piece == nullptr) {
-      ToolCallParser::Step last = tool_parser_->Finish();
-      calls.content += last.content;
-      calls.calls.insert(calls.calls.end(), last.calls.begin(), last.calls.end());
-    }
-  }
+  ChatOutputParser::Step step =
+      piece != nullptr ? output_parser_->Push(piece->text()) : output_parser_->Finish();
   Json logprobs = piece != nullptr && context_.logprobs && piece->token_ids_size() > 0
                       ? Logprobs(*piece, 0)
                       : Json(nullptr);
   std::string events;
-  if (!split.reasoning.empty()) {
-    events += DeltaEvent(Json{{"reasoning_content", split.reasoning}}, std::move(logprobs));
+  if (!step.reasoning.empty()) {
+    events += DeltaEvent(Json{{"reasoning_content", step.reasoning}}, std::move(logprobs));
     logprobs = nullptr;
   }
-  if (!calls.content.empty() || !logprobs.is_null()) {
-    events += DeltaEvent(Json{{"content", calls.content}}, std::move(logprobs));
+  if (!step.content.empty() || !logprobs.is_null()) {
+    events += DeltaEvent(Json{{"content", step.content}}, std::move(logprobs));
   }
-  for (const ParsedToolCall& call : calls.calls) {
+  for (const ParsedToolCall& call : step.calls) {
     const int position = tool_calls_sent_++;
     events += DeltaEvent(Json{{"tool_calls", Json::array({ToolCallJson(call, position, true)})}},
                          nullptr);
@@ -371,7 +352,7 @@ std::string CompletionFormatter::ParsedChatEvents(const v1::TextChunk* piece) {
 
 std::string CompletionFormatter::StreamEvents(const v1::GenerateResponse& response) {
   const bool chat = context_.endpoint == Endpoint::kChat;
-  const bool parsed = tool_parser_.has_value() || reasoning_parser_.has_value();
+  const bool parsed = output_parser_.has_value();
   if (parsed && response.has_chunk()) return ParsedChatEvents(&response.chunk());
   std::string tail;  // a parsed stream's held-back text and last calls
   if (parsed && response.has_complete()) tail = ParsedChatEvents(nullptr);
@@ -452,31 +433,14 @@ Json CompletionFormatter::Choice() {
       (context_.parse_tool_calls || context_.parse_reasoning)) {
     // The whole text through the same parsers a stream uses: the same reasoning, content and
     // calls.
-    ReasoningParser::Step split;
-    if (context_.parse_reasoning) {
-      ReasoningParser reasoning;
-      split = reasoning.Push(text_);
-      ReasoningParser::Step last = reasoning.Finish();
-      split.reasoning += last.reasoning;
-      split.content += last.content;
-    } else {
-      split.content = text_;
-    }
-    ToolCallParser::Step step;
-    if (context_.parse_tool_calls) {
-      ToolCallParser parser(context_.max_tool_calls);
-      step = parser.Push(split.content);
-      ToolCallParser::Step last = parser.Finish();
-      step.content += last.content;
-      step.calls.insert(step.calls.end(), last.calls.begin(), last.calls.end());
-    } else {
-      step.content = std::move(split.content);
-    }
+    const ChatOutputParser::Step step =
+        ChatOutputParser(context_.parse_reasoning, context_.parse_tool_calls,
+                         context_.max_tool_calls)
+            .Parse(text_);
     Json message{{"role", "assistant"},
                  {"content", step.content.empty() ? Json(nullptr) : Json(step.content)}};
     if (context_.parse_reasoning) {
-      message["reasoning_content"] =
-          split.reasoning.empty() ? Json(nullptr) : Json(split.reasoning);
+      message["reasoning_content"] = step.reasoning.empty() ? Json(nullptr) : Json(step.reasoning);
     }
     if (!step.calls.empty()) {
       message["tool_calls"] = Json::array();

@@ -15,8 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "inference.pb.h"
-#include "router/http/reasoning_parser.h"
-#include "router/http/tool_call_parser.h"
+#include "router/http/chat_output_parser.h"
 
 namespace mobius::router::openai {
 
@@ -113,8 +112,8 @@ class CompletionFormatter {
   nlohmann::ordered_json logprobs_;  // accumulated (non-streaming)
   bool complete_ = false;
   v1::TextComplete final_;
-  std::optional<ReasoningParser> reasoning_parser_;  // streaming with parse_reasoning
-  std::optional<ToolCallParser> tool_parser_;        // streaming with parse_tool_calls
+  // Streaming a chat answer with parse_reasoning or parse_tool_calls.
+  std::optional<ChatOutputParser> output_parser_;
   int tool_calls_sent_ = 0;
   std::vector<std::string> tool_call_ids_;  // per call, made once (a body may be built twice)
 };

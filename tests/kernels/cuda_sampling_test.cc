@@ -20,6 +20,7 @@
 #include <limits>
 #include <random>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,19 @@ class CudaSamplingTest : public ::testing::Test {
     auto backend = CreateCudaBackend(0);
     ASSERT_TRUE(backend.ok()) << backend.status();
     backend_ = *std::move(backend);
+  }
+
+  // `flat` ([rows, vocab] logits) after Backend::PenalizeRows on the device; empty on failure.
+  std::vector<float> PenalizeOnDevice(const std::vector<float>& flat, int rows, int vocab,
+                                      std::span<const LogitPenalties> penalties) {
+    auto logits = backend_->Allocate(DType::kF32, {rows, vocab});
+    EXPECT_TRUE(logits.ok()) << logits.status();
+    if (!logits.ok()) return {};
+    backend_->CopyFromHost(flat.data(), DType::kF32, *logits);
+    backend_->PenalizeRows(*logits, penalties);
+    std::vector<float> device(flat.size());
+    backend_->CopyToHostF32(*logits, device.data());
+    return device;
   }
 
   // Logits of one row: normal with the given spread; `tie_step` > 0 rounds them to multiples of
@@ -362,12 +376,8 @@ TEST_F(CudaSamplingTest, PenalizeRowsMatchesHostBits) {
         }
       }
     }
-    auto logits = backend_->Allocate(DType::kF32, {rows, vocab});
-    ASSERT_TRUE(logits.ok()) << logits.status();
-    backend_->CopyFromHost(flat.data(), DType::kF32, *logits);
-    backend_->PenalizeRows(*logits, penalties);
-    std::vector<float> device(flat.size());
-    backend_->CopyToHostF32(*logits, device.data());
+    const std::vector<float> device = PenalizeOnDevice(flat, rows, vocab, penalties);
+    ASSERT_EQ(device.size(), flat.size());
     for (int r = 0; r < rows; ++r) {
       std::vector<float> expected = host[r];
       ApplyLogitPenalties(expected, penalties[r]);
@@ -402,12 +412,8 @@ TEST_F(CudaSamplingTest, PenalizeRowsWithBiasesMatchesHost) {
   penalties[0] = {1.3f, 0.5f, 0.2f, seen, counts, {}, {}};                       // penalties only
   penalties[1] = {1.0f, 0.0f, 0.0f, {}, {}, {}, {}, bias_tokens, biases};        // biases only
   penalties[2] = {1.2f, 0.1f, 0.0f, seen, counts, {}, {}, bias_tokens, biases};  // both
-  auto logits = backend_->Allocate(DType::kF32, {rows, vocab});
-  ASSERT_TRUE(logits.ok()) << logits.status();
-  backend_->CopyFromHost(flat.data(), DType::kF32, *logits);
-  backend_->PenalizeRows(*logits, penalties);
-  std::vector<float> device(flat.size());
-  backend_->CopyToHostF32(*logits, device.data());
+  const std::vector<float> device = PenalizeOnDevice(flat, rows, vocab, penalties);
+  ASSERT_EQ(device.size(), flat.size());
   for (int r = 0; r < rows; ++r) {
     std::vector<float> expected = host[r];
     ApplyLogitPenalties(expected, penalties[r]);

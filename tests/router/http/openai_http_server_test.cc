@@ -206,6 +206,22 @@ struct Reply {
   Json json() const { return Json::parse(body, nullptr, /*allow_exceptions=*/false); }
 };
 
+// Reads from `socket` until `marker` has arrived; false (a failure recorded) if a read fails.
+bool ReadUntil(tcp::socket& socket, const std::string& marker) {
+  std::string seen;
+  char buffer[1024];
+  while (!absl::StrContains(seen, marker)) {
+    beast::error_code ec;
+    const size_t n = socket.read_some(net::buffer(buffer), ec);
+    if (ec) {
+      ADD_FAILURE() << "reading until \"" << marker << "\": " << ec.message();
+      return false;
+    }
+    seen.append(buffer, n);
+  }
+  return true;
+}
+
 // The `data:` payloads of a server-sent event stream, in order.
 std::vector<std::string> SseData(const std::string& body) {
   std::vector<std::string> out;
@@ -629,14 +645,7 @@ TEST_F(HttpServerTest, ClientDisconnectMidStreamCancels) {
     http::write(socket, MakeRequest(http::verb::post, "/v1/completions",
                                     Json{{"prompt", "x"}, {"stream", true}}.dump(), {}));
     // Wait for the first event, then go away.
-    std::string seen;
-    char buffer[1024];
-    while (!absl::StrContains(seen, "first")) {
-      beast::error_code ec;
-      size_t n = socket.read_some(net::buffer(buffer), ec);
-      ASSERT_FALSE(ec) << ec.message();
-      seen.append(buffer, n);
-    }
+    ASSERT_TRUE(ReadUntil(socket, "first"));
   }
   EXPECT_TRUE(service_.saw_cancel().WaitForNotificationWithTimeout(absl::Seconds(3)));
 }
@@ -874,14 +883,7 @@ TEST_F(HttpServerTest, ClientDisconnectCancelsEveryChoice) {
     tcp::socket socket = Connect();
     http::write(socket, MakeRequest(http::verb::post, "/v1/completions",
                                     Json{{"prompt", "x"}, {"n", 3}, {"stream", true}}.dump(), {}));
-    std::string seen;
-    char buffer[1024];
-    while (!absl::StrContains(seen, "first")) {
-      beast::error_code ec;
-      size_t n = socket.read_some(net::buffer(buffer), ec);
-      ASSERT_FALSE(ec) << ec.message();
-      seen.append(buffer, n);
-    }
+    ASSERT_TRUE(ReadUntil(socket, "first"));
   }
   const absl::Time until = absl::Now() + absl::Seconds(3);
   while (cancelled.load() < 3 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
