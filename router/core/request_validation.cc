@@ -60,6 +60,9 @@ absl::Status ValidateSamplingParams(const v1::SamplingParams& p, const v1::Model
   if (p.has_logprobs() && (p.logprobs() < 0 || p.logprobs() > 20)) {
     return Bad("logprobs", p.logprobs(), "in [0, 20]");
   }
+  if (p.has_prompt_logprobs() && (p.prompt_logprobs() < 0 || p.prompt_logprobs() > 20)) {
+    return Bad("prompt_logprobs", p.prompt_logprobs(), "in [0, 20]");
+  }
   for (int i = 0; i < p.stop_token_ids_size(); ++i) {
     const int32_t id = p.stop_token_ids(i);
     if (id < 0 || id >= model.vocab_size()) {

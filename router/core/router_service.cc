@@ -23,6 +23,8 @@ struct RouterService::Prepared {
   std::string request_id;
   std::vector<int32_t> prompt;
   int max_tokens = 0;
+  // The stream opens with the prompt (TextChunk.prompt): GenerateRequest.echo, or prompt_logprobs.
+  bool send_prompt = false;
   v1::WorkerGenerateRequest worker_request;
 };
 
@@ -191,6 +193,10 @@ class RouterService::RequestRun {
     v1::GenerateResponse response;
     response.set_request_id(prepared_.request_id);
     v1::TextChunk* out = response.mutable_chunk();
+    if (prepared_.send_prompt && !prompt_sent_) {
+      FillPrompt(chunk.prompt_logprobs(), *out->mutable_prompt());
+      prompt_sent_ = true;
+    }
     std::string text;
     for (int k = 0; k < chunk.token_ids_size() && !matched_stop_; ++k) {
       const int32_t id = chunk.token_ids(k);
@@ -248,9 +254,44 @@ class RouterService::RequestRun {
     }
   }
 
+  // The prompt as the worker saw it, with the worker's scores of its tokens (prompt_logprobs):
+  // the text with special tokens kept, each token's bytes (empty for an id the tokenizer lacks),
+  // and the scored and top tokens' bytes. Ids only without a tokenizer.
+  void FillPrompt(const google::protobuf::RepeatedPtrField<v1::OutputLogprobs>& scores,
+                  v1::PromptEcho& echo) const {
+    const std::vector<int32_t>& prompt = prepared_.prompt;
+    echo.mutable_token_ids()->Assign(prompt.begin(), prompt.end());
+    for (int k = 0; k < scores.size() && k + 1 < static_cast<int>(prompt.size()); ++k) {
+      *echo.add_logprobs() = scores[k];
+      AddTokenBytes(prompt[k + 1], *echo.mutable_logprobs(k));
+    }
+    const tokenizer::Tokenizer* tokenizer = service_.tokenizer_.get();
+    if (tokenizer == nullptr) return;
+    tokenizer::DecodeOptions keep_special;
+    keep_special.skip_special_tokens = false;
+    if (absl::StatusOr<std::string> text = tokenizer->Decode(prompt, keep_special); text.ok()) {
+      echo.set_text(*std::move(text));
+    }
+    for (int32_t id : prompt) {
+      absl::StatusOr<std::string_view> b = tokenizer->TokenBytes(id);
+      echo.add_token_bytes(b.ok() ? std::string(*b) : std::string());
+    }
+  }
+
   // Sends the held-back text (when `flush`) and the one `complete` message.
   absl::Status Complete(v1::FinishReason reason, std::optional<int32_t> matched_token,
                         int cached_tokens, bool flush) {
+    if (prepared_.send_prompt && !prompt_sent_) {
+      // No chunk came (max_tokens 0 without prompt_logprobs): the prompt goes out on its own.
+      v1::GenerateResponse response;
+      response.set_request_id(prepared_.request_id);
+      FillPrompt({}, *response.mutable_chunk()->mutable_prompt());
+      prompt_sent_ = true;
+      if (!on_response_(response)) {
+        return absl::CancelledError(absl::StrCat("request ", prepared_.request_id,
+                                                 ": the client stopped reading the stream"));
+      }
+    }
     if (flush && detokenizer_) {
       std::string tail = detokenizer_->Finish();
       // Past min_tokens the tail may still complete a stop string; before, it is text (a request
@@ -309,6 +350,7 @@ class RouterService::RequestRun {
   StopStringMatcher matcher_;
   const int min_tokens_;  // stop strings match only past this many output tokens
   std::optional<std::string> matched_stop_;
+  bool prompt_sent_ = false;
   int completion_tokens_ = 0;
   v1::FinishReason finish_reason_ = v1::FINISH_REASON_UNSPECIFIED;
   std::string replica_;
@@ -389,6 +431,7 @@ absl::Status RouterService::Prepare(const v1::GenerateRequest& request, const v1
     w.mutable_sampling_params()->set_min_tokens(std::min(params.min_tokens(), prepared.max_tokens));
   }
   w.set_priority(request.priority());
+  prepared.send_prompt = request.echo() || params.has_prompt_logprobs();
   return absl::OkStatus();
 }
 

@@ -256,6 +256,12 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
     context.include_usage = params->include_usage;
     context.logprobs = params->logprobs;
     context.tokens_as_ids = params->tokens_as_ids;
+    context.echo = params->echo;
+    if (!prompts.empty()) {
+      const v1::SamplingParams& sampling = prompts.front().sampling_params();
+      context.top_logprobs = sampling.logprobs();
+      context.prompt_logprobs = sampling.has_prompt_logprobs();
+    }
   } else {
     absl::StatusOr<ChatParams> params = ParseChatRequest(*body, context.model);
     if (!params.ok()) return fail(params.status());
@@ -285,6 +291,7 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
     context.include_usage = params->include_usage;
     context.logprobs = params->logprobs;
     context.tokens_as_ids = params->tokens_as_ids;
+    context.prompt_logprobs = generate.sampling_params().has_prompt_logprobs();
   }
 
   // One choice keeps the client's id, or none, and the service assigns one (its messages carry

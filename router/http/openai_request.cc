@@ -201,7 +201,6 @@ absl::Status RefuseUnimplemented(const Json& body) {
     const char* why;
   };
   static constexpr Unimplemented kFields[] = {
-      {"prompt_logprobs", "prompt log-probabilities are not computed"},
       {"guided_json", "guided decoding is not supported"},
       {"guided_regex", "guided decoding is not supported"},
       {"guided_choice", "guided decoding is not supported"},
@@ -271,6 +270,8 @@ absl::Status ParseSampling(const Json& body, v1::SamplingParams* sampling) {
   if (b) sampling->set_include_stop_str_in_output(*b);
   ASSIGN_OR_RETURN(i, ReadInteger(body, "min_tokens", 0, kInt32Max));
   if (i) sampling->set_min_tokens(static_cast<int32_t>(*i));
+  ASSIGN_OR_RETURN(i, ReadInteger(body, "prompt_logprobs", 0, kInt32Max));
+  if (i) sampling->set_prompt_logprobs(static_cast<int32_t>(*i));
   // logit_bias: {"<token id>": bias}, ids as strings (JSON keys), as OpenAI sends them; checked
   // in full here (the service checks again) so that a huge map is refused before it is copied.
   if (const Json* bias = Member(body, "logit_bias"); bias != nullptr) {
@@ -675,23 +676,34 @@ absl::StatusOr<CompletionParams> ParseCompletionRequest(const Json& body,
   v1::SamplingParams sampling_params;
   v1::SamplingParams* sampling = &sampling_params;
   RETURN_IF_ERROR(ParseSampling(body, sampling));
+  std::optional<bool> echo;
+  ASSIGN_OR_RETURN(echo, ReadBool(body, "echo"));
+  params.echo = echo.value_or(false);
   std::optional<int64_t> i;
-  // At least 1, as vLLM asks (0 would return nothing and call it a length stop).
-  ASSIGN_OR_RETURN(i, ReadInteger(body, "max_tokens", /*min=*/1));
+  // At least 1, as vLLM asks (0 would return nothing and call it a length stop), except where
+  // the prompt is the answer: with echo (OpenAI's "echo the prompt without generating") or
+  // prompt_logprobs (score a prompt).
+  ASSIGN_OR_RETURN(i, ReadInteger(body, "max_tokens", /*min=*/0));
+  if (i && *i == 0 && !params.echo && !sampling->has_prompt_logprobs()) {
+    return FieldError("max_tokens",
+                      "max_tokens must be at least 1 (0 only with echo or prompt_logprobs, which "
+                      "return the prompt)");
+  }
   sampling->set_max_tokens(i ? static_cast<int32_t>(*i) : kDefaultCompletionMaxTokens);
   ASSIGN_OR_RETURN(i, ReadInteger(body, "logprobs", 0, kInt32Max));
   if (i) {
     sampling->set_logprobs(static_cast<int32_t>(*i));
     params.logprobs = true;
+    // The echoed prompt's tokens are scored as the output's are (vLLM's default).
+    if (params.echo && !sampling->has_prompt_logprobs()) {
+      sampling->set_prompt_logprobs(static_cast<int32_t>(*i));
+    }
   }
   RETURN_IF_ERROR(ParseStreaming(body, &params.stream, &params.include_usage));
   std::optional<bool> as_ids;
   ASSIGN_OR_RETURN(as_ids, ReadBool(body, "return_tokens_as_token_ids"));
   params.tokens_as_ids = as_ids.value_or(false);
 
-  std::optional<bool> echo;
-  ASSIGN_OR_RETURN(echo, ReadBool(body, "echo"));
-  if (echo.value_or(false)) return FieldError("echo", "echo is not supported");
   // best_of > n would generate more choices and return the n with the highest likelihood:
   // not implemented. best_of == n (or 1 with n = 1) is every choice returned, which we do.
   ASSIGN_OR_RETURN(i, ReadInteger(body, "best_of"));
@@ -708,6 +720,7 @@ absl::StatusOr<CompletionParams> ParseCompletionRequest(const Json& body,
   ASSIGN_OR_RETURN(truncation, ParseTruncation(body));
   for (v1::GenerateRequest& prompt : params.prompts) {
     *prompt.mutable_sampling_params() = sampling_params;
+    prompt.set_echo(params.echo);
     if (truncation.has_value()) prompt.set_truncate_prompt_tokens(*truncation);
   }
   return params;

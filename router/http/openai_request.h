@@ -33,6 +33,9 @@ struct CompletionParams {
   bool include_usage = false;  // stream_options.include_usage
   bool logprobs = false;       // `logprobs` was given (sampling_params.logprobs holds n)
   bool tokens_as_ids = false;  // return_tokens_as_token_ids (vLLM): "token_id:<id>" labels
+  // The text (and logprobs) begin with the prompt; with logprobs, prompt_logprobs defaults to
+  // the same n (vLLM's), and max_tokens may be 0 (the prompt alone, OpenAI's echo use).
+  bool echo = false;
 };
 
 struct ChatParams {

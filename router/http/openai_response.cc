@@ -88,6 +88,50 @@ size_t CountCodePoints(const std::string& text) {
   }));
 }
 
+// A logprob as JSON: -inf (a token the model rules out) as vLLM writes it, -9999.0.
+double ClampedLogprob(float logprob) { return std::max(static_cast<double>(logprob), -9999.0); }
+
+// Prompt token k's bytes, or nullptr when the service sent none for it.
+const std::string* PromptTokenBytes(const v1::PromptEcho& prompt, int k) {
+  return k < prompt.token_bytes_size() && !prompt.token_bytes(k).empty() ? &prompt.token_bytes(k)
+                                                                         : nullptr;
+}
+
+// vLLM's prompt_logprobs: null for the first token, then for each token after it an object
+// keyed by token id (as a string) holding the token itself and its top n, each with logprob,
+// rank (the token's own from the service, j + 1 for the j-th best) and decoded_token.
+Json PromptLogprobsJson(const v1::PromptEcho& prompt) {
+  Json out = Json::array();
+  if (prompt.token_ids_size() == 0) return out;
+  out.push_back(nullptr);
+  for (int k = 0; k < prompt.logprobs_size() && k + 1 < prompt.token_ids_size(); ++k) {
+    const v1::OutputLogprobs& scored = prompt.logprobs(k);
+    const int32_t id = prompt.token_ids(k + 1);
+    Json entry = Json::object();
+    entry[std::to_string(id)] =
+        Json{{"logprob", ClampedLogprob(scored.logprob())},
+             {"rank", scored.rank()},
+             {"decoded_token", TokenLabel(id, scored.has_token_bytes(), scored.token_bytes())}};
+    for (int j = 0; j < scored.top_size(); ++j) {
+      const v1::TokenLogprob& t = scored.top(j);
+      const std::string key = std::to_string(t.token_id());
+      if (entry.contains(key)) continue;
+      entry[key] = Json{{"logprob", ClampedLogprob(t.logprob())},
+                        {"rank", j + 1},
+                        {"decoded_token", TokenLabelOf(t, /*as_ids=*/false)}};
+    }
+    out.push_back(std::move(entry));
+  }
+  return out;
+}
+
+// Appends each array of the logprobs object `more` to `into`'s array of the same key.
+void AppendLogprobs(Json& into, Json more) {
+  for (auto& [key, values] : more.items()) {
+    for (Json& v : values) into[key].push_back(std::move(v));
+  }
+}
+
 }  // namespace
 
 int HttpStatusFor(absl::StatusCode code) {
@@ -270,6 +314,50 @@ Json CompletionFormatter::Logprobs(const v1::TextChunk& chunk, size_t text_offse
   return Json{{"content", std::move(content)}};
 }
 
+Json CompletionFormatter::EchoLogprobs(const v1::PromptEcho& prompt) const {
+  Json out{{"tokens", Json::array()},
+           {"token_logprobs", Json::array()},
+           {"top_logprobs", Json::array()},
+           {"text_offset", Json::array()}};
+  size_t text_offset = 0;
+  for (int k = 0; k < prompt.token_ids_size(); ++k) {
+    const std::string* bytes = PromptTokenBytes(prompt, k);
+    const std::string chosen =
+        TokenLabel(prompt.token_ids(k), bytes != nullptr && !context_.tokens_as_ids,
+                   bytes != nullptr ? *bytes : std::string());
+    out["tokens"].push_back(chosen);
+    // Token k > 0 is scored by logprobs[k - 1]; the first has nothing before it (null).
+    if (k > 0 && k - 1 < prompt.logprobs_size()) {
+      const v1::OutputLogprobs& scored = prompt.logprobs(k - 1);
+      out["token_logprobs"].push_back(ClampedLogprob(scored.logprob()));
+      Json top = Json::object();
+      for (int j = 0; j < scored.top_size() && j < context_.top_logprobs; ++j) {
+        top[TokenLabelOf(scored.top(j), context_.tokens_as_ids)] =
+            ClampedLogprob(scored.top(j).logprob());
+      }
+      top[chosen] = ClampedLogprob(scored.logprob());
+      out["top_logprobs"].push_back(std::move(top));
+    } else {
+      out["token_logprobs"].push_back(nullptr);
+      out["top_logprobs"].push_back(nullptr);
+    }
+    out["text_offset"].push_back(text_offset);
+    if (bytes != nullptr) text_offset += CountCodePoints(*bytes);
+  }
+  return out;
+}
+
+std::string CompletionFormatter::PromptScoresEvent(const v1::PromptEcho& prompt) const {
+  Json chunk = ChunkEnvelope();
+  chunk["choices"] = Json::array({Json{{"index", context_.choice_index},
+                                       {"delta", Json::object()},
+                                       {"logprobs", nullptr},
+                                       {"finish_reason", nullptr}}});
+  chunk["prompt_logprobs"] = PromptLogprobsJson(prompt);
+  if (context_.include_usage) chunk["usage"] = nullptr;
+  return SseEvent(chunk);
+}
+
 static Json UsageJson(const v1::Usage& usage) {
   return Json{{"prompt_tokens", usage.prompt_tokens()},
               {"completion_tokens", usage.completion_tokens()},
@@ -351,6 +439,15 @@ std::string CompletionFormatter::ParsedChatEvents(const v1::TextChunk* piece) {
 }
 
 std::string CompletionFormatter::StreamEvents(const v1::GenerateResponse& response) {
+  std::string head;
+  if (context_.endpoint == Endpoint::kChat && context_.prompt_logprobs && response.has_chunk() &&
+      response.chunk().has_prompt()) {
+    head = PromptScoresEvent(response.chunk().prompt());
+  }
+  return head + ChoiceEvents(response);
+}
+
+std::string CompletionFormatter::ChoiceEvents(const v1::GenerateResponse& response) {
   const bool chat = context_.endpoint == Endpoint::kChat;
   const bool parsed = output_parser_.has_value();
   if (parsed && response.has_chunk()) return ParsedChatEvents(&response.chunk());
@@ -358,16 +455,36 @@ std::string CompletionFormatter::StreamEvents(const v1::GenerateResponse& respon
   if (parsed && response.has_complete()) tail = ParsedChatEvents(nullptr);
   if (response.has_chunk()) {
     const v1::TextChunk& piece = response.chunk();
-    if (piece.text().empty() && !(context_.logprobs && piece.token_ids_size() > 0)) return "";
+    // Completions: the prompt (echo) and its scores go out with the choice's first event.
+    const bool prompt = !chat && piece.has_prompt() && (context_.echo || context_.prompt_logprobs);
+    if (piece.text().empty() && !(context_.logprobs && piece.token_ids_size() > 0) && !prompt) {
+      return "";
+    }
     Json choice;
     choice["index"] = context_.choice_index;
+    Json logprobs = nullptr;
     if (chat) {
       choice["delta"] = Json{{"content", piece.text()}};
+    } else if (prompt && context_.echo) {
+      choice["text"] = piece.prompt().text() + piece.text();
+      if (context_.logprobs) logprobs = EchoLogprobs(piece.prompt());
+      text_chars_ += CountCodePoints(piece.prompt().text());
     } else {
       choice["text"] = piece.text();
     }
-    choice["logprobs"] = Logprobs(piece, text_chars_);
+    if (context_.logprobs) {
+      Json own = Logprobs(piece, text_chars_);
+      if (logprobs.is_null()) {
+        logprobs = std::move(own);
+      } else {
+        AppendLogprobs(logprobs, std::move(own));
+      }
+    }
+    choice["logprobs"] = std::move(logprobs);
     choice["finish_reason"] = nullptr;
+    if (prompt && context_.prompt_logprobs) {
+      choice["prompt_logprobs"] = PromptLogprobsJson(piece.prompt());
+    }
     text_chars_ += CountCodePoints(piece.text());
     Json chunk = ChunkEnvelope();
     chunk["choices"] = Json::array({std::move(choice)});
@@ -411,11 +528,16 @@ std::string CompletionFormatter::StreamError(const absl::Status& status) {
 void CompletionFormatter::Append(const v1::GenerateResponse& response) {
   if (response.has_chunk()) {
     const v1::TextChunk& piece = response.chunk();
-    if (context_.logprobs) {
-      Json lp = Logprobs(piece, text_chars_);
-      for (auto& [key, values] : lp.items()) {
-        for (Json& v : values) logprobs_[key].push_back(std::move(v));
+    if (piece.has_prompt()) {
+      if (context_.prompt_logprobs) prompt_logprobs_ = PromptLogprobsJson(piece.prompt());
+      if (context_.echo && context_.endpoint == Endpoint::kCompletions) {
+        text_ += piece.prompt().text();
+        text_chars_ += CountCodePoints(piece.prompt().text());
+        if (context_.logprobs) AppendLogprobs(logprobs_, EchoLogprobs(piece.prompt()));
       }
+    }
+    if (context_.logprobs) {
+      AppendLogprobs(logprobs_, Logprobs(piece, text_chars_));
     }
     text_ += piece.text();
     text_chars_ += CountCodePoints(piece.text());
@@ -458,6 +580,9 @@ Json CompletionFormatter::Choice() {
   choice["logprobs"] = context_.logprobs ? logprobs_ : Json(nullptr);
   choice["finish_reason"] = ChoiceFinishReason(calls);
   choice["stop_reason"] = StopReason();
+  if (context_.prompt_logprobs && context_.endpoint == Endpoint::kCompletions) {
+    choice["prompt_logprobs"] = prompt_logprobs_;
+  }
   return choice;
 }
 
@@ -474,6 +599,11 @@ std::string CompletionFormatter::Body(std::span<CompletionFormatter> choices,
   body["choices"] = Json::array();
   for (CompletionFormatter& choice : choices) body["choices"].push_back(choice.Choice());
   body["usage"] = UsageJson(usage);
+  // Chat's prompt_logprobs belong to the response (every choice has the same prompt).
+  if (!choices.empty() && choices.front().context_.endpoint == Endpoint::kChat &&
+      choices.front().context_.prompt_logprobs) {
+    body["prompt_logprobs"] = choices.front().prompt_logprobs_;
+  }
   return body.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 

@@ -55,6 +55,14 @@ struct ResponseContext {
   int max_tool_calls = 1 << 30;
   // Chat: a leading <think> block becomes `reasoning_content` (ReasoningParser).
   bool parse_reasoning = false;
+  // Completions: the text (and the logprobs, with their first token's null) begins with the
+  // prompt (TextChunk.prompt); the prompt's entries show at most `top_logprobs` alternatives.
+  bool echo = false;
+  int top_logprobs = 0;
+  // prompt_logprobs was asked for: vLLM's `prompt_logprobs` list, in the choice (completions) or
+  // the response (chat); streamed with the choice's first text event (completions) or in an
+  // event of its own (chat).
+  bool prompt_logprobs = false;
 };
 
 // Turns one choice's GenerateResponse messages into OpenAI objects, either chunk by chunk
@@ -102,14 +110,21 @@ class CompletionFormatter {
   // "tool_calls" when the output made calls and ended by itself, else the service's reason.
   [[nodiscard]] const char* ChoiceFinishReason(int calls) const;
   nlohmann::ordered_json Logprobs(const v1::TextChunk& chunk, size_t text_offset) const;
+  // Completions with echo: the prompt's logprobs entries (the first token's null), from offset 0.
+  nlohmann::ordered_json EchoLogprobs(const v1::PromptEcho& prompt) const;
+  // The events of one message without chat's prompt-scores event (StreamEvents adds it).
+  std::string ChoiceEvents(const v1::GenerateResponse& response);
+  // Chat: a chunk of this choice with no content and the response-level `prompt_logprobs`.
+  std::string PromptScoresEvent(const v1::PromptEcho& prompt) const;
   // The choice object of a whole (non-streamed) response (not const: tool-call ids are made once).
   [[nodiscard]] nlohmann::ordered_json Choice();
   [[nodiscard]] nlohmann::ordered_json StopReason() const;
 
   ResponseContext context_;
-  std::string text_;                 // accumulated (non-streaming) or streamed so far
-  size_t text_chars_ = 0;            // code points in text_, for completions' text_offset
-  nlohmann::ordered_json logprobs_;  // accumulated (non-streaming)
+  std::string text_;                        // accumulated (non-streaming) or streamed so far
+  size_t text_chars_ = 0;                   // code points in text_, for completions' text_offset
+  nlohmann::ordered_json logprobs_;         // accumulated (non-streaming)
+  nlohmann::ordered_json prompt_logprobs_;  // vLLM's list, once the prompt came (non-streaming)
   bool complete_ = false;
   v1::TextComplete final_;
   // Streaming a chat answer with parse_reasoning or parse_tool_calls.

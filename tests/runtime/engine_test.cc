@@ -30,6 +30,10 @@ class Streams {
       auto& r = results_[id];
       r.tokens.insert(r.tokens.end(), out.tokens.begin(), out.tokens.end());
       r.logprobs.insert(r.logprobs.end(), out.logprobs.begin(), out.logprobs.end());
+      if (!out.prompt_logprobs.empty()) {
+        r.prompt_logprobs = out.prompt_logprobs;
+        ++r.prompt_messages;
+      }
       ++r.messages;
       if (out.finish != FinishReason::kNone) {
         r.finish = out.finish;
@@ -47,6 +51,8 @@ class Streams {
     std::optional<int32_t> matched;
     int completion_tokens = 0;
     int messages = 0;
+    std::vector<SampledToken> prompt_logprobs;
+    int prompt_messages = 0;  // messages that carried prompt_logprobs
     absl::Status error;
   };
   Result Wait(const std::string& id) {
@@ -370,6 +376,132 @@ TEST_F(EngineTest, LogitBiasAndMinTokensShapeTheOutput) {
   }
 }
 
+// The reference's log-softmax of prompt p's logits row `row`.
+std::vector<double> ReferenceLogprobs(const testing::ModelReference& ref, size_t p, size_t row,
+                                      int vocab) {
+  const float* x = ref.logits[p].data() + row * vocab;
+  const double max = *std::max_element(x, x + vocab);
+  double sum = 0;
+  for (int v = 0; v < vocab; ++v) sum += std::exp(x[v] - max);
+  std::vector<double> out(vocab);
+  for (int v = 0; v < vocab; ++v) out[v] = x[v] - max - std::log(sum);
+  return out;
+}
+
+// Checks a request's prompt scores (prompt_logprobs = top_n) against the Hugging Face reference
+// logits of its prompt: each token's logprob, its rank, and the top n (their logprobs, order, and
+// that no token outside them is clearly better than the last).
+void ExpectReferenceScores(const testing::ModelReference& ref, size_t p, int vocab, int top_n,
+                           const std::vector<SampledToken>& scores) {
+  const std::vector<int32_t>& prompt = ref.prompts[p];
+  ASSERT_EQ(scores.size(), prompt.size() - 1) << "prompt " << p;
+  for (size_t k = 1; k < prompt.size(); ++k) {
+    const std::vector<double> expected = ReferenceLogprobs(ref, p, k - 1, vocab);
+    const float* row = ref.logits[p].data() + (k - 1) * vocab;
+    const double scale = std::max(
+        1.0f, std::abs(*std::max_element(
+                  row, row + vocab, [](float a, float b) { return std::abs(a) < std::abs(b); })));
+    const double tol = 3e-3 * scale;  // the fixture test's 1e-3 of the logits, on two of them
+    const SampledToken& s = scores[k - 1];
+    SCOPED_TRACE(::testing::Message() << "prompt " << p << " token " << k);
+    EXPECT_EQ(s.token, prompt[k]);
+    const double own = expected[prompt[k]];
+    EXPECT_NEAR(s.logprob, own, tol);
+    const auto better = std::count_if(expected.begin(), expected.end(),
+                                      [&](double v) { return v > own + 2 * tol; });
+    const auto at_least = std::count_if(expected.begin(), expected.end(),
+                                        [&](double v) { return v >= own - 2 * tol; });
+    EXPECT_GE(s.rank, better + 1);
+    EXPECT_LE(s.rank, at_least);
+    ASSERT_EQ(s.top.size(), static_cast<size_t>(top_n));
+    for (size_t j = 0; j < s.top.size(); ++j) {
+      EXPECT_NEAR(s.top[j].logprob, expected[s.top[j].token], tol) << "top " << j;
+      if (j > 0) EXPECT_LE(s.top[j].logprob, s.top[j - 1].logprob);
+    }
+    if (top_n == 0) continue;
+    std::vector<double> sorted = expected;
+    std::nth_element(sorted.begin(), sorted.begin() + (top_n - 1), sorted.end(),
+                     std::greater<double>());
+    EXPECT_GE(s.top.back().logprob, sorted[top_n - 1] - 2 * tol);
+  }
+}
+
+// prompt_logprobs over chunked prefills (16 tokens a step, at most 7 of them scored rows) beside
+// plain requests: each prompt scored once and in full, against the reference logits; the greedy
+// continuations unchanged; max_tokens 0 scores the prompt and generates nothing.
+TEST_F(EngineTest, PromptLogprobsScoreThePromptAgainstTheReference) {
+  EngineOptions options;
+  options.scheduler.max_num_seqs = 8;
+  options.scheduler.max_tokens_per_step = 16;
+  options.scheduler.max_prompt_score_rows_per_step = 7;
+  options.max_model_len = 256;
+  auto engine = Start(options);
+  ASSERT_NE(engine, nullptr);
+  Streams streams;
+  EnqueueReference(*engine, streams, "plain");
+  for (const auto& [p, expected] : ref_.greedy) {
+    GenerationRequest scored = Greedy("scored" + std::to_string(p), ref_.prompts[p], 4);
+    scored.params.prompt_logprobs = 3;
+    ASSERT_TRUE(engine->Enqueue(scored, streams.For(scored.request_id)).ok());
+    GenerationRequest only = Greedy("only" + std::to_string(p), ref_.prompts[p], 0);
+    only.params.prompt_logprobs = 0;
+    ASSERT_TRUE(engine->Enqueue(only, streams.For(only.request_id)).ok());
+  }
+  const int vocab = model_->config().vocab_size;
+  for (const auto& [p, expected] : ref_.greedy) {
+    const auto plain = streams.Wait("plain" + std::to_string(p));
+    EXPECT_EQ(plain.tokens, expected);
+    EXPECT_EQ(plain.prompt_messages, 0);
+    const auto scored = streams.Wait("scored" + std::to_string(p));
+    EXPECT_EQ(scored.tokens, std::vector<int32_t>(expected.begin(), expected.begin() + 4));
+    EXPECT_EQ(scored.prompt_messages, 1);
+    ExpectReferenceScores(ref_, p, vocab, 3, scored.prompt_logprobs);
+    const auto only = streams.Wait("only" + std::to_string(p));
+    EXPECT_TRUE(only.tokens.empty());
+    EXPECT_EQ(only.finish, FinishReason::kLength);
+    EXPECT_EQ(only.completion_tokens, 0);
+    EXPECT_EQ(only.messages, 1);
+    ExpectReferenceScores(ref_, p, vocab, 0, only.prompt_logprobs);
+  }
+  EXPECT_EQ(engine->GetStats().num_running, 0);
+  GenerationRequest one_token = Greedy("one", {ref_.prompts[0][0]}, 0);
+  one_token.params.prompt_logprobs = 2;  // nothing to score: done at once
+  ASSERT_TRUE(engine->Enqueue(one_token, streams.For("one")).ok());
+  EXPECT_EQ(streams.Wait("one").finish, FinishReason::kLength);
+}
+
+// Preempted by recompute mid-prompt and after it (a small KV cache), with MTP speculation: each
+// prompt is still scored once, in full, and the outputs stay exact.
+TEST_F(EngineTest, PromptLogprobsSurvivePreemption) {
+  EngineOptions options;
+  options.scheduler.max_num_seqs = 3;
+  options.scheduler.max_tokens_per_step = 64;
+  options.scheduler.max_prompt_score_rows_per_step = 20;
+  options.kv_block_size = 4;
+  options.num_kv_blocks = 48;
+  options.max_model_len = 180;
+  auto drafter = MtpDrafter::Create(*model_, 3, 184);
+  ASSERT_TRUE(drafter.ok()) << drafter.status();
+  options.spec_tokens = 2;
+  options.drafter = drafter->get();
+  auto engine = Start(options);
+  ASSERT_NE(engine, nullptr);
+  Streams streams;
+  for (const auto& [p, expected] : ref_.greedy) {
+    GenerationRequest r = Greedy("r" + std::to_string(p), ref_.prompts[p], expected.size());
+    r.params.prompt_logprobs = 1;
+    ASSERT_TRUE(engine->Enqueue(r, streams.For(r.request_id)).ok());
+  }
+  const int vocab = model_->config().vocab_size;
+  for (const auto& [p, expected] : ref_.greedy) {
+    const auto r = streams.Wait("r" + std::to_string(p));
+    EXPECT_EQ(r.tokens, expected) << "prompt " << p;
+    EXPECT_EQ(r.prompt_messages, 1) << "prompt " << p;
+    ExpectReferenceScores(ref_, p, vocab, 1, r.prompt_logprobs);
+  }
+  EXPECT_GT(engine->GetStats().num_preemptions, 0);
+}
+
 TEST_F(EngineTest, InvalidRequestsAreRejectedWithReasons) {
   EngineOptions options;
   options.max_model_len = 64;
@@ -385,6 +517,10 @@ TEST_F(EngineTest, InvalidRequestsAreRejectedWithReasons) {
   GenerationRequest bad = Greedy("d", {1, 2}, 4);
   bad.params.top_p = 2;
   EXPECT_THAT(engine->Enqueue(bad, streams.For("d")).message(), HasSubstr("top_p"));
+  GenerationRequest bad_scores = Greedy("d2", {1, 2}, 4);
+  bad_scores.params.prompt_logprobs = 21;
+  EXPECT_THAT(engine->Enqueue(bad_scores, streams.For("d2")).message(),
+              HasSubstr("prompt_logprobs"));
   ASSERT_TRUE(engine->Enqueue(Greedy("e", {1, 2}, 100), streams.For("e")).ok());
   EXPECT_EQ(engine->Enqueue(Greedy("e", {1, 2}, 4), streams.For("e2")).code(),
             absl::StatusCode::kAlreadyExists);

@@ -438,8 +438,10 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
   }
   // Collectives are host calls between ranks, so a sharded step is never recorded. A recorded
   // step has one token per sequence (decode), or the same m <= 8 tokens per sequence with the
-  // logits of every token (a speculative verify step): no op then needs host data that the
-  // staged step does not hold.
+  // logits of every token and the state inputs kept (a speculative verify step): no op then
+  // needs host data that the staged step does not hold. (A prefill of as many tokens that scores
+  // its prompt keeps no state inputs: recorded under the same key, its replay would leave a
+  // verify step nothing to roll back with.)
   const int m = ctx.segments.empty() ? 0 : ctx.segments[0].num_tokens;
   bool all_rows = options.logits_rows.empty() ? options.logits == LogitsMode::kAllTokens : true;
   for (int r : options.logits_rows) all_rows &= r == m;
@@ -451,7 +453,7 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
       decode_capture_max_batch_ > 0 && backend_.SupportsCapture() &&
       options.expert_tokens == nullptr && (!draft || ctx.num_tokens == 1) && !shard_.sharded() &&
       followers_ == nullptr && static_cast<int>(batch.size()) <= decode_capture_max_batch_ &&
-      (m == 1 || (m <= 8 && all_rows)) &&
+      (m == 1 || (m <= 8 && all_rows && options.keep_state_inputs)) &&
       (m > 1 || (!options.keep_state_inputs && (options.hidden_out == nullptr || draft)));
   for (const kernels::SequenceSegment& seg : ctx.segments) recordable &= seg.num_tokens == m;
   recordable &= !unrecordable_.contains({static_cast<int>(ctx.segments.size()), m});

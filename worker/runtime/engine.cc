@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "common/parallel_ranges.h"
 #include "common/status_macros.h"
+#include "worker/runtime/prompt_scoring.h"
 #include "worker/runtime/speculative_sampling.h"
 
 namespace mobius::worker {
@@ -23,8 +24,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(HybridModel& model,
     return absl::InvalidArgumentError(
         absl::StrFormat("max_model_len (%d) must be at least 2", options.max_model_len));
   }
-  if (options.scheduler.max_num_seqs <= 0 || options.scheduler.max_tokens_per_step <= 0) {
-    return absl::InvalidArgumentError("max_num_seqs and max_tokens_per_step must be positive");
+  if (options.scheduler.max_num_seqs <= 0 || options.scheduler.max_tokens_per_step <= 0 ||
+      options.scheduler.max_prompt_score_rows_per_step <= 0) {
+    return absl::InvalidArgumentError(
+        "max_num_seqs, max_tokens_per_step and max_prompt_score_rows_per_step must be positive");
   }
   if (options.spec_tokens < 0 || (options.spec_tokens > 0 && options.drafter == nullptr)) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -91,7 +94,10 @@ absl::Status Engine::Enqueue(GenerationRequest request, OutputCallback callback)
     seq->sampler = std::make_unique<RequestSampler>(
         seq->params, options_.seed * 0x9e3779b97f4a7c15ull + stats_.steps + callbacks_.size(),
         options_.eos_token_ids);
-    if (seq->params.max_tokens == 0) {
+    // max_tokens 0 asks for nothing to be generated: done at once, unless the prompt is to be
+    // scored (a one-token prompt has nothing to score).
+    if (seq->params.max_tokens == 0 &&
+        (seq->params.prompt_logprobs < 0 || seq->prompt.size() < 2)) {
       GenerationOutput out;
       out.finish = FinishReason::kLength;
       out.prompt_tokens = static_cast<int>(seq->prompt.size());
@@ -404,6 +410,17 @@ bool Engine::Step() {
   }
   bool any_drafts = false;
   for (const auto& d : drafts) any_drafts |= !d.empty();
+  // Chunks that score their prompt (prompt_logprobs) take a logits row per token: count - 1 rows
+  // ahead of the chunk's own last row, which scores too until the prompt's last token. (Such a
+  // sequence has produced no output, so it carries no drafts.)
+  std::vector<int> prompt_rows(plan.chunks.size(), 0);
+  bool scoring = false;
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    if (plan.chunks[i].sequence->ScoresPrompt()) {
+      prompt_rows[i] = plan.chunks[i].count - 1;
+      scoring = true;
+    }
+  }
   std::vector<SequenceStep> steps;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     steps.push_back({tokens[i], &plan.chunks[i].sequence->cache});
@@ -428,10 +445,12 @@ bool Engine::Step() {
     forward.hidden_out = &hidden;
     forward.hidden_all_tokens = true;
   }
-  if (any_drafts) {
-    for (const auto& d : drafts) forward.logits_rows.push_back(1 + static_cast<int>(d.size()));
-    forward.keep_state_inputs = true;  // for rolling back past rejected drafts
+  if (any_drafts || scoring) {
+    for (size_t i = 0; i < plan.chunks.size(); ++i) {
+      forward.logits_rows.push_back(prompt_rows[i] + 1 + static_cast<int>(drafts[i].size()));
+    }
   }
+  if (any_drafts) forward.keep_state_inputs = true;  // for rolling back past rejected drafts
   std::vector<std::vector<int64_t>> expert_tokens;
   const bool sample_experts = options_.metrics != nullptr &&
                               options_.expert_load_sample_every > 0 &&
@@ -444,8 +463,9 @@ bool Engine::Step() {
   // A step whose sampled rows are all plain greedy (temperature 0, no penalties, no logprobs)
   // takes the argmax on the device: token ids come back instead of the [rows, vocab] logits
   // (254 MB of fp32 at batch 256 with a 248K vocabulary). Drafts are verified against the
-  // argmax of every row of theirs (VerifyGreedyDrafts).
-  bool greedy_step = true;
+  // argmax of every row of theirs (VerifyGreedyDrafts). A step that scores prompt rows needs
+  // them on the host, and samples there.
+  bool greedy_step = !scoring;
   for (const ScheduledChunk& c : plan.chunks) {
     if (c.completes_prefill()) greedy_step &= c.sequence->sampler->ArgmaxOnly();
   }
@@ -460,7 +480,7 @@ bool Engine::Step() {
   // probabilities come back, never the rows.
   using SamplingPlace = EngineOptions::SamplingPlace;
   const bool device_step =
-      !greedy_step &&
+      !greedy_step && !scoring &&
       (options_.sampling_place == SamplingPlace::kBackend ||
        (options_.sampling_place == SamplingPlace::kAuto && model_.samples_on_device()));
   std::vector<kernels::SamplingRule> rules;
@@ -615,10 +635,15 @@ bool Engine::Step() {
     // without drafts goes to a plain draw; a chunk with drafts is verified against its rows,
     // each sequence against its own rows and random stream, so the sequences go in parallel (one
     // takes 2-10 ms at a 248K vocabulary: performance.md, "Verifying drafts on the host").
+    // Prompt rows are scored first: sampling penalises its rows in place.
+    if (scoring) ScorePromptRows(plan, prompt_rows, drafts, logits, vocab);
     std::vector<std::pair<size_t, int64_t>> plain, verified;  // (chunk, first logits row)
     int64_t logits_row = 0;
     for (size_t i = 0; i < plan.chunks.size(); ++i) {
-      if (plan.chunks[i].completes_prefill()) {
+      logits_row += prompt_rows[i];
+      const ScheduledChunk& c = plan.chunks[i];
+      // (A sequence with max_tokens 0 only scores its prompt.)
+      if (c.completes_prefill() && c.sequence->params.max_tokens > 0) {
         (drafts[i].empty() ? plain : verified).push_back({i, logits_row});
       }
       logits_row += 1 + static_cast<int64_t>(drafts[i].size());
@@ -631,6 +656,7 @@ bool Engine::Step() {
     const ScheduledChunk& c = plan.chunks[i];
     Sequence& seq = *c.sequence;
     const int d = static_cast<int>(drafts[i].size());
+    row += prompt_rows[i];
     const int64_t first_row = row, first_hidden = hidden_row;
     row += 1 + d;
     hidden_row += static_cast<int64_t>(tokens[i].size());
@@ -644,9 +670,38 @@ bool Engine::Step() {
       observed.push_back({static_cast<int64_t>(seq.arrival), c.begin,
                           std::span<const int32_t>(tokens[i]).first(committed), h, next});
     };
+    // Queues `out` for the sequence's callback (after the step's bookkeeping).
+    auto deliver = [&](GenerationOutput out) {
+      const bool done = out.finish != FinishReason::kNone;
+      absl::MutexLock lock(&mu_);
+      auto it = callbacks_.find(seq.request_id);
+      if (it != callbacks_.end()) {
+        deliveries.push_back({it->second, std::move(out)});
+        if (done) callbacks_.erase(it);
+      }
+    };
+    // The prompt's scores go out once, with the first message after its prefill.
+    auto take_prompt_scores = [&](GenerationOutput& out) {
+      if (!seq.ScoresPrompt()) return;
+      out.prompt_logprobs = std::move(seq.prompt_scores);
+      seq.prompt_scores.clear();
+      seq.prompt_scores_sent = true;
+    };
     if (!c.completes_prefill()) {
       seq.num_computed += c.count;
       observe_commit(c.count, seq.token_at(c.begin + c.count));
+      continue;
+    }
+    if (seq.params.max_tokens == 0) {
+      // Only the prompt's scores were asked for (prompt_logprobs): nothing is sampled.
+      seq.num_computed += c.count;
+      GenerationOutput out;
+      take_prompt_scores(out);
+      out.finish = FinishReason::kLength;
+      out.prompt_tokens = static_cast<int>(seq.prompt.size());
+      RecordFinish(seq, out.finish);
+      deliver(std::move(out));
+      finished.push_back(seq.request_id);
       continue;
     }
     std::vector<int32_t> new_tokens;
@@ -688,6 +743,7 @@ bool Engine::Step() {
     seq.last_token_time = token_time;
 
     GenerationOutput out;
+    take_prompt_scores(out);
     if (sampled.has_value() && seq.params.logprobs >= 0) out.logprobs.push_back(*sampled);
     for (int32_t token : new_tokens) {
       seq.output.push_back(token);
@@ -735,14 +791,7 @@ bool Engine::Step() {
     }
     if (!done) observe_commit(c.count + accepted, new_tokens.back());
     if (done) RecordFinish(seq, out.finish);
-    {
-      absl::MutexLock lock(&mu_);
-      auto it = callbacks_.find(seq.request_id);
-      if (it != callbacks_.end()) {
-        deliveries.push_back({it->second, std::move(out)});
-        if (done) callbacks_.erase(it);
-      }
-    }
+    deliver(std::move(out));
     if (done) finished.push_back(seq.request_id);
   }
   if (!replays.empty()) {
@@ -808,6 +857,48 @@ std::vector<std::optional<SampledToken>> Engine::SampleRows(
   // threads, at least two rows each.
   ForEachRangeInParallel(rows.size(), 16, 2, draw);
   return sampled;
+}
+
+void Engine::ScorePromptRows(const StepPlan& plan, const std::vector<int>& prompt_rows,
+                             const std::vector<std::vector<int32_t>>& drafts,
+                             const std::vector<float>& logits, int vocab) {
+  // Row r of a scoring chunk (position c.begin + r) scores prompt token c.begin + r + 1. Tokens
+  // scored before (a prompt prefilled again after a preemption) and the row after the prompt's
+  // last token (the first output's) are left out, so each sequence gets its next tokens in order.
+  struct Job {
+    Sequence* seq;
+    int64_t row;
+    int token;
+  };
+  std::vector<Job> jobs;
+  int64_t first_row = 0;
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const ScheduledChunk& c = plan.chunks[i];
+    Sequence& seq = *c.sequence;
+    if (seq.ScoresPrompt()) {
+      const int prompt = static_cast<int>(seq.prompt.size());
+      const int scored = static_cast<int>(seq.prompt_scores.size());
+      for (int r = 0; r < c.count; ++r) {
+        const int token = c.begin + r + 1;
+        if (token > scored && token < prompt) jobs.push_back({&seq, first_row + r, token});
+      }
+    }
+    first_row += prompt_rows[i] + 1 + static_cast<int64_t>(drafts[i].size());
+  }
+  std::vector<SampledToken> scores(jobs.size());
+  auto score = [&](size_t begin, size_t end) {
+    for (size_t j = begin; j < end; ++j) {
+      const Job& job = jobs[j];
+      scores[j] = ScorePromptToken(
+          std::span<const float>(logits.data() + job.row * vocab, static_cast<size_t>(vocab)),
+          job.seq->prompt[static_cast<size_t>(job.token)], job.seq->params.prompt_logprobs);
+    }
+  };
+  // A 248K-entry row takes about a millisecond (two passes and a top-n).
+  ForEachRangeInParallel(jobs.size(), 16, 4, score);
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    jobs[j].seq->prompt_scores.push_back(std::move(scores[j]));
+  }
 }
 
 std::vector<std::optional<DraftVerdict>> Engine::VerifySampledDrafts(

@@ -39,6 +39,9 @@ struct GenerationRequest {
 struct GenerationOutput {
   std::vector<int32_t> tokens;         // new tokens since the previous message
   std::vector<SampledToken> logprobs;  // per new token when requested
+  // prompt_logprobs, in the first message only (which has no token when max_tokens is 0):
+  // prompt_logprobs[i] scores prompt token i + 1 (ScorePromptToken).
+  std::vector<SampledToken> prompt_logprobs;
   FinishReason finish = FinishReason::kNone;
   std::optional<int32_t> matched_stop_token;
   int prompt_tokens = 0;
@@ -148,6 +151,13 @@ class Engine {
   std::vector<std::optional<SampledToken>> SampleRows(
       const StepPlan& plan, const std::vector<std::pair<size_t, int64_t>>& rows,
       std::vector<float>& logits, int vocab);
+
+  // Scores the prompt tokens whose logits rows this step computed (the chunks of sequences that
+  // ScoresPrompt, prompt_rows[i] rows ahead of chunk i's last row; rows in the step's order of
+  // prompt_rows + 1 + drafts per chunk), rows spread over threads, into Sequence::prompt_scores.
+  void ScorePromptRows(const StepPlan& plan, const std::vector<int>& prompt_rows,
+                       const std::vector<std::vector<int32_t>>& drafts,
+                       const std::vector<float>& logits, int vocab);
 
   // Verifies the drafts of the given (chunk, first logits row) pairs against their sequences'
   // samplers (VerifyDraftsWithSampler), chunks spread over threads; nullopt for the other chunks.

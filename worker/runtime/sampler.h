@@ -23,6 +23,8 @@ struct SampledToken {
   int32_t token = 0;
   float logprob = 0;
   std::vector<TokenLogprob> top;  // top-n alternatives when logprobs > 0, best first
+  // Prompt scores only (ScorePromptToken): 1-based rank in the vocabulary; 0: not computed.
+  int32_t rank = 0;
 };
 
 // Counts of the tokens a sequence has seen, for penalties.

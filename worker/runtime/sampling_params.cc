@@ -36,6 +36,9 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
   if (logprobs < -1 || logprobs > kernels::kMaxTopLogprobs) {
     return Bad("logprobs", logprobs, "in [0, 20] (or unset)");
   }
+  if (prompt_logprobs < -1 || prompt_logprobs > kernels::kMaxTopLogprobs) {
+    return Bad("prompt_logprobs", prompt_logprobs, "in [0, 20] (or unset)");
+  }
   for (int32_t id : stop_token_ids) {
     if (id < 0 || id >= vocab_size) {
       return absl::InvalidArgumentError(absl::StrFormat(

@@ -35,6 +35,9 @@ struct SamplingParams {
   // The stop tokens (EOS unless ignore_eos, and stop_token_ids) cannot be drawn before this many
   // output tokens (vLLM's min_tokens), <= max_tokens.
   int min_tokens = 0;
+  // -1: none; n >= 0: every prompt token after the first scored (logprob and rank, raw logits)
+  // with the top n, delivered with the first output (vLLM's prompt_logprobs).
+  int prompt_logprobs = -1;
 
   // InvalidArgument naming the field, its value and the allowed range.
   [[nodiscard]] absl::Status Validate(int vocab_size) const;

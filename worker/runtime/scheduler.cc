@@ -1,8 +1,17 @@
 #include "worker/runtime/scheduler.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace mobius::worker {
+namespace {
+
+// The most tokens a chunk of `seq` may have when `score_rows` scored-prompt rows are left.
+int ScoreRowLimit(const Sequence& seq, int score_rows) {
+  return seq.ScoresPrompt() ? score_rows : std::numeric_limits<int>::max();
+}
+
+}  // namespace
 
 int StepPlan::num_tokens() const {
   int n = 0;
@@ -46,6 +55,7 @@ void Scheduler::Preempt(size_t index, StepPlan& plan) {
 StepPlan Scheduler::Schedule() {
   StepPlan plan;
   int budget = options_.max_tokens_per_step;
+  int score_rows = options_.max_prompt_score_rows_per_step;  // Sequence::ScoresPrompt chunks
   // Running sequences, oldest and highest priority first, so that preemption takes the newest.
   std::stable_sort(running_.begin(), running_.end(), [](const auto& a, const auto& b) {
     return a->priority > b->priority || (a->priority == b->priority && a->arrival < b->arrival);
@@ -53,7 +63,7 @@ StepPlan Scheduler::Schedule() {
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Sequence& seq = *running_[i];
     const int remaining = seq.num_tokens() - seq.num_computed;
-    const int count = std::min(remaining, budget);
+    const int count = std::min({remaining, budget, ScoreRowLimit(seq, score_rows)});
     if (count <= 0) {
       ++i;
       continue;
@@ -70,6 +80,7 @@ StepPlan Scheduler::Schedule() {
     }
     plan.chunks.push_back({&seq, seq.num_computed, count});
     budget -= count;
+    if (seq.ScoresPrompt()) score_rows -= count;
     ++i;
   }
 
@@ -83,7 +94,8 @@ StepPlan Scheduler::Schedule() {
       waiting_.pop_front();
       continue;
     }
-    const int count = std::min(seq.num_tokens(), budget);
+    const int count = std::min({seq.num_tokens(), budget, ScoreRowLimit(seq, score_rows)});
+    if (count <= 0) break;  // FCFS: the head waits for a step with room for its scored rows
     if (!state_slots_.Acquire(seq.cache).ok()) break;
     if (!kv_cache_.Reserve(seq.cache, count).ok()) {
       state_slots_.Release(seq.cache);
@@ -92,6 +104,7 @@ StepPlan Scheduler::Schedule() {
     seq.num_computed = 0;
     plan.chunks.push_back({&seq, 0, count});
     budget -= count;
+    if (seq.ScoresPrompt()) score_rows -= count;
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }

@@ -18,6 +18,7 @@
 #include "worker/cache/paged_kv_cache.h"
 #include "worker/cache/sequence_cache.h"
 #include "worker/cache/state_slot_pool.h"
+#include "worker/runtime/prompt_scoring.h"
 #include "worker/runtime/sampler.h"
 #include "worker/runtime/sampling_params.h"
 
@@ -41,6 +42,15 @@ struct Sequence {
   bool cancelled = false;
   std::unique_ptr<RequestSampler> sampler;
   TokenHistory history;
+  // prompt_logprobs: the scores of the prompt's tokens 1.. computed so far (entry k - 1 scores
+  // token k), delivered with the first output message.
+  std::vector<SampledToken> prompt_scores;
+  bool prompt_scores_sent = false;
+
+  // Whether this sequence's prefill chunks need a logits row per token (to score the prompt).
+  [[nodiscard]] bool ScoresPrompt() const {
+    return params.prompt_logprobs >= 0 && !prompt_scores_sent;
+  }
 
   // Tokens that must be in the caches before the next token can be sampled.
   [[nodiscard]] int num_tokens() const { return static_cast<int>(prompt.size() + output.size()); }
@@ -60,6 +70,9 @@ inline constexpr int kDefaultMaxTokensPerStep = 8192;
 struct SchedulerOptions {
   int max_num_seqs = 64;                               // running sequences (each a state slot)
   int max_tokens_per_step = kDefaultMaxTokensPerStep;  // decode tokens + prefill chunks
+  // Tokens of a step's chunks that score their prompt (Sequence::ScoresPrompt), each a logits
+  // row on the host: bounds those chunks apart from the token budget.
+  int max_prompt_score_rows_per_step = kDefaultMaxPromptScoreRowsPerStep;
 };
 
 // What one step runs: per sequence, tokens [begin, begin + count) of prompt + output.

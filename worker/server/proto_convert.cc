@@ -22,6 +22,7 @@ SamplingParams FromProto(const v1::SamplingParams& p) {
   for (const auto& [id, bias] : p.logit_bias()) s.logit_bias.emplace_back(id, bias);
   std::sort(s.logit_bias.begin(), s.logit_bias.end());
   if (p.has_min_tokens()) s.min_tokens = p.min_tokens();
+  if (p.has_prompt_logprobs()) s.prompt_logprobs = p.prompt_logprobs();
   return s;
 }
 
@@ -42,6 +43,7 @@ v1::FinishReason ToProto(FinishReason reason) {
 
 void ToProto(const SampledToken& token, v1::OutputLogprobs* out) {
   out->set_logprob(token.logprob);
+  if (token.rank > 0) out->set_rank(token.rank);
   for (const TokenLogprob& t : token.top) {
     v1::TokenLogprob* p = out->add_top();
     p->set_token_id(t.token);

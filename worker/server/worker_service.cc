@@ -47,10 +47,13 @@ grpc::Status WorkerService::Generate(grpc::ServerContext* context,
       continue;
     }
     if (out->finish == FinishReason::kError) return ToGrpcStatus(out->error);
-    if (!out->tokens.empty() && !client_gone) {
+    if ((!out->tokens.empty() || !out->prompt_logprobs.empty()) && !client_gone) {
       v1::WorkerGenerateResponse chunk;
       for (int32_t t : out->tokens) chunk.mutable_chunk()->add_token_ids(t);
       for (const SampledToken& s : out->logprobs) ToProto(s, chunk.mutable_chunk()->add_logprobs());
+      for (const SampledToken& s : out->prompt_logprobs) {
+        ToProto(s, chunk.mutable_chunk()->add_prompt_logprobs());
+      }
       if (!writer->Write(chunk)) {
         client_gone = true;
         engine_.Cancel(id);

@@ -513,7 +513,9 @@ TEST_F(HttpServerTest, RequestErrorsNameTheField) {
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 1.5}}), 400, "max_tokens",
               "max_tokens must be an integer");
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 0}}), 400, "max_tokens",
-              "max_tokens must be an integer in [1, ");
+              "max_tokens must be at least 1 (0 only with echo or prompt_logprobs");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", -1}, {"echo", true}}), 400,
+              "max_tokens", "max_tokens must be an integer in [0, ");
   ExpectError(Post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "yo"}}}},
                                             {"max_completion_tokens", 0}}),
               400, "max_completion_tokens", "max_completion_tokens must be an integer in [1, ");
@@ -540,8 +542,11 @@ TEST_F(HttpServerTest, RequestErrorsNameTheField) {
               "truncate_prompt_tokens", "truncate_prompt_tokens must be an integer in [-1, ");
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"guided_json", {{"type", "object"}}}}),
               400, "guided_json", "guided decoding is not supported");
-  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"echo", true}}), 400, "echo",
-              "echo is not supported");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"echo", "yes"}}), 400, "echo",
+              "echo must be a boolean");
+  ExpectError(Post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "yo"}}}},
+                                            {"prompt_logprobs", -1}}),
+              400, "prompt_logprobs", "prompt_logprobs must be an integer in [0, ");
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"stop", {"a", "b", "c", "d", "e"}}}), 400,
               "stop", "at most 4");
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"stream", "yes"}}), 400, "stream",

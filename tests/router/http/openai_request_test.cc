@@ -2,12 +2,14 @@
 // sockets.
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "router/http/openai_request.h"
 #include "router/http/openai_response.h"
 
@@ -457,6 +459,122 @@ TEST(Formatter, LogprobTokensAreTheirTextWhenTheBytesAreKnown) {
   ids.Append(done);
   EXPECT_EQ(Json::parse(BodyOf(ids))["choices"][0]["logprobs"]["tokens"],
             Json({"token_id:11", "token_id:12"}));
+}
+
+// The prompt "abé" (ids 5, 6, 7) as the router sends it with echo and prompt_logprobs = 2,
+// ahead of LogprobChunkWithBytes' output "hé".
+v1::GenerateResponse PromptAndOutputChunk() {
+  v1::GenerateResponse r = LogprobChunkWithBytes();
+  v1::PromptEcho* prompt = r.mutable_chunk()->mutable_prompt();
+  prompt->set_text("abé");
+  for (int id : {5, 6, 7}) prompt->add_token_ids(id);
+  for (const char* b : {"a", "b", "é"}) prompt->add_token_bytes(b);
+  auto score = [&](float logprob, int rank, const char* bytes,
+                   std::vector<std::tuple<int, float, const char*>> top) {
+    v1::OutputLogprobs* lp = prompt->add_logprobs();
+    lp->set_logprob(logprob);
+    lp->set_rank(rank);
+    lp->set_token_bytes(bytes);
+    for (const auto& [id, value, text] : top) {
+      v1::TokenLogprob* t = lp->add_top();
+      t->set_token_id(id);
+      t->set_logprob(value);
+      t->set_token_bytes(text);
+    }
+  };
+  score(-1.5f, 3, "b", {{9, -0.125f, "x"}, {8, -1.25f, "y"}});
+  score(-0.25f, 1, "é", {{7, -0.25f, "é"}, {9, -2.0f, "x"}});
+  return r;
+}
+
+ResponseContext EchoContext(Endpoint endpoint) {
+  ResponseContext context{endpoint, "cmpl-1", 5, "m", /*logprobs=*/true, false};
+  context.echo = endpoint == Endpoint::kCompletions;
+  context.top_logprobs = 1;
+  context.prompt_logprobs = true;
+  return context;
+}
+
+// vLLM's prompt_logprobs list for PromptAndOutputChunk's prompt.
+Json ExpectedPromptLogprobs() {
+  return Json::parse(R"([null,
+    {"6": {"logprob": -1.5, "rank": 3, "decoded_token": "b"},
+     "9": {"logprob": -0.125, "rank": 1, "decoded_token": "x"},
+     "8": {"logprob": -1.25, "rank": 2, "decoded_token": "y"}},
+    {"7": {"logprob": -0.25, "rank": 1, "decoded_token": "é"},
+     "9": {"logprob": -2.0, "rank": 2, "decoded_token": "x"}}])");
+}
+
+// echo: the text and logprobs begin with the prompt, whose first token has null logprobs and
+// whose entries keep `logprobs` (1) alternatives besides the token itself; offsets run on into
+// the output. prompt_logprobs is vLLM's list, in the choice.
+TEST(Formatter, CompletionEchoAndPromptLogprobs) {
+  Json expected_logprobs = Json::parse(R"({
+    "tokens": ["a", "b", "é", "h", "bytes:\\xc3"],
+    "token_logprobs": [null, -1.5, -0.25, -0.5, -1.0],
+    "top_logprobs": [null, {"x": -0.125, "b": -1.5}, {"é": -0.25}, {" a": -0.25, "h": -0.5},
+                     {" a": -0.25, "bytes:\\xc3": -1.0}],
+    "text_offset": [0, 1, 2, 3, 4]})");
+  v1::GenerateResponse done;
+  done.mutable_complete()->set_finish_reason(v1::FINISH_REASON_LENGTH);
+
+  CompletionFormatter whole(EchoContext(Endpoint::kCompletions));
+  whole.Append(PromptAndOutputChunk());
+  whole.Append(done);
+  const Json choice = Json::parse(BodyOf(whole))["choices"][0];
+  EXPECT_EQ(choice["text"], "abéhé");
+  EXPECT_EQ(choice["logprobs"], expected_logprobs);
+  EXPECT_EQ(choice["prompt_logprobs"], ExpectedPromptLogprobs());
+
+  CompletionFormatter streamed(EchoContext(Endpoint::kCompletions));
+  const std::string event = streamed.StreamEvents(PromptAndOutputChunk());
+  const Json first = Json::parse(event.substr(6))["choices"][0];
+  EXPECT_EQ(first["text"], "abéhé");
+  EXPECT_EQ(first["logprobs"], expected_logprobs);
+  EXPECT_EQ(first["prompt_logprobs"], ExpectedPromptLogprobs());
+  // Later chunks carry only their own output, offsets after the prompt and what came before.
+  const Json second =
+      Json::parse(streamed.StreamEvents(LogprobChunkWithBytes()).substr(6))["choices"][0];
+  EXPECT_EQ(second["text"], "hé");
+  EXPECT_EQ(second["logprobs"]["text_offset"], Json({5, 6}));
+  EXPECT_FALSE(second.contains("prompt_logprobs"));
+
+  // max_tokens 0: the prompt alone, in one event (and with echo off, an empty text).
+  v1::GenerateResponse prompt_only;
+  *prompt_only.mutable_chunk()->mutable_prompt() = PromptAndOutputChunk().chunk().prompt();
+  ResponseContext scored = EchoContext(Endpoint::kCompletions);
+  scored.echo = false;
+  scored.logprobs = false;
+  CompletionFormatter scores(scored);
+  const Json only = Json::parse(scores.StreamEvents(prompt_only).substr(6))["choices"][0];
+  EXPECT_EQ(only["text"], "");
+  EXPECT_TRUE(only["logprobs"].is_null());
+  EXPECT_EQ(only["prompt_logprobs"], ExpectedPromptLogprobs());
+}
+
+// Chat's prompt_logprobs belong to the response: top-level in the whole body, and in an event of
+// their own ahead of the content when streamed.
+TEST(Formatter, ChatPromptLogprobs) {
+  v1::GenerateResponse done;
+  done.mutable_complete()->set_finish_reason(v1::FINISH_REASON_STOP);
+  CompletionFormatter whole(EchoContext(Endpoint::kChat));
+  whole.Append(PromptAndOutputChunk());
+  whole.Append(done);
+  const Json body = Json::parse(BodyOf(whole));
+  EXPECT_EQ(body["prompt_logprobs"], ExpectedPromptLogprobs());
+  EXPECT_EQ(body["choices"][0]["message"]["content"], "hé");  // no echo in chat
+  EXPECT_FALSE(body["choices"][0].contains("prompt_logprobs"));
+
+  CompletionFormatter streamed(EchoContext(Endpoint::kChat));
+  const std::vector<std::string> events =
+      absl::StrSplit(streamed.StreamEvents(PromptAndOutputChunk()), "\n\n", absl::SkipEmpty());
+  ASSERT_EQ(events.size(), 2u);
+  const Json scores = Json::parse(events[0].substr(6));
+  EXPECT_EQ(scores["prompt_logprobs"], ExpectedPromptLogprobs());
+  EXPECT_EQ(scores["choices"][0]["delta"], Json::object());
+  const Json content = Json::parse(events[1].substr(6));
+  EXPECT_EQ(content["choices"][0]["delta"]["content"], "hé");
+  EXPECT_FALSE(content.contains("prompt_logprobs"));
 }
 
 TEST(Formatter, EmptyChunksAreSkippedInStreams) {
