@@ -12,6 +12,13 @@
 #include "grpcpp/support/channel_arguments.h"
 
 namespace mobius::router {
+namespace {
+
+// The largest message the router takes from a worker: a whole context's prompt scores with 20
+// alternatives a token (~240 bytes each) fit many times over.
+constexpr int kMaxWorkerMessageBytes = 256 << 20;
+
+}  // namespace
 
 using grpc::health::v1::HealthCheckRequest;
 using grpc::health::v1::HealthCheckResponse;
@@ -57,6 +64,9 @@ absl::StatusOr<std::unique_ptr<ReplicaSet>> ReplicaSet::Create(std::vector<std::
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::min(100, max_backoff_ms));
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, std::min(100, max_backoff_ms));
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_backoff_ms);
+    // A worker's first message carries a scored prompt's logprobs whole (prompt_logprobs): 20
+    // alternatives a token pass gRPC's default 4 MiB from ~18K tokens on.
+    args.SetMaxReceiveMessageSize(kMaxWorkerMessageBytes);
     auto replica = std::make_unique<Replica>();
     replica->address = std::move(address);
     replica->channel =

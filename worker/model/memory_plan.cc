@@ -86,13 +86,15 @@ absl::StatusOr<MemoryPlan> PlanDeviceMemory(const ModelConfig& config, kernels::
        int64_t{config.linear_num_value_heads} * config.linear_key_head_dim *
            config.linear_value_head_dim);
   // The largest step: the token budget, plus every running sequence's drafts on top of it (a
-  // verify chunk is scheduled as one token), with a logits row per sequence and per draft.
+  // verify chunk is scheduled as one token), with a logits row per sequence and per draft, and
+  // the rows of prompts being scored (prompt_logprobs).
   const int64_t spec = std::max(0, options.spec_tokens);
   // A budget beyond what max_num_seqs sequences of max_model_len could ever fill is not planned.
   const int64_t budget = std::min<int64_t>(options.max_tokens_per_step,
                                            int64_t{options.max_num_seqs} * options.max_model_len);
   const int64_t step_tokens = budget + options.max_num_seqs * spec;
-  const int64_t logit_rows = options.max_num_seqs * (1 + spec);
+  const int64_t logit_rows =
+      options.max_num_seqs * (1 + spec) + std::max(0, options.prompt_score_rows);
   if (step_tokens > std::numeric_limits<int>::max() ||
       logit_rows > std::numeric_limits<int>::max()) {
     return absl::InvalidArgumentError(absl::StrFormat(

@@ -21,6 +21,8 @@ struct MemoryPlanOptions {
   int max_tokens_per_step = 8192;   // sizes the activation reserve (the scheduler's budget)
   int spec_tokens = 0;              // MTP drafts per sequence and step (verify steps carry them
                                     // beside the token budget, and keep their DeltaNet inputs)
+  int prompt_score_rows = 0;        // logits rows a step may add to score prompts
+                                    // (SchedulerOptions::max_prompt_score_rows_per_step)
   double memory_utilization = 0.9;  // share of the device's total memory the worker may use
   int activation_bytes = 2;         // bf16 activations and KV entries
 };

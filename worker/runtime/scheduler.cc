@@ -84,29 +84,35 @@ StepPlan Scheduler::Schedule() {
     ++i;
   }
 
-  // Admit waiting sequences in order while the budget, the slots and the blocks allow.
-  while (budget > 0 && !waiting_.empty() &&
-         static_cast<int>(running_.size()) < options_.max_num_seqs) {
-    Sequence& seq = *waiting_.front();
+  // Admit waiting sequences in order while the budget, the slots and the blocks allow. A
+  // sequence that scores its prompt waits, keeping its place, while the step has no scored rows
+  // left; those behind it that score nothing go ahead (the rows are not what they need). Slots and
+  // blocks are FCFS: nobody overtakes a head that cannot get them.
+  for (auto it = waiting_.begin(); budget > 0 && it != waiting_.end() &&
+                                   static_cast<int>(running_.size()) < options_.max_num_seqs;) {
+    Sequence& seq = **it;
     if (kv_cache_.num_blocks() > 0 &&
         kv_cache_.BlocksFor(seq.num_tokens() + 1) > kv_cache_.num_blocks()) {
-      plan.rejected.push_back(std::move(waiting_.front()));
-      waiting_.pop_front();
+      plan.rejected.push_back(std::move(*it));
+      it = waiting_.erase(it);
       continue;
     }
     const int count = std::min({seq.num_tokens(), budget, ScoreRowLimit(seq, score_rows)});
-    if (count <= 0) break;  // FCFS: the head waits for a step with room for its scored rows
+    if (count <= 0) {
+      ++it;
+      continue;
+    }
     if (!state_slots_.Acquire(seq.cache).ok()) break;
     if (!kv_cache_.Reserve(seq.cache, count).ok()) {
       state_slots_.Release(seq.cache);
-      break;  // FCFS: nobody overtakes the head of the queue
+      break;
     }
     seq.num_computed = 0;
     plan.chunks.push_back({&seq, 0, count});
     budget -= count;
     if (seq.ScoresPrompt()) score_rows -= count;
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
+    running_.push_back(std::move(*it));
+    it = waiting_.erase(it);
   }
   return plan;
 }

@@ -171,6 +171,7 @@ absl::Status Run() {
     plan_options.kv_block_size = options.kv_block_size;
     plan_options.max_tokens_per_step = options.scheduler.max_tokens_per_step;
     plan_options.spec_tokens = options.spec_tokens;
+    plan_options.prompt_score_rows = options.scheduler.max_prompt_score_rows_per_step;
     plan_options.memory_utilization = absl::GetFlag(FLAGS_gpu_memory_utilization);
     // A rank of a sharded replica holds only its heads' KV and state: plan with its local config.
     absl::StatusOr<MemoryPlan> plan =
