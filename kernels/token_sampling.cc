@@ -216,6 +216,18 @@ void ApplyLogitPenalties(std::span<float> logits, const LogitPenalties& p) {
     if (t < 0 || static_cast<size_t>(t) >= vocab) continue;
     logits[t] += p.biases[i];
   }
+  if (!p.allowed_tokens.empty()) {
+    std::vector<float> kept;
+    kept.reserve(p.allowed_tokens.size());
+    for (int32_t t : p.allowed_tokens) {
+      kept.push_back(t >= 0 && static_cast<size_t>(t) < vocab ? logits[t] : 0.0f);
+    }
+    std::fill(logits.begin(), logits.end(), -std::numeric_limits<float>::infinity());
+    for (size_t i = 0; i < kept.size(); ++i) {
+      const int32_t t = p.allowed_tokens[i];
+      if (t >= 0 && static_cast<size_t>(t) < vocab) logits[t] = kept[i];
+    }
+  }
 }
 
 void RuleDistribution(std::span<const float> logits, const SamplingRule& rule,

@@ -48,13 +48,19 @@ struct LogitPenalties {
   // token, as min_tokens does with the stop tokens).
   std::span<const int32_t> bias_tokens;
   std::span<const float> biases;
+  // When non-empty (sorted, distinct): every other token's logit becomes -infinity, last (vLLM's
+  // allowed_token_ids).
+  std::span<const int32_t> allowed_tokens;
 
   // False when applying them changes nothing (neutral values or no tokens).
   [[nodiscard]] bool Active() const {
     return ((!tokens.empty() || !shared_tokens.empty()) &&
             (repetition != 1.0f || frequency != 0.0f || presence != 0.0f)) ||
-           !bias_tokens.empty();
+           !bias_tokens.empty() || !allowed_tokens.empty();
   }
+  // Whether a device must hand the row to the host (Backend::PenalizeRows' base) for its biases
+  // or its allowed tokens; device kernels apply the penalties alone.
+  [[nodiscard]] bool NeedsHost() const { return !bias_tokens.empty() || !allowed_tokens.empty(); }
 };
 
 // One seen token's logit under `p` (count: its output occurrences). Every step is a single float

@@ -1014,19 +1014,21 @@ void CudaBackend::ArgmaxRows(const Tensor& logits, Tensor& ids) {
 
 void CudaBackend::PenalizeRows(Tensor& logits, std::span<const LogitPenalties> rows) {
   CheckTensor(logits, DType::kF32, "PenalizeRows", "logits");
-  // Logit biases (logit_bias, min_tokens) are rare: the penalties of every row go through the
-  // kernel below, then only the biased rows make a host round trip for their biases (the base
-  // class: row copied down, biased, copied back). Biases come after penalties, so the row gets
-  // the host's bits either way.
+  // Logit biases (logit_bias, min_tokens, bad_words) and allowed-token lists are rare: the
+  // penalties of every row go through the kernel below, then only the rows with biases or an
+  // allowed list make a host round trip for them (the base class: row copied down, biased,
+  // copied back). Both come after penalties, so the row gets the host's bits either way.
   if (std::any_of(rows.begin(), rows.end(),
-                  [](const LogitPenalties& p) { return !p.bias_tokens.empty(); })) {
+                  [](const LogitPenalties& p) { return p.NeedsHost(); })) {
     std::vector<LogitPenalties> penalties(rows.begin(), rows.end());
     std::vector<LogitPenalties> biases(rows.size());
     for (size_t r = 0; r < rows.size(); ++r) {
       biases[r].bias_tokens = rows[r].bias_tokens;
       biases[r].biases = rows[r].biases;
+      biases[r].allowed_tokens = rows[r].allowed_tokens;
       penalties[r].bias_tokens = {};
       penalties[r].biases = {};
+      penalties[r].allowed_tokens = {};
     }
     PenalizeRows(logits, penalties);
     Backend::PenalizeRows(logits, biases);  // rows without biases are inactive there: skipped

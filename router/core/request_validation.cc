@@ -113,6 +113,63 @@ absl::Status ValidateSamplingParams(const v1::SamplingParams& p, const v1::Model
                        "min_tokens");
     }
   }
+  if (p.allowed_token_ids_size() > model.vocab_size()) {
+    return WithField(absl::InvalidArgumentError(absl::StrFormat(
+                         "sampling_params.allowed_token_ids has %d entries, more than the "
+                         "vocabulary's %d tokens",
+                         p.allowed_token_ids_size(), model.vocab_size())),
+                     "allowed_token_ids");
+  }
+  for (int i = 0; i < p.allowed_token_ids_size(); ++i) {
+    const int32_t id = p.allowed_token_ids(i);
+    if (id < 0 || id >= model.vocab_size()) {
+      return WithField(absl::InvalidArgumentError(absl::StrFormat(
+                           "sampling_params.allowed_token_ids[%d] = %d is outside the model's "
+                           "vocabulary [0, %d)",
+                           i, id, model.vocab_size())),
+                       "allowed_token_ids");
+    }
+  }
+  // Each text becomes up to two token sequences (BadWordSequences); the worker takes 128.
+  constexpr int kMaxBadWordTexts = 64, kMaxBadWordSequences = 128, kMaxBadWordTokens = 64;
+  if (p.bad_words_size() > kMaxBadWordTexts) {
+    return WithField(absl::InvalidArgumentError(absl::StrFormat(
+                         "sampling_params.bad_words has %d entries; at most %d are taken",
+                         p.bad_words_size(), kMaxBadWordTexts)),
+                     "bad_words");
+  }
+  for (int i = 0; i < p.bad_words_size(); ++i) {
+    if (p.bad_words(i).find_first_not_of(" \t\n\r\f\v") == std::string::npos) {
+      return WithField(absl::InvalidArgumentError(absl::StrFormat(
+                           "sampling_params.bad_words[%d] is empty or only whitespace", i)),
+                       "bad_words");
+    }
+  }
+  if (p.bad_words_token_ids_size() > kMaxBadWordSequences) {
+    return WithField(absl::InvalidArgumentError(absl::StrFormat(
+                         "sampling_params.bad_words_token_ids has %d entries; at most %d are taken",
+                         p.bad_words_token_ids_size(), kMaxBadWordSequences)),
+                     "bad_words_token_ids");
+  }
+  for (int w = 0; w < p.bad_words_token_ids_size(); ++w) {
+    const v1::TokenSequence& word = p.bad_words_token_ids(w);
+    if (word.ids_size() == 0 || word.ids_size() > kMaxBadWordTokens) {
+      return WithField(absl::InvalidArgumentError(absl::StrFormat(
+                           "sampling_params.bad_words_token_ids[%d] has %d tokens; it must have "
+                           "1 to %d",
+                           w, word.ids_size(), kMaxBadWordTokens)),
+                       "bad_words_token_ids");
+    }
+    for (int32_t id : word.ids()) {
+      if (id < 0 || id >= model.vocab_size()) {
+        return WithField(absl::InvalidArgumentError(absl::StrFormat(
+                             "sampling_params.bad_words_token_ids[%d] holds token %d, outside "
+                             "the model's vocabulary [0, %d)",
+                             w, id, model.vocab_size())),
+                         "bad_words_token_ids");
+      }
+    }
+  }
   for (int i = 0; i < p.stop_size(); ++i) {
     if (p.stop(i).empty()) {
       return WithField(absl::InvalidArgumentError(absl::StrFormat(

@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "router/core/bad_words.h"
 #include "router/core/request_validation.h"
 #include "router/core/stop_string_matcher.h"
 #include "router/core/worker_stream.h"
@@ -376,6 +377,13 @@ absl::Status RouterService::Prepare(const v1::GenerateRequest& request, const v1
     return absl::InvalidArgumentError(
         "sampling_params.stop needs text output, but the router runs without --tokenizer");
   }
+  if (params.bad_words_size() > 0 && tokenizer_ == nullptr) {
+    absl::Status status = absl::InvalidArgumentError(
+        "sampling_params.bad_words needs the router's tokenizer, but the router runs without "
+        "--tokenizer: send bad_words_token_ids instead");
+    status.SetPayload(kRequestFieldPayload, absl::Cord("bad_words"));
+    return status;
+  }
   std::string_view field;
   switch (request.input_case()) {
     case v1::GenerateRequest::kText: {
@@ -421,7 +429,35 @@ absl::Status RouterService::Prepare(const v1::GenerateRequest& request, const v1
   w.set_request_id(prepared.request_id);
   w.mutable_input_ids()->Assign(prepared.prompt.begin(), prepared.prompt.end());
   *w.mutable_sampling_params() = params;
-  // Stop strings and detokenization are the router's; the worker sees ids only.
+  // Bad words become token sequences here, beside any the client sent as ids.
+  for (int i = 0; i < params.bad_words_size(); ++i) {
+    absl::StatusOr<std::vector<std::vector<int32_t>>> sequences =
+        BadWordSequences(*tokenizer_, params.bad_words(i));
+    if (!sequences.ok()) {
+      absl::Status status = absl::InvalidArgumentError(
+          absl::StrFormat("sampling_params.bad_words[%d]: %s", i, sequences.status().message()));
+      status.SetPayload(kRequestFieldPayload, absl::Cord("bad_words"));
+      return status;
+    }
+    for (const std::vector<int32_t>& ids : *sequences) {
+      w.mutable_sampling_params()->add_bad_words_token_ids()->mutable_ids()->Assign(ids.begin(),
+                                                                                    ids.end());
+    }
+  }
+  if (params.bad_words_size() > 0) {
+    // The sequences must fit the worker's limits and the model's vocabulary.
+    v1::SamplingParams check;
+    *check.mutable_bad_words_token_ids() = w.sampling_params().bad_words_token_ids();
+    if (absl::Status s = ValidateSamplingParams(check, model); !s.ok()) {
+      absl::Status status = absl::InvalidArgumentError(
+          absl::StrCat("sampling_params.bad_words, as tokens: ", s.message()));
+      status.SetPayload(kRequestFieldPayload, absl::Cord("bad_words"));
+      return status;
+    }
+  }
+  // Stop strings, bad words as text and detokenization are the router's; the worker sees ids
+  // only.
+  w.mutable_sampling_params()->clear_bad_words();
   w.mutable_sampling_params()->clear_stop();
   w.mutable_sampling_params()->clear_skip_special_tokens();
   w.mutable_sampling_params()->clear_include_stop_str_in_output();

@@ -206,8 +206,6 @@ absl::Status RefuseUnimplemented(const Json& body) {
       {"guided_choice", "guided decoding is not supported"},
       {"guided_grammar", "guided decoding is not supported"},
       {"structured_outputs", "structured output is not supported"},
-      {"bad_words", "bad-word filtering is not applied"},
-      {"allowed_token_ids", "restricting the sampled tokens is not supported"},
       {"use_beam_search", "beam search is not supported"},
   };
   for (const Unimplemented& u : kFields) {
@@ -272,6 +270,23 @@ absl::Status ParseSampling(const Json& body, v1::SamplingParams* sampling) {
   if (i) sampling->set_min_tokens(static_cast<int32_t>(*i));
   ASSIGN_OR_RETURN(i, ReadInteger(body, "prompt_logprobs", 0, kInt32Max));
   if (i) sampling->set_prompt_logprobs(static_cast<int32_t>(*i));
+  if (const Json* ids = Member(body, "allowed_token_ids"); ids != nullptr) {
+    if (!ids->is_array()) return TypeError("allowed_token_ids", "an array of integers", *ids);
+    for (size_t k = 0; k < ids->size(); ++k) {
+      int64_t id = 0;
+      ASSIGN_OR_RETURN(
+          id, ToInteger((*ids)[k], absl::StrCat("allowed_token_ids[", k, "]"), 0, kInt32Max));
+      sampling->add_allowed_token_ids(static_cast<int32_t>(id));
+    }
+  }
+  if (const Json* words = Member(body, "bad_words"); words != nullptr) {
+    if (!words->is_array()) return TypeError("bad_words", "an array of strings", *words);
+    for (size_t k = 0; k < words->size(); ++k) {
+      const Json& word = (*words)[k];
+      if (!word.is_string()) return TypeError(absl::StrCat("bad_words[", k, "]"), "a string", word);
+      sampling->add_bad_words(word.get<std::string>());
+    }
+  }
   // logit_bias: {"<token id>": bias}, ids as strings (JSON keys), as OpenAI sends them; checked
   // in full here (the service checks again) so that a huge map is refused before it is copied.
   if (const Json* bias = Member(body, "logit_bias"); bias != nullptr) {

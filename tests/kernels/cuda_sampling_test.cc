@@ -395,10 +395,10 @@ TEST_F(CudaSamplingTest, PenalizeRowsMatchesHostBits) {
   }
 }
 
-// Rows with logit biases (logit_bias, min_tokens' -infinity) go through the host path, with the
-// penalties of every row of the call, and give ApplyLogitPenalties' bits.
+// Rows with logit biases (logit_bias, min_tokens' -infinity) or allowed tokens go through the host
+// path, with the penalties of every row of the call, and give ApplyLogitPenalties' bits.
 TEST_F(CudaSamplingTest, PenalizeRowsWithBiasesMatchesHost) {
-  const int vocab = 248320, rows = 3;
+  const int vocab = 248320, rows = 4;
   std::vector<float> flat;
   std::vector<std::vector<float>> host(rows);
   for (int r = 0; r < rows; ++r) {
@@ -412,6 +412,9 @@ TEST_F(CudaSamplingTest, PenalizeRowsWithBiasesMatchesHost) {
   penalties[0] = {1.3f, 0.5f, 0.2f, seen, counts, {}, {}};                       // penalties only
   penalties[1] = {1.0f, 0.0f, 0.0f, {}, {}, {}, {}, bias_tokens, biases};        // biases only
   penalties[2] = {1.2f, 0.1f, 0.0f, seen, counts, {}, {}, bias_tokens, biases};  // both
+  // Penalties and an allowed-token list (allowed_token_ids): all but three tokens -infinity.
+  const std::vector<int32_t> allowed = {5, 99, 248000};
+  penalties[3] = {1.2f, 0.1f, 0.0f, seen, counts, {}, {}, {}, {}, allowed};
   const std::vector<float> device = PenalizeOnDevice(flat, rows, vocab, penalties);
   ASSERT_EQ(device.size(), flat.size());
   for (int r = 0; r < rows; ++r) {
@@ -425,6 +428,8 @@ TEST_F(CudaSamplingTest, PenalizeRowsWithBiasesMatchesHost) {
     EXPECT_EQ(differ, 0) << "row " << r;
   }
   EXPECT_EQ(device[static_cast<size_t>(vocab) + 151645], -INFINITY);
+  EXPECT_EQ(device[static_cast<size_t>(3) * vocab + 17], -INFINITY);
+  EXPECT_NE(device[static_cast<size_t>(3) * vocab + 99], -INFINITY);
 }
 
 // TopLogitsRows gives TopLogits' pairs (ties to the lower id, NaN never ranked, token -1 past

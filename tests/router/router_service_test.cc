@@ -16,6 +16,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "router/core/bad_words.h"
 #include "tests/model/fixture_util.h"
 #include "tests/router/router_test_util.h"
 
@@ -492,6 +493,58 @@ TEST_F(RouterServiceTest, TruncatePromptTokensKeepsTheEnd) {
   const absl::Status zero = RunGenerate(*router_, request).status;
   EXPECT_EQ(zero.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(RequestFieldOf(zero), "truncate_prompt_tokens");
+}
+
+// bad_words as text: the router tokenizes each word (vLLM's variants, BadWordSequences) and the
+// worker bans it. A word spelling the greedy continuation's first two tokens keeps the first and
+// changes the second; without a tokenizer the field is refused by name.
+TEST_F(RouterServiceTest, BadWordsAreTokenizedAndAvoided) {
+  StartRouter(1);
+  auto tok = LoadTokenizer();
+  const std::vector<int32_t>& expected = Expected(0);
+  const std::vector<int32_t> pair = {expected[0], expected[1]};
+  absl::StatusOr<std::string> word = tok->Decode(pair);
+  ASSERT_TRUE(word.ok()) << word.status();
+  absl::StatusOr<std::vector<std::vector<int32_t>>> sequences = BadWordSequences(*tok, *word);
+  ASSERT_TRUE(sequences.ok()) << sequences.status();
+  // The fixture's continuation re-encodes to itself, as written or after a space.
+  ASSERT_TRUE(std::find(sequences->begin(), sequences->end(), pair) != sequences->end())
+      << "\"" << *word << "\" does not re-encode to its tokens";
+
+  v1::GenerateRequest request = GreedyRequest(Prompt(0), 4);
+  request.mutable_sampling_params()->add_bad_words(*word);
+  Collected c = RunGenerate(*router_, request);
+  ASSERT_TRUE(c.status.ok()) << c.status;
+  ASSERT_EQ(c.tokens.size(), 4u);
+  EXPECT_EQ(c.tokens[0], expected[0]);
+  EXPECT_NE(c.tokens[1], expected[1]);
+
+  request.mutable_sampling_params()->set_bad_words(0, " \t");
+  const absl::Status blank = RunGenerate(*router_, request).status;
+  EXPECT_EQ(blank.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RequestFieldOf(blank), "bad_words");
+
+  workers_.push_back(std::make_unique<InProcessWorker>());
+  auto replicas = ReplicaSet::Create({workers_.back()->address()}, {});
+  ASSERT_TRUE(replicas.ok());
+  (*replicas)->PollOnce();
+  RouterService no_tokenizer(std::move(*replicas), nullptr, {});
+  request.mutable_sampling_params()->set_bad_words(0, *word);
+  const absl::Status refused = RunGenerate(no_tokenizer, request).status;
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RequestFieldOf(refused), "bad_words");
+}
+
+TEST(BadWordSequencesTest, FollowVllmsVariants) {
+  auto tok = LoadTokenizer();
+  ASSERT_NE(tok, nullptr);
+  // "hello" and " hello" are one token each, different ones: both are banned.
+  absl::StatusOr<std::vector<std::vector<int32_t>>> hello = BadWordSequences(*tok, "  hello");
+  ASSERT_TRUE(hello.ok()) << hello.status();
+  ASSERT_EQ(hello->size(), 2u);
+  EXPECT_EQ((*hello)[0], *tok->Encode("hello"));
+  EXPECT_EQ((*hello)[1], *tok->Encode(" hello"));
+  EXPECT_FALSE(BadWordSequences(*tok, " \n").ok());
 }
 
 TEST_F(RouterServiceTest, WithoutTokenizerIdsWorkAndTextIsRefused) {

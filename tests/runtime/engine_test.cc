@@ -502,6 +502,31 @@ TEST_F(EngineTest, PromptLogprobsSurvivePreemption) {
   EXPECT_GT(engine->GetStats().num_preemptions, 0);
 }
 
+// allowed_token_ids and bad_words through the engine (greedy: every row goes through the
+// backend's penalties): the output stays in the allowed set, and a bad word made of the greedy
+// continuation's first two tokens turns its second token into something else.
+TEST_F(EngineTest, AllowedTokensAndBadWordsShapeTheOutput) {
+  EngineOptions options;
+  options.sampling_place = EngineOptions::SamplingPlace::kBackend;
+  auto engine = Start(options);
+  ASSERT_NE(engine, nullptr);
+  const auto& [p, expected] = ref_.greedy[0];
+  GenerationRequest allowed = Greedy("allowed", ref_.prompts[p], 8);
+  allowed.params.allowed_token_ids = {7, 1500, 42};
+  GenerationRequest banned = Greedy("banned", ref_.prompts[p], 4);
+  banned.params.bad_words = {{expected[0], expected[1]}};
+  Streams streams;
+  ASSERT_TRUE(engine->Enqueue(allowed, streams.For("allowed")).ok());
+  ASSERT_TRUE(engine->Enqueue(banned, streams.For("banned")).ok());
+  const auto restricted = streams.Wait("allowed");
+  ASSERT_EQ(restricted.tokens.size(), 8u);
+  for (int32_t t : restricted.tokens) EXPECT_TRUE(t == 7 || t == 1500 || t == 42) << t;
+  const auto avoided = streams.Wait("banned");
+  ASSERT_EQ(avoided.tokens.size(), 4u);
+  EXPECT_EQ(avoided.tokens[0], expected[0]);
+  EXPECT_NE(avoided.tokens[1], expected[1]);
+}
+
 TEST_F(EngineTest, InvalidRequestsAreRejectedWithReasons) {
   EngineOptions options;
   options.max_model_len = 64;

@@ -431,6 +431,84 @@ TEST(SamplerTest, LogitBiasAndMinTokens) {
   }
 }
 
+// allowed_token_ids: every other token is -infinity, so neither greedy nor sampled draws leave
+// the set; the logprobs are those of the restricted distribution.
+TEST(SamplerTest, AllowedTokensRestrictTheDraw) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 0.5f};
+  SamplingParams p;
+  p.temperature = 0;
+  p.allowed_token_ids = {3, 0, 3};  // unsorted, repeated
+  p.logprobs = 0;
+  RequestSampler greedy(p, 1);
+  EXPECT_FALSE(greedy.ArgmaxOnly());
+  std::vector<float> row = logits;
+  const SampledToken t = greedy.Sample(row, TokenHistory{});
+  EXPECT_EQ(t.token, 0);
+  EXPECT_EQ(row[1], -std::numeric_limits<float>::infinity());
+  EXPECT_EQ(row[3], 0.5f);
+  // log-softmax over {1.0, 0.5}
+  EXPECT_NEAR(t.logprob, 1.0 - std::log(std::exp(1.0) + std::exp(0.5)), 1e-6);
+  p.temperature = 1.0f;
+  RequestSampler sampled(p, 9);
+  int drawn[4] = {};
+  for (int i = 0; i < 400; ++i) {
+    row = logits;
+    ++drawn[sampled.Sample(row, TokenHistory{}).token];
+  }
+  EXPECT_EQ(drawn[1] + drawn[2], 0);
+  EXPECT_GT(drawn[0], drawn[3]);
+  EXPECT_GT(drawn[3], 0);
+}
+
+// bad_words: a word's last token is banned where the output ends with the rest of it (a one-token
+// word always), from the output only (not the prompt), and per row of a verify step as of the
+// drafts before it.
+TEST(SamplerTest, BadWordsBanTheirLastTokenAfterTheirPrefix) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 0.5f, 0.0f};  // argmax 1, then 2, 0
+  SamplingParams p;
+  p.temperature = 0;
+  p.bad_words = {{4, 1}, {0, 2}, {3}};
+  RequestSampler sampler(p, 1);
+  EXPECT_FALSE(sampler.ArgmaxOnly());
+  TokenHistory history;
+  history.AddPrompt(std::vector<int32_t>{4});  // the prompt does not count
+  std::vector<float> row = logits;
+  EXPECT_EQ(sampler.Sample(row, history).token, 1);
+  EXPECT_EQ(row[3], -std::numeric_limits<float>::infinity());  // one-token word: always
+  EXPECT_EQ(row[2], 2.0f);
+  history.AddOutput(4);  // "4 1" would complete: 1 banned
+  row = logits;
+  EXPECT_EQ(sampler.Sample(row, history).token, 2);
+  history.AddOutput(0);  // "0 2" would complete: 2 banned, 1 free again
+  row = logits;
+  EXPECT_EQ(sampler.Sample(row, history).token, 1);
+  row = logits;
+  history.AddOutput(2);
+  EXPECT_EQ(sampler.Sample(row, history).token, 1);
+
+  // A verify step after output [4] with drafts [0, 2]: row 0 follows [4] (bans 1), row 1
+  // follows [4, 0] (bans 2), row 2 follows [4, 0, 2] (bans only 3); every row bans 3.
+  TokenHistory before;
+  before.AddOutput(4);
+  RequestSampler::VerifyPenaltyLists lists;
+  const std::vector<int32_t> drafts = {0, 2};
+  const std::vector<kernels::LogitPenalties> rows = sampler.VerifyPenalties(before, drafts, lists);
+  ASSERT_EQ(rows.size(), 3u);
+  const int expected_banned[3] = {1, 2, -1};
+  for (size_t j = 0; j < rows.size(); ++j) {
+    std::vector<float> r = logits;
+    kernels::ApplyLogitPenalties(r, rows[j]);
+    for (int v = 0; v < 5; ++v) {
+      const bool banned = v == 3 || v == expected_banned[j];
+      EXPECT_EQ(r[v] == -std::numeric_limits<float>::infinity(), banned) << "row " << j << " " << v;
+    }
+  }
+  // The single-row penalties (the device path's) agree with what Sample applied.
+  std::vector<float> r = logits;
+  kernels::ApplyLogitPenalties(r, sampler.Penalties(before));
+  EXPECT_EQ(r[1], -std::numeric_limits<float>::infinity());
+}
+
 TEST(SamplerTest, TopLogitsOrder) {
   const std::vector<float> logits = {1.0f, 3.0f, -INFINITY, 3.0f, 2.0f, 0.5f, 3.0f, NAN};
   std::vector<kernels::TokenLogit> top(5);
@@ -478,6 +556,19 @@ TEST(SamplingParamsTest, ValidateNamesTheField) {
   p = {};
   p.min_tokens = 17;
   EXPECT_THAT(p.Validate(10).message(), HasSubstr("min_tokens"));
+  p = {};
+  p.allowed_token_ids = {1, 10};
+  EXPECT_THAT(p.Validate(10).message(), HasSubstr("allowed_token_ids[1] = 10"));
+  p = {};
+  p.bad_words = {{1}, {}};
+  EXPECT_THAT(p.Validate(10).message(), HasSubstr("bad_words[1] has 0 tokens"));
+  p.bad_words = {{1, 12}};
+  EXPECT_THAT(p.Validate(10).message(), HasSubstr("bad_words[0] holds token 12"));
+  p.bad_words.assign(kMaxBadWords + 1, {1});
+  EXPECT_THAT(p.Validate(10).message(), HasSubstr("bad_words has 129 entries"));
+  p = {};
+  p.prompt_logprobs = 21;
+  EXPECT_THAT(p.Validate(10).message(), HasSubstr("prompt_logprobs"));
 }
 
 }  // namespace

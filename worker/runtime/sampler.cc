@@ -30,6 +30,7 @@ void TokenHistory::AddPrompt(std::span<const int32_t> tokens) {
 
 void TokenHistory::AddOutput(int32_t token) {
   ++output_length_;  // a position of the output, whatever token fills it
+  output_.push_back(token);
   if (token < 0) return;
   ++seen_counts_[Touch(token)];
 }
@@ -53,6 +54,9 @@ RequestSampler::RequestSampler(const SamplingParams& params, uint64_t fallback_s
     bias_tokens_.push_back(token);
     biases_.push_back(b);
   }
+  allowed_ = params.allowed_token_ids;
+  std::sort(allowed_.begin(), allowed_.end());
+  allowed_.erase(std::unique(allowed_.begin(), allowed_.end()), allowed_.end());
   if (params.min_tokens > 0) {
     std::map<int32_t, float> banned = bias;
     if (!params.ignore_eos) {
@@ -66,14 +70,37 @@ RequestSampler::RequestSampler(const SamplingParams& params, uint64_t fallback_s
   }
 }
 
-void RequestSampler::SetBiases(int output_length, kernels::LogitPenalties& p) const {
-  if (output_length < params_.min_tokens) {
-    p.bias_tokens = banned_tokens_;
-    p.biases = banned_biases_;
-  } else {
-    p.bias_tokens = bias_tokens_;
-    p.biases = biases_;
+void RequestSampler::SetBiases(std::span<const int32_t> output, std::span<const int32_t> drafted,
+                               std::vector<int32_t>& tokens, std::vector<float>& biases,
+                               kernels::LogitPenalties& p) const {
+  const bool short_output =
+      static_cast<int64_t>(output.size() + drafted.size()) < params_.min_tokens;
+  const std::vector<int32_t>& base_tokens = short_output ? banned_tokens_ : bias_tokens_;
+  const std::vector<float>& base_biases = short_output ? banned_biases_ : biases_;
+  p.bias_tokens = base_tokens;
+  p.biases = base_biases;
+  // bad_words (vLLM's): a word's last token is banned where the output ends with the rest of it
+  // (a one-token word always). The output is `output` then `drafted`.
+  const size_t length = output.size() + drafted.size();
+  auto token_from_end = [&](size_t back) {  // back >= 1
+    const size_t at = length - back;
+    return at < output.size() ? output[at] : drafted[at - output.size()];
+  };
+  tokens.clear();
+  for (const std::vector<int32_t>& word : params_.bad_words) {
+    const size_t prefix = word.size() - 1;
+    if (prefix > length) continue;
+    bool match = true;
+    for (size_t i = 0; i < prefix && match; ++i) match = token_from_end(prefix - i) == word[i];
+    if (match) tokens.push_back(word.back());
   }
+  if (tokens.empty()) return;
+  const size_t bans = tokens.size();
+  tokens.insert(tokens.begin(), base_tokens.begin(), base_tokens.end());
+  biases.assign(base_biases.begin(), base_biases.end());
+  biases.resize(biases.size() + bans, -std::numeric_limits<float>::infinity());
+  p.bias_tokens = tokens;
+  p.biases = biases;
 }
 
 kernels::LogitPenalties RequestSampler::Penalties(const TokenHistory& history) const {
@@ -83,8 +110,11 @@ kernels::LogitPenalties RequestSampler::Penalties(const TokenHistory& history) c
                             history.seen(),
                             history.counts(),
                             {},
-                            {}};
-  SetBiases(history.output_length(), p);
+                            {},
+                            {},
+                            {},
+                            allowed_};
+  SetBiases(history.output(), {}, row_bias_tokens_, row_biases_, p);
   return p;
 }
 
@@ -93,10 +123,15 @@ std::vector<kernels::LogitPenalties> RequestSampler::VerifyPenalties(
   const size_t k = drafts.size();
   const kernels::LogitPenalties base = Penalties(history);
   std::vector<kernels::LogitPenalties> rows(
-      k + 1,
-      kernels::LogitPenalties{base.repetition, base.frequency, base.presence, {}, {}, {}, {}});
-  // Row j follows drafts[0, j): its output is j tokens longer (min_tokens).
-  for (size_t j = 0; j <= k; ++j) SetBiases(history.output_length() + static_cast<int>(j), rows[j]);
+      k + 1, kernels::LogitPenalties{
+                 base.repetition, base.frequency, base.presence, {}, {}, {}, {}, {}, {}, allowed_});
+  // Row j follows drafts[0, j): its output is j tokens longer (min_tokens, bad_words).
+  lists.row_bias_tokens.assign(k + 1, {});
+  lists.row_biases.assign(k + 1, {});
+  for (size_t j = 0; j <= k; ++j) {
+    SetBiases(history.output(), drafts.first(j), lists.row_bias_tokens[j], lists.row_biases[j],
+              rows[j]);
+  }
   lists.shared_tokens.clear();
   lists.shared_counts.clear();
   lists.row_tokens.assign(k + 1, {});

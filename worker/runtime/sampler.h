@@ -39,6 +39,8 @@ class TokenHistory {
   [[nodiscard]] const std::vector<int32_t>& counts() const { return seen_counts_; }
   // Output tokens added so far.
   [[nodiscard]] int output_length() const { return output_length_; }
+  // The output tokens in order (bad_words match on its end).
+  [[nodiscard]] const std::vector<int32_t>& output() const { return output_; }
 
  private:
   // The position of `token` in seen_, added if new.
@@ -47,6 +49,7 @@ class TokenHistory {
   std::vector<int32_t> seen_counts_;
   std::vector<uint8_t> in_prompt_;
   std::vector<int32_t> position_;  // token -> 1 + its index in seen_; 0: not seen
+  std::vector<int32_t> output_;
   int output_length_ = 0;
 };
 
@@ -71,7 +74,8 @@ class RequestSampler {
   [[nodiscard]] bool ArgmaxOnly() const {
     return params_.temperature == 0 && params_.repetition_penalty == 1.0f &&
            params_.presence_penalty == 0.0f && params_.frequency_penalty == 0.0f &&
-           params_.logprobs < 0 && bias_tokens_.empty() && banned_tokens_.empty();
+           params_.logprobs < 0 && bias_tokens_.empty() && banned_tokens_.empty() &&
+           allowed_.empty() && params_.bad_words.empty();
   }
   // The distribution Sample draws from (penalties, temperature, top-k/top-p/min-p; one-hot at the
   // argmax for greedy requests), as probabilities over the vocabulary; `logits` is modified in
@@ -88,8 +92,9 @@ class RequestSampler {
   [[nodiscard]] kernels::SamplingRule Rule() const {
     return {params_.temperature, params_.top_k, params_.top_p, params_.min_p};
   }
-  // The request's penalties over `history`'s tokens and its logit biases as of its output length
-  // (inactive when it has none); the spans point into `history` and into this sampler.
+  // The request's penalties over `history`'s tokens, its logit biases as of its output (with the
+  // tokens its bad_words ban there at -infinity) and its allowed tokens (inactive when it has
+  // none); the spans point into `history` and into this sampler, until the next call.
   [[nodiscard]] kernels::LogitPenalties Penalties(const TokenHistory& history) const;
   // The penalties of the k + 1 rows of a speculative verify step of `drafts`, row j counting
   // drafts[0, j) as output beyond `history`. The rows share one list, the history's tokens
@@ -99,6 +104,9 @@ class RequestSampler {
   struct VerifyPenaltyLists {
     std::vector<int32_t> shared_tokens, shared_counts;
     std::vector<std::vector<int32_t>> row_tokens, row_counts;
+    // Rows where bad_words ban tokens: their whole bias lists (the biases, then the bans).
+    std::vector<std::vector<int32_t>> row_bias_tokens;
+    std::vector<std::vector<float>> row_biases;
   };
   [[nodiscard]] std::vector<kernels::LogitPenalties> VerifyPenalties(
       const TokenHistory& history, std::span<const int32_t> drafts,
@@ -121,15 +129,23 @@ class RequestSampler {
  private:
   void ApplyPenalties(std::span<float> logits, const TokenHistory& history) const;
 
-  // The logit biases of a row whose output so far is `output_length` tokens: logit_bias, plus
-  // -infinity on the stop tokens while it is shorter than min_tokens (spans into the members).
-  void SetBiases(int output_length, kernels::LogitPenalties& p) const;
+  // The logit biases of a row whose output so far is `output` then `drafted`: logit_bias, plus
+  // -infinity on the stop tokens while it is shorter than min_tokens (spans into the members),
+  // and -infinity on the tokens its bad_words ban after it (then the lists are built in
+  // `tokens` and `biases`, the row's own storage).
+  void SetBiases(std::span<const int32_t> output, std::span<const int32_t> drafted,
+                 std::vector<int32_t>& tokens, std::vector<float>& biases,
+                 kernels::LogitPenalties& p) const;
 
   SamplingParams params_;
   std::mt19937_64 rng_;
   // logit_bias by token (sorted), and the same with the stop tokens at -infinity (min_tokens).
   std::vector<int32_t> bias_tokens_, banned_tokens_;
   std::vector<float> biases_, banned_biases_;
+  std::vector<int32_t> allowed_;  // allowed_token_ids, sorted and distinct
+  // Penalties()' bias lists when bad_words ban tokens (a sequence samples one row at a time).
+  mutable std::vector<int32_t> row_bias_tokens_;
+  mutable std::vector<float> row_biases_;
 };
 
 }  // namespace mobius::worker

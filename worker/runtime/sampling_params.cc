@@ -62,6 +62,32 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
           "sampling parameter logit_bias[%d] = %g is invalid: must be in [-100, 100]", id, bias));
     }
   }
+  for (size_t i = 0; i < allowed_token_ids.size(); ++i) {
+    if (allowed_token_ids[i] < 0 || allowed_token_ids[i] >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sampling parameter allowed_token_ids[%d] = %d is outside the vocabulary [0, %d)", i,
+          allowed_token_ids[i], vocab_size));
+    }
+  }
+  if (bad_words.size() > kMaxBadWords) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sampling parameter bad_words has %d entries; at most %d are taken",
+                        bad_words.size(), kMaxBadWords));
+  }
+  for (size_t w = 0; w < bad_words.size(); ++w) {
+    if (bad_words[w].empty() || bad_words[w].size() > kMaxBadWordTokens) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("sampling parameter bad_words[%d] has %d tokens; it must have 1 to %d", w,
+                          bad_words[w].size(), kMaxBadWordTokens));
+    }
+    for (int32_t id : bad_words[w]) {
+      if (id < 0 || id >= vocab_size) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "sampling parameter bad_words[%d] holds token %d, outside the vocabulary [0, %d)", w,
+            id, vocab_size));
+      }
+    }
+  }
   if (min_tokens < 0 || min_tokens > max_tokens) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "sampling parameter min_tokens = %d is invalid: must be in [0, max_tokens = %d]",

@@ -15,6 +15,10 @@ namespace mobius::worker {
 // The most logit_bias entries a request may carry (OpenAI allows 300); more is not a bias but a
 // vocabulary restriction.
 inline constexpr size_t kMaxLogitBias = 1024;
+// The most bad_words sequences a request may carry, and tokens in each: each costs a comparison
+// per step.
+inline constexpr size_t kMaxBadWords = 128;
+inline constexpr size_t kMaxBadWordTokens = 64;
 
 struct SamplingParams {
   float temperature = 1.0f;         // 0: greedy
@@ -38,6 +42,11 @@ struct SamplingParams {
   // -1: none; n >= 0: every prompt token after the first scored (logprob and rank, raw logits)
   // with the top n, delivered with the first output (vLLM's prompt_logprobs).
   int prompt_logprobs = -1;
+  // When non-empty: only these tokens can be drawn (vLLM's allowed_token_ids).
+  std::vector<int32_t> allowed_token_ids;
+  // Token sequences that must not be generated (vLLM's bad_words, tokenized by the router): the
+  // last token of each is banned wherever the output ends with the rest of it.
+  std::vector<std::vector<int32_t>> bad_words;
 
   // InvalidArgument naming the field, its value and the allowed range.
   [[nodiscard]] absl::Status Validate(int vocab_size) const;

@@ -23,6 +23,10 @@ SamplingParams FromProto(const v1::SamplingParams& p) {
   std::sort(s.logit_bias.begin(), s.logit_bias.end());
   if (p.has_min_tokens()) s.min_tokens = p.min_tokens();
   if (p.has_prompt_logprobs()) s.prompt_logprobs = p.prompt_logprobs();
+  s.allowed_token_ids.assign(p.allowed_token_ids().begin(), p.allowed_token_ids().end());
+  for (const v1::TokenSequence& word : p.bad_words_token_ids()) {
+    s.bad_words.emplace_back(word.ids().begin(), word.ids().end());
+  }
   return s;
 }
 

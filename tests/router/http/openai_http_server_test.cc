@@ -327,6 +327,8 @@ TEST_F(HttpServerTest, CompletionWholeResponse) {
                       {"logit_bias", {{"57025", -100}, {"3", 2.5}}},
                       {"min_tokens", 2},
                       {"truncate_prompt_tokens", 100},
+                      {"allowed_token_ids", {4, 9}},
+                      {"bad_words", {"no", " way"}},
                       {"user", "ignored"}},
                      {{"X-Request-Id", "abc"}});
   ASSERT_EQ(reply.status, 200u) << reply.body;
@@ -363,6 +365,11 @@ TEST_F(HttpServerTest, CompletionWholeResponse) {
   EXPECT_FLOAT_EQ(request.sampling_params().logit_bias().at(57025), -100.0f);
   EXPECT_FLOAT_EQ(request.sampling_params().logit_bias().at(3), 2.5f);
   EXPECT_FALSE(request.sampling_params().has_top_p());
+  EXPECT_EQ(std::vector<int32_t>(request.sampling_params().allowed_token_ids().begin(),
+                                 request.sampling_params().allowed_token_ids().end()),
+            std::vector<int32_t>({4, 9}));
+  ASSERT_EQ(request.sampling_params().bad_words_size(), 2);
+  EXPECT_EQ(request.sampling_params().bad_words(1), " way");
 }
 
 TEST_F(HttpServerTest, NeutralValuesOfUnimplementedFieldsPass) {
@@ -544,6 +551,12 @@ TEST_F(HttpServerTest, RequestErrorsNameTheField) {
               400, "guided_json", "guided decoding is not supported");
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"echo", "yes"}}), 400, "echo",
               "echo must be a boolean");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"bad_words", "no"}}), 400, "bad_words",
+              "bad_words must be an array of strings");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"bad_words", {"a", 3}}}), 400,
+              "bad_words[1]", "bad_words[1] must be a string");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"allowed_token_ids", {1, -1}}}), 400,
+              "allowed_token_ids[1]", "allowed_token_ids[1] must be an integer in [0, ");
   ExpectError(Post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "yo"}}}},
                                             {"prompt_logprobs", -1}}),
               400, "prompt_logprobs", "prompt_logprobs must be an integer in [0, ");
