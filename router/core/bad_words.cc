@@ -23,6 +23,7 @@ absl::StatusOr<std::vector<std::vector<int32_t>>> BadWordSequences(
       (bare->empty() || (spaced->size() == bare->size() && spaced->front() != bare->front()))) {
     sequences.push_back(*std::move(spaced));
   }
+  if (sequences.empty()) return absl::InvalidArgumentError("a bad word encodes to no token");
   return sequences;
 }
 

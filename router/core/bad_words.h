@@ -15,7 +15,7 @@ namespace mobius::router {
 // The token sequences of one bad word, as vLLM makes them: the word without its leading
 // whitespace, and the same after one space when that spells it with as many tokens and a
 // different first token (the word as it appears mid-text). InvalidArgument when the word is
-// only whitespace or does not encode.
+// only (ASCII) whitespace or encodes to no token.
 absl::StatusOr<std::vector<std::vector<int32_t>>> BadWordSequences(
     const tokenizer::Tokenizer& tokenizer, std::string_view word);
 

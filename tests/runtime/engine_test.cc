@@ -525,6 +525,18 @@ TEST_F(EngineTest, AllowedTokensAndBadWordsShapeTheOutput) {
   ASSERT_EQ(avoided.tokens.size(), 4u);
   EXPECT_EQ(avoided.tokens[0], expected[0]);
   EXPECT_NE(avoided.tokens[1], expected[1]);
+
+  // Rules that exclude every token (the only allowed one is a stop token that min_tokens bans)
+  // end the request with the reason rather than with a token outside them.
+  GenerationRequest impossible = Greedy("impossible", ref_.prompts[p], 4);
+  impossible.params.allowed_token_ids = {7};
+  impossible.params.stop_token_ids = {7};
+  impossible.params.min_tokens = 2;
+  ASSERT_TRUE(engine->Enqueue(impossible, streams.For("impossible")).ok());
+  const auto none = streams.Wait("impossible");
+  EXPECT_TRUE(none.tokens.empty());
+  EXPECT_EQ(none.finish, FinishReason::kError);
+  EXPECT_THAT(std::string(none.error.message()), HasSubstr("no token can be drawn"));
 }
 
 TEST_F(EngineTest, InvalidRequestsAreRejectedWithReasons) {

@@ -1,6 +1,7 @@
 #include "worker/runtime/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <thread>
@@ -598,6 +599,7 @@ bool Engine::Step() {
   std::vector<TargetStep> observed;
   std::vector<StateReplay> replays;  // rolled back: replay the accepted tokens' state updates
   std::vector<std::string> errored;
+  std::vector<std::string> undrawable;  // sampled rows with no drawable token
   absl::Status replay_error;
   std::vector<std::optional<SampledToken>> presampled;
   std::vector<std::optional<DraftVerdict>> verdicts;  // sampled requests' drafts
@@ -711,6 +713,13 @@ bool Engine::Step() {
     if (d == 0) {
       seq.num_computed += c.count;
       sampled = greedy_step ? SampledToken{greedy[first_row], 0.0f, {}} : *presampled[i];
+      if (std::isnan(sampled->logprob)) {
+        // Every token of the row was -inf (allowed_token_ids, bad_words and min_tokens can
+        // exclude them all) or the logits were not numbers: the draw means nothing. The request
+        // ends with the reason instead of a token outside its rules.
+        undrawable.push_back(seq.request_id);
+        continue;
+      }
       new_tokens = {sampled->token};
     } else {
       const DraftVerdict verdict =
@@ -829,6 +838,16 @@ bool Engine::Step() {
   for (const std::string& id : errored) {
     if (auto seq = RemoveSequence(id)) {
       Finish(*seq, FinishReason::kError, std::nullopt, replay_error);
+    }
+  }
+  for (const std::string& id : undrawable) {
+    if (auto seq = RemoveSequence(id)) {
+      Finish(*seq, FinishReason::kError, std::nullopt,
+             absl::InvalidArgumentError(absl::StrFormat(
+                 "request %s: no token can be drawn after %d output tokens: every logit is "
+                 "-inf (allowed_token_ids, bad_words and min_tokens together exclude every "
+                 "token) or not a number",
+                 id, seq->output.size())));
     }
   }
 
