@@ -257,6 +257,7 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
     context.logprobs = params->logprobs;
     context.tokens_as_ids = params->tokens_as_ids;
     context.echo = params->echo;
+    context.return_token_ids = params->return_token_ids;
     if (!prompts.empty()) {
       const v1::SamplingParams& sampling = prompts.front().sampling_params();
       context.top_logprobs = sampling.logprobs();
@@ -282,6 +283,7 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
     if (!params->sampling.has_max_tokens()) DefaultChatMaxTokens(&params->sampling);
     v1::GenerateRequest& generate = prompts.emplace_back();
     generate.set_text(*std::move(prompt));
+    generate.set_echo(params->return_token_ids);  // the prompt's ids come with its echo
     *generate.mutable_sampling_params() = std::move(params->sampling);
     if (params->truncate_prompt_tokens.has_value()) {
       generate.set_truncate_prompt_tokens(*params->truncate_prompt_tokens);
@@ -292,6 +294,7 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
     context.logprobs = params->logprobs;
     context.tokens_as_ids = params->tokens_as_ids;
     context.prompt_logprobs = generate.sampling_params().has_prompt_logprobs();
+    context.return_token_ids = params->return_token_ids;
   }
 
   // One choice keeps the client's id, or none, and the service assigns one (its messages carry

@@ -272,6 +272,11 @@ absl::Status ParseSampling(const Json& body, v1::SamplingParams* sampling) {
   if (i) sampling->set_prompt_logprobs(static_cast<int32_t>(*i));
   if (const Json* ids = Member(body, "allowed_token_ids"); ids != nullptr) {
     if (!ids->is_array()) return TypeError("allowed_token_ids", "an array of integers", *ids);
+    if (ids->empty()) {
+      return FieldError("allowed_token_ids",
+                        "allowed_token_ids is empty: no token could be drawn (leave it out for "
+                        "no restriction)");
+    }
     for (size_t k = 0; k < ids->size(); ++k) {
       int64_t id = 0;
       ASSIGN_OR_RETURN(
@@ -733,9 +738,13 @@ absl::StatusOr<CompletionParams> ParseCompletionRequest(const Json& body,
   }
   std::optional<int32_t> truncation;
   ASSIGN_OR_RETURN(truncation, ParseTruncation(body));
+  std::optional<bool> token_ids;
+  ASSIGN_OR_RETURN(token_ids, ReadBool(body, "return_token_ids"));
+  params.return_token_ids = token_ids.value_or(false);
   for (v1::GenerateRequest& prompt : params.prompts) {
     *prompt.mutable_sampling_params() = sampling_params;
-    prompt.set_echo(params.echo);
+    // (The service sends the prompt, its ids, for either.)
+    prompt.set_echo(params.echo || params.return_token_ids);
     if (truncation.has_value()) prompt.set_truncate_prompt_tokens(*truncation);
   }
   return params;
@@ -763,6 +772,9 @@ absl::StatusOr<ChatParams> ParseChatRequest(const Json& body,
   std::optional<bool> as_ids;
   ASSIGN_OR_RETURN(as_ids, ReadBool(body, "return_tokens_as_token_ids"));
   params.tokens_as_ids = as_ids.value_or(false);
+  std::optional<bool> token_ids;
+  ASSIGN_OR_RETURN(token_ids, ReadBool(body, "return_token_ids"));
+  params.return_token_ids = token_ids.value_or(false);
   std::optional<int64_t> top;
   ASSIGN_OR_RETURN(top, ReadInteger(body, "top_logprobs", 0, kInt32Max));
   if (top && !params.logprobs) {

@@ -36,6 +36,7 @@ struct CompletionParams {
   // The text (and logprobs) begin with the prompt; with logprobs, prompt_logprobs defaults to
   // the same n (vLLM's), and max_tokens may be 0 (the prompt alone, OpenAI's echo use).
   bool echo = false;
+  bool return_token_ids = false;  // vLLM's: token ids beside the text (ResponseContext)
 };
 
 struct ChatParams {
@@ -52,6 +53,7 @@ struct ChatParams {
   bool include_usage = false;
   bool logprobs = false;       // `logprobs: true` (sampling.logprobs holds top_logprobs)
   bool tokens_as_ids = false;  // return_tokens_as_token_ids
+  bool return_token_ids = false;
 };
 
 // POST /tokenize (vLLM's): the tokens of a text (`prompt`) or of a chat rendered as the chat

@@ -88,6 +88,12 @@ size_t CountCodePoints(const std::string& text) {
   }));
 }
 
+Json IdsJson(const google::protobuf::RepeatedField<int32_t>& ids) {
+  Json out = Json::array();
+  for (int32_t id : ids) out.push_back(id);
+  return out;
+}
+
 // A logprob as JSON: -inf (a token the model rules out) as vLLM writes it, -9999.0.
 double ClampedLogprob(float logprob) { return std::max(static_cast<double>(logprob), -9999.0); }
 
@@ -347,15 +353,21 @@ Json CompletionFormatter::EchoLogprobs(const v1::PromptEcho& prompt) const {
   return out;
 }
 
-std::string CompletionFormatter::PromptScoresEvent(const v1::PromptEcho& prompt) const {
+std::string CompletionFormatter::PromptEvent(const v1::PromptEcho& prompt) const {
   Json chunk = ChunkEnvelope();
   chunk["choices"] = Json::array({Json{{"index", context_.choice_index},
                                        {"delta", Json::object()},
                                        {"logprobs", nullptr},
                                        {"finish_reason", nullptr}}});
-  chunk["prompt_logprobs"] = PromptLogprobsJson(prompt);
+  if (context_.prompt_logprobs) chunk["prompt_logprobs"] = PromptLogprobsJson(prompt);
+  if (context_.return_token_ids) chunk["prompt_token_ids"] = IdsJson(prompt.token_ids());
   if (context_.include_usage) chunk["usage"] = nullptr;
   return SseEvent(chunk);
+}
+
+Json CompletionFormatter::TokenIds(const v1::TextChunk& piece) const {
+  if (!context_.return_token_ids) return nullptr;
+  return IdsJson(piece.token_ids());
 }
 
 static Json UsageJson(const v1::Usage& usage) {
@@ -404,12 +416,13 @@ const char* CompletionFormatter::ChoiceFinishReason(int calls) const {
   return FinishReason(final_.finish_reason());
 }
 
-std::string CompletionFormatter::DeltaEvent(Json delta, Json logprobs) {
+std::string CompletionFormatter::DeltaEvent(Json delta, Json logprobs, Json token_ids) {
   Json choice;
   choice["index"] = context_.choice_index;
   choice["delta"] = std::move(delta);
   choice["logprobs"] = std::move(logprobs);
   choice["finish_reason"] = nullptr;
+  if (!token_ids.is_null()) choice["token_ids"] = std::move(token_ids);
   Json chunk = ChunkEnvelope();
   chunk["choices"] = Json::array({std::move(choice)});
   if (context_.include_usage) chunk["usage"] = nullptr;
@@ -419,16 +432,20 @@ std::string CompletionFormatter::DeltaEvent(Json delta, Json logprobs) {
 std::string CompletionFormatter::ParsedChatEvents(const v1::TextChunk* piece) {
   ChatOutputParser::Step step =
       piece != nullptr ? output_parser_->Push(piece->text()) : output_parser_->Finish();
-  Json logprobs = piece != nullptr && context_.logprobs && piece->token_ids_size() > 0
-                      ? Logprobs(*piece, 0)
-                      : Json(nullptr);
+  const bool tokens = piece != nullptr && piece->token_ids_size() > 0;
+  Json logprobs = tokens && context_.logprobs ? Logprobs(*piece, 0) : Json(nullptr);
+  // The piece's ids go with its first event, as its logprobs do.
+  Json token_ids = tokens ? TokenIds(*piece) : Json(nullptr);
   std::string events;
   if (!step.reasoning.empty()) {
-    events += DeltaEvent(Json{{"reasoning_content", step.reasoning}}, std::move(logprobs));
+    events += DeltaEvent(Json{{"reasoning_content", step.reasoning}}, std::move(logprobs),
+                         std::move(token_ids));
     logprobs = nullptr;
+    token_ids = nullptr;
   }
-  if (!step.content.empty() || !logprobs.is_null()) {
-    events += DeltaEvent(Json{{"content", step.content}}, std::move(logprobs));
+  if (!step.content.empty() || !logprobs.is_null() || !token_ids.is_null()) {
+    events +=
+        DeltaEvent(Json{{"content", step.content}}, std::move(logprobs), std::move(token_ids));
   }
   for (const ParsedToolCall& call : step.calls) {
     const int position = tool_calls_sent_++;
@@ -440,9 +457,10 @@ std::string CompletionFormatter::ParsedChatEvents(const v1::TextChunk* piece) {
 
 std::string CompletionFormatter::StreamEvents(const v1::GenerateResponse& response) {
   std::string head;
-  if (context_.endpoint == Endpoint::kChat && context_.prompt_logprobs && response.has_chunk() &&
+  if (context_.endpoint == Endpoint::kChat &&
+      (context_.prompt_logprobs || context_.return_token_ids) && response.has_chunk() &&
       response.chunk().has_prompt()) {
-    head = PromptScoresEvent(response.chunk().prompt());
+    head = PromptEvent(response.chunk().prompt());
   }
   return head + ChoiceEvents(response);
 }
@@ -456,8 +474,11 @@ std::string CompletionFormatter::ChoiceEvents(const v1::GenerateResponse& respon
   if (response.has_chunk()) {
     const v1::TextChunk& piece = response.chunk();
     // Completions: the prompt (echo) and its scores go out with the choice's first event.
-    const bool prompt = !chat && piece.has_prompt() && (context_.echo || context_.prompt_logprobs);
-    if (piece.text().empty() && !(context_.logprobs && piece.token_ids_size() > 0) && !prompt) {
+    const bool prompt = !chat && piece.has_prompt() &&
+                        (context_.echo || context_.prompt_logprobs || context_.return_token_ids);
+    const bool tokens = piece.token_ids_size() > 0;
+    if (piece.text().empty() && !((context_.logprobs || context_.return_token_ids) && tokens) &&
+        !prompt) {
       return "";
     }
     Json choice;
@@ -466,9 +487,11 @@ std::string CompletionFormatter::ChoiceEvents(const v1::GenerateResponse& respon
     if (chat) {
       choice["delta"] = Json{{"content", piece.text()}};
     } else if (prompt && context_.echo) {
-      choice["text"] = piece.prompt().text() + piece.text();
+      // With return_token_ids the prompt is in prompt_token_ids, not the text (vLLM's).
+      const std::string& echoed = context_.return_token_ids ? "" : piece.prompt().text();
+      choice["text"] = echoed + piece.text();
       if (context_.logprobs) logprobs = EchoLogprobs(piece.prompt());
-      text_chars_ += CountCodePoints(piece.prompt().text());
+      text_chars_ += CountCodePoints(echoed);
     } else {
       choice["text"] = piece.text();
     }
@@ -485,6 +508,10 @@ std::string CompletionFormatter::ChoiceEvents(const v1::GenerateResponse& respon
     if (prompt && context_.prompt_logprobs) {
       choice["prompt_logprobs"] = PromptLogprobsJson(piece.prompt());
     }
+    if (prompt && context_.return_token_ids) {
+      choice["prompt_token_ids"] = IdsJson(piece.prompt().token_ids());
+    }
+    if (context_.return_token_ids) choice["token_ids"] = TokenIds(piece);
     text_chars_ += CountCodePoints(piece.text());
     Json chunk = ChunkEnvelope();
     chunk["choices"] = Json::array({std::move(choice)});
@@ -530,12 +557,17 @@ void CompletionFormatter::Append(const v1::GenerateResponse& response) {
     const v1::TextChunk& piece = response.chunk();
     if (piece.has_prompt()) {
       if (context_.prompt_logprobs) prompt_logprobs_ = PromptLogprobsJson(piece.prompt());
+      if (context_.return_token_ids) prompt_token_ids_ = IdsJson(piece.prompt().token_ids());
       if (context_.echo && context_.endpoint == Endpoint::kCompletions) {
-        text_ += piece.prompt().text();
-        text_chars_ += CountCodePoints(piece.prompt().text());
+        // With return_token_ids the prompt is in prompt_token_ids, not the text (vLLM's).
+        if (!context_.return_token_ids) {
+          text_ += piece.prompt().text();
+          text_chars_ += CountCodePoints(piece.prompt().text());
+        }
         if (context_.logprobs) AppendLogprobs(logprobs_, EchoLogprobs(piece.prompt()));
       }
     }
+    for (int32_t id : piece.token_ids()) token_ids_.push_back(id);
     if (context_.logprobs) {
       AppendLogprobs(logprobs_, Logprobs(piece, text_chars_));
     }
@@ -583,6 +615,10 @@ Json CompletionFormatter::Choice() {
   if (context_.prompt_logprobs && context_.endpoint == Endpoint::kCompletions) {
     choice["prompt_logprobs"] = prompt_logprobs_;
   }
+  if (context_.return_token_ids) {
+    if (context_.endpoint == Endpoint::kCompletions) choice["prompt_token_ids"] = prompt_token_ids_;
+    choice["token_ids"] = token_ids_;
+  }
   return choice;
 }
 
@@ -599,10 +635,12 @@ std::string CompletionFormatter::Body(std::span<CompletionFormatter> choices,
   body["choices"] = Json::array();
   for (CompletionFormatter& choice : choices) body["choices"].push_back(choice.Choice());
   body["usage"] = UsageJson(usage);
-  // Chat's prompt_logprobs belong to the response (every choice has the same prompt).
-  if (!choices.empty() && choices.front().context_.endpoint == Endpoint::kChat &&
-      choices.front().context_.prompt_logprobs) {
-    body["prompt_logprobs"] = choices.front().prompt_logprobs_;
+  // Chat's prompt_logprobs and prompt_token_ids belong to the response (every choice has the
+  // same prompt).
+  if (!choices.empty() && choices.front().context_.endpoint == Endpoint::kChat) {
+    const CompletionFormatter& first = choices.front();
+    if (first.context_.prompt_logprobs) body["prompt_logprobs"] = first.prompt_logprobs_;
+    if (first.context_.return_token_ids) body["prompt_token_ids"] = first.prompt_token_ids_;
   }
   return body.dump(-1, ' ', false, Json::error_handler_t::replace);
 }

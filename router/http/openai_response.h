@@ -63,6 +63,11 @@ struct ResponseContext {
   // the response (chat); streamed with the choice's first text event (completions) or in an
   // event of its own (chat).
   bool prompt_logprobs = false;
+  // return_token_ids (vLLM's): the output's token ids beside its text (`token_ids`, per chunk
+  // when streamed) and the prompt's (`prompt_token_ids`: in the choice for completions, in the
+  // response for chat; with the first event when streamed). Completions' echo then leaves the
+  // prompt's text out, as vLLM does.
+  bool return_token_ids = false;
 };
 
 // Turns one choice's GenerateResponse messages into OpenAI objects, either chunk by chunk
@@ -103,7 +108,8 @@ class CompletionFormatter {
   // `piece`'s logprobs go with the first of them (a content chunk of "" when there is none).
   std::string ParsedChatEvents(const v1::TextChunk* piece);
   // A delta chunk of this choice.
-  std::string DeltaEvent(nlohmann::ordered_json delta, nlohmann::ordered_json logprobs);
+  std::string DeltaEvent(nlohmann::ordered_json delta, nlohmann::ordered_json logprobs,
+                         nlohmann::ordered_json token_ids = nullptr);
   // The choice's call number `position` as OpenAI's tool_calls entry (its id made once per
   // position); `index` only in stream deltas.
   nlohmann::ordered_json ToolCallJson(const ParsedToolCall& call, int position, bool with_index);
@@ -114,17 +120,22 @@ class CompletionFormatter {
   nlohmann::ordered_json EchoLogprobs(const v1::PromptEcho& prompt) const;
   // The events of one message without chat's prompt-scores event (StreamEvents adds it).
   std::string ChoiceEvents(const v1::GenerateResponse& response);
-  // Chat: a chunk of this choice with no content and the response-level `prompt_logprobs`.
-  std::string PromptScoresEvent(const v1::PromptEcho& prompt) const;
+  // Chat: a chunk of this choice with no content and the response-level `prompt_logprobs` and
+  // `prompt_token_ids` (those asked for).
+  std::string PromptEvent(const v1::PromptEcho& prompt) const;
+  // The ids of `piece` as a JSON array when return_token_ids, else null.
+  nlohmann::ordered_json TokenIds(const v1::TextChunk& piece) const;
   // The choice object of a whole (non-streamed) response (not const: tool-call ids are made once).
   [[nodiscard]] nlohmann::ordered_json Choice();
   [[nodiscard]] nlohmann::ordered_json StopReason() const;
 
   ResponseContext context_;
-  std::string text_;                        // accumulated (non-streaming) or streamed so far
-  size_t text_chars_ = 0;                   // code points in text_, for completions' text_offset
-  nlohmann::ordered_json logprobs_;         // accumulated (non-streaming)
-  nlohmann::ordered_json prompt_logprobs_;  // vLLM's list, once the prompt came (non-streaming)
+  std::string text_;                         // accumulated (non-streaming) or streamed so far
+  size_t text_chars_ = 0;                    // code points in text_, for completions' text_offset
+  nlohmann::ordered_json logprobs_;          // accumulated (non-streaming)
+  nlohmann::ordered_json prompt_logprobs_;   // vLLM's list, once the prompt came (non-streaming)
+  nlohmann::ordered_json prompt_token_ids_;  // return_token_ids (non-streaming)
+  nlohmann::ordered_json token_ids_ = nlohmann::ordered_json::array();  // ditto, the output's
   bool complete_ = false;
   v1::TextComplete final_;
   // Streaming a chat answer with parse_reasoning or parse_tool_calls.

@@ -3,7 +3,8 @@
 // evaluation harnesses score a continuation (echo, logprobs, max_tokens 0). A greedy
 // continuation, appended to its prompt and scored, must come back as the argmax (rank 1) of each
 // of its positions with the logprob the generation reported for it. The fixture has no
-// tokenizer, so tokens are "token_id:N" labels and the echoed text is empty.
+// tokenizer, so tokens are "token_id:N" labels and the echoed text is empty. return_token_ids
+// gives the same ids as the labels.
 #include <string>
 #include <vector>
 
@@ -31,11 +32,15 @@ TEST(OpenAiPromptLogprobsTest, AScoredContinuationIsWhatGenerationReported) {
   ASSERT_TRUE(d.ready());
   const std::vector<int32_t> prompt = {5, 36, 67, 98};
 
-  // The greedy continuation, with each token's logprob (the temperature-1 log-softmax).
-  const Json generated =
-      Completion(d.http_port(),
-                 Json{{"prompt", prompt}, {"temperature", 0}, {"logprobs", 0}, {"max_tokens", 2}});
+  // The greedy continuation, with each token's logprob (the temperature-1 log-softmax), and the
+  // ids of prompt and output (return_token_ids).
+  const Json generated = Completion(d.http_port(), Json{{"prompt", prompt},
+                                                        {"temperature", 0},
+                                                        {"logprobs", 0},
+                                                        {"max_tokens", 2},
+                                                        {"return_token_ids", true}});
   const Json& out = generated["choices"][0]["logprobs"];
+  EXPECT_EQ(generated["choices"][0]["prompt_token_ids"], Json(prompt));
   ASSERT_EQ(out["tokens"].size(), 2u) << generated.dump();
   std::vector<int32_t> continued = prompt;
   std::vector<double> generated_logprobs;
@@ -45,6 +50,8 @@ TEST(OpenAiPromptLogprobsTest, AScoredContinuationIsWhatGenerationReported) {
     continued.push_back(id);
     generated_logprobs.push_back(out["token_logprobs"][k].get<double>());
   }
+  EXPECT_EQ(generated["choices"][0]["token_ids"],
+            Json(std::vector<int32_t>(continued.begin() + prompt.size(), continued.end())));
 
   // Scored: echo, logprobs 2, max_tokens 0 (the prompt alone comes back).
   const Json scoring{{"prompt", continued}, {"echo", true}, {"logprobs", 2}, {"max_tokens", 0}};

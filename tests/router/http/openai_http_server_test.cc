@@ -329,6 +329,7 @@ TEST_F(HttpServerTest, CompletionWholeResponse) {
                       {"truncate_prompt_tokens", 100},
                       {"allowed_token_ids", {4, 9}},
                       {"bad_words", {"no", " way"}},
+                      {"return_token_ids", true},
                       {"user", "ignored"}},
                      {{"X-Request-Id", "abc"}});
   ASSERT_EQ(reply.status, 200u) << reply.body;
@@ -370,6 +371,8 @@ TEST_F(HttpServerTest, CompletionWholeResponse) {
             std::vector<int32_t>({4, 9}));
   ASSERT_EQ(request.sampling_params().bad_words_size(), 2);
   EXPECT_EQ(request.sampling_params().bad_words(1), " way");
+  EXPECT_TRUE(request.echo());  // return_token_ids needs the prompt's ids
+  EXPECT_EQ(body["choices"][0]["token_ids"], Json({7, 7}));  // Chunk's default ids
 }
 
 TEST_F(HttpServerTest, NeutralValuesOfUnimplementedFieldsPass) {
@@ -557,6 +560,8 @@ TEST_F(HttpServerTest, RequestErrorsNameTheField) {
               "bad_words[1]", "bad_words[1] must be a string");
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"allowed_token_ids", {1, -1}}}), 400,
               "allowed_token_ids[1]", "allowed_token_ids[1] must be an integer in [0, ");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"allowed_token_ids", Json::array()}}), 400,
+              "allowed_token_ids", "allowed_token_ids is empty");
   ExpectError(Post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "yo"}}}},
                                             {"prompt_logprobs", -1}}),
               400, "prompt_logprobs", "prompt_logprobs must be an integer in [0, ");

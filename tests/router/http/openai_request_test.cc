@@ -577,6 +577,59 @@ TEST(Formatter, ChatPromptLogprobs) {
   EXPECT_FALSE(content.contains("prompt_logprobs"));
 }
 
+// return_token_ids (vLLM's): prompt_token_ids in the choice (completions) or the response (chat),
+// token_ids per choice; echo then leaves the prompt's text out; streamed chunks carry their own
+// ids, and a chunk whose text is held back still sends them.
+TEST(Formatter, ReturnTokenIds) {
+  v1::GenerateResponse done;
+  done.mutable_complete()->set_finish_reason(v1::FINISH_REASON_STOP);
+  ResponseContext completions = EchoContext(Endpoint::kCompletions);
+  completions.return_token_ids = true;
+  completions.prompt_logprobs = false;
+  CompletionFormatter whole(completions);
+  whole.Append(PromptAndOutputChunk());
+  whole.Append(done);
+  const Json choice = Json::parse(BodyOf(whole))["choices"][0];
+  EXPECT_EQ(choice["text"], "hé");
+  EXPECT_EQ(choice["prompt_token_ids"], Json({5, 6, 7}));
+  EXPECT_EQ(choice["token_ids"], Json({11, 12}));
+  EXPECT_EQ(choice["logprobs"]["tokens"].size(), 5u);  // the echoed prompt's entries stay
+
+  CompletionFormatter streamed(completions);
+  const Json first =
+      Json::parse(streamed.StreamEvents(PromptAndOutputChunk()).substr(6))["choices"][0];
+  EXPECT_EQ(first["text"], "hé");
+  EXPECT_EQ(first["prompt_token_ids"], Json({5, 6, 7}));
+  EXPECT_EQ(first["token_ids"], Json({11, 12}));
+  v1::GenerateResponse held;  // ids whose text the router holds back (a partial stop string)
+  held.mutable_chunk()->add_token_ids(13);
+  const Json next = Json::parse(streamed.StreamEvents(held).substr(6))["choices"][0];
+  EXPECT_EQ(next["text"], "");
+  EXPECT_EQ(next["token_ids"], Json({13}));
+  EXPECT_FALSE(next.contains("prompt_token_ids"));
+
+  ResponseContext chat = EchoContext(Endpoint::kChat);
+  chat.return_token_ids = true;
+  chat.prompt_logprobs = false;
+  chat.logprobs = false;
+  CompletionFormatter chat_whole(chat);
+  chat_whole.Append(PromptAndOutputChunk());
+  chat_whole.Append(done);
+  const Json body = Json::parse(BodyOf(chat_whole));
+  EXPECT_EQ(body["prompt_token_ids"], Json({5, 6, 7}));
+  EXPECT_FALSE(body.contains("prompt_logprobs"));
+  EXPECT_EQ(body["choices"][0]["token_ids"], Json({11, 12}));
+
+  CompletionFormatter chat_streamed(chat);
+  const std::vector<std::string> events =
+      absl::StrSplit(chat_streamed.StreamEvents(PromptAndOutputChunk()), "\n\n", absl::SkipEmpty());
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(Json::parse(events[0].substr(6))["prompt_token_ids"], Json({5, 6, 7}));
+  EXPECT_EQ(Json::parse(events[1].substr(6))["choices"][0]["token_ids"], Json({11, 12}));
+  const Json held_chat = Json::parse(chat_streamed.StreamEvents(held).substr(6));
+  EXPECT_EQ(held_chat["choices"][0]["token_ids"], Json({13}));
+}
+
 TEST(Formatter, EmptyChunksAreSkippedInStreams) {
   CompletionFormatter f({Endpoint::kCompletions, "cmpl-1", 5, "m", false, false});
   v1::GenerateResponse r;
