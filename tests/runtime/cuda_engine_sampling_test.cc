@@ -6,6 +6,9 @@
 // EngineOptions::sampling_place. Skipped without a GPU.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -127,6 +130,122 @@ TEST(CudaEngineSamplingTest, DeviceDrawsMatchHostDraws) {
   }
   EXPECT_EQ(host_logprobs[6].size(), 24u);  // a top-n request
   EXPECT_EQ(host_logprobs[6][0].top.size(), 2u);
+}
+
+}  // namespace
+}  // namespace mobius::worker
+
+namespace mobius::worker {
+namespace {
+
+// Collects one request's stream (engine thread) and signals its end.
+struct Stream {
+  std::vector<int32_t> tokens;
+  std::vector<SampledToken> prompt_logprobs;
+  FinishReason finish = FinishReason::kNone;
+  absl::Status error;
+  absl::Notification done;
+  OutputCallback Callback() {
+    return [this](const GenerationOutput& out) {
+      tokens.insert(tokens.end(), out.tokens.begin(), out.tokens.end());
+      if (!out.prompt_logprobs.empty()) prompt_logprobs = out.prompt_logprobs;
+      if (out.finish != FinishReason::kNone) {
+        finish = out.finish;
+        error = out.error;
+        done.Notify();
+      }
+    };
+  }
+};
+
+// The serving rules that reach the device's sampling (prompt_logprobs, allowed_token_ids,
+// bad_words, and rules that leave no token) on the CUDA engine, drawing on the device: scored
+// prompt rows against the Hugging Face reference logits (bf16: within 5% of the row's largest
+// logit, the same best token where the reference's top two are further apart than that), the
+// output inside the allowed set, a banned continuation avoided, and a row with no drawable token
+// (every logit -inf after the device's penalties and the host's mask) ending with the reason.
+TEST(CudaEngineSamplingTest, ServingRulesOnTheDevice) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  auto backend = kernels::CreateCudaBackend(0);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  const std::string dir = testing::FixtureModelDir("intern-s2-mobius-tiny");
+  std::unique_ptr<HybridModel> model = testing::LoadFixtureModel(dir, **backend);
+  ASSERT_NE(model, nullptr);
+  const testing::ModelReference ref = testing::LoadReference(dir);
+  ASSERT_FALSE(ref.greedy.empty());
+  EngineOptions options;
+  options.scheduler.max_num_seqs = 4;
+  options.scheduler.max_tokens_per_step = 16;
+  options.scheduler.max_prompt_score_rows_per_step = 7;
+  options.max_model_len = 256;
+  auto engine = Engine::Create(*model, options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const auto& [p, expected] = ref.greedy[0];
+  const std::vector<int32_t>& prompt = ref.prompts[p];
+
+  auto request = [&](const std::string& id, int max_tokens) {
+    GenerationRequest r;
+    r.request_id = id;
+    r.prompt = prompt;
+    r.params.temperature = 0;
+    r.params.max_tokens = max_tokens;
+    r.params.ignore_eos = true;
+    return r;
+  };
+  Stream scored, allowed, banned, impossible;
+  GenerationRequest s = request("scored", 2);
+  s.params.prompt_logprobs = 2;
+  GenerationRequest a = request("allowed", 8);
+  a.params.temperature = 1.0f;
+  a.params.seed = 5;
+  a.params.allowed_token_ids = {7, 1500, 42};
+  GenerationRequest b = request("banned", 4);
+  b.params.bad_words = {{expected[0], expected[1]}};
+  GenerationRequest x = request("impossible", 4);
+  x.params.allowed_token_ids = {7};
+  x.params.stop_token_ids = {7};
+  x.params.min_tokens = 2;
+  ASSERT_TRUE((*engine)->Enqueue(s, scored.Callback()).ok());
+  ASSERT_TRUE((*engine)->Enqueue(a, allowed.Callback()).ok());
+  ASSERT_TRUE((*engine)->Enqueue(b, banned.Callback()).ok());
+  ASSERT_TRUE((*engine)->Enqueue(x, impossible.Callback()).ok());
+  for (Stream* stream : {&scored, &allowed, &banned, &impossible}) {
+    ASSERT_TRUE(stream->done.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  }
+
+  const int vocab = model->config().vocab_size;
+  ASSERT_EQ(scored.prompt_logprobs.size(), prompt.size() - 1);
+  int compared_best = 0;
+  for (size_t k = 1; k < prompt.size(); ++k) {
+    const float* row = ref.logits[p].data() + (k - 1) * vocab;
+    double max = row[0], scale = 1.0, sum = 0;
+    for (int v = 0; v < vocab; ++v) max = std::max<double>(max, row[v]);
+    for (int v = 0; v < vocab; ++v) {
+      sum += std::exp(row[v] - max);
+      scale = std::max<double>(scale, std::abs(row[v]));
+    }
+    const double tol = 5e-2 * scale;
+    const SampledToken& t = scored.prompt_logprobs[k - 1];
+    EXPECT_EQ(t.token, prompt[k]);
+    EXPECT_NEAR(t.logprob, row[prompt[k]] - max - std::log(sum), tol) << "token " << k;
+    ASSERT_EQ(t.top.size(), 2u);
+    std::vector<float> sorted(row, row + vocab);
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+    if (sorted[0] - sorted[1] > 2 * tol) {
+      EXPECT_EQ(row[t.top[0].token], sorted[0]) << "token " << k;
+      ++compared_best;
+    }
+  }
+  EXPECT_GT(compared_best, 0);
+  ASSERT_EQ(allowed.tokens.size(), 8u);
+  for (int32_t t : allowed.tokens) EXPECT_TRUE(t == 7 || t == 1500 || t == 42) << t;
+  ASSERT_EQ(banned.tokens.size(), 4u);
+  EXPECT_EQ(banned.tokens[0], expected[0]);  // bf16 greedy keeps the reference's first token
+  EXPECT_NE(banned.tokens[1], expected[1]);
+  EXPECT_EQ(impossible.finish, FinishReason::kError);
+  EXPECT_TRUE(impossible.tokens.empty());
+  EXPECT_NE(impossible.error.message().find("no token can be drawn"), std::string::npos)
+      << impossible.error;
 }
 
 }  // namespace
