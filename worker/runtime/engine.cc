@@ -27,8 +27,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(HybridModel& model,
   }
   if (options.scheduler.max_num_seqs <= 0 || options.scheduler.max_tokens_per_step <= 0 ||
       options.scheduler.max_prompt_score_rows_per_step <= 0) {
-    return absl::InvalidArgumentError(
-        "max_num_seqs, max_tokens_per_step and max_prompt_score_rows_per_step must be positive");
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "max_num_seqs (%d), max_tokens_per_step (%d) and max_prompt_score_rows_per_step (%d; the "
+        "worker's --max-prompt-score-rows) must be positive",
+        options.scheduler.max_num_seqs, options.scheduler.max_tokens_per_step,
+        options.scheduler.max_prompt_score_rows_per_step));
   }
   if (options.spec_tokens < 0 || (options.spec_tokens > 0 && options.drafter == nullptr)) {
     return absl::InvalidArgumentError(absl::StrFormat(

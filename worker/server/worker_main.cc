@@ -46,6 +46,12 @@ ABSL_FLAG(int, max_tokens_per_step, mobius::worker::kDefaultMaxTokensPerStep,
           "prompts: 264 ms at 8192 against 691 ms at 2048); a smaller one shortens how long "
           "running sequences wait for their next token while a long prompt prefills. The "
           "activation reserve in the memory plan grows with it.");
+ABSL_FLAG(int, max_prompt_score_rows, mobius::worker::kDefaultMaxPromptScoreRowsPerStep,
+          "Prompt tokens of one engine step, over all its requests, whose logits rows are copied "
+          "to the host to score the prompt (prompt_logprobs, echo with logprobs). Each row is a "
+          "vocabulary of float32 (~1 MB at 248K; the memory plan reserves twice the rows), and a "
+          "scored prompt prefills at most this many tokens a step: at release scale each such "
+          "step reads every expert, so a larger value scores long prompts in fewer steps.");
 ABSL_FLAG(int, max_model_len, 8192, "Longest sequence, prompt plus output, in tokens.");
 ABSL_FLAG(int, kv_block_size, 16, "Positions per paged KV-cache block.");
 ABSL_FLAG(int, num_kv_blocks, 0,
@@ -141,6 +147,7 @@ absl::Status Run() {
   EngineOptions options;
   options.scheduler.max_num_seqs = absl::GetFlag(FLAGS_max_num_seqs);
   options.scheduler.max_tokens_per_step = absl::GetFlag(FLAGS_max_tokens_per_step);
+  options.scheduler.max_prompt_score_rows_per_step = absl::GetFlag(FLAGS_max_prompt_score_rows);
   options.max_model_len = absl::GetFlag(FLAGS_max_model_len);
   options.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
   options.num_kv_blocks = absl::GetFlag(FLAGS_num_kv_blocks);
