@@ -425,6 +425,14 @@ bool Engine::Step() {
       scoring = true;
     }
   }
+  // The step's logits rows, chunk by chunk: its prompt rows, then 1 + its drafts' rows;
+  // own_row[i] is the first of the latter (the row sampled, or the first verified).
+  std::vector<int64_t> own_row(plan.chunks.size());
+  for (size_t i = 0, next = 0; i < plan.chunks.size(); ++i) {
+    next += prompt_rows[i];
+    own_row[i] = static_cast<int64_t>(next);
+    next += 1 + drafts[i].size();
+  }
   std::vector<SequenceStep> steps;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     steps.push_back({tokens[i], &plan.chunks[i].sequence->cache});
@@ -612,8 +620,8 @@ bool Engine::Step() {
     const size_t width =
         top_counts.empty() || top_logits.empty() ? 0 : top_logits.size() / top_counts.size();
     int64_t checked = 0;  // drafts checked on the backend
-    size_t r = 0;         // the chunk's first logits row
-    for (size_t i = 0; i < plan.chunks.size(); r += 1 + drafts[i].size(), ++i) {
+    for (size_t i = 0; i < plan.chunks.size(); ++i) {
+      const size_t r = static_cast<size_t>(own_row[i]);
       RequestSampler& sampler = *plan.chunks[i].sequence->sampler;
       if (!drafts[i].empty()) {
         verdicts[i] = VerdictFromChecks(
@@ -641,29 +649,24 @@ bool Engine::Step() {
     // each sequence against its own rows and random stream, so the sequences go in parallel (one
     // takes 2-10 ms at a 248K vocabulary: performance.md, "Verifying drafts on the host").
     // Prompt rows are scored first: sampling penalises its rows in place.
-    if (scoring) ScorePromptRows(plan, prompt_rows, drafts, logits, vocab);
+    if (scoring) ScorePromptRows(plan, own_row, logits, vocab);
     std::vector<std::pair<size_t, int64_t>> plain, verified;  // (chunk, first logits row)
-    int64_t logits_row = 0;
     for (size_t i = 0; i < plan.chunks.size(); ++i) {
-      logits_row += prompt_rows[i];
       const ScheduledChunk& c = plan.chunks[i];
       // (A sequence with max_tokens 0 only scores its prompt.)
       if (c.completes_prefill() && c.sequence->params.max_tokens > 0) {
-        (drafts[i].empty() ? plain : verified).push_back({i, logits_row});
+        (drafts[i].empty() ? plain : verified).push_back({i, own_row[i]});
       }
-      logits_row += 1 + static_cast<int64_t>(drafts[i].size());
     }
     presampled = SampleRows(plan, plain, logits, vocab);
     if (!verified.empty()) verdicts = VerifySampledDrafts(plan, drafts, verified, logits, vocab);
   }
-  int64_t row = 0, hidden_row = 0;
+  int64_t hidden_row = 0;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const ScheduledChunk& c = plan.chunks[i];
     Sequence& seq = *c.sequence;
     const int d = static_cast<int>(drafts[i].size());
-    row += prompt_rows[i];
-    const int64_t first_row = row, first_hidden = hidden_row;
-    row += 1 + d;
+    const int64_t first_row = own_row[i], first_hidden = hidden_row;
     hidden_row += static_cast<int64_t>(tokens[i].size());
     // What the drafter is shown: `committed` tokens from c.begin on, then `next`.
     auto observe_commit = [&](int committed, int32_t next) {
@@ -881,8 +884,7 @@ std::vector<std::optional<SampledToken>> Engine::SampleRows(
   return sampled;
 }
 
-void Engine::ScorePromptRows(const StepPlan& plan, const std::vector<int>& prompt_rows,
-                             const std::vector<std::vector<int32_t>>& drafts,
+void Engine::ScorePromptRows(const StepPlan& plan, const std::vector<int64_t>& own_row,
                              const std::vector<float>& logits, int vocab) {
   // Row r of a scoring chunk (position c.begin + r) scores prompt token c.begin + r + 1. Tokens
   // scored before (a prompt prefilled again after a preemption) and the row after the prompt's
@@ -893,11 +895,11 @@ void Engine::ScorePromptRows(const StepPlan& plan, const std::vector<int>& promp
     int token;
   };
   std::vector<Job> jobs;
-  int64_t first_row = 0;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const ScheduledChunk& c = plan.chunks[i];
     Sequence& seq = *c.sequence;
     if (seq.ScoresPrompt()) {
+      const int64_t first_row = own_row[i] - (c.count - 1);  // its rows: one per token
       const int prompt = static_cast<int>(seq.prompt.size());
       const int scored = static_cast<int>(seq.prompt_scores.size());
       for (int r = 0; r < c.count; ++r) {
@@ -905,7 +907,6 @@ void Engine::ScorePromptRows(const StepPlan& plan, const std::vector<int>& promp
         if (token > scored && token < prompt) jobs.push_back({&seq, first_row + r, token});
       }
     }
-    first_row += prompt_rows[i] + 1 + static_cast<int64_t>(drafts[i].size());
   }
   std::vector<SampledToken> scores(jobs.size());
   auto score = [&](size_t begin, size_t end) {

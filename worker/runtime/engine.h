@@ -152,11 +152,10 @@ class Engine {
       const StepPlan& plan, const std::vector<std::pair<size_t, int64_t>>& rows,
       std::vector<float>& logits, int vocab);
 
-  // Scores the prompt tokens whose logits rows this step computed (the chunks of sequences that
-  // ScoresPrompt, prompt_rows[i] rows ahead of chunk i's last row; rows in the step's order of
-  // prompt_rows + 1 + drafts per chunk), rows spread over threads, into Sequence::prompt_scores.
-  void ScorePromptRows(const StepPlan& plan, const std::vector<int>& prompt_rows,
-                       const std::vector<std::vector<int32_t>>& drafts,
+  // Scores the prompt tokens whose logits rows this step computed (a row per token of the chunks
+  // of sequences that ScoresPrompt, the last at own_row[i]), rows spread over threads, into
+  // Sequence::prompt_scores.
+  void ScorePromptRows(const StepPlan& plan, const std::vector<int64_t>& own_row,
                        const std::vector<float>& logits, int vocab);
 
   // Verifies the drafts of the given (chunk, first logits row) pairs against their sequences'
