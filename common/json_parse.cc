@@ -10,9 +10,8 @@
 namespace mobius {
 namespace {
 
-using Json = nlohmann::json;
-
 // Forwards SAX events to nlohmann's DOM builder (exceptions off) and adds the checks.
+template <class Json>
 class CheckingSax {
  public:
   CheckingSax(Json& root, const JsonParseOptions& options)
@@ -75,16 +74,26 @@ class CheckingSax {
   std::string error_;
 };
 
-}  // namespace
-
-absl::StatusOr<Json> ParseJson(absl::string_view text, const JsonParseOptions& options) {
+template <class Json>
+absl::StatusOr<Json> ParseWithChecks(absl::string_view text, const JsonParseOptions& options) {
   Json root;
-  CheckingSax sax(root, options);
+  CheckingSax<Json> sax(root, options);
   const bool ok = Json::sax_parse(text.begin(), text.end(), &sax);
   if (!ok || !sax.error().empty()) {
     return absl::InvalidArgumentError(sax.error().empty() ? "invalid JSON" : sax.error());
   }
   return root;
+}
+
+}  // namespace
+
+absl::StatusOr<nlohmann::json> ParseJson(absl::string_view text, const JsonParseOptions& options) {
+  return ParseWithChecks<nlohmann::json>(text, options);
+}
+
+absl::StatusOr<nlohmann::ordered_json> ParseOrderedJson(absl::string_view text,
+                                                        const JsonParseOptions& options) {
+  return ParseWithChecks<nlohmann::ordered_json>(text, options);
 }
 
 }  // namespace mobius

@@ -23,6 +23,10 @@ struct JsonParseOptions {
 // deeper than N levels" on failure; callers prefix what was being parsed.
 absl::StatusOr<nlohmann::json> ParseJson(absl::string_view text,
                                          const JsonParseOptions& options = {});
+// The same, keeping object members in the text's order (JSON schemas: declared properties are
+// generated in that order).
+absl::StatusOr<nlohmann::ordered_json> ParseOrderedJson(absl::string_view text,
+                                                        const JsonParseOptions& options = {});
 
 }  // namespace mobius
 

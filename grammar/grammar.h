@@ -1,0 +1,75 @@
+// The compiled form of a structured-output constraint (a JSON schema, "any JSON object", or a
+// choice among fixed strings): a small graph of value kinds that GrammarMatcher walks byte by
+// byte. Every alternative is decided by the first byte of a value, so the matcher never
+// backtracks and its state is a stack of frames.
+#ifndef MOBIUS_GRAMMAR_GRAMMAR_H_
+#define MOBIUS_GRAMMAR_GRAMMAR_H_
+
+#include <bitset>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mobius::grammar {
+
+enum class NodeKind : uint8_t {
+  kObject,    // declared properties in order, or free-form keys when none are declared
+  kArray,     // items of one node
+  kString,    // a JSON string, with optional length limits (in code points)
+  kNumber,    // a JSON number
+  kInteger,   // a JSON number without fraction or exponent
+  kLiterals,  // exactly one of a fixed set of texts (enum, const, true/false, null, choices)
+  kUnion,     // one of several nodes, told apart by their first byte
+};
+
+struct Property {
+  std::string key;  // as it appears in the output: the quoted, escaped JSON string
+  int32_t value = -1;
+  bool required = false;
+};
+
+// (Any JSON value is a union of an object, an array, a string, a number and the literals true,
+// false and null, whose containers hold any values again: AddAnyValue.)
+struct Node {
+  Node() = default;
+  explicit Node(NodeKind k) : kind(k) {}
+  NodeKind kind = NodeKind::kLiterals;
+  // kObject: declared properties, emitted in this order (optional ones may be left out). With
+  // none declared the object is free-form: any string keys, values of `additional`.
+  std::vector<Property> properties;
+  int32_t additional = -1;
+  // kArray
+  int32_t items = -1;
+  int32_t min_items = 0;
+  int32_t max_items = -1;  // -1: no limit
+  // kString
+  int32_t min_length = 0;
+  int32_t max_length = -1;  // -1: no limit
+  // kLiterals: texts in output form (JSON texts, or raw strings for choices).
+  std::vector<std::string> literals;
+  // kUnion: alternatives whose first bytes are disjoint.
+  std::vector<int32_t> alternatives;
+};
+
+// Limits that keep every output finite and every matcher state small.
+inline constexpr int kMaxNestingDepth = 24;   // frames on the matcher's stack
+inline constexpr int kMaxWhitespaceRun = 24;  // whitespace bytes in a row between tokens
+inline constexpr int kMaxNumberLength = 32;   // bytes of one number
+
+struct Grammar {
+  std::vector<Node> nodes;
+  int32_t root = -1;
+  // Node index of a plain JSON string (the keys of free-form objects).
+  int32_t string_node = -1;
+  // Node index of "any JSON value" once AddAnyValue made it; -1 before.
+  int32_t any_value = -1;
+  // Per node: the bytes a value of it can start with (filled by the compilers).
+  std::vector<std::bitset<256>> first_bytes;
+};
+
+// Adds the nodes of "any JSON value" (once per grammar: later calls return the same node).
+int32_t AddAnyValue(Grammar& grammar);
+
+}  // namespace mobius::grammar
+
+#endif  // MOBIUS_GRAMMAR_GRAMMAR_H_

@@ -1,0 +1,489 @@
+#include "grammar/grammar_matcher.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace mobius::grammar {
+namespace {
+
+// Phases of each frame kind.
+enum RootPhase : uint8_t { kRootStart, kRootDone };
+enum ObjectPhase : uint8_t {
+  kObjFirst,     // after '{': whitespace, a key or '}'
+  kObjKeyStart,  // after ',': whitespace or a key
+  kObjKeyLit,    // inside a declared key
+  kObjKeyFree,   // a free-form key's string frame is open above
+  kObjColon,     // after a key: whitespace or ':'
+  kObjValue,     // after ':': whitespace or the value
+  kObjInValue,   // the value's frame is open above
+  kObjAfter,     // after a value: whitespace, ',' or '}'
+};
+enum ArrayPhase : uint8_t { kArrFirst, kArrNext, kArrInValue, kArrAfter };
+enum StringPhase : uint8_t { kStrBody, kStrEscape, kStrHex, kStrUtf8 };
+enum NumberPhase : uint8_t {
+  kNumMinus,
+  kNumZero,
+  kNumInt,
+  kNumDot,
+  kNumFrac,
+  kNumExp,
+  kNumExpSign,
+  kNumExpDigits
+};
+
+bool IsWhitespace(uint8_t c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+bool IsDigit(uint8_t c) { return c >= '0' && c <= '9'; }
+bool IsHex(uint8_t c) { return IsDigit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+
+// Whitespace between tokens, up to kMaxWhitespaceRun in a row.
+bool TakeWhitespace(uint8_t& run, uint8_t c) {
+  if (!IsWhitespace(c) || run >= kMaxWhitespaceRun) return false;
+  ++run;
+  return true;
+}
+
+// The last declared property a key may name now: optional properties may be skipped, up to
+// and including the next required one.
+int32_t KeyLimit(const Node& node, int32_t next) {
+  const int32_t n = static_cast<int32_t>(node.properties.size());
+  for (int32_t i = next; i < n; ++i) {
+    if (node.properties[i].required) return i;
+  }
+  return n - 1;
+}
+
+bool RequiredLeft(const Node& node, int32_t next) {
+  for (size_t i = static_cast<size_t>(next); i < node.properties.size(); ++i) {
+    if (node.properties[i].required) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+GrammarMatcher::GrammarMatcher(const Grammar& grammar) : grammar_(&grammar) {
+  frames_[0] = Frame{};
+  frames_[0].phase = kRootStart;
+  size_ = 1;
+}
+
+void GrammarMatcher::CopyFrom(const GrammarMatcher& other) {
+  grammar_ = other.grammar_;
+  size_ = other.size_;
+  std::memcpy(frames_.data(), other.frames_.data(), sizeof(Frame) * size_);
+}
+
+void GrammarMatcher::AppendStateKey(std::string& key) const {
+  key.append(reinterpret_cast<const char*>(frames_.data()), sizeof(Frame) * size_);
+}
+
+bool GrammarMatcher::FeedBytes(std::string_view bytes) {
+  for (char c : bytes) {
+    if (!Feed(static_cast<uint8_t>(c))) return false;
+  }
+  return true;
+}
+
+bool GrammarMatcher::Push(int32_t node_index, uint8_t byte) {
+  // Unions pass to the alternative that can start with the byte. A cycle of unions that
+  // consumes nothing is refused after as many hops as there are nodes.
+  for (size_t hops = 0;; ++hops) {
+    if (hops > grammar_->nodes.size() || !grammar_->first_bytes[node_index].test(byte)) {
+      return false;
+    }
+    const Node& node = grammar_->nodes[node_index];
+    if (node.kind != NodeKind::kUnion) break;
+    int32_t next = -1;
+    for (int32_t alt : node.alternatives) {
+      if (grammar_->first_bytes[alt].test(byte)) {
+        next = alt;
+        break;
+      }
+    }
+    if (next < 0) return false;
+    node_index = next;
+  }
+  if (size_ >= frames_.size()) return false;  // nested deeper than kMaxNestingDepth
+  const Node& node = grammar_->nodes[node_index];
+  Frame f{};
+  f.node = node_index;
+  switch (node.kind) {
+    case NodeKind::kObject:
+      f.phase = kObjFirst;
+      break;
+    case NodeKind::kArray:
+      f.phase = kArrFirst;
+      break;
+    case NodeKind::kString:
+      f.phase = kStrBody;
+      break;
+    case NodeKind::kNumber:
+    case NodeKind::kInteger:
+      f.a = 1;
+      f.phase = byte == '-' ? kNumMinus : byte == '0' ? kNumZero : kNumInt;
+      break;
+    case NodeKind::kLiterals:
+      f.b = -1;
+      for (size_t i = 0; i < node.literals.size(); ++i) {
+        if (static_cast<uint8_t>(node.literals[i][0]) == byte) {
+          f.b = static_cast<int32_t>(i);
+          break;
+        }
+      }
+      if (f.b < 0) return false;
+      f.a = 1;
+      break;
+    case NodeKind::kUnion:
+      return false;
+  }
+  frames_[size_++] = f;
+  return true;
+}
+
+void GrammarMatcher::ChildDone() {
+  Frame& f = frames_[size_ - 1];
+  f.ws = 0;
+  if (f.node < 0) {
+    f.phase = kRootDone;
+    return;
+  }
+  // A frame below another is an object or an array.
+  const Node& node = grammar_->nodes[f.node];
+  if (node.kind == NodeKind::kObject) {
+    if (f.phase == kObjKeyFree) {
+      f.phase = kObjColon;
+    } else {
+      f.phase = kObjAfter;
+      if (!node.properties.empty()) f.a = f.b + 1;  // the next property after the value's
+    }
+    return;
+  }
+  f.phase = kArrAfter;
+  // The count matters only up to the larger limit; past it, equal states stay equal.
+  if (node.max_items >= 0 || f.a < node.min_items) ++f.a;
+}
+
+bool GrammarMatcher::Feed(uint8_t byte) {
+  // A number or a literal ends at the first byte that cannot extend it, which the frame below
+  // then takes: at most one hand-back per frame.
+  while (size_ > 0) {
+    switch (FeedFrame(frames_[size_ - 1], byte)) {
+      case kReject:
+        return false;
+      case kConsumed:
+        return true;
+      case kPopAndRefeed:
+        --size_;
+        ChildDone();
+        break;
+    }
+  }
+  return false;
+}
+
+GrammarMatcher::Step GrammarMatcher::FeedFrame(Frame& f, uint8_t byte) {
+  if (f.node < 0) {  // the root: one value, nothing after it
+    if (f.phase != kRootStart) return kReject;
+    return Push(grammar_->root, byte) ? kConsumed : kReject;
+  }
+  const Node& node = grammar_->nodes[f.node];
+  switch (node.kind) {
+    case NodeKind::kObject:
+      return FeedObject(f, node, byte);
+    case NodeKind::kArray:
+      return FeedArray(f, node, byte);
+    case NodeKind::kString:
+      return FeedString(f, node, byte);
+    case NodeKind::kNumber:
+      return FeedNumber(f, false, byte);
+    case NodeKind::kInteger:
+      return FeedNumber(f, true, byte);
+    case NodeKind::kLiterals:
+      return FeedLiteral(f, node, byte);
+    case NodeKind::kUnion:
+      break;
+  }
+  return kReject;
+}
+
+GrammarMatcher::Step GrammarMatcher::FeedObject(Frame& f, const Node& node, uint8_t byte) {
+  const bool declared = !node.properties.empty();
+  const int32_t n = static_cast<int32_t>(node.properties.size());
+  const bool can_close = declared ? !RequiredLeft(node, f.a) : true;
+  const bool more_keys = declared ? f.a < n : node.additional >= 0;
+  auto start_key = [&]() -> Step {
+    if (!more_keys) return kReject;
+    f.ws = 0;
+    if (!declared) {
+      f.phase = kObjKeyFree;
+      return Push(grammar_->string_node, byte) ? kConsumed : kReject;
+    }
+    f.phase = kObjKeyLit;
+    f.b = f.a;  // every key starts with '"': the first candidate is the next property
+    f.c = 1;
+    return kConsumed;
+  };
+  switch (f.phase) {
+    case kObjFirst:
+      if (TakeWhitespace(f.ws, byte)) return kConsumed;
+      if (byte == '"') return start_key();
+      if (byte == '}' && can_close) {
+        --size_;
+        ChildDone();
+        return kConsumed;
+      }
+      return kReject;
+    case kObjKeyStart:
+      if (TakeWhitespace(f.ws, byte)) return kConsumed;
+      return byte == '"' ? start_key() : kReject;
+    case kObjKeyLit: {
+      const int32_t limit = KeyLimit(node, f.a);
+      const std::string& current = node.properties[f.b].key;
+      for (int32_t i = f.b; i <= limit; ++i) {
+        const std::string& key = node.properties[i].key;
+        if (key.size() > static_cast<size_t>(f.c) && static_cast<uint8_t>(key[f.c]) == byte &&
+            key.compare(0, f.c, current, 0, f.c) == 0) {
+          f.b = i;
+          if (static_cast<size_t>(++f.c) == key.size()) {
+            f.phase = kObjColon;
+            f.c = 0;
+            f.ws = 0;
+          }
+          return kConsumed;
+        }
+      }
+      return kReject;
+    }
+    case kObjColon:
+      if (TakeWhitespace(f.ws, byte)) return kConsumed;
+      if (byte != ':') return kReject;
+      f.phase = kObjValue;
+      f.ws = 0;
+      return kConsumed;
+    case kObjValue: {
+      if (TakeWhitespace(f.ws, byte)) return kConsumed;
+      const int32_t value = declared ? node.properties[f.b].value : node.additional;
+      if (!Push(value, byte)) return kReject;
+      f.phase = kObjInValue;  // (f is the frame below the value's now)
+      return kConsumed;
+    }
+    case kObjAfter:
+      if (TakeWhitespace(f.ws, byte)) return kConsumed;
+      if (byte == ',' && more_keys) {
+        f.phase = kObjKeyStart;
+        f.ws = 0;
+        return kConsumed;
+      }
+      if (byte == '}' && can_close) {
+        --size_;
+        ChildDone();
+        return kConsumed;
+      }
+      return kReject;
+    default:
+      return kReject;
+  }
+}
+
+GrammarMatcher::Step GrammarMatcher::FeedArray(Frame& f, const Node& node, uint8_t byte) {
+  const bool can_close = f.a >= node.min_items;
+  const bool more_items = node.max_items < 0 || f.a < node.max_items;
+  auto start_item = [&]() -> Step {
+    if (!more_items || !Push(node.items, byte)) return kReject;
+    f.phase = kArrInValue;  // (f is the frame below the item's now)
+    f.ws = 0;
+    return kConsumed;
+  };
+  switch (f.phase) {
+    case kArrFirst:
+      if (TakeWhitespace(f.ws, byte)) return kConsumed;
+      if (byte == ']' && can_close) {
+        --size_;
+        ChildDone();
+        return kConsumed;
+      }
+      return start_item();
+    case kArrNext:
+      if (TakeWhitespace(f.ws, byte)) return kConsumed;
+      return start_item();
+    case kArrAfter:
+      if (TakeWhitespace(f.ws, byte)) return kConsumed;
+      if (byte == ',' && more_items) {
+        f.phase = kArrNext;
+        f.ws = 0;
+        return kConsumed;
+      }
+      if (byte == ']' && can_close) {
+        --size_;
+        ChildDone();
+        return kConsumed;
+      }
+      return kReject;
+    default:
+      return kReject;
+  }
+}
+
+GrammarMatcher::Step GrammarMatcher::FeedString(Frame& f, const Node& node, uint8_t byte) {
+  const bool room = node.max_length < 0 || f.a < node.max_length;
+  // A character completed: counted up to the larger limit (past it, equal states stay equal).
+  auto count_char = [&] {
+    if (node.max_length >= 0 || f.a < node.min_length) ++f.a;
+  };
+  switch (f.phase) {
+    case kStrBody:
+      if (byte == '"') {
+        if (f.a < node.min_length) return kReject;
+        --size_;
+        ChildDone();
+        return kConsumed;
+      }
+      if (!room || byte < 0x20) return kReject;
+      if (byte == '\\') {
+        f.phase = kStrEscape;
+      } else if (byte < 0x80) {
+        count_char();
+      } else if (byte >= 0xC2 && byte <= 0xDF) {
+        f.phase = kStrUtf8;
+        f.pending = 1;
+        f.lead = byte;
+      } else if (byte >= 0xE0 && byte <= 0xEF) {
+        f.phase = kStrUtf8;
+        f.pending = 2;
+        f.lead = byte;
+      } else if (byte >= 0xF0 && byte <= 0xF4) {
+        f.phase = kStrUtf8;
+        f.pending = 3;
+        f.lead = byte;
+      } else {
+        return kReject;  // a continuation byte without a lead, or an invalid lead
+      }
+      return kConsumed;
+    case kStrUtf8: {
+      uint8_t lo = 0x80, hi = 0xBF;
+      // The first continuation byte of some leads is narrower (no overlong forms, no
+      // surrogates, nothing past U+10FFFF).
+      if (f.lead == 0xE0) lo = 0xA0;
+      if (f.lead == 0xED) hi = 0x9F;
+      if (f.lead == 0xF0) lo = 0x90;
+      if (f.lead == 0xF4) hi = 0x8F;
+      if (byte < lo || byte > hi) return kReject;
+      f.lead = 0;
+      if (--f.pending == 0) {
+        f.phase = kStrBody;
+        count_char();
+      }
+      return kConsumed;
+    }
+    case kStrEscape:
+      if (byte == 'u') {
+        f.phase = kStrHex;
+        f.pending = 4;
+        return kConsumed;
+      }
+      if (std::strchr("\"\\/bfnrt", byte) == nullptr || byte == 0) return kReject;
+      f.phase = kStrBody;
+      count_char();
+      return kConsumed;
+    case kStrHex:
+      if (!IsHex(byte)) return kReject;
+      if (--f.pending == 0) {
+        f.phase = kStrBody;
+        count_char();
+      }
+      return kConsumed;
+    default:
+      return kReject;
+  }
+}
+
+GrammarMatcher::Step GrammarMatcher::FeedNumber(Frame& f, bool integer, uint8_t byte) {
+  auto next = [&](uint8_t phase) {
+    if (f.a >= kMaxNumberLength) return kReject;
+    ++f.a;
+    f.phase = phase;
+    return kConsumed;
+  };
+  const bool complete =
+      f.phase == kNumZero || f.phase == kNumInt || f.phase == kNumFrac || f.phase == kNumExpDigits;
+  switch (f.phase) {
+    case kNumMinus:
+      if (byte == '0') return next(kNumZero);
+      if (IsDigit(byte)) return next(kNumInt);
+      return kReject;
+    case kNumZero:
+    case kNumInt:
+      if (IsDigit(byte) && f.phase == kNumInt) return next(kNumInt);
+      if (!integer && byte == '.') return next(kNumDot);
+      if (!integer && (byte == 'e' || byte == 'E')) return next(kNumExp);
+      break;
+    case kNumDot:
+      return IsDigit(byte) ? next(kNumFrac) : kReject;
+    case kNumFrac:
+      if (IsDigit(byte)) return next(kNumFrac);
+      if (byte == 'e' || byte == 'E') return next(kNumExp);
+      break;
+    case kNumExp:
+      if (byte == '+' || byte == '-') return next(kNumExpSign);
+      return IsDigit(byte) ? next(kNumExpDigits) : kReject;
+    case kNumExpSign:
+      return IsDigit(byte) ? next(kNumExpDigits) : kReject;
+    case kNumExpDigits:
+      if (IsDigit(byte)) return next(kNumExpDigits);
+      break;
+  }
+  return complete ? kPopAndRefeed : kReject;
+}
+
+bool GrammarMatcher::LiteralComplete(const Frame& f, const Node& node) const {
+  const std::string& current = node.literals[f.b];
+  for (size_t i = static_cast<size_t>(f.b); i < node.literals.size(); ++i) {
+    const std::string& l = node.literals[i];
+    if (l.size() == static_cast<size_t>(f.a) && l.compare(0, f.a, current, 0, f.a) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+GrammarMatcher::Step GrammarMatcher::FeedLiteral(Frame& f, const Node& node, uint8_t byte) {
+  const std::string& current = node.literals[f.b];
+  for (size_t i = static_cast<size_t>(f.b); i < node.literals.size(); ++i) {
+    const std::string& l = node.literals[i];
+    if (l.size() > static_cast<size_t>(f.a) && static_cast<uint8_t>(l[f.a]) == byte &&
+        l.compare(0, f.a, current, 0, f.a) == 0) {
+      f.b = static_cast<int32_t>(i);
+      ++f.a;
+      return kConsumed;
+    }
+  }
+  return LiteralComplete(f, node) ? kPopAndRefeed : kReject;
+}
+
+bool GrammarMatcher::ValueCompleteWithoutBytes(const Frame& f) const {
+  const Node& node = grammar_->nodes[f.node];
+  if (node.kind == NodeKind::kLiterals) return LiteralComplete(f, node);
+  if (node.kind == NodeKind::kNumber || node.kind == NodeKind::kInteger) {
+    return f.phase == kNumZero || f.phase == kNumInt || f.phase == kNumFrac ||
+           f.phase == kNumExpDigits;
+  }
+  return false;
+}
+
+bool GrammarMatcher::Accepting() const {
+  if (size_ == 1) return frames_[0].phase == kRootDone;
+  // Only the root can complete without a byte of its own: a number or literal right under it.
+  return size_ == 2 && ValueCompleteWithoutBytes(frames_[1]);
+}
+
+bool GrammarMatcher::Finished() const {
+  if (!Accepting()) return false;
+  GrammarMatcher probe(*grammar_);
+  for (int b = 0; b < 256; ++b) {
+    probe.CopyFrom(*this);
+    if (probe.Feed(static_cast<uint8_t>(b))) return false;
+  }
+  return true;
+}
+
+}  // namespace mobius::grammar

@@ -1,0 +1,74 @@
+// Walks a Grammar one output byte at a time: a pushdown automaton whose stack holds one frame
+// per open value (object, array, string, number, literal) under a root frame. Each byte either
+// extends the text (true) or cannot follow it (false). The state is a few dozen bytes, copied
+// cheaply, which is what checking every vocabulary token against it needs (TokenMaskComputer).
+#ifndef MOBIUS_GRAMMAR_GRAMMAR_MATCHER_H_
+#define MOBIUS_GRAMMAR_GRAMMAR_MATCHER_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "grammar/grammar.h"
+
+namespace mobius::grammar {
+
+class GrammarMatcher {
+ public:
+  // The state before any output; `grammar` must outlive the matcher.
+  explicit GrammarMatcher(const Grammar& grammar);
+
+  // Consumes one byte. On false the byte cannot follow the text so far and the matcher's state
+  // is left undefined: callers that probe keep a copy (CopyFrom).
+  bool Feed(uint8_t byte);
+  // Feed over every byte; false at the first that cannot follow.
+  bool FeedBytes(std::string_view bytes);
+  // Whether the text so far is a complete value (generation may end here).
+  [[nodiscard]] bool Accepting() const;
+  // Whether the text is complete and no byte can follow (generation must end here).
+  [[nodiscard]] bool Finished() const;
+  // This matcher becomes a copy of `other` (same grammar), copying only the live frames.
+  void CopyFrom(const GrammarMatcher& other);
+  // Appends a byte string that identifies the state (equal states, equal keys): the key of the
+  // token-mask cache.
+  void AppendStateKey(std::string& key) const;
+
+ private:
+  // One open value. Fields are plain 32-bit and 8-bit integers, so the live frames can be
+  // compared and hashed as bytes.
+  struct Frame {
+    int32_t node = -1;  // grammar node; -1 for the root frame
+    int32_t a = 0;      // object: next property; array: items; string: code points; number:
+                        // bytes; literal: matched bytes
+    int32_t b = 0;      // object: current property; literal: candidate
+    int32_t c = 0;      // object: matched bytes of a declared key
+    uint8_t phase = 0;
+    uint8_t ws = 0;       // whitespace bytes in a row
+    uint8_t pending = 0;  // UTF-8 continuation bytes, or \u hex digits, still expected
+    uint8_t lead = 0;     // UTF-8 lead byte while its first continuation byte is pending
+  };
+  static_assert(sizeof(Frame) == 20);
+
+  enum Step { kReject, kConsumed, kPopAndRefeed };
+
+  bool Push(int32_t node, uint8_t byte);  // a value of `node` starting with `byte`
+  Step FeedFrame(Frame& f, uint8_t byte);
+  Step FeedObject(Frame& f, const Node& node, uint8_t byte);
+  Step FeedArray(Frame& f, const Node& node, uint8_t byte);
+  Step FeedString(Frame& f, const Node& node, uint8_t byte);
+  Step FeedNumber(Frame& f, bool integer, uint8_t byte);
+  Step FeedLiteral(Frame& f, const Node& node, uint8_t byte);
+  // After the top frame's value completed and was popped: the frame below advances.
+  void ChildDone();
+  [[nodiscard]] bool LiteralComplete(const Frame& f, const Node& node) const;
+  [[nodiscard]] bool ValueCompleteWithoutBytes(const Frame& f) const;
+
+  const Grammar* grammar_;
+  uint8_t size_ = 0;
+  std::array<Frame, kMaxNestingDepth + 1> frames_{};
+};
+
+}  // namespace mobius::grammar
+
+#endif  // MOBIUS_GRAMMAR_GRAMMAR_MATCHER_H_

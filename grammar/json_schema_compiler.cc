@@ -1,0 +1,463 @@
+#include "grammar/json_schema_compiler.h"
+
+#include <array>
+#include <bitset>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/json_parse.h"
+
+namespace mobius::grammar {
+namespace {
+
+using Json = nlohmann::ordered_json;
+using ByteSet = std::bitset<256>;
+
+// A compiled schema must stay small: each node costs the matcher nothing, but a hostile schema
+// could otherwise expand without bound through nested definitions.
+constexpr size_t kMaxNodes = 4096;
+constexpr int kMaxSchemaDepth = 64;
+
+// Keywords that only describe (JSON Schema's annotations and format, an annotation by default).
+const std::set<std::string>& IgnoredKeywords() {
+  static const std::set<std::string> kIgnored = {
+      "$schema", "$id",         "$comment",         "$anchor",         "title",     "description",
+      "default", "examples",    "deprecated",       "readOnly",        "writeOnly", "format",
+      "$defs",   "definitions", "contentMediaType", "contentEncoding", "strict",    "name"};
+  return kIgnored;
+}
+
+// Validation keywords this compiler does not implement: refused by name.
+const std::set<std::string>& UnsupportedKeywords() {
+  static const std::set<std::string> kUnsupported = {"pattern",
+                                                     "patternProperties",
+                                                     "minimum",
+                                                     "maximum",
+                                                     "exclusiveMinimum",
+                                                     "exclusiveMaximum",
+                                                     "multipleOf",
+                                                     "uniqueItems",
+                                                     "contains",
+                                                     "minContains",
+                                                     "maxContains",
+                                                     "prefixItems",
+                                                     "minProperties",
+                                                     "maxProperties",
+                                                     "propertyNames",
+                                                     "dependentRequired",
+                                                     "dependentSchemas",
+                                                     "dependencies",
+                                                     "if",
+                                                     "then",
+                                                     "else",
+                                                     "not",
+                                                     "unevaluatedProperties",
+                                                     "unevaluatedItems",
+                                                     "additionalItems",
+                                                     "$dynamicRef",
+                                                     "$recursiveRef"};
+  return kUnsupported;
+}
+
+Node LiteralsNode(std::vector<std::string> literals) {
+  Node n(NodeKind::kLiterals);
+  n.literals = std::move(literals);
+  return n;
+}
+
+Node ObjectOf(int32_t additional) {
+  Node n(NodeKind::kObject);
+  n.additional = additional;
+  return n;
+}
+
+Node ArrayOf(int32_t items) {
+  Node n(NodeKind::kArray);
+  n.items = items;
+  return n;
+}
+
+// The JSON text of a string, as it appears in output (quotes and escapes, UTF-8 kept).
+std::string QuotedJson(const std::string& s) { return Json(s).dump(); }
+
+// The bytes a value of node `n` can start with.
+ByteSet FirstBytes(const Grammar& g, int32_t n, std::set<int32_t>& visiting) {
+  ByteSet set;
+  const Node& node = g.nodes[n];
+  auto add_number = [&] {
+    set.set('-');
+    for (char c = '0'; c <= '9'; ++c) set.set(static_cast<unsigned char>(c));
+  };
+  switch (node.kind) {
+    case NodeKind::kObject:
+      set.set('{');
+      break;
+    case NodeKind::kArray:
+      set.set('[');
+      break;
+    case NodeKind::kString:
+      set.set('"');
+      break;
+    case NodeKind::kNumber:
+    case NodeKind::kInteger:
+      add_number();
+      break;
+    case NodeKind::kLiterals:
+      for (const std::string& l : node.literals) {
+        if (!l.empty()) set.set(static_cast<unsigned char>(l[0]));
+      }
+      break;
+    case NodeKind::kUnion:
+      if (!visiting.insert(n).second) break;  // a union that reaches itself adds nothing
+      for (int32_t a : node.alternatives) set |= FirstBytes(g, a, visiting);
+      visiting.erase(n);
+      break;
+  }
+  return set;
+}
+
+// Fills first_bytes and checks that every union's alternatives start differently (the matcher
+// picks an alternative by its first byte and never backtracks).
+absl::Status FinishGrammar(Grammar& g) {
+  g.first_bytes.assign(g.nodes.size(), ByteSet());
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    std::set<int32_t> visiting;
+    g.first_bytes[i] = FirstBytes(g, static_cast<int32_t>(i), visiting);
+    const Node& node = g.nodes[i];
+    if (node.kind != NodeKind::kUnion) continue;
+    ByteSet seen;
+    for (int32_t a : node.alternatives) {
+      std::set<int32_t> inner = {static_cast<int32_t>(i)};
+      const ByteSet first = FirstBytes(g, a, inner);
+      if ((first & seen).any()) {
+        return absl::InvalidArgumentError(
+            "schema: anyOf / oneOf / a list of types must offer alternatives that start "
+            "differently (different JSON types: object, array, string, number, boolean, null); "
+            "two alternatives here can start with the same character");
+      }
+      seen |= first;
+    }
+  }
+  return absl::OkStatus();
+}
+
+class SchemaCompiler {
+ public:
+  explicit SchemaCompiler(const Json& root) : root_(root) {}
+
+  absl::StatusOr<Grammar> Compile() {
+    grammar_.string_node = Add(Node(NodeKind::kString));
+    absl::StatusOr<int32_t> root = CompileNode(root_, "schema", 0);
+    if (!root.ok()) return root.status();
+    grammar_.root = *root;
+    if (absl::Status s = FinishGrammar(grammar_); !s.ok()) return s;
+    return std::move(grammar_);
+  }
+
+ private:
+  int32_t Add(Node node) {
+    grammar_.nodes.push_back(std::move(node));
+    return static_cast<int32_t>(grammar_.nodes.size() - 1);
+  }
+
+  static absl::Status Error(const std::string& path, const std::string& reason) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", reason));
+  }
+
+  absl::StatusOr<int32_t> CompileNode(const Json& s, const std::string& path, int depth) {
+    if (depth > kMaxSchemaDepth) return Error(path, "schema nested too deeply");
+    if (grammar_.nodes.size() > kMaxNodes) return Error(path, "schema too large");
+    if (s.is_boolean()) {
+      if (!s.get<bool>()) return Error(path, "the schema false admits no value");
+      return AddAnyValue(grammar_);
+    }
+    if (!s.is_object()) return Error(path, "a schema must be an object or a boolean");
+    for (const auto& [key, value] : s.items()) {
+      if (UnsupportedKeywords().count(key)) {
+        return Error(absl::StrCat(path, ".", key),
+                     "this keyword is not supported in structured output");
+      }
+    }
+    if (auto ref = s.find("$ref"); ref != s.end()) {
+      if (s.size() > 1) {
+        for (const auto& [key, value] : s.items()) {
+          if (key != "$ref" && !IgnoredKeywords().count(key)) {
+            return Error(absl::StrCat(path, ".", key), "keywords beside $ref are not supported");
+          }
+        }
+      }
+      return CompileRef(*ref, path + ".$ref", depth);
+    }
+    if (auto all = s.find("allOf"); all != s.end()) {
+      if (!all->is_array() || all->size() != 1 || s.size() > 1 + CountIgnored(s)) {
+        return Error(path + ".allOf", "only an allOf of one schema, alone, is supported");
+      }
+      return CompileNode((*all)[0], path + ".allOf[0]", depth + 1);
+    }
+    for (const char* word : {"anyOf", "oneOf"}) {
+      if (auto any = s.find(word); any != s.end()) {
+        const std::string at = absl::StrCat(path, ".", word);
+        if (!any->is_array() || any->empty()) return Error(at, "must be a non-empty array");
+        Node u(NodeKind::kUnion);
+        for (size_t i = 0; i < any->size(); ++i) {
+          absl::StatusOr<int32_t> alt =
+              CompileNode((*any)[i], absl::StrCat(at, "[", i, "]"), depth + 1);
+          if (!alt.ok()) return alt.status();
+          u.alternatives.push_back(*alt);
+        }
+        if (u.alternatives.size() == 1) return u.alternatives[0];
+        return Add(std::move(u));
+      }
+    }
+    if (auto c = s.find("const"); c != s.end()) {
+      return Add(LiteralsNode({c->dump()}));
+    }
+    if (auto e = s.find("enum"); e != s.end()) {
+      if (!e->is_array() || e->empty()) return Error(path + ".enum", "must be a non-empty array");
+      Node lit(NodeKind::kLiterals);
+      for (const Json& v : *e) lit.literals.push_back(v.dump());
+      return Add(std::move(lit));
+    }
+    std::vector<std::string> types;
+    if (auto t = s.find("type"); t != s.end()) {
+      if (t->is_string()) {
+        types.push_back(t->get<std::string>());
+      } else if (t->is_array() && !t->empty()) {
+        for (const Json& x : *t) {
+          if (!x.is_string()) return Error(path + ".type", "must hold type names");
+          types.push_back(x.get<std::string>());
+        }
+      } else {
+        return Error(path + ".type", "must be a type name or a non-empty list of them");
+      }
+    } else if (s.contains("properties") || s.contains("required") ||
+               s.contains("additionalProperties")) {
+      types.push_back("object");
+    } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
+      types.push_back("array");
+    } else if (s.contains("minLength") || s.contains("maxLength")) {
+      types.push_back("string");
+    } else {
+      return AddAnyValue(grammar_);
+    }
+    Node u(NodeKind::kUnion);
+    for (const std::string& type : types) {
+      absl::StatusOr<int32_t> n = CompileTyped(s, type, path, depth);
+      if (!n.ok()) return n.status();
+      u.alternatives.push_back(*n);
+    }
+    if (u.alternatives.size() == 1) return u.alternatives[0];
+    return Add(std::move(u));
+  }
+
+  static size_t CountIgnored(const Json& s) {
+    size_t n = 0;
+    for (const auto& [key, value] : s.items()) n += IgnoredKeywords().count(key);
+    return n;
+  }
+
+  absl::StatusOr<int32_t> CompileRef(const Json& ref, const std::string& path, int depth) {
+    if (!ref.is_string()) return Error(path, "must be a string");
+    const std::string target = ref.get<std::string>();
+    if (auto it = refs_.find(target); it != refs_.end()) return it->second;
+    const Json* node = nullptr;
+    if (target == "#") {
+      node = &root_;
+    } else {
+      for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
+        const std::string p(prefix);
+        if (target.rfind(p, 0) != 0) continue;
+        const std::string section = p.substr(2, p.size() - 3);
+        const std::string name = target.substr(p.size());
+        auto defs = root_.find(section);
+        if (defs != root_.end() && defs->is_object()) {
+          if (auto def = defs->find(name); def != defs->end()) node = &*def;
+        }
+      }
+      if (node == nullptr) {
+        return Error(path, absl::StrCat("\"", target,
+                                        "\" does not name a schema of this document (local "
+                                        "references to #, #/$defs/... or #/definitions/...)"));
+      }
+    }
+    // Reserved before compiling, so that a recursive reference finds it.
+    const int32_t slot = Add(Node(NodeKind::kUnion));
+    refs_[target] = slot;
+    absl::StatusOr<int32_t> compiled =
+        CompileNode(*node, absl::StrCat("schema(", target, ")"), depth + 1);
+    if (!compiled.ok()) return compiled.status();
+    if (*compiled == slot) return Error(path, absl::StrCat("\"", target, "\" refers to itself"));
+    // The slot becomes a one-alternative union: the matcher passes through it at no cost.
+    grammar_.nodes[slot].alternatives = {*compiled};
+    return slot;
+  }
+
+  absl::StatusOr<int32_t> CompileTyped(const Json& s, const std::string& type,
+                                       const std::string& path, int depth) {
+    if (type == "object") return CompileObject(s, path, depth);
+    if (type == "array") {
+      Node a(NodeKind::kArray);
+      if (auto items = s.find("items"); items != s.end()) {
+        absl::StatusOr<int32_t> it = CompileNode(*items, path + ".items", depth + 1);
+        if (!it.ok()) return it.status();
+        a.items = *it;
+      } else {
+        a.items = AddAnyValue(grammar_);
+      }
+      absl::StatusOr<int32_t> lo = Count(s, "minItems", path, 0);
+      absl::StatusOr<int32_t> hi = Count(s, "maxItems", path, -1);
+      if (!lo.ok()) return lo.status();
+      if (!hi.ok()) return hi.status();
+      if (*hi >= 0 && *hi < *lo) return Error(path + ".maxItems", "is below minItems");
+      a.min_items = *lo;
+      a.max_items = *hi;
+      return Add(std::move(a));
+    }
+    if (type == "string") {
+      Node str(NodeKind::kString);
+      absl::StatusOr<int32_t> lo = Count(s, "minLength", path, 0);
+      absl::StatusOr<int32_t> hi = Count(s, "maxLength", path, -1);
+      if (!lo.ok()) return lo.status();
+      if (!hi.ok()) return hi.status();
+      if (*hi >= 0 && *hi < *lo) return Error(path + ".maxLength", "is below minLength");
+      str.min_length = *lo;
+      str.max_length = *hi;
+      return Add(std::move(str));
+    }
+    if (type == "number") return Add(Node(NodeKind::kNumber));
+    if (type == "integer") return Add(Node(NodeKind::kInteger));
+    if (type == "boolean") {
+      return Add(LiteralsNode({"true", "false"}));
+    }
+    if (type == "null") return Add(LiteralsNode({"null"}));
+    return Error(path + ".type", absl::StrCat("unknown type \"", type, "\""));
+  }
+
+  absl::StatusOr<int32_t> Count(const Json& s, const char* key, const std::string& path,
+                                int32_t fallback) {
+    auto it = s.find(key);
+    if (it == s.end()) return fallback;
+    if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > (1 << 20)) {
+      return Error(absl::StrCat(path, ".", key), "must be an integer in [0, 1048576]");
+    }
+    return static_cast<int32_t>(it->get<int64_t>());
+  }
+
+  absl::StatusOr<int32_t> CompileObject(const Json& s, const std::string& path, int depth) {
+    Node o(NodeKind::kObject);
+    std::set<std::string> required;
+    if (auto r = s.find("required"); r != s.end()) {
+      if (!r->is_array()) return Error(path + ".required", "must be an array of names");
+      for (const Json& name : *r) {
+        if (!name.is_string()) return Error(path + ".required", "must be an array of names");
+        required.insert(name.get<std::string>());
+      }
+    }
+    auto props = s.find("properties");
+    if (props != s.end()) {
+      if (!props->is_object()) return Error(path + ".properties", "must be an object");
+      // In the text's order (ordered_json): declared properties are generated in it.
+      for (const auto& [name, sub] : props->items()) {
+        absl::StatusOr<int32_t> value =
+            CompileNode(sub, absl::StrCat(path, ".properties.", name), depth + 1);
+        if (!value.ok()) return value.status();
+        o.properties.push_back(Property{QuotedJson(name), *value, required.count(name) > 0});
+      }
+    }
+    for (const std::string& name : required) {
+      bool found = false;
+      for (const Property& p : o.properties) found |= p.key == QuotedJson(name);
+      if (!found) {
+        return Error(path + ".required",
+                     absl::StrCat("\"", name, "\" is required but not among the properties"));
+      }
+    }
+    if (o.properties.empty()) {
+      auto extra = s.find("additionalProperties");
+      if (extra == s.end() || (extra->is_boolean() && extra->get<bool>())) {
+        o.additional = AddAnyValue(grammar_);
+      } else if (extra->is_boolean()) {
+        o.additional = -1;  // only {}
+      } else {
+        absl::StatusOr<int32_t> value =
+            CompileNode(*extra, path + ".additionalProperties", depth + 1);
+        if (!value.ok()) return value.status();
+        o.additional = *value;
+      }
+    }
+    return Add(std::move(o));
+  }
+
+  const Json& root_;
+  Grammar grammar_;
+  std::map<std::string, int32_t> refs_;
+};
+
+}  // namespace
+
+absl::StatusOr<Grammar> CompileJsonSchema(const nlohmann::ordered_json& schema) {
+  return SchemaCompiler(schema).Compile();
+}
+
+absl::StatusOr<Grammar> CompileJsonSchemaText(std::string_view text) {
+  absl::StatusOr<nlohmann::ordered_json> schema =
+      ParseOrderedJson(absl::string_view(text.data(), text.size()));
+  if (!schema.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the schema is not valid JSON: ", schema.status().message()));
+  }
+  return CompileJsonSchema(*schema);
+}
+
+int32_t AddAnyValue(Grammar& g) {
+  if (g.any_value >= 0) return g.any_value;
+  const auto add = [&g](Node n) {
+    g.nodes.push_back(std::move(n));
+    return static_cast<int32_t>(g.nodes.size() - 1);
+  };
+  const int32_t any = add(Node(NodeKind::kUnion));
+  g.any_value = any;
+  const int32_t object = add(ObjectOf(any));
+  const int32_t array = add(ArrayOf(any));
+  const int32_t string = add(Node(NodeKind::kString));
+  const int32_t number = add(Node(NodeKind::kNumber));
+  const int32_t literal = add(LiteralsNode({"true", "false", "null"}));
+  g.nodes[any].alternatives = {object, array, string, number, literal};
+  return any;
+}
+
+Grammar JsonObjectGrammar() {
+  Grammar g;
+  g.string_node = 0;
+  g.nodes.push_back(Node(NodeKind::kString));
+  const int32_t any = AddAnyValue(g);
+  g.nodes.push_back(ObjectOf(any));
+  g.root = static_cast<int32_t>(g.nodes.size() - 1);
+  (void)FinishGrammar(g);  // its one union, any value, starts differently: cannot fail
+  return g;
+}
+
+absl::StatusOr<Grammar> ChoiceGrammar(const std::vector<std::string>& choices) {
+  if (choices.empty()) return absl::InvalidArgumentError("the list of choices is empty");
+  Grammar g;
+  g.string_node = 0;
+  g.nodes.push_back(Node(NodeKind::kString));
+  Node lit(NodeKind::kLiterals);
+  for (size_t i = 0; i < choices.size(); ++i) {
+    if (choices[i].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("choice ", i, " is empty"));
+    }
+    lit.literals.push_back(choices[i]);
+  }
+  g.nodes.push_back(std::move(lit));
+  g.root = 1;
+  if (absl::Status s = FinishGrammar(g); !s.ok()) return s;
+  return g;
+}
+
+}  // namespace mobius::grammar

@@ -1,0 +1,39 @@
+// Compiles what a request asks its output to be (OpenAI's response_format json_object /
+// json_schema, vLLM's guided_json / guided_choice) into a Grammar.
+//
+// The JSON Schema subset: type (one or a list), properties / required / additionalProperties,
+// items / minItems / maxItems, minLength / maxLength, enum, const, anyOf / oneOf (alternatives
+// of different JSON types), a one-element allOf, and local $ref ("#", "#/$defs/...",
+// "#/definitions/..."), recursion included. Annotations (title, description, default, examples,
+// format, ...) are ignored. Validation keywords outside the subset (pattern, minimum, ...) are
+// refused by name rather than silently dropped. Objects with declared properties get exactly
+// those, in the schema's order; extra keys are not generated (OpenAI's strict mode).
+#ifndef MOBIUS_GRAMMAR_JSON_SCHEMA_COMPILER_H_
+#define MOBIUS_GRAMMAR_JSON_SCHEMA_COMPILER_H_
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "grammar/grammar.h"
+#include "nlohmann/json.hpp"
+
+namespace mobius::grammar {
+
+// InvalidArgument naming the schema location (e.g. "schema.properties.age: ...") and the reason.
+// The schema's members in their text's order (declared properties are generated in it).
+absl::StatusOr<Grammar> CompileJsonSchema(const nlohmann::ordered_json& schema);
+// The same from the schema's JSON text.
+absl::StatusOr<Grammar> CompileJsonSchemaText(std::string_view text);
+
+// Any JSON object (response_format {"type": "json_object"}).
+Grammar JsonObjectGrammar();
+
+// Exactly one of `choices`, as raw text (guided_choice). InvalidArgument when the list or a
+// choice is empty.
+absl::StatusOr<Grammar> ChoiceGrammar(const std::vector<std::string>& choices);
+
+}  // namespace mobius::grammar
+
+#endif  // MOBIUS_GRAMMAR_JSON_SCHEMA_COMPILER_H_

@@ -1,0 +1,92 @@
+// Structured output for one request: what the request asked for (StructuredOutputSpec), its
+// compiled grammar shared by every request that asks the same (GrammarCache, with the token
+// masks of the states seen so far), and the request's own walk through it (TokenConstraint).
+#ifndef MOBIUS_GRAMMAR_STRUCTURED_OUTPUT_H_
+#define MOBIUS_GRAMMAR_STRUCTURED_OUTPUT_H_
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "grammar/grammar.h"
+#include "grammar/grammar_matcher.h"
+#include "grammar/token_mask.h"
+
+namespace mobius::grammar {
+
+struct StructuredOutputSpec {
+  enum class Kind { kNone, kJsonSchema, kJsonObject, kChoice };
+  Kind kind = Kind::kNone;
+  std::string json_schema;           // kJsonSchema: the schema's JSON text
+  std::vector<std::string> choices;  // kChoice
+  // A text that identifies the spec (equal specs, equal keys).
+  [[nodiscard]] std::string Key() const;
+};
+
+// InvalidArgument (naming the schema location and why) when the spec cannot be compiled.
+absl::StatusOr<Grammar> CompileStructuredOutput(const StructuredOutputSpec& spec);
+
+// A compiled grammar and the token masks of the matcher states seen so far: states repeat
+// (every byte inside a plain string value leaves the same state), so most steps find theirs.
+class CompiledGrammar {
+ public:
+  explicit CompiledGrammar(Grammar grammar) : grammar_(std::move(grammar)) {}
+  [[nodiscard]] const Grammar& grammar() const { return grammar_; }
+  // The mask of `state`'s next tokens, computed on the first call for an equal state.
+  std::shared_ptr<const TokenBitmask> Mask(const GrammarMatcher& state,
+                                           const TokenVocabulary& vocab);
+  [[nodiscard]] int64_t masks_computed() const;
+
+ private:
+  // Masks kept per grammar (~19 KB each at a 151K vocabulary).
+  static constexpr size_t kMaxMasks = 512;
+  Grammar grammar_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<const TokenBitmask>> masks_ ABSL_GUARDED_BY(mu_);
+  int64_t masks_computed_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Compiled grammars by spec, the most recently used kept.
+class GrammarCache {
+ public:
+  explicit GrammarCache(size_t capacity = 64) : capacity_(capacity) {}
+  absl::StatusOr<std::shared_ptr<CompiledGrammar>> Get(const StructuredOutputSpec& spec);
+
+ private:
+  const size_t capacity_;
+  absl::Mutex mu_;
+  std::list<std::pair<std::string, std::shared_ptr<CompiledGrammar>>> entries_
+      ABSL_GUARDED_BY(mu_);  // most recent first
+};
+
+// One request's position in its grammar, in tokens.
+class TokenConstraint {
+ public:
+  TokenConstraint(std::shared_ptr<CompiledGrammar> grammar,
+                  std::shared_ptr<const TokenVocabulary> vocab);
+
+  // The tokens that may come next, sorted: those the grammar allows, and `end_tokens` (the
+  // request's end-of-sequence and stop tokens) when the output is a complete value.
+  void AllowedTokens(std::span<const int32_t> end_tokens, std::vector<int32_t>& out) const;
+  // Advances past `token`; false (nothing changed) when the grammar does not allow it.
+  bool Accept(int32_t token);
+  // The output is a complete value and nothing can follow it: generation must end.
+  [[nodiscard]] bool Finished() const { return matcher_.Finished(); }
+  [[nodiscard]] bool Accepting() const { return matcher_.Accepting(); }
+
+ private:
+  std::shared_ptr<CompiledGrammar> grammar_;
+  std::shared_ptr<const TokenVocabulary> vocab_;
+  GrammarMatcher matcher_;
+};
+
+}  // namespace mobius::grammar
+
+#endif  // MOBIUS_GRAMMAR_STRUCTURED_OUTPUT_H_

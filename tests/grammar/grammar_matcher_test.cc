@@ -1,0 +1,192 @@
+#include "grammar/grammar_matcher.h"
+
+#include <string>
+
+#include "grammar/json_schema_compiler.h"
+#include "gtest/gtest.h"
+
+namespace mobius::grammar {
+namespace {
+
+// Whether `text` is a complete output of `g` (every byte accepted, the value complete).
+bool Matches(const Grammar& g, const std::string& text) {
+  GrammarMatcher m(g);
+  return m.FeedBytes(text) && m.Accepting();
+}
+
+// Whether `text` can begin an output of `g`.
+bool Prefix(const Grammar& g, const std::string& text) {
+  GrammarMatcher m(g);
+  return m.FeedBytes(text);
+}
+
+Grammar Schema(const std::string& text) {
+  absl::StatusOr<Grammar> g = CompileJsonSchemaText(text);
+  EXPECT_TRUE(g.ok()) << g.status();
+  return g.ok() ? *std::move(g) : Grammar{};
+}
+
+TEST(GrammarMatcherTest, JsonObjectAcceptsObjectsOnly) {
+  const Grammar g = JsonObjectGrammar();
+  for (const std::string ok :
+       {"{}", "{ }", "{\"a\":1}", "{\"a\": [1, -2.5e+3, true, false, null, \"x\"]}",
+        "{\"a\":{\"b\":{\"c\":[]}}}", "{\n  \"k\": \"v\\n\\u00e9\\\"\",\n  \"n\": 0\n}",
+        "{\"\xc3\xa9\xe4\xb8\xad\xf0\x9f\x98\x80\": 0.5}"}) {
+    EXPECT_TRUE(Matches(g, ok)) << ok;
+  }
+  for (const std::string bad : {"[]",
+                                "1",
+                                "\"x\"",
+                                "{\"a\"}",
+                                "{\"a\":}",
+                                "{\"a\":1,}",
+                                "{,}",
+                                "{\"a\":01}",
+                                "{\"a\":1.}",
+                                "{\"a\":-}",
+                                "{\"a\":tru}",
+                                "{\"a\":\"\x01\"}",
+                                "{\"a\":\"\\x\"}",
+                                "{\"a\":\"\x80\"}",
+                                "{\"a\":\"\xc0\xaf\"}",
+                                "{\"a\":\"\xed\xa0\x80\"}",
+                                " {}",
+                                "{} ",
+                                "{}{}",
+                                "{\"a\":1 2}",
+                                "{'a':1}"}) {
+    EXPECT_FALSE(Matches(g, bad)) << bad;
+  }
+  // Incomplete but valid so far.
+  EXPECT_TRUE(Prefix(g, "{\"a\": [1, {\"b\": \"x"));
+  EXPECT_FALSE(Matches(g, "{\"a\": [1, {\"b\": \"x"));
+}
+
+TEST(GrammarMatcherTest, WhitespaceRunsAreBounded) {
+  const Grammar g = JsonObjectGrammar();
+  EXPECT_TRUE(Prefix(g, "{" + std::string(kMaxWhitespaceRun, ' ')));
+  EXPECT_FALSE(Prefix(g, "{" + std::string(kMaxWhitespaceRun + 1, ' ')));
+  // The count restarts after each token.
+  EXPECT_TRUE(Matches(g, "{" + std::string(kMaxWhitespaceRun, ' ') + "\"a\"" +
+                             std::string(kMaxWhitespaceRun, '\n') + ":1}"));
+}
+
+TEST(GrammarMatcherTest, NumbersAreBoundedAndEndAtTheirDelimiter) {
+  const Grammar g = JsonObjectGrammar();
+  EXPECT_TRUE(Matches(g, "{\"a\":" + std::string(kMaxNumberLength, '1') + "}"));
+  EXPECT_FALSE(Prefix(g, "{\"a\":" + std::string(kMaxNumberLength + 1, '1')));
+  const Grammar n = Schema(R"({"type": "number"})");
+  EXPECT_TRUE(Matches(n, "12"));  // a number at the top is complete without a delimiter
+  GrammarMatcher m(n);
+  ASSERT_TRUE(m.FeedBytes("12"));
+  EXPECT_TRUE(m.Accepting());
+  EXPECT_FALSE(m.Finished());  // more digits may follow
+  EXPECT_FALSE(Matches(n, "12,"));
+  const Grammar i = Schema(R"({"type": "integer"})");
+  EXPECT_TRUE(Matches(i, "-120"));
+  EXPECT_FALSE(Prefix(i, "1.5"));
+  EXPECT_FALSE(Prefix(i, "1e5"));
+}
+
+TEST(GrammarMatcherTest, DeclaredPropertiesInOrderWithRequiredOnesPresent) {
+  const Grammar g = Schema(R"({
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                   "tags": {"type": "array", "items": {"type": "string"}}},
+    "required": ["name", "tags"]})");
+  EXPECT_TRUE(Matches(g, R"({"name":"x","age":3,"tags":[]})"));
+  EXPECT_TRUE(Matches(g, R"({"name": "x", "tags": ["a", "b"]})"));  // optional age skipped
+  EXPECT_FALSE(Matches(g, R"({"name":"x"})"));                      // tags is required
+  EXPECT_FALSE(Prefix(g, R"({"age":3)"));                           // name first
+  EXPECT_FALSE(Prefix(g, R"({"name":"x","tags":[],"age")"));        // out of order
+  EXPECT_FALSE(Prefix(g, R"({"name":"x","other")"));                // undeclared
+  EXPECT_FALSE(Prefix(g, R"({"name":1)"));                          // wrong type
+  EXPECT_FALSE(Prefix(g, R"({"name":"x","age":3.5)"));              // integer
+  EXPECT_FALSE(Prefix(g, R"({"name":"x","tags":[1)"));
+  EXPECT_FALSE(Prefix(g, R"({})"));  // required properties missing
+}
+
+TEST(GrammarMatcherTest, KeysThatSharePrefixes) {
+  const Grammar g = Schema(R"({"properties": {"a": {"type": "integer"}, "ab": {"type":
+    "integer"}, "abc": {"type": "integer"}}})");
+  EXPECT_TRUE(Matches(g, R"({"a":1,"ab":2,"abc":3})"));
+  EXPECT_TRUE(Matches(g, R"({"ab":2})"));
+  EXPECT_TRUE(Matches(g, R"({"abc":3})"));
+  EXPECT_TRUE(Matches(g, R"({})"));
+  EXPECT_FALSE(Prefix(g, R"({"ab":2,"a")"));
+}
+
+TEST(GrammarMatcherTest, EnumsConstsAndUnions) {
+  const Grammar g = Schema(R"({"type": "object", "properties": {
+    "color": {"enum": ["red", "green", 1, 12, null]},
+    "kind": {"const": "fixed"},
+    "note": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+    "flag": {"type": ["boolean", "null"]}},
+    "required": ["color", "kind", "note", "flag"]})");
+  EXPECT_TRUE(Matches(g, R"({"color":"red","kind":"fixed","note":null,"flag":true})"));
+  EXPECT_TRUE(Matches(g, R"({"color":12,"kind":"fixed","note":"x","flag":null})"));
+  EXPECT_TRUE(Matches(g, R"({"color":1,"kind":"fixed","note":"x","flag":false})"));
+  EXPECT_TRUE(Matches(g, R"({"color":null,"kind":"fixed","note":"","flag":false})"));
+  EXPECT_FALSE(Prefix(g, R"({"color":"blue")"));
+  EXPECT_FALSE(Prefix(g, R"({"color":123)"));
+  EXPECT_FALSE(Prefix(g, R"({"color":"red","kind":"other")"));
+  EXPECT_FALSE(Prefix(g, R"({"color":"red","kind":"fixed","note":1)"));
+}
+
+TEST(GrammarMatcherTest, StringLengthsCountCharacters) {
+  const Grammar g = Schema(R"({"type": "string", "minLength": 2, "maxLength": 3})");
+  EXPECT_FALSE(Matches(g, R"("a")"));
+  EXPECT_TRUE(Matches(g, R"("ab")"));
+  EXPECT_TRUE(Matches(g, "\"\xc3\xa9\\n\xe4\xb8\xad\""));  // three characters, six bytes
+  EXPECT_FALSE(Prefix(g, R"("abcd)"));
+  GrammarMatcher m(g);
+  ASSERT_TRUE(m.FeedBytes(R"("abc")"));
+  EXPECT_TRUE(m.Finished());
+}
+
+TEST(GrammarMatcherTest, ArrayLimits) {
+  const Grammar g = Schema(R"({"type": "array", "items": {"type": "integer"}, "minItems": 1,
+    "maxItems": 2})");
+  EXPECT_FALSE(Matches(g, "[]"));
+  EXPECT_TRUE(Matches(g, "[1]"));
+  EXPECT_TRUE(Matches(g, "[1, 2]"));
+  EXPECT_FALSE(Prefix(g, "[1, 2,"));
+}
+
+TEST(GrammarMatcherTest, RecursiveReferences) {
+  const Grammar g = Schema(R"({"$ref": "#/$defs/node", "$defs": {"node": {"type": "object",
+    "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items":
+    {"$ref": "#/$defs/node"}}}, "required": ["v"]}}})");
+  EXPECT_TRUE(Matches(g, R"({"v":1,"kids":[{"v":2},{"v":3,"kids":[{"v":4}]}]})"));
+  EXPECT_FALSE(Prefix(g, R"({"v":1,"kids":[{"kids")"));
+}
+
+TEST(GrammarMatcherTest, NestingDepthIsBounded) {
+  const Grammar g = JsonObjectGrammar();
+  std::string deep;
+  // The root frame and kMaxNestingDepth values.
+  for (int i = 0; i < kMaxNestingDepth; ++i) deep += i == 0 ? "{\"a\":" : "[";
+  EXPECT_TRUE(Prefix(g, deep));
+  EXPECT_FALSE(Prefix(g, deep + "["));
+}
+
+TEST(GrammarMatcherTest, ChoicesAreRawTextAndMayPrefixEachOther) {
+  absl::StatusOr<Grammar> g = ChoiceGrammar({"yes", "yes sir", "no"});
+  ASSERT_TRUE(g.ok());
+  EXPECT_TRUE(Matches(*g, "yes"));
+  EXPECT_TRUE(Matches(*g, "yes sir"));
+  EXPECT_TRUE(Matches(*g, "no"));
+  EXPECT_FALSE(Matches(*g, "yes s"));
+  EXPECT_FALSE(Prefix(*g, "maybe"));
+  GrammarMatcher m(*g);
+  ASSERT_TRUE(m.FeedBytes("yes"));
+  EXPECT_TRUE(m.Accepting());
+  EXPECT_FALSE(m.Finished());
+  ASSERT_TRUE(m.FeedBytes(" sir"));
+  EXPECT_TRUE(m.Finished());
+  EXPECT_FALSE(ChoiceGrammar({}).ok());
+  EXPECT_FALSE(ChoiceGrammar({"a", ""}).ok());
+}
+
+}  // namespace
+}  // namespace mobius::grammar

@@ -1,0 +1,164 @@
+#include "grammar/token_mask.h"
+
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "grammar/json_schema_compiler.h"
+#include "grammar/structured_output.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tokenizer/tokenizer.h"
+
+namespace mobius::grammar {
+namespace {
+
+// The Qwen3 tokenizer's tokens as bytes (special tokens empty), loaded once.
+std::shared_ptr<const TokenVocabulary> QwenVocabulary() {
+  static std::shared_ptr<const TokenVocabulary> vocab = [] {
+    const std::filesystem::path dir =
+        std::filesystem::path(MOBIUS_FIXTURES_DIR) / "tokenizer-qwen3";
+    absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> tok =
+        tokenizer::Tokenizer::FromDirectory(dir);
+    if (!tok.ok()) {
+      ADD_FAILURE() << "the Qwen3 tokenizer fixture at " << dir << ": " << tok.status();
+      return std::shared_ptr<const TokenVocabulary>();
+    }
+    std::vector<std::string> bytes((*tok)->vocab_size());
+    for (size_t id = 0; id < bytes.size(); ++id) {
+      if ((*tok)->IsSpecialToken(static_cast<int32_t>(id))) continue;
+      absl::StatusOr<std::string_view> b = (*tok)->TokenBytes(static_cast<int32_t>(id));
+      if (b.ok()) bytes[id] = std::string(*b);
+    }
+    return std::make_shared<const TokenVocabulary>(std::move(bytes));
+  }();
+  return vocab;
+}
+
+// The mask by brute force: each token's bytes fed to a copy of the state.
+TokenBitmask BruteForceMask(const GrammarMatcher& state, const TokenVocabulary& vocab) {
+  TokenBitmask mask((vocab.size() + 63) / 64, 0);
+  GrammarMatcher probe = state;
+  for (size_t id = 0; id < vocab.size(); ++id) {
+    const std::string_view b = vocab.bytes(static_cast<int32_t>(id));
+    if (b.empty()) continue;
+    probe.CopyFrom(state);
+    if (probe.FeedBytes(b)) mask[id / 64] |= uint64_t{1} << (id % 64);
+  }
+  return mask;
+}
+
+TEST(TokenMaskTest, SmallVocabularyTrieMatchesBruteForce) {
+  const TokenVocabulary vocab({"{", "{\"", "\"", "\":",  "a",   "ab",   "abc",  "",         "}",
+                               " ", "1",   "12", "\"}",  "x\"", "\xc3", "\xa9", "\xc3\xa9", "ab",
+                               "[", "]",   ",",  "true", "tr",  "ue",   "null"});
+  const Grammar g = JsonObjectGrammar();
+  GrammarMatcher state(g);
+  std::mt19937 rng(7);
+  // Walk a random path of allowed tokens, checking the mask at every state.
+  for (int step = 0; step < 40; ++step) {
+    TokenBitmask fast;
+    vocab.ComputeMask(state, fast);
+    const TokenBitmask slow = BruteForceMask(state, vocab);
+    ASSERT_EQ(fast, slow) << "step " << step;
+    std::vector<int32_t> allowed;
+    for (size_t id = 0; id < vocab.size(); ++id) {
+      if (TestToken(fast, static_cast<int32_t>(id))) allowed.push_back(static_cast<int32_t>(id));
+    }
+    if (allowed.empty()) break;
+    const int32_t pick = allowed[rng() % allowed.size()];
+    ASSERT_TRUE(state.FeedBytes(vocab.bytes(pick)));
+  }
+}
+
+TEST(TokenMaskTest, QwenVocabularyMatchesBruteForceAtSeveralStates) {
+  std::shared_ptr<const TokenVocabulary> vocab = QwenVocabulary();
+  ASSERT_NE(vocab, nullptr);
+  const Grammar g = JsonObjectGrammar();
+  for (const std::string prefix :
+       {"", "{", "{\"ke", "{\"key\": ", "{\"key\": \"va", "{\"key\": 12", "{\"key\": [tr",
+        "{\"key\": \"\xe4\xb8", "{\"k\": {\"a\": null}, \"b\": -0.5e"}) {
+    GrammarMatcher state(g);
+    ASSERT_TRUE(state.FeedBytes(prefix)) << prefix;
+    TokenBitmask fast;
+    vocab->ComputeMask(state, fast);
+    const TokenBitmask slow = BruteForceMask(state, *vocab);
+    EXPECT_EQ(fast, slow) << prefix;
+    size_t allowed = 0;
+    for (uint64_t w : fast) allowed += static_cast<size_t>(__builtin_popcountll(w));
+    EXPECT_GT(allowed, 0u) << prefix;
+  }
+}
+
+// Draws random allowed tokens until the grammar is finished: every such output must parse as
+// JSON and hold the schema's shape.
+TEST(TokenMaskTest, RandomConstrainedOutputsFollowTheSchema) {
+  std::shared_ptr<const TokenVocabulary> vocab = QwenVocabulary();
+  ASSERT_NE(vocab, nullptr);
+  StructuredOutputSpec spec;
+  spec.kind = StructuredOutputSpec::Kind::kJsonSchema;
+  spec.json_schema = R"({"type": "object", "properties": {
+      "name": {"type": "string", "maxLength": 8},
+      "age": {"type": "integer"},
+      "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
+      "required": ["name", "tags"]})";
+  GrammarCache cache;
+  absl::StatusOr<std::shared_ptr<CompiledGrammar>> compiled = cache.Get(spec);
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  int32_t eos = static_cast<int32_t>(vocab->size()) - 1;  // a special token: no bytes
+  while (eos > 0 && !vocab->bytes(eos).empty()) --eos;
+  ASSERT_TRUE(vocab->bytes(eos).empty());
+  std::mt19937 rng(11);
+  int completed = 0;
+  for (int sample = 0; sample < 20; ++sample) {
+    TokenConstraint constraint(*compiled, vocab);
+    std::string text;
+    std::vector<int32_t> allowed;
+    bool ended = false;
+    for (int step = 0; step < 400 && !ended; ++step) {
+      if (constraint.Finished()) break;
+      constraint.AllowedTokens({&eos, 1}, allowed);
+      ASSERT_FALSE(allowed.empty()) << text;
+      // Favour short tokens and the end, so outputs stay small.
+      int32_t pick = allowed[rng() % allowed.size()];
+      if (rng() % 4 == 0) {
+        for (int32_t t : allowed) {
+          if (t == eos || vocab->bytes(t).size() == 1) {
+            pick = t;
+            if (rng() % 2) break;
+          }
+        }
+      }
+      if (pick == eos) {
+        ASSERT_TRUE(constraint.Accepting());
+        ended = true;
+        break;
+      }
+      ASSERT_TRUE(constraint.Accept(pick));
+      text += vocab->bytes(pick);
+    }
+    if (!ended && !constraint.Finished()) continue;  // ran out of steps mid-value
+    ++completed;
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << text;
+    ASSERT_TRUE(j.is_object()) << text;
+    ASSERT_TRUE(j.contains("name") && j["name"].is_string()) << text;
+    EXPECT_LE(j["name"].get<std::string>().size(), 8u * 4) << text;
+    ASSERT_TRUE(j.contains("tags") && j["tags"].is_array()) << text;
+    EXPECT_LE(j["tags"].size(), 3u) << text;
+    for (const auto& t : j["tags"]) EXPECT_TRUE(t == "a" || t == "b") << text;
+    if (j.contains("age")) {
+      EXPECT_TRUE(j["age"].is_number_integer()) << text;
+    }
+    for (const auto& [k, v] : j.items()) {
+      EXPECT_TRUE(k == "name" || k == "age" || k == "tags") << text;
+    }
+  }
+  EXPECT_GE(completed, 10);
+  EXPECT_GT((*compiled)->masks_computed(), 0);
+}
+
+}  // namespace
+}  // namespace mobius::grammar
