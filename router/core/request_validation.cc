@@ -2,9 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "grammar/json_schema_compiler.h"
 #include "router/inference_service.h"
 
 namespace mobius::router {
@@ -168,6 +172,23 @@ absl::Status ValidateSamplingParams(const v1::SamplingParams& p, const v1::Model
                              w, id, model.vocab_size())),
                          "bad_words_token_ids");
       }
+    }
+  }
+  if (p.has_structured_output()) {
+    // Compiled here too (the worker compiles again) so that a schema outside the supported
+    // subset is refused before a worker is chosen, with its location.
+    const v1::StructuredOutput& so = p.structured_output();
+    absl::StatusOr<grammar::Grammar> compiled = grammar::Grammar{};
+    if (so.has_json_schema()) {
+      compiled = grammar::CompileJsonSchemaText(so.json_schema());
+    } else if (so.has_choice()) {
+      compiled = grammar::ChoiceGrammar(
+          std::vector<std::string>(so.choice().choices().begin(), so.choice().choices().end()));
+    }
+    if (!compiled.ok()) {
+      return WithField(absl::InvalidArgumentError(absl::StrCat(
+                           "sampling_params.structured_output: ", compiled.status().message())),
+                       "structured_output");
     }
   }
   for (int i = 0; i < p.stop_size(); ++i) {

@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "router/http/choice_fan_out.h"
 #include "router/http/openai_request.h"
+#include "router/http/structured_output_request.h"
 
 namespace mobius::router::openai {
 namespace {
@@ -295,6 +296,16 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
     context.tokens_as_ids = params->tokens_as_ids;
     context.prompt_logprobs = generate.sampling_params().has_prompt_logprobs();
     context.return_token_ids = params->return_token_ids;
+  }
+
+  // A JSON schema's properties are generated in their declared order, which the body as parsed
+  // above lost (its objects sort their keys): the schema's text comes from the body again.
+  if (!prompts.empty() && prompts.front().sampling_params().structured_output().has_json_schema()) {
+    absl::StatusOr<std::string> schema = OrderedSchemaText(request.body());
+    if (!schema.ok()) return fail(schema.status());
+    for (v1::GenerateRequest& p : prompts) {
+      p.mutable_sampling_params()->mutable_structured_output()->set_json_schema(*schema);
+    }
   }
 
   // One choice keeps the client's id, or none, and the service assigns one (its messages carry

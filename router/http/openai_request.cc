@@ -14,6 +14,7 @@
 #include "absl/types/optional.h"
 #include "common/json_parse.h"
 #include "router/http/python_json.h"
+#include "router/http/structured_output_request.h"
 #include "router/inference_service.h"
 
 namespace mobius::router::openai {
@@ -201,11 +202,6 @@ absl::Status RefuseUnimplemented(const Json& body) {
     const char* why;
   };
   static constexpr Unimplemented kFields[] = {
-      {"guided_json", "guided decoding is not supported"},
-      {"guided_regex", "guided decoding is not supported"},
-      {"guided_choice", "guided decoding is not supported"},
-      {"guided_grammar", "guided decoding is not supported"},
-      {"structured_outputs", "structured output is not supported"},
       {"use_beam_search", "beam search is not supported"},
   };
   for (const Unimplemented& u : kFields) {
@@ -221,6 +217,11 @@ absl::Status RefuseUnimplemented(const Json& body) {
 // Fields both endpoints share; max_tokens and logprobs differ between them and are left out.
 absl::Status ParseSampling(const Json& body, v1::SamplingParams* sampling) {
   RETURN_IF_ERROR(RefuseUnimplemented(body));
+  v1::StructuredOutput form;
+  RETURN_IF_ERROR(ParseStructuredOutput(body, &form));
+  if (form.kind_case() != v1::StructuredOutput::KIND_NOT_SET) {
+    *sampling->mutable_structured_output() = std::move(form);
+  }
   std::optional<float> f;
   ASSIGN_OR_RETURN(f, ReadFloat(body, "temperature"));
   if (f) sampling->set_temperature(*f);
@@ -786,14 +787,6 @@ absl::StatusOr<ChatParams> ParseChatRequest(const Json& body,
   RETURN_IF_ERROR(ParseTools(body, &params));
   RETURN_IF_ERROR(ParseChatTemplateKwargs(body, &params.enable_thinking));
   ASSIGN_OR_RETURN(params.truncate_prompt_tokens, ParseTruncation(body));
-  if (const Json* format = Member(body, "response_format"); format != nullptr) {
-    const Json* type = format->is_object() ? Member(*format, "type") : nullptr;
-    if (type == nullptr || *type != "text") {
-      return FieldError(
-          "response_format.type",
-          "response_format.type must be \"text\"; structured output is not supported");
-    }
-  }
   return params;
 }
 

@@ -8,6 +8,7 @@
 
 #include "grammar/json_schema_compiler.h"
 #include "grammar/structured_output.h"
+#include "grammar/tokenizer_vocabulary.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tokenizer/tokenizer.h"
@@ -26,13 +27,7 @@ std::shared_ptr<const TokenVocabulary> QwenVocabulary() {
       ADD_FAILURE() << "the Qwen3 tokenizer fixture at " << dir << ": " << tok.status();
       return std::shared_ptr<const TokenVocabulary>();
     }
-    std::vector<std::string> bytes((*tok)->vocab_size());
-    for (size_t id = 0; id < bytes.size(); ++id) {
-      if ((*tok)->IsSpecialToken(static_cast<int32_t>(id))) continue;
-      absl::StatusOr<std::string_view> b = (*tok)->TokenBytes(static_cast<int32_t>(id));
-      if (b.ok()) bytes[id] = std::string(*b);
-    }
-    return std::make_shared<const TokenVocabulary>(std::move(bytes));
+    return VocabularyFromTokenizer(**tok, (*tok)->vocab_size());
   }();
   return vocab;
 }

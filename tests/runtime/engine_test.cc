@@ -7,7 +7,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
+#include "grammar/grammar_matcher.h"
+#include "grammar/json_schema_compiler.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "prometheus/text_serializer.h"
 #include "tests/model/fixture_util.h"
 #include "worker/runtime/mtp_drafter.h"
@@ -802,6 +805,127 @@ TEST_F(EngineTest, SampledSpeculationIsIndependentOfBatching) {
   EXPECT_GT(accepted_four, 0);             // some drafts accepted ...
   EXPECT_LT(accepted_four, drafted_four);  // ... and some rejected
   EXPECT_EQ(accepted_one, accepted_four);
+}
+
+// Structured output on the fixture model, which has no tokenizer: its ids spell JSON pieces and
+// every printable ASCII byte, as a byte-level BPE vocabulary has every byte (id i the piece i mod
+// N, so each piece has many ids and the model's preferences choose among them); the last id is
+// the end-of-sequence token.
+class StructuredOutputEngineTest : public EngineTest {
+ protected:
+  std::unique_ptr<Engine> StartConstrained(bool with_vocabulary = true) {
+    static const char* kPieces[] = {
+        "{",    "}",        "[",   "]", "\"",   ":",      ",",   " ",    "a",     "b",
+        "name", "\"name\"", "age", "1", "0",    "-",      ".",   "true", "false", "null",
+        "x\"",  "\": ",     "\"a", "7", "\n  ", "\"ok\"", "yes", "no",   " way",  "e"};
+    const int vocab = model_->config().vocab_size;
+    eos_ = vocab - 1;
+    std::vector<std::string> pieces(std::begin(kPieces), std::end(kPieces));
+    for (char c = ' '; c <= '~'; ++c) pieces.emplace_back(1, c);
+    std::vector<std::string> bytes(vocab);
+    for (int i = 0; i < vocab; ++i) bytes[i] = pieces[i % pieces.size()];
+    bytes[eos_] = "";
+    vocabulary_ = std::make_shared<const grammar::TokenVocabulary>(bytes);
+    EngineOptions options;
+    options.eos_token_ids = {eos_};
+    if (with_vocabulary) options.vocabulary = vocabulary_;
+    return Start(options);
+  }
+  std::string Text(const std::vector<int32_t>& tokens) const {
+    std::string text;
+    for (int32_t t : tokens) text += vocabulary_->bytes(t);
+    return text;
+  }
+  GenerationRequest Constrained(const std::string& id, grammar::StructuredOutputSpec spec,
+                                float temperature, uint64_t seed) {
+    GenerationRequest r = Greedy(id, ref_.prompts[ref_.greedy[0].first], 600);
+    r.params.temperature = temperature;
+    r.params.seed = seed;
+    r.params.structured_output = std::move(spec);
+    return r;
+  }
+  int32_t eos_ = 0;
+  std::shared_ptr<const grammar::TokenVocabulary> vocabulary_;
+};
+
+TEST_F(StructuredOutputEngineTest, OutputsFollowTheSchema) {
+  Streams streams;  // outlives the engine, whose shutdown may still deliver
+  auto engine = StartConstrained();
+  ASSERT_NE(engine, nullptr);
+  grammar::StructuredOutputSpec spec;
+  spec.kind = grammar::StructuredOutputSpec::Kind::kJsonSchema;
+  spec.json_schema = R"({"type": "object", "properties": {
+      "name": {"type": "string", "maxLength": 6}, "age": {"type": "integer"},
+      "ok": {"type": "boolean"}}, "required": ["name", "age", "ok"]})";
+  // Greedy, and sampled at several seeds, in one batch.
+  for (int i = 0; i < 4; ++i) {
+    const std::string id = "json" + std::to_string(i);
+    ASSERT_TRUE(
+        engine->Enqueue(Constrained(id, spec, i == 0 ? 0.0f : 1.0f, i), streams.For(id)).ok());
+  }
+  for (int i = 0; i < 4; ++i) {
+    const auto result = streams.Wait("json" + std::to_string(i));
+    const std::string text = Text(result.tokens);
+    ASSERT_EQ(result.finish, FinishReason::kStop) << text << " " << result.error;
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << text;
+    ASSERT_EQ(j.size(), 3u) << text;
+    EXPECT_TRUE(j["name"].is_string()) << text;
+    EXPECT_TRUE(j["age"].is_number_integer()) << text;
+    EXPECT_TRUE(j["ok"].is_boolean()) << text;
+  }
+}
+
+TEST_F(StructuredOutputEngineTest, ChoicesAndJsonObjects) {
+  Streams streams;
+  auto engine = StartConstrained();
+  ASSERT_NE(engine, nullptr);
+  grammar::StructuredOutputSpec choice;
+  choice.kind = grammar::StructuredOutputSpec::Kind::kChoice;
+  choice.choices = {"yes", "no way"};
+  grammar::StructuredOutputSpec object;
+  object.kind = grammar::StructuredOutputSpec::Kind::kJsonObject;
+  ASSERT_TRUE(engine->Enqueue(Constrained("c0", choice, 0, 0), streams.For("c0")).ok());
+  ASSERT_TRUE(engine->Enqueue(Constrained("c1", choice, 1, 5), streams.For("c1")).ok());
+  GenerationRequest obj = Constrained("o", object, 1, 3);
+  obj.params.max_tokens = 40;  // a free-form object may stop by length: it must still be valid
+  ASSERT_TRUE(engine->Enqueue(obj, streams.For("o")).ok());
+  for (const char* id : {"c0", "c1"}) {
+    const auto result = streams.Wait(id);
+    const std::string text = Text(result.tokens);
+    EXPECT_EQ(result.finish, FinishReason::kStop) << id;
+    EXPECT_TRUE(text == "yes" || text == "no way") << id << ": " << text;
+  }
+  const auto result = streams.Wait("o");
+  const std::string text = Text(result.tokens);
+  ASSERT_NE(result.finish, FinishReason::kError) << result.error;
+  const grammar::Grammar g = grammar::JsonObjectGrammar();
+  grammar::GrammarMatcher m(g);
+  EXPECT_TRUE(m.FeedBytes(text)) << text;  // a prefix of an object, at least
+  if (result.finish == FinishReason::kStop) {
+    EXPECT_TRUE(nlohmann::json::parse(text, nullptr, false).is_object()) << text;
+  }
+}
+
+TEST_F(StructuredOutputEngineTest, RequestsItCannotServeAreRefusedWithReasons) {
+  grammar::StructuredOutputSpec spec;
+  spec.kind = grammar::StructuredOutputSpec::Kind::kJsonSchema;
+  spec.json_schema = R"({"type": "string", "pattern": "^[a-z]+$"})";
+  {
+    auto engine = StartConstrained();
+    ASSERT_NE(engine, nullptr);
+    Streams streams;
+    const absl::Status s = engine->Enqueue(Constrained("p", spec, 0, 0), streams.For("p"));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.message(), HasSubstr("schema.pattern"));
+  }
+  auto engine = StartConstrained(/*with_vocabulary=*/false);
+  ASSERT_NE(engine, nullptr);
+  Streams streams;
+  spec.json_schema = R"({"type": "string"})";
+  const absl::Status s = engine->Enqueue(Constrained("t", spec, 0, 0), streams.For("t"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("--tokenizer"));
 }
 
 }  // namespace

@@ -79,8 +79,26 @@ absl::Status Engine::Enqueue(GenerationRequest request, OutputCallback callback)
         options_.max_model_len));
   }
   RETURN_IF_ERROR(request.params.Validate(vocab));
+  std::unique_ptr<grammar::TokenConstraint> constraint;
+  if (request.params.structured_output.kind != grammar::StructuredOutputSpec::Kind::kNone) {
+    if (options_.vocabulary == nullptr) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "request %s asks for structured output, which needs the model's tokenizer: start the "
+          "worker with --tokenizer DIR (the directory of tokenizer.json)",
+          request.request_id));
+    }
+    absl::StatusOr<std::shared_ptr<grammar::CompiledGrammar>> compiled =
+        grammar_cache_.Get(request.params.structured_output);
+    if (!compiled.ok()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "request %s: structured_output: %s", request.request_id, compiled.status().message()));
+    }
+    constraint =
+        std::make_unique<grammar::TokenConstraint>(*std::move(compiled), options_.vocabulary);
+  }
 
   auto seq = std::make_unique<Sequence>();
+  seq->constraint = std::move(constraint);
   seq->request_id = request.request_id;
   seq->priority = request.priority;
   seq->params = request.params;
@@ -306,7 +324,10 @@ void Engine::PublishStats() {
 }
 
 bool Engine::Speculates(const Sequence& seq) const {
-  return options_.spec_tokens > 0 && options_.drafter != nullptr && seq.params.logprobs < 0;
+  // (A constrained sequence's drafts would each need the grammar state after the ones before
+  // them; such sequences decode one token a step.)
+  return options_.spec_tokens > 0 && options_.drafter != nullptr && seq.params.logprobs < 0 &&
+         seq.constraint == nullptr;
 }
 
 std::unique_ptr<Sequence> Engine::RemoveSequence(const std::string& request_id) {
@@ -477,6 +498,18 @@ bool Engine::Step() {
   // (254 MB of fp32 at batch 256 with a 248K vocabulary). Drafts are verified against the
   // argmax of every row of theirs (VerifyGreedyDrafts). A step that scores prompt rows needs
   // them on the host, and samples there.
+  // Structured output: each constrained sequence draws from the tokens its grammar allows now,
+  // and from its end tokens once its output is a complete value.
+  for (const ScheduledChunk& c : plan.chunks) {
+    Sequence& seq = *c.sequence;
+    if (seq.constraint == nullptr || !c.completes_prefill()) continue;
+    std::vector<int32_t> end_tokens = seq.params.stop_token_ids;
+    end_tokens.insert(end_tokens.end(), options_.eos_token_ids.begin(),
+                      options_.eos_token_ids.end());
+    std::vector<int32_t> allowed;
+    seq.constraint->AllowedTokens(end_tokens, allowed);
+    seq.sampler->ConstrainNext(std::move(allowed));
+  }
   bool greedy_step = !scoring;
   for (const ScheduledChunk& c : plan.chunks) {
     if (c.completes_prefill()) greedy_step &= c.sequence->sampler->ArgmaxOnly();
@@ -760,25 +793,40 @@ bool Engine::Step() {
     GenerationOutput out;
     take_prompt_scores(out);
     if (sampled.has_value() && seq.params.logprobs >= 0) out.logprobs.push_back(*sampled);
+    bool off_grammar = false;
     for (int32_t token : new_tokens) {
       seq.output.push_back(token);
       seq.history.AddOutput(token);
       out.tokens.push_back(token);
-      const bool eos = !seq.params.ignore_eos &&
+      // (A constrained output ends at an end-of-sequence token even with ignore_eos: its
+      // grammar offered it only because the value was complete.)
+      const bool eos = (!seq.params.ignore_eos || seq.constraint != nullptr) &&
                        std::find(options_.eos_token_ids.begin(), options_.eos_token_ids.end(),
                                  token) != options_.eos_token_ids.end();
       const bool stop_id =
           std::find(seq.params.stop_token_ids.begin(), seq.params.stop_token_ids.end(), token) !=
           seq.params.stop_token_ids.end();
+      if (seq.constraint != nullptr && !eos && !stop_id && !seq.constraint->Accept(token)) {
+        // The draw honours the grammar's mask, so this means a bug, not a bad request.
+        errored.push_back(seq.request_id);
+        replay_error = absl::InternalError(
+            absl::StrFormat("request %s drew token %d, which its structured output does not allow",
+                            seq.request_id, token));
+        off_grammar = true;
+        break;
+      }
       if (eos || stop_id) {
         out.finish = FinishReason::kStop;
         out.matched_stop_token = token;
+      } else if (seq.constraint != nullptr && seq.constraint->Finished()) {
+        out.finish = FinishReason::kStop;  // the value is complete and nothing can follow
       } else if (static_cast<int>(seq.output.size()) >= seq.params.max_tokens ||
                  seq.num_tokens() >= options_.max_model_len) {
         out.finish = FinishReason::kLength;
       }
       if (out.finish != FinishReason::kNone) break;
     }
+    if (off_grammar) continue;  // ends with the error below; the token is not sent
     // The tokens sent, not those verified: a stop inside the accepted drafts drops the rest.
     // (The speculation counters above keep the verifier's view: they measure the drafter.)
     if (EngineMetrics* m = options_.metrics) {
@@ -851,8 +899,8 @@ bool Engine::Step() {
       Finish(*seq, FinishReason::kError, std::nullopt,
              absl::InvalidArgumentError(absl::StrFormat(
                  "request %s: no token can be drawn after %d output tokens: every logit is "
-                 "-inf (allowed_token_ids, bad_words and min_tokens together exclude every "
-                 "token) or not a number",
+                 "-inf (allowed_token_ids, bad_words, min_tokens and structured output "
+                 "together exclude every token) or not a number",
                  id, seq->output.size())));
     }
   }

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "grammar/structured_output.h"
 #include "worker/model/hybrid_model.h"
 #include "worker/runtime/engine_metrics.h"
 #include "worker/runtime/sampler.h"
@@ -73,6 +74,9 @@ struct EngineOptions {
   // host).
   enum class SamplingPlace { kAuto, kHost, kBackend };
   SamplingPlace sampling_place = SamplingPlace::kAuto;
+  // The tokens' bytes (the model's tokenizer), for structured output; without them requests
+  // that ask for it fail with FailedPrecondition.
+  std::shared_ptr<const grammar::TokenVocabulary> vocabulary;
   // Test hook: a pause after every step that did work, so that process tests can make a step
   // long enough to tell "freed within one step" from "freed a few steps later".
   absl::Duration debug_step_delay = absl::ZeroDuration();
@@ -181,6 +185,8 @@ class Engine {
   EngineOptions options_;
   std::unique_ptr<Scheduler> scheduler_;  // engine thread only
   int64_t step_index_ = 0;                // engine thread only
+  // Compiled structured-output grammars, shared by the requests that ask the same.
+  grammar::GrammarCache grammar_cache_;
   // Snapshot state slots of speculating sequences, by arrival number (engine thread only).
   absl::flat_hash_map<uint64_t, SequenceCache> snapshots_;
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <map>
 
@@ -57,6 +58,7 @@ RequestSampler::RequestSampler(const SamplingParams& params, uint64_t fallback_s
   allowed_ = params.allowed_token_ids;
   std::sort(allowed_.begin(), allowed_.end());
   allowed_.erase(std::unique(allowed_.begin(), allowed_.end()), allowed_.end());
+  constrained_ = params.structured_output.kind != grammar::StructuredOutputSpec::Kind::kNone;
   if (params.min_tokens > 0) {
     std::map<int32_t, float> banned = bias;
     if (!params.ignore_eos) {
@@ -103,6 +105,16 @@ void RequestSampler::SetBiases(std::span<const int32_t> output, std::span<const 
   p.biases = biases;
 }
 
+void RequestSampler::ConstrainNext(std::vector<int32_t> allowed) {
+  if (!allowed_.empty()) {
+    std::vector<int32_t> both;
+    std::set_intersection(allowed.begin(), allowed.end(), allowed_.begin(), allowed_.end(),
+                          std::back_inserter(both));
+    allowed = std::move(both);
+  }
+  constrained_allowed_ = std::move(allowed);
+}
+
 kernels::LogitPenalties RequestSampler::Penalties(const TokenHistory& history) const {
   kernels::LogitPenalties p{params_.repetition_penalty,
                             params_.frequency_penalty,
@@ -114,6 +126,14 @@ kernels::LogitPenalties RequestSampler::Penalties(const TokenHistory& history) c
                             {},
                             {},
                             allowed_};
+  if (constrained_) {
+    // An empty list would mean "no restriction": a grammar that allows nothing bans every
+    // token instead (the draw then reports that nothing could be drawn).
+    static const int32_t kNoToken[] = {-1};
+    p.allowed_tokens = constrained_allowed_.empty()
+                           ? std::span<const int32_t>(kNoToken)
+                           : std::span<const int32_t>(constrained_allowed_);
+  }
   SetBiases(history.output(), {}, row_bias_tokens_, row_biases_, p);
   return p;
 }

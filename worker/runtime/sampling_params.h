@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "grammar/structured_output.h"
 
 namespace mobius::worker {
 
@@ -47,6 +48,9 @@ struct SamplingParams {
   // Token sequences that must not be generated (vLLM's bad_words, tokenized by the router): the
   // last token of each is banned wherever the output ends with the rest of it.
   std::vector<std::vector<int32_t>> bad_words;
+  // What the output must be (a JSON schema, any JSON object, one of fixed strings); kind kNone:
+  // free text. Compiled by the engine, which needs the tokenizer's vocabulary for it.
+  grammar::StructuredOutputSpec structured_output;
 
   // InvalidArgument naming the field, its value and the allowed range.
   [[nodiscard]] absl::Status Validate(int vocab_size) const;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "grammar/structured_output.h"
 #include "worker/cache/paged_kv_cache.h"
 #include "worker/cache/sequence_cache.h"
 #include "worker/cache/state_slot_pool.h"
@@ -46,6 +47,8 @@ struct Sequence {
   // token k), delivered with the first output message.
   std::vector<SampledToken> prompt_scores;
   bool prompt_scores_sent = false;
+  // Structured output: the request's place in its grammar (null for free text).
+  std::unique_ptr<grammar::TokenConstraint> constraint;
 
   // Whether this sequence's prefill chunks need a logits row per token (to score the prompt).
   [[nodiscard]] bool ScoresPrompt() const {

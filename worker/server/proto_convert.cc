@@ -27,6 +27,24 @@ SamplingParams FromProto(const v1::SamplingParams& p) {
   for (const v1::TokenSequence& word : p.bad_words_token_ids()) {
     s.bad_words.emplace_back(word.ids().begin(), word.ids().end());
   }
+  using Kind = grammar::StructuredOutputSpec::Kind;
+  const v1::StructuredOutput& so = p.structured_output();
+  switch (so.kind_case()) {
+    case v1::StructuredOutput::kJsonSchema:
+      s.structured_output.kind = Kind::kJsonSchema;
+      s.structured_output.json_schema = so.json_schema();
+      break;
+    case v1::StructuredOutput::kJsonObject:
+      if (so.json_object()) s.structured_output.kind = Kind::kJsonObject;
+      break;
+    case v1::StructuredOutput::kChoice:
+      s.structured_output.kind = Kind::kChoice;
+      s.structured_output.choices.assign(so.choice().choices().begin(),
+                                         so.choice().choices().end());
+      break;
+    case v1::StructuredOutput::KIND_NOT_SET:
+      break;
+  }
   return s;
 }
 

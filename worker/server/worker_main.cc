@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <utility>
@@ -21,11 +22,13 @@
 #include "common/logging.h"
 #include "common/metrics_http_server.h"
 #include "common/status_macros.h"
+#include "grammar/tokenizer_vocabulary.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_builder.h"
 #include "nlohmann/json.hpp"
 #include "prometheus/registry.h"
+#include "tokenizer/tokenizer.h"
 #include "worker/distributed/replica_plan.h"
 #include "worker/model/generation_defaults.h"
 #include "worker/model/memory_plan.h"
@@ -52,6 +55,11 @@ ABSL_FLAG(int, max_prompt_score_rows, mobius::worker::kDefaultMaxPromptScoreRows
           "vocabulary of float32 (~1 MB at 248K; the memory plan reserves twice the rows), and a "
           "scored prompt prefills at most this many tokens a step: at release scale each such "
           "step reads every expert, so a larger value scores long prompts in fewer steps.");
+ABSL_FLAG(std::string, tokenizer, "",
+          "Directory of the model's tokenizer.json, for structured output (response_format, "
+          "guided_json, guided_choice): the grammar needs each token's bytes. Default: the "
+          "--model directory when it holds a tokenizer.json; without one, requests that ask for "
+          "structured output fail and everything else is served.");
 ABSL_FLAG(int, max_model_len, 8192, "Longest sequence, prompt plus output, in tokens.");
 ABSL_FLAG(int, kv_block_size, 16, "Positions per paged KV-cache block.");
 ABSL_FLAG(int, num_kv_blocks, 0,
@@ -86,6 +94,37 @@ class FollowerHealth final : public grpc::health::v1::Health::Service {
  private:
   std::atomic<bool> serving_{true};
 };
+
+// The token bytes structured output needs: from --tokenizer, else from the model directory when
+// it holds a tokenizer.json; null (structured output refused per request) without either.
+absl::StatusOr<std::shared_ptr<const grammar::TokenVocabulary>> LoadVocabulary(
+    const std::string& model_dir, int vocab_size) {
+  std::string dir = absl::GetFlag(FLAGS_tokenizer);
+  const bool given = !dir.empty();
+  if (!given) {
+    std::error_code ec;
+    if (model_dir.empty() ||
+        !std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json", ec)) {
+      MOBIUS_LOG(INFO, "worker", "")
+          << "no tokenizer (--tokenizer): requests for structured output will be refused";
+      return std::shared_ptr<const grammar::TokenVocabulary>();
+    }
+    dir = model_dir;
+  }
+  absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> tok =
+      tokenizer::Tokenizer::FromDirectory(dir);
+  if (!tok.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(given ? "--tokenizer " : "the model directory's tokenizer ", dir, ": ",
+                     tok.status().message()));
+  }
+  std::shared_ptr<const grammar::TokenVocabulary> vocab =
+      grammar::VocabularyFromTokenizer(**tok, static_cast<size_t>(vocab_size));
+  MOBIUS_LOG(INFO, "worker", "") << "structured output: " << (*tok)->vocab_size()
+                                 << " tokenizer tokens from " << dir << " (" << vocab->trie_nodes()
+                                 << " prefix-tree nodes)";
+  return vocab;
+}
 
 // A follower rank: serves health only and repeats the leader's steps until the leader stops
 // (exit 0) or the group fails (exit non-zero, so that the orchestrator restarts the group).
@@ -153,6 +192,8 @@ absl::Status Run() {
   options.num_kv_blocks = absl::GetFlag(FLAGS_num_kv_blocks);
   options.seed = absl::GetFlag(FLAGS_sampling_seed);
   options.eos_token_ids = ReadEosTokenIds(source.model_dir);
+  ASSIGN_OR_RETURN(options.vocabulary,
+                   LoadVocabulary(source.model_dir, model->config().vocab_size));
   // The MTP head's caches come first, so that the memory plan sees what they take.
   ASSIGN_OR_RETURN(std::unique_ptr<MtpDrafter> drafter,
                    cli::MtpDrafterFromFlags(*model, options.scheduler.max_num_seqs,

@@ -550,8 +550,12 @@ TEST_F(HttpServerTest, RequestErrorsNameTheField) {
               400, "min_tokens", "min_tokens must be an integer in [0, ");
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"truncate_prompt_tokens", -2}}), 400,
               "truncate_prompt_tokens", "truncate_prompt_tokens must be an integer in [-1, ");
-  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"guided_json", {{"type", "object"}}}}),
-              400, "guided_json", "guided decoding is not supported");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"guided_regex", "[a-z]+"}}), 400,
+              "guided_regex", "guided_regex is not supported");
+  ExpectError(Post("/v1/completions",
+                   {{"prompt", "x"}, {"guided_json", {{"type", "object"}, {"minProperties", 1}}}}),
+              400, "guided_json",
+              "guided_json: schema.minProperties: this keyword is not supported");
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"echo", "yes"}}), 400, "echo",
               "echo must be a boolean");
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"bad_words", "no"}}), 400, "bad_words",

@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "router/http/openai_request.h"
 #include "router/http/openai_response.h"
+#include "router/http/structured_output_request.h"
 
 namespace mobius::router::openai {
 namespace {
@@ -267,9 +268,30 @@ TEST(ParseChat, FieldErrors) {
       {{{"messages", {user}}, {"tool_choice", "sometimes"}},
        "tool_choice",
        "tool_choice must be \"auto\" or \"none\", got \"sometimes\""},
-      {{{"messages", {user}}, {"response_format", {{"type", "json_object"}}}},
+      {{{"messages", {user}}, {"response_format", {{"type", "json_schema"}}}},
+       "response_format.json_schema.schema",
+       "response_format of type json_schema needs json_schema.schema"},
+      {{{"messages", {user}}, {"response_format", {{"type", "yaml"}}}},
        "response_format.type",
-       "response_format.type must be \"text\""},
+       "response_format.type \"yaml\" is not supported"},
+      {{{"messages", {user}},
+        {"response_format",
+         {{"type", "json_schema"},
+          {"json_schema", {{"name", "s"}, {"schema", {{"type", "string"}, {"pattern", "a+"}}}}}}}},
+       "response_format.json_schema.schema",
+       "response_format.json_schema.schema: schema.pattern: this keyword is not supported"},
+      {{{"messages", {user}}, {"guided_regex", "a+"}},
+       "guided_regex",
+       "guided_regex is not supported"},
+      {{{"messages", {user}}, {"guided_choice", {"a", 1}}},
+       "guided_choice",
+       "guided_choice[1] must be a string"},
+      {{{"messages", {user}}, {"guided_choice", {"a"}}, {"guided_json", {{"type", "object"}}}},
+       "guided_choice",
+       "give one form for the output, not both guided_json and guided_choice"},
+      {{{"messages", {user}}, {"structured_outputs", {{"regex", "a+"}}}},
+       "structured_outputs.regex",
+       "structured_outputs.regex is not supported"},
   };
   for (const Case& c : cases) {
     absl::Status status = ParseChatRequest(c.body, "").status();
@@ -277,6 +299,54 @@ TEST(ParseChat, FieldErrors) {
     EXPECT_EQ(ErrorParam(status), c.param) << c.body;
     EXPECT_TRUE(absl::StartsWith(status.message(), c.message)) << c.body << ": " << status;
   }
+}
+
+TEST(ParseChat, StructuredOutputForms) {
+  const Json user = {{"role", "user"}, {"content", "hi"}};
+  absl::StatusOr<ChatParams> object =
+      ParseChatRequest({{"messages", {user}}, {"response_format", {{"type", "json_object"}}}}, "");
+  ASSERT_TRUE(object.ok()) << object.status();
+  EXPECT_TRUE(object->sampling.structured_output().json_object());
+  absl::StatusOr<ChatParams> schema = ParseChatRequest(
+      {{"messages", {user}},
+       {"response_format",
+        {{"type", "json_schema"},
+         {"json_schema", {{"name", "p"}, {"schema", {{"type", "object"}}}, {"strict", true}}}}}},
+      "");
+  ASSERT_TRUE(schema.ok()) << schema.status();
+  EXPECT_EQ(schema->sampling.structured_output().json_schema(), R"({"type":"object"})");
+  absl::StatusOr<ChatParams> text =
+      ParseChatRequest({{"messages", {user}}, {"response_format", {{"type", "text"}}}}, "");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_FALSE(text->sampling.has_structured_output());
+  absl::StatusOr<ChatParams> choice =
+      ParseChatRequest({{"messages", {user}}, {"guided_choice", {"yes", "no"}}}, "");
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  ASSERT_EQ(choice->sampling.structured_output().choice().choices_size(), 2);
+  EXPECT_EQ(choice->sampling.structured_output().choice().choices(1), "no");
+  // vLLM takes guided_json as the schema's text too, and the newer structured_outputs object.
+  absl::StatusOr<CompletionParams> completion = ParseCompletionRequest(
+      {{"prompt", "x"}, {"structured_outputs", {{"json", R"({"type": "integer"})"}}}}, "");
+  ASSERT_TRUE(completion.ok()) << completion.status();
+  EXPECT_EQ(completion->prompts[0].sampling_params().structured_output().json_schema(),
+            R"({"type": "integer"})");
+  // Neutral values ask for nothing.
+  absl::StatusOr<CompletionParams> neutral = ParseCompletionRequest(
+      {{"prompt", "x"}, {"guided_json", nullptr}, {"guided_choice", Json::array()}}, "");
+  ASSERT_TRUE(neutral.ok()) << neutral.status();
+  EXPECT_FALSE(neutral->prompts[0].sampling_params().has_structured_output());
+}
+
+TEST(ParseChat, OrderedSchemaTextKeepsTheClientsKeyOrder) {
+  const std::string body =
+      R"({"messages": [], "response_format": {"type": "json_schema", "json_schema": {"schema":)"
+      R"( {"type": "object", "properties": {"zeta": {"type": "string"}, "alpha": {}}}}}})";
+  absl::StatusOr<std::string> text = OrderedSchemaText(body);
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(*text, R"({"type":"object","properties":{"zeta":{"type":"string"},"alpha":{}}})");
+  absl::StatusOr<std::string> none = OrderedSchemaText(R"({"prompt": "x"})");
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*none, "");
 }
 
 TEST(ParseChat, ToolsAndToolTurns) {

@@ -1,0 +1,197 @@
+#include "router/http/structured_output_request.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/json_parse.h"
+#include "common/status_macros.h"
+#include "grammar/json_schema_compiler.h"
+#include "router/http/openai_request.h"
+
+namespace mobius::router::openai {
+namespace {
+
+using Json = nlohmann::json;
+
+// Where a request can put its schema, in the order they are looked for. The ordered re-parse
+// follows the same paths.
+struct SchemaPlace {
+  const char* field;    // as errors name it
+  const char* path[3];  // members from the body down, nullptr-terminated
+};
+constexpr SchemaPlace kSchemaPlaces[] = {
+    {"response_format.json_schema.schema", {"response_format", "json_schema", "schema"}},
+    {"guided_json", {"guided_json", nullptr, nullptr}},
+    {"structured_outputs.json", {"structured_outputs", "json", nullptr}},
+};
+
+template <class J>
+const J* Find(const J& body, const SchemaPlace& place) {
+  const J* at = &body;
+  for (const char* member : place.path) {
+    if (member == nullptr) break;
+    if (!at->is_object()) return nullptr;
+    auto it = at->find(member);
+    if (it == at->end() || it->is_null()) return nullptr;
+    at = &*it;
+  }
+  return at;
+}
+
+// A schema given as JSON text (vLLM takes guided_json as a string too) or as a value.
+template <class J>
+absl::StatusOr<std::string> SchemaText(const J& value, const char* field) {
+  if (value.is_string()) return value.template get<std::string>();
+  if (value.is_object() || value.is_boolean()) return value.dump();
+  return FieldError(field, absl::StrCat(field, " must be a JSON schema (an object, or its text)"));
+}
+
+absl::Status Compile(const v1::StructuredOutput& out, const std::string& field) {
+  absl::StatusOr<grammar::Grammar> g;
+  switch (out.kind_case()) {
+    case v1::StructuredOutput::kJsonSchema:
+      g = grammar::CompileJsonSchemaText(out.json_schema());
+      break;
+    case v1::StructuredOutput::kChoice:
+      g = grammar::ChoiceGrammar(
+          std::vector<std::string>(out.choice().choices().begin(), out.choice().choices().end()));
+      break;
+    default:
+      return absl::OkStatus();
+  }
+  if (g.ok()) return absl::OkStatus();
+  return FieldError(field, absl::StrCat(field, ": ", g.status().message()));
+}
+
+absl::Status ReadChoices(const Json& value, const char* field, v1::StructuredOutput* out) {
+  if (!value.is_array()) {
+    return FieldError(field, absl::StrCat(field, " must be an array of strings"));
+  }
+  for (size_t k = 0; k < value.size(); ++k) {
+    if (!value[k].is_string()) {
+      return FieldError(field, absl::StrCat(field, "[", k, "] must be a string"));
+    }
+    out->mutable_choice()->add_choices(value[k].get<std::string>());
+  }
+  return Compile(*out, field);
+}
+
+// Whether a vLLM field is set to something with an effect (clients send neutral values).
+bool Effective(const Json& v) {
+  if (v.is_null()) return false;
+  if (v.is_boolean()) return v.get<bool>();
+  if (v.is_object() || v.is_array() || v.is_string()) return !v.empty();
+  return true;
+}
+
+}  // namespace
+
+absl::Status ParseStructuredOutput(const Json& body, v1::StructuredOutput* out) {
+  std::vector<std::string> given;  // the fields that ask for a form, to refuse two at once
+  auto take = [&](const std::string& field) { given.push_back(field); };
+
+  if (auto it = body.find("response_format"); it != body.end() && !it->is_null()) {
+    const Json& format = *it;
+    const Json* type = format.is_object() && format.contains("type") ? &format["type"] : nullptr;
+    if (type == nullptr || !type->is_string()) {
+      return FieldError(
+          "response_format.type",
+          "response_format.type must be \"text\", \"json_object\" or \"json_schema\"");
+    }
+    const std::string t = type->get<std::string>();
+    if (t == "json_object") {
+      out->set_json_object(true);
+      take("response_format");
+    } else if (t == "json_schema") {
+      const Json* schema = Find(body, kSchemaPlaces[0]);
+      if (schema == nullptr) {
+        return FieldError("response_format.json_schema.schema",
+                          "response_format of type json_schema needs json_schema.schema");
+      }
+      absl::StatusOr<std::string> text = SchemaText(*schema, kSchemaPlaces[0].field);
+      if (!text.ok()) return text.status();
+      out->set_json_schema(*text);
+      take("response_format");
+      RETURN_IF_ERROR(Compile(*out, kSchemaPlaces[0].field));
+    } else if (t != "text") {
+      return FieldError("response_format.type",
+                        absl::StrCat("response_format.type \"", t,
+                                     "\" is not supported (\"text\", \"json_object\" or "
+                                     "\"json_schema\")"));
+    }
+  }
+  if (const Json* schema = Find(body, kSchemaPlaces[1]); schema != nullptr && Effective(*schema)) {
+    absl::StatusOr<std::string> text = SchemaText(*schema, "guided_json");
+    if (!text.ok()) return text.status();
+    out->set_json_schema(*text);
+    take("guided_json");
+    RETURN_IF_ERROR(Compile(*out, "guided_json"));
+  }
+  if (auto it = body.find("guided_choice"); it != body.end() && Effective(*it)) {
+    take("guided_choice");
+    RETURN_IF_ERROR(ReadChoices(*it, "guided_choice", out));
+  }
+  if (auto it = body.find("structured_outputs"); it != body.end() && Effective(*it)) {
+    const Json& so = *it;
+    if (!so.is_object()) {
+      return FieldError("structured_outputs", "structured_outputs must be an object");
+    }
+    for (const auto& [key, value] : so.items()) {
+      if (!Effective(value)) continue;
+      const std::string field = absl::StrCat("structured_outputs.", key);
+      if (key == "json") {
+        absl::StatusOr<std::string> text = SchemaText(value, "structured_outputs.json");
+        if (!text.ok()) return text.status();
+        out->set_json_schema(*text);
+        take(field);
+        RETURN_IF_ERROR(Compile(*out, field));
+      } else if (key == "choice") {
+        take(field);
+        RETURN_IF_ERROR(ReadChoices(value, "structured_outputs.choice", out));
+      } else if (key == "json_object") {
+        out->set_json_object(true);
+        take(field);
+      } else {
+        // regex, grammar, structural_tag, whitespace patterns...: a form we cannot enforce.
+        return FieldError(field, absl::StrCat(field,
+                                              " is not supported (structured output takes json, "
+                                              "choice or json_object)"));
+      }
+    }
+  }
+  for (const char* field : {"guided_regex", "guided_grammar", "guided_whitespace_pattern"}) {
+    if (auto it = body.find(field); it != body.end() && Effective(*it)) {
+      return FieldError(field, absl::StrCat(field,
+                                            " is not supported: structured output takes a JSON "
+                                            "schema (guided_json), a choice (guided_choice) or "
+                                            "any JSON object"));
+    }
+  }
+  if (given.size() > 1) {
+    return FieldError(given[1], absl::StrCat("give one form for the output, not both ", given[0],
+                                             " and ", given[1]));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> OrderedSchemaText(absl::string_view body) {
+  absl::StatusOr<nlohmann::ordered_json> ordered = ParseOrderedJson(body, {.max_depth = 64});
+  if (!ordered.ok()) return ordered.status();
+  for (const SchemaPlace& place : kSchemaPlaces) {
+    const nlohmann::ordered_json* schema = Find(*ordered, place);
+    if (schema == nullptr) continue;
+    if (place.path[0] == std::string("response_format")) {
+      const nlohmann::ordered_json& format = (*ordered)["response_format"];
+      if (!format.contains("type") || format["type"] != "json_schema") continue;
+    }
+    if (schema->is_boolean() && !schema->template get<bool>() &&
+        place.path[0] != std::string("response_format")) {
+      continue;  // guided_json: false is "none"
+    }
+    return SchemaText(*schema, place.field);
+  }
+  return std::string();
+}
+
+}  // namespace mobius::router::openai

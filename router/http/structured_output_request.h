@@ -1,0 +1,30 @@
+// The request fields that constrain the output's form, as OpenAI and vLLM take them:
+// response_format ({"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema":
+// ...}}), guided_json, guided_choice, and structured_outputs ({"json": ...}, {"choice": [...]},
+// {"json_object": true}). At most one of them; regular expressions and grammars are refused.
+#ifndef MOBIUS_ROUTER_HTTP_STRUCTURED_OUTPUT_REQUEST_H_
+#define MOBIUS_ROUTER_HTTP_STRUCTURED_OUTPUT_REQUEST_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "nlohmann/json.hpp"
+#include "sampling.pb.h"
+
+namespace mobius::router::openai {
+
+// Reads those fields into `out` (left unset when the body has none) and compiles the schema or
+// choices, so that a schema outside the supported subset is refused here with its location.
+// Errors name the field (FieldError).
+absl::Status ParseStructuredOutput(const nlohmann::json& body, v1::StructuredOutput* out);
+
+// The JSON schema of a body that ParseStructuredOutput accepted, as text in the client's key
+// order (declared properties are generated in that order; `body` as parsed for the request
+// sorts them). Empty when the body asks for no schema.
+absl::StatusOr<std::string> OrderedSchemaText(absl::string_view body);
+
+}  // namespace mobius::router::openai
+
+#endif  // MOBIUS_ROUTER_HTTP_STRUCTURED_OUTPUT_REQUEST_H_
