@@ -99,10 +99,17 @@ void TokenConstraint::AllowedTokens(std::span<const int32_t> end_tokens,
       out.push_back(static_cast<int32_t>(w * 64 + static_cast<size_t>(__builtin_ctzll(word))));
     }
   }
-  if (matcher_.Accepting() && !end_tokens.empty()) {
+  if (end_tokens.empty()) return;
+  if (matcher_.Accepting()) {
     out.insert(out.end(), end_tokens.begin(), end_tokens.end());
     std::sort(out.begin(), out.end());
     out.erase(std::unique(out.begin(), out.end()), out.end());
+  } else {
+    // An end token ends the output whatever its bytes (a model's end-of-sequence id may spell
+    // text in its tokenizer): it is offered only where the value is complete.
+    std::erase_if(out, [&](int32_t id) {
+      return std::find(end_tokens.begin(), end_tokens.end(), id) != end_tokens.end();
+    });
   }
 }
 

@@ -73,7 +73,7 @@ class TokenConstraint {
                   std::shared_ptr<const TokenVocabulary> vocab);
 
   // The tokens that may come next, sorted: those the grammar allows, and `end_tokens` (the
-  // request's end-of-sequence and stop tokens) when the output is a complete value.
+  // request's end-of-sequence and stop tokens) exactly when the output is a complete value.
   void AllowedTokens(std::span<const int32_t> end_tokens, std::vector<int32_t>& out) const;
   // Advances past `token`; false (nothing changed) when the grammar does not allow it.
   bool Accept(int32_t token);

@@ -16,7 +16,9 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "nlohmann/json.hpp"
 #include "tests/model/fixture_util.h"
+#include "tests/runtime/piece_vocabulary.h"
 #include "worker/runtime/engine.h"
 
 namespace mobius::worker {
@@ -246,6 +248,54 @@ TEST(CudaEngineSamplingTest, ServingRulesOnTheDevice) {
   EXPECT_TRUE(impossible.tokens.empty());
   EXPECT_NE(impossible.error.message().find("no token can be drawn"), std::string::npos)
       << impossible.error;
+}
+
+// Structured output on the device: a constrained row's allowed tokens (tens of thousands at a
+// time) go through the backend's host round trip, and every output is the schema's.
+TEST(CudaEngineSamplingTest, StructuredOutputOnTheDevice) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  auto backend = kernels::CreateCudaBackend(0);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  const std::string dir = testing::FixtureModelDir("intern-s2-mobius-tiny");
+  std::unique_ptr<HybridModel> model = testing::LoadFixtureModel(dir, **backend);
+  ASSERT_NE(model, nullptr);
+  const testing::ModelReference ref = testing::LoadReference(dir);
+  ASSERT_FALSE(ref.greedy.empty());
+  const int vocab = model->config().vocab_size;
+  EngineOptions options;
+  options.eos_token_ids = {vocab - 1};
+  options.vocabulary = testing::PieceVocabulary(vocab, vocab - 1);
+  options.max_model_len = 1024;
+  auto engine = Engine::Create(*model, options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  grammar::StructuredOutputSpec spec;
+  spec.kind = grammar::StructuredOutputSpec::Kind::kJsonSchema;
+  spec.json_schema = R"({"type": "object", "properties": {
+      "name": {"type": "string", "maxLength": 6}, "age": {"type": "integer"},
+      "ok": {"type": "boolean"}}, "required": ["name", "age", "ok"]})";
+  std::vector<Stream> streams(3);
+  for (int i = 0; i < 3; ++i) {
+    GenerationRequest r;
+    r.request_id = "json" + std::to_string(i);
+    r.prompt = ref.prompts[ref.greedy[0].first];
+    r.params.temperature = i == 0 ? 0.0f : 1.0f;
+    r.params.seed = i;
+    r.params.max_tokens = 600;
+    r.params.structured_output = spec;
+    ASSERT_TRUE((*engine)->Enqueue(r, streams[i].Callback()).ok());
+  }
+  for (int i = 0; i < 3; ++i) {
+    Stream& s = streams[i];
+    ASSERT_TRUE(s.done.WaitForNotificationWithTimeout(absl::Seconds(120)));
+    std::string text;
+    for (int32_t t : s.tokens) text += options.vocabulary->bytes(t);
+    ASSERT_EQ(s.finish, FinishReason::kStop) << text << " " << s.error;
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << text;
+    EXPECT_EQ(j.size(), 3u) << text;
+    EXPECT_TRUE(j["name"].is_string() && j["age"].is_number_integer() && j["ok"].is_boolean())
+        << text;
+  }
 }
 
 }  // namespace

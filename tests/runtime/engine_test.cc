@@ -13,6 +13,7 @@
 #include "nlohmann/json.hpp"
 #include "prometheus/text_serializer.h"
 #include "tests/model/fixture_util.h"
+#include "tests/runtime/piece_vocabulary.h"
 #include "worker/runtime/mtp_drafter.h"
 
 namespace mobius::worker {
@@ -807,25 +808,13 @@ TEST_F(EngineTest, SampledSpeculationIsIndependentOfBatching) {
   EXPECT_EQ(accepted_one, accepted_four);
 }
 
-// Structured output on the fixture model, which has no tokenizer: its ids spell JSON pieces and
-// every printable ASCII byte, as a byte-level BPE vocabulary has every byte (id i the piece i mod
-// N, so each piece has many ids and the model's preferences choose among them); the last id is
-// the end-of-sequence token.
+// Structured output on the fixture model, which has no tokenizer: PieceVocabulary spells its
+// ids; the last id is the end-of-sequence token.
 class StructuredOutputEngineTest : public EngineTest {
  protected:
   std::unique_ptr<Engine> StartConstrained(bool with_vocabulary = true) {
-    static const char* kPieces[] = {
-        "{",    "}",        "[",   "]", "\"",   ":",      ",",   " ",    "a",     "b",
-        "name", "\"name\"", "age", "1", "0",    "-",      ".",   "true", "false", "null",
-        "x\"",  "\": ",     "\"a", "7", "\n  ", "\"ok\"", "yes", "no",   " way",  "e"};
-    const int vocab = model_->config().vocab_size;
-    eos_ = vocab - 1;
-    std::vector<std::string> pieces(std::begin(kPieces), std::end(kPieces));
-    for (char c = ' '; c <= '~'; ++c) pieces.emplace_back(1, c);
-    std::vector<std::string> bytes(vocab);
-    for (int i = 0; i < vocab; ++i) bytes[i] = pieces[i % pieces.size()];
-    bytes[eos_] = "";
-    vocabulary_ = std::make_shared<const grammar::TokenVocabulary>(bytes);
+    eos_ = model_->config().vocab_size - 1;
+    vocabulary_ = testing::PieceVocabulary(model_->config().vocab_size, eos_);
     EngineOptions options;
     options.eos_token_ids = {eos_};
     if (with_vocabulary) options.vocabulary = vocabulary_;

@@ -1,0 +1,91 @@
+// The host cost of structured output per decode step, on the Qwen3 tokenizer's vocabulary
+// (151,669 tokens): a state's token mask computed from scratch (the prefix-tree walk), and a
+// step that finds its state's mask cached (the allowed ids listed from the mask's bits).
+// $MOBIUS_TOKENIZER_DIR, else ../shared/fixtures/tokenizer-qwen3 beside the repository.
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "grammar/json_schema_compiler.h"
+#include "grammar/structured_output.h"
+#include "grammar/tokenizer_vocabulary.h"
+#include "tokenizer/tokenizer.h"
+
+namespace mobius::grammar {
+namespace {
+
+std::filesystem::path TokenizerDir() {
+  if (const char* dir = std::getenv("MOBIUS_TOKENIZER_DIR"); dir != nullptr) return dir;
+  return std::filesystem::path(__FILE__).parent_path().parent_path().parent_path() / "shared" /
+         "fixtures" / "tokenizer-qwen3";
+}
+
+std::shared_ptr<const TokenVocabulary> Vocabulary() {
+  static std::shared_ptr<const TokenVocabulary> vocab = [] {
+    auto tok = tokenizer::Tokenizer::FromDirectory(TokenizerDir());
+    if (!tok.ok()) {
+      std::fprintf(stderr, "tokenizer: %s\n", std::string(tok.status().message()).c_str());
+      std::exit(1);
+    }
+    return VocabularyFromTokenizer(**tok, (*tok)->vocab_size());
+  }();
+  return vocab;
+}
+
+// Output prefixes whose states differ in what they allow: the object's start, a key, inside a
+// string (most tokens allowed), inside a number (few).
+const char* const kPrefixes[] = {"{", "{\"na", "{\"name\": \"Jo", "{\"name\": \"Jo\", \"age\": 4"};
+
+void BM_ComputeMask(benchmark::State& state) {
+  const Grammar g = JsonObjectGrammar();
+  GrammarMatcher m(g);
+  if (!m.FeedBytes(kPrefixes[state.range(0)])) state.SkipWithError("prefix rejected");
+  const std::shared_ptr<const TokenVocabulary> vocab = Vocabulary();
+  TokenBitmask mask;
+  for (auto _ : state) {
+    vocab->ComputeMask(m, mask);
+    benchmark::DoNotOptimize(mask.data());
+  }
+  size_t allowed = 0;
+  for (uint64_t w : mask) allowed += static_cast<size_t>(__builtin_popcountll(w));
+  state.counters["allowed"] = static_cast<double>(allowed);
+  state.SetLabel(kPrefixes[state.range(0)]);
+}
+BENCHMARK(BM_ComputeMask)->DenseRange(0, 3)->Unit(benchmark::kMillisecond);
+
+// A constrained step whose state's mask is cached: AllowedTokens lists the ids (the engine's
+// per-step cost once a state repeats).
+void BM_AllowedTokensCached(benchmark::State& state) {
+  GrammarCache cache;
+  StructuredOutputSpec spec;
+  spec.kind = StructuredOutputSpec::Kind::kJsonObject;
+  std::shared_ptr<CompiledGrammar> compiled = *cache.Get(spec);
+  TokenConstraint constraint(compiled, Vocabulary());
+  const std::string prefix = kPrefixes[state.range(0)];
+  // Feed the prefix one byte-token at a time through the vocabulary's single-byte tokens.
+  for (char c : prefix) {
+    bool fed = false;
+    for (int32_t id = 0; id < static_cast<int32_t>(Vocabulary()->size()) && !fed; ++id) {
+      if (Vocabulary()->bytes(id) == std::string(1, c)) fed = constraint.Accept(id);
+    }
+    if (!fed) state.SkipWithError("prefix rejected");
+  }
+  std::vector<int32_t> allowed;
+  const int32_t end[] = {151645};
+  constraint.AllowedTokens(end, allowed);  // computes and caches the mask
+  for (auto _ : state) {
+    constraint.AllowedTokens(end, allowed);
+    benchmark::DoNotOptimize(allowed.data());
+  }
+  state.counters["allowed"] = static_cast<double>(allowed.size());
+  state.SetLabel(prefix);
+}
+BENCHMARK(BM_AllowedTokensCached)->DenseRange(0, 3)->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace mobius::grammar
+
+BENCHMARK_MAIN();
