@@ -73,8 +73,26 @@ void GrammarMatcher::CopyFrom(const GrammarMatcher& other) {
   std::memcpy(frames_.data(), other.frames_.data(), sizeof(Frame) * size_);
 }
 
-void GrammarMatcher::AppendStateKey(std::string& key) const {
-  key.append(reinterpret_cast<const char*>(frames_.data()), sizeof(Frame) * size_);
+void GrammarMatcher::AppendStateKey(std::string& key, int horizon) const {
+  const int32_t cap = horizon + 1;
+  auto distance = [cap](int32_t limit, int32_t count) {
+    return limit < 0 ? -1 : std::clamp(limit - count, 0, cap);
+  };
+  for (uint8_t i = 0; i < size_; ++i) {
+    Frame f = frames_[i];
+    if (f.node >= 0) {
+      const Node& node = grammar_->nodes[f.node];
+      if (node.kind == NodeKind::kString) {
+        // (c is unused by strings.)
+        f.c = distance(node.max_length, f.a);
+        f.a = distance(node.min_length, f.a);
+      } else if (node.kind == NodeKind::kArray) {
+        f.c = distance(node.max_items, f.a);
+        f.a = distance(node.min_items, f.a);
+      }
+    }
+    key.append(reinterpret_cast<const char*>(&f), sizeof(Frame));
+  }
 }
 
 bool GrammarMatcher::FeedBytes(std::string_view bytes) {

@@ -30,9 +30,12 @@ class GrammarMatcher {
   [[nodiscard]] bool Finished() const;
   // This matcher becomes a copy of `other` (same grammar), copying only the live frames.
   void CopyFrom(const GrammarMatcher& other);
-  // Appends a byte string that identifies the state (equal states, equal keys): the key of the
-  // token-mask cache.
-  void AppendStateKey(std::string& key) const;
+  // Appends a byte string that identifies the state as far as texts of at most `horizon` bytes
+  // can tell (equal keys: the same texts of that length are accepted): the key of the token-mask
+  // cache, with the vocabulary's longest token as the horizon. Counters (a string's characters,
+  // an array's items) enter as their distances to the node's limits, capped past the horizon, so
+  // that a long string under maxLength keeps one key until its last few characters.
+  void AppendStateKey(std::string& key, int horizon) const;
 
  private:
   // One open value. Fields are plain 32-bit and 8-bit integers, so the live frames can be

@@ -44,7 +44,7 @@ absl::StatusOr<Grammar> CompileStructuredOutput(const StructuredOutputSpec& spec
 std::shared_ptr<const TokenBitmask> CompiledGrammar::Mask(const GrammarMatcher& state,
                                                           const TokenVocabulary& vocab) {
   std::string key;
-  state.AppendStateKey(key);
+  state.AppendStateKey(key, static_cast<int>(vocab.max_token_bytes()));
   {
     absl::MutexLock lock(&mu_);
     if (auto it = masks_.find(key); it != masks_.end()) return it->second;

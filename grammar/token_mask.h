@@ -32,6 +32,8 @@ class TokenVocabulary {
                                                                     : std::string_view();
   }
   [[nodiscard]] size_t trie_nodes() const { return byte_.size(); }
+  // Bytes of the longest token (no mask looks further ahead than this from a state).
+  [[nodiscard]] size_t max_token_bytes() const { return max_depth_; }
 
   // The tokens that can follow `state`'s text, into `mask` (resized to the vocabulary).
   void ComputeMask(const GrammarMatcher& state, TokenBitmask& mask) const;

@@ -144,6 +144,25 @@ TEST(GrammarMatcherTest, StringLengthsCountCharacters) {
   EXPECT_TRUE(m.Finished());
 }
 
+TEST(GrammarMatcherTest, StateKeysCountOnlyWhatTheHorizonCanReach) {
+  const Grammar g = Schema(R"({"type": "array", "items": {"type": "string", "maxLength": 40},
+    "maxItems": 30})");
+  auto key = [&g](const std::string& text, int horizon) {
+    GrammarMatcher m(g);
+    EXPECT_TRUE(m.FeedBytes(text)) << text;
+    std::string k;
+    m.AppendStateKey(k, horizon);
+    return k;
+  };
+  // Far from every limit, the counts do not matter within a horizon of 4 bytes...
+  EXPECT_EQ(key("[\"ab", 4), key("[\"abcdefgh", 4));
+  EXPECT_EQ(key("[\"a\", \"b", 4), key("[\"a\", \"b\", \"c\", \"d", 4));
+  // ...near one they do: 36 and 37 characters leave 4 and 3 before maxLength.
+  EXPECT_NE(key("[\"" + std::string(36, 'x'), 4), key("[\"" + std::string(37, 'x'), 4));
+  // A longer horizon tells more states apart.
+  EXPECT_NE(key("[\"ab", 40), key("[\"abcdefgh", 40));
+}
+
 TEST(GrammarMatcherTest, ArrayLimits) {
   const Grammar g = Schema(R"({"type": "array", "items": {"type": "integer"}, "minItems": 1,
     "maxItems": 2})");
