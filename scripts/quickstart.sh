@@ -27,7 +27,7 @@ trap cleanup EXIT
 
 for i in 0 1; do
   build/bin/mobius-worker --config configs/tiny-mobius-qwen3-vocab.json --load-format dummy \
-    --served-model-name tiny --host 127.0.0.1 --port $((base + i)) \
+    --served-model-name tiny --tokenizer "$tokenizer" --host 127.0.0.1 --port $((base + i)) \
     --metrics-port $((base + 10 + i)) >"$logs/worker$i.log" 2>&1 &
   pids+=($!)
 done
@@ -49,6 +49,15 @@ curl -sN "$http/v1/chat/completions" -H 'Content-Type: application/json' -d '{
   "messages": [{"role": "user", "content": "Say hello in three words."}],
   "max_tokens": 12, "temperature": 0, "stream": true,
   "stream_options": {"include_usage": true}}'
+echo
+echo "== structured output: the same noise, held to a JSON schema (response_format)"
+curl -s "$http/v1/chat/completions" -H 'Content-Type: application/json' -d '{
+  "model": "tiny",
+  "messages": [{"role": "user", "content": "Greet me as JSON."}],
+  "max_tokens": 200, "temperature": 0,
+  "response_format": {"type": "json_schema", "json_schema": {"name": "greeting", "schema": {
+    "type": "object", "properties": {"greeting": {"type": "string", "maxLength": 24},
+    "words": {"type": "integer"}}, "required": ["greeting", "words"]}}}}'
 echo
 echo "== a few lines of the workers' /metrics"
 for i in 0 1; do
