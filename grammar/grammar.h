@@ -20,6 +20,7 @@ enum class NodeKind : uint8_t {
   kInteger,   // a JSON number without fraction or exponent
   kLiterals,  // exactly one of a fixed set of texts (enum, const, true/false, null, choices)
   kUnion,     // one of several nodes, told apart by their first byte
+  kSequence,  // several nodes one after another, with nothing between them
 };
 
 struct Property {
@@ -47,7 +48,7 @@ struct Node {
   int32_t max_length = -1;  // -1: no limit
   // kLiterals: texts in output form (JSON texts, or raw strings for choices).
   std::vector<std::string> literals;
-  // kUnion: alternatives whose first bytes are disjoint.
+  // kUnion: alternatives whose first bytes are disjoint. kSequence: its parts, in order.
   std::vector<int32_t> alternatives;
 };
 

@@ -151,6 +151,13 @@ bool GrammarMatcher::Push(int32_t node_index, uint8_t byte) {
       if (f.b < 0) return false;
       f.a = 1;
       break;
+    case NodeKind::kSequence:
+      // The sequence's frame, then its first part's, which takes the byte.
+      f.a = 0;
+      frames_[size_++] = f;
+      if (Push(node.alternatives[0], byte)) return true;
+      --size_;
+      return false;
     case NodeKind::kUnion:
       return false;
   }
@@ -159,13 +166,19 @@ bool GrammarMatcher::Push(int32_t node_index, uint8_t byte) {
 }
 
 void GrammarMatcher::ChildDone() {
+  // A sequence whose last part completed completes too, and so on down.
+  while (size_ > 1 && grammar_->nodes[frames_[size_ - 1].node].kind == NodeKind::kSequence) {
+    Frame& seq = frames_[size_ - 1];
+    if (static_cast<size_t>(++seq.a) < grammar_->nodes[seq.node].alternatives.size()) return;
+    --size_;
+  }
   Frame& f = frames_[size_ - 1];
   f.ws = 0;
   if (f.node < 0) {
     f.phase = kRootDone;
     return;
   }
-  // A frame below another is an object or an array.
+  // A frame below another is an object, an array or a sequence (above).
   const Node& node = grammar_->nodes[f.node];
   if (node.kind == NodeKind::kObject) {
     if (f.phase == kObjKeyFree) {
@@ -218,6 +231,9 @@ GrammarMatcher::Step GrammarMatcher::FeedFrame(Frame& f, uint8_t byte) {
       return FeedNumber(f, true, byte);
     case NodeKind::kLiterals:
       return FeedLiteral(f, node, byte);
+    case NodeKind::kSequence:
+      // Between parts (the previous one completed): the next part starts, nothing between.
+      return Push(node.alternatives[f.a], byte) ? kConsumed : kReject;
     case NodeKind::kUnion:
       break;
   }
@@ -490,8 +506,17 @@ bool GrammarMatcher::ValueCompleteWithoutBytes(const Frame& f) const {
 
 bool GrammarMatcher::Accepting() const {
   if (size_ == 1) return frames_[0].phase == kRootDone;
-  // Only the root can complete without a byte of its own: a number or literal right under it.
-  return size_ == 2 && ValueCompleteWithoutBytes(frames_[1]);
+  // A value completes without a byte of its own only as a number or literal that can end here,
+  // directly under the root or as the last part of sequences directly under it.
+  if (!ValueCompleteWithoutBytes(frames_[size_ - 1])) return false;
+  for (int i = size_ - 2; i >= 1; --i) {
+    const Node& node = grammar_->nodes[frames_[i].node];
+    if (node.kind != NodeKind::kSequence ||
+        static_cast<size_t>(frames_[i].a) + 1 != node.alternatives.size()) {
+      return false;
+    }
+  }
+  return true;
 }
 
 bool GrammarMatcher::Finished() const {

@@ -117,6 +117,10 @@ ByteSet FirstBytes(const Grammar& g, int32_t n, std::set<int32_t>& visiting) {
       for (int32_t a : node.alternatives) set |= FirstBytes(g, a, visiting);
       visiting.erase(n);
       break;
+    case NodeKind::kSequence:
+      // Every node consumes at least one byte, so a sequence starts as its first part does.
+      if (!node.alternatives.empty()) set = FirstBytes(g, node.alternatives[0], visiting);
+      break;
   }
   return set;
 }
@@ -439,6 +443,26 @@ Grammar JsonObjectGrammar() {
   g.nodes.push_back(ObjectOf(any));
   g.root = static_cast<int32_t>(g.nodes.size() - 1);
   (void)FinishGrammar(g);  // its one union, any value, starts differently: cannot fail
+  return g;
+}
+
+absl::StatusOr<Grammar> TaggedJsonGrammar(const std::string& begin, std::string_view schema,
+                                          const std::string& end) {
+  if (begin.empty() || end.empty()) {
+    return absl::InvalidArgumentError("the texts around a tagged value must not be empty");
+  }
+  absl::StatusOr<Grammar> g = CompileJsonSchemaText(schema);
+  if (!g.ok()) return g.status();
+  const auto add = [&g](Node n) {
+    g->nodes.push_back(std::move(n));
+    return static_cast<int32_t>(g->nodes.size() - 1);
+  };
+  const int32_t open = add(LiteralsNode({begin}));
+  const int32_t close = add(LiteralsNode({end}));
+  Node sequence(NodeKind::kSequence);
+  sequence.alternatives = {open, g->root, close};
+  g->root = add(std::move(sequence));
+  if (absl::Status s = FinishGrammar(*g); !s.ok()) return s;
   return g;
 }
 

@@ -34,6 +34,12 @@ Grammar JsonObjectGrammar();
 // choice is empty.
 absl::StatusOr<Grammar> ChoiceGrammar(const std::vector<std::string>& choices);
 
+// `begin`, a value of the schema, then `end`, as raw text around the value (a tool call:
+// "<tool_call>\n", the call's JSON, "\n</tool_call>"). InvalidArgument when either text is
+// empty or the schema does not compile.
+absl::StatusOr<Grammar> TaggedJsonGrammar(const std::string& begin, std::string_view schema,
+                                          const std::string& end);
+
 }  // namespace mobius::grammar
 
 #endif  // MOBIUS_GRAMMAR_JSON_SCHEMA_COMPILER_H_

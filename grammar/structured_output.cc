@@ -17,6 +17,9 @@ std::string StructuredOutputSpec::Key() const {
       return "json_object";
     case Kind::kJsonSchema:
       return absl::StrCat("json_schema:", json_schema);
+    case Kind::kTaggedJson:
+      // Length-prefixed, so that no two triples share a key.
+      return absl::StrCat("tagged:", begin.size(), ":", begin, end.size(), ":", end, json_schema);
     case Kind::kChoice: {
       // Length-prefixed, so that no two lists share a key.
       std::string key = "choice";
@@ -35,6 +38,8 @@ absl::StatusOr<Grammar> CompileStructuredOutput(const StructuredOutputSpec& spec
       return JsonObjectGrammar();
     case StructuredOutputSpec::Kind::kChoice:
       return ChoiceGrammar(spec.choices);
+    case StructuredOutputSpec::Kind::kTaggedJson:
+      return TaggedJsonGrammar(spec.begin, spec.json_schema, spec.end);
     case StructuredOutputSpec::Kind::kNone:
       break;
   }

@@ -22,10 +22,11 @@
 namespace mobius::grammar {
 
 struct StructuredOutputSpec {
-  enum class Kind { kNone, kJsonSchema, kJsonObject, kChoice };
+  enum class Kind { kNone, kJsonSchema, kJsonObject, kChoice, kTaggedJson };
   Kind kind = Kind::kNone;
-  std::string json_schema;           // kJsonSchema: the schema's JSON text
+  std::string json_schema;           // kJsonSchema, kTaggedJson: the schema's JSON text
   std::vector<std::string> choices;  // kChoice
+  std::string begin, end;            // kTaggedJson: raw text around the value
   // A text that identifies the spec (equal specs, equal keys).
   [[nodiscard]] std::string Key() const;
 };

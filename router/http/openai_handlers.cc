@@ -248,6 +248,7 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
   std::vector<v1::GenerateRequest> prompts;
   int n = 1;
   bool stream = false;
+  std::optional<std::string> forced_tool;  // chat's tool_choice "required" or a named function
   if (endpoint == Endpoint::kCompletions) {
     absl::StatusOr<CompletionParams> params = ParseCompletionRequest(*body, context.model);
     if (!params.ok()) return fail(params.status());
@@ -275,6 +276,7 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
       tools = *std::move(definitions);
       context.parse_tool_calls = true;
       if (!params->parallel_tool_calls) context.max_tool_calls = 1;
+      forced_tool = params->forced_tool;
     }
     absl::StatusOr<std::string> prompt =
         service_.RenderChat(params->messages, {.tools = std::move(tools),
@@ -298,6 +300,13 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
     context.return_token_ids = params->return_token_ids;
   }
 
+  if (forced_tool.has_value()) {
+    absl::StatusOr<v1::StructuredOutput> form = ForcedToolCallForm(request.body(), *forced_tool);
+    if (!form.ok()) return fail(form.status());
+    for (v1::GenerateRequest& p : prompts) {
+      *p.mutable_sampling_params()->mutable_structured_output() = *form;
+    }
+  }
   // A JSON schema's properties are generated in their declared order, which the body as parsed
   // above lost (its objects sort their keys): the schema's text comes from the body again.
   if (!prompts.empty() && prompts.front().sampling_params().structured_output().has_json_schema()) {

@@ -539,29 +539,51 @@ absl::Status ParseTools(const Json& body, ChatParams* params) {
   if (const Json* tool_choice = Member(body, "tool_choice"); tool_choice != nullptr) {
     if (tool_choice->is_string()) {
       choice = tool_choice->get<std::string>();
+      if (choice == "required") params->forced_tool = "";
     } else if (tool_choice->is_object()) {
-      choice = "a named function";
+      // {"type": "function", "function": {"name": ...}}: one of the tools.
+      const Json* function = Member(*tool_choice, "function");
+      const Json* name =
+          function != nullptr && function->is_object() ? Member(*function, "name") : nullptr;
+      if (name == nullptr || !name->is_string()) {
+        return FieldError("tool_choice.function.name",
+                          "tool_choice names a function as {\"type\": \"function\", "
+                          "\"function\": {\"name\": ...}}");
+      }
+      choice = "named";
+      params->forced_tool = name->get<std::string>();
+      bool known = false;
+      for (size_t k = 0; has_tools && k < tools->size(); ++k) {
+        known |= (*tools)[k]["function"]["name"] == *name;
+      }
+      if (!known) {
+        return FieldError(
+            "tool_choice.function.name",
+            absl::StrCat("tool_choice names ", Describe(*name), ", which is not among the tools"));
+      }
     } else {
       return TypeError("tool_choice", "a string or an object", *tool_choice);
     }
-    if (choice == "required" || choice == "a named function") {
-      return FieldError(
-          "tool_choice",
-          absl::StrCat("tool_choice ", choice == "required" ? Describe(*tool_choice) : choice,
-                       " is not supported: forcing a call needs constrained "
-                       "decoding; use \"auto\" or \"none\""));
+    if (choice != "auto" && choice != "none" && choice != "required" && choice != "named") {
+      return FieldError("tool_choice",
+                        absl::StrCat("tool_choice must be \"auto\", \"none\", \"required\" or a "
+                                     "named function, got ",
+                                     Describe(*tool_choice)));
     }
-    if (choice != "auto" && choice != "none") {
-      return FieldError(
-          "tool_choice",
-          absl::StrCat("tool_choice must be \"auto\" or \"none\", got ", Describe(*tool_choice)));
+    if (choice == "required" && !has_tools) {
+      return FieldError("tool_choice", "tool_choice \"required\" needs tools");
+    }
+    if (params->forced_tool.has_value() && params->sampling.has_structured_output()) {
+      return FieldError("tool_choice",
+                        "a forced tool call already fixes the output's form: leave out "
+                        "response_format / guided_json / guided_choice");
     }
   }
   std::optional<bool> parallel;
   ASSIGN_OR_RETURN(parallel, ReadBool(body, "parallel_tool_calls"));
   params->parallel_tool_calls = parallel.value_or(true);
   // "none": the model answers in text; the tools stay out of the prompt, as OpenAI describes it.
-  params->use_tools = has_tools && choice == "auto";
+  params->use_tools = has_tools && choice != "none";
   return absl::OkStatus();
 }
 

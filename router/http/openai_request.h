@@ -46,7 +46,10 @@ struct ChatParams {
   // `tools` given and `tool_choice` "auto" (or unset): the tools go into the prompt
   // (ToolDefinitions) and <tool_call> blocks of the output become tool calls.
   bool use_tools = false;
-  bool parallel_tool_calls = true;                // false: at most one call is returned
+  bool parallel_tool_calls = true;  // false: at most one call is returned
+  // `tool_choice` "required" (empty: any of the tools) or a named function: the output is held
+  // to one call (ForcedToolCallForm), with the tools in the prompt as for "auto".
+  std::optional<std::string> forced_tool;
   bool enable_thinking = true;                    // chat_template_kwargs.enable_thinking (vLLM's)
   std::optional<int32_t> truncate_prompt_tokens;  // vLLM's: keep the prompt's last N tokens
   bool stream = false;

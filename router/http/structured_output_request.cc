@@ -194,4 +194,50 @@ absl::StatusOr<std::string> OrderedSchemaText(absl::string_view body) {
   return std::string();
 }
 
+absl::StatusOr<v1::StructuredOutput> ForcedToolCallForm(absl::string_view body,
+                                                        const std::string& function) {
+  using Ordered = nlohmann::ordered_json;
+  absl::StatusOr<Ordered> ordered = ParseOrderedJson(body, {.max_depth = 64});
+  if (!ordered.ok()) return ordered.status();
+  const Ordered& tools = (*ordered)["tools"];
+  std::vector<std::string> names;
+  const Ordered* parameters = nullptr;
+  std::string field = "tools";
+  for (size_t k = 0; k < tools.size(); ++k) {
+    const Ordered& f = tools[k]["function"];
+    const std::string name = f["name"].get<std::string>();
+    names.push_back(name);
+    if (name == function || (function.empty() && tools.size() == 1)) {
+      if (f.contains("parameters") && !f["parameters"].is_null()) parameters = &f["parameters"];
+      field = absl::StrCat("tools[", k, "].function.parameters");
+    }
+  }
+  Ordered call = {{"type", "object"}, {"required", {"name", "arguments"}}};
+  Ordered arguments = parameters != nullptr ? *parameters : Ordered{{"type", "object"}};
+  // The call wraps the parameters: their definitions move up to the wrapper, where "#/$defs/..."
+  // references find them.
+  for (const char* defs : {"$defs", "definitions"}) {
+    if (arguments.is_object() && arguments.contains(defs)) {
+      call[defs] = arguments[defs];
+      arguments.erase(defs);
+    }
+  }
+  std::string chosen = function;
+  if (chosen.empty() && names.size() == 1) chosen = names[0];
+  Ordered name_schema = chosen.empty() ? Ordered{{"enum", names}} : Ordered{{"const", chosen}};
+  call["properties"] = Ordered{{"name", name_schema}, {"arguments", arguments}};
+  v1::StructuredOutput form;
+  v1::TaggedJson* tagged = form.mutable_tagged_json();
+  tagged->set_begin("<tool_call>\n");
+  tagged->set_json_schema(call.dump());
+  tagged->set_end("\n</tool_call>");
+  absl::StatusOr<grammar::Grammar> g =
+      grammar::TaggedJsonGrammar(tagged->begin(), tagged->json_schema(), tagged->end());
+  if (!g.ok()) {
+    return FieldError(
+        field, absl::StrCat(field, " cannot be enforced for tool_choice: ", g.status().message()));
+  }
+  return form;
+}
+
 }  // namespace mobius::router::openai

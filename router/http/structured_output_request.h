@@ -25,6 +25,14 @@ absl::Status ParseStructuredOutput(const nlohmann::json& body, v1::StructuredOut
 // sorts them). Empty when the body asks for no schema.
 absl::StatusOr<std::string> OrderedSchemaText(absl::string_view body);
 
+// The form of a forced tool call (tool_choice "required", `function` empty, or a named
+// `function`) for a chat body that ParseChatRequest accepted: one block of the Qwen3 template's
+// call format, "<tool_call>\n" {"name": ..., "arguments": ...} "\n</tool_call>", the arguments
+// held to the function's `parameters` (any object when "required" leaves several functions
+// open). A `parameters` schema outside the supported subset is refused, naming the tool.
+absl::StatusOr<v1::StructuredOutput> ForcedToolCallForm(absl::string_view body,
+                                                        const std::string& function);
+
 }  // namespace mobius::router::openai
 
 #endif  // MOBIUS_ROUTER_HTTP_STRUCTURED_OUTPUT_REQUEST_H_

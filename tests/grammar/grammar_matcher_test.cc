@@ -189,6 +189,32 @@ TEST(GrammarMatcherTest, NestingDepthIsBounded) {
   EXPECT_FALSE(Prefix(g, deep + "["));
 }
 
+TEST(GrammarMatcherTest, TaggedJsonIsTextValueText) {
+  absl::StatusOr<Grammar> g = TaggedJsonGrammar(
+      "<tool_call>\n",
+      R"({"type": "object", "properties": {"name": {"const": "f"}, "arguments": {"type": "object",
+        "properties": {"n": {"type": "integer"}}, "required": ["n"]}}, "required": ["name",
+        "arguments"]})",
+      "\n</tool_call>");
+  ASSERT_TRUE(g.ok()) << g.status();
+  const std::string call =
+      "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"n\": 3}}\n</tool_call>";
+  EXPECT_TRUE(Matches(*g, call));
+  GrammarMatcher m(*g);
+  ASSERT_TRUE(m.FeedBytes(call));
+  EXPECT_TRUE(m.Finished());
+  EXPECT_FALSE(Prefix(*g, "Sure! <tool_call>"));
+  EXPECT_FALSE(Prefix(*g, "<tool_call>{"));  // the newline is part of the text
+  EXPECT_FALSE(Prefix(*g, "<tool_call>\n{\"name\": \"g\""));
+  EXPECT_FALSE(Matches(*g, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"n\": 3}}"));
+  // A number ending the value hands its delimiter to the closing text.
+  absl::StatusOr<Grammar> n = TaggedJsonGrammar("<", R"({"type": "integer"})", ">");
+  ASSERT_TRUE(n.ok());
+  EXPECT_TRUE(Matches(*n, "<12>"));
+  EXPECT_FALSE(Matches(*n, "<12"));
+  EXPECT_FALSE(TaggedJsonGrammar("", "{}", ">").ok());
+}
+
 TEST(GrammarMatcherTest, ChoicesAreRawTextAndMayPrefixEachOther) {
   absl::StatusOr<Grammar> g = ChoiceGrammar({"yes", "yes sir", "no"});
   ASSERT_TRUE(g.ok());

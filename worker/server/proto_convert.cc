@@ -42,6 +42,12 @@ SamplingParams FromProto(const v1::SamplingParams& p) {
       s.structured_output.choices.assign(so.choice().choices().begin(),
                                          so.choice().choices().end());
       break;
+    case v1::StructuredOutput::kTaggedJson:
+      s.structured_output.kind = Kind::kTaggedJson;
+      s.structured_output.begin = so.tagged_json().begin();
+      s.structured_output.json_schema = so.tagged_json().json_schema();
+      s.structured_output.end = so.tagged_json().end();
+      break;
     case v1::StructuredOutput::KIND_NOT_SET:
       break;
   }

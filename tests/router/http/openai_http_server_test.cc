@@ -1031,6 +1031,71 @@ TEST_F(HttpServerTest, ChatToolCallsWhole) {
   EXPECT_TRUE(service_.chat_tools().empty());
 }
 
+// tool_choice "required" or a named function: the tools reach the prompt as for "auto", and the
+// worker is asked to hold the output to one call block of that function (its arguments to its
+// parameters, in the client's key order).
+TEST_F(HttpServerTest, ChatForcedToolCalls) {
+  const std::string body =
+      R"({"messages": [{"role": "user", "content": "Weather?"}], "tools": [{"type": "function",)"
+      R"( "function": {"name": "get_weather", "parameters": {"type": "object", "properties":)"
+      R"( {"zone": {"type": "string"}, "city": {"type": "string"}}, "required": ["city"]}}},)"
+      R"( {"type": "function", "function": {"name": "now"}}],)"
+      R"( "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})";
+  service_.responses = InPieces(
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+      "\"Paris\"}}\n</tool_call>");
+  Reply reply = Send(http::verb::post, "/v1/chat/completions", body);
+  ASSERT_EQ(reply.status, 200u) << reply.body;
+  EXPECT_EQ(reply.json()["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_EQ(reply.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
+            "get_weather");
+  EXPECT_EQ(service_.chat_tools().size(), 2u);
+  std::vector<v1::GenerateRequest> requests = service_.requests();
+  ASSERT_EQ(requests.size(), 1u);
+  const v1::StructuredOutput& form = requests[0].sampling_params().structured_output();
+  ASSERT_TRUE(form.has_tagged_json());
+  EXPECT_EQ(form.tagged_json().begin(), "<tool_call>\n");
+  EXPECT_EQ(form.tagged_json().end(), "\n</tool_call>");
+  EXPECT_EQ(form.tagged_json().json_schema(),
+            R"({"type":"object","required":["name","arguments"],"properties":{"name":)"
+            R"({"const":"get_weather"},"arguments":{"type":"object","properties":{"zone":)"
+            R"({"type":"string"},"city":{"type":"string"}},"required":["city"]}}})");
+
+  // "required" with several tools: any of their names, arguments any object.
+  Json required = ToolRequest();
+  required["tools"].push_back({{"type", "function"}, {"function", {{"name", "now"}}}});
+  required["tool_choice"] = "required";
+  service_.responses =
+      InPieces("<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>");
+  Reply any = Post("/v1/chat/completions", required);
+  ASSERT_EQ(any.status, 200u) << any.body;
+  const v1::StructuredOutput any_form =
+      service_.requests().back().sampling_params().structured_output();
+  EXPECT_EQ(any_form.tagged_json().json_schema(),
+            R"({"type":"object","required":["name","arguments"],"properties":{"name":)"
+            R"({"enum":["get_weather","now"]},"arguments":{"type":"object"}}})");
+
+  Json unknown = ToolRequest();
+  unknown["tool_choice"] = {{"type", "function"}, {"function", {{"name", "fly"}}}};
+  ExpectError(Post("/v1/chat/completions", unknown), 400, "tool_choice.function.name",
+              "tool_choice names \"fly\", which is not among the tools");
+  Json no_tools = {{"messages", {{{"role", "user"}, {"content", "x"}}}},
+                   {"tool_choice", "required"}};
+  ExpectError(Post("/v1/chat/completions", no_tools), 400, "tool_choice",
+              "tool_choice \"required\" needs tools");
+  Json both = ToolRequest();
+  both["tool_choice"] = "required";
+  both["response_format"] = {{"type", "json_object"}};
+  ExpectError(Post("/v1/chat/completions", both), 400, "tool_choice",
+              "a forced tool call already fixes the output's form");
+  Json strange = ToolRequest();
+  strange["tools"][0]["function"]["parameters"]["properties"]["city"]["pattern"] = "^[A-Z]";
+  strange["tool_choice"] = "required";
+  ExpectError(Post("/v1/chat/completions", strange), 400, "tools[0].function.parameters",
+              "tools[0].function.parameters cannot be enforced for tool_choice: "
+              "schema.properties.arguments.properties.city.pattern");
+}
+
 TEST_F(HttpServerTest, ChatToolCallsStreamed) {
   service_.responses = InPieces(kToolOutput);
   Json body = ToolRequest();

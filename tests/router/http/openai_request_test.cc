@@ -243,10 +243,10 @@ TEST(ParseChat, FieldErrors) {
        "tools[0].function.name must be a non-empty string, got \"\""},
       {{{"messages", {user}}, {"tool_choice", "required"}},
        "tool_choice",
-       "tool_choice \"required\" is not supported"},
+       "tool_choice \"required\" needs tools"},
       {{{"messages", {user}}, {"tool_choice", {{"type", "function"}}}},
-       "tool_choice",
-       "tool_choice a named function is not supported"},
+       "tool_choice.function.name",
+       "tool_choice names a function as {\"type\": \"function\""},
       {{{"messages", {user}}, {"parallel_tool_calls", "no"}},
        "parallel_tool_calls",
        "parallel_tool_calls must be a boolean"},
@@ -267,7 +267,8 @@ TEST(ParseChat, FieldErrors) {
        "messages[1].reasoning_content must be a string, got 1"},
       {{{"messages", {user}}, {"tool_choice", "sometimes"}},
        "tool_choice",
-       "tool_choice must be \"auto\" or \"none\", got \"sometimes\""},
+       "tool_choice must be \"auto\", \"none\", \"required\" or a named function, got "
+       "\"sometimes\""},
       {{{"messages", {user}}, {"response_format", {{"type", "json_schema"}}}},
        "response_format.json_schema.schema",
        "response_format of type json_schema needs json_schema.schema"},
@@ -383,6 +384,13 @@ TEST(ParseChat, ToolsAndToolTurns) {
   Json none = body;
   none["tool_choice"] = "none";
   EXPECT_FALSE(ParseChatRequest(none, "")->use_tools);
+  EXPECT_FALSE(ParseChatRequest(none, "")->forced_tool.has_value());
+  Json required = body;
+  required["tool_choice"] = "required";
+  absl::StatusOr<ChatParams> forced = ParseChatRequest(required, "");
+  ASSERT_TRUE(forced.ok()) << forced.status();
+  EXPECT_TRUE(forced->use_tools);
+  EXPECT_EQ(forced->forced_tool, std::optional<std::string>(""));
   Json empty = body;
   empty["tools"] = Json::array();
   EXPECT_FALSE(ParseChatRequest(empty, "")->use_tools);
