@@ -64,8 +64,11 @@ struct Grammar {
   int32_t string_node = -1;
   // Node index of "any JSON value" once AddAnyValue made it; -1 before.
   int32_t any_value = -1;
-  // Per node: the bytes a value of it can start with (filled by the compilers).
+  // Per node: the bytes a value of it can start with, and the matcher frames its shortest
+  // complete value needs (filled by the compilers; the matcher never starts a value it could not
+  // finish within kMaxNestingDepth).
   std::vector<std::bitset<256>> first_bytes;
+  std::vector<int32_t> min_depth;
 };
 
 // Adds the nodes of "any JSON value" (once per grammar: later calls return the same node).

@@ -19,7 +19,15 @@ enum ObjectPhase : uint8_t {
   kObjAfter,     // after a value: whitespace, ',' or '}'
 };
 enum ArrayPhase : uint8_t { kArrFirst, kArrNext, kArrInValue, kArrAfter };
-enum StringPhase : uint8_t { kStrBody, kStrEscape, kStrHex, kStrUtf8 };
+enum StringPhase : uint8_t {
+  kStrBody,
+  kStrEscape,
+  kStrHex,  // \u's digits (b: their value so far)
+  kStrUtf8,
+  kStrLowBackslash,  // after a high surrogate's \uD800-\uDBFF: its low half must follow
+  kStrLowU,
+  kStrLowHex,
+};
 enum NumberPhase : uint8_t {
   kNumMinus,
   kNumZero,
@@ -34,6 +42,7 @@ enum NumberPhase : uint8_t {
 bool IsWhitespace(uint8_t c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 bool IsDigit(uint8_t c) { return c >= '0' && c <= '9'; }
 bool IsHex(uint8_t c) { return IsDigit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+int HexValue(uint8_t c) { return IsDigit(c) ? c - '0' : (c | 0x20) - 'a' + 10; }
 
 // Whitespace between tokens, up to kMaxWhitespaceRun in a row.
 bool TakeWhitespace(uint8_t& run, uint8_t c) {
@@ -121,7 +130,8 @@ bool GrammarMatcher::Push(int32_t node_index, uint8_t byte) {
     if (next < 0) return false;
     node_index = next;
   }
-  if (size_ >= frames_.size()) return false;  // nested deeper than kMaxNestingDepth
+  // A value whose shortest form would nest past kMaxNestingDepth here could never be finished.
+  if (size_ + static_cast<size_t>(grammar_->min_depth[node_index]) > frames_.size()) return false;
   const Node& node = grammar_->nodes[node_index];
   Frame f{};
   f.node = node_index;
@@ -244,7 +254,16 @@ GrammarMatcher::Step GrammarMatcher::FeedObject(Frame& f, const Node& node, uint
   const bool declared = !node.properties.empty();
   const int32_t n = static_cast<int32_t>(node.properties.size());
   const bool can_close = declared ? !RequiredLeft(node, f.a) : true;
-  const bool more_keys = declared ? f.a < n : node.additional >= 0;
+  // (A value that cannot fit under this object's frame is never offered: its key would lead
+  // nowhere.)
+  auto fits = [&](int32_t value) {
+    return size_ + static_cast<size_t>(grammar_->min_depth[value]) <= frames_.size();
+  };
+  bool more_keys = !declared && node.additional >= 0 && fits(node.additional);
+  if (declared) {
+    const int32_t limit = f.a < n ? KeyLimit(node, f.a) : -1;
+    for (int32_t i = f.a; i <= limit && !more_keys; ++i) more_keys = fits(node.properties[i].value);
+  }
   auto start_key = [&]() -> Step {
     if (!more_keys) return kReject;
     f.ws = 0;
@@ -252,8 +271,14 @@ GrammarMatcher::Step GrammarMatcher::FeedObject(Frame& f, const Node& node, uint
       f.phase = kObjKeyFree;
       return Push(grammar_->string_node, byte) ? kConsumed : kReject;
     }
+    // Every key starts with '"': the first candidate is the next property whose value fits.
+    const int32_t limit = KeyLimit(node, f.a);
+    f.b = -1;
+    for (int32_t i = f.a; i <= limit && f.b < 0; ++i) {
+      if (fits(node.properties[i].value)) f.b = i;
+    }
+    if (f.b < 0) return kReject;
     f.phase = kObjKeyLit;
-    f.b = f.a;  // every key starts with '"': the first candidate is the next property
     f.c = 1;
     return kConsumed;
   };
@@ -275,6 +300,7 @@ GrammarMatcher::Step GrammarMatcher::FeedObject(Frame& f, const Node& node, uint
       const std::string& current = node.properties[f.b].key;
       for (int32_t i = f.b; i <= limit; ++i) {
         const std::string& key = node.properties[i].key;
+        if (!fits(node.properties[i].value)) continue;
         if (key.size() > static_cast<size_t>(f.c) && static_cast<uint8_t>(key[f.c]) == byte &&
             key.compare(0, f.c, current, 0, f.c) == 0) {
           f.b = i;
@@ -413,6 +439,7 @@ GrammarMatcher::Step GrammarMatcher::FeedString(Frame& f, const Node& node, uint
       if (byte == 'u') {
         f.phase = kStrHex;
         f.pending = 4;
+        f.b = 0;
         return kConsumed;
       }
       if (std::strchr("\"\\/bfnrt", byte) == nullptr || byte == 0) return kReject;
@@ -420,11 +447,37 @@ GrammarMatcher::Step GrammarMatcher::FeedString(Frame& f, const Node& node, uint
       count_char();
       return kConsumed;
     case kStrHex:
+    case kStrLowHex: {
+      // \uXXXX is one character, except a UTF-16 surrogate: a high one (D800-DBFF) must be
+      // followed by \u and a low one (DC00-DFFF), the pair one character; a low one alone is
+      // refused (JSON parsers reject it). Checked digit by digit, so no prefix leads nowhere.
       if (!IsHex(byte)) return kReject;
-      if (--f.pending == 0) {
+      const int digit = HexValue(byte);
+      const int index = 4 - f.pending;
+      if (f.phase == kStrHex && index == 1 && f.b == 0xD && digit >= 0xC) return kReject;
+      if (f.phase == kStrLowHex && ((index == 0 && digit != 0xD) || (index == 1 && digit < 0xC))) {
+        return kReject;
+      }
+      f.b = f.b * 16 + digit;
+      if (--f.pending > 0) return kConsumed;
+      if (f.phase == kStrHex && f.b >= 0xD800 && f.b <= 0xDBFF) {
+        f.phase = kStrLowBackslash;
+      } else {
         f.phase = kStrBody;
         count_char();
       }
+      f.b = 0;
+      return kConsumed;
+    }
+    case kStrLowBackslash:
+      if (byte != '\\') return kReject;
+      f.phase = kStrLowU;
+      return kConsumed;
+    case kStrLowU:
+      if (byte != 'u') return kReject;
+      f.phase = kStrLowHex;
+      f.pending = 4;
+      f.b = 0;
       return kConsumed;
     default:
       return kReject;
@@ -432,8 +485,10 @@ GrammarMatcher::Step GrammarMatcher::FeedString(Frame& f, const Node& node, uint
 }
 
 GrammarMatcher::Step GrammarMatcher::FeedNumber(Frame& f, bool integer, uint8_t byte) {
-  auto next = [&](uint8_t phase) {
-    if (f.a >= kMaxNumberLength) return kReject;
+  // `digits_after`: the digits this byte still needs (a '.' or an exponent's 'e' / sign needs
+  // one): refused when they would not fit in kMaxNumberLength, so no number is left unfinishable.
+  auto next = [&](uint8_t phase, int digits_after = 0) {
+    if (f.a + 1 + digits_after > kMaxNumberLength) return kReject;
     ++f.a;
     f.phase = phase;
     return kConsumed;
@@ -448,17 +503,17 @@ GrammarMatcher::Step GrammarMatcher::FeedNumber(Frame& f, bool integer, uint8_t 
     case kNumZero:
     case kNumInt:
       if (IsDigit(byte) && f.phase == kNumInt) return next(kNumInt);
-      if (!integer && byte == '.') return next(kNumDot);
-      if (!integer && (byte == 'e' || byte == 'E')) return next(kNumExp);
+      if (!integer && byte == '.') return next(kNumDot, 1);
+      if (!integer && (byte == 'e' || byte == 'E')) return next(kNumExp, 1);
       break;
     case kNumDot:
       return IsDigit(byte) ? next(kNumFrac) : kReject;
     case kNumFrac:
       if (IsDigit(byte)) return next(kNumFrac);
-      if (byte == 'e' || byte == 'E') return next(kNumExp);
+      if (byte == 'e' || byte == 'E') return next(kNumExp, 1);
       break;
     case kNumExp:
-      if (byte == '+' || byte == '-') return next(kNumExpSign);
+      if (byte == '+' || byte == '-') return next(kNumExpSign, 1);
       return IsDigit(byte) ? next(kNumExpDigits) : kReject;
     case kNumExpSign:
       return IsDigit(byte) ? next(kNumExpDigits) : kReject;

@@ -1,5 +1,6 @@
 #include "grammar/json_schema_compiler.h"
 
+#include <algorithm>
 #include <array>
 #include <bitset>
 #include <map>
@@ -85,66 +86,99 @@ Node ArrayOf(int32_t items) {
 // The JSON text of a string, as it appears in output (quotes and escapes, UTF-8 kept).
 std::string QuotedJson(const std::string& s) { return Json(s).dump(); }
 
-// The bytes a value of node `n` can start with.
-ByteSet FirstBytes(const Grammar& g, int32_t n, std::set<int32_t>& visiting) {
-  ByteSet set;
-  const Node& node = g.nodes[n];
-  auto add_number = [&] {
-    set.set('-');
-    for (char c = '0'; c <= '9'; ++c) set.set(static_cast<unsigned char>(c));
-  };
-  switch (node.kind) {
-    case NodeKind::kObject:
-      set.set('{');
-      break;
-    case NodeKind::kArray:
-      set.set('[');
-      break;
-    case NodeKind::kString:
-      set.set('"');
-      break;
-    case NodeKind::kNumber:
-    case NodeKind::kInteger:
-      add_number();
-      break;
-    case NodeKind::kLiterals:
-      for (const std::string& l : node.literals) {
-        if (!l.empty()) set.set(static_cast<unsigned char>(l[0]));
+// The bytes a value of each node can start with, and how many matcher frames (nesting levels)
+// its shortest complete value needs: both as fixed points over the node graph (unions and
+// references make it cyclic), each node visited a bounded number of times.
+void ComputeFirstBytesAndDepths(Grammar& g) {
+  const size_t n = g.nodes.size();
+  g.first_bytes.assign(n, ByteSet());
+  constexpr int32_t kUnreachable = 1 << 20;
+  g.min_depth.assign(n, kUnreachable);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t i = 0; i < n; ++i) {
+      const Node& node = g.nodes[i];
+      ByteSet set;
+      int32_t depth = kUnreachable;
+      switch (node.kind) {
+        case NodeKind::kObject: {
+          set.set('{');
+          depth = 1;
+          for (const Property& p : node.properties) {
+            if (p.required) depth = std::max(depth, 1 + g.min_depth[p.value]);
+          }
+          break;
+        }
+        case NodeKind::kArray:
+          set.set('[');
+          depth = 1 + (node.min_items > 0 ? g.min_depth[node.items] : 0);
+          break;
+        case NodeKind::kString:
+          set.set('"');
+          depth = 1;
+          break;
+        case NodeKind::kNumber:
+        case NodeKind::kInteger:
+          set.set('-');
+          for (char c = '0'; c <= '9'; ++c) set.set(static_cast<unsigned char>(c));
+          depth = 1;
+          break;
+        case NodeKind::kLiterals:
+          for (const std::string& l : node.literals) {
+            if (!l.empty()) set.set(static_cast<unsigned char>(l[0]));
+          }
+          depth = 1;
+          break;
+        case NodeKind::kUnion:
+          // A union takes no frame of its own: the alternative chosen does.
+          for (int32_t a : node.alternatives) {
+            set |= g.first_bytes[a];
+            depth = std::min(depth, g.min_depth[a]);
+          }
+          break;
+        case NodeKind::kSequence:
+          // Every node consumes at least one byte, so a sequence starts as its first part does.
+          if (!node.alternatives.empty()) set = g.first_bytes[node.alternatives[0]];
+          depth = 1;
+          for (int32_t part : node.alternatives) depth = std::max(depth, 1 + g.min_depth[part]);
+          break;
       }
-      break;
-    case NodeKind::kUnion:
-      if (!visiting.insert(n).second) break;  // a union that reaches itself adds nothing
-      for (int32_t a : node.alternatives) set |= FirstBytes(g, a, visiting);
-      visiting.erase(n);
-      break;
-    case NodeKind::kSequence:
-      // Every node consumes at least one byte, so a sequence starts as its first part does.
-      if (!node.alternatives.empty()) set = FirstBytes(g, node.alternatives[0], visiting);
-      break;
+      depth = std::min(depth, kUnreachable);
+      if (set != g.first_bytes[i] || depth != g.min_depth[i]) {
+        g.first_bytes[i] |= set;
+        g.min_depth[i] = std::min(g.min_depth[i], depth);
+        changed = true;
+      }
+    }
   }
-  return set;
 }
 
-// Fills first_bytes and checks that every union's alternatives start differently (the matcher
-// picks an alternative by its first byte and never backtracks).
+// Fills first_bytes and min_depth and checks what the matcher relies on: every union's
+// alternatives start differently (it picks one by its first byte and never backtracks), every
+// node can start and finish, and the shortest value fits the matcher's depth.
 absl::Status FinishGrammar(Grammar& g) {
-  g.first_bytes.assign(g.nodes.size(), ByteSet());
+  ComputeFirstBytesAndDepths(g);
   for (size_t i = 0; i < g.nodes.size(); ++i) {
-    std::set<int32_t> visiting;
-    g.first_bytes[i] = FirstBytes(g, static_cast<int32_t>(i), visiting);
+    if (g.first_bytes[i].none() || g.min_depth[i] > kMaxNestingDepth) {
+      return absl::InvalidArgumentError(
+          g.first_bytes[i].none()
+              ? "schema: a part of it admits no value (a reference or union that only leads "
+                "back to itself)"
+              : absl::StrCat("schema: its values nest deeper than ", kMaxNestingDepth,
+                             " levels, the most the matcher keeps"));
+    }
     const Node& node = g.nodes[i];
     if (node.kind != NodeKind::kUnion) continue;
     ByteSet seen;
     for (int32_t a : node.alternatives) {
-      std::set<int32_t> inner = {static_cast<int32_t>(i)};
-      const ByteSet first = FirstBytes(g, a, inner);
-      if ((first & seen).any()) {
+      if ((g.first_bytes[a] & seen).any()) {
         return absl::InvalidArgumentError(
             "schema: anyOf / oneOf / a list of types must offer alternatives that start "
             "differently (different JSON types: object, array, string, number, boolean, null); "
-            "two alternatives here can start with the same character");
+            "two alternatives here can start with the same character, or one leads back to "
+            "the union itself");
       }
-      seen |= first;
+      seen |= g.first_bytes[a];
     }
   }
   return absl::OkStatus();
@@ -206,6 +240,15 @@ class SchemaCompiler {
     for (const char* word : {"anyOf", "oneOf"}) {
       if (auto any = s.find(word); any != s.end()) {
         const std::string at = absl::StrCat(path, ".", word);
+        // Keywords beside the alternatives would constrain every one of them; not supported
+        // rather than dropped.
+        for (const auto& [key, value] : s.items()) {
+          if (key != word && !IgnoredKeywords().count(key)) {
+            return Error(absl::StrCat(path, ".", key),
+                         absl::StrCat("keywords beside ", word,
+                                      " are not supported (move them into each alternative)"));
+          }
+        }
         if (!any->is_array() || any->empty()) return Error(at, "must be a non-empty array");
         Node u(NodeKind::kUnion);
         for (size_t i = 0; i < any->size(); ++i) {
@@ -218,15 +261,7 @@ class SchemaCompiler {
         return Add(std::move(u));
       }
     }
-    if (auto c = s.find("const"); c != s.end()) {
-      return Add(LiteralsNode({c->dump()}));
-    }
-    if (auto e = s.find("enum"); e != s.end()) {
-      if (!e->is_array() || e->empty()) return Error(path + ".enum", "must be a non-empty array");
-      Node lit(NodeKind::kLiterals);
-      for (const Json& v : *e) lit.literals.push_back(v.dump());
-      return Add(std::move(lit));
-    }
+    if (s.contains("const") || s.contains("enum")) return CompileLiterals(s, path);
     std::vector<std::string> types;
     if (auto t = s.find("type"); t != s.end()) {
       if (t->is_string()) {
@@ -257,6 +292,55 @@ class SchemaCompiler {
     }
     if (u.alternatives.size() == 1) return u.alternatives[0];
     return Add(std::move(u));
+  }
+
+  // enum / const: the values that also have the schema's `type` when it gives one (pydantic
+  // writes {"enum": [...], "type": "string"}); other keywords beside them are refused.
+  absl::StatusOr<int32_t> CompileLiterals(const Json& s, const std::string& path) {
+    const bool is_const = s.contains("const");
+    const std::string word = is_const ? "const" : "enum";
+    std::vector<Json> values;
+    if (is_const) {
+      values.push_back(s["const"]);
+    } else {
+      const Json& e = s["enum"];
+      if (!e.is_array() || e.empty()) return Error(path + ".enum", "must be a non-empty array");
+      values.assign(e.begin(), e.end());
+    }
+    std::vector<std::string> types;
+    for (const auto& [key, value] : s.items()) {
+      if (key == word || IgnoredKeywords().count(key)) continue;
+      if (key != "type") {
+        return Error(absl::StrCat(path, ".", key),
+                     absl::StrCat("keywords beside ", word, " other than type are not supported"));
+      }
+      if (value.is_string()) types.push_back(value.get<std::string>());
+      if (value.is_array()) {
+        for (const Json& t : value) {
+          if (t.is_string()) types.push_back(t.get<std::string>());
+        }
+      }
+    }
+    auto has_type = [&types](const Json& v) {
+      if (types.empty()) return true;
+      for (const std::string& t : types) {
+        if ((t == "string" && v.is_string()) || (t == "number" && v.is_number()) ||
+            (t == "integer" && v.is_number_integer()) || (t == "boolean" && v.is_boolean()) ||
+            (t == "null" && v.is_null()) || (t == "object" && v.is_object()) ||
+            (t == "array" && v.is_array())) {
+          return true;
+        }
+      }
+      return false;
+    };
+    Node lit(NodeKind::kLiterals);
+    for (const Json& v : values) {
+      if (has_type(v)) lit.literals.push_back(v.dump());
+    }
+    if (lit.literals.empty()) {
+      return Error(absl::StrCat(path, ".", word), "no value has the schema's type");
+    }
+    return Add(std::move(lit));
   }
 
   static size_t CountIgnored(const Json& s) {

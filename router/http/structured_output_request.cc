@@ -78,9 +78,10 @@ absl::Status ReadChoices(const Json& value, const char* field, v1::StructuredOut
 }
 
 // Whether a vLLM field is set to something with an effect (clients send neutral values).
-bool Effective(const Json& v) {
+template <class J>
+bool Effective(const J& v) {
   if (v.is_null()) return false;
-  if (v.is_boolean()) return v.get<bool>();
+  if (v.is_boolean()) return v.template get<bool>();
   if (v.is_object() || v.is_array() || v.is_string()) return !v.empty();
   return true;
 }
@@ -185,10 +186,9 @@ absl::StatusOr<std::string> OrderedSchemaText(absl::string_view body) {
       const nlohmann::ordered_json& format = (*ordered)["response_format"];
       if (!format.contains("type") || format["type"] != "json_schema") continue;
     }
-    if (schema->is_boolean() && !schema->template get<bool>() &&
-        place.path[0] != std::string("response_format")) {
-      continue;  // guided_json: false is "none"
-    }
+    // The same places ParseStructuredOutput takes: guided_json and structured_outputs.json only
+    // when set to something with an effect.
+    if (place.path[0] != std::string("response_format") && !Effective(*schema)) continue;
     return SchemaText(*schema, place.field);
   }
   return std::string();
@@ -213,7 +213,21 @@ absl::StatusOr<v1::StructuredOutput> ForcedToolCallForm(absl::string_view body,
     }
   }
   Ordered call = {{"type", "object"}, {"required", {"name", "arguments"}}};
-  Ordered arguments = parameters != nullptr ? *parameters : Ordered{{"type", "object"}};
+  Ordered arguments = parameters != nullptr ? *parameters : Ordered::object();
+  if (!arguments.is_object()) {
+    return FieldError(field, absl::StrCat(field, " must be a JSON schema object"));
+  }
+  // Arguments are an object (the call format and the tool-call parser need one), whatever the
+  // parameters leave open ({} is common for functions without arguments).
+  if (!arguments.contains("type")) arguments["type"] = "object";
+  // References into the parameters from their own root would resolve against the wrapper.
+  if (const std::string text = arguments.dump();
+      text.find(R"("$ref":"#")") != std::string::npos ||
+      text.find(R"("$ref":"#/properties)") != std::string::npos) {
+    return FieldError(field, absl::StrCat(field,
+                                          " refers to its own root (\"$ref\": \"#...\"), which a "
+                                          "forced call cannot enforce: use $defs"));
+  }
   // The call wraps the parameters: their definitions move up to the wrapper, where "#/$defs/..."
   // references find them.
   for (const char* defs : {"$defs", "definitions"}) {

@@ -163,6 +163,28 @@ TEST(GrammarMatcherTest, StateKeysCountOnlyWhatTheHorizonCanReach) {
   EXPECT_NE(key("[\"ab", 40), key("[\"abcdefgh", 40));
 }
 
+TEST(GrammarMatcherTest, SurrogateEscapesComeInPairs) {
+  const Grammar one = Schema(R"({"type": "string", "maxLength": 1})");
+  EXPECT_TRUE(Matches(one, R"("\ud83d\ude00")"));  // one character, as the raw emoji is
+  EXPECT_TRUE(Matches(one, "\"\xf0\x9f\x98\x80\""));
+  EXPECT_TRUE(Matches(one, R"("\u00e9")"));
+  EXPECT_FALSE(Prefix(one, R"("\ud800")"));    // a high surrogate alone
+  EXPECT_FALSE(Prefix(one, R"("\ud800\u0)"));  // followed by no low one
+  EXPECT_FALSE(Prefix(one, R"("\udc)"));       // a low surrogate alone
+  EXPECT_TRUE(Prefix(one, R"("\ud800\udc)"));
+}
+
+TEST(GrammarMatcherTest, NumbersNeverStartWhatTheyCannotFinish) {
+  const Grammar g = Schema(R"({"type": "number"})");
+  const std::string digits(kMaxNumberLength - 1, '1');
+  EXPECT_FALSE(Prefix(g, digits + "."));  // no room for a fraction digit
+  EXPECT_FALSE(Prefix(g, digits + "e"));
+  EXPECT_TRUE(Prefix(g, digits.substr(1) + "."));
+  EXPECT_TRUE(Matches(g, digits.substr(1) + ".5"));
+  EXPECT_FALSE(Prefix(g, digits.substr(1) + "e-"));  // 'e' fits, the sign and a digit not
+  EXPECT_TRUE(Matches(g, digits.substr(2) + "e-5"));
+}
+
 TEST(GrammarMatcherTest, ArrayLimits) {
   const Grammar g = Schema(R"({"type": "array", "items": {"type": "integer"}, "minItems": 1,
     "maxItems": 2})");

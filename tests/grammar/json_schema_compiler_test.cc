@@ -22,7 +22,7 @@ TEST(JsonSchemaCompilerTest, RefusesWhatItCannotEnforceByName) {
             "schema.properties.age.minimum: this keyword is not supported"},
            {R"({"type": "strange"})", "schema.type: unknown type \"strange\""},
            {R"({"anyOf": [{"type": "string"}, {"enum": ["a"]}]})", "start differently"},
-           {R"({"type": "integer", "oneOf": [{"type": "integer"}, {"type": "number"}]})",
+           {R"({"oneOf": [{"type": "integer"}, {"type": "number"}]})",
             "start differently"},
            {R"({"$ref": "#/$defs/missing"})", "does not name a schema of this document"},
            {R"({"$ref": "https://example.com/s.json"})", "does not name a schema"},
@@ -40,6 +40,45 @@ TEST(JsonSchemaCompilerTest, RefusesWhatItCannotEnforceByName) {
     EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(std::string(g.status().message()), HasSubstr(c.message)) << c.schema;
   }
+}
+
+TEST(JsonSchemaCompilerTest, RefusesWhatTheMatcherCouldNotFinish) {
+  struct Case {
+    std::string schema;
+    std::string message;
+  };
+  // 28 nested required objects: deeper than the matcher keeps (within the parser's 64 levels).
+  std::string deep = R"({"type": "string"})";
+  for (int i = 0; i < 28; ++i) {
+    deep = R"({"type": "object", "properties": {"a": )" + deep + R"(}, "required": ["a"]})";
+  }
+  // A chain of 31 unions of two equal references (2^31 paths): refused at once.
+  std::string chain = R"({"$ref": "#/$defs/d0", "$defs": {)";
+  for (int i = 0; i < 31; ++i) {
+    chain += "\"d" + std::to_string(i) + R"(": {"anyOf": [{"$ref": "#/$defs/d)" +
+             std::to_string(i + 1) + R"("}, {"$ref": "#/$defs/d)" + std::to_string(i + 1) +
+             R"("}]}, )";
+  }
+  chain += R"("d31": {"type": "string"}}})";
+  for (const Case& c : std::vector<Case>{
+           {deep, "nest deeper than"},
+           {chain, "start differently"},
+           {R"({"$defs": {"x": {"anyOf": [{"$ref": "#/$defs/x"}, {"type": "string"}]}},
+               "$ref": "#/$defs/x"})",
+            "start differently"},
+           {R"({"anyOf": [{"type": "string"}, {"type": "null"}], "maxLength": 3})",
+            "schema.maxLength: keywords beside anyOf are not supported"},
+           {R"({"type": "string", "enum": [1, 2]})", "schema.enum: no value has the schema's type"},
+           {R"({"enum": ["a"], "maxLength": 3})", "schema.maxLength: keywords beside enum"},
+       }) {
+    absl::StatusOr<Grammar> g = CompileJsonSchemaText(c.schema);
+    ASSERT_FALSE(g.ok()) << c.schema;
+    EXPECT_THAT(std::string(g.status().message()), HasSubstr(c.message)) << c.schema;
+  }
+  // enum beside type keeps the values of that type.
+  absl::StatusOr<Grammar> typed = CompileJsonSchemaText(R"({"type": "string", "enum": ["a", 1]})");
+  ASSERT_TRUE(typed.ok()) << typed.status();
+  EXPECT_EQ(typed->nodes[typed->root].literals, std::vector<std::string>{"\"a\""});
 }
 
 TEST(JsonSchemaCompilerTest, IgnoresAnnotationsAndCompilesPydanticOutput) {

@@ -61,7 +61,8 @@ RequestSampler::RequestSampler(const SamplingParams& params, uint64_t fallback_s
   constrained_ = params.structured_output.kind != grammar::StructuredOutputSpec::Kind::kNone;
   if (params.min_tokens > 0) {
     std::map<int32_t, float> banned = bias;
-    if (!params.ignore_eos) {
+    // (A constrained output ends at the end-of-sequence token even with ignore_eos.)
+    if (!params.ignore_eos || constrained_) {
       for (int32_t t : eos_token_ids) banned[t] = -std::numeric_limits<float>::infinity();
     }
     for (int32_t t : params.stop_token_ids) banned[t] = -std::numeric_limits<float>::infinity();

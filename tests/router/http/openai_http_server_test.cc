@@ -1075,6 +1075,17 @@ TEST_F(HttpServerTest, ChatForcedToolCalls) {
             R"({"type":"object","required":["name","arguments"],"properties":{"name":)"
             R"({"enum":["get_weather","now"]},"arguments":{"type":"object"}}})");
 
+  // A function without parameters still takes an arguments object.
+  Json bare = required;
+  bare["tool_choice"] = {{"type", "function"}, {"function", {{"name", "now"}}}};
+  service_.responses =
+      InPieces("<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>");
+  ASSERT_EQ(Post("/v1/chat/completions", bare).status, 200u);
+  EXPECT_EQ(
+      service_.requests().back().sampling_params().structured_output().tagged_json().json_schema(),
+      R"({"type":"object","required":["name","arguments"],"properties":{"name":)"
+      R"({"const":"now"},"arguments":{"type":"object"}}})");
+
   Json unknown = ToolRequest();
   unknown["tool_choice"] = {{"type", "function"}, {"function", {{"name", "fly"}}}};
   ExpectError(Post("/v1/chat/completions", unknown), 400, "tool_choice.function.name",
