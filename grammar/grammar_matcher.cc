@@ -559,6 +559,14 @@ bool GrammarMatcher::ValueCompleteWithoutBytes(const Frame& f) const {
   return false;
 }
 
+bool GrammarMatcher::InPlainStringBody(int horizon) const {
+  const Frame& f = frames_[size_ - 1];
+  if (f.node < 0) return false;
+  const Node& node = grammar_->nodes[f.node];
+  return node.kind == NodeKind::kString && f.phase == kStrBody &&
+         (node.max_length < 0 || node.max_length - f.a > horizon);
+}
+
 bool GrammarMatcher::Accepting() const {
   if (size_ == 1) return frames_[0].phase == kRootDone;
   // A value completes without a byte of its own only as a number or literal that can end here,

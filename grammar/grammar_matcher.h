@@ -24,6 +24,10 @@ class GrammarMatcher {
   bool Feed(uint8_t byte);
   // Feed over every byte; false at the first that cannot follow.
   bool FeedBytes(std::string_view bytes);
+  // Whether the text ends inside a string's characters (no escape or UTF-8 sequence pending)
+  // with room for more than `horizon` further characters: every plain character run of up to
+  // `horizon` bytes is accepted there and leaves the stack as it is (TokenVocabulary's shortcut).
+  [[nodiscard]] bool InPlainStringBody(int horizon) const;
   // Whether the text so far is a complete value (generation may end here).
   [[nodiscard]] bool Accepting() const;
   // Whether the text is complete and no byte can follow (generation must end here).

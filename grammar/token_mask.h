@@ -49,6 +49,12 @@ class TokenVocabulary {
   std::vector<uint32_t> token_begin_;
   std::vector<int32_t> tokens_;
   size_t max_depth_ = 0;
+  // Tokens that are plain string content (printable ASCII but '"' and '\\', and whole UTF-8
+  // characters): inside a string with room for any token, all of them are allowed and the walk
+  // visits only subtrees that hold another token (has_other_[i]). Most of a vocabulary is plain,
+  // and a state inside a string is the commonest miss of the mask cache.
+  TokenBitmask plain_string_;
+  std::vector<uint8_t> has_other_;
 };
 
 }  // namespace mobius::grammar

@@ -87,6 +87,26 @@ TEST(TokenMaskTest, QwenVocabularyMatchesBruteForceAtSeveralStates) {
   }
 }
 
+// Strings under length limits, far from them (the plain-content shortcut) and near them (the
+// walk alone), and after escapes and partial characters.
+TEST(TokenMaskTest, QwenVocabularyInsideLimitedStrings) {
+  std::shared_ptr<const TokenVocabulary> vocab = QwenVocabulary();
+  ASSERT_NE(vocab, nullptr);
+  absl::StatusOr<Grammar> g = CompileJsonSchemaText(
+      R"({"type": "object", "properties": {"s": {"type": "string", "minLength": 3,
+        "maxLength": 400}, "t": {"type": "string", "maxLength": 6}}, "required": ["s", "t"]})");
+  ASSERT_TRUE(g.ok()) << g.status();
+  for (const std::string& prefix : std::vector<std::string>{
+           "{\"s\": \"", "{\"s\": \"ab", "{\"s\": \"a\\", "{\"s\": \"a\\u00", "{\"s\": \"\xe4",
+           "{\"s\": \"" + std::string(390, 'x'), "{\"s\": \"abc\", \"t\": \"12"}) {
+    GrammarMatcher state(*g);
+    ASSERT_TRUE(state.FeedBytes(prefix)) << prefix;
+    TokenBitmask fast;
+    vocab->ComputeMask(state, fast);
+    EXPECT_EQ(fast, BruteForceMask(state, *vocab)) << prefix;
+  }
+}
+
 // Draws random allowed tokens until the grammar is finished: every such output must parse as
 // JSON and hold the schema's shape.
 TEST(TokenMaskTest, RandomConstrainedOutputsFollowTheSchema) {
