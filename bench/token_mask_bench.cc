@@ -85,6 +85,33 @@ void BM_AllowedTokensCached(benchmark::State& state) {
 }
 BENCHMARK(BM_AllowedTokensCached)->DenseRange(0, 3)->Unit(benchmark::kMicrosecond);
 
+// The same step as the engine takes it: the set in its shorter form (inside a string, the few
+// thousand tokens that are not allowed).
+void BM_NextTokensCached(benchmark::State& state) {
+  GrammarCache cache;
+  StructuredOutputSpec spec;
+  spec.kind = StructuredOutputSpec::Kind::kJsonObject;
+  TokenConstraint constraint(*cache.Get(spec), Vocabulary());
+  for (char c : std::string(kPrefixes[state.range(0)])) {
+    bool fed = false;
+    for (int32_t id = 0; id < static_cast<int32_t>(Vocabulary()->size()) && !fed; ++id) {
+      if (Vocabulary()->bytes(id) == std::string(1, c)) fed = constraint.Accept(id);
+    }
+    if (!fed) state.SkipWithError("prefix rejected");
+  }
+  TokenConstraint::TokenSet next;
+  const int32_t end[] = {151645};
+  constraint.NextTokens(end, next);
+  for (auto _ : state) {
+    constraint.NextTokens(end, next);
+    benchmark::DoNotOptimize(next.ids.data());
+  }
+  state.counters["ids"] = static_cast<double>(next.ids.size());
+  state.counters["banned"] = next.banned;
+  state.SetLabel(kPrefixes[state.range(0)]);
+}
+BENCHMARK(BM_NextTokensCached)->DenseRange(0, 3)->Unit(benchmark::kMicrosecond);
+
 }  // namespace
 }  // namespace mobius::grammar
 

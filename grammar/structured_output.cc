@@ -118,6 +118,37 @@ void TokenConstraint::AllowedTokens(std::span<const int32_t> end_tokens,
   }
 }
 
+void TokenConstraint::NextTokens(std::span<const int32_t> end_tokens, TokenSet& out) const {
+  const std::shared_ptr<const TokenBitmask> mask = grammar_->Mask(matcher_, *vocab_);
+  const TokenBitmask& bits = *mask;
+  const size_t vocab = vocab_->size();
+  size_t allowed = 0;
+  for (uint64_t w : bits) allowed += static_cast<size_t>(__builtin_popcountll(w));
+  const bool accepting = matcher_.Accepting();
+  out.ids.clear();
+  out.banned = 2 * allowed > vocab;
+  if (!out.banned) {
+    AllowedTokens(end_tokens, out.ids);
+    return;
+  }
+  // Every id the mask leaves out (word by word, visiting only those ids); then the end tokens
+  // follow the value's completeness, whatever the mask says of them.
+  for (size_t w = 0; w < bits.size(); ++w) {
+    uint64_t missing = ~bits[w];
+    if ((w + 1) * 64 > vocab) missing &= (uint64_t{1} << (vocab - w * 64)) - 1;
+    for (; missing != 0; missing &= missing - 1) {
+      out.ids.push_back(
+          static_cast<int32_t>(w * 64 + static_cast<size_t>(__builtin_ctzll(missing))));
+    }
+  }
+  for (int32_t id : end_tokens) {
+    auto at = std::lower_bound(out.ids.begin(), out.ids.end(), id);
+    const bool listed = at != out.ids.end() && *at == id;
+    if (accepting && listed) out.ids.erase(at);
+    if (!accepting && !listed && id >= 0) out.ids.insert(at, id);
+  }
+}
+
 bool TokenConstraint::Accept(int32_t token) {
   const std::string_view bytes = vocab_->bytes(token);
   if (bytes.empty()) return false;

@@ -76,6 +76,14 @@ class TokenConstraint {
   // The tokens that may come next, sorted: those the grammar allows, and `end_tokens` (the
   // request's end-of-sequence and stop tokens) exactly when the output is a complete value.
   void AllowedTokens(std::span<const int32_t> end_tokens, std::vector<int32_t>& out) const;
+  // The same set in its shorter form: the allowed tokens, or (`banned` true) every other id of
+  // the vocabulary. Inside a string nearly every token is allowed, and listing the few others
+  // (and masking only them) is what keeps a constrained step cheap.
+  struct TokenSet {
+    bool banned = false;
+    std::vector<int32_t> ids;  // sorted
+  };
+  void NextTokens(std::span<const int32_t> end_tokens, TokenSet& out) const;
   // Advances past `token`; false (nothing changed) when the grammar does not allow it.
   bool Accept(int32_t token);
   // The output is a complete value and nothing can follow it: generation must end.

@@ -1,7 +1,10 @@
 #include "grammar/token_mask.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <iterator>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -125,6 +128,8 @@ TEST(TokenMaskTest, RandomConstrainedOutputsFollowTheSchema) {
   int32_t eos = static_cast<int32_t>(vocab->size()) - 1;  // a special token: no bytes
   while (eos > 0 && !vocab->bytes(eos).empty()) --eos;
   ASSERT_TRUE(vocab->bytes(eos).empty());
+  std::vector<int32_t> all_ids(vocab->size());
+  std::iota(all_ids.begin(), all_ids.end(), 0);
   std::mt19937 rng(11);
   int completed = 0;
   for (int sample = 0; sample < 20; ++sample) {
@@ -136,6 +141,17 @@ TEST(TokenMaskTest, RandomConstrainedOutputsFollowTheSchema) {
       if (constraint.Finished()) break;
       constraint.AllowedTokens({&eos, 1}, allowed);
       ASSERT_FALSE(allowed.empty()) << text;
+      // The shorter form names the same set.
+      TokenConstraint::TokenSet next;
+      constraint.NextTokens({&eos, 1}, next);
+      if (next.banned) {
+        std::vector<int32_t> complement;
+        std::set_difference(all_ids.begin(), all_ids.end(), next.ids.begin(), next.ids.end(),
+                            std::back_inserter(complement));
+        ASSERT_EQ(complement, allowed) << text;
+      } else {
+        ASSERT_EQ(next.ids, allowed) << text;
+      }
       // Favour short tokens and the end, so outputs stay small.
       int32_t pick = allowed[rng() % allowed.size()];
       if (rng() % 4 == 0) {

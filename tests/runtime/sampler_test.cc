@@ -460,6 +460,35 @@ TEST(SamplerTest, AllowedTokensRestrictTheDraw) {
   EXPECT_GT(drawn[3], 0);
 }
 
+// Structured output's per-step sets: as allowed tokens or as their complement (banned, applied
+// as -infinity biases) they give the same draws and logprobs, beside logit_bias and
+// allowed_token_ids.
+TEST(SamplerTest, ConstrainedStepsDrawTheSameFromEitherForm) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 0.5f, 2.5f};
+  SamplingParams p;
+  p.logprobs = 2;
+  p.logit_bias = {{4, 1.0f}};
+  p.allowed_token_ids = {0, 2, 3, 4};
+  p.structured_output.kind = grammar::StructuredOutputSpec::Kind::kJsonObject;
+  for (float temperature : {0.0f, 1.0f}) {
+    p.temperature = temperature;
+    RequestSampler allowed(p, 5), banned(p, 5);
+    EXPECT_FALSE(allowed.ArgmaxOnly());
+    for (int i = 0; i < 50; ++i) {
+      allowed.ConstrainNext({0, 2, 3});  // the grammar allows 0, 2, 3: with the ids, 0, 2, 3
+      banned.ConstrainNext({1, 4}, /*banned=*/true);
+      std::vector<float> a = logits, b = logits;
+      const SampledToken x = allowed.Sample(a, TokenHistory{});
+      const SampledToken y = banned.Sample(b, TokenHistory{});
+      ASSERT_EQ(x.token, y.token);
+      EXPECT_TRUE(x.token == 0 || x.token == 2 || x.token == 3) << x.token;
+      EXPECT_FLOAT_EQ(x.logprob, y.logprob);
+      ASSERT_EQ(x.top.size(), y.top.size());
+      for (size_t k = 0; k < x.top.size(); ++k) EXPECT_EQ(x.top[k].token, y.top[k].token);
+    }
+  }
+}
+
 // bad_words: a word's last token is banned where the output ends with the rest of it (a one-token
 // word always), from the output only (not the prompt), and per row of a verify step as of the
 // drafts before it.

@@ -515,9 +515,9 @@ bool Engine::Step() {
       std::vector<int32_t> end_tokens = seq.params.stop_token_ids;
       end_tokens.insert(end_tokens.end(), options_.eos_token_ids.begin(),
                         options_.eos_token_ids.end());
-      std::vector<int32_t> allowed;
-      seq.constraint->AllowedTokens(end_tokens, allowed);
-      seq.sampler->ConstrainNext(std::move(allowed));
+      grammar::TokenConstraint::TokenSet next;
+      seq.constraint->NextTokens(end_tokens, next);
+      seq.sampler->ConstrainNext(std::move(next.ids), next.banned);
     }
   });
   bool greedy_step = !scoring;

@@ -78,8 +78,9 @@ class RequestSampler {
            allowed_.empty() && params_.bad_words.empty() && !constrained_;
   }
   // Structured output: the tokens the request's grammar allows at the next draw (sorted), which
-  // Sample and Penalties apply as allowed tokens (with allowed_token_ids, their intersection).
-  void ConstrainNext(std::vector<int32_t> allowed);
+  // Sample and Penalties apply as allowed tokens (with allowed_token_ids, their intersection);
+  // or, with `banned`, the tokens it does not allow, applied as -infinity biases.
+  void ConstrainNext(std::vector<int32_t> ids, bool banned = false);
   // The distribution Sample draws from (penalties, temperature, top-k/top-p/min-p; one-hot at the
   // argmax for greedy requests), as probabilities over the vocabulary; `logits` is modified in
   // place as Sample does. Speculative decoding accepts drafts against it. Draws nothing.
@@ -149,7 +150,8 @@ class RequestSampler {
   // Structured output: whether the request has a grammar, and its allowed tokens at the next
   // draw (ConstrainNext).
   bool constrained_ = false;
-  std::vector<int32_t> constrained_allowed_;
+  bool constrained_banned_ = false;
+  std::vector<int32_t> constrained_ids_;
   // Penalties()' bias lists when bad_words ban tokens (a sequence samples one row at a time).
   mutable std::vector<int32_t> row_bias_tokens_;
   mutable std::vector<float> row_biases_;
