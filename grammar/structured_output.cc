@@ -94,18 +94,19 @@ TokenConstraint::TokenConstraint(std::shared_ptr<CompiledGrammar> grammar,
                                  std::shared_ptr<const TokenVocabulary> vocab)
     : grammar_(std::move(grammar)), vocab_(std::move(vocab)), matcher_(grammar_->grammar()) {}
 
-void TokenConstraint::AllowedTokens(std::span<const int32_t> end_tokens,
-                                    std::vector<int32_t>& out) const {
+namespace {
+
+// The ids set in `bits` (sorted), with `end_tokens` exactly when `accepting`.
+void ListAllowed(const TokenBitmask& bits, bool accepting, std::span<const int32_t> end_tokens,
+                 std::vector<int32_t>& out) {
   out.clear();
-  const std::shared_ptr<const TokenBitmask> mask = grammar_->Mask(matcher_, *vocab_);
-  const TokenBitmask& bits = *mask;
   for (size_t w = 0; w < bits.size(); ++w) {
     for (uint64_t word = bits[w]; word != 0; word &= word - 1) {
       out.push_back(static_cast<int32_t>(w * 64 + static_cast<size_t>(__builtin_ctzll(word))));
     }
   }
   if (end_tokens.empty()) return;
-  if (matcher_.Accepting()) {
+  if (accepting) {
     out.insert(out.end(), end_tokens.begin(), end_tokens.end());
     std::sort(out.begin(), out.end());
     out.erase(std::unique(out.begin(), out.end()), out.end());
@@ -118,6 +119,14 @@ void TokenConstraint::AllowedTokens(std::span<const int32_t> end_tokens,
   }
 }
 
+}  // namespace
+
+void TokenConstraint::AllowedTokens(std::span<const int32_t> end_tokens,
+                                    std::vector<int32_t>& out) const {
+  const std::shared_ptr<const TokenBitmask> mask = grammar_->Mask(matcher_, *vocab_);
+  ListAllowed(*mask, matcher_.Accepting(), end_tokens, out);
+}
+
 void TokenConstraint::NextTokens(std::span<const int32_t> end_tokens, TokenSet& out) const {
   const std::shared_ptr<const TokenBitmask> mask = grammar_->Mask(matcher_, *vocab_);
   const TokenBitmask& bits = *mask;
@@ -125,12 +134,12 @@ void TokenConstraint::NextTokens(std::span<const int32_t> end_tokens, TokenSet& 
   size_t allowed = 0;
   for (uint64_t w : bits) allowed += static_cast<size_t>(__builtin_popcountll(w));
   const bool accepting = matcher_.Accepting();
-  out.ids.clear();
   out.banned = 2 * allowed > vocab;
   if (!out.banned) {
-    AllowedTokens(end_tokens, out.ids);
+    ListAllowed(bits, accepting, end_tokens, out.ids);
     return;
   }
+  out.ids.clear();
   // Every id the mask leaves out (word by word, visiting only those ids); then the end tokens
   // follow the value's completeness, whatever the mask says of them.
   for (size_t w = 0; w < bits.size(); ++w) {

@@ -214,7 +214,12 @@ void ApplyLogitPenalties(std::span<float> logits, const LogitPenalties& p) {
   for (size_t i = 0; i < p.bias_tokens.size() && i < p.biases.size(); ++i) {
     const int32_t t = p.bias_tokens[i];
     if (t < 0 || static_cast<size_t>(t) >= vocab) continue;
-    logits[t] += p.biases[i];
+    // A ban is a ban whatever the logit was (a NaN logit plus -infinity stays NaN).
+    if (p.biases[i] == -std::numeric_limits<float>::infinity()) {
+      logits[t] = p.biases[i];
+    } else {
+      logits[t] += p.biases[i];
+    }
   }
   if (!p.allowed_tokens.empty()) {
     std::vector<float> kept;
