@@ -21,6 +21,7 @@ enum class NodeKind : uint8_t {
   kLiterals,  // exactly one of a fixed set of texts (enum, const, true/false, null, choices)
   kUnion,     // one of several nodes, told apart by their first byte
   kSequence,  // several nodes one after another, with nothing between them
+  kUntil,     // free text up to and including literals[0], then whitespace (a reasoning block)
 };
 
 struct Property {

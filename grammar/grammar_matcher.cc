@@ -19,6 +19,7 @@ enum ObjectPhase : uint8_t {
   kObjAfter,     // after a value: whitespace, ',' or '}'
 };
 enum ArrayPhase : uint8_t { kArrFirst, kArrNext, kArrInValue, kArrAfter };
+enum UntilPhase : uint8_t { kUntilText, kUntilSpace };
 enum StringPhase : uint8_t {
   kStrBody,
   kStrEscape,
@@ -161,6 +162,12 @@ bool GrammarMatcher::Push(int32_t node_index, uint8_t byte) {
       if (f.b < 0) return false;
       f.a = 1;
       break;
+    case NodeKind::kUntil:
+      f.phase = kUntilText;
+      frames_[size_++] = f;
+      if (FeedUntil(frames_[size_ - 1], node, byte) == kConsumed) return true;
+      --size_;
+      return false;
     case NodeKind::kSequence:
       // The sequence's frame, then its first part's, which takes the byte.
       f.a = 0;
@@ -241,6 +248,8 @@ GrammarMatcher::Step GrammarMatcher::FeedFrame(Frame& f, uint8_t byte) {
       return FeedNumber(f, true, byte);
     case NodeKind::kLiterals:
       return FeedLiteral(f, node, byte);
+    case NodeKind::kUntil:
+      return FeedUntil(f, node, byte);
     case NodeKind::kSequence:
       // Between parts (the previous one completed): the next part starts, nothing between.
       return Push(node.alternatives[f.a], byte) ? kConsumed : kReject;
@@ -522,6 +531,35 @@ GrammarMatcher::Step GrammarMatcher::FeedNumber(Frame& f, bool integer, uint8_t 
       break;
   }
   return complete ? kPopAndRefeed : kReject;
+}
+
+GrammarMatcher::Step GrammarMatcher::FeedUntil(Frame& f, const Node& node, uint8_t byte) {
+  const std::string& end = node.literals[0];
+  if (f.phase == kUntilSpace) {
+    // After the marker: whitespace, then the next part takes the first other byte.
+    return TakeWhitespace(f.ws, byte) ? kConsumed : kPopAndRefeed;
+  }
+  // a: how much of the marker the text ends with. On a mismatch, the longest marker prefix that
+  // is a suffix of what was matched plus this byte (the marker is short: tried directly).
+  size_t matched = static_cast<size_t>(f.a);
+  while (true) {
+    if (static_cast<uint8_t>(end[matched]) == byte) {
+      ++matched;
+      break;
+    }
+    if (matched == 0) break;
+    // The next shorter prefix of the marker that is also a suffix of its first `matched` bytes.
+    size_t k = matched - 1;
+    while (k > 0 && end.compare(0, k, end, matched - k, k) != 0) --k;
+    matched = k;
+  }
+  f.a = static_cast<int32_t>(matched);
+  if (matched == end.size()) {
+    f.phase = kUntilSpace;
+    f.a = 0;
+    f.ws = 0;
+  }
+  return kConsumed;
 }
 
 bool GrammarMatcher::LiteralComplete(const Frame& f, const Node& node) const {

@@ -66,6 +66,7 @@ class GrammarMatcher {
   Step FeedString(Frame& f, const Node& node, uint8_t byte);
   Step FeedNumber(Frame& f, bool integer, uint8_t byte);
   Step FeedLiteral(Frame& f, const Node& node, uint8_t byte);
+  Step FeedUntil(Frame& f, const Node& node, uint8_t byte);
   // After the top frame's value completed and was popped: the frame below advances.
   void ChildDone();
   [[nodiscard]] bool LiteralComplete(const Frame& f, const Node& node) const;

@@ -136,6 +136,10 @@ void ComputeFirstBytesAndDepths(Grammar& g) {
             depth = std::min(depth, g.min_depth[a]);
           }
           break;
+        case NodeKind::kUntil:
+          set.set();  // any byte: free text
+          depth = 1;
+          break;
         case NodeKind::kSequence:
           // Every node consumes at least one byte, so a sequence starts as its first part does.
           if (!node.alternatives.empty()) set = g.first_bytes[node.alternatives[0]];
@@ -548,6 +552,18 @@ absl::StatusOr<Grammar> TaggedJsonGrammar(const std::string& begin, std::string_
   g->root = add(std::move(sequence));
   if (absl::Status s = FinishGrammar(*g); !s.ok()) return s;
   return g;
+}
+
+absl::Status AddReasoningBlock(Grammar& g, const std::string& end) {
+  if (end.empty()) return absl::InvalidArgumentError("the reasoning block's end marker is empty");
+  Node until(NodeKind::kUntil);
+  until.literals = {end};
+  g.nodes.push_back(std::move(until));
+  Node sequence(NodeKind::kSequence);
+  sequence.alternatives = {static_cast<int32_t>(g.nodes.size() - 1), g.root};
+  g.nodes.push_back(std::move(sequence));
+  g.root = static_cast<int32_t>(g.nodes.size() - 1);
+  return FinishGrammar(g);
 }
 
 absl::StatusOr<Grammar> ChoiceGrammar(const std::vector<std::string>& choices) {

@@ -34,6 +34,10 @@ Grammar JsonObjectGrammar();
 // choice is empty.
 absl::StatusOr<Grammar> ChoiceGrammar(const std::vector<std::string>& choices);
 
+// Puts free text before `g`'s value, up to and including `end` and the whitespace after it: a
+// reasoning model thinks first ("<think>...</think>\n\n") and the constraint holds after.
+absl::Status AddReasoningBlock(Grammar& g, const std::string& end);
+
 // `begin`, a value of the schema, then `end`, as raw text around the value (a tool call:
 // "<tool_call>\n", the call's JSON, "\n</tool_call>"). InvalidArgument when either text is
 // empty or the schema does not compile.

@@ -10,6 +10,11 @@
 namespace mobius::grammar {
 
 std::string StructuredOutputSpec::Key() const {
+  if (!reasoning_end.empty()) {
+    StructuredOutputSpec inner = *this;
+    inner.reasoning_end.clear();
+    return absl::StrCat("reasoning:", reasoning_end.size(), ":", reasoning_end, inner.Key());
+  }
   switch (kind) {
     case Kind::kNone:
       return "none";
@@ -31,6 +36,14 @@ std::string StructuredOutputSpec::Key() const {
 }
 
 absl::StatusOr<Grammar> CompileStructuredOutput(const StructuredOutputSpec& spec) {
+  if (!spec.reasoning_end.empty()) {
+    StructuredOutputSpec inner = spec;
+    inner.reasoning_end.clear();
+    absl::StatusOr<Grammar> g = CompileStructuredOutput(inner);
+    if (!g.ok()) return g.status();
+    if (absl::Status s = AddReasoningBlock(*g, spec.reasoning_end); !s.ok()) return s;
+    return g;
+  }
   switch (spec.kind) {
     case StructuredOutputSpec::Kind::kJsonSchema:
       return CompileJsonSchemaText(spec.json_schema);

@@ -27,6 +27,9 @@ struct StructuredOutputSpec {
   std::string json_schema;           // kJsonSchema, kTaggedJson: the schema's JSON text
   std::vector<std::string> choices;  // kChoice
   std::string begin, end;            // kTaggedJson: raw text around the value
+  // Non-empty: free text up to and including this marker (and whitespace) comes first, the form
+  // after it (a reasoning model's "<think>...</think>").
+  std::string reasoning_end;
   // A text that identifies the spec (equal specs, equal keys).
   [[nodiscard]] std::string Key() const;
 };

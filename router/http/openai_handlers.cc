@@ -249,6 +249,7 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
   int n = 1;
   bool stream = false;
   std::optional<std::string> forced_tool;  // chat's tool_choice "required" or a named function
+  bool reasoning_first = false;            // chat of a reasoning model with thinking on
   if (endpoint == Endpoint::kCompletions) {
     absl::StatusOr<CompletionParams> params = ParseCompletionRequest(*body, context.model);
     if (!params.ok()) return fail(params.status());
@@ -269,6 +270,7 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
     absl::StatusOr<ChatParams> params = ParseChatRequest(*body, context.model);
     if (!params.ok()) return fail(params.status());
     context.parse_reasoning = options_.parse_reasoning;
+    reasoning_first = options_.parse_reasoning && params->enable_thinking;
     std::vector<std::string> tools;
     if (params->use_tools) {
       absl::StatusOr<std::vector<std::string>> definitions = ToolDefinitions(request.body());
@@ -314,6 +316,16 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
     if (!schema.ok()) return fail(schema.status());
     for (v1::GenerateRequest& p : prompts) {
       p.mutable_sampling_params()->mutable_structured_output()->set_json_schema(*schema);
+    }
+  }
+
+  // A reasoning model thinks before it answers: the form holds after its "</think>", so that a
+  // constrained answer does not cost it its reasoning (vLLM's reasoning-aware structured output).
+  if (reasoning_first) {
+    for (v1::GenerateRequest& p : prompts) {
+      if (p.sampling_params().has_structured_output()) {
+        p.mutable_sampling_params()->mutable_structured_output()->set_reasoning_end("</think>");
+      }
     }
   }
 

@@ -237,6 +237,23 @@ TEST(GrammarMatcherTest, TaggedJsonIsTextValueText) {
   EXPECT_FALSE(TaggedJsonGrammar("", "{}", ">").ok());
 }
 
+TEST(GrammarMatcherTest, AReasoningBlockComesFirst) {
+  Grammar g = Schema(R"({"type": "object", "properties": {"a": {"type": "integer"}},
+    "required": ["a"]})");
+  ASSERT_TRUE(AddReasoningBlock(g, "</think>").ok());
+  // Anything up to the marker, braces and near-misses of the marker included, then whitespace.
+  EXPECT_TRUE(Matches(g, "<think>\nsay {\"a\": 1}? <</think <</thi</think>\n\n{\"a\": 1}"));
+  EXPECT_TRUE(Matches(g, "</think>{\"a\":2}"));
+  EXPECT_TRUE(Matches(g, "<</think>\n{\"a\":2}"));  // the marker's start repeated
+  EXPECT_FALSE(Matches(g, "{\"a\": 1}"));           // still reasoning: no marker yet
+  EXPECT_TRUE(Prefix(g, "{\"a\": 1}"));
+  EXPECT_FALSE(Prefix(g, "</think>\n\nSure: {"));  // after the marker, the form
+  GrammarMatcher m(g);
+  ASSERT_TRUE(m.FeedBytes("x</think>\n{\"a\":3}"));
+  EXPECT_TRUE(m.Finished());
+  EXPECT_FALSE(AddReasoningBlock(g, "").ok());
+}
+
 TEST(GrammarMatcherTest, ChoicesAreRawTextAndMayPrefixEachOther) {
   absl::StatusOr<Grammar> g = ChoiceGrammar({"yes", "yes sir", "no"});
   ASSERT_TRUE(g.ok());

@@ -110,6 +110,23 @@ TEST(TokenMaskTest, QwenVocabularyInsideLimitedStrings) {
   }
 }
 
+// A reasoning block before the form: free text (every token), the marker's partial matches, the
+// whitespace after it.
+TEST(TokenMaskTest, QwenVocabularyAroundAReasoningBlock) {
+  std::shared_ptr<const TokenVocabulary> vocab = QwenVocabulary();
+  ASSERT_NE(vocab, nullptr);
+  Grammar g = JsonObjectGrammar();
+  ASSERT_TRUE(AddReasoningBlock(g, "</think>").ok());
+  for (const std::string& prefix : std::vector<std::string>{
+           "", "<think>\nhm", "<think>\nhm </th", "<think>\nhm </think>", "x</think>\n\n"}) {
+    GrammarMatcher state(g);
+    ASSERT_TRUE(state.FeedBytes(prefix)) << prefix;
+    TokenBitmask fast;
+    vocab->ComputeMask(state, fast);
+    EXPECT_EQ(fast, BruteForceMask(state, *vocab)) << prefix;
+  }
+}
+
 // Draws random allowed tokens until the grammar is finished: every such output must parse as
 // JSON and hold the schema's shape.
 TEST(TokenMaskTest, RandomConstrainedOutputsFollowTheSchema) {

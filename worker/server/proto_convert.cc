@@ -51,6 +51,9 @@ SamplingParams FromProto(const v1::SamplingParams& p) {
     case v1::StructuredOutput::KIND_NOT_SET:
       break;
   }
+  if (s.structured_output.kind != Kind::kNone) {
+    s.structured_output.reasoning_end = so.reasoning_end();
+  }
   return s;
 }
 

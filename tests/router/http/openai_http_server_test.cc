@@ -1192,6 +1192,27 @@ class ReasoningServerTest : public HttpServerTest {
   }
 };
 
+// With thinking on, a chat's form holds after the reasoning block; with it off, from the start.
+TEST_F(ReasoningServerTest, StructuredOutputWaitsForTheReasoning) {
+  const Json format = {{"type", "json_object"}};
+  service_.responses = InPieces("<think>\nok\n</think>\n\n{\"a\": 1}");
+  Reply thinking =
+      Post("/v1/chat/completions",
+           {{"messages", {{{"role", "user"}, {"content", "x"}}}}, {"response_format", format}});
+  ASSERT_EQ(thinking.status, 200u) << thinking.body;
+  EXPECT_EQ(thinking.json()["choices"][0]["message"]["reasoning_content"], "ok");
+  EXPECT_EQ(thinking.json()["choices"][0]["message"]["content"], "{\"a\": 1}");
+  EXPECT_EQ(service_.requests().back().sampling_params().structured_output().reasoning_end(),
+            "</think>");
+  service_.responses = InPieces("{\"a\": 1}");
+  Reply direct =
+      Post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "x"}}}},
+                                    {"response_format", format},
+                                    {"chat_template_kwargs", {{"enable_thinking", false}}}});
+  ASSERT_EQ(direct.status, 200u) << direct.body;
+  EXPECT_EQ(service_.requests().back().sampling_params().structured_output().reasoning_end(), "");
+}
+
 TEST_F(ReasoningServerTest, ThinkBlockIsReasoningContent) {
   const std::string output =
       "<think>\nThe user wants weather.\n</think>\n\nChecking.\n<tool_call>\n{\"name\": "
