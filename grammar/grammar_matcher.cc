@@ -295,11 +295,7 @@ GrammarMatcher::Step GrammarMatcher::FeedObject(Frame& f, const Node& node, uint
     case kObjFirst:
       if (TakeWhitespace(f.ws, byte)) return kConsumed;
       if (byte == '"') return start_key();
-      if (byte == '}' && can_close) {
-        --size_;
-        ChildDone();
-        return kConsumed;
-      }
+      if (byte == '}' && can_close) return CloseTop();
       return kReject;
     case kObjKeyStart:
       if (TakeWhitespace(f.ws, byte)) return kConsumed;
@@ -337,21 +333,28 @@ GrammarMatcher::Step GrammarMatcher::FeedObject(Frame& f, const Node& node, uint
       return kConsumed;
     }
     case kObjAfter:
-      if (TakeWhitespace(f.ws, byte)) return kConsumed;
-      if (byte == ',' && more_keys) {
-        f.phase = kObjKeyStart;
-        f.ws = 0;
-        return kConsumed;
-      }
-      if (byte == '}' && can_close) {
-        --size_;
-        ChildDone();
-        return kConsumed;
-      }
-      return kReject;
+      return AfterMember(f, byte, more_keys, kObjKeyStart, '}', can_close);
     default:
       return kReject;
   }
+}
+
+GrammarMatcher::Step GrammarMatcher::CloseTop() {
+  --size_;
+  ChildDone();
+  return kConsumed;
+}
+
+GrammarMatcher::Step GrammarMatcher::AfterMember(Frame& f, uint8_t byte, bool more,
+                                                 uint8_t next_phase, char close, bool can_close) {
+  if (TakeWhitespace(f.ws, byte)) return kConsumed;
+  if (byte == ',' && more) {
+    f.phase = next_phase;
+    f.ws = 0;
+    return kConsumed;
+  }
+  if (byte == static_cast<uint8_t>(close) && can_close) return CloseTop();
+  return kReject;
 }
 
 GrammarMatcher::Step GrammarMatcher::FeedArray(Frame& f, const Node& node, uint8_t byte) {
@@ -366,28 +369,13 @@ GrammarMatcher::Step GrammarMatcher::FeedArray(Frame& f, const Node& node, uint8
   switch (f.phase) {
     case kArrFirst:
       if (TakeWhitespace(f.ws, byte)) return kConsumed;
-      if (byte == ']' && can_close) {
-        --size_;
-        ChildDone();
-        return kConsumed;
-      }
+      if (byte == ']' && can_close) return CloseTop();
       return start_item();
     case kArrNext:
       if (TakeWhitespace(f.ws, byte)) return kConsumed;
       return start_item();
     case kArrAfter:
-      if (TakeWhitespace(f.ws, byte)) return kConsumed;
-      if (byte == ',' && more_items) {
-        f.phase = kArrNext;
-        f.ws = 0;
-        return kConsumed;
-      }
-      if (byte == ']' && can_close) {
-        --size_;
-        ChildDone();
-        return kConsumed;
-      }
-      return kReject;
+      return AfterMember(f, byte, more_items, kArrNext, ']', can_close);
     default:
       return kReject;
   }
@@ -403,9 +391,7 @@ GrammarMatcher::Step GrammarMatcher::FeedString(Frame& f, const Node& node, uint
     case kStrBody:
       if (byte == '"') {
         if (f.a < node.min_length) return kReject;
-        --size_;
-        ChildDone();
-        return kConsumed;
+        return CloseTop();
       }
       if (!room || byte < 0x20) return kReject;
       if (byte == '\\') {

@@ -67,6 +67,12 @@ class GrammarMatcher {
   Step FeedNumber(Frame& f, bool integer, uint8_t byte);
   Step FeedLiteral(Frame& f, const Node& node, uint8_t byte);
   Step FeedUntil(Frame& f, const Node& node, uint8_t byte);
+  // The top frame's value ends with this byte: popped, and the frame below advances.
+  Step CloseTop();
+  // After an object's member or an array's item: whitespace, ',' when `more` may follow (then
+  // `next_phase`), or `close` when the container `can_close`.
+  Step AfterMember(Frame& f, uint8_t byte, bool more, uint8_t next_phase, char close,
+                   bool can_close);
   // After the top frame's value completed and was popped: the frame below advances.
   void ChildDone();
   [[nodiscard]] bool LiteralComplete(const Frame& f, const Node& node) const;

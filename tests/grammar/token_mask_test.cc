@@ -48,6 +48,18 @@ TokenBitmask BruteForceMask(const GrammarMatcher& state, const TokenVocabulary& 
   return mask;
 }
 
+// The mask at each state the prefixes reach equals the brute-force one.
+void ExpectMasksMatchBruteForce(const Grammar& g, const TokenVocabulary& vocab,
+                                const std::vector<std::string>& prefixes) {
+  for (const std::string& prefix : prefixes) {
+    GrammarMatcher state(g);
+    ASSERT_TRUE(state.FeedBytes(prefix)) << prefix;
+    TokenBitmask fast;
+    vocab.ComputeMask(state, fast);
+    EXPECT_EQ(fast, BruteForceMask(state, vocab)) << prefix;
+  }
+}
+
 TEST(TokenMaskTest, SmallVocabularyTrieMatchesBruteForce) {
   const TokenVocabulary vocab({"{", "{\"", "\"", "\":",  "a",   "ab",   "abc",  "",         "}",
                                " ", "1",   "12", "\"}",  "x\"", "\xc3", "\xa9", "\xc3\xa9", "ab",
@@ -99,15 +111,10 @@ TEST(TokenMaskTest, QwenVocabularyInsideLimitedStrings) {
       R"({"type": "object", "properties": {"s": {"type": "string", "minLength": 3,
         "maxLength": 400}, "t": {"type": "string", "maxLength": 6}}, "required": ["s", "t"]})");
   ASSERT_TRUE(g.ok()) << g.status();
-  for (const std::string& prefix : std::vector<std::string>{
-           "{\"s\": \"", "{\"s\": \"ab", "{\"s\": \"a\\", "{\"s\": \"a\\u00", "{\"s\": \"\xe4",
-           "{\"s\": \"" + std::string(390, 'x'), "{\"s\": \"abc\", \"t\": \"12"}) {
-    GrammarMatcher state(*g);
-    ASSERT_TRUE(state.FeedBytes(prefix)) << prefix;
-    TokenBitmask fast;
-    vocab->ComputeMask(state, fast);
-    EXPECT_EQ(fast, BruteForceMask(state, *vocab)) << prefix;
-  }
+  ExpectMasksMatchBruteForce(
+      *g, *vocab,
+      {"{\"s\": \"", "{\"s\": \"ab", "{\"s\": \"a\\", "{\"s\": \"a\\u00", "{\"s\": \"\xe4",
+       "{\"s\": \"" + std::string(390, 'x'), "{\"s\": \"abc\", \"t\": \"12"});
 }
 
 // A reasoning block before the form: free text (every token), the marker's partial matches, the
@@ -117,14 +124,8 @@ TEST(TokenMaskTest, QwenVocabularyAroundAReasoningBlock) {
   ASSERT_NE(vocab, nullptr);
   Grammar g = JsonObjectGrammar();
   ASSERT_TRUE(AddReasoningBlock(g, "</think>").ok());
-  for (const std::string& prefix : std::vector<std::string>{
-           "", "<think>\nhm", "<think>\nhm </th", "<think>\nhm </think>", "x</think>\n\n"}) {
-    GrammarMatcher state(g);
-    ASSERT_TRUE(state.FeedBytes(prefix)) << prefix;
-    TokenBitmask fast;
-    vocab->ComputeMask(state, fast);
-    EXPECT_EQ(fast, BruteForceMask(state, *vocab)) << prefix;
-  }
+  ExpectMasksMatchBruteForce(
+      g, *vocab, {"", "<think>\nhm", "<think>\nhm </th", "<think>\nhm </think>", "x</think>\n\n"});
 }
 
 // Draws random allowed tokens until the grammar is finished: every such output must parse as
