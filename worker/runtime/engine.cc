@@ -493,16 +493,11 @@ bool Engine::Step() {
     forward.expert_tokens = &expert_tokens;
   }
   ++step_index_;
-  // A step whose sampled rows are all plain greedy (temperature 0, no penalties, no logprobs)
-  // takes the argmax on the device: token ids come back instead of the [rows, vocab] logits
-  // (254 MB of fp32 at batch 256 with a 248K vocabulary). Drafts are verified against the
-  // argmax of every row of theirs (VerifyGreedyDrafts). A step that scores prompt rows needs
-  // them on the host, and samples there.
   // Structured output: each constrained sequence draws from the tokens its grammar allows now,
-  // and from its end tokens once its output is a complete value. A state seen before costs the
-  // listing of its cached mask (~0.2 ms inside a string at a 151K vocabulary), a new one the
-  // vocabulary walk (~0.1 ms; performance.md, "Structured output"): sequences spread over
-  // threads.
+  // and from its end tokens once its output is a complete value. At a 151K vocabulary a state
+  // seen before costs ~10 us (its cached mask in the shorter form), a new one a walk of the
+  // vocabulary (0.03-0.12 ms; up to ~5 ms near a string's maxLength; performance.md,
+  // "Structured output"): sequences spread over threads.
   std::vector<Sequence*> constrained;
   for (const ScheduledChunk& c : plan.chunks) {
     if (c.sequence->constraint != nullptr && c.completes_prefill()) {
@@ -520,6 +515,11 @@ bool Engine::Step() {
       seq.sampler->ConstrainNext(std::move(next.ids), next.banned);
     }
   });
+  // A step whose sampled rows are all plain greedy (temperature 0, no penalties, no logprobs)
+  // takes the argmax on the device: token ids come back instead of the [rows, vocab] logits
+  // (254 MB of fp32 at batch 256 with a 248K vocabulary). Drafts are verified against the
+  // argmax of every row of theirs (VerifyGreedyDrafts). A step that scores prompt rows needs
+  // them on the host, and samples there.
   bool greedy_step = !scoring;
   for (const ScheduledChunk& c : plan.chunks) {
     if (c.completes_prefill()) greedy_step &= c.sequence->sampler->ArgmaxOnly();
