@@ -63,7 +63,7 @@ void BM_AllowedTokensCached(benchmark::State& state) {
   StructuredOutputSpec spec;
   spec.kind = StructuredOutputSpec::Kind::kJsonObject;
   std::shared_ptr<CompiledGrammar> compiled = *cache.Get(spec);
-  TokenConstraint constraint(compiled, Vocabulary());
+  TokenConstraint constraint(compiled, Vocabulary(), {151645});
   const std::string prefix = kPrefixes[state.range(0)];
   // Feed the prefix one byte-token at a time through the vocabulary's single-byte tokens.
   for (char c : prefix) {
@@ -74,10 +74,9 @@ void BM_AllowedTokensCached(benchmark::State& state) {
     if (!fed) state.SkipWithError("prefix rejected");
   }
   std::vector<int32_t> allowed;
-  const int32_t end[] = {151645};
-  constraint.AllowedTokens(end, allowed);  // computes and caches the mask
+  constraint.AllowedTokens(allowed);  // computes and caches the mask
   for (auto _ : state) {
-    constraint.AllowedTokens(end, allowed);
+    constraint.AllowedTokens(allowed);
     benchmark::DoNotOptimize(allowed.data());
   }
   state.counters["allowed"] = static_cast<double>(allowed.size());
@@ -91,7 +90,7 @@ void BM_NextTokensCached(benchmark::State& state) {
   GrammarCache cache;
   StructuredOutputSpec spec;
   spec.kind = StructuredOutputSpec::Kind::kJsonObject;
-  TokenConstraint constraint(*cache.Get(spec), Vocabulary());
+  TokenConstraint constraint(*cache.Get(spec), Vocabulary(), {151645});
   for (char c : std::string(kPrefixes[state.range(0)])) {
     bool fed = false;
     for (int32_t id = 0; id < static_cast<int32_t>(Vocabulary()->size()) && !fed; ++id) {
@@ -100,10 +99,9 @@ void BM_NextTokensCached(benchmark::State& state) {
     if (!fed) state.SkipWithError("prefix rejected");
   }
   TokenConstraint::TokenSet next;
-  const int32_t end[] = {151645};
-  constraint.NextTokens(end, next);
+  constraint.NextTokens(next);
   for (auto _ : state) {
-    constraint.NextTokens(end, next);
+    constraint.NextTokens(next);
     benchmark::DoNotOptimize(next.ids.data());
   }
   state.counters["ids"] = static_cast<double>(next.ids.size());

@@ -83,6 +83,12 @@ Node ArrayOf(int32_t items) {
   return n;
 }
 
+// Appends `node` to `g`; its index.
+int32_t AddNode(Grammar& g, Node node) {
+  g.nodes.push_back(std::move(node));
+  return static_cast<int32_t>(g.nodes.size() - 1);
+}
+
 // The JSON text of a string, as it appears in output (quotes and escapes, UTF-8 kept).
 std::string QuotedJson(const std::string& s) { return Json(s).dump(); }
 
@@ -202,10 +208,7 @@ class SchemaCompiler {
   }
 
  private:
-  int32_t Add(Node node) {
-    grammar_.nodes.push_back(std::move(node));
-    return static_cast<int32_t>(grammar_.nodes.size() - 1);
-  }
+  int32_t Add(Node node) { return AddNode(grammar_, std::move(node)); }
 
   static absl::Status Error(const std::string& path, const std::string& reason) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", reason));
@@ -508,31 +511,37 @@ absl::StatusOr<Grammar> CompileJsonSchemaText(std::string_view text) {
 
 int32_t AddAnyValue(Grammar& g) {
   if (g.any_value >= 0) return g.any_value;
-  const auto add = [&g](Node n) {
-    g.nodes.push_back(std::move(n));
-    return static_cast<int32_t>(g.nodes.size() - 1);
-  };
-  const int32_t any = add(Node(NodeKind::kUnion));
+  const int32_t any = AddNode(g, Node(NodeKind::kUnion));
   g.any_value = any;
-  const int32_t object = add(ObjectOf(any));
-  const int32_t array = add(ArrayOf(any));
-  const int32_t string = add(Node(NodeKind::kString));
-  const int32_t number = add(Node(NodeKind::kNumber));
-  const int32_t literal = add(LiteralsNode({"true", "false", "null"}));
+  const int32_t object = AddNode(g, ObjectOf(any));
+  const int32_t array = AddNode(g, ArrayOf(any));
+  const int32_t string = AddNode(g, Node(NodeKind::kString));
+  const int32_t number = AddNode(g, Node(NodeKind::kNumber));
+  const int32_t literal = AddNode(g, LiteralsNode({"true", "false", "null"}));
   g.nodes[any].alternatives = {object, array, string, number, literal};
   return any;
 }
 
 Grammar JsonObjectGrammar() {
   Grammar g;
-  g.string_node = 0;
-  g.nodes.push_back(Node(NodeKind::kString));
-  const int32_t any = AddAnyValue(g);
-  g.nodes.push_back(ObjectOf(any));
-  g.root = static_cast<int32_t>(g.nodes.size() - 1);
+  g.string_node = AddNode(g, Node(NodeKind::kString));
+  g.root = AddNode(g, ObjectOf(AddAnyValue(g)));
   (void)FinishGrammar(g);  // its one union, any value, starts differently: cannot fail
   return g;
 }
+
+namespace {
+
+// The grammar's root becomes `before`, the old root, then `after`, in sequence.
+absl::Status WrapRoot(Grammar& g, int32_t before, int32_t after = -1) {
+  Node sequence(NodeKind::kSequence);
+  sequence.alternatives = {before, g.root};
+  if (after >= 0) sequence.alternatives.push_back(after);
+  g.root = AddNode(g, std::move(sequence));
+  return FinishGrammar(g);
+}
+
+}  // namespace
 
 absl::StatusOr<Grammar> TaggedJsonGrammar(const std::string& begin, std::string_view schema,
                                           const std::string& end) {
@@ -541,16 +550,8 @@ absl::StatusOr<Grammar> TaggedJsonGrammar(const std::string& begin, std::string_
   }
   absl::StatusOr<Grammar> g = CompileJsonSchemaText(schema);
   if (!g.ok()) return g.status();
-  const auto add = [&g](Node n) {
-    g->nodes.push_back(std::move(n));
-    return static_cast<int32_t>(g->nodes.size() - 1);
-  };
-  const int32_t open = add(LiteralsNode({begin}));
-  const int32_t close = add(LiteralsNode({end}));
-  Node sequence(NodeKind::kSequence);
-  sequence.alternatives = {open, g->root, close};
-  g->root = add(std::move(sequence));
-  if (absl::Status s = FinishGrammar(*g); !s.ok()) return s;
+  const int32_t open = AddNode(*g, LiteralsNode({begin}));
+  if (absl::Status s = WrapRoot(*g, open, AddNode(*g, LiteralsNode({end}))); !s.ok()) return s;
   return g;
 }
 
@@ -558,28 +559,19 @@ absl::Status AddReasoningBlock(Grammar& g, const std::string& end) {
   if (end.empty()) return absl::InvalidArgumentError("the reasoning block's end marker is empty");
   Node until(NodeKind::kUntil);
   until.literals = {end};
-  g.nodes.push_back(std::move(until));
-  Node sequence(NodeKind::kSequence);
-  sequence.alternatives = {static_cast<int32_t>(g.nodes.size() - 1), g.root};
-  g.nodes.push_back(std::move(sequence));
-  g.root = static_cast<int32_t>(g.nodes.size() - 1);
-  return FinishGrammar(g);
+  return WrapRoot(g, AddNode(g, std::move(until)));
 }
 
 absl::StatusOr<Grammar> ChoiceGrammar(const std::vector<std::string>& choices) {
   if (choices.empty()) return absl::InvalidArgumentError("the list of choices is empty");
-  Grammar g;
-  g.string_node = 0;
-  g.nodes.push_back(Node(NodeKind::kString));
-  Node lit(NodeKind::kLiterals);
   for (size_t i = 0; i < choices.size(); ++i) {
     if (choices[i].empty()) {
       return absl::InvalidArgumentError(absl::StrCat("choice ", i, " is empty"));
     }
-    lit.literals.push_back(choices[i]);
   }
-  g.nodes.push_back(std::move(lit));
-  g.root = 1;
+  Grammar g;
+  g.string_node = AddNode(g, Node(NodeKind::kString));
+  g.root = AddNode(g, LiteralsNode(choices));
   if (absl::Status s = FinishGrammar(g); !s.ok()) return s;
   return g;
 }

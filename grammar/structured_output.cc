@@ -104,8 +104,12 @@ absl::StatusOr<std::shared_ptr<CompiledGrammar>> GrammarCache::Get(
 }
 
 TokenConstraint::TokenConstraint(std::shared_ptr<CompiledGrammar> grammar,
-                                 std::shared_ptr<const TokenVocabulary> vocab)
-    : grammar_(std::move(grammar)), vocab_(std::move(vocab)), matcher_(grammar_->grammar()) {}
+                                 std::shared_ptr<const TokenVocabulary> vocab,
+                                 std::vector<int32_t> end_tokens)
+    : grammar_(std::move(grammar)),
+      vocab_(std::move(vocab)),
+      end_tokens_(std::move(end_tokens)),
+      matcher_(grammar_->grammar()) {}
 
 namespace {
 
@@ -134,13 +138,12 @@ void ListAllowed(const TokenBitmask& bits, bool accepting, std::span<const int32
 
 }  // namespace
 
-void TokenConstraint::AllowedTokens(std::span<const int32_t> end_tokens,
-                                    std::vector<int32_t>& out) const {
+void TokenConstraint::AllowedTokens(std::vector<int32_t>& out) const {
   const std::shared_ptr<const TokenBitmask> mask = grammar_->Mask(matcher_, *vocab_);
-  ListAllowed(*mask, matcher_.Accepting(), end_tokens, out);
+  ListAllowed(*mask, matcher_.Accepting(), end_tokens_, out);
 }
 
-void TokenConstraint::NextTokens(std::span<const int32_t> end_tokens, TokenSet& out) const {
+void TokenConstraint::NextTokens(TokenSet& out) const {
   const std::shared_ptr<const TokenBitmask> mask = grammar_->Mask(matcher_, *vocab_);
   const TokenBitmask& bits = *mask;
   const size_t vocab = vocab_->size();
@@ -149,7 +152,7 @@ void TokenConstraint::NextTokens(std::span<const int32_t> end_tokens, TokenSet& 
   const bool accepting = matcher_.Accepting();
   out.banned = 2 * allowed > vocab;
   if (!out.banned) {
-    ListAllowed(bits, accepting, end_tokens, out.ids);
+    ListAllowed(bits, accepting, end_tokens_, out.ids);
     return;
   }
   out.ids.clear();
@@ -163,7 +166,7 @@ void TokenConstraint::NextTokens(std::span<const int32_t> end_tokens, TokenSet& 
           static_cast<int32_t>(w * 64 + static_cast<size_t>(__builtin_ctzll(missing))));
     }
   }
-  for (int32_t id : end_tokens) {
+  for (int32_t id : end_tokens_) {
     auto at = std::lower_bound(out.ids.begin(), out.ids.end(), id);
     const bool listed = at != out.ids.end() && *at == id;
     if (accepting && listed) out.ids.erase(at);

@@ -76,12 +76,14 @@ class GrammarCache {
 // One request's position in its grammar, in tokens.
 class TokenConstraint {
  public:
+  // `end_tokens`: the request's end-of-sequence and stop tokens, which end the output whatever
+  // their bytes: offered exactly when the output is a complete value.
   TokenConstraint(std::shared_ptr<CompiledGrammar> grammar,
-                  std::shared_ptr<const TokenVocabulary> vocab);
+                  std::shared_ptr<const TokenVocabulary> vocab, std::vector<int32_t> end_tokens);
 
-  // The tokens that may come next, sorted: those the grammar allows, and `end_tokens` (the
-  // request's end-of-sequence and stop tokens) exactly when the output is a complete value.
-  void AllowedTokens(std::span<const int32_t> end_tokens, std::vector<int32_t>& out) const;
+  // The tokens that may come next, sorted: those the grammar allows, and the end tokens when
+  // the output is a complete value.
+  void AllowedTokens(std::vector<int32_t>& out) const;
   // The same set in its shorter form: the allowed tokens, or (`banned` true) every other id of
   // the vocabulary. Inside a string nearly every token is allowed, and listing the few others
   // (and masking only them) is what keeps a constrained step cheap.
@@ -89,7 +91,7 @@ class TokenConstraint {
     bool banned = false;
     std::vector<int32_t> ids;  // sorted
   };
-  void NextTokens(std::span<const int32_t> end_tokens, TokenSet& out) const;
+  void NextTokens(TokenSet& out) const;
   // Advances past `token`; false (nothing changed) when the grammar does not allow it.
   bool Accept(int32_t token);
   // The output is a complete value and nothing can follow it: generation must end.
@@ -99,6 +101,7 @@ class TokenConstraint {
  private:
   std::shared_ptr<CompiledGrammar> grammar_;
   std::shared_ptr<const TokenVocabulary> vocab_;
+  std::vector<int32_t> end_tokens_;
   GrammarMatcher matcher_;
 };
 

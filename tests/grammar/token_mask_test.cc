@@ -151,17 +151,17 @@ TEST(TokenMaskTest, RandomConstrainedOutputsFollowTheSchema) {
   std::mt19937 rng(11);
   int completed = 0;
   for (int sample = 0; sample < 20; ++sample) {
-    TokenConstraint constraint(*compiled, vocab);
+    TokenConstraint constraint(*compiled, vocab, {eos});
     std::string text;
     std::vector<int32_t> allowed;
     bool ended = false;
     for (int step = 0; step < 400 && !ended; ++step) {
       if (constraint.Finished()) break;
-      constraint.AllowedTokens({&eos, 1}, allowed);
+      constraint.AllowedTokens(allowed);
       ASSERT_FALSE(allowed.empty()) << text;
       // The shorter form names the same set.
       TokenConstraint::TokenSet next;
-      constraint.NextTokens({&eos, 1}, next);
+      constraint.NextTokens(next);
       if (next.banned) {
         std::vector<int32_t> complement;
         std::set_difference(all_ids.begin(), all_ids.end(), next.ids.begin(), next.ids.end(),

@@ -140,6 +140,24 @@ TEST(CudaEngineSamplingTest, DeviceDrawsMatchHostDraws) {
 namespace mobius::worker {
 namespace {
 
+// The intern-s2-mobius-tiny fixture on the GPU, with its reference outputs.
+struct GpuFixture {
+  std::unique_ptr<kernels::Backend> backend;
+  std::unique_ptr<HybridModel> model;
+  testing::ModelReference ref;
+};
+
+void LoadGpuFixture(GpuFixture& f) {
+  auto backend = kernels::CreateCudaBackend(0);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  f.backend = *std::move(backend);
+  const std::string dir = testing::FixtureModelDir("intern-s2-mobius-tiny");
+  f.model = testing::LoadFixtureModel(dir, *f.backend);
+  ASSERT_NE(f.model, nullptr);
+  f.ref = testing::LoadReference(dir);
+  ASSERT_FALSE(f.ref.greedy.empty());
+}
+
 // Collects one request's stream (engine thread) and signals its end.
 struct Stream {
   std::vector<int32_t> tokens;
@@ -168,13 +186,10 @@ struct Stream {
 // (every logit -inf after the device's penalties and the host's mask) ending with the reason.
 TEST(CudaEngineSamplingTest, ServingRulesOnTheDevice) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-  auto backend = kernels::CreateCudaBackend(0);
-  ASSERT_TRUE(backend.ok()) << backend.status();
-  const std::string dir = testing::FixtureModelDir("intern-s2-mobius-tiny");
-  std::unique_ptr<HybridModel> model = testing::LoadFixtureModel(dir, **backend);
-  ASSERT_NE(model, nullptr);
-  const testing::ModelReference ref = testing::LoadReference(dir);
-  ASSERT_FALSE(ref.greedy.empty());
+  GpuFixture fixture;
+  ASSERT_NO_FATAL_FAILURE(LoadGpuFixture(fixture));
+  std::unique_ptr<HybridModel>& model = fixture.model;
+  const testing::ModelReference& ref = fixture.ref;
   EngineOptions options;
   options.scheduler.max_num_seqs = 4;
   options.scheduler.max_tokens_per_step = 16;
@@ -258,13 +273,10 @@ TEST(CudaEngineSamplingTest, ServingRulesOnTheDevice) {
 // time) go through the backend's host round trip, and every output is the schema's.
 TEST(CudaEngineSamplingTest, StructuredOutputOnTheDevice) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-  auto backend = kernels::CreateCudaBackend(0);
-  ASSERT_TRUE(backend.ok()) << backend.status();
-  const std::string dir = testing::FixtureModelDir("intern-s2-mobius-tiny");
-  std::unique_ptr<HybridModel> model = testing::LoadFixtureModel(dir, **backend);
-  ASSERT_NE(model, nullptr);
-  const testing::ModelReference ref = testing::LoadReference(dir);
-  ASSERT_FALSE(ref.greedy.empty());
+  GpuFixture fixture;
+  ASSERT_NO_FATAL_FAILURE(LoadGpuFixture(fixture));
+  std::unique_ptr<HybridModel>& model = fixture.model;
+  const testing::ModelReference& ref = fixture.ref;
   const int vocab = model->config().vocab_size;
   EngineOptions options;
   options.eos_token_ids = {vocab - 1};

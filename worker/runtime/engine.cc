@@ -93,8 +93,11 @@ absl::Status Engine::Enqueue(GenerationRequest request, OutputCallback callback)
       return absl::InvalidArgumentError(absl::StrFormat(
           "request %s: structured_output: %s", request.request_id, compiled.status().message()));
     }
-    constraint =
-        std::make_unique<grammar::TokenConstraint>(*std::move(compiled), options_.vocabulary);
+    std::vector<int32_t> end_tokens = request.params.stop_token_ids;
+    end_tokens.insert(end_tokens.end(), options_.eos_token_ids.begin(),
+                      options_.eos_token_ids.end());
+    constraint = std::make_unique<grammar::TokenConstraint>(
+        *std::move(compiled), options_.vocabulary, std::move(end_tokens));
   }
 
   auto seq = std::make_unique<Sequence>();
@@ -507,11 +510,8 @@ bool Engine::Step() {
   ForEachRangeInParallel(constrained.size(), 16, 1, [&](size_t begin, size_t end) {
     for (size_t k = begin; k < end; ++k) {
       Sequence& seq = *constrained[k];
-      std::vector<int32_t> end_tokens = seq.params.stop_token_ids;
-      end_tokens.insert(end_tokens.end(), options_.eos_token_ids.begin(),
-                        options_.eos_token_ids.end());
       grammar::TokenConstraint::TokenSet next;
-      seq.constraint->NextTokens(end_tokens, next);
+      seq.constraint->NextTokens(next);
       seq.sampler->ConstrainNext(std::move(next.ids), next.banned);
     }
   });
