@@ -22,6 +22,10 @@ enum class NodeKind : uint8_t {
   kUnion,     // one of several nodes, told apart by their first byte
   kSequence,  // several nodes one after another, with nothing between them
   kUntil,     // free text up to and including literals[0], then whitespace (a reasoning block)
+  // Objects told apart by the value of their shared first property (a discriminator such as
+  // {"type": "circle", ...} | {"type": "square", ...}): one frame reads that property, then
+  // becomes the object its value names.
+  kObjectSwitch,
 };
 
 struct Property {
@@ -50,7 +54,11 @@ struct Node {
   // kLiterals: texts in output form (JSON texts, or raw strings for choices).
   std::vector<std::string> literals;
   // kUnion: alternatives whose first bytes are disjoint. kSequence: its parts, in order.
+  // kObjectSwitch: the objects switched among.
   std::vector<int32_t> alternatives;
+  // kObjectSwitch: properties[0] is the shared first property, required, whose value is a
+  // kLiterals node of every object's allowed values; cases[i] is the object its literal i selects.
+  std::vector<int32_t> cases;
 };
 
 // Limits that keep every output finite and every matcher state small.

@@ -138,6 +138,7 @@ bool GrammarMatcher::Push(int32_t node_index, uint8_t byte) {
   f.node = node_index;
   switch (node.kind) {
     case NodeKind::kObject:
+    case NodeKind::kObjectSwitch:
       f.phase = kObjFirst;
       break;
     case NodeKind::kArray:
@@ -197,12 +198,20 @@ void GrammarMatcher::ChildDone() {
   }
   // A frame below another is an object, an array or a sequence (above).
   const Node& node = grammar_->nodes[f.node];
-  if (node.kind == NodeKind::kObject) {
+  if (node.kind == NodeKind::kObject || node.kind == NodeKind::kObjectSwitch) {
     if (f.phase == kObjKeyFree) {
       f.phase = kObjColon;
     } else {
       f.phase = kObjAfter;
       if (!node.properties.empty()) f.a = f.b + 1;  // the next property after the value's
+    }
+    if (node.kind == NodeKind::kObjectSwitch) {
+      // The shared first property's value was the literal frame just popped (it still lies
+      // above the stack's top): the frame becomes the object that value selects, after its
+      // first property.
+      const int32_t literal =
+          CompletedLiteral(frames_[size_], grammar_->nodes[node.properties[0].value]);
+      f.node = node.cases[literal];
     }
     return;
   }
@@ -237,6 +246,7 @@ GrammarMatcher::Step GrammarMatcher::FeedFrame(Frame& f, uint8_t byte) {
   const Node& node = grammar_->nodes[f.node];
   switch (node.kind) {
     case NodeKind::kObject:
+    case NodeKind::kObjectSwitch:
       return FeedObject(f, node, byte);
     case NodeKind::kArray:
       return FeedArray(f, node, byte);
@@ -548,15 +558,15 @@ GrammarMatcher::Step GrammarMatcher::FeedUntil(Frame& f, const Node& node, uint8
   return kConsumed;
 }
 
-bool GrammarMatcher::LiteralComplete(const Frame& f, const Node& node) const {
+int32_t GrammarMatcher::CompletedLiteral(const Frame& f, const Node& node) const {
   const std::string& current = node.literals[f.b];
   for (size_t i = static_cast<size_t>(f.b); i < node.literals.size(); ++i) {
     const std::string& l = node.literals[i];
     if (l.size() == static_cast<size_t>(f.a) && l.compare(0, f.a, current, 0, f.a) == 0) {
-      return true;
+      return static_cast<int32_t>(i);
     }
   }
-  return false;
+  return -1;
 }
 
 GrammarMatcher::Step GrammarMatcher::FeedLiteral(Frame& f, const Node& node, uint8_t byte) {
@@ -570,12 +580,12 @@ GrammarMatcher::Step GrammarMatcher::FeedLiteral(Frame& f, const Node& node, uin
       return kConsumed;
     }
   }
-  return LiteralComplete(f, node) ? kPopAndRefeed : kReject;
+  return CompletedLiteral(f, node) >= 0 ? kPopAndRefeed : kReject;
 }
 
 bool GrammarMatcher::ValueCompleteWithoutBytes(const Frame& f) const {
   const Node& node = grammar_->nodes[f.node];
-  if (node.kind == NodeKind::kLiterals) return LiteralComplete(f, node);
+  if (node.kind == NodeKind::kLiterals) return CompletedLiteral(f, node) >= 0;
   if (node.kind == NodeKind::kNumber || node.kind == NodeKind::kInteger) {
     return f.phase == kNumZero || f.phase == kNumInt || f.phase == kNumFrac ||
            f.phase == kNumExpDigits;

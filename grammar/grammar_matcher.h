@@ -75,7 +75,8 @@ class GrammarMatcher {
                    bool can_close);
   // After the top frame's value completed and was popped: the frame below advances.
   void ChildDone();
-  [[nodiscard]] bool LiteralComplete(const Frame& f, const Node& node) const;
+  // The literal a literal frame's text is, whole; -1 while it is only a prefix of one.
+  [[nodiscard]] int32_t CompletedLiteral(const Frame& f, const Node& node) const;
   [[nodiscard]] bool ValueCompleteWithoutBytes(const Frame& f) const;
 
   const Grammar* grammar_;

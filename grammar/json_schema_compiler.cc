@@ -27,9 +27,10 @@ constexpr int kMaxSchemaDepth = 64;
 // Keywords that only describe (JSON Schema's annotations and format, an annotation by default).
 const std::set<std::string>& IgnoredKeywords() {
   static const std::set<std::string> kIgnored = {
-      "$schema", "$id",         "$comment",         "$anchor",         "title",     "description",
-      "default", "examples",    "deprecated",       "readOnly",        "writeOnly", "format",
-      "$defs",   "definitions", "contentMediaType", "contentEncoding", "strict",    "name"};
+      "$schema",         "$id",     "$comment", "$anchor",      "title",
+      "description",     "default", "examples", "deprecated",   "readOnly",
+      "writeOnly",       "format",  "$defs",    "definitions",  "contentMediaType",
+      "contentEncoding", "strict",  "name",     "discriminator"};
   return kIgnored;
 }
 
@@ -146,6 +147,12 @@ void ComputeFirstBytesAndDepths(Grammar& g) {
           set.set();  // any byte: free text
           depth = 1;
           break;
+        case NodeKind::kObjectSwitch:
+          // The frame becomes one of the objects; it is entered only if every one could finish.
+          set.set('{');
+          depth = 1;
+          for (int32_t a : node.alternatives) depth = std::max(depth, g.min_depth[a]);
+          break;
         case NodeKind::kSequence:
           // Every node consumes at least one byte, so a sequence starts as its first part does.
           if (!node.alternatives.empty()) set = g.first_bytes[node.alternatives[0]];
@@ -184,9 +191,9 @@ absl::Status FinishGrammar(Grammar& g) {
       if ((g.first_bytes[a] & seen).any()) {
         return absl::InvalidArgumentError(
             "schema: anyOf / oneOf / a list of types must offer alternatives that start "
-            "differently (different JSON types: object, array, string, number, boolean, null); "
-            "two alternatives here can start with the same character, or one leads back to "
-            "the union itself");
+            "differently (different JSON types: object, array, string, number, boolean, null, "
+            "or objects told apart by their first property's const values); two alternatives "
+            "here can start with the same character, or one leads back to the union itself");
       }
       seen |= g.first_bytes[a];
     }
@@ -264,6 +271,7 @@ class SchemaCompiler {
           if (!alt.ok()) return alt.status();
           u.alternatives.push_back(*alt);
         }
+        if (absl::Status st = SwitchObjects(u.alternatives, at); !st.ok()) return st;
         if (u.alternatives.size() == 1) return u.alternatives[0];
         return Add(std::move(u));
       }
@@ -348,6 +356,80 @@ class SchemaCompiler {
       return Error(absl::StrCat(path, ".", word), "no value has the schema's type");
     }
     return Add(std::move(lit));
+  }
+
+  // The node a chain of one-alternative unions (references) leads to.
+  int32_t Resolve(int32_t node) const {
+    for (size_t hops = 0; hops <= grammar_.nodes.size(); ++hops) {
+      const Node& n = grammar_.nodes[node];
+      if (n.kind != NodeKind::kUnion || n.alternatives.size() != 1) break;
+      node = n.alternatives[0];
+    }
+    return node;
+  }
+
+  // Objects among a union's alternatives all start with '{', so the matcher cannot pick one by
+  // its first byte. They become one kObjectSwitch when their first declared property is the
+  // same required key whose const / enum values tell them apart (a discriminator, as pydantic
+  // writes tagged unions: {"type": {"const": "circle"}, ...}). Objects that cannot be told
+  // apart that way are refused here, with the alternative's place.
+  absl::Status SwitchObjects(std::vector<int32_t>& alternatives, const std::string& at) {
+    std::vector<size_t> objects;
+    for (size_t i = 0; i < alternatives.size(); ++i) {
+      if (grammar_.nodes[Resolve(alternatives[i])].kind == NodeKind::kObject) objects.push_back(i);
+    }
+    if (objects.size() < 2) return absl::OkStatus();
+    auto refuse = [&at](size_t i, const std::string& why) {
+      return Error(absl::StrCat(at, "[", i, "]"),
+                   absl::StrCat("objects among the alternatives must share a required first "
+                                "property whose const or enum values tell them apart (such as "
+                                "\"type\"): ",
+                                why));
+    };
+    Node sw(NodeKind::kObjectSwitch);
+    Node values(NodeKind::kLiterals);
+    std::map<std::string, size_t> owner;  // literal -> the alternative it selects
+    std::string key;
+    for (size_t i : objects) {
+      const int32_t object = Resolve(alternatives[i]);
+      const Node& o = grammar_.nodes[object];
+      if (o.properties.empty()) return refuse(i, "this one declares no properties");
+      const Property& first = o.properties[0];
+      if (!first.required) {
+        return refuse(i, absl::StrCat("its first property ", first.key, " is optional"));
+      }
+      if (key.empty()) key = first.key;
+      if (first.key != key) {
+        return refuse(i, absl::StrCat("its first property is ", first.key, ", another's is ", key));
+      }
+      const Node& tag = grammar_.nodes[Resolve(first.value)];
+      if (tag.kind != NodeKind::kLiterals) {
+        return refuse(i, absl::StrCat("its first property ", key, " is not a const or an enum"));
+      }
+      for (const std::string& literal : tag.literals) {
+        auto [it, fresh] = owner.emplace(literal, i);
+        if (!fresh) {
+          if (it->second == i) continue;
+          return refuse(i, absl::StrCat("the value ", literal, " of ", key,
+                                        " also selects alternative ", it->second));
+        }
+        values.literals.push_back(literal);
+        sw.cases.push_back(object);
+      }
+      sw.alternatives.push_back(object);
+    }
+    sw.properties.push_back(Property{key, Add(std::move(values)), true});
+    // The switch takes the first object's place; the other objects leave the union.
+    std::vector<int32_t> kept;
+    for (size_t i = 0; i < alternatives.size(); ++i) {
+      if (i == objects[0]) {
+        kept.push_back(Add(std::move(sw)));
+      } else if (std::find(objects.begin(), objects.end(), i) == objects.end()) {
+        kept.push_back(alternatives[i]);
+      }
+    }
+    alternatives = std::move(kept);
+    return absl::OkStatus();
   }
 
   static size_t CountIgnored(const Json& s) {

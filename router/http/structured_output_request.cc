@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/json_parse.h"
 #include "common/status_macros.h"
@@ -194,26 +195,42 @@ absl::StatusOr<std::string> OrderedSchemaText(absl::string_view body) {
   return std::string();
 }
 
-absl::StatusOr<v1::StructuredOutput> ForcedToolCallForm(absl::string_view body,
-                                                        const std::string& function) {
-  using Ordered = nlohmann::ordered_json;
-  absl::StatusOr<Ordered> ordered = ParseOrderedJson(body, {.max_depth = 64});
-  if (!ordered.ok()) return ordered.status();
-  const Ordered& tools = (*ordered)["tools"];
-  std::vector<std::string> names;
-  const Ordered* parameters = nullptr;
-  std::string field = "tools";
-  for (size_t k = 0; k < tools.size(); ++k) {
-    const Ordered& f = tools[k]["function"];
-    const std::string name = f["name"].get<std::string>();
-    names.push_back(name);
-    if (name == function || (function.empty() && tools.size() == 1)) {
-      if (f.contains("parameters") && !f["parameters"].is_null()) parameters = &f["parameters"];
-      field = absl::StrCat("tools[", k, "].function.parameters");
+namespace {
+
+using Ordered = nlohmann::ordered_json;
+
+// Points the local references of `schema` ("#/$defs/X", "#/definitions/X", at any depth) at
+// `prefix` + X, where the definitions of several functions meet under distinct names.
+void PrefixLocalRefs(Ordered& schema, const std::string& prefix) {
+  if (schema.is_array()) {
+    for (Ordered& item : schema) PrefixLocalRefs(item, prefix);
+    return;
+  }
+  if (!schema.is_object()) return;
+  for (auto& [key, value] : schema.items()) {
+    if (key != "$ref" || !value.is_string()) {
+      PrefixLocalRefs(value, prefix);
+      continue;
+    }
+    const std::string ref = value.get<std::string>();
+    for (const absl::string_view section : {"#/$defs/", "#/definitions/"}) {
+      if (absl::StartsWith(ref, section)) {
+        value = absl::StrCat(section, prefix, absl::string_view(ref).substr(section.size()));
+        break;
+      }
     }
   }
-  Ordered call = {{"type", "object"}, {"required", {"name", "arguments"}}};
-  Ordered arguments = parameters != nullptr ? *parameters : Ordered::object();
+}
+
+// One function's call as a JSON schema, {"name": <name>, "arguments": <its parameters>} in that
+// order, checked alone so that an error names the function's field. The parameters'
+// definitions move into `defs` (keyed "$defs" / "definitions"), their names after `prefix`.
+absl::StatusOr<Ordered> CallSchema(const Ordered& function, const std::string& field,
+                                   const std::string& prefix, Ordered& defs) {
+  Ordered arguments = Ordered::object();
+  if (function.contains("parameters") && !function["parameters"].is_null()) {
+    arguments = function["parameters"];
+  }
   if (!arguments.is_object()) {
     return FieldError(field, absl::StrCat(field, " must be a JSON schema object"));
   }
@@ -228,28 +245,89 @@ absl::StatusOr<v1::StructuredOutput> ForcedToolCallForm(absl::string_view body,
                                           " refers to its own root (\"$ref\": \"#...\"), which a "
                                           "forced call cannot enforce: use $defs"));
   }
-  // The call wraps the parameters: their definitions move up to the wrapper, where "#/$defs/..."
-  // references find them.
-  for (const char* defs : {"$defs", "definitions"}) {
-    if (arguments.is_object() && arguments.contains(defs)) {
-      call[defs] = arguments[defs];
-      arguments.erase(defs);
+  Ordered call = {{"type", "object"}, {"required", {"name", "arguments"}}};
+  Ordered own_defs = Ordered::object();
+  for (const char* section : {"$defs", "definitions"}) {
+    if (arguments.contains(section)) {
+      own_defs[section] = arguments[section];
+      arguments.erase(section);
     }
   }
-  std::string chosen = function;
-  if (chosen.empty() && names.size() == 1) chosen = names[0];
-  Ordered name_schema = chosen.empty() ? Ordered{{"enum", names}} : Ordered{{"const", chosen}};
-  call["properties"] = Ordered{{"name", name_schema}, {"arguments", arguments}};
+  call["properties"] = Ordered{{"name", {{"const", function["name"]}}}, {"arguments", arguments}};
+  // Checked with its own definitions, under their own names.
+  Ordered alone = call;
+  for (const auto& [section, entries] : own_defs.items()) alone[section] = entries;
+  absl::StatusOr<grammar::Grammar> g = grammar::CompileJsonSchema(alone);
+  if (!g.ok()) {
+    return FieldError(
+        field, absl::StrCat(field, " cannot be enforced for tool_choice: ", g.status().message()));
+  }
+  if (!prefix.empty()) PrefixLocalRefs(call, prefix);
+  for (auto& [section, entries] : own_defs.items()) {
+    if (!entries.is_object()) continue;
+    for (auto& [name, def] : entries.items()) {
+      Ordered renamed = def;
+      if (!prefix.empty()) PrefixLocalRefs(renamed, prefix);
+      defs[section][prefix + name] = std::move(renamed);
+    }
+  }
+  return call;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::StructuredOutput> ForcedToolCallForm(absl::string_view body,
+                                                        const std::string& function) {
+  absl::StatusOr<Ordered> ordered = ParseOrderedJson(body, {.max_depth = 64});
+  if (!ordered.ok()) return ordered.status();
+  const Ordered& tools = (*ordered)["tools"];
+  // The functions the call may name: the named one, or every tool for "required".
+  std::vector<size_t> open;
+  for (size_t k = 0; k < tools.size(); ++k) {
+    const std::string name = tools[k]["function"]["name"].get<std::string>();
+    if (function.empty() || name == function) open.push_back(k);
+    for (size_t j = 0; function.empty() && j < k; ++j) {
+      if (tools[j]["function"]["name"] == name) {
+        const std::string field = absl::StrCat("tools[", k, "].function.name");
+        return FieldError(field, absl::StrCat(field, " \"", name, "\" repeats tools[", j,
+                                              "]'s: tool_choice \"required\" needs distinct "
+                                              "names"));
+      }
+    }
+  }
+  Ordered defs = Ordered::object();
+  Ordered schema;
+  if (open.size() == 1) {
+    const size_t k = open[0];
+    absl::StatusOr<Ordered> call = CallSchema(
+        tools[k]["function"], absl::StrCat("tools[", k, "].function.parameters"), "", defs);
+    if (!call.ok()) return call.status();
+    schema = *std::move(call);
+  } else {
+    // Several functions: one call object each, told apart by the name's value (the grammar's
+    // object switch), so that the arguments follow the named function's parameters. Their
+    // definitions share the top level, each function's under a prefix of its own.
+    Ordered calls = Ordered::array();
+    for (size_t k : open) {
+      absl::StatusOr<Ordered> call =
+          CallSchema(tools[k]["function"], absl::StrCat("tools[", k, "].function.parameters"),
+                     absl::StrCat("tools.", k, "."), defs);
+      if (!call.ok()) return call.status();
+      calls.push_back(*std::move(call));
+    }
+    schema = Ordered{{"anyOf", std::move(calls)}};
+  }
+  for (auto& [section, entries] : defs.items()) schema[section] = std::move(entries);
   v1::StructuredOutput form;
   v1::TaggedJson* tagged = form.mutable_tagged_json();
   tagged->set_begin("<tool_call>\n");
-  tagged->set_json_schema(call.dump());
+  tagged->set_json_schema(schema.dump());
   tagged->set_end("\n</tool_call>");
   absl::StatusOr<grammar::Grammar> g =
       grammar::TaggedJsonGrammar(tagged->begin(), tagged->json_schema(), tagged->end());
   if (!g.ok()) {
     return FieldError(
-        field, absl::StrCat(field, " cannot be enforced for tool_choice: ", g.status().message()));
+        "tools", absl::StrCat("tools cannot be enforced for tool_choice: ", g.status().message()));
   }
   return form;
 }

@@ -28,8 +28,9 @@ absl::StatusOr<std::string> OrderedSchemaText(absl::string_view body);
 // The form of a forced tool call (tool_choice "required", `function` empty, or a named
 // `function`) for a chat body that ParseChatRequest accepted: one block of the Qwen3 template's
 // call format, "<tool_call>\n" {"name": ..., "arguments": ...} "\n</tool_call>", the arguments
-// held to the function's `parameters` (any object when "required" leaves several functions
-// open). A `parameters` schema outside the supported subset is refused, naming the tool.
+// held to the named function's `parameters` (with "required" and several tools, an anyOf of one
+// call per tool, told apart by the name). A `parameters` schema outside the supported subset is
+// refused, naming the tool; so are repeated tool names under "required".
 absl::StatusOr<v1::StructuredOutput> ForcedToolCallForm(absl::string_view body,
                                                         const std::string& function);
 

@@ -133,6 +133,39 @@ TEST(GrammarMatcherTest, EnumsConstsAndUnions) {
   EXPECT_FALSE(Prefix(g, R"({"color":"red","kind":"fixed","note":1)"));
 }
 
+// Objects told apart by their first property's value: the frame reads that value, then
+// continues as the object it selects (pydantic's tagged unions, typed tool calls).
+TEST(GrammarMatcherTest, ObjectsSwitchOnTheirFirstPropertysValue) {
+  const Grammar g = Schema(R"({"anyOf": [
+    {"$ref": "#/$defs/circle"},
+    {"type": "object", "properties": {"shape": {"enum": ["square", "box"]},
+      "side": {"type": "integer"}}, "required": ["shape", "side"]},
+    {"type": "string"}],
+    "discriminator": {"propertyName": "shape"},
+    "$defs": {"circle": {"type": "object", "properties": {"shape": {"const": "circle"},
+      "r": {"type": "number"}, "label": {"type": "string"}}, "required": ["shape", "r"]}}})");
+  EXPECT_TRUE(Matches(g, R"({"shape": "circle", "r": 1.5})"));
+  EXPECT_TRUE(Matches(g, R"({"shape":"circle","r":2,"label":"x"})"));
+  EXPECT_TRUE(Matches(g, R"({ "shape" : "square" , "side" : 3 })"));
+  EXPECT_TRUE(Matches(g, R"({"shape": "box", "side": 3})"));
+  EXPECT_TRUE(Matches(g, R"("just text")"));
+  // Each value's own properties only.
+  EXPECT_FALSE(Prefix(g, R"({"shape": "circle", "side")"));
+  EXPECT_FALSE(Prefix(g, R"({"shape": "square", "r")"));
+  EXPECT_FALSE(Matches(g, R"({"shape": "circle"})"));
+  EXPECT_FALSE(Prefix(g, R"({"shape": "triangle")"));
+  EXPECT_FALSE(Prefix(g, R"({"side")"));
+  EXPECT_FALSE(Prefix(g, R"({})"));
+  // The state after the tag is the selected object's: a cache key tells them apart.
+  GrammarMatcher circle(g), square(g);
+  ASSERT_TRUE(circle.FeedBytes(R"({"shape": "circle",)"));
+  ASSERT_TRUE(square.FeedBytes(R"({"shape": "square",)"));
+  std::string a, b;
+  circle.AppendStateKey(a, 16);
+  square.AppendStateKey(b, 16);
+  EXPECT_NE(a, b);
+}
+
 TEST(GrammarMatcherTest, StringLengthsCountCharacters) {
   const Grammar g = Schema(R"({"type": "string", "minLength": 2, "maxLength": 3})");
   EXPECT_FALSE(Matches(g, R"("a")"));

@@ -80,6 +80,40 @@ TEST(JsonSchemaCompilerTest, RefusesWhatTheMatcherCouldNotFinish) {
   EXPECT_EQ(typed->nodes[typed->root].literals, std::vector<std::string>{"\"a\""});
 }
 
+TEST(JsonSchemaCompilerTest, ObjectAlternativesNeedADiscriminatorFirst) {
+  struct Case {
+    std::string schema;
+    std::string message;
+  };
+  const std::string circle =
+      R"({"type": "object", "properties": {"k": {"const": "c"}}, "required": ["k"]})";
+  for (const Case& c : std::vector<Case>{
+           {R"({"anyOf": [)" + circle + R"(, {"type": "object"}]})",
+            "schema.anyOf[1]: objects among the alternatives must share a required first "
+            "property whose const or enum values tell them apart (such as \"type\"): this one "
+            "declares no properties"},
+           {R"({"anyOf": [)" + circle + R"(, {"properties": {"k": {"const": "d"}}}]})",
+            "schema.anyOf[1]: objects among the alternatives must share a required first "
+            "property whose const or enum values tell them apart (such as \"type\"): its first "
+            "property \"k\" is optional"},
+           {R"({"oneOf": [)" + circle +
+                R"(, {"properties": {"j": {"const": "d"}}, "required": ["j"]}]})",
+            "its first property is \"j\", another's is \"k\""},
+           {R"({"anyOf": [)" + circle +
+                R"(, {"properties": {"k": {"type": "string"}}, "required": ["k"]}]})",
+            "schema.anyOf[1]: objects among the alternatives must share a required first "
+            "property whose const or enum values tell them apart (such as \"type\"): its first "
+            "property \"k\" is not a const or an enum"},
+           {R"({"anyOf": [)" + circle +
+                R"(, {"properties": {"k": {"enum": ["d", "c"]}}, "required": ["k"]}]})",
+            "the value \"c\" of \"k\" also selects alternative 0"},
+       }) {
+    absl::StatusOr<Grammar> g = CompileJsonSchemaText(c.schema);
+    ASSERT_FALSE(g.ok()) << c.schema;
+    EXPECT_THAT(std::string(g.status().message()), HasSubstr(c.message)) << c.schema;
+  }
+}
+
 TEST(JsonSchemaCompilerTest, IgnoresAnnotationsAndCompilesPydanticOutput) {
   // What pydantic's model_json_schema() gives for a model with a nested model, an optional
   // field and a literal.

@@ -117,6 +117,23 @@ TEST(TokenMaskTest, QwenVocabularyInsideLimitedStrings) {
        "{\"s\": \"" + std::string(390, 'x'), "{\"s\": \"abc\", \"t\": \"12"});
 }
 
+// An object switch: the shared key, the tag's values, and each object after its tag.
+TEST(TokenMaskTest, QwenVocabularyAcrossAnObjectSwitch) {
+  std::shared_ptr<const TokenVocabulary> vocab = QwenVocabulary();
+  ASSERT_NE(vocab, nullptr);
+  absl::StatusOr<Grammar> g = CompileJsonSchemaText(R"({"anyOf": [
+      {"properties": {"name": {"const": "get_weather"}, "arguments": {"properties":
+        {"city": {"type": "string"}}, "required": ["city"]}}, "required": ["name", "arguments"]},
+      {"properties": {"name": {"const": "get_time"}, "arguments": {"properties":
+        {"zone": {"type": "integer"}}, "required": ["zone"]}}, "required": ["name", "arguments"]}
+    ]})");
+  ASSERT_TRUE(g.ok()) << g.status();
+  ExpectMasksMatchBruteForce(
+      *g, *vocab,
+      {"{", "{\"na", "{\"name\": \"get_", "{\"name\": \"get_weather\"", "{\"name\": \"get_time\", ",
+       "{\"name\": \"get_time\", \"arguments\": {"});
+}
+
 // A reasoning block before the form: free text (every token), the marker's partial matches, the
 // whitespace after it.
 TEST(TokenMaskTest, QwenVocabularyAroundAReasoningBlock) {
@@ -128,29 +145,33 @@ TEST(TokenMaskTest, QwenVocabularyAroundAReasoningBlock) {
       g, *vocab, {"", "<think>\nhm", "<think>\nhm </th", "<think>\nhm </think>", "x</think>\n\n"});
 }
 
-// Draws random allowed tokens until the grammar is finished: every such output must parse as
-// JSON and hold the schema's shape.
-TEST(TokenMaskTest, RandomConstrainedOutputsFollowTheSchema) {
+// Draws random allowed tokens until the grammar of `schema` is finished, `samples` times;
+// returns the outputs that finished within the step budget. Every step's shorter form
+// (NextTokens) must name the same set as AllowedTokens.
+std::vector<std::string> RandomConstrainedOutputs(const std::string& schema, int samples,
+                                                  uint32_t seed) {
   std::shared_ptr<const TokenVocabulary> vocab = QwenVocabulary();
-  ASSERT_NE(vocab, nullptr);
+  std::vector<std::string> outputs;
+  if (vocab == nullptr) {
+    ADD_FAILURE() << "no Qwen3 vocabulary";
+    return outputs;
+  }
   StructuredOutputSpec spec;
   spec.kind = StructuredOutputSpec::Kind::kJsonSchema;
-  spec.json_schema = R"({"type": "object", "properties": {
-      "name": {"type": "string", "maxLength": 8},
-      "age": {"type": "integer"},
-      "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
-      "required": ["name", "tags"]})";
+  spec.json_schema = schema;
   GrammarCache cache;
   absl::StatusOr<std::shared_ptr<CompiledGrammar>> compiled = cache.Get(spec);
-  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  if (!compiled.ok()) {
+    ADD_FAILURE() << compiled.status();
+    return outputs;
+  }
   int32_t eos = static_cast<int32_t>(vocab->size()) - 1;  // a special token: no bytes
   while (eos > 0 && !vocab->bytes(eos).empty()) --eos;
-  ASSERT_TRUE(vocab->bytes(eos).empty());
+  EXPECT_TRUE(vocab->bytes(eos).empty());
   std::vector<int32_t> all_ids(vocab->size());
   std::iota(all_ids.begin(), all_ids.end(), 0);
-  std::mt19937 rng(11);
-  int completed = 0;
-  for (int sample = 0; sample < 20; ++sample) {
+  std::mt19937 rng(seed);
+  for (int sample = 0; sample < samples; ++sample) {
     TokenConstraint constraint(*compiled, vocab, {eos});
     std::string text;
     std::vector<int32_t> allowed;
@@ -158,7 +179,10 @@ TEST(TokenMaskTest, RandomConstrainedOutputsFollowTheSchema) {
     for (int step = 0; step < 400 && !ended; ++step) {
       if (constraint.Finished()) break;
       constraint.AllowedTokens(allowed);
-      ASSERT_FALSE(allowed.empty()) << text;
+      if (allowed.empty()) {
+        ADD_FAILURE() << "no token allowed after " << text;
+        return outputs;
+      }
       // The shorter form names the same set.
       TokenConstraint::TokenSet next;
       constraint.NextTokens(next);
@@ -166,9 +190,9 @@ TEST(TokenMaskTest, RandomConstrainedOutputsFollowTheSchema) {
         std::vector<int32_t> complement;
         std::set_difference(all_ids.begin(), all_ids.end(), next.ids.begin(), next.ids.end(),
                             std::back_inserter(complement));
-        ASSERT_EQ(complement, allowed) << text;
+        EXPECT_EQ(complement, allowed) << text;
       } else {
-        ASSERT_EQ(next.ids, allowed) << text;
+        EXPECT_EQ(next.ids, allowed) << text;
       }
       // Favour short tokens and the end, so outputs stay small.
       int32_t pick = allowed[rng() % allowed.size()];
@@ -181,15 +205,33 @@ TEST(TokenMaskTest, RandomConstrainedOutputsFollowTheSchema) {
         }
       }
       if (pick == eos) {
-        ASSERT_TRUE(constraint.Accepting());
+        EXPECT_TRUE(constraint.Accepting()) << text;
         ended = true;
         break;
       }
-      ASSERT_TRUE(constraint.Accept(pick));
+      if (!constraint.Accept(pick)) {
+        ADD_FAILURE() << "token " << pick << " allowed but refused after " << text;
+        return outputs;
+      }
       text += vocab->bytes(pick);
     }
     if (!ended && !constraint.Finished()) continue;  // ran out of steps mid-value
-    ++completed;
+    outputs.push_back(text);
+  }
+  EXPECT_GT((*compiled)->masks_computed(), 0);
+  return outputs;
+}
+
+// Every random constrained output must parse as JSON and hold the schema's shape.
+TEST(TokenMaskTest, RandomConstrainedOutputsFollowTheSchema) {
+  const std::vector<std::string> outputs = RandomConstrainedOutputs(
+      R"({"type": "object", "properties": {
+      "name": {"type": "string", "maxLength": 8},
+      "age": {"type": "integer"},
+      "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
+      "required": ["name", "tags"]})",
+      20, 11);
+  for (const std::string& text : outputs) {
     const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
     ASSERT_FALSE(j.is_discarded()) << text;
     ASSERT_TRUE(j.is_object()) << text;
@@ -205,8 +247,39 @@ TEST(TokenMaskTest, RandomConstrainedOutputsFollowTheSchema) {
       EXPECT_TRUE(k == "name" || k == "age" || k == "tags") << text;
     }
   }
-  EXPECT_GE(completed, 10);
-  EXPECT_GT((*compiled)->masks_computed(), 0);
+  EXPECT_GE(outputs.size(), 10u);
+}
+
+// Under an object switch each output's arguments follow the function its name selects.
+TEST(TokenMaskTest, RandomOutputsOfAnObjectSwitchFollowTheSelectedObject) {
+  const std::vector<std::string> outputs = RandomConstrainedOutputs(
+      R"({"anyOf": [
+      {"properties": {"name": {"const": "weather"}, "arguments": {"properties":
+        {"city": {"type": "string", "maxLength": 4}}, "required": ["city"]}},
+        "required": ["name", "arguments"]},
+      {"properties": {"name": {"const": "time"}, "arguments": {"properties":
+        {"zone": {"type": "integer"}}, "required": ["zone"]}}, "required": ["name", "arguments"]}
+      ]})",
+      30, 5);
+  int weather = 0, time = 0;
+  for (const std::string& text : outputs) {
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << text;
+    ASSERT_TRUE(j.is_object() && j.size() == 2 && j.contains("arguments")) << text;
+    const nlohmann::json& args = j["arguments"];
+    ASSERT_EQ(args.size(), 1u) << text;
+    if (j["name"] == "weather") {
+      ++weather;
+      EXPECT_TRUE(args.contains("city") && args["city"].is_string()) << text;
+    } else {
+      ++time;
+      EXPECT_EQ(j["name"], "time") << text;
+      EXPECT_TRUE(args.contains("zone") && args["zone"].is_number_integer()) << text;
+    }
+  }
+  EXPECT_GE(outputs.size(), 15u);
+  EXPECT_GT(weather, 0);
+  EXPECT_GT(time, 0);
 }
 
 }  // namespace

@@ -24,6 +24,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "grammar/grammar_matcher.h"
+#include "grammar/json_schema_compiler.h"
 
 namespace mobius::router {
 namespace {
@@ -1061,7 +1063,8 @@ TEST_F(HttpServerTest, ChatForcedToolCalls) {
             R"({"const":"get_weather"},"arguments":{"type":"object","properties":{"zone":)"
             R"({"type":"string"},"city":{"type":"string"}},"required":["city"]}}})");
 
-  // "required" with several tools: any of their names, arguments any object.
+  // "required" with several tools: one call object per tool, told apart by the name, each
+  // holding the arguments to its own function's parameters.
   Json required = ToolRequest();
   required["tools"].push_back({{"type", "function"}, {"function", {{"name", "now"}}}});
   required["tool_choice"] = "required";
@@ -1072,8 +1075,42 @@ TEST_F(HttpServerTest, ChatForcedToolCalls) {
   const v1::StructuredOutput any_form =
       service_.requests().back().sampling_params().structured_output();
   EXPECT_EQ(any_form.tagged_json().json_schema(),
-            R"({"type":"object","required":["name","arguments"],"properties":{"name":)"
-            R"({"enum":["get_weather","now"]},"arguments":{"type":"object"}}})");
+            R"({"anyOf":[{"type":"object","required":["name","arguments"],"properties":{"name":)"
+            R"({"const":"get_weather"},"arguments":{"properties":{"city":{"type":"string"}},)"
+            R"("type":"object"}}},{"type":"object","required":["name","arguments"],)"
+            R"("properties":{"name":{"const":"now"},"arguments":{"type":"object"}}}]})");
+  {
+    absl::StatusOr<grammar::Grammar> g = grammar::TaggedJsonGrammar(
+        any_form.tagged_json().begin(), any_form.tagged_json().json_schema(),
+        any_form.tagged_json().end());
+    ASSERT_TRUE(g.ok()) << g.status();
+    grammar::GrammarMatcher call(*g);
+    EXPECT_TRUE(call.FeedBytes(
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}"));
+    // get_weather's arguments hold its own properties only (now's take any object).
+    grammar::GrammarMatcher crossed(*g);
+    EXPECT_FALSE(
+        crossed.FeedBytes("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"zone\""));
+  }
+  // Each tool's definitions keep their references, under a prefix of their own.
+  Json with_defs = required;
+  with_defs["tools"][1]["function"]["parameters"] = {
+      {"type", "object"},
+      {"properties", {{"at", {{"$ref", "#/$defs/When"}}}}},
+      {"required", {"at"}},
+      {"$defs", {{"When", {{"type", "string"}}}}}};
+  service_.responses =
+      InPieces("<tool_call>\n{\"name\": \"now\", \"arguments\": {\"at\": \"x\"}}\n</tool_call>");
+  ASSERT_EQ(Post("/v1/chat/completions", with_defs).status, 200u);
+  const Json defs_schema = Json::parse(
+      service_.requests().back().sampling_params().structured_output().tagged_json().json_schema());
+  EXPECT_EQ(defs_schema["$defs"], Json({{"tools.1.When", {{"type", "string"}}}}));
+  EXPECT_EQ(defs_schema["anyOf"][1]["properties"]["arguments"]["properties"]["at"]["$ref"],
+            "#/$defs/tools.1.When");
+  Json twice = required;
+  twice["tools"][1]["function"]["name"] = "get_weather";
+  ExpectError(Post("/v1/chat/completions", twice), 400, "tools[1].function.name",
+              "tools[1].function.name \"get_weather\" repeats tools[0]'s");
 
   // A function without parameters still takes an arguments object.
   Json bare = required;
