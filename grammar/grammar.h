@@ -48,6 +48,15 @@ struct Node {
   int32_t items = -1;
   int32_t min_items = 0;
   int32_t max_items = -1;  // -1: no limit
+  // kNumber / kInteger with minimum / maximum: the value times 10^scale_digits (0 for
+  // integers, kBoundedFractionDigits for numbers) lies in [min_scaled, max_scaled], where each
+  // side applies only if has_min / has_max. Bounded numbers are plain decimals: no exponent,
+  // at most scale_digits digits after the point.
+  bool has_min = false;
+  bool has_max = false;
+  int64_t min_scaled = 0;
+  int64_t max_scaled = 0;
+  int32_t scale_digits = 0;
   // kString
   int32_t min_length = 0;
   int32_t max_length = -1;  // -1: no limit
@@ -65,6 +74,9 @@ struct Node {
 inline constexpr int kMaxNestingDepth = 24;   // frames on the matcher's stack
 inline constexpr int kMaxWhitespaceRun = 24;  // whitespace bytes in a row between tokens
 inline constexpr int kMaxNumberLength = 32;   // bytes of one number
+// Digits after the point of a number under minimum / maximum: the bounds are compared exactly on
+// that grid (and the value's magnitude kept below 10^18 of its units while it matters).
+inline constexpr int kBoundedFractionDigits = 6;
 
 struct Grammar {
   std::vector<Node> nodes;

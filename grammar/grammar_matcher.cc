@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 namespace mobius::grammar {
 namespace {
@@ -151,6 +152,7 @@ bool GrammarMatcher::Push(int32_t node_index, uint8_t byte) {
     case NodeKind::kInteger:
       f.a = 1;
       f.phase = byte == '-' ? kNumMinus : byte == '0' ? kNumZero : kNumInt;
+      if ((node.has_min || node.has_max) && !BoundedStart(f, node, byte)) return false;
       break;
     case NodeKind::kLiterals:
       f.b = -1;
@@ -253,9 +255,8 @@ GrammarMatcher::Step GrammarMatcher::FeedFrame(Frame& f, uint8_t byte) {
     case NodeKind::kString:
       return FeedString(f, node, byte);
     case NodeKind::kNumber:
-      return FeedNumber(f, false, byte);
     case NodeKind::kInteger:
-      return FeedNumber(f, true, byte);
+      return FeedNumber(f, node, byte);
     case NodeKind::kLiterals:
       return FeedLiteral(f, node, byte);
     case NodeKind::kUntil:
@@ -489,17 +490,20 @@ GrammarMatcher::Step GrammarMatcher::FeedString(Frame& f, const Node& node, uint
   }
 }
 
-GrammarMatcher::Step GrammarMatcher::FeedNumber(Frame& f, bool integer, uint8_t byte) {
+GrammarMatcher::Step GrammarMatcher::FeedNumber(Frame& f, const Node& node, uint8_t byte) {
+  const bool integer = node.kind == NodeKind::kInteger;
+  const bool bounded = node.has_min || node.has_max;
   // `digits_after`: the digits this byte still needs (a '.' or an exponent's 'e' / sign needs
   // one): refused when they would not fit in kMaxNumberLength, so no number is left unfinishable.
   auto next = [&](uint8_t phase, int digits_after = 0) {
     if (f.a + 1 + digits_after > kMaxNumberLength) return kReject;
+    if (bounded && !BoundedStep(f, node, phase, byte)) return kReject;
     ++f.a;
     f.phase = phase;
     return kConsumed;
   };
-  const bool complete =
-      f.phase == kNumZero || f.phase == kNumInt || f.phase == kNumFrac || f.phase == kNumExpDigits;
+  // (Bounded numbers have no exponent: it would move the value past any digit-wise check.)
+  const bool exponent = !integer && !bounded && (byte == 'e' || byte == 'E');
   switch (f.phase) {
     case kNumMinus:
       if (byte == '0') return next(kNumZero);
@@ -509,13 +513,13 @@ GrammarMatcher::Step GrammarMatcher::FeedNumber(Frame& f, bool integer, uint8_t 
     case kNumInt:
       if (IsDigit(byte) && f.phase == kNumInt) return next(kNumInt);
       if (!integer && byte == '.') return next(kNumDot, 1);
-      if (!integer && (byte == 'e' || byte == 'E')) return next(kNumExp, 1);
+      if (exponent) return next(kNumExp, 1);
       break;
     case kNumDot:
       return IsDigit(byte) ? next(kNumFrac) : kReject;
     case kNumFrac:
       if (IsDigit(byte)) return next(kNumFrac);
-      if (byte == 'e' || byte == 'E') return next(kNumExp, 1);
+      if (exponent) return next(kNumExp, 1);
       break;
     case kNumExp:
       if (byte == '+' || byte == '-') return next(kNumExpSign, 1);
@@ -526,7 +530,137 @@ GrammarMatcher::Step GrammarMatcher::FeedNumber(Frame& f, bool integer, uint8_t 
       if (IsDigit(byte)) return next(kNumExpDigits);
       break;
   }
-  return complete ? kPopAndRefeed : kReject;
+  return NumberComplete(f, node) ? kPopAndRefeed : kReject;
+}
+
+namespace {
+
+constexpr uint8_t kNegative = 1;
+constexpr uint8_t kSettled = 2;  // every continuation stays within the bounds: no more checks
+// Magnitudes are compared in 128 bits, so no product of the checks below can overflow.
+using Wide = __int128;
+constexpr Wide kUnbounded = Wide(1) << 100;
+// Integer digits a tracked value may have: its magnitude in units of 10^-scale stays < 10^18.
+int IntegerDigitCap(const Node& node) { return 18 - node.scale_digits; }
+
+Wide Pow10(int n) {
+  Wide p = 1;
+  while (n-- > 0) p *= 10;
+  return p;
+}
+
+int64_t JoinHalves(int32_t low, int32_t high) {
+  return static_cast<int64_t>((static_cast<uint64_t>(static_cast<uint32_t>(high)) << 32) |
+                              static_cast<uint32_t>(low));
+}
+
+// The magnitudes (in units of 10^-scale) a value of this sign may have to lie within the
+// bounds: [first, second], empty when first > second. A bounded number's minus sign is
+// followed by a nonzero magnitude.
+std::pair<Wide, Wide> MagnitudeWindow(const Node& node, bool negative) {
+  if (!negative) {
+    return {node.has_min ? std::max<Wide>(node.min_scaled, 0) : 0,
+            node.has_max ? Wide(node.max_scaled) : kUnbounded};
+  }
+  // (A minus sign needs a value below zero: no "-0" where only it would fit.)
+  return {node.has_max ? std::max<Wide>(-Wide(node.max_scaled), 1) : 1,
+          node.has_min ? -Wide(node.min_scaled) : kUnbounded};
+}
+
+// Whether a number in `phase` whose digits so far are `digits` (`fraction` of them after the
+// point, `integer_digits` before it) can still be completed to a value within the bounds.
+bool Reachable(const Node& node, bool negative, uint8_t phase, Wide digits, int fraction,
+               int integer_digits) {
+  const auto [lo, hi] = MagnitudeWindow(node, negative);
+  if (lo > hi) return false;
+  auto hits = [lo = lo, hi = hi](Wide a, Wide b) { return a <= hi && b >= lo; };
+  const Wide unit = Pow10(node.scale_digits);
+  const int cap = IntegerDigitCap(node);
+  switch (phase) {
+    case kNumMinus:  // any magnitude to come
+      return hits(0, Pow10(cap) * unit - 1);
+    case kNumZero:  // 0, or 0.xxx
+      return hits(0, unit - 1);
+    case kNumInt:
+      // n more integer digits, then any fraction: [digits * 10^n, (digits + 1) * 10^n) units.
+      for (int n = 0; integer_digits + n <= cap; ++n) {
+        const Wide scale = Pow10(n) * unit;
+        if (digits * scale > hi) break;
+        if (hits(digits * scale, (digits + 1) * scale - 1)) return true;
+      }
+      return false;
+    default: {  // after the point: the remaining fraction digits
+      const Wide step = Pow10(node.scale_digits - fraction);
+      return hits(digits * step, digits * step + step - 1);
+    }
+  }
+}
+
+}  // namespace
+
+bool GrammarMatcher::BoundedStart(Frame& f, const Node& node, uint8_t byte) {
+  const bool negative = byte == '-';
+  const Wide digits = IsDigit(byte) ? byte - '0' : 0;
+  if (!Reachable(node, negative, f.phase, digits, 0, negative ? 0 : 1)) return false;
+  f.lead = negative ? kNegative : 0;
+  f.b = static_cast<int32_t>(digits);
+  f.c = 0;
+  f.pending = 0;
+  if (f.phase != kNumMinus && MagnitudeWindow(node, negative).second == kUnbounded &&
+      digits * Pow10(node.scale_digits) >= MagnitudeWindow(node, negative).first) {
+    f.lead |= kSettled;
+    f.b = 0;
+  }
+  return true;
+}
+
+bool GrammarMatcher::BoundedStep(Frame& f, const Node& node, uint8_t phase, uint8_t byte) {
+  if (f.lead & kSettled) return true;
+  const bool negative = f.lead & kNegative;
+  Wide digits = JoinHalves(f.b, f.c);
+  int fraction = f.pending;
+  switch (phase) {
+    case kNumZero:
+      digits = 0;
+      break;
+    case kNumInt:
+      digits = digits * 10 + (byte - '0');
+      break;
+    case kNumDot:
+      break;
+    case kNumFrac:
+      if (fraction >= node.scale_digits) return false;
+      digits = digits * 10 + (byte - '0');
+      ++fraction;
+      break;
+    default:
+      return false;  // no exponent
+  }
+  const int integer_digits = phase == kNumInt ? f.a + 1 - (negative ? 1 : 0) : 0;
+  if (!Reachable(node, negative, phase, digits, fraction, integer_digits)) return false;
+  const uint64_t packed = static_cast<uint64_t>(static_cast<int64_t>(digits));
+  f.b = static_cast<int32_t>(static_cast<uint32_t>(packed));
+  f.c = static_cast<int32_t>(static_cast<uint32_t>(packed >> 32));
+  f.pending = static_cast<uint8_t>(fraction);
+  const auto [lo, hi] = MagnitudeWindow(node, negative);
+  if (hi == kUnbounded && digits * Pow10(node.scale_digits - fraction) >= lo) {
+    // Digits only grow the magnitude from here: every continuation is within the one bound.
+    f.lead |= kSettled;
+    f.b = f.c = 0;
+    f.pending = 0;
+  }
+  return true;
+}
+
+bool GrammarMatcher::NumberComplete(const Frame& f, const Node& node) {
+  if (f.phase != kNumZero && f.phase != kNumInt && f.phase != kNumFrac &&
+      f.phase != kNumExpDigits) {
+    return false;
+  }
+  if ((!node.has_min && !node.has_max) || (f.lead & kSettled)) return true;
+  const auto [lo, hi] = MagnitudeWindow(node, f.lead & kNegative);
+  const Wide value = Wide(JoinHalves(f.b, f.c)) * Pow10(node.scale_digits - f.pending);
+  return lo <= value && value <= hi;
 }
 
 GrammarMatcher::Step GrammarMatcher::FeedUntil(Frame& f, const Node& node, uint8_t byte) {
@@ -587,8 +721,7 @@ bool GrammarMatcher::ValueCompleteWithoutBytes(const Frame& f) const {
   const Node& node = grammar_->nodes[f.node];
   if (node.kind == NodeKind::kLiterals) return CompletedLiteral(f, node) >= 0;
   if (node.kind == NodeKind::kNumber || node.kind == NodeKind::kInteger) {
-    return f.phase == kNumZero || f.phase == kNumInt || f.phase == kNumFrac ||
-           f.phase == kNumExpDigits;
+    return NumberComplete(f, node);
   }
   return false;
 }

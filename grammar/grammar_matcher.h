@@ -48,12 +48,15 @@ class GrammarMatcher {
     int32_t node = -1;  // grammar node; -1 for the root frame
     int32_t a = 0;      // object: next property; array: items; string: code points; number:
                         // bytes; literal: matched bytes
-    int32_t b = 0;      // object: current property; literal: candidate
-    int32_t c = 0;      // object: matched bytes of a declared key
+    int32_t b = 0;      // object: current property; literal: candidate; bounded number: its
+                        // digits as an integer (low half)
+    int32_t c = 0;      // object: matched bytes of a declared key; bounded number: high half
     uint8_t phase = 0;
     uint8_t ws = 0;       // whitespace bytes in a row
-    uint8_t pending = 0;  // UTF-8 continuation bytes, or \u hex digits, still expected
-    uint8_t lead = 0;     // UTF-8 lead byte while its first continuation byte is pending
+    uint8_t pending = 0;  // UTF-8 continuation bytes, or \u hex digits, still expected; bounded
+                          // number: digits after the point
+    uint8_t lead = 0;     // UTF-8 lead byte while its first continuation byte is pending;
+                          // bounded number: kNegative | kSettled
   };
   static_assert(sizeof(Frame) == 20);
 
@@ -64,7 +67,14 @@ class GrammarMatcher {
   Step FeedObject(Frame& f, const Node& node, uint8_t byte);
   Step FeedArray(Frame& f, const Node& node, uint8_t byte);
   Step FeedString(Frame& f, const Node& node, uint8_t byte);
-  Step FeedNumber(Frame& f, bool integer, uint8_t byte);
+  Step FeedNumber(Frame& f, const Node& node, uint8_t byte);
+  // Numbers under minimum / maximum keep their value in the frame. A number's first byte
+  // (BoundedStart) or next byte, leading to `phase` (BoundedStep), is taken only if some value
+  // within the bounds can still be completed; false otherwise, with `f` unchanged.
+  static bool BoundedStart(Frame& f, const Node& node, uint8_t byte);
+  static bool BoundedStep(Frame& f, const Node& node, uint8_t phase, uint8_t byte);
+  // Whether the number's text so far is a whole number (within its bounds, if it has any).
+  [[nodiscard]] static bool NumberComplete(const Frame& f, const Node& node);
   Step FeedLiteral(Frame& f, const Node& node, uint8_t byte);
   Step FeedUntil(Frame& f, const Node& node, uint8_t byte);
   // The top frame's value ends with this byte: popped, and the frame below advances.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <bitset>
+#include <cmath>
 #include <map>
 #include <set>
 #include <string>
@@ -38,10 +39,6 @@ const std::set<std::string>& IgnoredKeywords() {
 const std::set<std::string>& UnsupportedKeywords() {
   static const std::set<std::string> kUnsupported = {"pattern",
                                                      "patternProperties",
-                                                     "minimum",
-                                                     "maximum",
-                                                     "exclusiveMinimum",
-                                                     "exclusiveMaximum",
                                                      "multipleOf",
                                                      "uniqueItems",
                                                      "contains",
@@ -296,6 +293,9 @@ class SchemaCompiler {
       types.push_back("array");
     } else if (s.contains("minLength") || s.contains("maxLength")) {
       types.push_back("string");
+    } else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
+               s.contains("exclusiveMaximum")) {
+      types.push_back("number");
     } else {
       return AddAnyValue(grammar_);
     }
@@ -506,13 +506,81 @@ class SchemaCompiler {
       str.max_length = *hi;
       return Add(std::move(str));
     }
-    if (type == "number") return Add(Node(NodeKind::kNumber));
-    if (type == "integer") return Add(Node(NodeKind::kInteger));
+    if (type == "number" || type == "integer") {
+      Node number(type == "number" ? NodeKind::kNumber : NodeKind::kInteger);
+      if (absl::Status st = ReadBounds(s, path, number); !st.ok()) return st;
+      return Add(std::move(number));
+    }
     if (type == "boolean") {
       return Add(LiteralsNode({"true", "false"}));
     }
     if (type == "null") return Add(LiteralsNode({"null"}));
     return Error(path + ".type", absl::StrCat("unknown type \"", type, "\""));
+  }
+
+  // minimum / maximum / exclusiveMinimum / exclusiveMaximum (numbers; or draft 4's booleans
+  // that make minimum / maximum exclusive) as bounds on the grid of 10^-scale_digits the number
+  // is generated on: a bound between grid points becomes the nearest grid point inside it.
+  static absl::Status ReadBounds(const Json& s, const std::string& path, Node& number) {
+    number.scale_digits = number.kind == NodeKind::kInteger ? 0 : kBoundedFractionDigits;
+    const int64_t unit = number.kind == NodeKind::kInteger ? 1 : 1000000;
+    static_assert(kBoundedFractionDigits == 6);
+    const int64_t limit = 1000000000000000000 / unit;  // |bound| in the value's own units
+    auto read = [&](const char* key, bool lower, bool exclusive) -> absl::Status {
+      auto it = s.find(key);
+      if (it == s.end() || it->is_boolean()) return absl::OkStatus();
+      const std::string at = absl::StrCat(path, ".", key);
+      if (!it->is_number()) return Error(at, "must be a number");
+      int64_t scaled = 0;
+      if (it->is_number_integer()) {
+        const int64_t x =
+            it->is_number_unsigned()
+                ? static_cast<int64_t>(std::min<uint64_t>(it->get<uint64_t>(), uint64_t{1} << 62))
+                : it->get<int64_t>();
+        if (x > limit || x < -limit) {
+          return Error(at, absl::StrCat("must lie within -", limit, " .. ", limit));
+        }
+        scaled = x * unit + (exclusive ? (lower ? 1 : -1) : 0);
+      } else {
+        const double x = it->get<double>();
+        if (!(std::fabs(x) <= static_cast<double>(limit))) {
+          return Error(at, absl::StrCat("must lie within -", limit, " .. ", limit));
+        }
+        const double y = x * static_cast<double>(unit);
+        const double r = std::nearbyint(y);
+        // A bound that is a grid value as a double (0.1 is) compares equal to that value's
+        // text as a client parses it.
+        const bool on_grid = r / static_cast<double>(unit) == x;
+        const double v = on_grid ? r + (exclusive ? (lower ? 1 : -1) : 0)
+                                 : (lower ? std::ceil(y) : std::floor(y));
+        scaled = static_cast<int64_t>(v);
+      }
+      if (lower) {
+        number.min_scaled = number.has_min ? std::max(number.min_scaled, scaled) : scaled;
+        number.has_min = true;
+      } else {
+        number.max_scaled = number.has_max ? std::min(number.max_scaled, scaled) : scaled;
+        number.has_max = true;
+      }
+      return absl::OkStatus();
+    };
+    auto draft4_exclusive = [&s](const char* key) {
+      auto it = s.find(key);
+      return it != s.end() && it->is_boolean() && it->get<bool>();
+    };
+    for (const absl::Status& st : {read("minimum", true, draft4_exclusive("exclusiveMinimum")),
+                                   read("exclusiveMinimum", true, true),
+                                   read("maximum", false, draft4_exclusive("exclusiveMaximum")),
+                                   read("exclusiveMaximum", false, true)}) {
+      if (!st.ok()) return st;
+    }
+    if (number.has_min && number.has_max && number.min_scaled > number.max_scaled) {
+      return Error(path, absl::StrCat("its bounds leave no ",
+                                      number.kind == NodeKind::kInteger ? "integer" : "number",
+                                      " (with up to ", number.scale_digits,
+                                      " digits after the point) between them"));
+    }
+    return absl::OkStatus();
   }
 
   absl::StatusOr<int32_t> Count(const Json& s, const char* key, const std::string& path,

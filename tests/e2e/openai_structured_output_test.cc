@@ -32,7 +32,7 @@ TEST(OpenAiStructuredOutputTest, OutputsHoldTheirForm) {
   const std::vector<int32_t> prompt = {5, 36, 67, 98};
   // Properties declared out of alphabetical order: generated in the declared order.
   const std::string schema_text = R"({"type": "object", "properties": {
-      "zeta": {"type": "string", "maxLength": 5}, "count": {"type": "integer"},
+      "zeta": {"type": "string", "maxLength": 5}, "count": {"type": "integer", "minimum": 1, "maximum": 9},
       "mode": {"enum": ["fast", "slow"]}}, "required": ["zeta", "count", "mode"]})";
   for (int seed = 0; seed < 3; ++seed) {
     // The body as text, so that the schema's key order is the client's.
@@ -51,7 +51,9 @@ TEST(OpenAiStructuredOutputTest, OutputsHoldTheirForm) {
     const Json value = Json::parse(text, nullptr, false);
     ASSERT_TRUE(value.is_object()) << text;
     ASSERT_TRUE(value["zeta"].is_string()) << text;
-    EXPECT_TRUE(value["count"].is_number_integer()) << text;
+    ASSERT_TRUE(value["count"].is_number_integer()) << text;
+    EXPECT_GE(value["count"].get<int>(), 1) << text;
+    EXPECT_LE(value["count"].get<int>(), 9) << text;
     EXPECT_TRUE(value["mode"] == "fast" || value["mode"] == "slow") << text;
     EXPECT_LT(text.find("\"zeta\""), text.find("\"count\"")) << text;
   }
@@ -77,10 +79,10 @@ TEST(OpenAiStructuredOutputTest, OutputsHoldTheirForm) {
   const Json refused =
       Post(d.http_port(), "/v1/completions",
            {{"prompt", prompt},
-            {"guided_json", {{"type", "object"}, {"properties", {{"n", {{"minimum", 1}}}}}}}},
+            {"guided_json", {{"type", "object"}, {"properties", {{"n", {{"multipleOf", 2}}}}}}}},
            400);
   EXPECT_EQ(refused["error"]["param"], "guided_json") << refused.dump();
-  EXPECT_NE(refused["error"]["message"].get<std::string>().find("schema.properties.n.minimum"),
+  EXPECT_NE(refused["error"]["message"].get<std::string>().find("schema.properties.n.multipleOf"),
             std::string::npos)
       << refused.dump();
 }

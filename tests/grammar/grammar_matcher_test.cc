@@ -166,6 +166,67 @@ TEST(GrammarMatcherTest, ObjectsSwitchOnTheirFirstPropertysValue) {
   EXPECT_NE(a, b);
 }
 
+// minimum / maximum: a digit is taken only if some value within the bounds can still follow,
+// and the number may end only within them.
+TEST(GrammarMatcherTest, NumbersWithinTheirBounds) {
+  const Grammar age = Schema(R"({"type": "integer", "minimum": 0, "maximum": 120})");
+  for (const char* ok : {"0", "7", "99", "120"}) EXPECT_TRUE(Matches(age, ok)) << ok;
+  for (const char* no : {"121", "-1", "1200", "-"}) EXPECT_FALSE(Prefix(age, no)) << no;
+  EXPECT_FALSE(Matches(Schema(R"({"type": "integer", "minimum": -5, "maximum": 5})"), "-0"));
+  EXPECT_TRUE(Prefix(age, "12"));
+  EXPECT_TRUE(Matches(age, "13"));
+
+  // One bound: a short prefix may still grow into range; past the bound anything goes.
+  const Grammar big = Schema(R"({"type": "integer", "minimum": 100})");
+  EXPECT_TRUE(Prefix(big, "5"));
+  EXPECT_FALSE(Matches(big, "5"));
+  EXPECT_FALSE(Matches(big, "99"));
+  EXPECT_TRUE(Matches(big, "100"));
+  EXPECT_TRUE(Matches(big, "123456789012345678901234567890"));
+  EXPECT_FALSE(Prefix(big, "-"));
+
+  const Grammar share = Schema(R"({"type": "number", "minimum": 0.5, "maximum": 1})");
+  for (const char* ok : {"0.5", "0.75", "1", "1.0", "1.000000", "0.999999"}) {
+    EXPECT_TRUE(Matches(share, ok)) << ok;
+  }
+  for (const char* no : {"0.4", "1.5", "1.0000001", "2", "-", "1e0", "0.5e1"}) {
+    EXPECT_FALSE(Matches(share, no)) << no;
+  }
+  EXPECT_FALSE(Prefix(share, "0.4"));
+  EXPECT_FALSE(Prefix(share, "1.1"));
+  EXPECT_FALSE(Matches(share, "0"));
+  EXPECT_TRUE(Prefix(share, "0."));
+
+  // Exclusive bounds, in both drafts' forms; bounds that are not on the grid.
+  const Grammar positive = Schema(R"({"type": "number", "exclusiveMinimum": 0})");
+  EXPECT_FALSE(Matches(positive, "0"));
+  EXPECT_FALSE(Matches(positive, "0.0000001"));
+  EXPECT_TRUE(Matches(positive, "0.000001"));
+  EXPECT_TRUE(Matches(positive, "31415926535897932.5"));
+  const Grammar draft4 = Schema(R"({"type": "integer", "minimum": 5, "exclusiveMinimum": true})");
+  EXPECT_FALSE(Matches(draft4, "5"));
+  EXPECT_TRUE(Matches(draft4, "6"));
+  const Grammar tenth = Schema(R"({"type": "number", "minimum": 0.1, "maximum": 2.5})");
+  EXPECT_TRUE(Matches(tenth, "0.1"));
+  EXPECT_TRUE(Matches(tenth, "2.5"));
+  EXPECT_FALSE(Matches(tenth, "0.099999"));
+  EXPECT_FALSE(Matches(tenth, "2.500001"));
+  const Grammar half = Schema(R"({"type": "integer", "minimum": 0.5, "maximum": 2.5})");
+  EXPECT_FALSE(Matches(half, "0"));
+  EXPECT_TRUE(Matches(half, "1"));
+  EXPECT_TRUE(Matches(half, "2"));
+  EXPECT_FALSE(Matches(half, "3"));
+
+  // Negative ranges.
+  const Grammar below = Schema(R"({"type": "integer", "maximum": -10, "minimum": -300})");
+  EXPECT_TRUE(Matches(below, "-10"));
+  EXPECT_TRUE(Matches(below, "-300"));
+  EXPECT_FALSE(Matches(below, "-9"));
+  EXPECT_FALSE(Prefix(below, "-301"));
+  EXPECT_FALSE(Prefix(below, "0"));
+  EXPECT_FALSE(Prefix(below, "5"));
+}
+
 TEST(GrammarMatcherTest, StringLengthsCountCharacters) {
   const Grammar g = Schema(R"({"type": "string", "minLength": 2, "maxLength": 3})");
   EXPECT_FALSE(Matches(g, R"("a")"));

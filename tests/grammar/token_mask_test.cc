@@ -134,6 +134,21 @@ TEST(TokenMaskTest, QwenVocabularyAcrossAnObjectSwitch) {
        "{\"name\": \"get_time\", \"arguments\": {"});
 }
 
+// Bounded numbers: the value so far decides which digits (and multi-digit tokens) may follow.
+TEST(TokenMaskTest, QwenVocabularyInsideBoundedNumbers) {
+  std::shared_ptr<const TokenVocabulary> vocab = QwenVocabulary();
+  ASSERT_NE(vocab, nullptr);
+  absl::StatusOr<Grammar> g = CompileJsonSchemaText(
+      R"({"type": "object", "properties": {"n": {"type": "integer", "minimum": -40,
+        "maximum": 250}, "x": {"type": "number", "exclusiveMinimum": 0, "maximum": 1.5}},
+        "required": ["n", "x"]})");
+  ASSERT_TRUE(g.ok()) << g.status();
+  ExpectMasksMatchBruteForce(
+      *g, *vocab,
+      {"{\"n\": ", "{\"n\": 2", "{\"n\": 25", "{\"n\": -", "{\"n\": -4",
+       "{\"n\": 7, \"x\": ", "{\"n\": 7, \"x\": 1.", "{\"n\": 7, \"x\": 0.00000"});
+}
+
 // A reasoning block before the form: free text (every token), the marker's partial matches, the
 // whitespace after it.
 TEST(TokenMaskTest, QwenVocabularyAroundAReasoningBlock) {
@@ -280,6 +295,29 @@ TEST(TokenMaskTest, RandomOutputsOfAnObjectSwitchFollowTheSelectedObject) {
   EXPECT_GE(outputs.size(), 15u);
   EXPECT_GT(weather, 0);
   EXPECT_GT(time, 0);
+}
+
+// Random outputs under bounds stay within them, and never reach a dead end.
+TEST(TokenMaskTest, RandomBoundedNumbersStayWithinTheirBounds) {
+  const std::vector<std::string> outputs = RandomConstrainedOutputs(
+      R"({"type": "object", "properties": {
+      "n": {"type": "integer", "minimum": -40, "maximum": 250},
+      "big": {"type": "integer", "minimum": 1000},
+      "x": {"type": "number", "exclusiveMinimum": 0, "maximum": 1.5}},
+      "required": ["n", "big", "x"]})",
+      30, 3);
+  for (const std::string& text : outputs) {
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << text;
+    ASSERT_TRUE(j["n"].is_number_integer()) << text;
+    EXPECT_GE(j["n"].get<int64_t>(), -40) << text;
+    EXPECT_LE(j["n"].get<int64_t>(), 250) << text;
+    // (A long one may exceed int64: then it parses as a float, still >= 1000.)
+    EXPECT_GE(j["big"].get<double>(), 1000) << text;
+    EXPECT_GT(j["x"].get<double>(), 0) << text;
+    EXPECT_LE(j["x"].get<double>(), 1.5) << text;
+  }
+  EXPECT_GE(outputs.size(), 15u);
 }
 
 }  // namespace
