@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "grammar/regex.h"
+
 namespace mobius::grammar {
 
 enum class NodeKind : uint8_t {
@@ -60,6 +62,10 @@ struct Node {
   // kString
   int32_t min_length = 0;
   int32_t max_length = -1;  // -1: no limit
+  // kString with a pattern: index into Grammar::regexes of the automaton its characters
+  // (unescaped code points) must follow, with the length limits folded in (min_length and
+  // max_length are then 0 and -1).
+  int32_t regex = -1;
   // kLiterals: texts in output form (JSON texts, or raw strings for choices).
   std::vector<std::string> literals;
   // kUnion: alternatives whose first bytes are disjoint. kSequence: its parts, in order.
@@ -90,6 +96,8 @@ struct Grammar {
   // finish within kMaxNestingDepth).
   std::vector<std::bitset<256>> first_bytes;
   std::vector<int32_t> min_depth;
+  // The automata of string patterns (Node::regex).
+  std::vector<RegexDfa> regexes;
 };
 
 // Adds the nodes of "any JSON value" (once per grammar: later calls return the same node).

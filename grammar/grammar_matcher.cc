@@ -94,8 +94,9 @@ void GrammarMatcher::AppendStateKey(std::string& key, int horizon) const {
     if (f.node >= 0) {
       const Node& node = grammar_->nodes[f.node];
       if (node.kind == NodeKind::kString) {
-        // (c is unused by strings.)
-        f.c = distance(node.max_length, f.a);
+        // (c is unused by strings without a pattern; with one it is the automaton's state, and
+        // the lengths are in the automaton.)
+        if (node.regex < 0) f.c = distance(node.max_length, f.a);
         f.a = distance(node.min_length, f.a);
       } else if (node.kind == NodeKind::kArray) {
         f.c = distance(node.max_items, f.a);
@@ -394,37 +395,75 @@ GrammarMatcher::Step GrammarMatcher::FeedArray(Frame& f, const Node& node, uint8
 
 GrammarMatcher::Step GrammarMatcher::FeedString(Frame& f, const Node& node, uint8_t byte) {
   const bool room = node.max_length < 0 || f.a < node.max_length;
-  // A character completed: counted up to the larger limit (past it, equal states stay equal).
-  auto count_char = [&] {
+  // Under a pattern (its automaton's state in c) each character is a code point, decoded from
+  // UTF-8 or from an escape, and every byte of it is taken only if some character it can still
+  // become has a transition: no partial character leads nowhere.
+  const RegexDfa* pattern = node.regex >= 0 ? &grammar_->regexes[node.regex] : nullptr;
+  auto possible = [&](uint32_t lo, uint32_t hi) {
+    return pattern == nullptr || pattern->AnyNext(f.c, lo, hi);
+  };
+  // \uXXXX values in [lo, hi] (some digits still to come): the characters they can give.
+  auto possible_escaped = [&](uint32_t lo, uint32_t hi) {
+    if (pattern == nullptr) return true;
+    if (lo <= 0xD7FF && possible(lo, std::min<uint32_t>(hi, 0xD7FF))) return true;
+    if (hi >= 0xE000 && possible(std::max<uint32_t>(lo, 0xE000), hi)) return true;
+    const uint32_t high_lo = std::max<uint32_t>(lo, 0xD800),
+                   high_hi = std::min<uint32_t>(hi, 0xDBFF);
+    return high_lo <= high_hi && possible(0x10000 + ((high_lo - 0xD800) << 10),
+                                          0x10000 + ((high_hi - 0xD800) << 10) + 0x3FF);
+  };
+  // A character completed: the pattern steps, and it is counted up to the larger limit (past
+  // it, equal states stay equal).
+  auto take_char = [&](uint32_t code_point) {
+    if (pattern != nullptr) {
+      const int32_t next = pattern->Next(f.c, code_point);
+      if (next == RegexDfa::kNone) return false;
+      f.c = next;
+    }
     if (node.max_length >= 0 || f.a < node.min_length) ++f.a;
+    return true;
   };
   switch (f.phase) {
-    case kStrBody:
+    case kStrBody: {
       if (byte == '"') {
         if (f.a < node.min_length) return kReject;
+        if (pattern != nullptr && !pattern->Accepting(f.c)) return kReject;
         return CloseTop();
       }
       if (!room || byte < 0x20) return kReject;
       if (byte == '\\') {
+        if (!possible(0, kMaxCodePoint)) return kReject;  // (\u can give any character)
         f.phase = kStrEscape;
-      } else if (byte < 0x80) {
-        count_char();
-      } else if (byte >= 0xC2 && byte <= 0xDF) {
-        f.phase = kStrUtf8;
-        f.pending = 1;
-        f.lead = byte;
+        return kConsumed;
+      }
+      if (byte < 0x80) return take_char(byte) ? kConsumed : kReject;
+      // A lead byte: its payload bits, and the characters it can begin (no overlong forms).
+      int extra = 0;
+      uint32_t payload = 0;
+      if (byte >= 0xC2 && byte <= 0xDF) {
+        extra = 1;
+        payload = byte & 0x1F;
       } else if (byte >= 0xE0 && byte <= 0xEF) {
-        f.phase = kStrUtf8;
-        f.pending = 2;
-        f.lead = byte;
+        extra = 2;
+        payload = byte & 0x0F;
       } else if (byte >= 0xF0 && byte <= 0xF4) {
-        f.phase = kStrUtf8;
-        f.pending = 3;
-        f.lead = byte;
+        extra = 3;
+        payload = byte & 0x07;
       } else {
         return kReject;  // a continuation byte without a lead, or an invalid lead
       }
+      constexpr uint32_t kLeast[] = {0, 0x80, 0x800, 0x10000};
+      const int shift = 6 * extra;
+      if (!possible(std::max(payload << shift, kLeast[extra]),
+                    std::min(((payload + 1) << shift) - 1, kMaxCodePoint))) {
+        return kReject;
+      }
+      f.phase = kStrUtf8;
+      f.pending = static_cast<uint8_t>(extra);
+      f.lead = byte;
+      f.b = static_cast<int32_t>(payload);
       return kConsumed;
+    }
     case kStrUtf8: {
       uint8_t lo = 0x80, hi = 0xBF;
       // The first continuation byte of some leads is narrower (no overlong forms, no
@@ -435,45 +474,53 @@ GrammarMatcher::Step GrammarMatcher::FeedString(Frame& f, const Node& node, uint
       if (f.lead == 0xF4) hi = 0x8F;
       if (byte < lo || byte > hi) return kReject;
       f.lead = 0;
-      if (--f.pending == 0) {
-        f.phase = kStrBody;
-        count_char();
+      const uint32_t value = (static_cast<uint32_t>(f.b) << 6) | (byte & 0x3F);
+      f.b = static_cast<int32_t>(value);
+      if (--f.pending > 0) {
+        const int shift = 6 * f.pending;
+        return possible(value << shift, std::min(((value + 1) << shift) - 1, kMaxCodePoint))
+                   ? kConsumed
+                   : kReject;
       }
-      return kConsumed;
+      f.phase = kStrBody;
+      f.b = 0;
+      return take_char(value) ? kConsumed : kReject;
     }
-    case kStrEscape:
+    case kStrEscape: {
       if (byte == 'u') {
         f.phase = kStrHex;
         f.pending = 4;
         f.b = 0;
         return kConsumed;
       }
-      if (std::strchr("\"\\/bfnrt", byte) == nullptr || byte == 0) return kReject;
+      static constexpr char kEscapes[] = "\"\\/bfnrt";
+      static constexpr char kMeanings[] = "\"\\/\b\f\n\r\t";
+      const char* at = byte == 0 ? nullptr : std::strchr(kEscapes, byte);
+      if (at == nullptr) return kReject;
       f.phase = kStrBody;
-      count_char();
-      return kConsumed;
-    case kStrHex:
-    case kStrLowHex: {
+      return take_char(static_cast<uint8_t>(kMeanings[at - kEscapes])) ? kConsumed : kReject;
+    }
+    case kStrHex: {
       // \uXXXX is one character, except a UTF-16 surrogate: a high one (D800-DBFF) must be
       // followed by \u and a low one (DC00-DFFF), the pair one character; a low one alone is
       // refused (JSON parsers reject it). Checked digit by digit, so no prefix leads nowhere.
       if (!IsHex(byte)) return kReject;
       const int digit = HexValue(byte);
-      const int index = 4 - f.pending;
-      if (f.phase == kStrHex && index == 1 && f.b == 0xD && digit >= 0xC) return kReject;
-      if (f.phase == kStrLowHex && ((index == 0 && digit != 0xD) || (index == 1 && digit < 0xC))) {
-        return kReject;
-      }
-      f.b = f.b * 16 + digit;
-      if (--f.pending > 0) return kConsumed;
-      if (f.phase == kStrHex && f.b >= 0xD800 && f.b <= 0xDBFF) {
+      if (f.pending == 3 && f.b == 0xD && digit >= 0xC) return kReject;
+      const auto value = static_cast<uint32_t>(f.b * 16 + digit);
+      f.b = static_cast<int32_t>(value);
+      const int shift = 4 * --f.pending;
+      if (!possible_escaped(value << shift, ((value + 1) << shift) - 1)) return kReject;
+      if (f.pending > 0) return kConsumed;
+      if (value >= 0xD800 && value <= 0xDBFF) {
+        // The high half waits above the low half's digits, in b's upper bits.
         f.phase = kStrLowBackslash;
-      } else {
-        f.phase = kStrBody;
-        count_char();
+        f.b = static_cast<int32_t>((value - 0xD800 + 1) << 16);
+        return kConsumed;
       }
+      f.phase = kStrBody;
       f.b = 0;
-      return kConsumed;
+      return take_char(value) ? kConsumed : kReject;
     }
     case kStrLowBackslash:
       if (byte != '\\') return kReject;
@@ -483,8 +530,25 @@ GrammarMatcher::Step GrammarMatcher::FeedString(Frame& f, const Node& node, uint
       if (byte != 'u') return kReject;
       f.phase = kStrLowHex;
       f.pending = 4;
-      f.b = 0;
       return kConsumed;
+    case kStrLowHex: {
+      if (!IsHex(byte)) return kReject;
+      const int digit = HexValue(byte);
+      const int index = 4 - f.pending;
+      if ((index == 0 && digit != 0xD) || (index == 1 && digit < 0xC)) return kReject;
+      const auto high = static_cast<uint32_t>(f.b >> 16) - 1;
+      const uint32_t low = static_cast<uint32_t>(f.b & 0xFFFF) * 16 + digit;
+      f.b = static_cast<int32_t>(((high + 1) << 16) | low);
+      const int shift = 4 * --f.pending;
+      const uint32_t base = 0x10000 + (high << 10);
+      const uint32_t lo = std::max<uint32_t>(low << shift, 0xDC00);
+      const uint32_t hi = std::min<uint32_t>(((low + 1) << shift) - 1, 0xDFFF);
+      if (lo > hi || !possible(base + lo - 0xDC00, base + hi - 0xDC00)) return kReject;
+      if (f.pending > 0) return kConsumed;
+      f.phase = kStrBody;
+      f.b = 0;
+      return take_char(base + low - 0xDC00) ? kConsumed : kReject;
+    }
     default:
       return kReject;
   }
@@ -730,7 +794,7 @@ bool GrammarMatcher::InPlainStringBody(int horizon) const {
   const Frame& f = frames_[size_ - 1];
   if (f.node < 0) return false;
   const Node& node = grammar_->nodes[f.node];
-  return node.kind == NodeKind::kString && f.phase == kStrBody &&
+  return node.kind == NodeKind::kString && f.phase == kStrBody && node.regex < 0 &&
          (node.max_length < 0 || node.max_length - f.a > horizon);
 }
 

@@ -37,8 +37,7 @@ const std::set<std::string>& IgnoredKeywords() {
 
 // Validation keywords this compiler does not implement: refused by name.
 const std::set<std::string>& UnsupportedKeywords() {
-  static const std::set<std::string> kUnsupported = {"pattern",
-                                                     "patternProperties",
+  static const std::set<std::string> kUnsupported = {"patternProperties",
                                                      "multipleOf",
                                                      "uniqueItems",
                                                      "contains",
@@ -291,7 +290,7 @@ class SchemaCompiler {
       types.push_back("object");
     } else if (s.contains("items") || s.contains("minItems") || s.contains("maxItems")) {
       types.push_back("array");
-    } else if (s.contains("minLength") || s.contains("maxLength")) {
+    } else if (s.contains("minLength") || s.contains("maxLength") || s.contains("pattern")) {
       types.push_back("string");
     } else if (s.contains("minimum") || s.contains("maximum") || s.contains("exclusiveMinimum") ||
                s.contains("exclusiveMaximum")) {
@@ -504,6 +503,22 @@ class SchemaCompiler {
       if (*hi >= 0 && *hi < *lo) return Error(path + ".maxLength", "is below minLength");
       str.min_length = *lo;
       str.max_length = *hi;
+      if (auto pattern = s.find("pattern"); pattern != s.end()) {
+        const std::string at = path + ".pattern";
+        if (!pattern->is_string()) return Error(at, "must be a string");
+        absl::StatusOr<RegexDfa> dfa =
+            CompileRegex(pattern->get<std::string>(), RegexMode::kSearch);
+        // The lengths go into the automaton, so that no character is taken that the pattern
+        // could only complete past maxLength (or not at all at minLength).
+        if (dfa.ok() && (str.min_length > 0 || str.max_length >= 0)) {
+          dfa = dfa->WithLength(str.min_length, str.max_length);
+          str.min_length = 0;
+          str.max_length = -1;
+        }
+        if (!dfa.ok()) return Error(at, std::string(dfa.status().message()));
+        str.regex = static_cast<int32_t>(grammar_.regexes.size());
+        grammar_.regexes.push_back(*std::move(dfa));
+      }
       return Add(std::move(str));
     }
     if (type == "number" || type == "integer") {

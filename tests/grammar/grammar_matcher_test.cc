@@ -227,6 +227,46 @@ TEST(GrammarMatcherTest, NumbersWithinTheirBounds) {
   EXPECT_FALSE(Prefix(below, "5"));
 }
 
+// A string's pattern applies to its characters as decoded: escapes and UTF-8 alike. Without
+// anchors it may match anywhere in the string (JSON Schema's rule).
+TEST(GrammarMatcherTest, StringsFollowTheirPattern) {
+  const Grammar phone = Schema(R"({"type": "string", "pattern": "^\\d{3}-\\d{4}$"})");
+  EXPECT_TRUE(Matches(phone, R"("555-1234")"));
+  EXPECT_FALSE(Prefix(phone, R"("55a)"));
+  EXPECT_FALSE(Prefix(phone, R"("555-12345)"));
+  EXPECT_FALSE(Matches(phone, R"("555-123")"));
+  EXPECT_TRUE(Matches(phone, R"("\u0035\u0035\u0035-1234")"));
+  EXPECT_FALSE(Prefix(phone, R"("\u0061)"));
+  EXPECT_FALSE(Prefix(phone, R"("\u01)"));  // no \u01XX is a digit; \u003X may be
+  EXPECT_TRUE(Prefix(phone, R"("\u003)"));
+
+  const Grammar lines = Schema(R"({"type": "string", "pattern": "^a\\nb$"})");
+  EXPECT_TRUE(Matches(lines, R"("a\nb")"));
+  EXPECT_TRUE(Matches(lines, R"("\u0061\u000ab")"));
+  EXPECT_FALSE(Prefix(lines, R"("a\t)"));
+
+  const Grammar smile = Schema(R"({"type": "string", "pattern": "^\\uD83D\\uDE00+$"})");
+  EXPECT_TRUE(Matches(smile, "\"\xF0\x9F\x98\x80\xF0\x9F\x98\x80\""));
+  EXPECT_TRUE(Matches(smile, R"("\ud83d\ude00")"));
+  EXPECT_FALSE(Prefix(smile, "\"\xF0\x9F\x98\x81"));
+  EXPECT_FALSE(Prefix(smile, "\"\xF0\x9F\x99"));  // no U+1F64x continues
+  EXPECT_FALSE(Prefix(smile, R"("\ud83d\ude01)"));
+  EXPECT_FALSE(Prefix(smile, R"("\ud83e)"));
+
+  const Grammar inside = Schema(R"({"type": "string", "pattern": "abc"})");
+  EXPECT_TRUE(Matches(inside, R"("xxabcyy")"));
+  EXPECT_TRUE(Matches(inside, R"("abc")"));
+  EXPECT_FALSE(Matches(inside, R"("xxab")"));
+
+  // Lengths and pattern together: "ab" pairs, 4 to 6 characters.
+  const Grammar pairs =
+      Schema(R"({"type": "string", "pattern": "^(ab)+$", "minLength": 3, "maxLength": 6})");
+  EXPECT_FALSE(Matches(pairs, R"("ab")"));
+  EXPECT_TRUE(Matches(pairs, R"("abab")"));
+  EXPECT_TRUE(Matches(pairs, R"("ababab")"));
+  EXPECT_FALSE(Prefix(pairs, R"("abababa)"));
+}
+
 TEST(GrammarMatcherTest, StringLengthsCountCharacters) {
   const Grammar g = Schema(R"({"type": "string", "minLength": 2, "maxLength": 3})");
   EXPECT_FALSE(Matches(g, R"("a")"));

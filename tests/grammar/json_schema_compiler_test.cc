@@ -16,8 +16,10 @@ TEST(JsonSchemaCompilerTest, RefusesWhatItCannotEnforceByName) {
     std::string message;
   };
   for (const Case& c : std::vector<Case>{
-           {R"({"type": "string", "pattern": "^a"})",
-            "schema.pattern: this keyword is not supported"},
+           {R"({"type": "string", "pattern": "\\bx"})",
+            "schema.pattern: word boundaries (\\b) are not supported (at offset 0)"},
+           {R"({"type": "string", "pattern": "^(ab)+$", "minLength": 3, "maxLength": 3})",
+            "schema.pattern: no text within minLength / maxLength matches the pattern"},
            {R"({"properties": {"age": {"type": "integer", "multipleOf": 2}}})",
             "schema.properties.age.multipleOf: this keyword is not supported"},
            {R"({"type": "integer", "minimum": 3, "maximum": 2})",

@@ -6,6 +6,7 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -147,6 +148,22 @@ TEST(TokenMaskTest, QwenVocabularyInsideBoundedNumbers) {
       *g, *vocab,
       {"{\"n\": ", "{\"n\": 2", "{\"n\": 25", "{\"n\": -", "{\"n\": -4",
        "{\"n\": 7, \"x\": ", "{\"n\": 7, \"x\": 1.", "{\"n\": 7, \"x\": 0.00000"});
+}
+
+// Strings under a pattern: the walk alone (no plain-content shortcut), inside escapes and UTF-8.
+TEST(TokenMaskTest, QwenVocabularyInsidePatternStrings) {
+  std::shared_ptr<const TokenVocabulary> vocab = QwenVocabulary();
+  ASSERT_NE(vocab, nullptr);
+  absl::StatusOr<Grammar> g = CompileJsonSchemaText(
+      R"({"type": "object", "properties": {"id": {"type": "string",
+        "pattern": "^[A-Z]{2}-\\d{2,4}$"}, "word": {"type": "string", "pattern": "\u00e9t\u00e9",
+        "maxLength": 8}}, "required": ["id", "word"]})");
+  ASSERT_TRUE(g.ok()) << g.status();
+  ExpectMasksMatchBruteForce(
+      *g, *vocab,
+      {"{\"id\": \"", "{\"id\": \"AB", "{\"id\": \"AB-12", "{\"id\": \"\\u00",
+       "{\"id\": \"AB-1234\", \"word\": \"x", "{\"id\": \"AB-1234\", \"word\": \"\xc3",
+       "{\"id\": \"AB-1234\", \"word\": \"xx\xc3\xa9t"});
 }
 
 // A reasoning block before the form: free text (every token), the marker's partial matches, the
@@ -316,6 +333,29 @@ TEST(TokenMaskTest, RandomBoundedNumbersStayWithinTheirBounds) {
     EXPECT_GE(j["big"].get<double>(), 1000) << text;
     EXPECT_GT(j["x"].get<double>(), 0) << text;
     EXPECT_LE(j["x"].get<double>(), 1.5) << text;
+  }
+  EXPECT_GE(outputs.size(), 15u);
+}
+
+// Random outputs under patterns: each string value matches its pattern (std::regex, ECMAScript,
+// as JSON Schema specifies), the lengths hold.
+TEST(TokenMaskTest, RandomPatternStringsMatchTheirPattern) {
+  const std::vector<std::string> outputs = RandomConstrainedOutputs(
+      R"({"type": "object", "properties": {
+      "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{2,4}$"},
+      "mail": {"type": "string", "pattern": "^\\w+@\\w+\\.(com|org)$", "maxLength": 12},
+      "free": {"type": "string", "pattern": "ok", "maxLength": 5}},
+      "required": ["code", "mail", "free"]})",
+      30, 9);
+  const std::regex code("^[A-Z]{2}-\\d{2,4}$"), mail("^\\w+@\\w+\\.(com|org)$"), free("ok");
+  for (const std::string& text : outputs) {
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << text;
+    const std::string c = j["code"], m = j["mail"], f = j["free"];
+    EXPECT_TRUE(std::regex_match(c, code)) << text;
+    EXPECT_TRUE(std::regex_match(m, mail)) << text;
+    EXPECT_LE(m.size(), 12u) << text;
+    EXPECT_TRUE(std::regex_search(f, free)) << text;
   }
   EXPECT_GE(outputs.size(), 15u);
 }

@@ -278,9 +278,11 @@ TEST(ParseChat, FieldErrors) {
       {{{"messages", {user}},
         {"response_format",
          {{"type", "json_schema"},
-          {"json_schema", {{"name", "s"}, {"schema", {{"type", "string"}, {"pattern", "a+"}}}}}}}},
+          {"json_schema",
+           {{"name", "s"}, {"schema", {{"type", "string"}, {"pattern", "(a)\\1"}}}}}}}},
        "response_format.json_schema.schema",
-       "response_format.json_schema.schema: schema.pattern: this keyword is not supported"},
+       "response_format.json_schema.schema: schema.pattern: backreferences are not supported "
+       "(at offset 3)"},
       {{{"messages", {user}}, {"guided_regex", "a+"}},
        "guided_regex",
        "guided_regex is not supported"},

@@ -1,0 +1,66 @@
+// Regular expressions as structured output takes them: JSON Schema's "pattern" (ECMA-262
+// syntax, matched anywhere in the string unless anchored by ^ / $) and whole-text expressions.
+// They are compiled to a DFA over Unicode code points in which every state can still reach a
+// match, so a matcher that only takes characters with a transition never reaches a dead end.
+//
+// The syntax: literals; escapes \d \D \w \W \s \S \t \n \r \f \v \0 \xHH \uHHHH and escaped
+// punctuation; '.' (any character but a line break); classes [...] with ranges, negation and
+// the class escapes; groups (...), (?:...), (?<name>...), (?P<name>...); alternation |;
+// quantifiers * + ? {n} {n,} {n,m} (lazy forms match the same texts); ^ at the start and $ at
+// the end of a top-level alternative. Refused by name: backreferences, lookaround, \b / \B,
+// inline flags, anchors elsewhere.
+#ifndef MOBIUS_GRAMMAR_REGEX_H_
+#define MOBIUS_GRAMMAR_REGEX_H_
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace mobius::grammar {
+
+inline constexpr uint32_t kMaxCodePoint = 0x10FFFF;
+
+class RegexDfa {
+ public:
+  static constexpr int32_t kNone = -1;
+
+  [[nodiscard]] int32_t start() const { return 0; }
+  // The state after `code_point`, or kNone when no match continues with it.
+  [[nodiscard]] int32_t Next(int32_t state, uint32_t code_point) const;
+  // Whether some code point in [lo, hi] continues a match from `state`.
+  [[nodiscard]] bool AnyNext(int32_t state, uint32_t lo, uint32_t hi) const;
+  // Whether the text up to `state` is a match.
+  [[nodiscard]] bool Accepting(int32_t state) const { return accepting_[state] != 0; }
+  [[nodiscard]] size_t num_states() const { return accepting_.size(); }
+
+  // The same language restricted to texts of [min_length, max_length] code points
+  // (max_length -1: no upper limit). InvalidArgument when the product grows too large.
+  [[nodiscard]] absl::StatusOr<RegexDfa> WithLength(int32_t min_length, int32_t max_length) const;
+
+ private:
+  friend class RegexDfaBuilder;
+  [[nodiscard]] size_t ClassOf(uint32_t code_point) const;
+  // Drops the states from which no match can be reached (their transitions become kNone) and
+  // renumbers the rest from the start; false when the start itself cannot reach a match.
+  bool Prune();
+
+  // The code points in classes: class i is [class_starts_[i], class_starts_[i + 1]), the last up
+  // to kMaxCodePoint. Every code point of a class moves every state alike.
+  std::vector<uint32_t> class_starts_;
+  std::vector<int32_t> next_;  // [state * classes + class]
+  std::vector<uint8_t> accepting_;
+};
+
+// How a pattern relates to the text: the whole text matches it (kWhole), or JSON Schema's
+// "pattern" (kSearch: some part matches, unless ^ / $ tie it to the start / end).
+enum class RegexMode { kWhole, kSearch };
+
+// InvalidArgument naming what is unsupported or malformed and where (the byte offset); the
+// message names no field, for the caller to prefix.
+absl::StatusOr<RegexDfa> CompileRegex(std::string_view pattern, RegexMode mode);
+
+}  // namespace mobius::grammar
+
+#endif  // MOBIUS_GRAMMAR_REGEX_H_

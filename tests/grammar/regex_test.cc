@@ -1,0 +1,160 @@
+#include "grammar/regex.h"
+
+#include <random>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace mobius::grammar {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Whether the DFA takes `text` (ASCII, or code points given as UTF-32) whole.
+bool Takes(const RegexDfa& dfa, const std::u32string& text) {
+  int32_t s = dfa.start();
+  for (char32_t c : text) {
+    s = dfa.Next(s, static_cast<uint32_t>(c));
+    if (s == RegexDfa::kNone) return false;
+  }
+  return dfa.Accepting(s);
+}
+
+std::u32string Wide(const std::string& ascii) { return std::u32string(ascii.begin(), ascii.end()); }
+
+// Against std::regex (ECMAScript, the flavor JSON Schema names) on random texts over an
+// alphabet that exercises the patterns: whole matches for kWhole, searches for kSearch.
+TEST(RegexTest, AgreesWithStdRegexOnRandomTexts) {
+  const std::vector<std::string> patterns = {
+      "abc",
+      "a*b+c?",
+      "(ab|cd)*",
+      "[a-c]{2,3}x",
+      "[^ab]+",
+      "\\d{3}-\\d{4}",
+      "\\w+@\\w+\\.com",
+      "(?:a|b){0,2}c",
+      "a.c",
+      "[\\d\\s]+",
+      "x{2}",
+      "x{2,}",
+      "(a|ab)(c|bcd)",
+      "[-a]+",
+      "a\\.b\\*",
+      "^ab",
+      "ab$",
+      "^a|b$",
+      "^(a|b)*$",
+      "[A-Z][a-z]*",
+      "\\D\\W\\S",
+      "a{0,0}b",
+      "(a*)*b",
+      "a{3,5}?",
+      "[a\\-c]",
+  };
+  const std::string alphabet = "abcdx-@.*1 9AZz\n_";
+  std::mt19937 rng(5);
+  for (const std::string& p : patterns) {
+    for (RegexMode mode : {RegexMode::kWhole, RegexMode::kSearch}) {
+      absl::StatusOr<RegexDfa> dfa = CompileRegex(p, mode);
+      ASSERT_TRUE(dfa.ok()) << p << ": " << dfa.status();
+      const std::regex reference(p, std::regex::ECMAScript);
+      for (int i = 0; i < 400; ++i) {
+        std::string text;
+        const int n = static_cast<int>(rng() % 9);
+        for (int k = 0; k < n; ++k) text += alphabet[rng() % alphabet.size()];
+        if (i % 4 == 0 && p.size() < 12) text = p;  // the pattern's own text now and then
+        const bool expected = mode == RegexMode::kWhole ? std::regex_match(text, reference)
+                                                        : std::regex_search(text, reference);
+        EXPECT_EQ(Takes(*dfa, Wide(text)), expected)
+            << "pattern " << p << (mode == RegexMode::kWhole ? " whole" : " search") << " text \""
+            << text << "\"";
+      }
+    }
+  }
+}
+
+TEST(RegexTest, CodePointsBeyondAscii) {
+  absl::StatusOr<RegexDfa> dfa = CompileRegex("[\xc3\xa9-\xc3\xbf]+\\u4e2d.", RegexMode::kWhole);
+  ASSERT_TRUE(dfa.ok()) << dfa.status();
+  EXPECT_TRUE(Takes(*dfa, U"\u00e9\u00ff\u4e2d\U0001F600"));
+  EXPECT_FALSE(Takes(*dfa, U"e\u4e2dx"));
+  EXPECT_FALSE(Takes(*dfa, U"\u00e9\u4e2d\n"));  // '.' is no line break
+  absl::StatusOr<RegexDfa> emoji = CompileRegex("\\uD83D\\uDE00", RegexMode::kWhole);
+  ASSERT_TRUE(emoji.ok()) << emoji.status();
+  EXPECT_TRUE(Takes(*emoji, U"\U0001F600"));
+  // No surrogate half ever has a transition, even under a negated class.
+  absl::StatusOr<RegexDfa> any = CompileRegex("[^a]", RegexMode::kWhole);
+  ASSERT_TRUE(any.ok());
+  EXPECT_EQ(any->Next(any->start(), 0xD800), RegexDfa::kNone);
+  EXPECT_TRUE(any->AnyNext(any->start(), 0xD800, 0xE000));
+  EXPECT_FALSE(any->AnyNext(any->start(), 'a', 'a'));
+}
+
+TEST(RegexTest, EveryStateCanStillMatch) {
+  // "a(b|cx)" with "c" then only "x": no state is a dead end, and one that would be is gone.
+  absl::StatusOr<RegexDfa> dfa = CompileRegex("a(b|c[^\\s\\S])|ad", RegexMode::kWhole);
+  ASSERT_TRUE(dfa.ok()) << dfa.status();
+  const int32_t after_a = dfa->Next(dfa->start(), 'a');
+  ASSERT_NE(after_a, RegexDfa::kNone);
+  EXPECT_EQ(dfa->Next(after_a, 'c'), RegexDfa::kNone);  // [^\s\S] matches nothing
+  EXPECT_NE(dfa->Next(after_a, 'b'), RegexDfa::kNone);
+}
+
+TEST(RegexTest, LengthLimitsFoldIntoTheAutomaton) {
+  absl::StatusOr<RegexDfa> dfa = CompileRegex("(ab)+", RegexMode::kWhole);
+  ASSERT_TRUE(dfa.ok());
+  absl::StatusOr<RegexDfa> limited = dfa->WithLength(3, 6);
+  ASSERT_TRUE(limited.ok()) << limited.status();
+  EXPECT_FALSE(Takes(*limited, U"ab"));
+  EXPECT_TRUE(Takes(*limited, U"abab"));
+  EXPECT_TRUE(Takes(*limited, U"ababab"));
+  EXPECT_FALSE(Takes(*limited, U"abababab"));
+  // After "ababab" nothing may follow (the automaton ends there rather than at a dead end).
+  int32_t s = limited->start();
+  for (char32_t c : std::u32string(U"ababab")) s = limited->Next(s, c);
+  EXPECT_FALSE(limited->AnyNext(s, 0, kMaxCodePoint));
+  EXPECT_THAT(std::string(dfa->WithLength(3, 3).status().message()),
+              HasSubstr("no text within minLength / maxLength"));
+}
+
+TEST(RegexTest, RefusesWhatItCannotEnforceByName) {
+  struct Case {
+    std::string pattern;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"(a)\\1", "backreferences are not supported (at offset 3)"},
+           {"a(?=b)", "lookaround assertions are not supported"},
+           {"(?<!a)b", "lookaround"},
+           {"\\bword", "word boundaries"},
+           {"(?i)abc", "inline flags"},
+           {"a^b", "^ is supported only at the start"},
+           {"a$b", "$ is supported only at the end"},
+           {"(a", "missing ')'"},
+           {"a)", "unmatched ')'"},
+           {"[ab", "missing ']'"},
+           {"*a", "nothing to repeat"},
+           {"a**", "a quantifier cannot follow another"},
+           {"a{3,2}", "m below n"},
+           {"a{1001}", "repetition counts above 1000"},
+           {"[z-a]", "out of order"},
+           {"\\p{L}", "the escape \\p is not supported"},
+           {"\\x4", "malformed hex escape"},
+           {"\\uD800", "a lone surrogate half"},
+           {"[^\\s\\S]", "it matches no text"},
+           {"(a{1000}){1000}", "too large"},
+           {"abc\\", "cannot end with a backslash"},
+       }) {
+    absl::StatusOr<RegexDfa> dfa = CompileRegex(c.pattern, RegexMode::kWhole);
+    ASSERT_FALSE(dfa.ok()) << c.pattern;
+    EXPECT_EQ(dfa.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(dfa.status().message()), HasSubstr(c.message)) << c.pattern;
+  }
+}
+
+}  // namespace
+}  // namespace mobius::grammar
