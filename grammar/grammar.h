@@ -28,6 +28,7 @@ enum class NodeKind : uint8_t {
   // {"type": "circle", ...} | {"type": "square", ...}): one frame reads that property, then
   // becomes the object its value names.
   kObjectSwitch,
+  kRegex,  // raw text (UTF-8) that the automaton regexes[regex] takes whole (guided_regex)
 };
 
 struct Property {
@@ -64,7 +65,7 @@ struct Node {
   int32_t max_length = -1;  // -1: no limit
   // kString with a pattern: index into Grammar::regexes of the automaton its characters
   // (unescaped code points) must follow, with the length limits folded in (min_length and
-  // max_length are then 0 and -1).
+  // max_length are then 0 and -1). kRegex: the automaton of the whole text.
   int32_t regex = -1;
   // kLiterals: texts in output form (JSON texts, or raw strings for choices).
   std::vector<std::string> literals;
@@ -96,7 +97,7 @@ struct Grammar {
   // finish within kMaxNestingDepth).
   std::vector<std::bitset<256>> first_bytes;
   std::vector<int32_t> min_depth;
-  // The automata of string patterns (Node::regex).
+  // The automata of string patterns and regex nodes (Node::regex).
   std::vector<RegexDfa> regexes;
 };
 

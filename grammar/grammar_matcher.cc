@@ -41,6 +41,46 @@ enum NumberPhase : uint8_t {
   kNumExpDigits
 };
 
+// A UTF-8 lead byte: how many continuation bytes follow and its payload bits; false for a byte
+// that cannot start a character.
+bool Utf8Lead(uint8_t byte, int& extra, uint32_t& payload) {
+  if (byte >= 0xC2 && byte <= 0xDF) {
+    extra = 1;
+    payload = byte & 0x1F;
+  } else if (byte >= 0xE0 && byte <= 0xEF) {
+    extra = 2;
+    payload = byte & 0x0F;
+  } else if (byte >= 0xF0 && byte <= 0xF4) {
+    extra = 3;
+    payload = byte & 0x07;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// The code points a character can still become: `value` holds its bits so far, `pending`
+// continuation bytes (6 bits each) still to come; `extra` is its whole count of them (for the
+// least code point each length may encode: no overlong forms).
+std::pair<uint32_t, uint32_t> Utf8Range(uint32_t value, int pending, int extra) {
+  constexpr uint32_t kLeast[] = {0, 0x80, 0x800, 0x10000};
+  const int shift = 6 * pending;
+  return {std::max(value << shift, kLeast[extra]),
+          std::min(((value + 1) << shift) - 1, kMaxCodePoint)};
+}
+
+// Whether `byte` may follow as the next continuation byte; `lead` is the lead byte while the
+// first one is pending (some leads narrow it: no overlong forms, no surrogates, nothing past
+// U+10FFFF), 0 after.
+bool Utf8ContinuationOk(uint8_t lead, uint8_t byte) {
+  uint8_t lo = 0x80, hi = 0xBF;
+  if (lead == 0xE0) lo = 0xA0;
+  if (lead == 0xED) hi = 0x9F;
+  if (lead == 0xF0) lo = 0x90;
+  if (lead == 0xF4) hi = 0x8F;
+  return byte >= lo && byte <= hi;
+}
+
 bool IsWhitespace(uint8_t c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 bool IsDigit(uint8_t c) { return c >= '0' && c <= '9'; }
 bool IsHex(uint8_t c) { return IsDigit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
@@ -172,6 +212,12 @@ bool GrammarMatcher::Push(int32_t node_index, uint8_t byte) {
       if (FeedUntil(frames_[size_ - 1], node, byte) == kConsumed) return true;
       --size_;
       return false;
+    case NodeKind::kRegex:
+      f.c = grammar_->regexes[node.regex].start();
+      frames_[size_++] = f;
+      if (FeedRegex(frames_[size_ - 1], node, byte) == kConsumed) return true;
+      --size_;
+      return false;
     case NodeKind::kSequence:
       // The sequence's frame, then its first part's, which takes the byte.
       f.a = 0;
@@ -262,6 +308,8 @@ GrammarMatcher::Step GrammarMatcher::FeedFrame(Frame& f, uint8_t byte) {
       return FeedLiteral(f, node, byte);
     case NodeKind::kUntil:
       return FeedUntil(f, node, byte);
+    case NodeKind::kRegex:
+      return FeedRegex(f, node, byte);
     case NodeKind::kSequence:
       // Between parts (the previous one completed): the next part starts, nothing between.
       return Push(node.alternatives[f.a], byte) ? kConsumed : kReject;
@@ -437,27 +485,13 @@ GrammarMatcher::Step GrammarMatcher::FeedString(Frame& f, const Node& node, uint
         return kConsumed;
       }
       if (byte < 0x80) return take_char(byte) ? kConsumed : kReject;
-      // A lead byte: its payload bits, and the characters it can begin (no overlong forms).
+      // A lead byte, and the characters it can begin.
       int extra = 0;
       uint32_t payload = 0;
-      if (byte >= 0xC2 && byte <= 0xDF) {
-        extra = 1;
-        payload = byte & 0x1F;
-      } else if (byte >= 0xE0 && byte <= 0xEF) {
-        extra = 2;
-        payload = byte & 0x0F;
-      } else if (byte >= 0xF0 && byte <= 0xF4) {
-        extra = 3;
-        payload = byte & 0x07;
-      } else {
-        return kReject;  // a continuation byte without a lead, or an invalid lead
-      }
-      constexpr uint32_t kLeast[] = {0, 0x80, 0x800, 0x10000};
-      const int shift = 6 * extra;
-      if (!possible(std::max(payload << shift, kLeast[extra]),
-                    std::min(((payload + 1) << shift) - 1, kMaxCodePoint))) {
-        return kReject;
-      }
+      // (A continuation byte without a lead, or an invalid lead, is refused.)
+      if (!Utf8Lead(byte, extra, payload)) return kReject;
+      const auto [lo, hi] = Utf8Range(payload, extra, extra);
+      if (!possible(lo, hi)) return kReject;
       f.phase = kStrUtf8;
       f.pending = static_cast<uint8_t>(extra);
       f.lead = byte;
@@ -465,22 +499,13 @@ GrammarMatcher::Step GrammarMatcher::FeedString(Frame& f, const Node& node, uint
       return kConsumed;
     }
     case kStrUtf8: {
-      uint8_t lo = 0x80, hi = 0xBF;
-      // The first continuation byte of some leads is narrower (no overlong forms, no
-      // surrogates, nothing past U+10FFFF).
-      if (f.lead == 0xE0) lo = 0xA0;
-      if (f.lead == 0xED) hi = 0x9F;
-      if (f.lead == 0xF0) lo = 0x90;
-      if (f.lead == 0xF4) hi = 0x8F;
-      if (byte < lo || byte > hi) return kReject;
+      if (!Utf8ContinuationOk(f.lead, byte)) return kReject;
       f.lead = 0;
       const uint32_t value = (static_cast<uint32_t>(f.b) << 6) | (byte & 0x3F);
       f.b = static_cast<int32_t>(value);
       if (--f.pending > 0) {
-        const int shift = 6 * f.pending;
-        return possible(value << shift, std::min(((value + 1) << shift) - 1, kMaxCodePoint))
-                   ? kConsumed
-                   : kReject;
+        const auto [lo, hi] = Utf8Range(value, f.pending, 0);
+        return possible(lo, hi) ? kConsumed : kReject;
       }
       f.phase = kStrBody;
       f.b = 0;
@@ -727,6 +752,44 @@ bool GrammarMatcher::NumberComplete(const Frame& f, const Node& node) {
   return lo <= value && value <= hi;
 }
 
+GrammarMatcher::Step GrammarMatcher::FeedRegex(Frame& f, const Node& node, uint8_t byte) {
+  // The automaton's state in c; a character's bits so far in b, its continuation bytes still
+  // expected in pending, its lead byte in lead while the first is pending. Like a number, the
+  // text ends at the first byte that cannot extend it, if it is a match by then.
+  const RegexDfa& dfa = grammar_->regexes[node.regex];
+  if (f.pending > 0) {
+    if (!Utf8ContinuationOk(f.lead, byte)) return kReject;
+    f.lead = 0;
+    const uint32_t value = (static_cast<uint32_t>(f.b) << 6) | (byte & 0x3F);
+    f.b = static_cast<int32_t>(value);
+    if (--f.pending > 0) {
+      const auto [lo, hi] = Utf8Range(value, f.pending, 0);
+      return dfa.AnyNext(f.c, lo, hi) ? kConsumed : kReject;
+    }
+    f.b = 0;
+    const int32_t next = dfa.Next(f.c, value);
+    if (next == RegexDfa::kNone) return kReject;
+    f.c = next;
+    return kConsumed;
+  }
+  const bool complete = dfa.Accepting(f.c);
+  if (byte < 0x80) {
+    const int32_t next = dfa.Next(f.c, byte);
+    if (next == RegexDfa::kNone) return complete ? kPopAndRefeed : kReject;
+    f.c = next;
+    return kConsumed;
+  }
+  int extra = 0;
+  uint32_t payload = 0;
+  if (!Utf8Lead(byte, extra, payload)) return complete ? kPopAndRefeed : kReject;
+  const auto [lo, hi] = Utf8Range(payload, extra, extra);
+  if (!dfa.AnyNext(f.c, lo, hi)) return complete ? kPopAndRefeed : kReject;
+  f.pending = static_cast<uint8_t>(extra);
+  f.lead = byte;
+  f.b = static_cast<int32_t>(payload);
+  return kConsumed;
+}
+
 GrammarMatcher::Step GrammarMatcher::FeedUntil(Frame& f, const Node& node, uint8_t byte) {
   const std::string& end = node.literals[0];
   if (f.phase == kUntilSpace) {
@@ -786,6 +849,9 @@ bool GrammarMatcher::ValueCompleteWithoutBytes(const Frame& f) const {
   if (node.kind == NodeKind::kLiterals) return CompletedLiteral(f, node) >= 0;
   if (node.kind == NodeKind::kNumber || node.kind == NodeKind::kInteger) {
     return NumberComplete(f, node);
+  }
+  if (node.kind == NodeKind::kRegex) {
+    return f.pending == 0 && grammar_->regexes[node.regex].Accepting(f.c);
   }
   return false;
 }

@@ -77,6 +77,7 @@ class GrammarMatcher {
   [[nodiscard]] static bool NumberComplete(const Frame& f, const Node& node);
   Step FeedLiteral(Frame& f, const Node& node, uint8_t byte);
   Step FeedUntil(Frame& f, const Node& node, uint8_t byte);
+  Step FeedRegex(Frame& f, const Node& node, uint8_t byte);
   // The top frame's value ends with this byte: popped, and the frame below advances.
   Step CloseTop();
   // After an object's member or an array's item: whitespace, ',' when `more` may follow (then

@@ -143,6 +143,27 @@ void ComputeFirstBytesAndDepths(Grammar& g) {
           set.set();  // any byte: free text
           depth = 1;
           break;
+        case NodeKind::kRegex: {
+          // The bytes that begin a character the automaton takes first.
+          const RegexDfa& dfa = g.regexes[node.regex];
+          for (uint32_t b = 0; b < 0x80; ++b) {
+            if (dfa.Next(dfa.start(), b) != RegexDfa::kNone) set.set(b);
+          }
+          struct Lead {
+            uint32_t first, last, bits;
+          };
+          for (const Lead& l : {Lead{0xC2, 0xDF, 6}, Lead{0xE0, 0xEF, 12}, Lead{0xF0, 0xF4, 18}}) {
+            const uint32_t mask = l.bits == 6 ? 0x1F : l.bits == 12 ? 0x0F : 0x07;
+            const uint32_t least = l.bits == 6 ? 0x80 : l.bits == 12 ? 0x800 : 0x10000;
+            for (uint32_t b = l.first; b <= l.last; ++b) {
+              const uint32_t lo = std::max((b & mask) << l.bits, least);
+              const uint32_t hi = std::min((((b & mask) + 1) << l.bits) - 1, kMaxCodePoint);
+              if (dfa.AnyNext(dfa.start(), lo, hi)) set.set(b);
+            }
+          }
+          depth = 1;
+          break;
+        }
         case NodeKind::kObjectSwitch:
           // The frame becomes one of the objects; it is entered only if every one could finish.
           set.set('{');
@@ -725,6 +746,23 @@ absl::Status AddReasoningBlock(Grammar& g, const std::string& end) {
   Node until(NodeKind::kUntil);
   until.literals = {end};
   return WrapRoot(g, AddNode(g, std::move(until)));
+}
+
+absl::StatusOr<Grammar> RegexGrammar(std::string_view pattern) {
+  absl::StatusOr<RegexDfa> dfa = CompileRegex(pattern, RegexMode::kWhole);
+  if (!dfa.ok()) return dfa.status();
+  if (!dfa->AnyNext(dfa->start(), 0, kMaxCodePoint)) {
+    return absl::InvalidArgumentError(
+        "it matches only the empty text, and the output needs at least one character");
+  }
+  Grammar g;
+  g.string_node = AddNode(g, Node(NodeKind::kString));
+  Node text(NodeKind::kRegex);
+  text.regex = 0;
+  g.regexes.push_back(*std::move(dfa));
+  g.root = AddNode(g, std::move(text));
+  if (absl::Status s = FinishGrammar(g); !s.ok()) return s;
+  return g;
 }
 
 absl::StatusOr<Grammar> ChoiceGrammar(const std::vector<std::string>& choices) {

@@ -1,13 +1,15 @@
 // Compiles what a request asks its output to be (OpenAI's response_format json_object /
-// json_schema, vLLM's guided_json / guided_choice) into a Grammar.
+// json_schema, vLLM's guided_json / guided_choice / guided_regex) into a Grammar.
 //
 // The JSON Schema subset: type (one or a list), properties / required / additionalProperties,
-// items / minItems / maxItems, minLength / maxLength, enum, const, anyOf / oneOf (alternatives
-// of different JSON types), a one-element allOf, and local $ref ("#", "#/$defs/...",
-// "#/definitions/..."), recursion included. Annotations (title, description, default, examples,
-// format, ...) are ignored. Validation keywords outside the subset (pattern, minimum, ...) are
-// refused by name rather than silently dropped. Objects with declared properties get exactly
-// those, in the schema's order; extra keys are not generated (OpenAI's strict mode).
+// items / minItems / maxItems, minLength / maxLength / pattern (grammar/regex.h), minimum /
+// maximum / exclusiveMinimum / exclusiveMaximum, enum, const, anyOf / oneOf (alternatives of
+// different JSON types, or objects told apart by their first property's const values), a
+// one-element allOf, and local $ref ("#", "#/$defs/...", "#/definitions/..."), recursion
+// included. Annotations (title, description, default, examples, format, discriminator, ...) are
+// ignored. Validation keywords outside the subset (multipleOf, uniqueItems, ...) are refused by
+// name rather than silently dropped. Objects with declared properties get exactly those, in the
+// schema's order; extra keys are not generated (OpenAI's strict mode).
 #ifndef MOBIUS_GRAMMAR_JSON_SCHEMA_COMPILER_H_
 #define MOBIUS_GRAMMAR_JSON_SCHEMA_COMPILER_H_
 
@@ -33,6 +35,10 @@ Grammar JsonObjectGrammar();
 // Exactly one of `choices`, as raw text (guided_choice). InvalidArgument when the list or a
 // choice is empty.
 absl::StatusOr<Grammar> ChoiceGrammar(const std::vector<std::string>& choices);
+
+// Raw text that `pattern` (grammar/regex.h syntax) matches whole, at least one character
+// (guided_regex). InvalidArgument naming what is unsupported, without a field name.
+absl::StatusOr<Grammar> RegexGrammar(std::string_view pattern);
 
 // Puts free text before `g`'s value, up to and including `end` and the whitespace after it: a
 // reasoning model thinks first ("<think>...</think>\n\n") and the constraint holds after.

@@ -266,20 +266,22 @@ class Parser {
   }
 
   absl::StatusOr<int> ParseGroup() {
-    ++pos_;  // '('
-    if (Peek() == '?') {
-      if (Peek(1) == ':') {
-        pos_ += 2;
-      } else if (Peek(1) == '=' || Peek(1) == '!' ||
-                 (Peek(1) == '<' && (Peek(2) == '=' || Peek(2) == '!'))) {
+    // (Errors about the group's kind point at its '('.)
+    if (Peek(1) == '?') {
+      if (Peek(2) == ':') {
+        pos_ += 3;
+      } else if (Peek(2) == '=' || Peek(2) == '!' ||
+                 (Peek(2) == '<' && (Peek(3) == '=' || Peek(3) == '!'))) {
         return Error("lookaround assertions are not supported");
-      } else if (Peek(1) == '<' || (Peek(1) == 'P' && Peek(2) == '<')) {
+      } else if (Peek(2) == '<' || (Peek(2) == 'P' && Peek(3) == '<')) {
         const size_t close = p_.find('>', pos_);
         if (close == std::string_view::npos) return Error("unterminated group name");
         pos_ = close + 1;
       } else {
         return Error("inline flags and other (? groups are not supported");
       }
+    } else {
+      ++pos_;
     }
     absl::StatusOr<int> inner = ParseAlternation(/*top=*/false);
     if (!inner.ok()) return inner.status();

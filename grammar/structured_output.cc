@@ -22,6 +22,8 @@ std::string StructuredOutputSpec::Key() const {
       return "json_object";
     case Kind::kJsonSchema:
       return absl::StrCat("json_schema:", json_schema);
+    case Kind::kRegex:
+      return absl::StrCat("regex:", regex);
     case Kind::kTaggedJson:
       // Length-prefixed, so that no two triples share a key.
       return absl::StrCat("tagged:", begin.size(), ":", begin, end.size(), ":", end, json_schema);
@@ -53,6 +55,8 @@ absl::StatusOr<Grammar> CompileStructuredOutput(const StructuredOutputSpec& spec
       return ChoiceGrammar(spec.choices);
     case StructuredOutputSpec::Kind::kTaggedJson:
       return TaggedJsonGrammar(spec.begin, spec.json_schema, spec.end);
+    case StructuredOutputSpec::Kind::kRegex:
+      return RegexGrammar(spec.regex);
     case StructuredOutputSpec::Kind::kNone:
       break;
   }

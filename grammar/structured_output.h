@@ -22,10 +22,11 @@
 namespace mobius::grammar {
 
 struct StructuredOutputSpec {
-  enum class Kind { kNone, kJsonSchema, kJsonObject, kChoice, kTaggedJson };
+  enum class Kind { kNone, kJsonSchema, kJsonObject, kChoice, kTaggedJson, kRegex };
   Kind kind = Kind::kNone;
   std::string json_schema;           // kJsonSchema, kTaggedJson: the schema's JSON text
   std::vector<std::string> choices;  // kChoice
+  std::string regex;                 // kRegex: the pattern the whole output matches
   std::string begin, end;            // kTaggedJson: raw text around the value
   // Non-empty: free text up to and including this marker (and whitespace) comes first, the form
   // after it (a reasoning model's "<think>...</think>").

@@ -184,6 +184,8 @@ absl::Status ValidateSamplingParams(const v1::SamplingParams& p, const v1::Model
     } else if (so.has_tagged_json()) {
       compiled = grammar::TaggedJsonGrammar(so.tagged_json().begin(),
                                             so.tagged_json().json_schema(), so.tagged_json().end());
+    } else if (so.has_regex()) {
+      compiled = grammar::RegexGrammar(so.regex());
     } else if (so.has_choice()) {
       compiled = grammar::ChoiceGrammar(
           std::vector<std::string>(so.choice().choices().begin(), so.choice().choices().end()));

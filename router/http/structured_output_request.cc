@@ -54,6 +54,9 @@ absl::Status Compile(const v1::StructuredOutput& out, const std::string& field) 
     case v1::StructuredOutput::kJsonSchema:
       g = grammar::CompileJsonSchemaText(out.json_schema());
       break;
+    case v1::StructuredOutput::kRegex:
+      g = grammar::RegexGrammar(out.regex());
+      break;
     case v1::StructuredOutput::kChoice:
       g = grammar::ChoiceGrammar(
           std::vector<std::string>(out.choice().choices().begin(), out.choice().choices().end()));
@@ -63,6 +66,14 @@ absl::Status Compile(const v1::StructuredOutput& out, const std::string& field) 
   }
   if (g.ok()) return absl::OkStatus();
   return FieldError(field, absl::StrCat(field, ": ", g.status().message()));
+}
+
+absl::Status ReadRegex(const Json& value, const std::string& field, v1::StructuredOutput* out) {
+  if (!value.is_string()) {
+    return FieldError(field, absl::StrCat(field, " must be a string (a regular expression)"));
+  }
+  out->set_regex(value.get<std::string>());
+  return Compile(*out, field);
 }
 
 absl::Status ReadChoices(const Json& value, const char* field, v1::StructuredOutput* out) {
@@ -134,6 +145,10 @@ absl::Status ParseStructuredOutput(const Json& body, v1::StructuredOutput* out) 
     take("guided_choice");
     RETURN_IF_ERROR(ReadChoices(*it, "guided_choice", out));
   }
+  if (auto it = body.find("guided_regex"); it != body.end() && Effective(*it)) {
+    take("guided_regex");
+    RETURN_IF_ERROR(ReadRegex(*it, "guided_regex", out));
+  }
   if (auto it = body.find("structured_outputs"); it != body.end() && Effective(*it)) {
     const Json& so = *it;
     if (!so.is_object()) {
@@ -151,23 +166,27 @@ absl::Status ParseStructuredOutput(const Json& body, v1::StructuredOutput* out) 
       } else if (key == "choice") {
         take(field);
         RETURN_IF_ERROR(ReadChoices(value, "structured_outputs.choice", out));
+      } else if (key == "regex") {
+        take(field);
+        RETURN_IF_ERROR(ReadRegex(value, field, out));
       } else if (key == "json_object") {
         out->set_json_object(true);
         take(field);
       } else {
-        // regex, grammar, structural_tag, whitespace patterns...: a form we cannot enforce.
+        // grammar, structural_tag, whitespace patterns...: a form we cannot enforce.
         return FieldError(field, absl::StrCat(field,
                                               " is not supported (structured output takes json, "
-                                              "choice or json_object)"));
+                                              "choice, regex or json_object)"));
       }
     }
   }
-  for (const char* field : {"guided_regex", "guided_grammar", "guided_whitespace_pattern"}) {
+  for (const char* field : {"guided_grammar", "guided_whitespace_pattern"}) {
     if (auto it = body.find(field); it != body.end() && Effective(*it)) {
       return FieldError(field, absl::StrCat(field,
                                             " is not supported: structured output takes a JSON "
-                                            "schema (guided_json), a choice (guided_choice) or "
-                                            "any JSON object"));
+                                            "schema (guided_json), a choice (guided_choice), a "
+                                            "regular expression (guided_regex) or any JSON "
+                                            "object"));
     }
   }
   if (given.size() > 1) {

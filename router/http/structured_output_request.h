@@ -1,7 +1,8 @@
 // The request fields that constrain the output's form, as OpenAI and vLLM take them:
 // response_format ({"type": "json_object"} or {"type": "json_schema", "json_schema": {"schema":
-// ...}}), guided_json, guided_choice, and structured_outputs ({"json": ...}, {"choice": [...]},
-// {"json_object": true}). At most one of them; regular expressions and grammars are refused.
+// ...}}), guided_json, guided_choice, guided_regex, and structured_outputs ({"json": ...},
+// {"choice": [...]}, {"regex": ...}, {"json_object": true}). At most one of them; grammars are
+// refused.
 #ifndef MOBIUS_ROUTER_HTTP_STRUCTURED_OUTPUT_REQUEST_H_
 #define MOBIUS_ROUTER_HTTP_STRUCTURED_OUTPUT_REQUEST_H_
 

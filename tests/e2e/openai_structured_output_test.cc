@@ -3,6 +3,7 @@
 // grammar's work) with the Qwen3 tokenizer's first 2048 ids as its vocabulary (the 256 bytes and
 // the first merges), behind a mobius-router with the same tokenizer. Prompts are token ids (the
 // router's encodings would reach ids past the fixture's vocabulary).
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,16 @@ TEST(OpenAiStructuredOutputTest, OutputsHoldTheirForm) {
     }
   }
   EXPECT_TRUE(text == "red" || text == "green" || text == "blue") << streamed.body;
+
+  // vLLM's guided_regex: the whole text matches.
+  const Json regex = Post(d.http_port(), "/v1/completions",
+                          {{"prompt", prompt},
+                           {"max_tokens", 40},
+                           {"temperature", 1},
+                           {"seed", 3},
+                           {"guided_regex", "(red|green|blue)-[0-9]{2,3}"}});
+  const std::string code = regex["choices"][0]["text"].get<std::string>();
+  EXPECT_TRUE(std::regex_match(code, std::regex("(red|green|blue)-[0-9]{2,3}"))) << regex.dump();
 
   // A schema outside the subset is refused before any worker sees it, with its location.
   const Json refused =

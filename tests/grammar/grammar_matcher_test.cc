@@ -267,6 +267,29 @@ TEST(GrammarMatcherTest, StringsFollowTheirPattern) {
   EXPECT_FALSE(Prefix(pairs, R"("abababa)"));
 }
 
+// guided_regex: raw text that the expression matches whole, ending where no byte can follow.
+TEST(GrammarMatcherTest, RegexTextMatchesWhole) {
+  absl::StatusOr<Grammar> g = RegexGrammar("(yes|no)!?|\\d{1,3}\u00e9");
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_TRUE(Matches(*g, "yes"));
+  EXPECT_TRUE(Matches(*g, "no!"));
+  EXPECT_TRUE(Matches(*g, "42\xc3\xa9"));
+  EXPECT_FALSE(Matches(*g, "ye"));
+  EXPECT_FALSE(Prefix(*g, "maybe"));
+  EXPECT_FALSE(Prefix(*g, "yes!!"));
+  EXPECT_FALSE(Prefix(*g, "42\xc3\xa8"));
+  EXPECT_FALSE(Prefix(*g, "42\xc4"));  // no U+01xx continues
+  EXPECT_FALSE(Prefix(*g, "1234"));
+  GrammarMatcher m(*g);
+  ASSERT_TRUE(m.FeedBytes("yes"));
+  EXPECT_TRUE(m.Accepting());
+  EXPECT_FALSE(m.Finished());  // "!" may follow
+  ASSERT_TRUE(m.FeedBytes("!"));
+  EXPECT_TRUE(m.Finished());
+  EXPECT_FALSE(RegexGrammar("a{0}").ok());
+  EXPECT_FALSE(RegexGrammar("(").ok());
+}
+
 TEST(GrammarMatcherTest, StringLengthsCountCharacters) {
   const Grammar g = Schema(R"({"type": "string", "minLength": 2, "maxLength": 3})");
   EXPECT_FALSE(Matches(g, R"("a")"));

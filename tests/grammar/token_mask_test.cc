@@ -166,6 +166,16 @@ TEST(TokenMaskTest, QwenVocabularyInsidePatternStrings) {
        "{\"id\": \"AB-1234\", \"word\": \"xx\xc3\xa9t"});
 }
 
+// guided_regex's raw text, across characters of one to four bytes.
+TEST(TokenMaskTest, QwenVocabularyUnderARegex) {
+  std::shared_ptr<const TokenVocabulary> vocab = QwenVocabulary();
+  ASSERT_NE(vocab, nullptr);
+  absl::StatusOr<Grammar> g = RegexGrammar("[a-z ]{1,12}(\u00e9|\u4e2d|\\uD83D\\uDE00)?\\.");
+  ASSERT_TRUE(g.ok()) << g.status();
+  ExpectMasksMatchBruteForce(
+      *g, *vocab, {"", "hello", "hello wor", "hello \xe4", "hello \xe4\xb8", "ab \xf0\x9f\x98"});
+}
+
 // A reasoning block before the form: free text (every token), the marker's partial matches, the
 // whitespace after it.
 TEST(TokenMaskTest, QwenVocabularyAroundAReasoningBlock) {
@@ -358,6 +368,41 @@ TEST(TokenMaskTest, RandomPatternStringsMatchTheirPattern) {
     EXPECT_TRUE(std::regex_search(f, free)) << text;
   }
   EXPECT_GE(outputs.size(), 15u);
+}
+
+// Random walks under guided_regex: every finished text is a whole match.
+TEST(TokenMaskTest, RandomRegexOutputsMatch) {
+  std::shared_ptr<const TokenVocabulary> vocab = QwenVocabulary();
+  ASSERT_NE(vocab, nullptr);
+  const std::string pattern = "(\\d{3}-\\d{2}|[A-Z][a-z]{2,6} [A-Z][a-z]{1,8})";
+  StructuredOutputSpec spec;
+  spec.kind = StructuredOutputSpec::Kind::kRegex;
+  spec.regex = pattern;
+  GrammarCache cache;
+  absl::StatusOr<std::shared_ptr<CompiledGrammar>> compiled = cache.Get(spec);
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  int32_t eos = static_cast<int32_t>(vocab->size()) - 1;
+  while (eos > 0 && !vocab->bytes(eos).empty()) --eos;
+  const std::regex reference(pattern);
+  std::mt19937 rng(21);
+  int matched = 0;
+  for (int sample = 0; sample < 30; ++sample) {
+    TokenConstraint constraint(*compiled, vocab, {eos});
+    std::string text;
+    std::vector<int32_t> allowed;
+    for (int step = 0; step < 64 && !constraint.Finished(); ++step) {
+      constraint.AllowedTokens(allowed);
+      ASSERT_FALSE(allowed.empty()) << text;
+      const int32_t pick = allowed[rng() % allowed.size()];
+      if (pick == eos) break;
+      ASSERT_TRUE(constraint.Accept(pick));
+      text += vocab->bytes(pick);
+    }
+    ASSERT_TRUE(constraint.Accepting()) << text;
+    EXPECT_TRUE(std::regex_match(text, reference)) << text;
+    ++matched;
+  }
+  EXPECT_EQ(matched, 30);
 }
 
 }  // namespace

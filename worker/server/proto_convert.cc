@@ -42,6 +42,10 @@ SamplingParams FromProto(const v1::SamplingParams& p) {
       s.structured_output.choices.assign(so.choice().choices().begin(),
                                          so.choice().choices().end());
       break;
+    case v1::StructuredOutput::kRegex:
+      s.structured_output.kind = Kind::kRegex;
+      s.structured_output.regex = so.regex();
+      break;
     case v1::StructuredOutput::kTaggedJson:
       s.structured_output.kind = Kind::kTaggedJson;
       s.structured_output.begin = so.tagged_json().begin();

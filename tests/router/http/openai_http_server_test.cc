@@ -552,8 +552,10 @@ TEST_F(HttpServerTest, RequestErrorsNameTheField) {
               400, "min_tokens", "min_tokens must be an integer in [0, ");
   ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"truncate_prompt_tokens", -2}}), 400,
               "truncate_prompt_tokens", "truncate_prompt_tokens must be an integer in [-1, ");
-  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"guided_regex", "[a-z]+"}}), 400,
-              "guided_regex", "guided_regex is not supported");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"guided_regex", "[a-z]+\\1"}}), 400,
+              "guided_regex", "guided_regex: backreferences are not supported (at offset 6)");
+  ExpectError(Post("/v1/completions", {{"prompt", "x"}, {"guided_grammar", "root ::= x"}}), 400,
+              "guided_grammar", "guided_grammar is not supported");
   ExpectError(Post("/v1/completions",
                    {{"prompt", "x"}, {"guided_json", {{"type", "object"}, {"minProperties", 1}}}}),
               400, "guided_json",

@@ -283,18 +283,27 @@ TEST(ParseChat, FieldErrors) {
        "response_format.json_schema.schema",
        "response_format.json_schema.schema: schema.pattern: backreferences are not supported "
        "(at offset 3)"},
-      {{{"messages", {user}}, {"guided_regex", "a+"}},
+      {{{"messages", {user}}, {"guided_regex", "(?=a)"}},
        "guided_regex",
-       "guided_regex is not supported"},
+       "guided_regex: lookaround assertions are not supported (at offset 0)"},
+      {{{"messages", {user}}, {"guided_regex", 7}},
+       "guided_regex",
+       "guided_regex must be a string (a regular expression)"},
+      {{{"messages", {user}}, {"guided_regex", "a*"}, {"guided_choice", {"a"}}},
+       "guided_regex",
+       "give one form for the output, not both guided_choice and guided_regex"},
+      {{{"messages", {user}}, {"guided_regex", "a{0}"}},
+       "guided_regex",
+       "guided_regex: it matches only the empty text"},
       {{{"messages", {user}}, {"guided_choice", {"a", 1}}},
        "guided_choice",
        "guided_choice[1] must be a string"},
       {{{"messages", {user}}, {"guided_choice", {"a"}}, {"guided_json", {{"type", "object"}}}},
        "guided_choice",
        "give one form for the output, not both guided_json and guided_choice"},
-      {{{"messages", {user}}, {"structured_outputs", {{"regex", "a+"}}}},
-       "structured_outputs.regex",
-       "structured_outputs.regex is not supported"},
+      {{{"messages", {user}}, {"structured_outputs", {{"grammar", "root ::= x"}}}},
+       "structured_outputs.grammar",
+       "structured_outputs.grammar is not supported"},
   };
   for (const Case& c : cases) {
     absl::Status status = ParseChatRequest(c.body, "").status();
@@ -333,6 +342,15 @@ TEST(ParseChat, StructuredOutputForms) {
   ASSERT_TRUE(completion.ok()) << completion.status();
   EXPECT_EQ(completion->prompts[0].sampling_params().structured_output().json_schema(),
             R"({"type": "integer"})");
+  // Regular expressions: vLLM's guided_regex and structured_outputs.regex.
+  absl::StatusOr<CompletionParams> regex =
+      ParseCompletionRequest({{"prompt", "x"}, {"guided_regex", "[a-z]+@[a-z]+\\.com"}}, "");
+  ASSERT_TRUE(regex.ok()) << regex.status();
+  EXPECT_EQ(regex->prompts[0].sampling_params().structured_output().regex(), "[a-z]+@[a-z]+\\.com");
+  absl::StatusOr<CompletionParams> newer = ParseCompletionRequest(
+      {{"prompt", "x"}, {"structured_outputs", {{"regex", "(yes|no)"}}}}, "");
+  ASSERT_TRUE(newer.ok()) << newer.status();
+  EXPECT_EQ(newer->prompts[0].sampling_params().structured_output().regex(), "(yes|no)");
   // Neutral values ask for nothing.
   absl::StatusOr<CompletionParams> neutral = ParseCompletionRequest(
       {{"prompt", "x"}, {"guided_json", nullptr}, {"guided_choice", Json::array()}}, "");
