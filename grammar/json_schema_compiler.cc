@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -25,7 +26,8 @@ using ByteSet = std::bitset<256>;
 constexpr size_t kMaxNodes = 4096;
 constexpr int kMaxSchemaDepth = 64;
 
-// Keywords that only describe (JSON Schema's annotations and format, an annotation by default).
+// Keywords that only describe (JSON Schema's annotations; format is one too, but the string
+// formats of FormatPattern are enforced).
 const std::set<std::string>& IgnoredKeywords() {
   static const std::set<std::string> kIgnored = {
       "$schema",         "$id",     "$comment", "$anchor",      "title",
@@ -60,6 +62,30 @@ const std::set<std::string>& UnsupportedKeywords() {
                                                      "$dynamicRef",
                                                      "$recursiveRef"};
   return kUnsupported;
+}
+
+// The formats OpenAI's structured outputs enforce on strings, as whole-string patterns (RFC 3339
+// dates and times, RFC 4122 UUIDs, dotted IPv4, an address with one '@', RFC 1123 host names).
+// Empty for other formats, which stay annotations.
+std::string FormatPattern(const std::string& format) {
+  static const std::map<std::string, std::string> kPatterns = [] {
+    const std::string date = "\\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\\d|3[01])";
+    const std::string time =
+        "([01]\\d|2[0-3]):[0-5]\\d:([0-5]\\d|60)(\\.\\d{1,9})?(Z|[+-]([01]\\d|2[0-3]):[0-5]\\d)";
+    const std::string octet = "(25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)";
+    const std::string label = "[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
+    return std::map<std::string, std::string>{
+        {"date", "^" + date + "$"},
+        {"time", "^" + time + "$"},
+        {"date-time", "^" + date + "T" + time + "$"},
+        {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
+        {"ipv4", "^(" + octet + "\\.){3}" + octet + "$"},
+        {"email", "^[A-Za-z0-9._%+-]{1,64}@" + label + "(\\." + label + ")*$"},
+        {"hostname", "^" + label + "(\\." + label + ")*$"},
+    };
+  }();
+  auto it = kPatterns.find(format);
+  return it == kPatterns.end() ? std::string() : it->second;
 }
 
 Node LiteralsNode(std::vector<std::string> literals) {
@@ -524,21 +550,23 @@ class SchemaCompiler {
       if (*hi >= 0 && *hi < *lo) return Error(path + ".maxLength", "is below minLength");
       str.min_length = *lo;
       str.max_length = *hi;
+      // A pattern; else a known format as one (a pattern beside a format wins: both at once
+      // would need the automata's intersection).
+      std::string regex, at;
       if (auto pattern = s.find("pattern"); pattern != s.end()) {
-        const std::string at = path + ".pattern";
+        at = path + ".pattern";
         if (!pattern->is_string()) return Error(at, "must be a string");
-        absl::StatusOr<RegexDfa> dfa =
-            CompileRegex(pattern->get<std::string>(), RegexMode::kSearch);
-        // The lengths go into the automaton, so that no character is taken that the pattern
-        // could only complete past maxLength (or not at all at minLength).
-        if (dfa.ok() && (str.min_length > 0 || str.max_length >= 0)) {
-          dfa = dfa->WithLength(str.min_length, str.max_length);
-          str.min_length = 0;
-          str.max_length = -1;
-        }
-        if (!dfa.ok()) return Error(at, std::string(dfa.status().message()));
-        str.regex = static_cast<int32_t>(grammar_.regexes.size());
-        grammar_.regexes.push_back(*std::move(dfa));
+        regex = pattern->get<std::string>();
+      } else if (auto format = s.find("format"); format != s.end() && format->is_string()) {
+        at = path + ".format";
+        regex = FormatPattern(format->get<std::string>());
+      }
+      if (!regex.empty()) {
+        absl::StatusOr<int32_t> index = AddPattern(regex, str.min_length, str.max_length, at);
+        if (!index.ok()) return index.status();
+        str.regex = *index;
+        str.min_length = 0;
+        str.max_length = -1;
       }
       return Add(std::move(str));
     }
@@ -552,6 +580,28 @@ class SchemaCompiler {
     }
     if (type == "null") return Add(LiteralsNode({"null"}));
     return Error(path + ".type", absl::StrCat("unknown type \"", type, "\""));
+  }
+
+  // The automaton of a string pattern with its lengths folded in (so that no character is taken
+  // that the pattern could only complete past maxLength, or not at all at minLength); one per
+  // distinct pattern and lengths, all of a schema's within one budget.
+  absl::StatusOr<int32_t> AddPattern(const std::string& regex, int32_t min_length,
+                                     int32_t max_length, const std::string& at) {
+    const auto key = std::make_tuple(regex, min_length, max_length);
+    if (auto it = patterns_.find(key); it != patterns_.end()) return it->second;
+    absl::StatusOr<RegexDfa> dfa = CompileRegex(regex, RegexMode::kSearch);
+    if (dfa.ok() && (min_length > 0 || max_length >= 0)) {
+      dfa = dfa->WithLength(min_length, max_length);
+    }
+    if (!dfa.ok()) return Error(at, std::string(dfa.status().message()));
+    pattern_entries_ += dfa->table_size();
+    if (pattern_entries_ > kMaxPatternEntries) {
+      return Error(at, "the schema's patterns together are too large");
+    }
+    const auto index = static_cast<int32_t>(grammar_.regexes.size());
+    grammar_.regexes.push_back(*std::move(dfa));
+    patterns_.emplace(key, index);
+    return index;
   }
 
   // minimum / maximum / exclusiveMinimum / exclusiveMaximum (numbers; or draft 4's booleans
@@ -573,14 +623,15 @@ class SchemaCompiler {
             it->is_number_unsigned()
                 ? static_cast<int64_t>(std::min<uint64_t>(it->get<uint64_t>(), uint64_t{1} << 62))
                 : it->get<int64_t>();
-        if (x > limit || x < -limit) {
-          return Error(at, absl::StrCat("must lie within -", limit, " .. ", limit));
+        if (x >= limit || x <= -limit) {
+          return Error(at, absl::StrCat("must lie strictly within -", limit, " .. ", limit));
         }
         scaled = x * unit + (exclusive ? (lower ? 1 : -1) : 0);
       } else {
         const double x = it->get<double>();
-        if (!(std::fabs(x) <= static_cast<double>(limit))) {
-          return Error(at, absl::StrCat("must lie within -", limit, " .. ", limit));
+        // (A bound of the limit itself would need more digits than a tracked value keeps.)
+        if (!(std::fabs(x) < static_cast<double>(limit))) {
+          return Error(at, absl::StrCat("must lie strictly within -", limit, " .. ", limit));
         }
         const double y = x * static_cast<double>(unit);
         const double r = std::nearbyint(y);
@@ -590,6 +641,10 @@ class SchemaCompiler {
         const double v = on_grid ? r + (exclusive ? (lower ? 1 : -1) : 0)
                                  : (lower ? std::ceil(y) : std::floor(y));
         scaled = static_cast<int64_t>(v);
+      }
+      // An exclusive bound at the edge moves past it: no value there is writable either.
+      if (scaled >= limit * unit || scaled <= -limit * unit) {
+        return Error(at, absl::StrCat("must lie strictly within -", limit, " .. ", limit));
       }
       if (lower) {
         number.min_scaled = number.has_min ? std::max(number.min_scaled, scaled) : scaled;
@@ -674,9 +729,14 @@ class SchemaCompiler {
     return Add(std::move(o));
   }
 
+  // The transition-table entries all of a schema's patterns may hold (32 MB).
+  static constexpr size_t kMaxPatternEntries = size_t{1} << 23;
+
   const Json& root_;
   Grammar grammar_;
   std::map<std::string, int32_t> refs_;
+  std::map<std::tuple<std::string, int32_t, int32_t>, int32_t> patterns_;
+  size_t pattern_entries_ = 0;
 };
 
 }  // namespace

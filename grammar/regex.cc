@@ -7,15 +7,22 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "tokenizer/regex.h"
 
 namespace mobius::grammar {
 namespace {
 
 // Sizes that keep a hostile pattern from exhausting the worker: the automata grow with counted
 // repetition ({1000}) and with the subset construction.
+constexpr size_t kMaxPatternBytes = 4096;
+constexpr int kMaxGroupDepth = 64;
 constexpr size_t kMaxNfaStates = 50000;
 constexpr size_t kMaxDfaStates = 4096;
 constexpr size_t kMaxLengthProductStates = 100000;
+// Transition-table entries of one automaton (states x classes: 16 MB), and the NFA states held
+// by all subsets of the construction together.
+constexpr size_t kMaxTableEntries = size_t{1} << 22;
+constexpr size_t kMaxSubsetEntries = size_t{1} << 21;
 constexpr int kMaxRepeat = 1000;
 
 struct Range {
@@ -62,15 +69,77 @@ RangeSet Complement(const RangeSet& s) {
   return Normalize(out);
 }
 
+// The code points `class_body` (PCRE2 syntax, Unicode properties) matches, found once by
+// running it over every code point in order.
+RangeSet UnicodeSet(const char* class_body) {
+  std::string subject;
+  subject.reserve(4500000);
+  auto append = [&subject](uint32_t cp) {
+    if (cp < 0x80) {
+      subject += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      subject += static_cast<char>(0xC0 | (cp >> 6));
+      subject += static_cast<char>(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+      subject += static_cast<char>(0xE0 | (cp >> 12));
+      subject += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      subject += static_cast<char>(0x80 | (cp & 0x3F));
+    } else {
+      subject += static_cast<char>(0xF0 | (cp >> 18));
+      subject += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+      subject += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+      subject += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+  };
+  for (const Range& r : Universe()) {
+    for (uint32_t cp = r.lo; cp <= r.hi; ++cp) append(cp);
+  }
+  auto decode = [&subject](size_t at) {
+    const auto b0 = static_cast<uint8_t>(subject[at]);
+    int extra = b0 < 0x80 ? 0 : b0 < 0xE0 ? 1 : b0 < 0xF0 ? 2 : 3;
+    uint32_t cp = extra == 0 ? b0 : extra == 1 ? (b0 & 0x1F) : extra == 2 ? (b0 & 0x0F) : (b0 & 7);
+    for (int i = 1; i <= extra; ++i) cp = (cp << 6) | (subject[at + i] & 0x3F);
+    return cp;
+  };
+  RangeSet out;
+  absl::StatusOr<std::unique_ptr<tokenizer::Regex>> regex =
+      tokenizer::Regex::Compile(absl::StrCat("[", class_body, "]+"));
+  std::vector<std::pair<size_t, size_t>> matches;
+  if (!regex.ok() || !(*regex)->FindAll(subject, matches).ok()) return out;  // (not reached)
+  for (const auto& [begin, end] : matches) {
+    size_t last = end - 1;
+    while ((static_cast<uint8_t>(subject[last]) & 0xC0) == 0x80) --last;
+    out.push_back({decode(begin), decode(last)});
+  }
+  return out;
+}
+
+// The class escapes. The pattern may be checked by an ECMA-262 validator (ASCII classes), by
+// Python or Rust (Unicode classes) or by vLLM's Python: each class here is one every reading
+// agrees on. \d and \w are ASCII (their narrowest reading); \D and \W exclude every Unicode
+// digit / word character (the widest reading of \d / \w), so that no reading calls their output
+// a digit or a word character. \s is ECMA-262's white space less U+FEFF (which Python and Rust
+// do not count), \S excludes the white space of any reading.
 const RangeSet& Digits() {
   static const RangeSet k = {{'0', '9'}};
+  return k;
+}
+const RangeSet& NotDigits() {
+  static const RangeSet k = Complement(Normalize(UnicodeSet("\\p{Nd}")));
   return k;
 }
 const RangeSet& WordChars() {
   static const RangeSet k = Normalize({{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}});
   return k;
 }
-// ECMA-262's white space and line terminators.
+const RangeSet& NotWordChars() {
+  static const RangeSet k = Complement(Normalize([] {
+    RangeSet word = UnicodeSet("\\p{L}\\p{N}\\p{M}\\p{Pc}");
+    word.push_back({0x200C, 0x200D});  // Join_Control: Rust's \w holds it
+    return word;
+  }()));
+  return k;
+}
 const RangeSet& Spaces() {
   static const RangeSet k = Normalize({{'\t', '\r'},
                                        {' ', ' '},
@@ -80,11 +149,20 @@ const RangeSet& Spaces() {
                                        {0x2028, 0x2029},
                                        {0x202F, 0x202F},
                                        {0x205F, 0x205F},
-                                       {0x3000, 0x3000},
-                                       {0xFEFF, 0xFEFF}});
+                                       {0x3000, 0x3000}});
   return k;
 }
-// '.': anything but a line terminator.
+const RangeSet& NotSpaces() {
+  static const RangeSet k = Complement(Normalize([] {
+    RangeSet any_space = Spaces();
+    any_space.push_back({0x1C, 0x1F});      // Python's \s
+    any_space.push_back({0x85, 0x85});      // Python's and Rust's
+    any_space.push_back({0xFEFF, 0xFEFF});  // ECMA-262's
+    return any_space;
+  }()));
+  return k;
+}
+// '.': anything but a line terminator (ECMA-262's; Python's '.' excludes only \n).
 const RangeSet& Dot() {
   static const RangeSet k = Complement(Normalize({{'\n', '\n'}, {'\r', '\r'}, {0x2028, 0x2029}}));
   return k;
@@ -94,7 +172,7 @@ const RangeSet& Dot() {
 struct Ast {
   enum Kind { kSet, kConcat, kAlt, kRepeat };
   Kind kind = kConcat;
-  RangeSet set;               // kSet
+  int set = -1;               // kSet: index into the parser's sets
   std::vector<int> children;  // kConcat, kAlt; kRepeat: one
   int min = 0, max = -1;      // kRepeat; max -1: no limit
 };
@@ -104,6 +182,10 @@ class Parser {
   Parser(std::string_view pattern, RegexMode mode) : p_(pattern), mode_(mode) {}
 
   absl::StatusOr<int> Parse() {
+    if (p_.size() > kMaxPatternBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("longer than ", kMaxPatternBytes, " bytes, the most supported"));
+    }
     absl::StatusOr<int> root = ParseAlternation(/*top=*/true);
     if (!root.ok()) return root.status();
     if (pos_ < p_.size()) return Error("unmatched ')'");
@@ -111,6 +193,7 @@ class Parser {
   }
 
   std::vector<Ast>& nodes() { return nodes_; }
+  std::vector<RangeSet>& sets() { return sets_; }
 
  private:
   absl::Status Error(const std::string& what) const {
@@ -122,9 +205,10 @@ class Parser {
     return static_cast<int>(nodes_.size() - 1);
   }
   int SetNode(RangeSet s) {
+    sets_.push_back(std::move(s));
     Ast a;
     a.kind = Ast::kSet;
-    a.set = std::move(s);
+    a.set = static_cast<int>(sets_.size() - 1);
     return Add(std::move(a));
   }
   int AnyRun() {  // any text: what an unanchored side of a search pattern may hold
@@ -194,6 +278,8 @@ class Parser {
     } else if (Peek() == '?') {
       max = 1;
       ++pos_;
+    } else if (Peek() == '{' && AmbiguousCount()) {
+      return Error("{,n} is a quantifier in some readings and text in others; write {0,n}");
     } else if (Peek() == '{' && ReadCount(min, max)) {
       if (min > kMaxRepeat || max > kMaxRepeat) {
         return Error(absl::StrCat("repetition counts above ", kMaxRepeat, " are not supported"));
@@ -221,6 +307,14 @@ class Parser {
     return ScanCount(pos, min, max);
   }
   bool ReadCount(int& min, int& max) { return ScanCount(pos_, min, max); }
+  // "{,n}": a quantifier to Python, literal text to ECMA-262.
+  bool AmbiguousCount() const {
+    size_t i = pos_ + 1;
+    if (i >= p_.size() || p_[i] != ',') return false;
+    for (++i; i < p_.size() && p_[i] >= '0' && p_[i] <= '9'; ++i) {
+    }
+    return i < p_.size() && p_[i] == '}' && i > pos_ + 2;
+  }
   bool ScanCount(size_t& pos, int& min, int& max) const {
     size_t i = pos + 1;
     auto number = [&](int& out) {
@@ -283,10 +377,14 @@ class Parser {
     } else {
       ++pos_;
     }
+    if (++depth_ > kMaxGroupDepth) {
+      return Error(absl::StrCat("groups nested deeper than ", kMaxGroupDepth, " levels"));
+    }
     absl::StatusOr<int> inner = ParseAlternation(/*top=*/false);
     if (!inner.ok()) return inner.status();
     if (Peek() != ')' || AtEnd()) return Error("missing ')'");
     ++pos_;
+    --depth_;
     return *inner;
   }
 
@@ -355,15 +453,15 @@ class Parser {
       case 'd':
         return Digits();
       case 'D':
-        return Complement(Digits());
+        return NotDigits();
       case 'w':
         return WordChars();
       case 'W':
-        return Complement(WordChars());
+        return NotWordChars();
       case 's':
         return Spaces();
       case 'S':
-        return Complement(Spaces());
+        return NotSpaces();
       case 't':
         return one('\t');
       case 'n':
@@ -375,6 +473,10 @@ class Parser {
       case 'v':
         return one('\v');
       case '0':
+        if (Peek() >= '0' && Peek() <= '9') {
+          pos_ = start;  // an octal escape in some readings, NUL and a digit in others
+          return Error("\\0 followed by a digit is ambiguous (octal); write \\x00 or \\x01...");
+        }
         return one(0);
       case 'b':
         if (in_class) return one('\b');
@@ -425,13 +527,13 @@ class Parser {
     if (b0 >= 0xF0 && b0 <= 0xF4) {
       extra = 3;
       cp = b0 & 0x07;
-    } else if (b0 >= 0xE0) {
+    } else if (b0 >= 0xE0 && b0 <= 0xEF) {
       extra = 2;
       cp = b0 & 0x0F;
     } else if (b0 >= 0xC2 && b0 < 0xE0) {
       extra = 1;
       cp = b0 & 0x1F;
-    } else if (b0 >= 0x80) {
+    } else if (b0 >= 0x80) {  // a continuation byte, an overlong lead or past U+10FFFF
       return Error("not valid UTF-8");
     }
     if (pos_ + extra >= p_.size()) return Error("not valid UTF-8");
@@ -451,7 +553,9 @@ class Parser {
   std::string_view p_;
   RegexMode mode_;
   size_t pos_ = 0;
+  int depth_ = 0;  // groups open
   std::vector<Ast> nodes_;
+  std::vector<RangeSet> sets_;
 };
 
 // A Thompson automaton: each state has at most one character edge (a set) and any number of
@@ -495,8 +599,7 @@ class NfaBuilder {
       case Ast::kSet: {
         absl::StatusOr<int32_t> e = NewState();
         if (!e.ok()) return e.status();
-        nfa_->sets.push_back(a.set);
-        nfa_->states[cur].set = static_cast<int32_t>(nfa_->sets.size() - 1);
+        nfa_->states[cur].set = a.set;
         nfa_->states[cur].out = *e;
         return std::make_pair(*s, *e);
       }
@@ -573,19 +676,40 @@ class RegexDfaBuilder {
     }
     std::sort(cuts.begin(), cuts.end());
     cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-    dfa.class_starts_ = cuts;
-    const size_t classes = cuts.size();
-    // Per set, the classes it holds (a class lies wholly inside or outside every set).
-    std::vector<std::vector<uint8_t>> holds(nfa.sets.size(), std::vector<uint8_t>(classes, 0));
+    dfa.interval_starts_ = cuts;
+    const size_t intervals = cuts.size();
+    // Per interval, the sets that hold it (an interval lies wholly inside or outside every set);
+    // intervals held by the same sets are one class.
+    std::vector<std::vector<int32_t>> held_by(intervals);
+    size_t coverage = 0;
     for (size_t i = 0; i < nfa.sets.size(); ++i) {
       for (const Range& r : nfa.sets[i]) {
-        const size_t first = dfa.ClassOf(r.lo);
-        for (size_t c = first; c < classes && cuts[c] <= r.hi; ++c) holds[i][c] = 1;
+        for (size_t k = dfa.IntervalOf(r.lo); k < intervals && cuts[k] <= r.hi; ++k) {
+          held_by[k].push_back(static_cast<int32_t>(i));
+          if (++coverage > kMaxTableEntries) {
+            return absl::InvalidArgumentError("too complex (too many character classes)");
+          }
+        }
       }
+    }
+    std::map<std::vector<int32_t>, int32_t> class_ids;
+    std::vector<int32_t> representative;  // an interval of each class
+    for (size_t k = 0; k < intervals; ++k) {
+      auto [it, fresh] =
+          class_ids.emplace(std::move(held_by[k]), static_cast<int32_t>(representative.size()));
+      if (fresh) representative.push_back(static_cast<int32_t>(k));
+      dfa.interval_class_.push_back(it->second);
+    }
+    const size_t classes = representative.size();
+    dfa.classes_ = classes;
+    // holds[set][class]
+    std::vector<std::vector<uint8_t>> holds(nfa.sets.size(), std::vector<uint8_t>(classes, 0));
+    for (const auto& [sets, id] : class_ids) {
+      for (int32_t set : sets) holds[set][id] = 1;
     }
     std::vector<uint32_t> mark(nfa.states.size(), 0);
     uint32_t stamp = 0;
-    auto closure = [&](std::vector<int32_t> seeds) {
+    auto closure = [&](const std::vector<int32_t>& seeds) {
       ++stamp;
       std::vector<int32_t> out, stack;
       for (int32_t s : seeds) {
@@ -608,20 +732,29 @@ class RegexDfaBuilder {
       std::sort(out.begin(), out.end());
       return out;
     };
+    // Each subset is stored once, as its map key.
     std::map<std::vector<int32_t>, int32_t> ids;
-    std::vector<std::vector<int32_t>> sets_of_state;
+    std::vector<const std::vector<int32_t>*> subsets;
+    size_t stored = 0;
+    absl::Status too_large = absl::OkStatus();
     auto intern = [&](std::vector<int32_t> set) -> int32_t {
-      auto [it, fresh] = ids.emplace(set, static_cast<int32_t>(sets_of_state.size()));
-      if (fresh) sets_of_state.push_back(std::move(set));
+      if (auto it = ids.find(set); it != ids.end()) return it->second;
+      stored += set.size();
+      if (subsets.size() >= kMaxDfaStates || stored > kMaxSubsetEntries) {
+        too_large = absl::InvalidArgumentError(
+            absl::StrCat("too complex (its automaton passes ", kMaxDfaStates, " states)"));
+        return RegexDfa::kNone;
+      }
+      auto [it, fresh] = ids.emplace(std::move(set), static_cast<int32_t>(subsets.size()));
+      subsets.push_back(&it->first);
       return it->second;
     };
     intern(closure({start}));
-    for (size_t d = 0; d < sets_of_state.size(); ++d) {
-      if (sets_of_state.size() > kMaxDfaStates) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("too complex (its automaton passes ", kMaxDfaStates, " states)"));
+    for (size_t d = 0; d < subsets.size(); ++d) {
+      if ((d + 1) * classes > kMaxTableEntries) {
+        return absl::InvalidArgumentError("too complex (its automaton's table is too large)");
       }
-      const std::vector<int32_t> current = sets_of_state[d];
+      const std::vector<int32_t>& current = *subsets[d];
       dfa.accepting_.push_back(std::binary_search(current.begin(), current.end(), accept));
       for (size_t c = 0; c < classes; ++c) {
         std::vector<int32_t> moved;
@@ -629,36 +762,37 @@ class RegexDfaBuilder {
           const Nfa::State& st = nfa.states[s];
           if (st.set >= 0 && holds[st.set][c]) moved.push_back(st.out);
         }
-        dfa.next_.push_back(moved.empty() ? RegexDfa::kNone : intern(closure(std::move(moved))));
+        dfa.next_.push_back(moved.empty() ? RegexDfa::kNone : intern(closure(moved)));
+        if (!too_large.ok()) return too_large;
       }
     }
     return dfa;
   }
 };
 
-size_t RegexDfa::ClassOf(uint32_t code_point) const {
+size_t RegexDfa::IntervalOf(uint32_t code_point) const {
   return static_cast<size_t>(
-      std::upper_bound(class_starts_.begin(), class_starts_.end(), code_point) -
-      class_starts_.begin() - 1);
+      std::upper_bound(interval_starts_.begin(), interval_starts_.end(), code_point) -
+      interval_starts_.begin() - 1);
 }
 
 int32_t RegexDfa::Next(int32_t state, uint32_t code_point) const {
   if (code_point > kMaxCodePoint) return kNone;
-  return next_[static_cast<size_t>(state) * class_starts_.size() + ClassOf(code_point)];
+  return next_[static_cast<size_t>(state) * classes_ + interval_class_[IntervalOf(code_point)]];
 }
 
 bool RegexDfa::AnyNext(int32_t state, uint32_t lo, uint32_t hi) const {
-  const size_t classes = class_starts_.size();
   hi = std::min(hi, kMaxCodePoint);
   if (lo > hi) return false;
-  for (size_t c = ClassOf(lo); c < classes && class_starts_[c] <= hi; ++c) {
-    if (next_[static_cast<size_t>(state) * classes + c] != kNone) return true;
+  const int32_t* row = &next_[static_cast<size_t>(state) * classes_];
+  for (size_t k = IntervalOf(lo); k < interval_starts_.size() && interval_starts_[k] <= hi; ++k) {
+    if (row[interval_class_[k]] != kNone) return true;
   }
   return false;
 }
 
 bool RegexDfa::Prune() {
-  const size_t n = accepting_.size(), classes = class_starts_.size();
+  const size_t n = accepting_.size(), classes = classes_;
   // States that can reach a match: backwards from the accepting ones.
   std::vector<std::vector<int32_t>> incoming(n);
   for (size_t s = 0; s < n; ++s) {
@@ -717,9 +851,11 @@ absl::StatusOr<RegexDfa> RegexDfa::WithLength(int32_t min_length, int32_t max_le
   // States (state, characters so far), the count capped where it stops mattering: at
   // max_length (no more characters), or at min_length when there is no upper limit.
   const int32_t cap = max_length >= 0 ? max_length : min_length;
-  const size_t classes = class_starts_.size();
+  const size_t classes = classes_;
   RegexDfa out;
-  out.class_starts_ = class_starts_;
+  out.interval_starts_ = interval_starts_;
+  out.interval_class_ = interval_class_;
+  out.classes_ = classes_;
   std::map<std::pair<int32_t, int32_t>, int32_t> ids;
   std::vector<std::pair<int32_t, int32_t>> order = {{0, 0}};
   ids[{0, 0}] = 0;
@@ -754,6 +890,7 @@ absl::StatusOr<RegexDfa> CompileRegex(std::string_view pattern, RegexMode mode) 
   Nfa nfa;
   absl::StatusOr<std::pair<int32_t, int32_t>> ends = NfaBuilder(parser.nodes()).Build(*root, nfa);
   if (!ends.ok()) return ends.status();
+  nfa.sets = std::move(parser.sets());
   absl::StatusOr<RegexDfa> dfa = RegexDfaBuilder::FromNfa(nfa, ends->first, ends->second);
   if (!dfa.ok()) return dfa.status();
   if (!RegexDfaBuilder::Prune(*dfa)) return absl::InvalidArgumentError("it matches no text");

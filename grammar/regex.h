@@ -34,6 +34,8 @@ class RegexDfa {
   // Whether the text up to `state` is a match.
   [[nodiscard]] bool Accepting(int32_t state) const { return accepting_[state] != 0; }
   [[nodiscard]] size_t num_states() const { return accepting_.size(); }
+  // Entries of the transition table (states x classes): the automaton's size.
+  [[nodiscard]] size_t table_size() const { return next_.size(); }
 
   // The same language restricted to texts of [min_length, max_length] code points
   // (max_length -1: no upper limit). InvalidArgument when the product grows too large.
@@ -41,15 +43,19 @@ class RegexDfa {
 
  private:
   friend class RegexDfaBuilder;
-  [[nodiscard]] size_t ClassOf(uint32_t code_point) const;
+  [[nodiscard]] size_t IntervalOf(uint32_t code_point) const;
   // Drops the states from which no match can be reached (their transitions become kNone) and
   // renumbers the rest from the start; false when the start itself cannot reach a match.
   bool Prune();
 
-  // The code points in classes: class i is [class_starts_[i], class_starts_[i + 1]), the last up
-  // to kMaxCodePoint. Every code point of a class moves every state alike.
-  std::vector<uint32_t> class_starts_;
-  std::vector<int32_t> next_;  // [state * classes + class]
+  // The code points in intervals that no set of the pattern splits: interval i is
+  // [interval_starts_[i], interval_starts_[i + 1]), the last up to kMaxCodePoint. Intervals that
+  // every set holds alike share a class (interval_class_), and every code point of a class
+  // moves every state alike.
+  std::vector<uint32_t> interval_starts_;
+  std::vector<int32_t> interval_class_;
+  size_t classes_ = 0;
+  std::vector<int32_t> next_;  // [state * classes_ + class]
   std::vector<uint8_t> accepting_;
 };
 

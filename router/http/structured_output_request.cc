@@ -227,6 +227,8 @@ void PrefixLocalRefs(Ordered& schema, const std::string& prefix) {
   }
   if (!schema.is_object()) return;
   for (auto& [key, value] : schema.items()) {
+    // Values, not schemas: a "$ref" inside them is data.
+    if (key == "const" || key == "enum" || key == "default" || key == "examples") continue;
     if (key != "$ref" || !value.is_string()) {
       PrefixLocalRefs(value, prefix);
       continue;
@@ -304,7 +306,9 @@ absl::StatusOr<v1::StructuredOutput> ForcedToolCallForm(absl::string_view body,
   std::vector<size_t> open;
   for (size_t k = 0; k < tools.size(); ++k) {
     const std::string name = tools[k]["function"]["name"].get<std::string>();
-    if (function.empty() || name == function) open.push_back(k);
+    if (function.empty()) open.push_back(k);
+    // A named function: its last definition, as the prompt's tool list reads to the model.
+    if (name == function) open.assign(1, k);
     for (size_t j = 0; function.empty() && j < k; ++j) {
       if (tools[j]["function"]["name"] == name) {
         const std::string field = absl::StrCat("tools[", k, "].function.name");

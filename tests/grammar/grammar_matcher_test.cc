@@ -267,6 +267,35 @@ TEST(GrammarMatcherTest, StringsFollowTheirPattern) {
   EXPECT_FALSE(Prefix(pairs, R"("abababa)"));
 }
 
+// The string formats OpenAI enforces, as patterns; other formats stay annotations.
+TEST(GrammarMatcherTest, StringFormats) {
+  const Grammar when = Schema(R"({"type": "string", "format": "date-time"})");
+  EXPECT_TRUE(Matches(when, R"("2024-05-06T10:20:30Z")"));
+  EXPECT_TRUE(Matches(when, R"("1999-12-31T23:59:60.123+05:30")"));
+  EXPECT_FALSE(Prefix(when, R"("2024-13)"));
+  EXPECT_FALSE(Prefix(when, R"("2024-05-32)"));
+  EXPECT_FALSE(Matches(when, R"("2024-05-06T10:20:30")"));  // RFC 3339 needs the offset
+  EXPECT_TRUE(Matches(Schema(R"({"format": "date"})"), R"("2024-02-29")"));
+  EXPECT_TRUE(Matches(Schema(R"({"type": "string", "format": "time"})"), R"("08:00:00Z")"));
+  const Grammar id = Schema(R"({"type": "string", "format": "uuid"})");
+  EXPECT_TRUE(Matches(id, R"("123e4567-e89b-12d3-a456-426614174000")"));
+  EXPECT_FALSE(Prefix(id, R"("123e4567e)"));
+  const Grammar ip = Schema(R"({"type": "string", "format": "ipv4"})");
+  EXPECT_TRUE(Matches(ip, R"("192.168.0.255")"));
+  EXPECT_FALSE(Prefix(ip, R"("256.)"));
+  EXPECT_FALSE(Matches(ip, R"("1.2.3")"));
+  const Grammar mail = Schema(R"({"type": "string", "format": "email", "maxLength": 20})");
+  EXPECT_TRUE(Matches(mail, R"("ann.lee@example.org")"));
+  EXPECT_FALSE(Prefix(mail, R"("ann@@)"));
+  EXPECT_FALSE(Matches(mail, R"("ann")"));
+  EXPECT_FALSE(Prefix(mail, R"("ann.lee@example.organ")"));  // 21 characters
+  EXPECT_TRUE(Matches(Schema(R"({"type": "string", "format": "hostname"})"), R"("a-b.example")"));
+  // Unknown formats annotate; a pattern beside a format wins.
+  EXPECT_TRUE(Matches(Schema(R"({"type": "string", "format": "color"})"), R"("anything")"));
+  EXPECT_TRUE(
+      Matches(Schema(R"({"type": "string", "format": "uuid", "pattern": "^x+$"})"), R"("xx")"));
+}
+
 // guided_regex: raw text that the expression matches whole, ending where no byte can follow.
 TEST(GrammarMatcherTest, RegexTextMatchesWhole) {
   absl::StatusOr<Grammar> g = RegexGrammar("(yes|no)!?|\\d{1,3}\u00e9");

@@ -94,13 +94,52 @@ TEST(RegexTest, CodePointsBeyondAscii) {
   EXPECT_FALSE(any->AnyNext(any->start(), 'a', 'a'));
 }
 
+// Class escapes that every reading (ECMA-262's ASCII classes, Python's and Rust's Unicode ones)
+// agrees on: \W, \D and \S leave out what any reading counts as a word character, digit or space.
+TEST(RegexTest, NegatedClassesAgreeWithEveryReading) {
+  absl::StatusOr<RegexDfa> w = CompileRegex("\\W", RegexMode::kWhole);
+  absl::StatusOr<RegexDfa> d = CompileRegex("\\D", RegexMode::kWhole);
+  absl::StatusOr<RegexDfa> s = CompileRegex("\\S", RegexMode::kWhole);
+  absl::StatusOr<RegexDfa> sp = CompileRegex("\\s", RegexMode::kWhole);
+  ASSERT_TRUE(w.ok() && d.ok() && s.ok() && sp.ok());
+  EXPECT_TRUE(Takes(*w, U"-"));
+  EXPECT_FALSE(Takes(*w, U"\u00e9"));  // a letter to Python and Rust
+  EXPECT_FALSE(Takes(*w, U"\u0301"));  // a combining mark
+  EXPECT_TRUE(Takes(*w, U"\u00bf"));
+  EXPECT_TRUE(Takes(*d, U"a"));
+  EXPECT_FALSE(Takes(*d, U"\u0663"));  // ARABIC-INDIC DIGIT THREE
+  EXPECT_TRUE(Takes(*d, U"\u00e9"));
+  EXPECT_FALSE(Takes(*s, U"\u001c"));
+  EXPECT_FALSE(Takes(*s, U"\ufeff"));
+  EXPECT_TRUE(Takes(*s, U"x"));
+  EXPECT_FALSE(Takes(*sp, U"\ufeff"));
+  EXPECT_TRUE(Takes(*sp, U"\u3000"));
+}
+
+// Many ranges in one class cost one class of the automaton, not one per range.
+TEST(RegexTest, ClassesWithManyRangesStaySmall) {
+  std::string alternating = "[";
+  for (uint32_t cp = 0x100; cp < 0x7FE; cp += 2) {
+    alternating += static_cast<char>(0xC0 | (cp >> 6));
+    alternating += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  alternating += "]+";
+  absl::StatusOr<RegexDfa> dfa = CompileRegex(alternating, RegexMode::kWhole);
+  ASSERT_TRUE(dfa.ok()) << dfa.status();
+  EXPECT_LE(dfa->table_size(), 3u * 3u);
+  absl::StatusOr<RegexDfa> limited = dfa->WithLength(0, 19000);
+  ASSERT_TRUE(limited.ok()) << limited.status();
+  EXPECT_TRUE(Takes(*limited, U"\u0100\u0102"));
+  EXPECT_FALSE(Takes(*limited, U"\u0101"));
+}
+
 TEST(RegexTest, EveryStateCanStillMatch) {
   // "a(b|cx)" with "c" then only "x": no state is a dead end, and one that would be is gone.
-  absl::StatusOr<RegexDfa> dfa = CompileRegex("a(b|c[^\\s\\S])|ad", RegexMode::kWhole);
+  absl::StatusOr<RegexDfa> dfa = CompileRegex("a(b|c[])|ad", RegexMode::kWhole);
   ASSERT_TRUE(dfa.ok()) << dfa.status();
   const int32_t after_a = dfa->Next(dfa->start(), 'a');
   ASSERT_NE(after_a, RegexDfa::kNone);
-  EXPECT_EQ(dfa->Next(after_a, 'c'), RegexDfa::kNone);  // [^\s\S] matches nothing
+  EXPECT_EQ(dfa->Next(after_a, 'c'), RegexDfa::kNone);  // [] matches nothing
   EXPECT_NE(dfa->Next(after_a, 'b'), RegexDfa::kNone);
 }
 
@@ -145,9 +184,15 @@ TEST(RegexTest, RefusesWhatItCannotEnforceByName) {
            {"\\p{L}", "the escape \\p is not supported"},
            {"\\x4", "malformed hex escape"},
            {"\\uD800", "a lone surrogate half"},
-           {"[^\\s\\S]", "it matches no text"},
+           {"[]", "it matches no text"},
            {"(a{1000}){1000}", "too large"},
            {"abc\\", "cannot end with a backslash"},
+           {std::string(100, '(') + "a" + std::string(100, ')'), "groups nested deeper than 64"},
+           {std::string(5000, 'a'), "longer than 4096 bytes"},
+           {"\\01", "\\0 followed by a digit is ambiguous"},
+           {"a{,5}", "{,n} is a quantifier in some readings"},
+           {"\xF5\x80\x80", "not valid UTF-8"},
+           {"^(?:(?:a?){1000}){9}$", "too complex"},
        }) {
     absl::StatusOr<RegexDfa> dfa = CompileRegex(c.pattern, RegexMode::kWhole);
     ASSERT_FALSE(dfa.ok()) << c.pattern;

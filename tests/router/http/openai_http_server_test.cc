@@ -1098,7 +1098,9 @@ TEST_F(HttpServerTest, ChatForcedToolCalls) {
   Json with_defs = required;
   with_defs["tools"][1]["function"]["parameters"] = {
       {"type", "object"},
-      {"properties", {{"at", {{"$ref", "#/$defs/When"}}}}},
+      {"properties",
+       {{"at", {{"$ref", "#/$defs/When"}}},
+        {"tag", {{"const", {{"$ref", "#/$defs/When"}}}}}}},  // data, kept as it is
       {"required", {"at"}},
       {"$defs", {{"When", {{"type", "string"}}}}}};
   service_.responses =
@@ -1109,6 +1111,9 @@ TEST_F(HttpServerTest, ChatForcedToolCalls) {
   EXPECT_EQ(defs_schema["$defs"], Json({{"tools.1.When", {{"type", "string"}}}}));
   EXPECT_EQ(defs_schema["anyOf"][1]["properties"]["arguments"]["properties"]["at"]["$ref"],
             "#/$defs/tools.1.When");
+  EXPECT_EQ(
+      defs_schema["anyOf"][1]["properties"]["arguments"]["properties"]["tag"]["const"]["$ref"],
+      "#/$defs/When");
   Json twice = required;
   twice["tools"][1]["function"]["name"] = "get_weather";
   ExpectError(Post("/v1/chat/completions", twice), 400, "tools[1].function.name",
