@@ -29,6 +29,9 @@ enum class NodeKind : uint8_t {
   // becomes the object its value names.
   kObjectSwitch,
   kRegex,  // raw text (UTF-8) that the automaton regexes[regex] takes whole (guided_regex)
+  // min_items to max_items (-1: no limit) values of `items`, literals[0] (not empty) between
+  // them: several tool-call blocks.
+  kRepeat,
 };
 
 struct Property {
@@ -47,7 +50,7 @@ struct Node {
   // none declared the object is free-form: any string keys, values of `additional`.
   std::vector<Property> properties;
   int32_t additional = -1;
-  // kArray
+  // kArray, kRepeat
   int32_t items = -1;
   int32_t min_items = 0;
   int32_t max_items = -1;  // -1: no limit
@@ -64,8 +67,9 @@ struct Node {
   int32_t min_length = 0;
   int32_t max_length = -1;  // -1: no limit
   // kString with a pattern: index into Grammar::regexes of the automaton its characters
-  // (unescaped code points) must follow, with the length limits folded in (min_length and
-  // max_length are then 0 and -1). kRegex: the automaton of the whole text.
+  // (unescaped code points) must follow. A minLength is folded into it (with maxLength;
+  // min_length and max_length are then 0 and -1); a maxLength alone stays here. kRegex: the
+  // automaton of the whole text.
   int32_t regex = -1;
   // kLiterals: texts in output form (JSON texts, or raw strings for choices).
   std::vector<std::string> literals;

@@ -21,6 +21,10 @@ enum ObjectPhase : uint8_t {
 };
 enum ArrayPhase : uint8_t { kArrFirst, kArrNext, kArrInValue, kArrAfter };
 enum UntilPhase : uint8_t { kUntilText, kUntilSpace };
+enum RepeatPhase : uint8_t {
+  kRepItem,   // an item's frame is open above
+  kRepAfter,  // after an item: c bytes of the separator matched
+};
 enum StringPhase : uint8_t {
   kStrBody,
   kStrEscape,
@@ -134,10 +138,19 @@ void GrammarMatcher::AppendStateKey(std::string& key, int horizon) const {
     if (f.node >= 0) {
       const Node& node = grammar_->nodes[f.node];
       if (node.kind == NodeKind::kString) {
-        // (c is unused by strings without a pattern; with one it is the automaton's state, and
-        // the lengths are in the automaton.)
-        if (node.regex < 0) f.c = distance(node.max_length, f.a);
-        f.a = distance(node.min_length, f.a);
+        if (node.regex < 0) {
+          f.c = distance(node.max_length, f.a);  // (c is unused by plain strings)
+          f.a = distance(node.min_length, f.a);
+        } else if (node.max_length >= 0) {
+          // A pattern (its automaton's state in c) under maxLength: the room left matters while
+          // a token's characters plus the farthest match could reach the limit.
+          const int32_t reach = horizon + 1 + grammar_->regexes[node.regex].max_distance();
+          f.a = std::clamp(node.max_length - f.a, 0, reach);
+        }
+      } else if (node.kind == NodeKind::kRepeat) {
+        // (c is the separator's progress; b is unused.)
+        f.b = distance(node.max_items, f.a);
+        f.a = distance(node.min_items, f.a);
       } else if (node.kind == NodeKind::kArray) {
         f.c = distance(node.max_items, f.a);
         f.a = distance(node.min_items, f.a);
@@ -225,6 +238,13 @@ bool GrammarMatcher::Push(int32_t node_index, uint8_t byte) {
       if (Push(node.alternatives[0], byte)) return true;
       --size_;
       return false;
+    case NodeKind::kRepeat:
+      // The repeat's frame, then its first item's, which takes the byte.
+      f.phase = kRepItem;
+      frames_[size_++] = f;
+      if (Push(node.items, byte)) return true;
+      --size_;
+      return false;
     case NodeKind::kUnion:
       return false;
   }
@@ -245,8 +265,15 @@ void GrammarMatcher::ChildDone() {
     f.phase = kRootDone;
     return;
   }
-  // A frame below another is an object, an array or a sequence (above).
+  // A frame below another is an object, an array, a repeat or a sequence (above).
   const Node& node = grammar_->nodes[f.node];
+  if (node.kind == NodeKind::kRepeat) {
+    f.phase = kRepAfter;
+    f.c = 0;
+    // The count matters only up to the larger limit; past it, equal states stay equal.
+    if (node.max_items >= 0 || f.a < node.min_items) ++f.a;
+    return;
+  }
   if (node.kind == NodeKind::kObject || node.kind == NodeKind::kObjectSwitch) {
     if (f.phase == kObjKeyFree) {
       f.phase = kObjColon;
@@ -310,6 +337,8 @@ GrammarMatcher::Step GrammarMatcher::FeedFrame(Frame& f, uint8_t byte) {
       return FeedUntil(f, node, byte);
     case NodeKind::kRegex:
       return FeedRegex(f, node, byte);
+    case NodeKind::kRepeat:
+      return FeedRepeat(f, node, byte);
     case NodeKind::kSequence:
       // Between parts (the previous one completed): the next part starts, nothing between.
       return Push(node.alternatives[f.a], byte) ? kConsumed : kReject;
@@ -447,8 +476,12 @@ GrammarMatcher::Step GrammarMatcher::FeedString(Frame& f, const Node& node, uint
   // UTF-8 or from an escape, and every byte of it is taken only if some character it can still
   // become has a transition: no partial character leads nowhere.
   const RegexDfa* pattern = node.regex >= 0 ? &grammar_->regexes[node.regex] : nullptr;
+  // Under a pattern and maxLength, the characters left after this one: a character is taken
+  // only if a match is still that close (-1: no limit).
+  const int32_t budget =
+      pattern != nullptr && node.max_length >= 0 ? node.max_length - f.a - 1 : -1;
   auto possible = [&](uint32_t lo, uint32_t hi) {
-    return pattern == nullptr || pattern->AnyNext(f.c, lo, hi);
+    return pattern == nullptr || pattern->AnyNext(f.c, lo, hi, budget);
   };
   // \uXXXX values in [lo, hi] (some digits still to come): the characters they can give.
   auto possible_escaped = [&](uint32_t lo, uint32_t hi) {
@@ -466,6 +499,7 @@ GrammarMatcher::Step GrammarMatcher::FeedString(Frame& f, const Node& node, uint
     if (pattern != nullptr) {
       const int32_t next = pattern->Next(f.c, code_point);
       if (next == RegexDfa::kNone) return false;
+      if (budget >= 0 && pattern->DistanceToMatch(next) > budget) return false;
       f.c = next;
     }
     if (node.max_length >= 0 || f.a < node.min_length) ++f.a;
@@ -499,17 +533,11 @@ GrammarMatcher::Step GrammarMatcher::FeedString(Frame& f, const Node& node, uint
       return kConsumed;
     }
     case kStrUtf8: {
-      if (!Utf8ContinuationOk(f.lead, byte)) return kReject;
-      f.lead = 0;
-      const uint32_t value = (static_cast<uint32_t>(f.b) << 6) | (byte & 0x3F);
-      f.b = static_cast<int32_t>(value);
-      if (--f.pending > 0) {
-        const auto [lo, hi] = Utf8Range(value, f.pending, 0);
-        return possible(lo, hi) ? kConsumed : kReject;
-      }
+      const int64_t value = TakeContinuation(f, byte, pattern, budget);
+      if (value == kCharRefused) return kReject;
+      if (value == kCharPending) return kConsumed;
       f.phase = kStrBody;
-      f.b = 0;
-      return take_char(value) ? kConsumed : kReject;
+      return take_char(static_cast<uint32_t>(value)) ? kConsumed : kReject;
     }
     case kStrEscape: {
       if (byte == 'u') {
@@ -758,16 +786,10 @@ GrammarMatcher::Step GrammarMatcher::FeedRegex(Frame& f, const Node& node, uint8
   // text ends at the first byte that cannot extend it, if it is a match by then.
   const RegexDfa& dfa = grammar_->regexes[node.regex];
   if (f.pending > 0) {
-    if (!Utf8ContinuationOk(f.lead, byte)) return kReject;
-    f.lead = 0;
-    const uint32_t value = (static_cast<uint32_t>(f.b) << 6) | (byte & 0x3F);
-    f.b = static_cast<int32_t>(value);
-    if (--f.pending > 0) {
-      const auto [lo, hi] = Utf8Range(value, f.pending, 0);
-      return dfa.AnyNext(f.c, lo, hi) ? kConsumed : kReject;
-    }
-    f.b = 0;
-    const int32_t next = dfa.Next(f.c, value);
+    const int64_t value = TakeContinuation(f, byte, &dfa, -1);
+    if (value == kCharRefused) return kReject;
+    if (value == kCharPending) return kConsumed;
+    const int32_t next = dfa.Next(f.c, static_cast<uint32_t>(value));
     if (next == RegexDfa::kNone) return kReject;
     f.c = next;
     return kConsumed;
@@ -787,6 +809,38 @@ GrammarMatcher::Step GrammarMatcher::FeedRegex(Frame& f, const Node& node, uint8
   f.pending = static_cast<uint8_t>(extra);
   f.lead = byte;
   f.b = static_cast<int32_t>(payload);
+  return kConsumed;
+}
+
+int64_t GrammarMatcher::TakeContinuation(Frame& f, uint8_t byte, const RegexDfa* dfa,
+                                         int32_t budget) {
+  if (!Utf8ContinuationOk(f.lead, byte)) return kCharRefused;
+  f.lead = 0;
+  const uint32_t value = (static_cast<uint32_t>(f.b) << 6) | (byte & 0x3F);
+  f.b = static_cast<int32_t>(value);
+  if (--f.pending > 0) {
+    const auto [lo, hi] = Utf8Range(value, f.pending, 0);
+    return dfa == nullptr || dfa->AnyNext(f.c, lo, hi, budget) ? kCharPending : kCharRefused;
+  }
+  f.b = 0;
+  return value;
+}
+
+GrammarMatcher::Step GrammarMatcher::FeedRepeat(Frame& f, const Node& node, uint8_t byte) {
+  if (f.phase != kRepAfter) return kReject;
+  const std::string& separator = node.literals[0];
+  const bool more = node.max_items < 0 || f.a < node.max_items;
+  if (static_cast<size_t>(f.c) < separator.size()) {
+    if (more && static_cast<uint8_t>(separator[f.c]) == byte) {
+      ++f.c;
+      return kConsumed;
+    }
+    // Not another item: the repeat ends here if it has enough, and the byte is the next
+    // frame's.
+    return f.c == 0 && f.a >= node.min_items ? kPopAndRefeed : kReject;
+  }
+  if (!Push(node.items, byte)) return kReject;
+  f.phase = kRepItem;  // (f is the frame below the item's now)
   return kConsumed;
 }
 
@@ -853,6 +907,9 @@ bool GrammarMatcher::ValueCompleteWithoutBytes(const Frame& f) const {
   if (node.kind == NodeKind::kRegex) {
     return f.pending == 0 && grammar_->regexes[node.regex].Accepting(f.c);
   }
+  if (node.kind == NodeKind::kRepeat) {
+    return f.phase == kRepAfter && f.c == 0 && f.a >= node.min_items;
+  }
   return false;
 }
 
@@ -866,15 +923,18 @@ bool GrammarMatcher::InPlainStringBody(int horizon) const {
 
 bool GrammarMatcher::Accepting() const {
   if (size_ == 1) return frames_[0].phase == kRootDone;
-  // A value completes without a byte of its own only as a number or literal that can end here,
-  // directly under the root or as the last part of sequences directly under it.
+  // A value completes without a byte of its own only as a number, literal, regex text or
+  // repeat that can end here, directly under the root or as the last part of sequences (or an
+  // item of a repeat that has enough with it) directly under it.
   if (!ValueCompleteWithoutBytes(frames_[size_ - 1])) return false;
   for (int i = size_ - 2; i >= 1; --i) {
-    const Node& node = grammar_->nodes[frames_[i].node];
-    if (node.kind != NodeKind::kSequence ||
-        static_cast<size_t>(frames_[i].a) + 1 != node.alternatives.size()) {
-      return false;
-    }
+    const Frame& f = frames_[i];
+    const Node& node = grammar_->nodes[f.node];
+    const bool last_part = node.kind == NodeKind::kSequence &&
+                           static_cast<size_t>(f.a) + 1 == node.alternatives.size();
+    const bool enough_items =
+        node.kind == NodeKind::kRepeat && f.phase == kRepItem && f.a + 1 >= node.min_items;
+    if (!last_part && !enough_items) return false;
   }
   return true;
 }

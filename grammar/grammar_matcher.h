@@ -78,6 +78,15 @@ class GrammarMatcher {
   Step FeedLiteral(Frame& f, const Node& node, uint8_t byte);
   Step FeedUntil(Frame& f, const Node& node, uint8_t byte);
   Step FeedRegex(Frame& f, const Node& node, uint8_t byte);
+  Step FeedRepeat(Frame& f, const Node& node, uint8_t byte);
+  // Takes a UTF-8 continuation byte of the character pending in `f` (its bits in b, the bytes
+  // still expected in pending, its lead byte in lead while the first is pending): the whole
+  // character's code point once complete, kCharPending while bytes remain, kCharRefused when
+  // the byte cannot continue it or, under `dfa` (its state in c), no character it can still
+  // become has a transition (to a state at most `budget` characters from a match, if >= 0).
+  static constexpr int64_t kCharPending = -1;
+  static constexpr int64_t kCharRefused = -2;
+  static int64_t TakeContinuation(Frame& f, uint8_t byte, const RegexDfa* dfa, int32_t budget);
   // The top frame's value ends with this byte: popped, and the frame below advances.
   Step CloseTop();
   // After an object's member or an array's item: whitespace, ',' when `more` may follow (then

@@ -196,6 +196,10 @@ void ComputeFirstBytesAndDepths(Grammar& g) {
           depth = 1;
           for (int32_t a : node.alternatives) depth = std::max(depth, g.min_depth[a]);
           break;
+        case NodeKind::kRepeat:
+          set = g.first_bytes[node.items];
+          depth = 1 + g.min_depth[node.items];
+          break;
         case NodeKind::kSequence:
           // Every node consumes at least one byte, so a sequence starts as its first part does.
           if (!node.alternatives.empty()) set = g.first_bytes[node.alternatives[0]];
@@ -562,11 +566,21 @@ class SchemaCompiler {
         regex = FormatPattern(format->get<std::string>());
       }
       if (!regex.empty()) {
-        absl::StatusOr<int32_t> index = AddPattern(regex, str.min_length, str.max_length, at);
+        // A minLength folds into the automaton (with maxLength, if any). A maxLength alone
+        // stays a count that the matcher checks against each state's distance to a match, so
+        // that a long string keeps few distinct states (and its masks cached).
+        const bool fold = str.min_length > 0;
+        absl::StatusOr<int32_t> index =
+            AddPattern(regex, fold ? str.min_length : 0, fold ? str.max_length : -1, at);
         if (!index.ok()) return index.status();
         str.regex = *index;
-        str.min_length = 0;
-        str.max_length = -1;
+        if (fold) {
+          str.min_length = 0;
+          str.max_length = -1;
+        } else if (str.max_length >= 0 &&
+                   grammar_.regexes[*index].DistanceToMatch(0) > str.max_length) {
+          return Error(at, "no text within minLength / maxLength matches the pattern");
+        }
       }
       return Add(std::move(str));
     }
@@ -790,14 +804,30 @@ absl::Status WrapRoot(Grammar& g, int32_t before, int32_t after = -1) {
 }  // namespace
 
 absl::StatusOr<Grammar> TaggedJsonGrammar(const std::string& begin, std::string_view schema,
-                                          const std::string& end) {
+                                          const std::string& end, int32_t max_blocks,
+                                          const std::string& separator) {
   if (begin.empty() || end.empty()) {
     return absl::InvalidArgumentError("the texts around a tagged value must not be empty");
+  }
+  if (max_blocks == 0 || max_blocks < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_blocks must be -1 (no limit) or at least 1, got ", max_blocks));
+  }
+  if (max_blocks != 1 && separator.empty()) {
+    return absl::InvalidArgumentError("several tagged values need a separator");
   }
   absl::StatusOr<Grammar> g = CompileJsonSchemaText(schema);
   if (!g.ok()) return g.status();
   const int32_t open = AddNode(*g, LiteralsNode({begin}));
   if (absl::Status s = WrapRoot(*g, open, AddNode(*g, LiteralsNode({end}))); !s.ok()) return s;
+  if (max_blocks == 1) return g;
+  Node repeat(NodeKind::kRepeat);
+  repeat.items = g->root;
+  repeat.min_items = 1;
+  repeat.max_items = max_blocks;
+  repeat.literals = {separator};
+  g->root = AddNode(*g, std::move(repeat));
+  if (absl::Status s = FinishGrammar(*g); !s.ok()) return s;
   return g;
 }
 

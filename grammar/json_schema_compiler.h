@@ -45,10 +45,12 @@ absl::StatusOr<Grammar> RegexGrammar(std::string_view pattern);
 absl::Status AddReasoningBlock(Grammar& g, const std::string& end);
 
 // `begin`, a value of the schema, then `end`, as raw text around the value (a tool call:
-// "<tool_call>\n", the call's JSON, "\n</tool_call>"). InvalidArgument when either text is
-// empty or the schema does not compile.
+// "<tool_call>\n", the call's JSON, "\n</tool_call>"); with `max_blocks` other than 1, one to
+// that many such blocks (-1: no limit) with `separator` between them (parallel tool calls).
+// InvalidArgument when a text is empty or the schema does not compile.
 absl::StatusOr<Grammar> TaggedJsonGrammar(const std::string& begin, std::string_view schema,
-                                          const std::string& end);
+                                          const std::string& end, int32_t max_blocks = 1,
+                                          const std::string& separator = "");
 
 }  // namespace mobius::grammar
 

@@ -781,12 +781,13 @@ int32_t RegexDfa::Next(int32_t state, uint32_t code_point) const {
   return next_[static_cast<size_t>(state) * classes_ + interval_class_[IntervalOf(code_point)]];
 }
 
-bool RegexDfa::AnyNext(int32_t state, uint32_t lo, uint32_t hi) const {
+bool RegexDfa::AnyNext(int32_t state, uint32_t lo, uint32_t hi, int32_t budget) const {
   hi = std::min(hi, kMaxCodePoint);
   if (lo > hi) return false;
   const int32_t* row = &next_[static_cast<size_t>(state) * classes_];
   for (size_t k = IntervalOf(lo); k < interval_starts_.size() && interval_starts_[k] <= hi; ++k) {
-    if (row[interval_class_[k]] != kNone) return true;
+    const int32_t t = row[interval_class_[k]];
+    if (t != kNone && (budget < 0 || distance_[t] <= budget)) return true;
   }
   return false;
 }
@@ -844,6 +845,33 @@ bool RegexDfa::Prune() {
   }
   next_ = std::move(next);
   accepting_ = std::move(accepting);
+  // The fewest characters from each state to a match: backwards from the accepting states.
+  const size_t kept = accepting_.size();
+  std::vector<std::vector<int32_t>> sources(kept);
+  for (size_t s = 0; s < kept; ++s) {
+    for (size_t c = 0; c < classes; ++c) {
+      const int32_t t = next_[s * classes + c];
+      if (t != kNone) sources[t].push_back(static_cast<int32_t>(s));
+    }
+  }
+  distance_.assign(kept, -1);
+  std::vector<int32_t> queue;
+  for (size_t s = 0; s < kept; ++s) {
+    if (accepting_[s]) {
+      distance_[s] = 0;
+      queue.push_back(static_cast<int32_t>(s));
+    }
+  }
+  for (size_t i = 0; i < queue.size(); ++i) {
+    for (int32_t p : sources[queue[i]]) {
+      if (distance_[p] < 0) {
+        distance_[p] = distance_[queue[i]] + 1;
+        queue.push_back(p);
+      }
+    }
+  }
+  max_distance_ = 0;
+  for (int32_t d : distance_) max_distance_ = std::max(max_distance_, d);
   return true;
 }
 

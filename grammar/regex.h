@@ -29,8 +29,12 @@ class RegexDfa {
   [[nodiscard]] int32_t start() const { return 0; }
   // The state after `code_point`, or kNone when no match continues with it.
   [[nodiscard]] int32_t Next(int32_t state, uint32_t code_point) const;
-  // Whether some code point in [lo, hi] continues a match from `state`.
-  [[nodiscard]] bool AnyNext(int32_t state, uint32_t lo, uint32_t hi) const;
+  // Whether some code point in [lo, hi] continues a match from `state`; with `budget` >= 0, to a
+  // state from which a match is at most `budget` characters away.
+  [[nodiscard]] bool AnyNext(int32_t state, uint32_t lo, uint32_t hi, int32_t budget = -1) const;
+  // The fewest characters from `state` to a match, and the most that takes from any state.
+  [[nodiscard]] int32_t DistanceToMatch(int32_t state) const { return distance_[state]; }
+  [[nodiscard]] int32_t max_distance() const { return max_distance_; }
   // Whether the text up to `state` is a match.
   [[nodiscard]] bool Accepting(int32_t state) const { return accepting_[state] != 0; }
   [[nodiscard]] size_t num_states() const { return accepting_.size(); }
@@ -57,6 +61,8 @@ class RegexDfa {
   size_t classes_ = 0;
   std::vector<int32_t> next_;  // [state * classes_ + class]
   std::vector<uint8_t> accepting_;
+  std::vector<int32_t> distance_;  // per state: DistanceToMatch
+  int32_t max_distance_ = 0;
 };
 
 // How a pattern relates to the text: the whole text matches it (kWhole), or JSON Schema's

@@ -26,7 +26,8 @@ std::string StructuredOutputSpec::Key() const {
       return absl::StrCat("regex:", regex);
     case Kind::kTaggedJson:
       // Length-prefixed, so that no two triples share a key.
-      return absl::StrCat("tagged:", begin.size(), ":", begin, end.size(), ":", end, json_schema);
+      return absl::StrCat("tagged:", max_blocks, ":", separator.size(), ":", separator,
+                          begin.size(), ":", begin, end.size(), ":", end, json_schema);
     case Kind::kChoice: {
       // Length-prefixed, so that no two lists share a key.
       std::string key = "choice";
@@ -54,7 +55,8 @@ absl::StatusOr<Grammar> CompileStructuredOutput(const StructuredOutputSpec& spec
     case StructuredOutputSpec::Kind::kChoice:
       return ChoiceGrammar(spec.choices);
     case StructuredOutputSpec::Kind::kTaggedJson:
-      return TaggedJsonGrammar(spec.begin, spec.json_schema, spec.end);
+      return TaggedJsonGrammar(spec.begin, spec.json_schema, spec.end, spec.max_blocks,
+                               spec.separator);
     case StructuredOutputSpec::Kind::kRegex:
       return RegexGrammar(spec.regex);
     case StructuredOutputSpec::Kind::kNone:

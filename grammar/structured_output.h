@@ -28,6 +28,8 @@ struct StructuredOutputSpec {
   std::vector<std::string> choices;  // kChoice
   std::string regex;                 // kRegex: the pattern the whole output matches
   std::string begin, end;            // kTaggedJson: raw text around the value
+  int32_t max_blocks = 1;            // kTaggedJson: blocks (-1: no limit), `separator` between
+  std::string separator;
   // Non-empty: free text up to and including this marker (and whitespace) comes first, the form
   // after it (a reasoning model's "<think>...</think>").
   std::string reasoning_end;

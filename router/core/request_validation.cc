@@ -182,8 +182,10 @@ absl::Status ValidateSamplingParams(const v1::SamplingParams& p, const v1::Model
     if (so.has_json_schema()) {
       compiled = grammar::CompileJsonSchemaText(so.json_schema());
     } else if (so.has_tagged_json()) {
-      compiled = grammar::TaggedJsonGrammar(so.tagged_json().begin(),
-                                            so.tagged_json().json_schema(), so.tagged_json().end());
+      const v1::TaggedJson& t = so.tagged_json();
+      compiled =
+          grammar::TaggedJsonGrammar(t.begin(), t.json_schema(), t.end(),
+                                     t.max_blocks() == 0 ? 1 : t.max_blocks(), t.separator());
     } else if (so.has_regex()) {
       compiled = grammar::RegexGrammar(so.regex());
     } else if (so.has_choice()) {

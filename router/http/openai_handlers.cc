@@ -249,7 +249,8 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
   int n = 1;
   bool stream = false;
   std::optional<std::string> forced_tool;  // chat's tool_choice "required" or a named function
-  bool reasoning_first = false;            // chat of a reasoning model with thinking on
+  bool parallel_tool_calls = true;
+  bool reasoning_first = false;  // chat of a reasoning model with thinking on
   if (endpoint == Endpoint::kCompletions) {
     absl::StatusOr<CompletionParams> params = ParseCompletionRequest(*body, context.model);
     if (!params.ok()) return fail(params.status());
@@ -278,6 +279,7 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
       tools = *std::move(definitions);
       context.parse_tool_calls = true;
       if (!params->parallel_tool_calls) context.max_tool_calls = 1;
+      parallel_tool_calls = params->parallel_tool_calls;
       forced_tool = params->forced_tool;
     }
     absl::StatusOr<std::string> prompt =
@@ -303,7 +305,8 @@ absl::Status OpenAiApi::Generate(const HttpRequest& request, Endpoint endpoint,
   }
 
   if (forced_tool.has_value()) {
-    absl::StatusOr<v1::StructuredOutput> form = ForcedToolCallForm(request.body(), *forced_tool);
+    absl::StatusOr<v1::StructuredOutput> form =
+        ForcedToolCallForm(request.body(), *forced_tool, parallel_tool_calls);
     if (!form.ok()) return fail(form.status());
     for (v1::GenerateRequest& p : prompts) {
       *p.mutable_sampling_params()->mutable_structured_output() = *form;

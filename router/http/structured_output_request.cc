@@ -298,7 +298,8 @@ absl::StatusOr<Ordered> CallSchema(const Ordered& function, const std::string& f
 }  // namespace
 
 absl::StatusOr<v1::StructuredOutput> ForcedToolCallForm(absl::string_view body,
-                                                        const std::string& function) {
+                                                        const std::string& function,
+                                                        bool parallel) {
   absl::StatusOr<Ordered> ordered = ParseOrderedJson(body, {.max_depth = 64});
   if (!ordered.ok()) return ordered.status();
   const Ordered& tools = (*ordered)["tools"];
@@ -346,8 +347,15 @@ absl::StatusOr<v1::StructuredOutput> ForcedToolCallForm(absl::string_view body,
   tagged->set_begin("<tool_call>\n");
   tagged->set_json_schema(schema.dump());
   tagged->set_end("\n</tool_call>");
-  absl::StatusOr<grammar::Grammar> g =
-      grammar::TaggedJsonGrammar(tagged->begin(), tagged->json_schema(), tagged->end());
+  // "required" with parallel calls: one block or more, each on its own line, as the template
+  // writes several calls. A named function is called once.
+  if (function.empty() && parallel) {
+    tagged->set_max_blocks(-1);
+    tagged->set_separator("\n");
+  }
+  absl::StatusOr<grammar::Grammar> g = grammar::TaggedJsonGrammar(
+      tagged->begin(), tagged->json_schema(), tagged->end(),
+      tagged->max_blocks() == 0 ? 1 : tagged->max_blocks(), tagged->separator());
   if (!g.ok()) {
     return FieldError(
         "tools", absl::StrCat("tools cannot be enforced for tool_choice: ", g.status().message()));

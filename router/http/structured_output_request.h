@@ -31,9 +31,10 @@ absl::StatusOr<std::string> OrderedSchemaText(absl::string_view body);
 // call format, "<tool_call>\n" {"name": ..., "arguments": ...} "\n</tool_call>", the arguments
 // held to the named function's `parameters` (with "required" and several tools, an anyOf of one
 // call per tool, told apart by the name). A `parameters` schema outside the supported subset is
-// refused, naming the tool; so are repeated tool names under "required".
+// refused, naming the tool; so are repeated tool names under "required". With `parallel`
+// (parallel_tool_calls, the default), "required" takes one or more blocks, a line apart.
 absl::StatusOr<v1::StructuredOutput> ForcedToolCallForm(absl::string_view body,
-                                                        const std::string& function);
+                                                        const std::string& function, bool parallel);
 
 }  // namespace mobius::router::openai
 

@@ -258,6 +258,23 @@ TEST(GrammarMatcherTest, StringsFollowTheirPattern) {
   EXPECT_TRUE(Matches(inside, R"("abc")"));
   EXPECT_FALSE(Matches(inside, R"("xxab")"));
 
+  // A maxLength alone is a count beside the automaton: far from the limit, states of a long
+  // string share their cache key; near it a character is taken only if a match still fits.
+  const Grammar word = Schema(R"({"type": "string", "pattern": "^[a-z]+!$", "maxLength": 40})");
+  GrammarMatcher early(word), later(word), near(word);
+  ASSERT_TRUE(early.FeedBytes(R"("abc)"));
+  ASSERT_TRUE(later.FeedBytes(R"("abcdefghij)"));
+  std::string early_key, later_key;
+  early.AppendStateKey(early_key, 8);
+  later.AppendStateKey(later_key, 8);
+  EXPECT_EQ(early_key, later_key);
+  const std::string full = "\"" + std::string(39, 'a');
+  ASSERT_TRUE(near.FeedBytes(full));
+  EXPECT_FALSE(Prefix(word, full + "a"));  // the '!' would not fit
+  EXPECT_TRUE(Matches(word, full + "!\""));
+  EXPECT_FALSE(
+      CompileJsonSchemaText(R"({"type": "string", "pattern": "^a{5}$", "maxLength": 4})").ok());
+
   // Lengths and pattern together: "ab" pairs, 4 to 6 characters.
   const Grammar pairs =
       Schema(R"({"type": "string", "pattern": "^(ab)+$", "minLength": 3, "maxLength": 6})");
@@ -421,6 +438,35 @@ TEST(GrammarMatcherTest, TaggedJsonIsTextValueText) {
   EXPECT_TRUE(Matches(*n, "<12>"));
   EXPECT_FALSE(Matches(*n, "<12"));
   EXPECT_FALSE(TaggedJsonGrammar("", "{}", ">").ok());
+}
+
+// Parallel tool calls: one block or more (up to max_blocks), the separator between them; the
+// output may end after any whole block.
+TEST(GrammarMatcherTest, TaggedBlocksRepeat) {
+  absl::StatusOr<Grammar> any = TaggedJsonGrammar("<", R"({"type": "integer"})", ">", -1, "\n");
+  ASSERT_TRUE(any.ok()) << any.status();
+  EXPECT_TRUE(Matches(*any, "<1>"));
+  EXPECT_TRUE(Matches(*any, "<1>\n<22>\n<3>"));
+  EXPECT_FALSE(Matches(*any, "<1>\n"));
+  EXPECT_FALSE(Prefix(*any, "<1><2>"));
+  EXPECT_FALSE(Prefix(*any, "<1>\n\n"));
+  GrammarMatcher m(*any);
+  ASSERT_TRUE(m.FeedBytes("<1>"));
+  EXPECT_TRUE(m.Accepting());
+  EXPECT_FALSE(m.Finished());  // another block may follow
+  absl::StatusOr<Grammar> two = TaggedJsonGrammar("<", R"({"type": "integer"})", ">", 2, "\n");
+  ASSERT_TRUE(two.ok());
+  EXPECT_TRUE(Matches(*two, "<1>\n<2>"));
+  EXPECT_FALSE(Prefix(*two, "<1>\n<2>\n"));
+  GrammarMatcher full(*two);
+  ASSERT_TRUE(full.FeedBytes("<1>\n<2>"));
+  EXPECT_TRUE(full.Finished());
+  // Behind a reasoning block too.
+  Grammar reasoned = *any;
+  ASSERT_TRUE(AddReasoningBlock(reasoned, "</think>").ok());
+  EXPECT_TRUE(Matches(reasoned, "hm</think>\n\n<4>\n<5>"));
+  EXPECT_FALSE(TaggedJsonGrammar("<", "{}", ">", 0, "\n").ok());
+  EXPECT_FALSE(TaggedJsonGrammar("<", "{}", ">", 3, "").ok());
 }
 
 TEST(GrammarMatcherTest, AReasoningBlockComesFirst) {

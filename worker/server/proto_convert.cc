@@ -51,6 +51,9 @@ SamplingParams FromProto(const v1::SamplingParams& p) {
       s.structured_output.begin = so.tagged_json().begin();
       s.structured_output.json_schema = so.tagged_json().json_schema();
       s.structured_output.end = so.tagged_json().end();
+      s.structured_output.max_blocks =
+          so.tagged_json().max_blocks() == 0 ? 1 : so.tagged_json().max_blocks();
+      s.structured_output.separator = so.tagged_json().separator();
       break;
     case v1::StructuredOutput::KIND_NOT_SET:
       break;

@@ -1076,6 +1076,9 @@ TEST_F(HttpServerTest, ChatForcedToolCalls) {
   ASSERT_EQ(any.status, 200u) << any.body;
   const v1::StructuredOutput any_form =
       service_.requests().back().sampling_params().structured_output();
+  // parallel_tool_calls (the default): one call or more, a line apart.
+  EXPECT_EQ(any_form.tagged_json().max_blocks(), -1);
+  EXPECT_EQ(any_form.tagged_json().separator(), "\n");
   EXPECT_EQ(any_form.tagged_json().json_schema(),
             R"({"anyOf":[{"type":"object","required":["name","arguments"],"properties":{"name":)"
             R"({"const":"get_weather"},"arguments":{"properties":{"city":{"type":"string"}},)"
@@ -1094,6 +1097,14 @@ TEST_F(HttpServerTest, ChatForcedToolCalls) {
     EXPECT_FALSE(
         crossed.FeedBytes("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"zone\""));
   }
+  Json single = required;
+  single["parallel_tool_calls"] = false;
+  service_.responses =
+      InPieces("<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>");
+  ASSERT_EQ(Post("/v1/chat/completions", single).status, 200u);
+  EXPECT_EQ(
+      service_.requests().back().sampling_params().structured_output().tagged_json().max_blocks(),
+      0);
   // Each tool's definitions keep their references, under a prefix of their own.
   Json with_defs = required;
   with_defs["tools"][1]["function"]["parameters"] = {
