@@ -67,8 +67,8 @@ struct Node {
   int32_t min_length = 0;
   int32_t max_length = -1;  // -1: no limit
   // kString with a pattern: index into Grammar::regexes of the automaton its characters
-  // (unescaped code points) must follow. A minLength is folded into it (with maxLength;
-  // min_length and max_length are then 0 and -1); a maxLength alone stays here. kRegex: the
+  // (unescaped code points) must follow. A minLength is folded into it (min_length is then 0);
+  // max_length stays here, checked against the automaton's distances to a match. kRegex: the
   // automaton of the whole text.
   int32_t regex = -1;
   // kLiterals: texts in output form (JSON texts, or raw strings for choices).

@@ -839,9 +839,20 @@ GrammarMatcher::Step GrammarMatcher::FeedRepeat(Frame& f, const Node& node, uint
     // frame's.
     return f.c == 0 && f.a >= node.min_items ? kPopAndRefeed : kReject;
   }
-  if (!Push(node.items, byte)) return kReject;
+  if (!Push(node.items, byte)) {
+    return f.a >= node.min_items && TrailingSeparator(f, node) ? kPopAndRefeed : kReject;
+  }
   f.phase = kRepItem;  // (f is the frame below the item's now)
   return kConsumed;
+}
+
+bool GrammarMatcher::TrailingSeparator(const Frame& f, const Node& node) {
+  const std::string& separator = node.literals[0];
+  if (static_cast<size_t>(f.c) != separator.size()) return false;
+  for (char c : separator) {
+    if (!IsWhitespace(static_cast<uint8_t>(c))) return false;
+  }
+  return true;
 }
 
 GrammarMatcher::Step GrammarMatcher::FeedUntil(Frame& f, const Node& node, uint8_t byte) {
@@ -908,7 +919,8 @@ bool GrammarMatcher::ValueCompleteWithoutBytes(const Frame& f) const {
     return f.pending == 0 && grammar_->regexes[node.regex].Accepting(f.c);
   }
   if (node.kind == NodeKind::kRepeat) {
-    return f.phase == kRepAfter && f.c == 0 && f.a >= node.min_items;
+    return f.phase == kRepAfter && f.a >= node.min_items &&
+           (f.c == 0 || TrailingSeparator(f, node));
   }
   return false;
 }

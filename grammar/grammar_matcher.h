@@ -79,6 +79,10 @@ class GrammarMatcher {
   Step FeedUntil(Frame& f, const Node& node, uint8_t byte);
   Step FeedRegex(Frame& f, const Node& node, uint8_t byte);
   Step FeedRepeat(Frame& f, const Node& node, uint8_t byte);
+  // Whether a repeat's frame has just taken a whole separator of white space: the output may
+  // end there too (a model that writes a newline after its last tool call, then stops, is not
+  // forced into another call).
+  static bool TrailingSeparator(const Frame& f, const Node& node);
   // Takes a UTF-8 continuation byte of the character pending in `f` (its bits in b, the bytes
   // still expected in pending, its lead byte in lead while the first is pending): the whole
   // character's code point once complete, kCharPending while bytes remain, kCharRefused when

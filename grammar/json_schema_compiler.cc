@@ -566,19 +566,14 @@ class SchemaCompiler {
         regex = FormatPattern(format->get<std::string>());
       }
       if (!regex.empty()) {
-        // A minLength folds into the automaton (with maxLength, if any). A maxLength alone
-        // stays a count that the matcher checks against each state's distance to a match, so
-        // that a long string keeps few distinct states (and its masks cached).
-        const bool fold = str.min_length > 0;
-        absl::StatusOr<int32_t> index =
-            AddPattern(regex, fold ? str.min_length : 0, fold ? str.max_length : -1, at);
+        // A minLength folds into the automaton. A maxLength stays a count that the matcher
+        // checks against each state's distance to a match, so that a long string keeps few
+        // distinct states (and its masks cached).
+        absl::StatusOr<int32_t> index = AddPattern(regex, str.min_length, -1, at);
         if (!index.ok()) return index.status();
         str.regex = *index;
-        if (fold) {
-          str.min_length = 0;
-          str.max_length = -1;
-        } else if (str.max_length >= 0 &&
-                   grammar_.regexes[*index].DistanceToMatch(0) > str.max_length) {
+        str.min_length = 0;
+        if (str.max_length >= 0 && grammar_.regexes[*index].DistanceToMatch(0) > str.max_length) {
           return Error(at, "no text within minLength / maxLength matches the pattern");
         }
       }

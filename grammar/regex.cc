@@ -105,7 +105,11 @@ RangeSet UnicodeSet(const char* class_body) {
   absl::StatusOr<std::unique_ptr<tokenizer::Regex>> regex =
       tokenizer::Regex::Compile(absl::StrCat("[", class_body, "]+"));
   std::vector<std::pair<size_t, size_t>> matches;
-  if (!regex.ok() || !(*regex)->FindAll(subject, matches).ok()) return out;  // (not reached)
+  if (!regex.ok() || !(*regex)->FindAll(subject, matches).ok()) {
+    // Fails closed (not expected: the class bodies are fixed): every non-ASCII character is a
+    // member, so a complement keeps ASCII alone.
+    return {{0x80, kMaxCodePoint}};
+  }
   for (const auto& [begin, end] : matches) {
     size_t last = end - 1;
     while ((static_cast<uint8_t>(subject[last]) & 0xC0) == 0x80) --last;
@@ -134,7 +138,8 @@ const RangeSet& WordChars() {
 }
 const RangeSet& NotWordChars() {
   static const RangeSet k = Complement(Normalize([] {
-    RangeSet word = UnicodeSet("\\p{L}\\p{N}\\p{M}\\p{Pc}");
+    // (Alphabetic: Rust's \w holds symbols such as U+24B6 that are in no letter category.)
+    RangeSet word = UnicodeSet("\\p{L}\\p{N}\\p{M}\\p{Pc}\\p{Alphabetic}");
     word.push_back({0x200C, 0x200D});  // Join_Control: Rust's \w holds it
     return word;
   }()));
@@ -888,7 +893,7 @@ absl::StatusOr<RegexDfa> RegexDfa::WithLength(int32_t min_length, int32_t max_le
   std::vector<std::pair<int32_t, int32_t>> order = {{0, 0}};
   ids[{0, 0}] = 0;
   for (size_t i = 0; i < order.size(); ++i) {
-    if (order.size() > kMaxLengthProductStates) {
+    if (order.size() > kMaxLengthProductStates || order.size() * classes > kMaxTableEntries) {
       return absl::InvalidArgumentError("too complex together with minLength / maxLength");
     }
     const auto [state, count] = order[i];

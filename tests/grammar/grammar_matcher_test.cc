@@ -447,7 +447,7 @@ TEST(GrammarMatcherTest, TaggedBlocksRepeat) {
   ASSERT_TRUE(any.ok()) << any.status();
   EXPECT_TRUE(Matches(*any, "<1>"));
   EXPECT_TRUE(Matches(*any, "<1>\n<22>\n<3>"));
-  EXPECT_FALSE(Matches(*any, "<1>\n"));
+  EXPECT_TRUE(Matches(*any, "<1>\n"));  // a white-space separator may trail the last block
   EXPECT_FALSE(Prefix(*any, "<1><2>"));
   EXPECT_FALSE(Prefix(*any, "<1>\n\n"));
   GrammarMatcher m(*any);

@@ -77,6 +77,60 @@ TEST(RegexTest, AgreesWithStdRegexOnRandomTexts) {
   }
 }
 
+// A random expression over {a, b, c} of literals, '.', classes, groups, alternation and
+// quantifiers, at most `depth` levels deep.
+std::string RandomPattern(std::mt19937& rng, int depth) {
+  const int kind = static_cast<int>(rng() % (depth > 0 ? 9 : 4));
+  const char* atoms[] = {"a", "b", ".", "[ab]", "[^a]", "c", "\\w", "[a-c]"};
+  switch (kind) {
+    case 0:
+    case 1:
+    case 2:
+    case 3:
+      return atoms[rng() % 8];
+    case 4:
+    case 5: {  // a sequence
+      std::string out;
+      for (int i = 0, n = 2 + static_cast<int>(rng() % 2); i < n; ++i) {
+        out += RandomPattern(rng, depth - 1);
+      }
+      return out;
+    }
+    case 6:  // an alternation in a group
+      return "(" + RandomPattern(rng, depth - 1) + "|" + RandomPattern(rng, depth - 1) + ")";
+    default: {  // a quantified group
+      const char* quantifiers[] = {"*", "+", "?", "{2}", "{0,2}", "{1,}", "*?", "{1,3}"};
+      return "(?:" + RandomPattern(rng, depth - 1) + ")" + quantifiers[rng() % 8];
+    }
+  }
+}
+
+// Random expressions against std::regex on random texts: the automaton's construction (nested
+// repetition, alternation, classes, the search wrapper) agrees with a backtracking engine.
+TEST(RegexTest, RandomPatternsAgreeWithStdRegex) {
+  std::mt19937 rng(17);
+  const std::string alphabet = "abc\n";
+  for (int p = 0; p < 150; ++p) {
+    const std::string pattern = RandomPattern(rng, 3);
+    for (RegexMode mode : {RegexMode::kWhole, RegexMode::kSearch}) {
+      absl::StatusOr<RegexDfa> dfa = CompileRegex(pattern, mode);
+      ASSERT_TRUE(dfa.ok()) << pattern << ": " << dfa.status();
+      const std::regex reference(pattern, std::regex::ECMAScript);
+      for (int i = 0; i < 60; ++i) {
+        std::string text;
+        for (int k = 0, n = static_cast<int>(rng() % 7); k < n; ++k) {
+          text += alphabet[rng() % alphabet.size()];
+        }
+        const bool expected = mode == RegexMode::kWhole ? std::regex_match(text, reference)
+                                                        : std::regex_search(text, reference);
+        ASSERT_EQ(Takes(*dfa, Wide(text)), expected)
+            << "pattern " << pattern << (mode == RegexMode::kWhole ? " whole" : " search")
+            << " text \"" << text << "\"";
+      }
+    }
+  }
+}
+
 TEST(RegexTest, CodePointsBeyondAscii) {
   absl::StatusOr<RegexDfa> dfa = CompileRegex("[\xc3\xa9-\xc3\xbf]+\\u4e2d.", RegexMode::kWhole);
   ASSERT_TRUE(dfa.ok()) << dfa.status();
@@ -106,6 +160,7 @@ TEST(RegexTest, NegatedClassesAgreeWithEveryReading) {
   EXPECT_FALSE(Takes(*w, U"\u00e9"));  // a letter to Python and Rust
   EXPECT_FALSE(Takes(*w, U"\u0301"));  // a combining mark
   EXPECT_TRUE(Takes(*w, U"\u00bf"));
+  EXPECT_FALSE(Takes(*w, U"\u24b6"));  // CIRCLED LATIN CAPITAL A: Alphabetic to Rust
   EXPECT_TRUE(Takes(*d, U"a"));
   EXPECT_FALSE(Takes(*d, U"\u0663"));  // ARABIC-INDIC DIGIT THREE
   EXPECT_TRUE(Takes(*d, U"\u00e9"));
