@@ -219,15 +219,26 @@ TEST(SamplerTest, LogitPenaltiesFormula) {
   std::vector<float> logits = {2.0f, -2.0f, 1.0f, 0.5f};
   const std::vector<int32_t> tokens = {0, 1, 3, 9};  // 9 is outside the row: ignored
   const std::vector<int32_t> counts = {0, 3, 1, 4};
-  kernels::LogitPenalties p{1.25f, 0.5f, 0.25f, tokens, counts};
+  // (Fields assigned one by one: an aggregate initializer that leaves the rest default warns.)
+  kernels::LogitPenalties p;
+  p.repetition = 1.25f;
+  p.frequency = 0.5f;
+  p.presence = 0.25f;
+  p.tokens = tokens;
+  p.counts = counts;
   ASSERT_TRUE(p.Active());
   kernels::ApplyLogitPenalties(logits, p);
   EXPECT_FLOAT_EQ(logits[0], 2.0f / 1.25f);
   EXPECT_FLOAT_EQ(logits[1], -2.0f * 1.25f - (0.5f * 3 + 0.25f));
   EXPECT_FLOAT_EQ(logits[2], 1.0f);
   EXPECT_FLOAT_EQ(logits[3], 0.5f / 1.25f - (0.5f + 0.25f));
-  EXPECT_FALSE((kernels::LogitPenalties{1.0f, 0.0f, 0.0f, tokens, counts}.Active()));
-  EXPECT_FALSE((kernels::LogitPenalties{1.5f, 0.0f, 0.0f, {}, {}}.Active()));
+  kernels::LogitPenalties neutral;  // counts, but no penalty
+  neutral.tokens = tokens;
+  neutral.counts = counts;
+  EXPECT_FALSE(neutral.Active());
+  kernels::LogitPenalties no_tokens;  // a penalty, but no counts
+  no_tokens.repetition = 1.5f;
+  EXPECT_FALSE(no_tokens.Active());
 }
 
 TEST(SamplerTest, LogprobsAreNormalisedAndSorted) {
