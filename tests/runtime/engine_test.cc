@@ -420,7 +420,9 @@ void ExpectReferenceScores(const testing::ModelReference& ref, size_t p, int voc
     ASSERT_EQ(s.top.size(), static_cast<size_t>(top_n));
     for (size_t j = 0; j < s.top.size(); ++j) {
       EXPECT_NEAR(s.top[j].logprob, expected[s.top[j].token], tol) << "top " << j;
-      if (j > 0) EXPECT_LE(s.top[j].logprob, s.top[j - 1].logprob);
+      if (j > 0) {
+        EXPECT_LE(s.top[j].logprob, s.top[j - 1].logprob);
+      }
     }
     if (top_n == 0) continue;
     std::vector<double> sorted = expected;
