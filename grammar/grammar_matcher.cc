@@ -477,7 +477,8 @@ GrammarMatcher::Step GrammarMatcher::FeedString(Frame& f, const Node& node, uint
   // become has a transition: no partial character leads nowhere.
   const RegexDfa* pattern = node.regex >= 0 ? &grammar_->regexes[node.regex] : nullptr;
   // Under a pattern and maxLength, the characters left after this one: a character is taken
-  // only if a match is still that close (-1: no limit).
+  // only if a match is still that close (-1: no limit; at the limit itself, where the formula
+  // also gives -1, `room` below refuses every byte but the closing quote first).
   const int32_t budget =
       pattern != nullptr && node.max_length >= 0 ? node.max_length - f.a - 1 : -1;
   auto possible = [&](uint32_t lo, uint32_t hi) {

@@ -219,27 +219,34 @@ namespace {
 using Ordered = nlohmann::ordered_json;
 
 // Points the local references of `schema` ("#/$defs/X", "#/definitions/X", at any depth) at
-// `prefix` + X, where the definitions of several functions meet under distinct names.
-void PrefixLocalRefs(Ordered& schema, const std::string& prefix) {
+// `prefix` + X, where the definitions of several functions meet under distinct names. `names`:
+// `schema` is a map from names to schemas (properties, $defs), whose keys are not keywords.
+void PrefixLocalRefs(Ordered& schema, const std::string& prefix, bool names = false) {
   if (schema.is_array()) {
     for (Ordered& item : schema) PrefixLocalRefs(item, prefix);
     return;
   }
   if (!schema.is_object()) return;
   for (auto& [key, value] : schema.items()) {
-    // Values, not schemas: a "$ref" inside them is data.
-    if (key == "const" || key == "enum" || key == "default" || key == "examples") continue;
-    if (key != "$ref" || !value.is_string()) {
+    if (names) {
       PrefixLocalRefs(value, prefix);
       continue;
     }
-    const std::string ref = value.get<std::string>();
-    for (const absl::string_view section : {"#/$defs/", "#/definitions/"}) {
-      if (absl::StartsWith(ref, section)) {
-        value = absl::StrCat(section, prefix, absl::string_view(ref).substr(section.size()));
-        break;
+    // Values, not schemas: a "$ref" inside them is data.
+    if (key == "const" || key == "enum" || key == "default" || key == "examples") continue;
+    if (key == "$ref" && value.is_string()) {
+      const std::string ref = value.get<std::string>();
+      for (const absl::string_view section : {"#/$defs/", "#/definitions/"}) {
+        if (absl::StartsWith(ref, section)) {
+          value = absl::StrCat(section, prefix, absl::string_view(ref).substr(section.size()));
+          break;
+        }
       }
+      continue;
     }
+    PrefixLocalRefs(value, prefix,
+                    key == "properties" || key == "$defs" || key == "definitions" ||
+                        key == "patternProperties" || key == "dependentSchemas");
   }
 }
 

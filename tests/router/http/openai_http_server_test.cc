@@ -1111,7 +1111,8 @@ TEST_F(HttpServerTest, ChatForcedToolCalls) {
       {"type", "object"},
       {"properties",
        {{"at", {{"$ref", "#/$defs/When"}}},
-        {"tag", {{"const", {{"$ref", "#/$defs/When"}}}}}}},  // data, kept as it is
+        {"tag", {{"const", {{"$ref", "#/$defs/When"}}}}},  // data, kept as it is
+        {"default", {{"$ref", "#/$defs/When"}}}}},         // a property named like a keyword
       {"required", {"at"}},
       {"$defs", {{"When", {{"type", "string"}}}}}};
   service_.responses =
@@ -1125,6 +1126,8 @@ TEST_F(HttpServerTest, ChatForcedToolCalls) {
   EXPECT_EQ(
       defs_schema["anyOf"][1]["properties"]["arguments"]["properties"]["tag"]["const"]["$ref"],
       "#/$defs/When");
+  EXPECT_EQ(defs_schema["anyOf"][1]["properties"]["arguments"]["properties"]["default"]["$ref"],
+            "#/$defs/tools.1.When");
   Json twice = required;
   twice["tools"][1]["function"]["name"] = "get_weather";
   ExpectError(Post("/v1/chat/completions", twice), 400, "tools[1].function.name",
