@@ -4,6 +4,8 @@
 #include <cstring>
 #include <utility>
 
+#include "grammar/utf8_ranges.h"
+
 namespace mobius::grammar {
 namespace {
 
@@ -44,46 +46,6 @@ enum NumberPhase : uint8_t {
   kNumExpSign,
   kNumExpDigits
 };
-
-// A UTF-8 lead byte: how many continuation bytes follow and its payload bits; false for a byte
-// that cannot start a character.
-bool Utf8Lead(uint8_t byte, int& extra, uint32_t& payload) {
-  if (byte >= 0xC2 && byte <= 0xDF) {
-    extra = 1;
-    payload = byte & 0x1F;
-  } else if (byte >= 0xE0 && byte <= 0xEF) {
-    extra = 2;
-    payload = byte & 0x0F;
-  } else if (byte >= 0xF0 && byte <= 0xF4) {
-    extra = 3;
-    payload = byte & 0x07;
-  } else {
-    return false;
-  }
-  return true;
-}
-
-// The code points a character can still become: `value` holds its bits so far, `pending`
-// continuation bytes (6 bits each) still to come; `extra` is its whole count of them (for the
-// least code point each length may encode: no overlong forms).
-std::pair<uint32_t, uint32_t> Utf8Range(uint32_t value, int pending, int extra) {
-  constexpr uint32_t kLeast[] = {0, 0x80, 0x800, 0x10000};
-  const int shift = 6 * pending;
-  return {std::max(value << shift, kLeast[extra]),
-          std::min(((value + 1) << shift) - 1, kMaxCodePoint)};
-}
-
-// Whether `byte` may follow as the next continuation byte; `lead` is the lead byte while the
-// first one is pending (some leads narrow it: no overlong forms, no surrogates, nothing past
-// U+10FFFF), 0 after.
-bool Utf8ContinuationOk(uint8_t lead, uint8_t byte) {
-  uint8_t lo = 0x80, hi = 0xBF;
-  if (lead == 0xE0) lo = 0xA0;
-  if (lead == 0xED) hi = 0x9F;
-  if (lead == 0xF0) lo = 0x90;
-  if (lead == 0xF4) hi = 0x8F;
-  return byte >= lo && byte <= hi;
-}
 
 bool IsWhitespace(uint8_t c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 bool IsDigit(uint8_t c) { return c >= '0' && c <= '9'; }
@@ -521,16 +483,9 @@ GrammarMatcher::Step GrammarMatcher::FeedString(Frame& f, const Node& node, uint
       }
       if (byte < 0x80) return take_char(byte) ? kConsumed : kReject;
       // A lead byte, and the characters it can begin.
-      int extra = 0;
-      uint32_t payload = 0;
       // (A continuation byte without a lead, or an invalid lead, is refused.)
-      if (!Utf8Lead(byte, extra, payload)) return kReject;
-      const auto [lo, hi] = Utf8Range(payload, extra, extra);
-      if (!possible(lo, hi)) return kReject;
+      if (!TakeLead(f, byte, pattern, budget)) return kReject;
       f.phase = kStrUtf8;
-      f.pending = static_cast<uint8_t>(extra);
-      f.lead = byte;
-      f.b = static_cast<int32_t>(payload);
       return kConsumed;
     }
     case kStrUtf8: {
@@ -802,15 +757,20 @@ GrammarMatcher::Step GrammarMatcher::FeedRegex(Frame& f, const Node& node, uint8
     f.c = next;
     return kConsumed;
   }
+  if (!TakeLead(f, byte, &dfa, -1)) return complete ? kPopAndRefeed : kReject;
+  return kConsumed;
+}
+
+bool GrammarMatcher::TakeLead(Frame& f, uint8_t byte, const RegexDfa* dfa, int32_t budget) {
   int extra = 0;
   uint32_t payload = 0;
-  if (!Utf8Lead(byte, extra, payload)) return complete ? kPopAndRefeed : kReject;
+  if (!Utf8Lead(byte, extra, payload)) return false;
   const auto [lo, hi] = Utf8Range(payload, extra, extra);
-  if (!dfa.AnyNext(f.c, lo, hi)) return complete ? kPopAndRefeed : kReject;
+  if (dfa != nullptr && !dfa->AnyNext(f.c, lo, hi, budget)) return false;
   f.pending = static_cast<uint8_t>(extra);
   f.lead = byte;
   f.b = static_cast<int32_t>(payload);
-  return kConsumed;
+  return true;
 }
 
 int64_t GrammarMatcher::TakeContinuation(Frame& f, uint8_t byte, const RegexDfa* dfa,

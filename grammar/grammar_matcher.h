@@ -88,6 +88,10 @@ class GrammarMatcher {
   // character's code point once complete, kCharPending while bytes remain, kCharRefused when
   // the byte cannot continue it or, under `dfa` (its state in c), no character it can still
   // become has a transition (to a state at most `budget` characters from a match, if >= 0).
+  // Starts a character of two or more bytes at lead byte `byte` (its count in pending, its bits
+  // in b): false for a byte that cannot lead one or, under `dfa`, when no character it can
+  // begin has a transition (within `budget` as above).
+  static bool TakeLead(Frame& f, uint8_t byte, const RegexDfa* dfa, int32_t budget);
   static constexpr int64_t kCharPending = -1;
   static constexpr int64_t kCharRefused = -2;
   static int64_t TakeContinuation(Frame& f, uint8_t byte, const RegexDfa* dfa, int32_t budget);

@@ -169,27 +169,10 @@ void ComputeFirstBytesAndDepths(Grammar& g) {
           set.set();  // any byte: free text
           depth = 1;
           break;
-        case NodeKind::kRegex: {
-          // The bytes that begin a character the automaton takes first.
-          const RegexDfa& dfa = g.regexes[node.regex];
-          for (uint32_t b = 0; b < 0x80; ++b) {
-            if (dfa.Next(dfa.start(), b) != RegexDfa::kNone) set.set(b);
-          }
-          struct Lead {
-            uint32_t first, last, bits;
-          };
-          for (const Lead& l : {Lead{0xC2, 0xDF, 6}, Lead{0xE0, 0xEF, 12}, Lead{0xF0, 0xF4, 18}}) {
-            const uint32_t mask = l.bits == 6 ? 0x1F : l.bits == 12 ? 0x0F : 0x07;
-            const uint32_t least = l.bits == 6 ? 0x80 : l.bits == 12 ? 0x800 : 0x10000;
-            for (uint32_t b = l.first; b <= l.last; ++b) {
-              const uint32_t lo = std::max((b & mask) << l.bits, least);
-              const uint32_t hi = std::min((((b & mask) + 1) << l.bits) - 1, kMaxCodePoint);
-              if (dfa.AnyNext(dfa.start(), lo, hi)) set.set(b);
-            }
-          }
+        case NodeKind::kRegex:
+          set = g.regexes[node.regex].FirstBytes();
           depth = 1;
           break;
-        }
         case NodeKind::kObjectSwitch:
           // The frame becomes one of the objects; it is entered only if every one could finish.
           set.set('{');

@@ -7,7 +7,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "grammar/utf8_ranges.h"
 #include "tokenizer/regex.h"
+#include "tokenizer/utf8.h"
 
 namespace mobius::grammar {
 namespace {
@@ -74,34 +76,9 @@ RangeSet Complement(const RangeSet& s) {
 RangeSet UnicodeSet(const char* class_body) {
   std::string subject;
   subject.reserve(4500000);
-  auto append = [&subject](uint32_t cp) {
-    if (cp < 0x80) {
-      subject += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      subject += static_cast<char>(0xC0 | (cp >> 6));
-      subject += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      subject += static_cast<char>(0xE0 | (cp >> 12));
-      subject += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      subject += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      subject += static_cast<char>(0xF0 | (cp >> 18));
-      subject += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      subject += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      subject += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-  };
   for (const Range& r : Universe()) {
-    for (uint32_t cp = r.lo; cp <= r.hi; ++cp) append(cp);
+    for (uint32_t cp = r.lo; cp <= r.hi; ++cp) tokenizer::AppendUtf8(cp, subject);
   }
-  auto decode = [&subject](size_t at) {
-    const auto b0 = static_cast<uint8_t>(subject[at]);
-    int extra = b0 < 0x80 ? 0 : b0 < 0xE0 ? 1 : b0 < 0xF0 ? 2 : 3;
-    uint32_t cp = extra == 0 ? b0 : extra == 1 ? (b0 & 0x1F) : extra == 2 ? (b0 & 0x0F) : (b0 & 7);
-    for (int i = 1; i <= extra; ++i) cp = (cp << 6) | (subject[at + i] & 0x3F);
-    return cp;
-  };
-  RangeSet out;
   absl::StatusOr<std::unique_ptr<tokenizer::Regex>> regex =
       tokenizer::Regex::Compile(absl::StrCat("[", class_body, "]+"));
   std::vector<std::pair<size_t, size_t>> matches;
@@ -110,10 +87,12 @@ RangeSet UnicodeSet(const char* class_body) {
     // member, so a complement keeps ASCII alone.
     return {{0x80, kMaxCodePoint}};
   }
+  RangeSet out;
   for (const auto& [begin, end] : matches) {
     size_t last = end - 1;
     while ((static_cast<uint8_t>(subject[last]) & 0xC0) == 0x80) --last;
-    out.push_back({decode(begin), decode(last)});
+    out.push_back({static_cast<uint32_t>(tokenizer::DecodeUtf8Step(subject, begin).code_point),
+                   static_cast<uint32_t>(tokenizer::DecodeUtf8Step(subject, last).code_point)});
   }
   return out;
 }
@@ -526,33 +505,10 @@ class Parser {
   }
 
   absl::StatusOr<uint32_t> ReadUtf8() {
-    const auto b0 = static_cast<uint8_t>(p_[pos_]);
-    int extra = 0;
-    uint32_t cp = b0;
-    if (b0 >= 0xF0 && b0 <= 0xF4) {
-      extra = 3;
-      cp = b0 & 0x07;
-    } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-      extra = 2;
-      cp = b0 & 0x0F;
-    } else if (b0 >= 0xC2 && b0 < 0xE0) {
-      extra = 1;
-      cp = b0 & 0x1F;
-    } else if (b0 >= 0x80) {  // a continuation byte, an overlong lead or past U+10FFFF
-      return Error("not valid UTF-8");
-    }
-    if (pos_ + extra >= p_.size()) return Error("not valid UTF-8");
-    for (int i = 1; i <= extra; ++i) {
-      const auto b = static_cast<uint8_t>(p_[pos_ + i]);
-      if ((b & 0xC0) != 0x80) return Error("not valid UTF-8");
-      cp = (cp << 6) | (b & 0x3F);
-    }
-    const uint32_t least[] = {0, 0x80, 0x800, 0x10000};  // no overlong forms
-    if (cp > kMaxCodePoint || (cp >= 0xD800 && cp <= 0xDFFF) || cp < least[extra]) {
-      return Error("not valid UTF-8");
-    }
-    pos_ += 1 + extra;
-    return cp;
+    const tokenizer::Utf8Step step = tokenizer::DecodeUtf8Step(p_, pos_);
+    if (step.kind != tokenizer::Utf8Step::Kind::kValid) return Error("not valid UTF-8");
+    pos_ += step.length;
+    return static_cast<uint32_t>(step.code_point);
   }
 
   std::string_view p_;
@@ -784,6 +740,21 @@ size_t RegexDfa::IntervalOf(uint32_t code_point) const {
 int32_t RegexDfa::Next(int32_t state, uint32_t code_point) const {
   if (code_point > kMaxCodePoint) return kNone;
   return next_[static_cast<size_t>(state) * classes_ + interval_class_[IntervalOf(code_point)]];
+}
+
+std::bitset<256> RegexDfa::FirstBytes() const {
+  std::bitset<256> bytes;
+  for (uint32_t b = 0; b < 0x80; ++b) {
+    if (Next(start(), b) != kNone) bytes.set(b);
+  }
+  for (uint32_t b = 0x80; b < 0x100; ++b) {
+    int extra = 0;
+    uint32_t payload = 0;
+    if (!Utf8Lead(static_cast<uint8_t>(b), extra, payload)) continue;
+    const auto [lo, hi] = Utf8Range(payload, extra, extra);
+    if (AnyNext(start(), lo, hi)) bytes.set(b);
+  }
+  return bytes;
 }
 
 bool RegexDfa::AnyNext(int32_t state, uint32_t lo, uint32_t hi, int32_t budget) const {

@@ -12,6 +12,7 @@
 #ifndef MOBIUS_GRAMMAR_REGEX_H_
 #define MOBIUS_GRAMMAR_REGEX_H_
 
+#include <bitset>
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -38,6 +39,8 @@ class RegexDfa {
   // Whether the text up to `state` is a match.
   [[nodiscard]] bool Accepting(int32_t state) const { return accepting_[state] != 0; }
   [[nodiscard]] size_t num_states() const { return accepting_.size(); }
+  // The bytes that begin, in UTF-8, a character with a transition from the start.
+  [[nodiscard]] std::bitset<256> FirstBytes() const;
   // Entries of the transition table (states x classes): the automaton's size.
   [[nodiscard]] size_t table_size() const { return next_.size(); }
 
