@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <string>
@@ -78,6 +79,12 @@ ABSL_FLAG(std::string, metric_percentiles, "99",
           "Comma-separated percentiles to report for TTFT, TPOT, ITL and E2E latency.");
 ABSL_FLAG(double, progress_interval_s, 1, "Seconds between progress lines on stderr (0: none).");
 ABSL_FLAG(double, request_timeout_s, 600, "A request still running after this many seconds fails.");
+ABSL_FLAG(std::string, json_schema, "",
+          "A file holding a JSON Schema that every request's output must follow (structured "
+          "output: response_format json_schema over HTTP, SamplingParams.structured_output over "
+          "gRPC; the server needs the model's tokenizer). Such an output may end before its "
+          "max tokens: once it is a complete value only the end token can follow. Empty: plain "
+          "requests.");
 
 namespace mobius::cli {
 namespace {
@@ -135,6 +142,22 @@ absl::Status MakeWorkloads(bool worker_grpc, bool chat, std::vector<BenchRequest
     options.num_prompts = num_warmup;
     options.seed = ~options.seed;
     ASSIGN_OR_RETURN(warmup, bench::MakeRandomWorkload(options));
+  }
+  const std::string schema_path = absl::GetFlag(FLAGS_json_schema);
+  if (!schema_path.empty()) {
+    std::ifstream in(schema_path);
+    if (!in) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--json-schema: cannot read \"", schema_path, "\""));
+    }
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const nlohmann::json schema = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (schema.is_discarded() || !(schema.is_object() || schema.is_boolean())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--json-schema: \"", schema_path, "\" is not a JSON Schema (a JSON object or boolean)"));
+    }
+    for (BenchRequest& r : timed) r.json_schema = schema.dump();
+    for (BenchRequest& r : warmup) r.json_schema = schema.dump();
   }
   for (const BenchRequest& r : timed) {
     if (worker_grpc && r.is_text) {
@@ -264,7 +287,8 @@ absl::Status BenchServe() {
         {"random_input_len", absl::GetFlag(FLAGS_random_input_len)},
         {"random_output_len", absl::GetFlag(FLAGS_random_output_len)},
         {"random_range_ratio", absl::GetFlag(FLAGS_random_range_ratio)},
-        {"vocab_size", absl::GetFlag(FLAGS_vocab_size)}};
+        {"vocab_size", absl::GetFlag(FLAGS_vocab_size)},
+        {"json_schema", absl::GetFlag(FLAGS_json_schema)}};
     std::ofstream out(json_path);
     out << bench::ServeReportJson(metrics, result.outcomes, settings).dump(1) << "\n";
     if (!out) return absl::InternalError(absl::StrCat("--output-json: cannot write ", json_path));

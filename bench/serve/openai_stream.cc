@@ -42,6 +42,14 @@ std::string OpenAiRequestBody(const BenchRequest& request, OpenAiEndpoint endpoi
       body["max_completion_tokens"] = request.output_len;
       break;
   }
+  if (!request.json_schema.empty()) {
+    // (The text was checked when the workload was made: bench serve --json-schema.)
+    body["response_format"] = {
+        {"type", "json_schema"},
+        {"json_schema",
+         {{"name", "bench"},
+          {"schema", nlohmann::json::parse(request.json_schema, nullptr, false)}}}};
+  }
   return body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 

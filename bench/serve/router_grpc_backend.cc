@@ -46,6 +46,9 @@ RequestOutcome RouterGrpcBackend::Send(const BenchRequest& request) {
   sampling->set_temperature(0);
   sampling->set_max_tokens(request.output_len);
   sampling->set_ignore_eos(true);
+  if (!request.json_schema.empty()) {
+    sampling->mutable_structured_output()->set_json_schema(request.json_schema);
+  }
 
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +

@@ -18,6 +18,8 @@ struct BenchRequest {
   bool is_text = false;
   int prompt_len = 0;  // tokens; for text an estimate (the server's usage count replaces it)
   int output_len = 0;  // max_tokens
+  // Structured output: a JSON Schema (its JSON text) the output must follow; empty: none.
+  std::string json_schema;
 };
 
 struct RandomWorkloadOptions {

@@ -44,9 +44,10 @@ class BenchServeProcessTest : public ::testing::Test {
     worker_port_ = FreePort();
     http_port_ = FreePort();
     const std::string fixtures = MOBIUS_FIXTURES_DIR;
-    worker_ = new ChildProcess({MOBIUS_WORKER_BINARY, "--model",
-                                fixtures + "/intern-s2-mobius-tiny", "--host=127.0.0.1",
-                                "--port=" + std::to_string(worker_port_), "--threads=1"});
+    worker_ =
+        new ChildProcess({MOBIUS_WORKER_BINARY, "--model", fixtures + "/intern-s2-mobius-tiny",
+                          "--host=127.0.0.1", "--port=" + std::to_string(worker_port_),
+                          "--threads=1", "--tokenizer=" + fixtures + "/tokenizer-qwen3"});
     const int grpc_port = FreePort();
     router_grpc_port_ = grpc_port;
     router_ = new ChildProcess(
@@ -161,6 +162,43 @@ TEST_F(BenchServeProcessTest, ThroughTheRoutersGrpcApi) {
   ExpectAllCompleted(ReadJson(json), 6, 8, 5);
 }
 
+// --json-schema reaches the server on every path: a schema it can serve constrains the outputs
+// (which the schema's minItems keeps open to max_tokens), one it refuses fails every request with
+// the server's reason.
+TEST_F(BenchServeProcessTest, JsonSchemaOnEveryBackend) {
+  const std::string served = ::testing::TempDir() + "/schema_served.json";
+  const std::string refused = ::testing::TempDir() + "/schema_refused.json";
+  std::ofstream(served) << R"({"type": "array", "items": {"type": "integer"}, "minItems": 100})";
+  std::ofstream(refused) << R"({"type": "array", "uniqueItems": true})";
+  const std::string backends[] = {
+      "--base-url " + BaseUrl(),
+      "--backend worker-grpc --worker 127.0.0.1:" + std::to_string(worker_port_),
+      "--backend router-grpc --router 127.0.0.1:" + std::to_string(router_grpc_port_)};
+  for (const std::string& backend : backends) {
+    SCOPED_TRACE(backend);
+    const std::string json = Json("with_schema");
+    Result r = RunMobius("bench serve " + backend +
+                         " --num-prompts 3 --random-input-len 8 --random-output-len 6 --warmup 0 "
+                         "--progress-interval-s 0 --json-schema " +
+                         served + " --output-json " + json);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    nlohmann::json j = ReadJson(json);
+    ExpectAllCompleted(j, 3, 8, 6);
+    EXPECT_EQ(j["settings"]["json_schema"], served);
+    r = RunMobius("bench serve " + backend +
+                  " --num-prompts 2 --random-input-len 8 --random-output-len 6 --warmup 0 "
+                  "--progress-interval-s 0 --json-schema " +
+                  refused + " --output-json " + json);
+    EXPECT_EQ(r.exit_code, 1) << r.out;  // nothing completed
+    j = ReadJson(json);
+    ASSERT_TRUE(j.is_object()) << r.out;
+    EXPECT_EQ(j["failed"], 2);
+    for (const auto& [reason, count] : j["failure_reasons"].items()) {
+      EXPECT_THAT(reason, HasSubstr("uniqueItems"));
+    }
+  }
+}
+
 TEST_F(BenchServeProcessTest, HttpErrorsAreCountedFailuresWithTheirReason) {
   // Text prompts tokenize (Qwen3) to ids beyond the tiny model's 2048-token vocabulary: 400.
   const std::string json = Json("chat");
@@ -225,6 +263,7 @@ TEST(BenchServeCommandTest, HelpListsTheFlags) {
                            "--output_json",
                            "--metric_percentiles",
                            "--request_timeout_s",
+                           "--json_schema",
                            "--model NAME",
                            "--seed N"}) {
     EXPECT_THAT(r.out, HasSubstr(flag));
@@ -251,6 +290,8 @@ TEST(BenchServeCommandTest, BadFlagsNameTheFlag) {
         Case{"--backend worker-grpc", "--worker HOST:PORT is required"},
         Case{"--backend router-grpc", "--router HOST:PORT is required"},
         Case{"--dataset /nonexistent.jsonl", "--dataset: cannot open"},
+        Case{"--json-schema /nonexistent.json", "--json-schema: cannot read"},
+        Case{"--json-schema /proc/self/status", "is not a JSON Schema"},
         Case{"--steps 3", "--steps is not a flag of this command"},
         Case{"--device cpu", "--device is not a flag of this command"}}) {
     Result r = RunMobius(std::string("bench serve --base-url http://127.0.0.1:1 ") + c.args);

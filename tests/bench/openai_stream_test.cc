@@ -134,6 +134,22 @@ TEST(OpenAiRequestBodyTest, ChatSendsOneUserMessageAndNoModelWhenUnknown) {
             nlohmann::json::parse(R"([{"role": "user", "content": "the of and"}])"));
   EXPECT_EQ((*body)["max_completion_tokens"], 4);
   EXPECT_FALSE(body->contains("model"));
+  EXPECT_FALSE(body->contains("response_format"));
+}
+
+TEST(OpenAiRequestBodyTest, JsonSchemaGoesOutAsResponseFormat) {
+  BenchRequest r;
+  r.prompt_ids = {5};
+  r.output_len = 2;
+  r.json_schema = R"({"type": "array", "items": {"type": "string"}})";
+  for (OpenAiEndpoint endpoint : {OpenAiEndpoint::kCompletions, OpenAiEndpoint::kChatCompletions}) {
+    auto body = ParseJson(OpenAiRequestBody(r, endpoint, "tiny"));
+    ASSERT_TRUE(body.ok());
+    EXPECT_EQ((*body)["response_format"]["type"], "json_schema");
+    EXPECT_EQ((*body)["response_format"]["json_schema"]["schema"],
+              nlohmann::json::parse(r.json_schema));
+    EXPECT_TRUE((*body)["response_format"]["json_schema"]["name"].is_string());
+  }
 }
 
 TEST(OpenAiErrorMessageTest, ErrorObjectOrTheBodyCut) {
