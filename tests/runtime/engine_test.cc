@@ -814,11 +814,14 @@ TEST_F(EngineTest, SampledSpeculationIsIndependentOfBatching) {
 // ids; the last id is the end-of-sequence token.
 class StructuredOutputEngineTest : public EngineTest {
  protected:
-  std::unique_ptr<Engine> StartConstrained(bool with_vocabulary = true) {
+  std::unique_ptr<Engine> StartConstrained(
+      bool with_vocabulary = true,
+      EngineOptions::SamplingPlace place = EngineOptions::SamplingPlace::kAuto) {
     eos_ = model_->config().vocab_size - 1;
     vocabulary_ = testing::PieceVocabulary(model_->config().vocab_size, eos_);
     EngineOptions options;
     options.eos_token_ids = {eos_};
+    options.sampling_place = place;
     if (with_vocabulary) options.vocabulary = vocabulary_;
     return Start(options);
   }
@@ -835,13 +838,25 @@ class StructuredOutputEngineTest : public EngineTest {
     r.params.structured_output = std::move(spec);
     return r;
   }
+  void ExpectOutputsFollowTheSchema(EngineOptions::SamplingPlace place);
   int32_t eos_ = 0;
   std::shared_ptr<const grammar::TokenVocabulary> vocabulary_;
 };
 
 TEST_F(StructuredOutputEngineTest, OutputsFollowTheSchema) {
+  // On the host, and drawn by the backend (the CPU backend's SampleRows, as CUDA draws): there
+  // the masks are computed while the step runs and reach the draws through the rows' penalties
+  // (ForwardOptions::before_outputs), so a draw that saw the previous step's mask would break
+  // the schema.
+  for (auto place : {EngineOptions::SamplingPlace::kHost, EngineOptions::SamplingPlace::kBackend}) {
+    SCOPED_TRACE(place == EngineOptions::SamplingPlace::kHost ? "host" : "backend");
+    ExpectOutputsFollowTheSchema(place);
+  }
+}
+
+void StructuredOutputEngineTest::ExpectOutputsFollowTheSchema(EngineOptions::SamplingPlace place) {
   Streams streams;  // outlives the engine, whose shutdown may still deliver
-  auto engine = StartConstrained();
+  auto engine = StartConstrained(/*with_vocabulary=*/true, place);
   ASSERT_NE(engine, nullptr);
   grammar::StructuredOutputSpec spec;
   spec.kind = grammar::StructuredOutputSpec::Kind::kJsonSchema;

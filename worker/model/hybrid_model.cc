@@ -476,6 +476,7 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
       RETURN_IF_ERROR(SumExpertCounts(*options.expert_tokens));
     }
   }
+  if (status.ok() && options.before_outputs) options.before_outputs();
   if (status.ok()) status = WriteStepOutputs(ctx, out, logits);
   RETURN_IF_ERROR(status);
   // An op that could not get its device memory skipped its launches: the step's outputs and the

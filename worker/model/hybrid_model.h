@@ -91,6 +91,12 @@ struct ForwardOptions {
   // next Forward, for ReplayStateInputs: a speculative verify step does, so that rolling back past
   // rejected drafts replays the state updates of the accepted tokens instead of a whole forward.
   bool keep_state_inputs = false;
+  // When set, called once after the step's work is queued on the backend and before any output
+  // is read: before the sampling inputs above are used (their spans keep their sizes; their
+  // contents may change in the call) and before the logits are copied. What it does on the host
+  // then overlaps the device's step: the engine computes its structured-output masks there.
+  // Not called when the step fails before its outputs.
+  std::function<void()> before_outputs;
 };
 
 // Accepted tokens of the last Forward (kept with keep_state_inputs) to apply again to a

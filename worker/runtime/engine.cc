@@ -500,21 +500,33 @@ bool Engine::Step() {
   // and from its end tokens once its output is a complete value. At a 151K vocabulary a state
   // seen before costs ~10 us (its cached mask in the shorter form), a new one a walk of the
   // vocabulary (0.03-0.12 ms; up to ~5 ms near a string's maxLength; performance.md,
-  // "Structured output"): sequences spread over threads.
-  std::vector<Sequence*> constrained;
-  for (const ScheduledChunk& c : plan.chunks) {
-    if (c.sequence->constraint != nullptr && c.completes_prefill()) {
-      constrained.push_back(c.sequence);
-    }
+  // "Structured output"): sequences spread over threads. The masks are computed while the device
+  // runs the step (ForwardOptions::before_outputs), since only the draw at its end needs them;
+  // the rows drawn on the device then take their penalties again, with the new mask.
+  std::vector<size_t> constrained;  // chunk indices
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const ScheduledChunk& c = plan.chunks[i];
+    if (c.sequence->constraint != nullptr && c.completes_prefill()) constrained.push_back(i);
   }
-  ForEachRangeInParallel(constrained.size(), 16, 1, [&](size_t begin, size_t end) {
-    for (size_t k = begin; k < end; ++k) {
-      Sequence& seq = *constrained[k];
-      grammar::TokenConstraint::TokenSet next;
-      seq.constraint->NextTokens(next);
-      seq.sampler->ConstrainNext(std::move(next.ids), next.banned);
+  bool constrained_ready = constrained.empty();
+  std::vector<kernels::LogitPenalties> penalties;  // of rows drawn on the device
+  auto constrain = [&] {
+    if (constrained_ready) return;
+    constrained_ready = true;
+    ForEachRangeInParallel(constrained.size(), 16, 1, [&](size_t begin, size_t end) {
+      for (size_t k = begin; k < end; ++k) {
+        Sequence& seq = *plan.chunks[constrained[k]].sequence;
+        grammar::TokenConstraint::TokenSet next;
+        seq.constraint->NextTokens(next);
+        seq.sampler->ConstrainNext(std::move(next.ids), next.banned);
+      }
+    });
+    if (penalties.empty()) return;
+    for (size_t i : constrained) {
+      const Sequence& seq = *plan.chunks[i].sequence;
+      penalties[static_cast<size_t>(own_row[i])] = seq.sampler->Penalties(seq.history);
     }
-  });
+  };
   // A step whose sampled rows are all plain greedy (temperature 0, no penalties, no logprobs)
   // takes the argmax on the device: token ids come back instead of the [rows, vocab] logits
   // (254 MB of fp32 at batch 256 with a 248K vocabulary). Drafts are verified against the
@@ -539,7 +551,6 @@ bool Engine::Step() {
       (options_.sampling_place == SamplingPlace::kBackend ||
        (options_.sampling_place == SamplingPlace::kAuto && model_.samples_on_device()));
   std::vector<kernels::SamplingRule> rules;
-  std::vector<kernels::LogitPenalties> penalties;
   std::vector<double> uniforms;
   std::vector<int32_t> row_drafts;
   std::vector<int32_t> top_counts;
@@ -593,8 +604,14 @@ bool Engine::Step() {
     }
   }
   std::vector<float> logits;
+  forward.before_outputs = constrain;
   const absl::Time forward_start = absl::Now();
   absl::Status status = model_.Forward(steps, forward, logits);
+  if (status.ok() && device_step && !constrained_ready) {
+    // (The model drew without calling before_outputs: the draws did not see the masks.)
+    status = absl::InternalError("the step's draws ran before its structured-output masks");
+  }
+  constrain();  // for rows drawn on the host
   if (any_drafts && options_.metrics) {
     options_.metrics->spec_verify_time.Observe(absl::ToDoubleSeconds(absl::Now() - forward_start));
   }
