@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "bench/serve/grpc_stream_timing.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
@@ -47,11 +48,11 @@ WorkerGrpcBackend::WorkerGrpcBackend(WorkerGrpcBackendOptions options, std::uniq
 WorkerGrpcBackend::~WorkerGrpcBackend() = default;
 
 RequestOutcome WorkerGrpcBackend::Send(const BenchRequest& request) {
-  RequestOutcome outcome;
   if (request.is_text) {
-    outcome.error =
+    RequestOutcome refused;
+    refused.error =
         "text prompts need a tokenizer: use token-id prompts with --backend worker-grpc";
-    return outcome;
+    return refused;
   }
   v1::WorkerGenerateRequest call;
   call.set_request_id(absl::StrCat(id_prefix_, next_id_++));
@@ -71,7 +72,7 @@ RequestOutcome WorkerGrpcBackend::Send(const BenchRequest& request) {
   const Clock::time_point sent = Clock::now();
   std::unique_ptr<grpc::ClientReader<v1::WorkerGenerateResponse>> reader =
       stub_->worker->Generate(&context, call);
-  return ReadTimedGrpcStream(
+  RequestOutcome outcome = ReadTimedGrpcStream(
       *reader, sent, request.prompt_len,
       [](const v1::WorkerGenerateResponse& r) {
         return r.has_chunk() ? r.chunk().token_ids_size() : 0;
@@ -79,6 +80,12 @@ RequestOutcome WorkerGrpcBackend::Send(const BenchRequest& request) {
       [](const v1::WorkerGenerateResponse& r) {
         return r.has_complete() ? &r.complete().usage() : nullptr;
       });
+  // The worker names the request in its errors; the bench's own id would make each failure a
+  // reason of its own (RequestBackend::Send: reasons are counted).
+  if (!outcome.success) {
+    outcome.error = absl::StrReplaceAll(outcome.error, {{call.request_id(), "<request id>"}});
+  }
+  return outcome;
 }
 
 }  // namespace mobius::bench
