@@ -181,7 +181,7 @@ struct Stream {
 // The serving rules that reach the device's sampling (prompt_logprobs, allowed_token_ids,
 // bad_words, and rules that leave no token) on the CUDA engine, drawing on the device: scored
 // prompt rows against the Hugging Face reference logits (bf16: within 10% of the row's largest
-// logit, the same best token where the reference's top two are further apart than that), the
+// logit, and a best token whose reference logit is within twice that of the row's best), the
 // output inside the allowed set, a banned continuation avoided, and a row with no drawable token
 // (every logit -inf after the device's penalties and the host's mask) ending with the reason.
 TEST(CudaEngineSamplingTest, ServingRulesOnTheDevice) {
@@ -232,7 +232,6 @@ TEST(CudaEngineSamplingTest, ServingRulesOnTheDevice) {
 
   const int vocab = model->config().vocab_size;
   ASSERT_EQ(scored.prompt_logprobs.size(), prompt.size() - 1);
-  int compared_best = 0;
   for (size_t k = 1; k < prompt.size(); ++k) {
     const float* row = ref.logits[p].data() + (k - 1) * vocab;
     double max = row[0], scale = 1.0, sum = 0;
@@ -250,14 +249,12 @@ TEST(CudaEngineSamplingTest, ServingRulesOnTheDevice) {
     EXPECT_EQ(t.token, prompt[k]);
     EXPECT_NEAR(t.logprob, row[prompt[k]] - max - std::log(sum), tol) << "token " << k;
     ASSERT_EQ(t.top.size(), 2u);
-    std::vector<float> sorted(row, row + vocab);
-    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-    if (sorted[0] - sorted[1] > 2 * tol) {
-      EXPECT_EQ(row[t.top[0].token], sorted[0]) << "token " << k;
-      ++compared_best;
-    }
+    // The row's best token is one of the reference's best within the error. (No position of
+    // this prompt has its reference's top two further apart than 2 tol, 18% of the largest
+    // logit at most, so the best tokens themselves cannot be required to agree; a row scored
+    // against its neighbour's logits would put its best 57-117% of the largest logit below.)
+    EXPECT_GE(row[t.top[0].token], max - 2 * tol) << "token " << k;
   }
-  EXPECT_GT(compared_best, 0);
   ASSERT_EQ(allowed.tokens.size(), 8u);
   for (int32_t t : allowed.tokens) EXPECT_TRUE(t == 7 || t == 1500 || t == 42) << t;
   ASSERT_EQ(banned.tokens.size(), 4u);
