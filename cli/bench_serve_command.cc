@@ -156,8 +156,9 @@ absl::Status MakeWorkloads(bool worker_grpc, bool chat, std::vector<BenchRequest
       return absl::InvalidArgumentError(absl::StrCat(
           "--json-schema: \"", schema_path, "\" is not a JSON Schema (a JSON object or boolean)"));
     }
-    for (BenchRequest& r : timed) r.json_schema = schema.dump();
-    for (BenchRequest& r : warmup) r.json_schema = schema.dump();
+    const std::string compact = schema.dump();
+    for (BenchRequest& r : timed) r.json_schema = compact;
+    for (BenchRequest& r : warmup) r.json_schema = compact;
   }
   for (const BenchRequest& r : timed) {
     if (worker_grpc && r.is_text) {

@@ -582,9 +582,12 @@ bool Engine::Step() {
         }
         continue;
       }
-      // Chunks in mid-prefill have a row too: greedy, unpenalised and unused.
+      // Chunks in mid-prefill have a row too: greedy, unpenalised and unused. (A constrained
+      // row's penalties wait for its mask: `constrain`, during the step.)
       rules.push_back(sampled ? sampler.Rule() : kernels::SamplingRule{0.0f});
-      penalties.push_back(sampled ? sampler.Penalties(history) : kernels::LogitPenalties{});
+      const bool constrained_row = plan.chunks[i].sequence->constraint != nullptr;
+      penalties.push_back(sampled && !constrained_row ? sampler.Penalties(history)
+                                                      : kernels::LogitPenalties{});
       uniforms.push_back(sampled ? sampler.NextUniform() : 0.0);
       row_drafts.push_back(kernels::kPlainDraw);
       // (Sample reports at most the vocabulary's tokens.)
