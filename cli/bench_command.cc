@@ -53,8 +53,10 @@ ABSL_FLAG(std::string, draw, "",
           "each row's repetition 1.1, frequency 0.5 and presence 0.3 penalties over 1000 seen "
           "tokens applied first by Backend::PenalizeRows), \"penalized-host\" (the same on the "
           "host, after the logits' copy), \"logprobs\" (\"device\" with each row's 5 best "
-          "tokens and logits for top-n logprobs, Backend::TopLogitsRows). Empty: the model step "
-          "alone.");
+          "tokens and logits for top-n logprobs, Backend::TopLogitsRows), \"masked\" (greedy under "
+          "a structured-output mask, Backend::PenalizeRows then SampleRows: each row allows "
+          "147,000 of the first 151,669 ids, a JSON string's set with the Qwen3 tokenizer, and "
+          "none past them). Empty: the model step alone.");
 
 namespace mobius::cli {
 namespace {
@@ -149,10 +151,11 @@ absl::StatusOr<std::vector<std::string>> ParseDrawModes(const std::string& text)
   std::vector<std::string> modes;
   for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
     if (part != "greedy" && part != "device" && part != "host" && part != "penalized" &&
-        part != "penalized-host" && part != "logprobs") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--draw: \"", part,
-          "\" is not a draw mode (greedy, device, host, penalized, penalized-host or logprobs)"));
+        part != "penalized-host" && part != "logprobs" && part != "masked") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--draw: \"", part,
+                       "\" is not a draw mode (greedy, device, host, penalized, penalized-host, "
+                       "logprobs or masked)"));
     }
     modes.emplace_back(part);
   }
@@ -362,6 +365,16 @@ absl::Status BenchEngine() {
                                {}});
         }
       }
+      // --draw masked: a JSON string's mask with the Qwen3 tokenizer (151,669 ids, ~4.7K of
+      // them not allowed there: every 32nd here), the model's padded ids past them banned.
+      constexpr int kMaskedVocab = 151669;
+      std::vector<uint64_t> string_mask(static_cast<size_t>((config.vocab_size + 63) / 64), 0);
+      for (int t = 0; t < std::min(kMaskedVocab, config.vocab_size); ++t) {
+        if (t % 32 != 31) string_mask[static_cast<size_t>(t) / 64] |= uint64_t{1} << (t % 64);
+      }
+      const std::vector<kernels::SamplingRule> greedy_rules(batch, kernels::SamplingRule{0.0f});
+      std::vector<kernels::LogitPenalties> masks(batch);
+      for (kernels::LogitPenalties& m : masks) m.allowed_mask = string_mask;
       const std::vector<int32_t> top_counts(batch, 5);
       std::vector<kernels::TokenLogit> top_logits;
       std::vector<float> drawn_logits;
@@ -371,11 +384,13 @@ absl::Status BenchEngine() {
         std::vector<kernels::DrawnToken> sampled;
         if (mode == "greedy") {
           drawn.greedy_tokens = &greedy;
-        } else if (mode == "device" || mode == "penalized" || mode == "logprobs") {
+        } else if (mode == "device" || mode == "penalized" || mode == "logprobs" ||
+                   mode == "masked") {
           drawn.sampled_tokens = &sampled;
-          drawn.sampling_rules = rules;
+          drawn.sampling_rules = mode == "masked" ? greedy_rules : rules;
           drawn.sampling_uniforms = uniforms;
           if (mode == "penalized") drawn.sampling_penalties = penalties;
+          if (mode == "masked") drawn.sampling_penalties = masks;
           if (mode == "logprobs") {
             drawn.top_logits_counts = top_counts;
             drawn.top_logits = &top_logits;

@@ -149,34 +149,16 @@ void TokenConstraint::AllowedTokens(std::vector<int32_t>& out) const {
   ListAllowed(*mask, matcher_.Accepting(), end_tokens_, out);
 }
 
-void TokenConstraint::NextTokens(TokenSet& out) const {
+void TokenConstraint::NextMask(std::vector<uint64_t>& out) const {
   const std::shared_ptr<const TokenBitmask> mask = grammar_->Mask(matcher_, *vocab_);
-  const TokenBitmask& bits = *mask;
-  const size_t vocab = vocab_->size();
-  size_t allowed = 0;
-  for (uint64_t w : bits) allowed += static_cast<size_t>(__builtin_popcountll(w));
+  out.assign(mask->begin(), mask->end());
+  // The end tokens follow the value's completeness, whatever the mask says of them.
   const bool accepting = matcher_.Accepting();
-  out.banned = 2 * allowed > vocab;
-  if (!out.banned) {
-    ListAllowed(bits, accepting, end_tokens_, out.ids);
-    return;
-  }
-  out.ids.clear();
-  // Every id the mask leaves out (word by word, visiting only those ids); then the end tokens
-  // follow the value's completeness, whatever the mask says of them.
-  for (size_t w = 0; w < bits.size(); ++w) {
-    uint64_t missing = ~bits[w];
-    if ((w + 1) * 64 > vocab) missing &= (uint64_t{1} << (vocab - w * 64)) - 1;
-    for (; missing != 0; missing &= missing - 1) {
-      out.ids.push_back(
-          static_cast<int32_t>(w * 64 + static_cast<size_t>(__builtin_ctzll(missing))));
-    }
-  }
   for (int32_t id : end_tokens_) {
-    auto at = std::lower_bound(out.ids.begin(), out.ids.end(), id);
-    const bool listed = at != out.ids.end() && *at == id;
-    if (accepting && listed) out.ids.erase(at);
-    if (!accepting && !listed && id >= 0) out.ids.insert(at, id);
+    const size_t w = static_cast<size_t>(id) / 64;
+    if (id < 0 || w >= out.size()) continue;
+    const uint64_t bit = uint64_t{1} << (id % 64);
+    out[w] = accepting ? out[w] | bit : out[w] & ~bit;
   }
 }
 

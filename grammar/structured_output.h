@@ -87,14 +87,12 @@ class TokenConstraint {
   // The tokens that may come next, sorted: those the grammar allows, and the end tokens when
   // the output is a complete value.
   void AllowedTokens(std::vector<int32_t>& out) const;
-  // The same set in its shorter form: the allowed tokens, or (`banned` true) every other id of
-  // the vocabulary. Inside a string nearly every token is allowed, and listing the few others
-  // (and masking only them) is what keeps a constrained step cheap.
-  struct TokenSet {
-    bool banned = false;
-    std::vector<int32_t> ids;  // sorted
-  };
-  void NextTokens(TokenSet& out) const;
+  // The same set as a bitmask over the vocabulary (token t allowed when bit t % 64 of word t / 64
+  // is set): the state's cached mask, copied (~31 KB at a 248K vocabulary), with the end tokens
+  // set as above. What a step's draw applies (kernels::LogitPenalties::allowed_mask): its size
+  // does not depend on the set, where a list inside a string names ~147K allowed or, with the
+  // model's vocabulary padded past the tokenizer's, ~100K banned ids.
+  void NextMask(std::vector<uint64_t>& out) const;
   // Advances past `token`; false (nothing changed) when the grammar does not allow it.
   bool Accept(int32_t token);
   // The output is a complete value and nothing can follow it: generation must end.

@@ -233,6 +233,17 @@ void ApplyLogitPenalties(std::span<float> logits, const LogitPenalties& p) {
       if (t >= 0 && static_cast<size_t>(t) < vocab) logits[t] = kept[i];
     }
   }
+  if (!p.allowed_mask.empty()) {
+    // Word by word, visiting only the tokens the mask leaves out.
+    for (size_t w = 0; w * 64 < vocab; ++w) {
+      uint64_t missing = w < p.allowed_mask.size() ? ~p.allowed_mask[w] : ~uint64_t{0};
+      if (vocab - w * 64 < 64) missing &= (uint64_t{1} << (vocab - w * 64)) - 1;
+      for (; missing != 0; missing &= missing - 1) {
+        logits[w * 64 + static_cast<size_t>(__builtin_ctzll(missing))] =
+            -std::numeric_limits<float>::infinity();
+      }
+    }
+  }
 }
 
 void RuleDistribution(std::span<const float> logits, const SamplingRule& rule,

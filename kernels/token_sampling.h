@@ -51,16 +51,19 @@ struct LogitPenalties {
   // When non-empty (sorted, distinct): every other token's logit becomes -infinity, last (vLLM's
   // allowed_token_ids).
   std::span<const int32_t> allowed_tokens;
+  // When non-empty: the allowed tokens as a bitmask (token t allowed when bit t % 64 of word
+  // t / 64 is set; tokens past the last word are not): every other token's logit becomes
+  // -infinity, last, beside allowed_tokens (a token must pass both). A structured-output
+  // grammar's mask comes in this form: ~31 KB a row at a 248K vocabulary whatever it allows,
+  // where a list could hold 100K ids.
+  std::span<const uint64_t> allowed_mask;
 
   // False when applying them changes nothing (neutral values or no tokens).
   [[nodiscard]] bool Active() const {
     return ((!tokens.empty() || !shared_tokens.empty()) &&
             (repetition != 1.0f || frequency != 0.0f || presence != 0.0f)) ||
-           !bias_tokens.empty() || !allowed_tokens.empty();
+           !bias_tokens.empty() || !allowed_tokens.empty() || !allowed_mask.empty();
   }
-  // Whether a device must hand the row to the host (Backend::PenalizeRows' base) for its biases
-  // or its allowed tokens; device kernels apply the penalties alone.
-  [[nodiscard]] bool NeedsHost() const { return !bias_tokens.empty() || !allowed_tokens.empty(); }
 };
 
 // One seen token's logit under `p` (count: its output occurrences). Every step is a single float

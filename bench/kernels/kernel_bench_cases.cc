@@ -931,6 +931,30 @@ void Bench::BuildSpecs() {
       c.run = [this, v, tokens, counts, rows](int s) { be_->PenalizeRows((*v)[s], *rows); };
       return c;
     });
+    // A structured-output mask a row (a JSON string's with the Qwen3 tokenizer: 151,669 ids,
+    // every 32nd of them not allowed, none past them), in place; bytes: the masks uploaded and
+    // each banned logit written.
+    Add(absl::StrFormat("penalize_rows.B%d.masked", b), [=, this] {
+      constexpr int kTokenizerVocab = 151669;
+      auto mask = std::make_shared<std::vector<uint64_t>>((d.vocab + 63) / 64, 0);
+      int64_t banned = 0;
+      for (int t = 0; t < d.vocab; ++t) {
+        const bool allowed = t < kTokenizerVocab && t % 32 != 31;
+        if (allowed) (*mask)[t / 64] |= uint64_t{1} << (t % 64);
+        banned += !allowed;
+      }
+      Case c;
+      c.op = "PenalizeRows";
+      c.shape = absl::StrFormat("[%d, %d] fp32, a %d-word mask a row", b, d.vocab, mask->size());
+      c.bytes = (8.0 * mask->size() + 4.0 * banned) * b;
+      c.sets = Sets(4.0 * b * d.vocab);
+      auto v = std::make_shared<std::vector<Tensor>>();
+      for (int s = 0; s < c.sets; ++s) v->push_back(Rand(DType::kF32, {b, d.vocab}, -8.f, 8.f));
+      auto rows = std::make_shared<std::vector<kernels::LogitPenalties>>(b);
+      for (kernels::LogitPenalties& p : *rows) p.allowed_mask = *mask;
+      c.run = [this, v, mask, rows](int s) { be_->PenalizeRows((*v)[s], *rows); };
+      return c;
+    });
     // The 5 best tokens of every row for top-n logprobs, with the copy to the host.
     Add(absl::StrFormat("top_logits_rows.B%d.n5", b), [=, this] {
       Case c;

@@ -1014,36 +1014,18 @@ void CudaBackend::ArgmaxRows(const Tensor& logits, Tensor& ids) {
 
 void CudaBackend::PenalizeRows(Tensor& logits, std::span<const LogitPenalties> rows) {
   CheckTensor(logits, DType::kF32, "PenalizeRows", "logits");
-  // Logit biases (logit_bias, min_tokens, bad_words) and allowed-token lists are rare: the
-  // penalties of every row go through the kernel below, then only the rows with biases or an
-  // allowed list make a host round trip for them (the base class: row copied down, biased,
-  // copied back). Both come after penalties, so the row gets the host's bits either way.
-  if (std::any_of(rows.begin(), rows.end(),
-                  [](const LogitPenalties& p) { return p.NeedsHost(); })) {
-    std::vector<LogitPenalties> penalties(rows.begin(), rows.end());
-    std::vector<LogitPenalties> biases(rows.size());
-    for (size_t r = 0; r < rows.size(); ++r) {
-      biases[r].bias_tokens = rows[r].bias_tokens;
-      biases[r].biases = rows[r].biases;
-      biases[r].allowed_tokens = rows[r].allowed_tokens;
-      penalties[r].bias_tokens = {};
-      penalties[r].biases = {};
-      penalties[r].allowed_tokens = {};
-    }
-    PenalizeRows(logits, penalties);
-    Backend::PenalizeRows(logits, biases);  // rows without biases are inactive there: skipped
-    return;
-  }
   const int64_t count = static_cast<int64_t>(rows.size());
   Check(count == 0 || (logits.numel() % count == 0 && logits.numel() / count > 0 &&
                        logits.numel() / count <= INT32_MAX),
         "PenalizeRows", absl::StrFormat("logits %s for %d rows", logits.ShapeString(), count));
-  // Only the active rows are launched; their parameters, then every (token, count) entry, go up
-  // with the metadata upload (int32 words). A shared list that several rows point at (the rows
-  // of a verify step) goes up once.
+  // Only the active rows are launched; their parameters, then every (token, count) and (token,
+  // bias) entry, then the rows' allowed-token masks go up with the metadata upload (int32
+  // words). A shared list that several rows point at (the rows of a verify step) goes up once.
+  // Everything is applied on the device: a structured-output row used to make a host round trip
+  // of its whole row for its mask (1 MB each way at a 248K vocabulary, behind a synchronize).
   static_assert(sizeof(cuda::PenaltyRowParams) % sizeof(int2) == 0);
   constexpr size_t kParamWords = sizeof(cuda::PenaltyRowParams) / sizeof(int32_t);
-  std::vector<int64_t> active;
+  std::vector<int64_t> active, masked;
   size_t entries = 0;
   // A shared list (its tokens' and counts' addresses and size) -> its first entry.
   using SharedList = std::tuple<const int32_t*, const int32_t*, size_t>;
@@ -1052,31 +1034,40 @@ void CudaBackend::PenalizeRows(Tensor& logits, std::span<const LogitPenalties> r
   };
   std::map<SharedList, int32_t> shared_first;
   for (int64_t r = 0; r < count; ++r) {
-    if (!rows[r].Active()) continue;
-    Check(rows[r].counts.size() == rows[r].tokens.size() &&
-              rows[r].shared_counts.size() == rows[r].shared_tokens.size(),
+    const LogitPenalties& p = rows[r];
+    if (!p.Active()) continue;
+    Check(p.counts.size() == p.tokens.size() && p.shared_counts.size() == p.shared_tokens.size() &&
+              p.biases.size() == p.bias_tokens.size(),
           "PenalizeRows",
-          absl::StrFormat("row %d has %d tokens and %d counts, %d shared tokens and %d counts", r,
-                          rows[r].tokens.size(), rows[r].counts.size(),
-                          rows[r].shared_tokens.size(), rows[r].shared_counts.size()));
+          absl::StrFormat("row %d has %d tokens and %d counts, %d shared tokens and %d counts, "
+                          "%d bias tokens and %d biases",
+                          r, p.tokens.size(), p.counts.size(), p.shared_tokens.size(),
+                          p.shared_counts.size(), p.bias_tokens.size(), p.biases.size()));
     active.push_back(r);
-    entries += rows[r].tokens.size();
+    entries += p.tokens.size() + p.bias_tokens.size();
     // (-1: not yet written.)
-    if (!rows[r].shared_tokens.empty() && shared_first.emplace(shared_key(rows[r]), -1).second) {
-      entries += rows[r].shared_tokens.size();
+    if (!p.shared_tokens.empty() && shared_first.emplace(shared_key(p), -1).second) {
+      entries += p.shared_tokens.size();
     }
+    if (!p.allowed_tokens.empty() || !p.allowed_mask.empty()) masked.push_back(r);
   }
   if (active.empty()) return;
   Check(entries <= INT32_MAX, "PenalizeRows", absl::StrFormat("%d entries", entries));
   const int64_t vocab = logits.numel() / count;
-  std::vector<int32_t> words(active.size() * kParamWords + 2 * entries, 0);
-  int32_t* const entry_base = words.data() + active.size() * kParamWords;
+  const size_t mask_words = static_cast<size_t>((vocab + 63) / 64);
+  // Layout: params, entries (int2), the masked rows' indices (padded to an even count, so that
+  // the masks after them are 8-byte aligned), the masks (uint64, two words each).
+  const size_t entries_at = active.size() * kParamWords;
+  const size_t mask_rows_at = entries_at + 2 * entries;
+  const size_t masks_at = mask_rows_at + (masked.size() + 1) / 2 * 2;
+  std::vector<int32_t> words(masks_at + 2 * mask_words * masked.size(), 0);
+  int32_t* const entry_base = words.data() + entries_at;
   int32_t next = 0;  // the next free entry
-  auto put = [&](std::span<const int32_t> tokens, std::span<const int32_t> counts) {
+  auto put = [&](std::span<const int32_t> tokens, auto values) {
     const int32_t first = next;
     for (size_t j = 0; j < tokens.size(); ++j) {
       entry_base[2 * static_cast<size_t>(next)] = tokens[j];
-      entry_base[2 * static_cast<size_t>(next) + 1] = counts[j];
+      std::memcpy(&entry_base[2 * static_cast<size_t>(next) + 1], &values[j], sizeof(int32_t));
       ++next;
     }
     return first;
@@ -1090,6 +1081,7 @@ void CudaBackend::PenalizeRows(Tensor& logits, std::span<const LogitPenalties> r
       if (at < 0) at = put(p.shared_tokens, p.shared_counts);
       shared = at;
     }
+    const int32_t bias_first = put(p.bias_tokens, p.biases);
     const cuda::PenaltyRowParams params{p.repetition,
                                         p.frequency,
                                         p.presence,
@@ -1097,8 +1089,32 @@ void CudaBackend::PenalizeRows(Tensor& logits, std::span<const LogitPenalties> r
                                         static_cast<int32_t>(p.tokens.size()),
                                         shared,
                                         static_cast<int32_t>(p.shared_tokens.size()),
+                                        bias_first,
+                                        static_cast<int32_t>(p.bias_tokens.size()),
                                         0};
     std::memcpy(words.data() + i * kParamWords, &params, sizeof(params));
+  }
+  // Each masked row's mask: its allowed_mask (all ones without one), and with allowed_tokens
+  // the bits of the listed tokens alone.
+  std::vector<uint64_t> mask(mask_words), listed(mask_words);
+  for (size_t i = 0; i < masked.size(); ++i) {
+    const LogitPenalties& p = rows[masked[i]];
+    words[mask_rows_at + i] = static_cast<int32_t>(masked[i]);
+    std::fill(mask.begin(), mask.end(), ~uint64_t{0});
+    if (!p.allowed_mask.empty()) {
+      for (size_t w = 0; w < mask_words; ++w) {
+        mask[w] = w < p.allowed_mask.size() ? p.allowed_mask[w] : 0;
+      }
+    }
+    if (!p.allowed_tokens.empty()) {
+      std::fill(listed.begin(), listed.end(), 0);
+      for (int32_t t : p.allowed_tokens) {
+        if (t >= 0 && t < vocab) listed[static_cast<size_t>(t) / 64] |= uint64_t{1} << (t % 64);
+      }
+      for (size_t w = 0; w < mask_words; ++w) mask[w] &= listed[w];
+    }
+    std::memcpy(words.data() + masks_at + 2 * mask_words * i, mask.data(),
+                mask_words * sizeof(uint64_t));
   }
   Enter();
   const int32_t* meta = Upload(words);
@@ -1110,10 +1126,13 @@ void CudaBackend::PenalizeRows(Tensor& logits, std::span<const LogitPenalties> r
     while (j < active.size() && active[j] == active[j - 1] + 1) ++j;
     cuda::LaunchPenalizeRows(logits.data<float>() + active[i] * vocab, static_cast<int64_t>(j - i),
                              vocab, reinterpret_cast<const cuda::PenaltyRowParams*>(meta) + i,
-                             reinterpret_cast<const int2*>(meta + active.size() * kParamWords),
-                             stream_);
+                             reinterpret_cast<const int2*>(meta + entries_at), stream_);
     i = j;
   }
+  // The masks last, as on the host (ApplyLogitPenalties).
+  cuda::LaunchMaskRows(logits.data<float>(), static_cast<int64_t>(masked.size()), vocab,
+                       meta + mask_rows_at, reinterpret_cast<const uint64_t*>(meta + masks_at),
+                       stream_);
 }
 
 void CudaBackend::TopLogitsRows(const Tensor& logits, std::span<const int32_t> counts,

@@ -68,7 +68,8 @@ void LaunchSampleRows(const float* logits, int64_t rows, int64_t vocab,
                       const SampleRowParams* params, SampleRowResult* results, cudaStream_t stream);
 // One row of Backend::PenalizeRows: its penalties and its (token, output count) entries,
 // entries[first .. first + count) and entries[shared_first .. shared_first + shared_count) of
-// the launch's int2 array (the second range may be another row's too).
+// the launch's int2 array (the second range may be another row's too), then its logit biases,
+// entries[bias_first .. bias_first + bias_count) as (token, the bias's float bits).
 struct PenaltyRowParams {
   float repetition = 1.0f;
   float frequency = 0.0f;
@@ -77,12 +78,19 @@ struct PenaltyRowParams {
   int32_t count = 0;
   int32_t shared_first = 0;
   int32_t shared_count = 0;
+  int32_t bias_first = 0;
+  int32_t bias_count = 0;
   int32_t unused = 0;
 };
 // Backend::PenalizeRows over fp32 logits [rows, vocab], in place: params (`rows` of them) and
 // entries are device arrays. One block per row.
 void LaunchPenalizeRows(float* logits, int64_t rows, int64_t vocab, const PenaltyRowParams* params,
                         const int2* entries, cudaStream_t stream);
+// The allowed-token masks of Backend::PenalizeRows: row mask_rows[i] of fp32 logits [*, vocab]
+// keeps the tokens whose bit is set in masks[i * words, (i + 1) * words) (words = ceil(vocab /
+// 64)); the others become -infinity. mask_rows and masks are device arrays of `masked` rows.
+void LaunchMaskRows(float* logits, int64_t masked, int64_t vocab, const int32_t* mask_rows,
+                    const uint64_t* masks, cudaStream_t stream);
 // Backend::TopLogitsRows: row r's counts[r] (<= kMaxTopLogits) best (token, logit) pairs into
 // out[r * width, ...) and chosen_logits[r] = logits[r, chosen[r]]; counts, chosen, out and
 // chosen_logits are device arrays of `rows` (out: rows * width).

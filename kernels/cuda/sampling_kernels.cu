@@ -567,8 +567,11 @@ __global__ void __launch_bounds__(kSampleThreads)
 }
 
 // Backend::PenalizeRows: block r applies row r's penalties to its seen tokens (distinct, so no
-// two threads touch one logit). Each step is one correctly rounded float operation in
-// kernels::PenalizedLogit's order, with no fused multiply-add, so the row gets the host's bits.
+// two threads touch one logit), then its logit biases. Each penalty step is one correctly
+// rounded float operation in kernels::PenalizedLogit's order, with no fused multiply-add, so the
+// row gets the host's bits. A bias list may name a token twice (a logit_bias beside the
+// -infinity of min_tokens or bad_words), but at most once with a finite bias: the finite one is
+// added atomically and a ban stored, which in either order gives the host's result (-infinity).
 constexpr int kPenaltyThreads = 256;
 __global__ void __launch_bounds__(kPenaltyThreads)
     PenalizeRowsKernel(float* logits, int64_t vocab, const PenaltyRowParams* params,
@@ -588,6 +591,35 @@ __global__ void __launch_bounds__(kPenaltyThreads)
     const float by_presence = e.y > 0 ? p.presence : 0.0f;
     row[e.x] = __fsub_rn(x, __fadd_rn(by_count, by_presence));
   }
+  if (p.bias_count == 0) return;
+  __syncthreads();  // the biases come after the penalties
+  for (int i = threadIdx.x; i < p.bias_count; i += kPenaltyThreads) {
+    const int2 e = entries[p.bias_first + i];
+    if (e.x < 0 || e.x >= vocab) continue;
+    const float bias = __int_as_float(e.y);
+    if (bias == -INFINITY) {
+      row[e.x] = bias;  // a ban is a ban whatever the logit was (NaN too)
+    } else {
+      atomicAdd(row + e.x, bias);
+    }
+  }
+}
+
+// Backend::PenalizeRows' allowed-token masks: a thread per mask word (64 tokens), storing
+// -infinity only at the tokens whose bit is clear (a grammar inside a string bans ~2% of them).
+constexpr int kMaskThreads = 256;
+__global__ void __launch_bounds__(kMaskThreads)
+    MaskRowsKernel(float* logits, int64_t vocab, const int32_t* mask_rows, const uint64_t* masks) {
+  PdlWait();
+  PdlTrigger();
+  const int64_t words = (vocab + 63) / 64;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kMaskThreads + threadIdx.x;
+  if (w >= words) return;
+  uint64_t missing = ~masks[blockIdx.y * words + w];
+  if (vocab - w * 64 < 64) missing &= (uint64_t{1} << (vocab - w * 64)) - 1;
+  float* row = logits + static_cast<int64_t>(mask_rows[blockIdx.y]) * vocab + w * 64;
+  for (; missing != 0; missing &= missing - 1)
+    row[__ffsll(static_cast<long long>(missing)) - 1] = -INFINITY;
 }
 
 // Backend::TopLogitsRows: each thread keeps a sorted list of the kList best (logit, id)
@@ -715,6 +747,17 @@ void LaunchPenalizeRows(float* logits, int64_t rows, int64_t vocab, const Penalt
   LaunchPdl("PenalizeRowsKernel", PenalizeRowsKernel, static_cast<unsigned>(rows), kPenaltyThreads,
             0, stream, logits, vocab, params, entries);
   CheckLaunch("PenalizeRows");
+}
+
+void LaunchMaskRows(float* logits, int64_t masked, int64_t vocab, const int32_t* mask_rows,
+                    const uint64_t* masks, cudaStream_t stream) {
+  if (masked == 0) return;
+  const int64_t words = (vocab + 63) / 64;
+  const dim3 grid(static_cast<unsigned>((words + kMaskThreads - 1) / kMaskThreads),
+                  static_cast<unsigned>(masked));
+  LaunchPdl("MaskRowsKernel", MaskRowsKernel, grid, kMaskThreads, 0, stream, logits, vocab,
+            mask_rows, masks);
+  CheckLaunch("MaskRows");
 }
 
 void LaunchTopLogitsRows(const float* logits, int64_t rows, int64_t vocab, const int32_t* counts,

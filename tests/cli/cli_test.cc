@@ -201,14 +201,16 @@ TEST(CliTest, SpecTokenMapRestrictsDraftsAndIsChecked) {
 }
 
 // --draw times the step again with its tokens drawn (greedy, on the device, on the host, with
-// penalties on either, with top-n logprobs), one line per mode; an unknown mode is named.
+// penalties on either, with top-n logprobs, under a structured-output mask), one line per mode;
+// an unknown mode is named.
 TEST(CliTest, BenchEngineTimesTokenDraws) {
   Result r = RunMobius("bench engine --config " + Fixture("qwen3next-tiny") +
                        "/config.json --load-format dummy --batches 2 --contexts 8 "
                        "--prefill-lengths '' --steps 1 "
-                       "--draw greedy,device,host,penalized,penalized-host,logprobs");
+                       "--draw greedy,device,host,penalized,penalized-host,logprobs,masked");
   EXPECT_EQ(r.exit_code, 0) << r.out;
-  for (const char* mode : {"greedy", "device", "host", "penalized", "penalized-host", "logprobs"}) {
+  for (const char* mode :
+       {"greedy", "device", "host", "penalized", "penalized-host", "logprobs", "masked"}) {
     EXPECT_THAT(r.out, ::testing::ContainsRegex(std::string("\\+") + mode + " +2 +8 +[0-9.]+ ms"))
         << mode;
   }

@@ -1,6 +1,7 @@
 #include "grammar/token_mask.h"
 
 #include <algorithm>
+#include <bit>
 #include <filesystem>
 #include <iterator>
 #include <memory>
@@ -188,8 +189,8 @@ TEST(TokenMaskTest, QwenVocabularyAroundAReasoningBlock) {
 }
 
 // Draws random allowed tokens until the grammar of `schema` is finished, `samples` times;
-// returns the outputs that finished within the step budget. Every step's shorter form
-// (NextTokens) must name the same set as AllowedTokens.
+// returns the outputs that finished within the step budget. Every step's bitmask (NextMask)
+// must name the same set as AllowedTokens.
 std::vector<std::string> RandomConstrainedOutputs(const std::string& schema, int samples,
                                                   uint32_t seed) {
   std::shared_ptr<const TokenVocabulary> vocab = QwenVocabulary();
@@ -210,9 +211,8 @@ std::vector<std::string> RandomConstrainedOutputs(const std::string& schema, int
   int32_t eos = static_cast<int32_t>(vocab->size()) - 1;  // a special token: no bytes
   while (eos > 0 && !vocab->bytes(eos).empty()) --eos;
   EXPECT_TRUE(vocab->bytes(eos).empty());
-  std::vector<int32_t> all_ids(vocab->size());
-  std::iota(all_ids.begin(), all_ids.end(), 0);
   std::mt19937 rng(seed);
+  std::vector<uint64_t> mask;
   for (int sample = 0; sample < samples; ++sample) {
     TokenConstraint constraint(*compiled, vocab, {eos});
     std::string text;
@@ -225,17 +225,16 @@ std::vector<std::string> RandomConstrainedOutputs(const std::string& schema, int
         ADD_FAILURE() << "no token allowed after " << text;
         return outputs;
       }
-      // The shorter form names the same set.
-      TokenConstraint::TokenSet next;
-      constraint.NextTokens(next);
-      if (next.banned) {
-        std::vector<int32_t> complement;
-        std::set_difference(all_ids.begin(), all_ids.end(), next.ids.begin(), next.ids.end(),
-                            std::back_inserter(complement));
-        EXPECT_EQ(complement, allowed) << text;
-      } else {
-        EXPECT_EQ(next.ids, allowed) << text;
+      // The bitmask the draw applies names the same set, and nothing past the vocabulary.
+      constraint.NextMask(mask);
+      std::vector<int32_t> in_mask;
+      for (size_t w = 0; w < mask.size(); ++w) {
+        for (uint64_t word = mask[w]; word != 0; word &= word - 1) {
+          in_mask.push_back(static_cast<int32_t>(w * 64 + std::countr_zero(word)));
+        }
       }
+      EXPECT_EQ(in_mask, allowed) << text;
+      EXPECT_EQ(mask.size(), (vocab->size() + 63) / 64);
       // Favour short tokens and the end, so outputs stay small.
       int32_t pick = allowed[rng() % allowed.size()];
       if (rng() % 4 == 0) {

@@ -395,41 +395,86 @@ TEST_F(CudaSamplingTest, PenalizeRowsMatchesHostBits) {
   }
 }
 
-// Rows with logit biases (logit_bias, min_tokens' -infinity) or allowed tokens go through the host
-// path, with the penalties of every row of the call, and give ApplyLogitPenalties' bits.
-TEST_F(CudaSamplingTest, PenalizeRowsWithBiasesMatchesHost) {
-  const int vocab = 248320, rows = 4;
-  std::vector<float> flat;
-  std::vector<std::vector<float>> host(rows);
-  for (int r = 0; r < rows; ++r) {
-    host[r] = Row(vocab, 3.0f, 0.0f);
-    flat.insert(flat.end(), host[r].begin(), host[r].end());
-  }
-  const std::vector<int32_t> seen = {5, 17, 40000}, counts = {1, 0, 3};
-  const std::vector<int32_t> bias_tokens = {17, 151645, 248319};
-  const std::vector<float> biases = {2.5f, -INFINITY, -100.0f};
-  std::vector<LogitPenalties> penalties(rows);
-  penalties[0] = {1.3f, 0.5f, 0.2f, seen, counts, {}, {}};                       // penalties only
-  penalties[1] = {1.0f, 0.0f, 0.0f, {}, {}, {}, {}, bias_tokens, biases};        // biases only
-  penalties[2] = {1.2f, 0.1f, 0.0f, seen, counts, {}, {}, bias_tokens, biases};  // both
-  // Penalties and an allowed-token list (allowed_token_ids): all but three tokens -infinity.
-  const std::vector<int32_t> allowed = {5, 99, 248000};
-  penalties[3] = {1.2f, 0.1f, 0.0f, seen, counts, {}, {}, {}, {}, allowed};
-  const std::vector<float> device = PenalizeOnDevice(flat, rows, vocab, penalties);
-  ASSERT_EQ(device.size(), flat.size());
-  for (int r = 0; r < rows; ++r) {
-    std::vector<float> expected = host[r];
-    ApplyLogitPenalties(expected, penalties[r]);
-    int differ = 0;
-    for (int t = 0; t < vocab; ++t) {
-      differ += std::memcmp(&device[static_cast<size_t>(r) * vocab + t], &expected[t],
-                            sizeof(float)) != 0;
+// Rows with logit biases (logit_bias, min_tokens' and bad_words' -infinity), allowed-token lists
+// and structured-output masks, applied on the device after every row's penalties, give
+// ApplyLogitPenalties' bits: a token biased and banned at once (either order), a NaN logit
+// banned, ids outside the row, a mask shorter than the row (the rest banned) and one with bits
+// past it, a mask beside an allowed list (both must pass), masked rows apart from each other.
+TEST_F(CudaSamplingTest, PenalizeRowsWithBiasesAndMasksMatchesHost) {
+  for (const int vocab : {1000, 248320}) {
+    const int rows = 8;
+    std::vector<float> flat;
+    std::vector<std::vector<float>> host(rows);
+    for (int r = 0; r < rows; ++r) {
+      host[r] = Row(vocab, 3.0f, 0.0f);
+      host[r][3] = NAN;
+      host[r][4] = NAN;
+      flat.insert(flat.end(), host[r].begin(), host[r].end());
     }
-    EXPECT_EQ(differ, 0) << "row " << r;
+    const std::vector<int32_t> seen = {5, 17, 400}, counts = {1, 0, 3};
+    // 17: +2.5 then banned; 21: banned then +1.5; 3: NaN banned; 4: NaN + 0.5; -2 and vocab + 7
+    // outside the row.
+    const std::vector<int32_t> bias_tokens = {17, 900, vocab - 1, 17, 21, 21, 3, 4, -2, vocab + 7};
+    const std::vector<float> biases = {2.5f, -INFINITY, -100.0f, -INFINITY, -INFINITY,
+                                       1.5f, -INFINITY, 0.5f,    3.0f,      -INFINITY};
+    const std::vector<int32_t> allowed = {5, 99, 700, vocab - 1, vocab + 3};
+    // A string's mask: every 32nd id out, and nothing past 80% of the row (a padded vocabulary).
+    const int covered = vocab * 4 / 5;
+    std::vector<uint64_t> string_mask(static_cast<size_t>((vocab + 63) / 64), 0);
+    for (int t = 0; t < covered; ++t) {
+      if (t % 32 != 31) string_mask[static_cast<size_t>(t) / 64] |= uint64_t{1} << (t % 64);
+    }
+    // A mask of the first 128 ids only (shorter than the row), and one with every bit set (past
+    // the row too: a vocabulary of 1000 ends inside its last word).
+    const std::vector<uint64_t> short_mask = {~uint64_t{0} ^ 0b1010, 0x00ff00ff00ff00ffULL};
+    const std::vector<uint64_t> full_mask(static_cast<size_t>((vocab + 63) / 64), ~uint64_t{0});
+    std::vector<LogitPenalties> penalties(rows);
+    penalties[0] = {1.3f, 0.5f, 0.2f, seen, counts, {}, {}};                       // penalties
+    penalties[1] = {1.0f, 0.0f, 0.0f, {}, {}, {}, {}, bias_tokens, biases};        // biases
+    penalties[2] = {1.2f, 0.1f, 0.0f, seen, counts, {}, {}, bias_tokens, biases};  // both
+    penalties[3] = {1.2f, 0.1f, 0.0f, seen, counts, {}, {}, {}, {}, allowed};      // allowed ids
+    // Row 4 untouched, between masked rows.
+    penalties[5] = {1.2f, 0.1f, 0.0f, seen, counts, {}, {}, bias_tokens, biases};
+    penalties[5].allowed_mask = string_mask;
+    penalties[6].allowed_mask = short_mask;
+    penalties[7] = {1.0f, 0.0f, 0.0f, {}, {}, {}, {}, {}, {}, allowed};
+    penalties[7].allowed_mask = full_mask;  // the list alone decides
+    ASSERT_FALSE(penalties[4].Active());
+    const std::vector<float> device = PenalizeOnDevice(flat, rows, vocab, penalties);
+    ASSERT_EQ(device.size(), flat.size());
+    for (int r = 0; r < rows; ++r) {
+      std::vector<float> expected = host[r];
+      ApplyLogitPenalties(expected, penalties[r]);
+      int differ = 0;
+      for (int t = 0; t < vocab; ++t) {
+        // (A NaN plus a bias is NaN on both sides, with the device's canonical payload.)
+        const float d = device[static_cast<size_t>(r) * vocab + t];
+        differ += std::memcmp(&d, &expected[t], sizeof(float)) != 0 &&
+                  !(std::isnan(d) && std::isnan(expected[t]));
+      }
+      EXPECT_EQ(differ, 0) << "vocab " << vocab << " row " << r;
+    }
+    auto at = [&](int r, int t) { return device[static_cast<size_t>(r) * vocab + t]; };
+    // What the host rule says, spelled out where it is easy to get wrong.
+    EXPECT_EQ(at(1, 17), -INFINITY);
+    EXPECT_EQ(at(1, 21), -INFINITY);
+    EXPECT_EQ(at(1, 3), -INFINITY);
+    EXPECT_TRUE(std::isnan(at(1, 4)));
+    EXPECT_EQ(at(3, 17), -INFINITY);
+    EXPECT_NE(at(3, 99), -INFINITY);
+    EXPECT_EQ(at(5, 31), -INFINITY);
+    EXPECT_NE(at(5, 30), -INFINITY);
+    EXPECT_EQ(at(5, covered), -INFINITY);
+    EXPECT_EQ(at(5, 900), -INFINITY);  // allowed by the mask, banned by a bias
+    EXPECT_EQ(at(6, 1), -INFINITY);
+    EXPECT_NE(at(6, 0), -INFINITY);
+    EXPECT_EQ(at(6, 128), -INFINITY);
+    EXPECT_EQ(at(7, 6), -INFINITY);
+    EXPECT_NE(at(7, 700), -INFINITY);
+    EXPECT_EQ(
+        std::memcmp(&device[static_cast<size_t>(4) * vocab], host[4].data(), sizeof(float) * vocab),
+        0);
   }
-  EXPECT_EQ(device[static_cast<size_t>(vocab) + 151645], -INFINITY);
-  EXPECT_EQ(device[static_cast<size_t>(3) * vocab + 17], -INFINITY);
-  EXPECT_NE(device[static_cast<size_t>(3) * vocab + 99], -INFINITY);
 }
 
 // TopLogitsRows gives TopLogits' pairs (ties to the lower id, NaN never ranked, token -1 past

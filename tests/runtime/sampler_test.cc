@@ -471,33 +471,53 @@ TEST(SamplerTest, AllowedTokensRestrictTheDraw) {
   EXPECT_GT(drawn[3], 0);
 }
 
-// Structured output's per-step sets: as allowed tokens or as their complement (banned, applied
-// as -infinity biases) they give the same draws and logprobs, beside logit_bias and
-// allowed_token_ids.
-TEST(SamplerTest, ConstrainedStepsDrawTheSameFromEitherForm) {
+// Structured output's per-step mask applies beside logit_bias and allowed_token_ids: a token
+// must pass both, and the draws and logprobs are those of allowed_token_ids holding the
+// intersection (the grammar allows 0, 1, 2, 3; with the ids, 0, 2, 3). Tokens past the mask's
+// last word are not allowed.
+TEST(SamplerTest, ConstrainedStepsDrawFromTheMaskAndTheAllowedIds) {
   const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 0.5f, 2.5f};
   SamplingParams p;
   p.logprobs = 2;
   p.logit_bias = {{4, 1.0f}};
   p.allowed_token_ids = {0, 2, 3, 4};
+  SamplingParams intersection = p;
+  intersection.allowed_token_ids = {0, 2, 3};
   p.structured_output.kind = grammar::StructuredOutputSpec::Kind::kJsonObject;
   for (float temperature : {0.0f, 1.0f}) {
     p.temperature = temperature;
-    RequestSampler allowed(p, 5), banned(p, 5);
-    EXPECT_FALSE(allowed.ArgmaxOnly());
+    intersection.temperature = temperature;
+    RequestSampler masked(p, 5), listed(intersection, 5);
+    EXPECT_FALSE(masked.ArgmaxOnly());
     for (int i = 0; i < 50; ++i) {
-      allowed.ConstrainNext({0, 2, 3});  // the grammar allows 0, 2, 3: with the ids, 0, 2, 3
-      banned.ConstrainNext({1, 4}, /*banned=*/true);
+      masked.ConstrainNext({0b01111});
       std::vector<float> a = logits, b = logits;
-      const SampledToken x = allowed.Sample(a, TokenHistory{});
-      const SampledToken y = banned.Sample(b, TokenHistory{});
+      const SampledToken x = masked.Sample(a, TokenHistory{});
+      const SampledToken y = listed.Sample(b, TokenHistory{});
       ASSERT_EQ(x.token, y.token);
       EXPECT_TRUE(x.token == 0 || x.token == 2 || x.token == 3) << x.token;
       EXPECT_FLOAT_EQ(x.logprob, y.logprob);
       ASSERT_EQ(x.top.size(), y.top.size());
       for (size_t k = 0; k < x.top.size(); ++k) EXPECT_EQ(x.top[k].token, y.top[k].token);
+      if (temperature == 0) {
+        EXPECT_EQ(x.token, 2);  // 1 and 4 (the larger logits) are out
+      }
     }
   }
+  // A mask of one word over a 70-token row: tokens 64..69 are not allowed.
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.structured_output.kind = grammar::StructuredOutputSpec::Kind::kJsonObject;
+  RequestSampler wide(greedy, 1);
+  std::vector<float> row(70, 0.0f);
+  row[66] = 5.0f;
+  row[7] = 1.0f;
+  wide.ConstrainNext({uint64_t{1} << 7 | uint64_t{1} << 9});
+  EXPECT_EQ(wide.Sample(row, TokenHistory{}).token, 7);
+  EXPECT_EQ(row[66], -std::numeric_limits<float>::infinity());
+  // Before any mask, a constrained request's draw allows nothing (no silent "unrestricted").
+  RequestSampler unmasked(greedy, 1);
+  EXPECT_FALSE(unmasked.Penalties(TokenHistory{}).allowed_mask.empty());
 }
 
 // bad_words: a word's last token is banned where the output ends with the rest of it (a one-token

@@ -516,9 +516,9 @@ bool Engine::Step() {
     ForEachRangeInParallel(constrained.size(), 16, 1, [&](size_t begin, size_t end) {
       for (size_t k = begin; k < end; ++k) {
         Sequence& seq = *plan.chunks[constrained[k]].sequence;
-        grammar::TokenConstraint::TokenSet next;
-        seq.constraint->NextTokens(next);
-        seq.sampler->ConstrainNext(std::move(next.ids), next.banned);
+        std::vector<uint64_t> mask;
+        seq.constraint->NextMask(mask);
+        seq.sampler->ConstrainNext(std::move(mask));
       }
     });
     if (penalties.empty()) return;

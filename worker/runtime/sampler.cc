@@ -106,20 +106,8 @@ void RequestSampler::SetBiases(std::span<const int32_t> output, std::span<const 
   p.biases = biases;
 }
 
-void RequestSampler::ConstrainNext(std::vector<int32_t> ids, bool banned) {
-  constrained_banned_ = banned;
-  if (banned) {
-    constrained_ids_ = std::move(ids);  // allowed_token_ids, if any, still apply beside them
-    return;
-  }
-  std::vector<int32_t> allowed = std::move(ids);
-  if (!allowed_.empty()) {
-    std::vector<int32_t> both;
-    std::set_intersection(allowed.begin(), allowed.end(), allowed_.begin(), allowed_.end(),
-                          std::back_inserter(both));
-    allowed = std::move(both);
-  }
-  constrained_ids_ = std::move(allowed);
+void RequestSampler::ConstrainNext(std::vector<uint64_t> mask) {
+  constrained_mask_ = std::move(mask);
 }
 
 kernels::LogitPenalties RequestSampler::Penalties(const TokenHistory& history) const {
@@ -133,26 +121,14 @@ kernels::LogitPenalties RequestSampler::Penalties(const TokenHistory& history) c
                             {},
                             {},
                             allowed_};
-  if (constrained_ && !constrained_banned_) {
-    // An empty list would mean "no restriction": a grammar that allows nothing bans every
-    // token instead (the draw then reports that nothing could be drawn).
-    static const int32_t kNoToken[] = {-1};
-    p.allowed_tokens = constrained_ids_.empty() ? std::span<const int32_t>(kNoToken)
-                                                : std::span<const int32_t>(constrained_ids_);
+  if (constrained_) {
+    // An empty mask would mean "no restriction": a grammar that has not given one yet bans
+    // every token instead (the draw then reports that nothing could be drawn).
+    static const uint64_t kNoToken[] = {0};
+    p.allowed_mask = constrained_mask_.empty() ? std::span<const uint64_t>(kNoToken)
+                                               : std::span<const uint64_t>(constrained_mask_);
   }
   SetBiases(history.output(), {}, row_bias_tokens_, row_biases_, p);
-  if (constrained_ && constrained_banned_ && !constrained_ids_.empty()) {
-    // The grammar's bans after the request's own biases (p's lists may already live in
-    // row_bias_tokens_ / row_biases_: copied before they grow).
-    std::vector<int32_t> tokens(p.bias_tokens.begin(), p.bias_tokens.end());
-    std::vector<float> biases(p.biases.begin(), p.biases.end());
-    tokens.insert(tokens.end(), constrained_ids_.begin(), constrained_ids_.end());
-    biases.resize(tokens.size(), -std::numeric_limits<float>::infinity());
-    row_bias_tokens_ = std::move(tokens);
-    row_biases_ = std::move(biases);
-    p.bias_tokens = row_bias_tokens_;
-    p.biases = row_biases_;
-  }
   return p;
 }
 

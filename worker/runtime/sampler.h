@@ -77,10 +77,10 @@ class RequestSampler {
            params_.logprobs < 0 && bias_tokens_.empty() && banned_tokens_.empty() &&
            allowed_.empty() && params_.bad_words.empty() && !constrained_;
   }
-  // Structured output: the tokens the request's grammar allows at the next draw (sorted), which
-  // Sample and Penalties apply as allowed tokens (with allowed_token_ids, their intersection);
-  // or, with `banned`, the tokens it does not allow, applied as -infinity biases.
-  void ConstrainNext(std::vector<int32_t> ids, bool banned = false);
+  // Structured output: the tokens the request's grammar allows at the next draw, as a bitmask
+  // over the vocabulary (grammar::TokenConstraint::NextMask), which Sample and Penalties apply
+  // beside allowed_token_ids (a token must pass both).
+  void ConstrainNext(std::vector<uint64_t> mask);
   // The distribution Sample draws from (penalties, temperature, top-k/top-p/min-p; one-hot at the
   // argmax for greedy requests), as probabilities over the vocabulary; `logits` is modified in
   // place as Sample does. Speculative decoding accepts drafts against it. Draws nothing.
@@ -147,11 +147,10 @@ class RequestSampler {
   std::vector<int32_t> bias_tokens_, banned_tokens_;
   std::vector<float> biases_, banned_biases_;
   std::vector<int32_t> allowed_;  // allowed_token_ids, sorted and distinct
-  // Structured output: whether the request has a grammar, and its allowed tokens at the next
-  // draw (ConstrainNext).
+  // Structured output: whether the request has a grammar, and its mask at the next draw
+  // (ConstrainNext).
   bool constrained_ = false;
-  bool constrained_banned_ = false;
-  std::vector<int32_t> constrained_ids_;
+  std::vector<uint64_t> constrained_mask_;
   // Penalties()' bias lists when bad_words ban tokens (a sequence samples one row at a time).
   mutable std::vector<int32_t> row_bias_tokens_;
   mutable std::vector<float> row_biases_;
