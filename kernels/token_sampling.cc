@@ -234,10 +234,17 @@ void ApplyLogitPenalties(std::span<float> logits, const LogitPenalties& p) {
     }
   }
   if (!p.allowed_mask.empty()) {
-    // Word by word, visiting only the tokens the mask leaves out.
+    // Word by word, visiting only the tokens the mask leaves out (a word that allows none is
+    // filled at once: outside a string a grammar allows a few hundred tokens).
     for (size_t w = 0; w * 64 < vocab; ++w) {
       uint64_t missing = w < p.allowed_mask.size() ? ~p.allowed_mask[w] : ~uint64_t{0};
-      if (vocab - w * 64 < 64) missing &= (uint64_t{1} << (vocab - w * 64)) - 1;
+      if (vocab - w * 64 < 64) {
+        missing &= (uint64_t{1} << (vocab - w * 64)) - 1;
+      } else if (missing == ~uint64_t{0}) {
+        std::fill_n(logits.begin() + static_cast<std::ptrdiff_t>(w * 64), 64,
+                    -std::numeric_limits<float>::infinity());
+        continue;
+      }
       for (; missing != 0; missing &= missing - 1) {
         logits[w * 64 + static_cast<size_t>(__builtin_ctzll(missing))] =
             -std::numeric_limits<float>::infinity();

@@ -214,6 +214,35 @@ TEST(SamplerTest, HistoryCountsFollowSeenTokens) {
   EXPECT_EQ(history.OutputCount(500), 0);
 }
 
+// A structured-output mask bans exactly the tokens whose bit is clear, and every token past its
+// last word; beside allowed_token_ids a token must pass both. Words that allow everything,
+// nothing and some, and a row that ends inside a word.
+TEST(SamplerTest, AllowedMaskBansEveryOtherToken) {
+  constexpr int kVocab = 300;  // 4 words and 44 tokens of a fifth
+  std::vector<float> row(kVocab);
+  for (int t = 0; t < kVocab; ++t) row[t] = 0.01f * t;
+  for (const size_t words : {5u, 3u}) {  // a mask over the row, and one 108 tokens short
+    std::vector<uint64_t> mask = {~uint64_t{0}, 0, 0x8000000000000001ULL, 0xf0f0f0f0f0f0f0f0ULL,
+                                  ~uint64_t{0}};
+    mask.resize(words);
+    const std::vector<int32_t> allowed = {0, 5, 64, 128, 191, 200, 299, 400};
+    for (const bool with_list : {false, true}) {
+      kernels::LogitPenalties p;
+      p.allowed_mask = mask;
+      if (with_list) p.allowed_tokens = allowed;
+      ASSERT_TRUE(p.Active());
+      std::vector<float> got = row;
+      kernels::ApplyLogitPenalties(got, p);
+      for (int t = 0; t < kVocab; ++t) {
+        bool keep = static_cast<size_t>(t / 64) < mask.size() && (mask[t / 64] >> (t % 64) & 1);
+        if (with_list) keep &= std::find(allowed.begin(), allowed.end(), t) != allowed.end();
+        EXPECT_EQ(got[t], keep ? row[t] : -std::numeric_limits<float>::infinity())
+            << "words " << words << " list " << with_list << " token " << t;
+      }
+    }
+  }
+}
+
 // The penalties' arithmetic, step by step, including the repetition penalty's two directions.
 TEST(SamplerTest, LogitPenaltiesFormula) {
   std::vector<float> logits = {2.0f, -2.0f, 1.0f, 0.5f};
