@@ -192,6 +192,20 @@ def main():
             "model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8,
             "stream": True})
         chart.check(status == 200 and "[DONE]" in body, f"chat: {body[:200]}", failures)
+        # The rendered worker has the router's tokenizer (dummy weights, the tokenizer volume):
+        # structured output is served, and what comes back parses as the asked form.
+        status, body = http(f"{router}/v1/chat/completions", {
+            "model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 40,
+            "temperature": 0, "response_format": {"type": "json_schema", "json_schema": {
+                "name": "pick", "schema": {"type": "object", "properties": {
+                    "ok": {"type": "boolean"}}, "required": ["ok"]}}}})
+        content = json.loads(body)["choices"][0]["message"]["content"] if status == 200 else None
+        try:
+            parsed = json.loads(content) if content is not None else None
+        except json.JSONDecodeError:
+            parsed = None
+        chart.check(isinstance(parsed, dict) and isinstance(parsed.get("ok"), bool),
+                    f"structured output: {status} {body[:300]}", failures)
 
         dashboard = json.load(open(DASHBOARD))
         variables = {"namespace": NAMESPACE, "model_name": model}

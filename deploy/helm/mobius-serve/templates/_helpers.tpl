@@ -99,6 +99,17 @@ rank; lws: one LeaderWorkerSet, a group per replica. */}}
 {{- end }}
 {{- end }}
 
+{{/* The tokenizer directory the router and the workers read (router.tokenizer): on its own
+     volume, else in the model's; empty with model.source=dummy and no volume (the router then
+     serves token-id prompts only and the workers refuse structured output). */}}
+{{- define "mobius.tokenizerDir" -}}
+{{- $t := .Values.router.tokenizer -}}
+{{- if $t.volume }}{{ $t.mountPath }}{{ with $t.path }}/{{ . }}{{ end }}
+{{- else if ne .Values.model.source "dummy" }}
+{{- if $t.path }}{{ trimSuffix "/" .Values.model.mountPath }}/{{ $t.path }}{{ else }}{{ include "mobius.modelDir" . }}{{ end }}
+{{- end }}
+{{- end }}
+
 {{/* The model volume (not for model.source=dummy). */}}
 {{- define "mobius.modelVolume" -}}
 - name: model

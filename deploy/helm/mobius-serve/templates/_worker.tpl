@@ -17,6 +17,10 @@
 {{- else }}
 - --model={{ include "mobius.modelDir" $ }}
 {{- end }}
+{{- /* The router's tokenizer: structured output masks every draw by the tokens' bytes. */}}
+{{- with include "mobius.tokenizerDir" $ }}
+- --tokenizer={{ . }}
+{{- end }}
 - --max-num-seqs={{ $v.maxNumSeqs }}
 - --max-model-len={{ $v.maxModelLen }}
 - --max-tokens-per-step={{ $v.maxTokensPerStep }}
@@ -220,6 +224,11 @@ spec:
           mountPath: {{ $.Values.model.mountPath }}
           readOnly: true
         {{- end }}
+        {{- if $.Values.router.tokenizer.volume }}
+        - name: tokenizer
+          mountPath: {{ $.Values.router.tokenizer.mountPath }}
+          readOnly: true
+        {{- end }}
         {{- if gt $world 1 }}
         - name: shm
           mountPath: /dev/shm
@@ -233,6 +242,10 @@ spec:
         name: {{ $full }}-model
     {{- else }}
     {{- include "mobius.modelVolume" $ | nindent 4 }}
+    {{- end }}
+    {{- with $.Values.router.tokenizer.volume }}
+    - name: tokenizer
+      {{- toYaml . | nindent 6 }}
     {{- end }}
     {{- if gt $world 1 }}
     - name: shm
