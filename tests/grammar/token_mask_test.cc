@@ -3,9 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <filesystem>
-#include <iterator>
 #include <memory>
-#include <numeric>
 #include <random>
 #include <regex>
 #include <string>
