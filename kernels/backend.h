@@ -37,7 +37,18 @@ struct SequenceSegment {
   int32_t state_slot = -1;    // recurrent-state slot (conv + delta-rule state) of the sequence
   std::span<const int32_t> kv_blocks;  // paged-KV block table, enough blocks for
                                        // cached_tokens + num_tokens positions
+  // Where the step's updated conv and delta-rule states go: -1 (or state_slot) in place; another
+  // slot receives them and state_slot is only read. A speculative verify step writes to the
+  // sequence's spare slot, so that rejected drafts need no snapshot copy: the old state is still
+  // in state_slot. No other segment of the step may read or write this slot. (A segment without
+  // tokens leaves both slots as they are.)
+  int32_t state_out_slot = -1;
 };
+
+// The slot that receives a segment's updated states (SequenceSegment::state_out_slot).
+inline int32_t WrittenStateSlot(const SequenceSegment& seg) {
+  return seg.state_slot >= 0 && seg.state_out_slot >= 0 ? seg.state_out_slot : seg.state_slot;
+}
 
 // Dimensions of a gated-delta-rule (linear attention) mixer.
 struct DeltaRuleDims {
@@ -252,15 +263,17 @@ class Backend {
   //   out[t, c] = silu(sum_j w[c, j] * x[t - K + 1 + j, c]),
   // where positions before the segment come from conv_states[slot] (the last K-1 inputs of the
   // sequence, zero for a fresh sequence) and conv_states[slot] is updated in place to the last
-  // K-1 inputs (pre-conv). x, out [T, C]; w [C, K]; conv_states F32 [slots, C, K-1].
+  // K-1 inputs (pre-conv), or conv_states[state_out_slot] receives them (WrittenStateSlot).
+  // x, out [T, C]; w [C, K]; conv_states F32 [slots, C, K-1].
   virtual void CausalConv1dSilu(const Tensor& x, const Tensor& w, Tensor& conv_states,
                                 std::span<const SequenceSegment> segments, Tensor& out) = 0;
   // g = -exp(a_log) * softplus(a + dt_bias) and beta = sigmoid(b), in fp32.
   // a, b [T, Hv] (activation dtype); a_log, dt_bias [Hv]; g, beta F32 [T, Hv].
   virtual void DeltaRuleGates(const Tensor& a, const Tensor& b, const Tensor& a_log,
                               const Tensor& dt_bias, Tensor& g, Tensor& beta) = 0;
-  // The gated delta rule over each segment, continuing from and updating (in place) the fp32
-  // recurrent states [slots, Hv, Dk, Dv]:
+  // The gated delta rule over each segment, continuing from the fp32 recurrent states [slots, Hv,
+  // Dk, Dv] of its state_slot and writing the final ones to WrittenStateSlot (in place unless the
+  // segment names a state_out_slot):
   //   q, k = l2norm per head (x / sqrt(sum x^2 + 1e-6)); q *= Dk^-0.5;
   //   per token: S = exp(g) S;  S += k (beta (v - S^T k))^T;  o = S^T q.
   // qkv [T, 2*Hk*Dk + Hv*Dv] holds q (all heads), then k, then v per row (the conv output);
@@ -599,6 +612,12 @@ inline absl::Status CheckDeltaRuleReplay(std::span<const DeltaRuleReplayLayer> l
       return absl::InvalidArgumentError(
           absl::StrFormat("ReplayDeltaRuleStates: segment %d: state slot %d outside [0, %d)", i,
                           seg.state_slot, slots));
+    }
+    if (WrittenStateSlot(seg) != seg.state_slot) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("ReplayDeltaRuleStates: segment %d: state_out_slot %d; a replay updates "
+                          "its state slot %d in place",
+                          i, seg.state_out_slot, seg.state_slot));
     }
     for (size_t o = 0; o < i; ++o) {
       if (segments[o].state_slot == seg.state_slot) {

@@ -13,7 +13,7 @@ namespace mobius::kernels {
 
 // A segment with state_slot < 0 has no recurrent state: it starts from zeros and its final state
 // is dropped (the interface always passes a slot; this only keeps a bad slot from writing out of
-// bounds).
+// bounds). States are read from state_slot and written to WrittenStateSlot.
 void CpuBackend::CausalConv1dSilu(const Tensor& x, const Tensor& w, Tensor& conv_states,
                                   std::span<const SequenceSegment> segments, Tensor& out) {
   // w may be [C, K] or the checkpoint's [C, 1, K].
@@ -72,7 +72,8 @@ void CpuBackend::CausalConv1dSilu(const Tensor& x, const Tensor& w, Tensor& conv
   for (int64_t s = 0; s < num_segments; ++s) {
     const SequenceSegment& seg = segments[s];
     if (seg.state_slot < 0 || seg.num_tokens == 0) continue;
-    float* st = states + seg.state_slot * C * km1;
+    // The history was taken above, so the new state may go to another slot as well as in place.
+    float* st = states + int64_t{WrittenStateSlot(seg)} * C * km1;
     const float* h = hist.data() + s * km1 * C;
     for (int64_t i = 0; i < km1; ++i) {
       const int64_t p = seg.num_tokens - km1 + i;
@@ -160,7 +161,12 @@ void CpuBackend::GatedDeltaRule(const Tensor& qkv, const Tensor& g, const Tensor
     std::vector<float> scratch_state;
     float* state;
     if (seg.state_slot >= 0) {
-      state = states + (int64_t{seg.state_slot} * Hv + vh) * state_elems;
+      // Continued from state_slot; the head's slice is updated where it is to end up.
+      state = states + (int64_t{WrittenStateSlot(seg)} * Hv + vh) * state_elems;
+      if (WrittenStateSlot(seg) != seg.state_slot) {
+        const float* from = states + (int64_t{seg.state_slot} * Hv + vh) * state_elems;
+        std::copy(from, from + state_elems, state);
+      }
     } else {
       scratch_state.assign(static_cast<size_t>(state_elems), 0.0f);
       state = scratch_state.data();

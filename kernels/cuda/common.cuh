@@ -17,6 +17,12 @@
 
 namespace mobius::kernels::cuda {
 
+// The slot that receives segment `seg`'s updated conv and delta-rule states: its state_slot
+// unless the step writes them elsewhere (a speculative verify step's spare slot).
+__device__ __forceinline__ int StateOutSlot(const SegmentMeta& segs, int seg) {
+  return segs.state_out_slot != nullptr ? segs.state_out_slot[seg] : segs.state_slot[seg];
+}
+
 // Aborts with the kernel's name when a launch failed (bad configuration, missing image, ...).
 inline void CheckLaunch(const char* what) {
   const cudaError_t err = cudaGetLastError();

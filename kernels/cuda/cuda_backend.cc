@@ -85,7 +85,7 @@ struct PackedSegments {
   std::vector<int32_t> data;
   bool staged = false;  // the step's staged copy (StageStep) holds these; `data` is empty
   size_t token_segment = 0, token_position = 0, token_begin = 0, num_tokens = 0, cached_tokens = 0,
-         state_slot = 0, block_table_begin = 0, block_tables = 0;
+         state_slot = 0, state_out_slot = 0, block_table_begin = 0, block_tables = 0;
 };
 
 // A CUDA graph of one recorded step and the buffer generation it was recorded against.
@@ -603,7 +603,8 @@ PackedSegments CudaBackend::PackSegments(const char* op, std::span<const Sequenc
   p.num_tokens = p.token_begin + s;
   p.cached_tokens = p.num_tokens + s;
   p.state_slot = p.cached_tokens + s;
-  p.block_table_begin = p.state_slot + s;
+  p.state_out_slot = p.state_slot + s;
+  p.block_table_begin = p.state_out_slot + s;
   p.block_tables = p.block_table_begin + s;
   p.data.assign(p.block_tables, 0);
   int64_t next = 0;
@@ -623,6 +624,7 @@ PackedSegments CudaBackend::PackSegments(const char* op, std::span<const Sequenc
     p.data[p.num_tokens + i] = seg.num_tokens;
     p.data[p.cached_tokens + i] = seg.cached_tokens;
     p.data[p.state_slot + i] = seg.state_slot;
+    p.data[p.state_out_slot + i] = WrittenStateSlot(seg);
     p.data[p.block_table_begin + i] = static_cast<int32_t>(p.data.size() - p.block_tables);
     if (block_tables) p.data.insert(p.data.end(), seg.kv_blocks.begin(), seg.kv_blocks.end());
   }
@@ -642,6 +644,7 @@ bool CudaBackend::UploadSegments(const PackedSegments& packed, int num_segments,
   segs->num_tokens = d + packed.num_tokens;
   segs->cached_tokens = d + packed.cached_tokens;
   segs->state_slot = d + packed.state_slot;
+  segs->state_out_slot = d + packed.state_out_slot;
   segs->block_table_begin = d + packed.block_table_begin;
   segs->block_tables = d + packed.block_tables;
   return true;
@@ -1350,8 +1353,10 @@ void CudaBackend::CausalConv1dSilu(const Tensor& x, const Tensor& w, Tensor& con
         absl::StrFormat("x %s, w %s, conv_states %s, out %s", x.ShapeString(), w.ShapeString(),
                         conv_states.ShapeString(), out.ShapeString()));
   for (const SequenceSegment& seg : segments) {
-    Check(seg.state_slot < conv_states.dim(0), "CausalConv1dSilu",
-          absl::StrFormat("state slot %d >= %d slots", seg.state_slot, conv_states.dim(0)));
+    Check(seg.state_slot < conv_states.dim(0) && WrittenStateSlot(seg) < conv_states.dim(0),
+          "CausalConv1dSilu",
+          absl::StrFormat("state slot %d (out %d) >= %d slots", seg.state_slot,
+                          WrittenStateSlot(seg), conv_states.dim(0)));
   }
   const int64_t t = x.dim(0);
   if (t == 0) return;
@@ -1440,8 +1445,11 @@ void CudaBackend::RunGatedDeltaRule(const Tensor& qkv, Tensor& g, Tensor& beta,
         absl::StrFormat("g %s, beta %s, out %s, recurrent_states %s", g.ShapeString(),
                         beta.ShapeString(), out.ShapeString(), recurrent_states.ShapeString()));
   for (const SequenceSegment& seg : segments) {
-    Check(seg.state_slot < recurrent_states.dim(0), "GatedDeltaRule",
-          absl::StrFormat("state slot %d >= %d slots", seg.state_slot, recurrent_states.dim(0)));
+    Check(
+        seg.state_slot < recurrent_states.dim(0) && WrittenStateSlot(seg) < recurrent_states.dim(0),
+        "GatedDeltaRule",
+        absl::StrFormat("state slot %d (out %d) >= %d slots", seg.state_slot, WrittenStateSlot(seg),
+                        recurrent_states.dim(0)));
   }
   if (t == 0) return;
   Enter();
@@ -1576,10 +1584,11 @@ void CudaBackend::GatedDeltaNetMixer(const DeltaNetMixerOperands& op,
     return;
   }
   for (const SequenceSegment& seg : segments) {
-    Check(seg.state_slot < op.conv_states.dim(0) && seg.state_slot < op.recurrent_states.dim(0),
-          "GatedDeltaNetMixer",
-          absl::StrFormat("state slot %d >= %d conv / %d recurrent slots", seg.state_slot,
-                          op.conv_states.dim(0), op.recurrent_states.dim(0)));
+    const int64_t slots = std::min(op.conv_states.dim(0), op.recurrent_states.dim(0));
+    Check(
+        seg.state_slot < slots && WrittenStateSlot(seg) < slots, "GatedDeltaNetMixer",
+        absl::StrFormat("state slot %d (out %d) >= %d conv / %d recurrent slots", seg.state_slot,
+                        WrittenStateSlot(seg), op.conv_states.dim(0), op.recurrent_states.dim(0)));
   }
   cuda::DeltaNetDecodeStepArgs args;
   args.mixed = Bf16(op.mixed);

@@ -55,12 +55,13 @@ __global__ void ConvStateUpdateKernel(const uint16_t* x, float* conv_states, int
     const int64_t c = e % channels;
     const int begin = segs.token_begin[seg], len = segs.num_tokens[seg];
     if (segs.state_slot[seg] < 0) continue;
-    float* state = conv_states + (segs.state_slot[seg] * channels + c) * hist;
+    const float* state = conv_states + (segs.state_slot[seg] * channels + c) * hist;
+    float* next = conv_states + (StateOutSlot(segs, seg) * channels + c) * hist;
     float old[kMaxConvKernel];
     for (int j = 0; j < hist; ++j) old[j] = state[j];
     for (int j = 0; j < hist; ++j) {
       const int p = len - hist + j;
-      state[j] = p >= 0 ? Bf16ToF32(x[(begin + p) * channels + c]) : old[j + len];
+      next[j] = p >= 0 ? Bf16ToF32(x[(begin + p) * channels + c]) : old[j + len];
     }
   }
 }
@@ -108,7 +109,8 @@ __global__ void __launch_bounds__(kConvVecThreads)
   PdlTrigger();
   constexpr int kHist = kK - 1;
   // Every thread of the block walks the same tokens: their segment data comes from shared memory.
-  __shared__ int tok_seg[kConvTokens], tok_begin[kConvTokens], tok_slot[kConvTokens];
+  __shared__ int tok_seg[kConvTokens], tok_begin[kConvTokens], tok_slot[kConvTokens],
+      tok_out_slot[kConvTokens];
   const int64_t t_begin = static_cast<int64_t>(blockIdx.x) * kConvTokens;
   const int64_t t_end = t_begin + kConvTokens < num_tokens ? t_begin + kConvTokens : num_tokens;
   if (threadIdx.x < t_end - t_begin) {
@@ -116,6 +118,7 @@ __global__ void __launch_bounds__(kConvVecThreads)
     tok_seg[threadIdx.x] = s;
     tok_begin[threadIdx.x] = segs.token_begin[s];
     tok_slot[threadIdx.x] = segs.state_slot[s];
+    tok_out_slot[threadIdx.x] = StateOutSlot(segs, s);
   }
   __syncthreads();
   const int64_t c0 = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * 8;
@@ -169,7 +172,7 @@ __global__ void __launch_bounds__(kConvVecThreads)
     for (int c = 0; c < 8; ++c) acc[c] = Silu(acc[c]);
     *reinterpret_cast<uint4*>(out + t * channels + c0) = PackBf16x8(acc);
     if (update_state && slot >= 0) {
-      float* state = conv_states + (slot * channels + c0) * kHist;
+      float* state = conv_states + (tok_out_slot[local] * channels + c0) * kHist;
 #pragma unroll
       for (int c = 0; c < 8; ++c) {
 #pragma unroll
@@ -201,7 +204,7 @@ __global__ void __launch_bounds__(kConvDecodeThreads)
   const int64_t c0 = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * 8;
   if (c0 >= channels) return;
   const int64_t t = segs.token_begin[seg];
-  const int slot = segs.state_slot[seg];
+  const int slot = segs.state_slot[seg], out_slot = StateOutSlot(segs, seg);
   float wk[kK][8];  // wk[j][c] = w[c0 + c, j]
   LoadConvWeights<kK>(w, c0, wk);
   // state[c * kHist + j] for the 8 channels: 24 consecutive floats, 16-byte aligned (c0 % 8 == 0
@@ -232,6 +235,7 @@ __global__ void __launch_bounds__(kConvDecodeThreads)
   }
   *reinterpret_cast<uint4*>(out + t * channels + c0) = PackBf16x8(acc);
   if (state != nullptr) {
+    state = conv_states + (out_slot * channels + c0) * kHist;
     float next[8 * kHist];
 #pragma unroll
     for (int c = 0; c < 8; ++c) {
@@ -257,12 +261,13 @@ __global__ void ConvStateUpdateVecKernel(const uint16_t* x, float* conv_states, 
   if (c >= channels || segs.state_slot[seg] < 0) return;
   const int hist = kernel_size - 1;
   const int begin = segs.token_begin[seg], len = segs.num_tokens[seg];
-  float* state = conv_states + (segs.state_slot[seg] * channels + c) * hist;
+  const float* state = conv_states + (segs.state_slot[seg] * channels + c) * hist;
+  float* next = conv_states + (StateOutSlot(segs, seg) * channels + c) * hist;
   float old[kMaxConvKernel];
   for (int j = 0; j < hist; ++j) old[j] = state[j];
   for (int j = 0; j < hist; ++j) {
     const int p = len - hist + j;
-    state[j] = p >= 0 ? Bf16ToF32(x[(begin + p) * channels + c]) : old[j + len];
+    next[j] = p >= 0 ? Bf16ToF32(x[(begin + p) * channels + c]) : old[j + len];
   }
 }
 
@@ -296,7 +301,7 @@ __global__ void __launch_bounds__(kDeltaThreads)
   float* v_s = smem + 2 * dk;
 
   const int h = blockIdx.x, seg = blockIdx.y;
-  const int slot = segs.state_slot[seg];
+  const int slot = segs.state_slot[seg], out_slot = StateOutSlot(segs, seg);
   const int begin = segs.token_begin[seg], len = segs.num_tokens[seg];
   if (len == 0 || len > max_tokens) return;
   const int kh = h / (num_v_heads / num_k_heads);
@@ -366,6 +371,9 @@ __global__ void __launch_bounds__(kDeltaThreads)
     __syncthreads();  // q_s, k_s, v_s are rewritten by the next token
   }
 
+  if (state != nullptr) {
+    state = states + (static_cast<int64_t>(out_slot) * num_v_heads + h) * dk * dv;
+  }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const int i = s + 4 * r;
@@ -417,6 +425,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   // The three loads are independent: issue them together, before the early return.
   const int len = segs.num_tokens[seg];
   const int begin = segs.token_begin[seg], slot = segs.state_slot[seg];
+  const int out_slot = StateOutSlot(segs, seg);
   if (len == 0 || len > max_tokens) return;
   float a_log = 0.f, dt_bias = 0.f;
   if constexpr (kGates) {
@@ -513,6 +522,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   }
 
   if (state != nullptr && col_ok) {
+    state = states + (static_cast<int64_t>(out_slot) * num_v_heads + h) * dk * dv;
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       const int r = r0 + kRowsPerPass * p;

@@ -27,10 +27,13 @@ struct TokenMeta {
 };
 struct SegmentMeta {
   int num_segments = 0;
-  const int32_t* token_begin = nullptr;        // [S]
-  const int32_t* num_tokens = nullptr;         // [S]
-  const int32_t* cached_tokens = nullptr;      // [S]
-  const int32_t* state_slot = nullptr;         // [S]
+  const int32_t* token_begin = nullptr;    // [S]
+  const int32_t* num_tokens = nullptr;     // [S]
+  const int32_t* cached_tokens = nullptr;  // [S]
+  const int32_t* state_slot = nullptr;     // [S]
+  // [S] the slot each segment's updated states go to (kernels::WrittenStateSlot); nullptr: in
+  // place. Read with StateOutSlot (common.cuh).
+  const int32_t* state_out_slot = nullptr;
   const int32_t* block_table_begin = nullptr;  // [S] offset of the segment's kv_blocks in
   const int32_t* block_tables = nullptr;       //     the concatenated block tables
 };

@@ -81,6 +81,28 @@ class Pair {
 
 constexpr double kTol = 2e-2;
 
+// A DeltaNet mixer's inputs and weights (Hv = 2 Hk value heads of D, conv of 4 taps), the same
+// random values on both backends, and the starting conv and recurrent states of `slots` slots.
+struct MixerInputs {
+  std::pair<Tensor, Tensor> mixed, z, a, b, conv_w, a_log, dt, norm_w;
+  std::vector<float> conv0, state0;
+};
+MixerInputs RandomMixerInputs(Pair& p, std::mt19937& rng, int T, int Hk, int D, int slots) {
+  const int Hv = 2 * Hk, C = 2 * Hk * D + Hv * D;
+  MixerInputs in;
+  in.mixed = p.Make({T, C}, Random(rng, T * C, -2, 2));
+  in.z = p.Make({T, Hv * D}, Random(rng, T * Hv * D, -2, 2));
+  in.a = p.Make({T, Hv}, Random(rng, T * Hv, -3, 3));
+  in.b = p.Make({T, Hv}, Random(rng, T * Hv, -3, 3));
+  in.conv_w = p.Make({C, 4}, Random(rng, C * 4, -0.5f, 0.5f));
+  in.a_log = p.Make({Hv}, Random(rng, Hv, 0, 2.5f));
+  in.dt = p.Make({Hv}, Random(rng, Hv, -1, 1));
+  in.norm_w = p.Make({D}, Random(rng, D, 0.5f, 1.5f));
+  in.conv0 = Random(rng, static_cast<int64_t>(slots) * C * 3, -2, 2);
+  in.state0 = Random(rng, static_cast<int64_t>(slots) * Hv * D * D, -0.2f, 0.2f);
+  return in;
+}
+
 TEST(CudaVsCpuTest, EveryOpAgrees) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   Pair p;
@@ -704,16 +726,8 @@ TEST(CudaVsCpuTest, DeltaNetMixerDecodeStep) {
       const std::string what = "GatedDeltaNetMixer D=" + std::to_string(D) +
                                " T=" + std::to_string(T) +
                                " segments=" + std::to_string(segs.size());
-      auto mixed = p.Make({T, C}, Random(rng, T * C, -2, 2));
-      auto z = p.Make({T, Hv * D}, Random(rng, T * Hv * D, -2, 2));
-      auto a = p.Make({T, Hv}, Random(rng, T * Hv, -3, 3));
-      auto b = p.Make({T, Hv}, Random(rng, T * Hv, -3, 3));
-      auto conv_w = p.Make({C, 4}, Random(rng, C * 4, -0.5f, 0.5f));
-      auto a_log = p.Make({Hv}, Random(rng, Hv, 0, 2.5f));
-      auto dt = p.Make({Hv}, Random(rng, Hv, -1, 1));
-      auto norm_w = p.Make({D}, Random(rng, D, 0.5f, 1.5f));
-      const std::vector<float> conv0 = Random(rng, slots * C * 3, -2, 2);
-      const std::vector<float> state0 = Random(rng, slots * Hv * D * D, -0.2f, 0.2f);
+      auto [mixed, z, a, b, conv_w, a_log, dt, norm_w, conv0, state0] =
+          RandomMixerInputs(p, rng, T, Hk, D, slots);
       auto conv_states = p.Make({slots, C, 3}, conv0, DType::kF32);
       auto states = p.Make({slots, Hv, D, D}, state0, DType::kF32);
       auto g = p.Make({T, Hv}, std::vector<float>(T * Hv), DType::kF32);
@@ -964,6 +978,114 @@ TEST(CudaVsCpuTest, ReplayDeltaRuleStates) {
 
 // Expert ids routed through a replicated placement's table (Backend::MapExpertIds): the CUDA
 // kernel and the host default agree, ids outside the bank give -1.
+// A step that writes its states to other slots (SequenceSegment::state_out_slot, a speculative
+// verify step's spare slot) leaves the bits of the in-place step there, and its state slots as
+// they were: the one-launch step, the parts (the conv kernels, the recurrent delta rule at 17
+// sequences, the chunked one for a 20-token segment) and the CPU reference.
+TEST(CudaVsCpuTest, StepsWriteStatesToOutSlots) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  Pair p;
+  std::mt19937 rng(47);
+  auto host = [&](const Tensor& t) { return p.CudaHost(t); };
+  auto cpu_host = [&](const Tensor& t) {
+    std::vector<float> v(t.numel());
+    p.cpu().CopyToHostF32(t, v.data());
+    return v;
+  };
+  std::vector<int32_t> none;
+  std::vector<std::vector<SequenceSegment>> cases = {
+      {{0, 1, 7, 2, none}},                                          // decode, batch 1
+      {{0, 5, 11, 2, none}},                                         // a verify step of 4 drafts
+      {{0, 3, 4, 1, none}, {3, 1, 8, 3, none}, {4, 4, 2, 0, none}},  // mixed lengths
+      {{0, 20, 5, 2, none}, {20, 2, 9, 4, none}}};                   // chunked beside recurrent
+  std::vector<SequenceSegment> seventeen;
+  for (int i = 0; i < 17; ++i) seventeen.push_back({2 * i, 2, 3 + i, i < 16 ? i : -1, none});
+  cases.push_back(seventeen);
+  constexpr int kSlots = 20, kOut = 20;  // slot s writes to s + kOut
+  for (const auto& [Hk, D] : std::vector<std::pair<int, int>>{{2, 32}, {16, 128}}) {
+    const int Hv = 2 * Hk, C = 2 * Hk * D + Hv * D, slots = kSlots + kOut;
+    const DeltaRuleDims dims{Hk, Hv, D, D};
+    for (const auto& in_place : cases) {
+      std::vector<SequenceSegment> moved = in_place;
+      for (SequenceSegment& seg : moved) {
+        if (seg.state_slot >= 0) seg.state_out_slot = seg.state_slot + kOut;
+      }
+      const int T = in_place.back().token_begin + in_place.back().num_tokens;
+      const std::string what = "D=" + std::to_string(D) + " T=" + std::to_string(T) +
+                               " segments=" + std::to_string(in_place.size());
+      auto [mixed, z, a, b, conv_w, a_log, dt, norm_w, conv0, state0] =
+          RandomMixerInputs(p, rng, T, Hk, D, slots);
+      const float eps = 1e-6f;
+      struct Run {
+        std::pair<Tensor, Tensor> conv, states, g, beta, out;
+      };
+      // The mixer on both backends, from the same starting states.
+      auto mixer = [&](std::span<const SequenceSegment> segs) {
+        Run r{p.Make({slots, C, 3}, conv0, DType::kF32),
+              p.Make({slots, Hv, D, D}, state0, DType::kF32),
+              p.Make({T, Hv}, std::vector<float>(T * Hv), DType::kF32),
+              p.Make({T, Hv}, std::vector<float>(T * Hv), DType::kF32),
+              p.Make({T, Hv * D}, std::vector<float>(T * Hv * D))};
+        auto conv_out = p.Make({T, C}, std::vector<float>(T * C));
+        auto core = p.Make({T, Hv * D}, std::vector<float>(T * Hv * D));
+        p.cpu().GatedDeltaNetMixer(
+            {mixed.first, z.first, a.first, b.first, conv_w.first, a_log.first, dt.first,
+             norm_w.first, eps, dims, r.conv.first, r.states.first, r.g.first, r.beta.first,
+             conv_out.first, core.first},
+            segs, DeltaRuleAlgorithm::kAuto, r.out.first);
+        p.cuda().GatedDeltaNetMixer(
+            {mixed.second, z.second, a.second, b.second, conv_w.second, a_log.second, dt.second,
+             norm_w.second, eps, dims, r.conv.second, r.states.second, r.g.second, r.beta.second,
+             conv_out.second, core.second},
+            segs, DeltaRuleAlgorithm::kAuto, r.out.second);
+        return r;
+      };
+      const Run base = mixer(in_place);
+      const Run out = mixer(moved);
+      // Slot by slot: each out slot holds what the in-place step left in its state slot, the
+      // state slots and every other slot hold their starting values.
+      auto check = [&](const std::vector<float>& step, const std::vector<float>& reference,
+                       const std::vector<float>& start, size_t per_slot, const std::string& name) {
+        std::vector<int> source(slots, -1);  // the slot whose in-place result an out slot holds
+        for (const SequenceSegment& seg : moved) {
+          if (seg.state_slot >= 0) source[seg.state_out_slot] = seg.state_slot;
+        }
+        for (int s = 0; s < slots; ++s) {
+          const float* want = source[s] >= 0 ? reference.data() + source[s] * per_slot
+                                             : start.data() + s * per_slot;
+          EXPECT_TRUE(std::equal(want, want + per_slot, step.begin() + s * per_slot))
+              << what << " " << name << ": slot " << s
+              << (source[s] >= 0 ? " (an out slot)" : " (not written)");
+        }
+      };
+      const size_t conv_slot = static_cast<size_t>(C) * 3, state_slot = size_t{1} * Hv * D * D;
+      check(host(out.conv.second), host(base.conv.second), conv0, conv_slot, "cuda conv states");
+      check(host(out.states.second), host(base.states.second), state0, state_slot, "cuda states");
+      check(cpu_host(out.conv.first), cpu_host(base.conv.first), conv0, conv_slot,
+            "cpu conv states");
+      check(cpu_host(out.states.first), cpu_host(base.states.first), state0, state_slot,
+            "cpu states");
+      EXPECT_EQ(host(out.out.second), host(base.out.second)) << what;
+      EXPECT_EQ(host(out.g.second), host(base.g.second)) << what;
+      EXPECT_EQ(cpu_host(out.out.first), cpu_host(base.out.first)) << what;
+      // And the CUDA parts called one by one (the one-launch step takes some of these cases).
+      auto conv2 = p.Make({slots, C, 3}, conv0, DType::kF32);
+      auto states2 = p.Make({slots, Hv, D, D}, state0, DType::kF32);
+      auto g2 = p.Make({T, Hv}, std::vector<float>(T * Hv), DType::kF32);
+      auto beta2 = p.Make({T, Hv}, std::vector<float>(T * Hv), DType::kF32);
+      auto conv_out2 = p.Make({T, C}, std::vector<float>(T * C));
+      auto core2 = p.Make({T, Hv * D}, std::vector<float>(T * Hv * D));
+      p.cuda().CausalConv1dSilu(mixed.second, conv_w.second, conv2.second, moved, conv_out2.second);
+      p.cuda().GatedDeltaRuleWithGates(
+          conv_out2.second, a.second, b.second, a_log.second, dt.second, dims, states2.second,
+          moved, DeltaRuleAlgorithm::kAuto, g2.second, beta2.second, core2.second);
+      check(host(conv2.second), host(base.conv.second), conv0, conv_slot, "cuda parts conv");
+      check(host(states2.second), host(base.states.second), state0, state_slot,
+            "cuda parts states");
+    }
+  }
+}
+
 TEST(CudaVsCpuTest, MapExpertIdsAgrees) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   Pair p;
