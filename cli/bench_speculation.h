@@ -1,7 +1,8 @@
 // `mobius bench engine --spec-tokens K`: what speculative decoding costs and buys on this device.
 // For each k = 1..K it times the verify forward of k + 1 tokens per sequence against a plain
-// decode step, the MTP head's k draft steps and the rollback (state snapshot, and on a
-// rejection the restore plus replaying the accepted tokens' state updates), and prints the time
+// decode step (writing the states to each sequence's spare slot, as the engine does), the MTP
+// head's k draft steps and, on a rejection, the rollback (replaying the accepted tokens' state
+// updates onto the slot the verify step only read), and prints the time
 // per output token at every acceptance length a = 1..k + 1 (a tokens emitted per step), for
 // greedy requests (the rows' argmax on the device), and the verify step of sampled requests
 // (rows copied to the host and verified there).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <span>
 
+#include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "tests/model/fixture_util.h"
 
@@ -228,6 +229,76 @@ TEST_P(FixtureModelTest, SequenceTwiceInOneStepIsRejectedWithoutChangingState) {
   std::vector<float> fresh_logits;
   ASSERT_TRUE(model_->Forward(fresh_steps, {}, fresh_logits).ok());
   EXPECT_EQ(logits, fresh_logits);
+}
+
+// A step that writes its DeltaNet states to another slot (SequenceStep::state_out_slot, as a
+// speculative verify step does) gives the in-place step's logits, leaves the states there that
+// the in-place step would have left, and keeps its own slot as it was before the step.
+TEST_P(FixtureModelTest, StepWritesStatesToItsOutSlot) {
+  const std::vector<int32_t>& prompt = ref_.prompts[3];
+  ASSERT_GE(prompt.size(), 20u);
+  const auto head = std::span(prompt).first(10), verify = std::span(prompt).subspan(10, 5),
+             rest = std::span(prompt).subspan(15);
+  ForwardOptions all;
+  all.logits = LogitsMode::kAllTokens;
+  auto run = [&](SequenceStep step, std::vector<float>& logits) {
+    absl::Status s = model_->Forward(std::span(&step, 1), all, logits);
+    EXPECT_TRUE(s.ok()) << s;
+  };
+  // In place, chunk by chunk.
+  SequenceCache plain;
+  ASSERT_TRUE(model_->StartSequence(plain).ok());
+  std::vector<float> plain_head, plain_verify, plain_rest;
+  run({head, &plain}, plain_head);
+  run({verify, &plain}, plain_verify);
+  run({rest, &plain}, plain_rest);
+
+  SequenceCache seq, spare;
+  ASSERT_TRUE(model_->StartSequence(seq).ok());
+  ASSERT_TRUE(model_->StartSequence(spare).ok());
+  std::vector<float> logits;
+  run({head, &seq}, logits);
+  run({verify, &seq, spare.state_slot}, logits);
+  EXPECT_EQ(logits, plain_verify);
+  EXPECT_EQ(seq.num_tokens, 15);
+  // The step only read seq's own slot: run there again, it gives the same logits.
+  seq.num_tokens = 10;
+  run({verify, &seq}, logits);
+  EXPECT_EQ(logits, plain_verify);
+  // Now seq's slot was advanced in place too; the spare slot holds the same states, so the rest
+  // of the prompt continues from either.
+  std::swap(seq.state_slot, spare.state_slot);
+  run({rest, &seq}, logits);
+  EXPECT_EQ(logits, plain_rest);
+}
+
+TEST_P(FixtureModelTest, OutSlotsThatCollideAreRejectedWithoutChangingState) {
+  SequenceCache seq, other, spare;
+  ASSERT_TRUE(model_->StartSequence(seq).ok());
+  ASSERT_TRUE(model_->StartSequence(other).ok());
+  ASSERT_TRUE(model_->StartSequence(spare).ok());
+  std::vector<int32_t> first = {1, 2}, second = {3};
+  std::vector<float> logits;
+  auto rejected = [&](std::vector<SequenceStep> steps, const std::string& message) {
+    absl::Status s = model_->Forward(steps, {}, logits);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find(message), std::string_view::npos) << s;
+    EXPECT_EQ(seq.num_tokens, 0);
+    EXPECT_EQ(other.num_tokens, 0);
+  };
+  const int slots = model_->state_slots()->num_slots();
+  rejected({{first, &seq, slots}},
+           absl::StrFormat("state_out_slot %d outside the %d state slots", slots, slots));
+  rejected({{first, &seq, other.state_slot}, {second, &other}},
+           absl::StrFormat("sequence 0: state_out_slot %d is also used by sequence 1",
+                           other.state_slot));
+  rejected({{first, &seq, spare.state_slot}, {second, &other, spare.state_slot}},
+           absl::StrFormat("sequence 0: state_out_slot %d is also used by sequence 1",
+                           spare.state_slot));
+  // Its own slot is in place.
+  std::vector<SequenceStep> own = {{first, &seq, seq.state_slot}};
+  ASSERT_TRUE(model_->Forward(own, {}, logits).ok());
+  EXPECT_EQ(seq.num_tokens, 2);
 }
 
 TEST_P(FixtureModelTest, TokenOutsideVocabularyIsRejectedWithoutChangingState) {

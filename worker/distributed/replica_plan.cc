@@ -35,6 +35,7 @@ v1::StepPlan ToProto(const ReplicaStepPlan& plan) {
     s->set_state_slot(seq.state_slot);
     s->mutable_kv_blocks()->Add(seq.kv_blocks.begin(), seq.kv_blocks.end());
     s->set_kv_blocks_known(seq.kv_blocks_known);
+    if (seq.state_out_slot >= 0) s->set_state_out_slot(seq.state_out_slot);
   }
   p.set_logits_mode(plan.logits_mode);
   p.set_delta_rule_algorithm(static_cast<int>(plan.delta_rule));
@@ -50,7 +51,8 @@ ReplicaStepPlan FromProto(const v1::StepPlan& p) {
                                              s.cached_tokens(),
                                              s.state_slot(),
                                              {s.kv_blocks().begin(), s.kv_blocks().end()},
-                                             s.kv_blocks_known()});
+                                             s.kv_blocks_known(),
+                                             s.has_state_out_slot() ? s.state_out_slot() : -1});
   }
   plan.logits_mode = p.logits_mode();
   plan.delta_rule = static_cast<kernels::DeltaRuleAlgorithm>(p.delta_rule_algorithm());

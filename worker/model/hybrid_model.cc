@@ -283,6 +283,24 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
             step.cache->state_slot));
       }
     }
+    // A slot that receives a sequence's states is read or written by no other sequence.
+    if (step.state_out_slot >= 0) {
+      if (step.state_out_slot >= state_slots_->num_slots()) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("sequence %d: state_out_slot %d outside the %d state slots", s,
+                            step.state_out_slot, state_slots_->num_slots()));
+      }
+      for (size_t o = 0; o < batch.size(); ++o) {
+        const bool taken = o != s && batch[o].cache != nullptr &&
+                           (batch[o].cache->state_slot == step.state_out_slot ||
+                            batch[o].state_out_slot == step.state_out_slot);
+        if (taken) {
+          return absl::InvalidArgumentError(
+              absl::StrFormat("sequence %d: state_out_slot %d is also used by sequence %d", s,
+                              step.state_out_slot, o));
+        }
+      }
+    }
     for (size_t i = 0; i < step.tokens.size(); ++i) {
       const int32_t id = step.tokens[i];
       if (id < 0 || id >= config_.vocab_size) {
@@ -401,7 +419,7 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
       plan.sequences.push_back(PlannedSequence{
           std::vector<int32_t>(step.tokens.begin(), step.tokens.end()), step.cache->num_tokens,
           step.cache->state_slot, std::vector<int32_t>(blocks.begin() + known, blocks.end()),
-          static_cast<int32_t>(known)});
+          static_cast<int32_t>(known), step.state_out_slot});
       sent = blocks;
     }
     RETURN_IF_ERROR(followers_->Step(plan));
@@ -412,6 +430,7 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
     seg.num_tokens = static_cast<int32_t>(step.tokens.size());
     seg.cached_tokens = step.cache->num_tokens;
     seg.state_slot = step.cache->state_slot;
+    seg.state_out_slot = step.state_out_slot;
     seg.kv_blocks = step.cache->kv_blocks;
     ctx.segments.push_back(seg);
     ids.insert(ids.end(), step.tokens.begin(), step.tokens.end());
@@ -639,6 +658,7 @@ absl::Status HybridModel::ExecutePlan(const ReplicaStepPlan& plan) {
     caches[i].num_tokens = seq.cached_tokens;
     batch[i].tokens = seq.tokens;
     batch[i].cache = &caches[i];
+    batch[i].state_out_slot = seq.state_out_slot;
   }
   ForwardOptions options;
   options.logits = static_cast<LogitsMode>(plan.logits_mode);

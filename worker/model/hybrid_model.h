@@ -31,6 +31,12 @@ class Communicator;  // worker/distributed/communicator.h
 struct SequenceStep {
   std::span<const int32_t> tokens;  // new tokens, at positions cache->num_tokens ...
   SequenceCache* cache = nullptr;   // advanced by tokens.size() on success
+  // -1: the step updates the sequence's DeltaNet states in cache->state_slot. Otherwise another
+  // slot (held by the caller, used by no other sequence of the step) receives them and
+  // cache->state_slot keeps the states from before the step: a speculative verify step writes to
+  // the sequence's spare slot, keeps that slot when every draft is accepted and replays the
+  // accepted tokens onto the untouched one otherwise, with no snapshot copy.
+  int32_t state_out_slot = -1;
 };
 
 enum class LogitsMode {
@@ -100,8 +106,8 @@ struct ForwardOptions {
 };
 
 // Accepted tokens of the last Forward (kept with keep_state_inputs) to apply again to a
-// sequence's DeltaNet state from before that step (its snapshot slot): rows [first_row, first_row +
-// num_tokens) of that step's packed tokens, at positions cache->num_tokens onward.
+// sequence's DeltaNet state from before that step (the slot the step only read): rows [first_row,
+// first_row + num_tokens) of that step's packed tokens, at positions cache->num_tokens onward.
 struct StateReplay {
   SequenceCache* cache = nullptr;  // advanced by num_tokens on success
   int first_row = 0;
@@ -182,9 +188,9 @@ class HybridModel {
   // Gives `seq` a fresh state slot. Free with ReleaseSequence.
   absl::Status StartSequence(SequenceCache& seq);
   void ReleaseSequence(SequenceCache& seq);
-  // Copies the DeltaNet state (conv and recurrent, every layer) of slot `from` into slot `to`:
-  // the snapshot speculative decoding takes before a verify step, and rolls back to (as the
-  // sequence's slot) when it rejects drafts. Queued on the backend. A leader rank first hands it
+  // Copies the DeltaNet state (conv and recurrent, every layer) of slot `from` into slot `to`
+  // (speculative decoding needs no copy: its verify steps write to a spare slot, see
+  // SequenceStep::state_out_slot). Queued on the backend. A leader rank first hands it
   // to its followers (every rank holds a shard of the state); a sharded model's ranks then share
   // the outcome (one small all-reduce and a host wait), so a copy that failed on one rank fails
   // on all.
@@ -196,8 +202,9 @@ class HybridModel {
   absl::Status CopyStateSlots(std::span<const int32_t> from, std::span<const int32_t> to);
   // Re-applies the kept state inputs of the last Forward (keep_state_inputs) for `replays`: for
   // every DeltaNet layer, the causal conv and the delta rule over those tokens (outputs not
-  // formed; Backend::ReplayDeltaRuleStates, one launch on the GPU), so a snapshot taken before
-  // the step reaches the state after the accepted tokens without running the model.
+  // formed; Backend::ReplayDeltaRuleStates, one launch on the GPU), so a state slot that the step
+  // only read (SequenceStep::state_out_slot) reaches the state after the accepted tokens without
+  // running the model.
   // Attention KV entries of those positions are already right (the verify step wrote them). A
   // leader rank first hands it to its followers, and a sharded model's ranks then share the
   // outcome (one small all-reduce), as after CopyStateSlots.

@@ -15,7 +15,7 @@ namespace mobius::worker {
 
 struct MemoryPlanOptions {
   int max_num_seqs = 64;            // state slots (one per running sequence)
-  int extra_state_slots = 0;        // speculative decoding's rollback snapshots
+  int extra_state_slots = 0;        // speculative decoding's spare slots
   int max_model_len = 8192;         // longest sequence
   int kv_block_size = 16;           // positions per KV block
   int max_tokens_per_step = 8192;   // sizes the activation reserve (the scheduler's budget)

@@ -26,6 +26,7 @@ struct PlannedSequence {
   // then sent once, not with every step.
   std::vector<int32_t> kv_blocks;
   int32_t kv_blocks_known = 0;
+  int32_t state_out_slot = -1;  // SequenceStep::state_out_slot
 };
 
 struct ReplicaStepPlan {

@@ -39,7 +39,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(HybridModel& model,
   }
   const int max_len = static_cast<int>(
       std::min<int64_t>(options.max_model_len, model.config().max_position_embeddings));
-  // Speculating sequences hold a second state slot (the rollback snapshot); the KV blocks stay
+  // Speculating sequences hold a second state slot (their verify steps' output); the KV blocks stay
   // sized for max_num_seqs sequences.
   const int max_seqs = options.scheduler.max_num_seqs;
   const int blocks =
@@ -341,10 +341,10 @@ std::unique_ptr<Sequence> Engine::RemoveSequence(const std::string& request_id) 
 
 void Engine::ForgetSpeculation(Sequence& seq) {
   if (options_.drafter == nullptr) return;
-  auto it = snapshots_.find(seq.arrival);
-  if (it != snapshots_.end()) {
+  auto it = spare_slots_.find(seq.arrival);
+  if (it != spare_slots_.end()) {
     model_.state_slots()->Release(it->second);
-    snapshots_.erase(it);
+    spare_slots_.erase(it);
   }
   options_.drafter->Finish(static_cast<int64_t>(seq.arrival));
 }
@@ -368,10 +368,10 @@ absl::Status Engine::DraftForStep(const StepPlan& plan, std::vector<std::vector<
     if (k <= 0) continue;
     // The scheduler reserved the pending token's KV position; the drafts need k more.
     if (!model_.kv_cache()->Reserve(seq.cache, seq.num_computed + 1 + k).ok()) continue;
-    if (!snapshots_.contains(seq.arrival)) {
-      SequenceCache snapshot;
-      if (!model_.state_slots()->Acquire(snapshot).ok()) continue;
-      snapshots_[seq.arrival] = snapshot;
+    if (!spare_slots_.contains(seq.arrival)) {
+      SequenceCache spare;
+      if (!model_.state_slots()->Acquire(spare).ok()) continue;
+      spare_slots_[seq.arrival] = spare;
     }
     std::vector<int32_t>& context = contexts.emplace_back(seq.prompt);
     context.insert(context.end(), seq.output.begin(), seq.output.end());
@@ -382,7 +382,6 @@ absl::Status Engine::DraftForStep(const StepPlan& plan, std::vector<std::vector<
   std::vector<std::vector<int32_t>> proposed;
   RETURN_IF_ERROR(options_.drafter->Draft(requests, proposed));
   const int vocab = model_.config().vocab_size;
-  std::vector<int32_t> snapshot_from, snapshot_to;
   for (size_t r = 0; r < requests.size() && r < proposed.size(); ++r) {
     std::vector<int32_t>& d = proposed[r];
     d.resize(std::min<size_t>(d.size(), static_cast<size_t>(requests[r].k)));
@@ -390,14 +389,10 @@ absl::Status Engine::DraftForStep(const StepPlan& plan, std::vector<std::vector<
     auto bad = std::find_if(d.begin(), d.end(), [&](int32_t t) { return t < 0 || t >= vocab; });
     d.erase(bad, d.end());
     if (d.empty()) continue;
-    Sequence& seq = *plan.chunks[owners[r]].sequence;
-    snapshot_from.push_back(seq.cache.state_slot);
-    snapshot_to.push_back(snapshots_[seq.arrival].state_slot);
     tokens[owners[r]].insert(tokens[owners[r]].end(), d.begin(), d.end());
     drafts[owners[r]] = std::move(d);
   }
-  // Every speculating sequence's state, snapshotted in one copy per state tensor.
-  return model_.CopyStateSlots(snapshot_from, snapshot_to);
+  return absl::OkStatus();
 }
 
 bool Engine::Step() {
@@ -459,7 +454,11 @@ bool Engine::Step() {
   }
   std::vector<SequenceStep> steps;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
-    steps.push_back({tokens[i], &plan.chunks[i].sequence->cache});
+    // A verify step writes the sequence's DeltaNet states to its spare slot (taken in
+    // DraftForStep) and leaves its own slot as it was, for a rollback without a copy.
+    Sequence& seq = *plan.chunks[i].sequence;
+    const int32_t out_slot = drafts[i].empty() ? -1 : spare_slots_[seq.arrival].state_slot;
+    steps.push_back({tokens[i], &seq.cache, out_slot});
   }
   const absl::Time now = absl::Now();
   for (const ScheduledChunk& c : plan.chunks) {
@@ -800,6 +799,9 @@ bool Engine::Step() {
       new_tokens.push_back(verdict.next);
       seq.num_computed += 1 + accepted;
       roll_back = accepted < d;
+      // Every draft kept: the spare slot that the step wrote holds the sequence's states now,
+      // and its old slot becomes the spare.
+      if (!roll_back) std::swap(seq.cache.state_slot, spare_slots_[seq.arrival].state_slot);
       if (EngineMetrics* m = options_.metrics) {
         m->spec_drafts.Increment();
         m->spec_draft_tokens.Increment(d);
@@ -866,21 +868,11 @@ bool Engine::Step() {
     out.completion_tokens = static_cast<int>(seq.output.size());
     const bool done = out.finish != FinishReason::kNone;
     if (roll_back && !done) {
-      // The DeltaNet state absorbed the rejected drafts; the snapshot taken before the step
-      // did not. The two slots swap roles (nothing is copied back) and the state updates of
-      // the pending token and the accepted drafts are replayed onto the snapshot. (A sequence
-      // that finishes here needs neither.)
-      auto snapshot = snapshots_.find(seq.arrival);
-      if (snapshot == snapshots_.end() || snapshot->second.state_slot < 0) {
-        errored.push_back(seq.request_id);
-        replay_error = absl::InternalError(absl::StrFormat(
-            "request %s rejected drafts but holds no state snapshot to roll back to",
-            seq.request_id));
-      } else {
-        std::swap(seq.cache.state_slot, snapshot->second.state_slot);
-        seq.cache.num_tokens = c.begin;
-        replays.push_back({&seq.cache, static_cast<int>(first_hidden), accepted + 1});
-      }
+      // The states in the spare slot absorbed the rejected drafts; the sequence's own slot,
+      // which the step only read, did not: the state updates of the pending token and the
+      // accepted drafts are replayed onto it. (A sequence that finishes here needs neither.)
+      seq.cache.num_tokens = c.begin;
+      replays.push_back({&seq.cache, static_cast<int>(first_hidden), accepted + 1});
     }
     if (!done) observe_commit(c.count + accepted, new_tokens.back());
     if (done) RecordFinish(seq, out.finish);

@@ -64,7 +64,8 @@ struct EngineOptions {
   // Speculative decoding: up to `spec_tokens` drafts per decoding sequence and step from
   // `drafter` (not owned; the MTP head in the worker), verified in the same target forward as
   // the step's other sequences. Sequences that ask for logprobs decode without drafts. Each
-  // speculating sequence holds a second state slot (its snapshot for rollback).
+  // speculating sequence holds a second state slot (where its verify steps write its states, so
+  // that rejected drafts roll back without a copy).
   int spec_tokens = 0;
   Drafter* drafter = nullptr;
   // Where sampled tokens are drawn. kAuto: by the backend (Backend::PenalizeRows, SampleRows and
@@ -172,11 +173,11 @@ class Engine {
   // Whether `seq` may carry drafts (and so needs the drafter to see its committed tokens).
   [[nodiscard]] bool Speculates(const Sequence& seq) const;
   // Drafts for the step's decoding sequences; appends them to `tokens` (k per chunk in `drafts`)
-  // after reserving their KV positions and snapshot slots; a chunk that cannot get either
+  // after reserving their KV positions and spare state slots; a chunk that cannot get either
   // decodes plainly.
   absl::Status DraftForStep(const StepPlan& plan, std::vector<std::vector<int32_t>>& tokens,
                             std::vector<std::vector<int32_t>>& drafts);
-  // Frees a sequence's snapshot slot and the drafter's state for it (finished, preempted).
+  // Frees a sequence's spare state slot and the drafter's state for it (finished, preempted).
   void ForgetSpeculation(Sequence& seq);
   // scheduler_->Remove, and ForgetSpeculation of what it removed.
   std::unique_ptr<Sequence> RemoveSequence(const std::string& request_id);
@@ -187,8 +188,9 @@ class Engine {
   int64_t step_index_ = 0;                // engine thread only
   // Compiled structured-output grammars, shared by the requests that ask the same.
   grammar::GrammarCache grammar_cache_;
-  // Snapshot state slots of speculating sequences, by arrival number (engine thread only).
-  absl::flat_hash_map<uint64_t, SequenceCache> snapshots_;
+  // Spare state slots of speculating sequences (a verify step writes the states there), by
+  // arrival number (engine thread only).
+  absl::flat_hash_map<uint64_t, SequenceCache> spare_slots_;
 
   absl::Mutex mu_;
   std::vector<std::unique_ptr<Sequence>> incoming_ ABSL_GUARDED_BY(mu_);

@@ -178,23 +178,16 @@ absl::Status SpeculativeDecoder::Generate(std::span<const SpeculativeRequest> re
     std::vector<SequenceStep> batch;
     std::vector<int32_t> start_tokens;
     bool speculating = false;
-    const auto snapshot_start = Clock::now();
-    std::vector<int32_t> snapshot_from, snapshot_to;
     for (int i : members) {
       Sequence& s = seqs[i];
       s.step_tokens.assign(1, s.context.back());
       s.step_tokens.insert(s.step_tokens.end(), s.drafts.begin(), s.drafts.end());
-      if (!s.drafts.empty()) {
-        snapshot_from.push_back(s.cache.state_slot);
-        snapshot_to.push_back(s.snapshot.state_slot);
-        speculating = true;
-      }
-      batch.push_back({s.step_tokens, &s.cache});
+      // A speculating sequence's verify step writes its DeltaNet states to the spare slot and
+      // leaves those from before the step in its own (no snapshot copy).
+      batch.push_back({s.step_tokens, &s.cache, s.drafts.empty() ? -1 : s.snapshot.state_slot});
+      speculating |= !s.drafts.empty();
       start_tokens.push_back(s.cache.num_tokens);
     }
-    status = model_.CopyStateSlots(snapshot_from, snapshot_to);
-    stats_.rollback_seconds += SecondsSince(snapshot_start);
-    if (!status.ok()) break;
     ForwardOptions verify;
     verify.logits = LogitsMode::kAllTokens;
     verify.keep_state_inputs = speculating;
@@ -254,11 +247,14 @@ absl::Status SpeculativeDecoder::Generate(std::span<const SpeculativeRequest> re
       }
       const int64_t first_row = row;
       row += static_cast<int64_t>(s.step_tokens.size());
-      if (accepted < d && !s.done) {
-        // The DeltaNet state has absorbed rejected drafts and cannot be un-applied; the snapshot
-        // taken before the verify step has not: the slots swap roles (nothing is copied back)
-        // and the accepted tokens' state updates are replayed onto the snapshot.
+      if (d > 0 && accepted == d) {
+        // Every draft kept: the spare slot holds the states after them and becomes the
+        // sequence's; the old slot is the spare of the next verify step.
         std::swap(s.cache.state_slot, s.snapshot.state_slot);
+      } else if (d > 0 && !s.done) {
+        // The states in the spare slot absorbed rejected drafts and cannot be un-applied; the
+        // sequence's own slot still holds those from before the step: the accepted tokens'
+        // state updates are replayed onto it.
         s.cache.num_tokens = start_tokens[m];
         replays.push_back({&s.cache, static_cast<int>(first_row), accepted + 1});
         ++stats_.rollback_steps;

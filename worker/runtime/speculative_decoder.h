@@ -1,10 +1,11 @@
 // Speculative decoding over HybridModel with exact rollback: each step verifies a sequence's k
 // draft tokens plus its pending token in one target forward (all-token logits) and keeps drafts
 // by the rejection rule of speculative_sampling.h (greedy requests: the longest prefix of drafts
-// that match the target's own choices), then one corrected or bonus token. The DeltaNet state
-// rolls back to the last accepted token by taking the snapshot of the sequence's state slot (made
-// before the verify step) as its slot and replaying the accepted tokens onto it; KV positions roll
-// back by resetting SequenceCache::num_tokens (stale entries are overwritten).
+// that match the target's own choices), then one corrected or bonus token. The verify step writes
+// the DeltaNet states to the sequence's spare slot and leaves its own untouched: with every draft
+// accepted the two slots swap roles; otherwise the state rolls back to the last accepted token by
+// replaying the accepted tokens onto the untouched slot. KV positions roll back by resetting
+// SequenceCache::num_tokens (stale entries are overwritten).
 #ifndef MOBIUS_WORKER_RUNTIME_SPECULATIVE_DECODER_H_
 #define MOBIUS_WORKER_RUNTIME_SPECULATIVE_DECODER_H_
 
@@ -60,10 +61,10 @@ struct SpeculationStats {
   std::vector<int64_t> accepted;
   int64_t verify_steps = 0;
   int64_t emitted_tokens = 0;   // tokens produced by speculative steps (accepted + 1 each)
-  int64_t rollback_steps = 0;   // partial acceptances: the snapshot taken, accepted tokens replayed
+  int64_t rollback_steps = 0;   // partial acceptances: the accepted tokens replayed
   double draft_seconds = 0;     // in the drafter (Observe + Draft)
   double verify_seconds = 0;    // target forwards of steps with drafts
-  double rollback_seconds = 0;  // state snapshots and replays
+  double rollback_seconds = 0;  // state replays
 
   [[nodiscard]] double AcceptanceRate(int position) const;
   // Mean tokens emitted per verify step (accepted drafts + the corrected/bonus token).
