@@ -563,7 +563,6 @@ __global__ void __launch_bounds__(kThreads)
   }
   auto full = [&](int c) { return SharedAddress(&sm.full[c & 1]); };
   const int begin = segs.token_begin[seg], slot = segs.state_slot[seg];
-  const int out_slot = StateOutSlot(segs, seg);
   const int gr = lane >> 2, tc = (lane & 3) * 2;
   const int64_t chunk_elems = ChunkElems(kDk, dv);
   const int m0 = 16 * (warp & 3), c0 = (kBVt / 2) * (warp >> 2);
@@ -703,7 +702,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   if (state != nullptr) {
-    state = states + (static_cast<int64_t>(out_slot) * num_v_heads + h) * kDk * dv;
 #pragma unroll
     for (int n = 0; n < kSN; ++n) {
 #pragma unroll

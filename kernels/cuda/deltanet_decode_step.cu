@@ -68,16 +68,14 @@ struct StepConvChannel {
   int64_t c = -1;        // channel in the mixed row; -1: none
   float* dst = nullptr;  // token 0's output; token i's is dst + i * stride
   int stride = 0;
-  const float* state = nullptr;
-  float* next_state = nullptr;  // where the window ends up (the step's state_out_slot)
+  float* state = nullptr;
   float wk[kConvTaps] = {};
   float hist[kConvTaps - 1] = {};
 
-  __device__ __forceinline__ void Load(const DeltaNetDecodeStepArgs& p, int slot, int out_slot,
+  __device__ __forceinline__ void Load(const DeltaNetDecodeStepArgs& p, int slot,
                                        int64_t channels) {
     if (c < 0) return;
     state = slot >= 0 ? p.conv_states + (slot * channels + c) * (kConvTaps - 1) : nullptr;
-    next_state = slot >= 0 ? p.conv_states + (out_slot * channels + c) * (kConvTaps - 1) : nullptr;
 #pragma unroll
     for (int j = 0; j < kConvTaps; ++j)
       wk[j] = mobius::kernels::cuda::Load(p.conv_w, c * kConvTaps + j);
@@ -113,9 +111,14 @@ struct StepConvChannel {
     }
   }
   __device__ __forceinline__ void StoreState() const {
-    if (c < 0 || next_state == nullptr) return;
+    if (c < 0 || state == nullptr) return;
 #pragma unroll
-    for (int j = 0; j < kConvTaps - 1; ++j) next_state[j] = hist[j];
+    for (int j = 0; j < kConvTaps - 1; ++j) state[j] = hist[j];
+  }
+  // The window goes to slot `out_slot` instead of the one it came from.
+  __device__ __forceinline__ void MoveState(const DeltaNetDecodeStepArgs& p, int slot, int out_slot,
+                                            int64_t channels) {
+    if (c >= 0 && state != nullptr) state += (out_slot - slot) * channels * (kConvTaps - 1);
   }
 };
 
@@ -174,7 +177,16 @@ __device__ __forceinline__ void DeltaNetStepBody(const DeltaNetDecodeStepArgs& p
   // every thread of the cluster walks the same tokens.
   const int64_t begin = segs.token_begin[seg];
   const int len = kT == 1 ? 1 : min(segs.num_tokens[seg], kT);
-  const int slot = segs.state_slot[seg], out_slot = StateOutSlot(segs, seg);
+  const int slot = segs.state_slot[seg];
+  // Verify steps (kT > 1) store the states to each segment's out slot (a speculating sequence's
+  // spare slot). Decode steps update them in place and do not read it: with the out slot read in,
+  // the one-token kernel made batch-1 decode 8% slower on an H100 (session 46); the host runs a
+  // one-token step with out slots in the kT > 1 kernel. That one is ~0.17-0.2 ms a batch-1 verify
+  // step slower than its in-place form in each of three forms measured (the slot in a register as
+  // here, in shared memory, or read at the stores), so HybridModel copies the states and runs in
+  // place where the copy costs less (Backend::CopiesStatesForOutSlots).
+  constexpr bool kOutSlots = kT > 1 && !kReplay;
+  const int out_slot = kOutSlots ? StateOutSlot(segs, seg) : slot;
 
   // This thread's conv channels: ch, a q/k channel (or, outside kLocalQk, a value column: one
   // channel a thread there), and with kLocalQk v_ch, one of the block's value columns. A block
@@ -208,8 +220,12 @@ __device__ __forceinline__ void DeltaNetStepBody(const DeltaNetDecodeStepArgs& p
   }
   // Everything that no kernel of this step writes is loaded before PdlWait: the conv weights and
   // the states (written only by this layer's mixer, a step ago), the gate and norm parameters.
-  ch.Load(p, slot, out_slot, channels);
-  if constexpr (kLocalQk) v_ch.Load(p, slot, out_slot, channels);
+  ch.Load(p, slot, channels);
+  if constexpr (kLocalQk) v_ch.Load(p, slot, channels);
+  if constexpr (kOutSlots) {
+    ch.MoveState(p, slot, out_slot, channels);
+    if constexpr (kLocalQk) v_ch.MoveState(p, slot, out_slot, channels);
+  }
   // The gates of token i are thread kThreads - 1 - i's (one thread a token: a verify step's
   // tokens do not wait for each other's exps and loads).
   const int gate_token = Shape::kThreads - 1 - static_cast<int>(threadIdx.x);
@@ -364,7 +380,7 @@ __device__ __forceinline__ void DeltaNetStepBody(const DeltaNetDecodeStepArgs& p
     DeltaRuleUpdate<kPasses, kLpr>(S, k_s, r0, decay, delta);
   }
   if (state != nullptr) {
-    state = p.states + (static_cast<int64_t>(out_slot) * hv + h) * kD * kD;
+    if constexpr (kOutSlots) state += static_cast<int64_t>(out_slot - slot) * hv * kD * kD;
 #pragma unroll
     for (int pp = 0; pp < kPasses; ++pp) {
       *reinterpret_cast<float4*>(state + (r0 + kRowsPerPass * pp) * kD + col) = S[pp];

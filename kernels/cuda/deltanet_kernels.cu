@@ -187,7 +187,8 @@ __global__ void __launch_bounds__(kConvVecThreads)
   }
 }
 
-// The decode step of the conv (every segment one token, kernel size 4): a block per segment and
+// The decode step of the conv (every segment one token, kernel size 4, states updated in place:
+// the host sends segments with out slots to the kernel above): a block per segment and
 // 8 x 32 channels, eight channels per thread. Everything but the token's input row is loaded
 // before PdlWait: the weights are constants, the segment metadata is staged by a copy, and the
 // conv state of a layer is written only by this layer's conv, which finished a step ago (PDL lets
@@ -204,7 +205,7 @@ __global__ void __launch_bounds__(kConvDecodeThreads)
   const int64_t c0 = (static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x) * 8;
   if (c0 >= channels) return;
   const int64_t t = segs.token_begin[seg];
-  const int slot = segs.state_slot[seg], out_slot = StateOutSlot(segs, seg);
+  const int slot = segs.state_slot[seg];
   float wk[kK][8];  // wk[j][c] = w[c0 + c, j]
   LoadConvWeights<kK>(w, c0, wk);
   // state[c * kHist + j] for the 8 channels: 24 consecutive floats, 16-byte aligned (c0 % 8 == 0
@@ -235,7 +236,6 @@ __global__ void __launch_bounds__(kConvDecodeThreads)
   }
   *reinterpret_cast<uint4*>(out + t * channels + c0) = PackBf16x8(acc);
   if (state != nullptr) {
-    state = conv_states + (out_slot * channels + c0) * kHist;
     float next[8 * kHist];
 #pragma unroll
     for (int c = 0; c < 8; ++c) {
@@ -290,7 +290,7 @@ __global__ void DeltaRuleGatesKernel(const uint16_t* a, const uint16_t* b, AnyPt
 // i = s, s + 4, s + 8, ... of column j of the state S [Dk, Dv], kept in registers for the whole
 // segment; the reductions over i are two shuffles inside each group of 4 lanes. Generic fallback
 // for dims the warp kernel below does not take (Dv % 4 != 0 or Dk > 256).
-template <int kRows>
+template <int kRows, bool kOutSlots>
 __global__ void __launch_bounds__(kDeltaThreads)
     GatedDeltaRuleKernel(const uint16_t* qkv, const float* g, const float* beta, int num_k_heads,
                          int num_v_heads, int dk, int dv, float* states, SegmentMeta segs,
@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(kDeltaThreads)
   float* v_s = smem + 2 * dk;
 
   const int h = blockIdx.x, seg = blockIdx.y;
-  const int slot = segs.state_slot[seg], out_slot = StateOutSlot(segs, seg);
+  const int slot = segs.state_slot[seg];
   const int begin = segs.token_begin[seg], len = segs.num_tokens[seg];
   if (len == 0 || len > max_tokens) return;
   const int kh = h / (num_v_heads / num_k_heads);
@@ -371,8 +371,8 @@ __global__ void __launch_bounds__(kDeltaThreads)
     __syncthreads();  // q_s, k_s, v_s are rewritten by the next token
   }
 
-  if (state != nullptr) {
-    state = states + (static_cast<int64_t>(out_slot) * num_v_heads + h) * dk * dv;
+  if (kOutSlots && state != nullptr) {
+    state = states + (static_cast<int64_t>(StateOutSlot(segs, seg)) * num_v_heads + h) * dk * dv;
   }
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
@@ -404,7 +404,7 @@ constexpr int kWarpsPerBlock = 4;
 // lets this grid start early only while its immediate predecessor runs, and the predecessor
 // itself waited for everything before it; the predecessor of a delta rule is the conv or the gates
 // kernel). So the state's trip from memory overlaps the conv's tail.
-template <int kMaxDk, int kCols, int kRowSplit, bool kGates>
+template <int kMaxDk, int kCols, int kRowSplit, bool kGates, bool kOutSlots>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     GatedDeltaRuleWarpKernel(const uint16_t* __restrict__ qkv, float* g, float* beta,
                              DeltaGateInputs gates, int num_k_heads, int num_v_heads, int dk,
@@ -425,7 +425,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   // The three loads are independent: issue them together, before the early return.
   const int len = segs.num_tokens[seg];
   const int begin = segs.token_begin[seg], slot = segs.state_slot[seg];
-  const int out_slot = StateOutSlot(segs, seg);
+  // Only steps of several tokens read the out slots: in the decode kernel one more value held
+  // across the step changed how ptxas scheduled it (the one-launch step's kernel was 8% slower at
+  // batch 1 that way, session 46).
+  const int out_slot = kOutSlots ? StateOutSlot(segs, seg) : slot;
   if (len == 0 || len > max_tokens) return;
   float a_log = 0.f, dt_bias = 0.f;
   if constexpr (kGates) {
@@ -522,7 +525,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   }
 
   if (state != nullptr && col_ok) {
-    state = states + (static_cast<int64_t>(out_slot) * num_v_heads + h) * dk * dv;
+    if constexpr (kOutSlots) state += static_cast<int64_t>(out_slot - slot) * num_v_heads * dk * dv;
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       const int r = r0 + kRowsPerPass * p;
@@ -534,12 +537,18 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
 template <int kRows>
 void LaunchDeltaRule(dim3 grid, int threads, size_t smem, cudaStream_t stream, const uint16_t* qkv,
                      const float* g, const float* beta, int hk, int hv, int dk, int dv,
-                     float* states, const SegmentMeta& segs, int max_tokens, uint16_t* out) {
-  GatedDeltaRuleKernel<kRows><<<grid, threads, smem, stream>>>(qkv, g, beta, hk, hv, dk, dv, states,
-                                                               segs, max_tokens, out);
+                     float* states, const SegmentMeta& segs, int max_tokens, bool out_slots,
+                     uint16_t* out) {
+  if (out_slots) {
+    GatedDeltaRuleKernel<kRows, true><<<grid, threads, smem, stream>>>(
+        qkv, g, beta, hk, hv, dk, dv, states, segs, max_tokens, out);
+  } else {
+    GatedDeltaRuleKernel<kRows, false><<<grid, threads, smem, stream>>>(
+        qkv, g, beta, hk, hv, dk, dv, states, segs, max_tokens, out);
+  }
 }
 
-template <int kMaxDk, int kCols, int kRowSplit>
+template <int kMaxDk, int kCols, int kRowSplit, bool kOutSlots>
 void LaunchDeltaRuleWarp(const uint16_t* qkv, float* g, float* beta, const DeltaGateInputs* gates,
                          int hk, int hv, int dk, int dv, float* states, const SegmentMeta& segs,
                          int max_tokens, uint16_t* out, cudaStream_t stream) {
@@ -547,11 +556,13 @@ void LaunchDeltaRuleWarp(const uint16_t* qkv, float* g, float* beta, const Delta
   const dim3 grid(hv, segs.num_segments, (dv + cols_per_block - 1) / cols_per_block);
   if (gates != nullptr) {
     LaunchPdl("GatedDeltaRuleWarpKernel (gates)",
-              GatedDeltaRuleWarpKernel<kMaxDk, kCols, kRowSplit, true>, grid, 32 * kWarpsPerBlock,
-              0, stream, qkv, g, beta, *gates, hk, hv, dk, dv, states, segs, max_tokens, out);
+              GatedDeltaRuleWarpKernel<kMaxDk, kCols, kRowSplit, true, kOutSlots>, grid,
+              32 * kWarpsPerBlock, 0, stream, qkv, g, beta, *gates, hk, hv, dk, dv, states, segs,
+              max_tokens, out);
   } else {
-    LaunchPdl("GatedDeltaRuleWarpKernel", GatedDeltaRuleWarpKernel<kMaxDk, kCols, kRowSplit, false>,
-              grid, 32 * kWarpsPerBlock, 0, stream, qkv, g, beta, DeltaGateInputs{}, hk, hv, dk, dv,
+    LaunchPdl("GatedDeltaRuleWarpKernel",
+              GatedDeltaRuleWarpKernel<kMaxDk, kCols, kRowSplit, false, kOutSlots>, grid,
+              32 * kWarpsPerBlock, 0, stream, qkv, g, beta, DeltaGateInputs{}, hk, hv, dk, dv,
               states, segs, max_tokens, out);
   }
 }
@@ -646,7 +657,7 @@ void LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, float* g, float* beta,
                                    const DeltaGateInputs* gates, int64_t num_tokens,
                                    int num_k_heads, int num_v_heads, int k_head_dim, int v_head_dim,
                                    float* states, const SegmentMeta& segments, int max_tokens,
-                                   uint16_t* out, cudaStream_t stream) {
+                                   bool out_slots, uint16_t* out, cudaStream_t stream) {
   if (segments.num_segments == 0 || num_v_heads == 0) return;
   if (k_head_dim > kMaxDeltaRuleKeyHeadDim || k_head_dim < 1 || v_head_dim < 1) {
     std::fprintf(stderr, "mobius cuda: delta rule key head dim %d outside [1, %d]\n", k_head_dim,
@@ -661,20 +672,28 @@ void LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, float* g, float* beta,
   const int warp_cols = layout.cols;
   const bool row_split = layout.row_split == 2;
   if (dv % 4 == 0 && aligned && warp_cols != 0) {
-    auto launch = [&](auto max_dk) {
+    auto launch_layout = [&](auto max_dk, auto out_slots_constant) {
       constexpr int kMaxDk = decltype(max_dk)::value;
+      constexpr bool kOut = decltype(out_slots_constant)::value;
       if (row_split && warp_cols == 16) {
-        LaunchDeltaRuleWarp<kMaxDk, 16, 2>(qkv, g, beta, gates, hk, hv, dk, dv, states, segments,
-                                           max_tokens, out, stream);
+        LaunchDeltaRuleWarp<kMaxDk, 16, 2, kOut>(qkv, g, beta, gates, hk, hv, dk, dv, states,
+                                                 segments, max_tokens, out, stream);
       } else if (row_split) {
-        LaunchDeltaRuleWarp<kMaxDk, 8, 2>(qkv, g, beta, gates, hk, hv, dk, dv, states, segments,
-                                          max_tokens, out, stream);
+        LaunchDeltaRuleWarp<kMaxDk, 8, 2, kOut>(qkv, g, beta, gates, hk, hv, dk, dv, states,
+                                                segments, max_tokens, out, stream);
       } else if (warp_cols == 16) {
-        LaunchDeltaRuleWarp<kMaxDk, 16, 1>(qkv, g, beta, gates, hk, hv, dk, dv, states, segments,
-                                           max_tokens, out, stream);
+        LaunchDeltaRuleWarp<kMaxDk, 16, 1, kOut>(qkv, g, beta, gates, hk, hv, dk, dv, states,
+                                                 segments, max_tokens, out, stream);
       } else {
-        LaunchDeltaRuleWarp<kMaxDk, 8, 1>(qkv, g, beta, gates, hk, hv, dk, dv, states, segments,
-                                          max_tokens, out, stream);
+        LaunchDeltaRuleWarp<kMaxDk, 8, 1, kOut>(qkv, g, beta, gates, hk, hv, dk, dv, states,
+                                                segments, max_tokens, out, stream);
+      }
+    };
+    auto launch = [&](auto max_dk) {
+      if (out_slots) {
+        launch_layout(max_dk, std::true_type());
+      } else {
+        launch_layout(max_dk, std::false_type());
       }
     };
     if (dk <= 32) {
@@ -700,13 +719,13 @@ void LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, float* g, float* beta,
   const int rows = (dk + 3) / 4;
   if (rows <= 16) {
     LaunchDeltaRule<16>(grid, threads, smem, stream, qkv, g, beta, hk, hv, dk, dv, states, segments,
-                        max_tokens, out);
+                        max_tokens, out_slots, out);
   } else if (rows <= 32) {
     LaunchDeltaRule<32>(grid, threads, smem, stream, qkv, g, beta, hk, hv, dk, dv, states, segments,
-                        max_tokens, out);
+                        max_tokens, out_slots, out);
   } else {
     LaunchDeltaRule<64>(grid, threads, smem, stream, qkv, g, beta, hk, hv, dk, dv, states, segments,
-                        max_tokens, out);
+                        max_tokens, out_slots, out);
   }
   CheckLaunch("GatedDeltaRule");
 }

@@ -196,7 +196,7 @@ void LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, float* g, float* beta,
                                    const DeltaGateInputs* gates, int64_t num_tokens,
                                    int num_k_heads, int num_v_heads, int k_head_dim, int v_head_dim,
                                    float* states, const SegmentMeta& segments, int max_tokens,
-                                   uint16_t* out, cudaStream_t stream);
+                                   bool out_slots, uint16_t* out, cudaStream_t stream);
 // Chunked (WY/UT) form over the segments of at least `min_tokens` tokens (chunked_delta_rule.cu).
 // Supported: Dk 64 or 128, Dv a multiple of 32 up to 128 (ChunkedDeltaRuleSupports).
 // `num_chunks` = sum over those segments of ceil(tokens / 64), `num_chunked_segments` their

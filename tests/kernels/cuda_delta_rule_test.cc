@@ -338,7 +338,8 @@ TEST_F(CudaDeltaRuleBench, ReleaseDims) {
     const double us = TimeUs(
         [&](int i) {
           cuda::LaunchGatedDeltaRuleRecurrent(qkv, g, beta, nullptr, 0, hk, hv, dk, dv, states,
-                                              metas[i % sets]->meta, INT32_MAX, out, stream_);
+                                              metas[i % sets]->meta, INT32_MAX,
+                                              /*out_slots=*/false, out, stream_);
         },
         50);
     const double bytes = batch * (2.0 * state_bytes + row * 2 + hv * dv * 2 + hv * 8);
@@ -370,8 +371,10 @@ TEST_F(CudaDeltaRuleBench, ReleaseDims) {
             ? 0.0
             : TimeUs(
                   [&](int) {
+                    // Several tokens a segment: the backend's out-slot kernel.
                     cuda::LaunchGatedDeltaRuleRecurrent(qkv, g, beta, nullptr, 0, hk, hv, dk, dv,
-                                                        states, meta.meta, INT32_MAX, out, stream_);
+                                                        states, meta.meta, INT32_MAX,
+                                                        /*out_slots=*/c.len > 1, out, stream_);
                   },
                   rec_iters, tokens >= 4096 ? 3 : 5);
     // Bound: qkv rows + g/beta read, out written, states read+written once; multiply-adds of
@@ -403,7 +406,7 @@ TEST_F(CudaDeltaRuleBench, ProfileOnce) {
   for (int batch : {1, 64}) {
     DeviceSegments meta(std::vector<int>(batch, 1), 0);
     cuda::LaunchGatedDeltaRuleRecurrent(qkv, g, beta, nullptr, 0, hk, hv, dk, dv, states, meta.meta,
-                                        INT32_MAX, out, stream_);
+                                        INT32_MAX, /*out_slots=*/false, out, stream_);
   }
   for (const std::vector<int>& lengths : {std::vector<int>{4096}, std::vector<int>(8, 1024)}) {
     DeviceSegments meta(lengths, 0);
