@@ -179,12 +179,10 @@ __device__ __forceinline__ void DeltaNetStepBody(const DeltaNetDecodeStepArgs& p
   const int len = kT == 1 ? 1 : min(segs.num_tokens[seg], kT);
   const int slot = segs.state_slot[seg];
   // Verify steps (kT > 1) store the states to each segment's out slot (a speculating sequence's
-  // spare slot). Decode steps update them in place and do not read it: with the out slot read in,
-  // the one-token kernel made batch-1 decode 8% slower on an H100 (session 46); the host runs a
-  // one-token step with out slots in the kT > 1 kernel. That one is ~0.17-0.2 ms a batch-1 verify
-  // step slower than its in-place form in each of three forms measured (the slot in a register as
-  // here, in shared memory, or read at the stores), so HybridModel copies the states and runs in
-  // place where the copy costs less (Backend::CopiesStatesForOutSlots).
+  // spare slot). Decode steps update them in place and do not read it (the host runs a one-token
+  // step with out slots in the kT > 1 kernel): session 46's first form read it in the one-token
+  // kernel too, whose float4 state stores then compiled to scalar ones (see the stores below),
+  // and batch-1 decode was 8% slower on an H100.
   constexpr bool kOutSlots = kT > 1 && !kReplay;
   const int out_slot = kOutSlots ? StateOutSlot(segs, seg) : slot;
 
@@ -380,10 +378,20 @@ __device__ __forceinline__ void DeltaNetStepBody(const DeltaNetDecodeStepArgs& p
     DeltaRuleUpdate<kPasses, kLpr>(S, k_s, r0, decay, delta);
   }
   if (state != nullptr) {
-    if constexpr (kOutSlots) state += static_cast<int64_t>(out_slot - slot) * hv * kD * kD;
+    if constexpr (kOutSlots) {
+      // To the out slot, through __stwb: plain float4 stores through the offset pointer compiled
+      // to four scalar stores each (the PTX of session 46's verify kernel), and that form was
+      // 0.17-0.22 ms a batch-1 or batch-8 verify step slower than in place.
+      state += static_cast<int64_t>(out_slot - slot) * hv * kD * kD;
 #pragma unroll
-    for (int pp = 0; pp < kPasses; ++pp) {
-      *reinterpret_cast<float4*>(state + (r0 + kRowsPerPass * pp) * kD + col) = S[pp];
+      for (int pp = 0; pp < kPasses; ++pp) {
+        __stwb(reinterpret_cast<float4*>(state + (r0 + kRowsPerPass * pp) * kD + col), S[pp]);
+      }
+    } else {
+#pragma unroll
+      for (int pp = 0; pp < kPasses; ++pp) {
+        *reinterpret_cast<float4*>(state + (r0 + kRowsPerPass * pp) * kD + col) = S[pp];
+      }
     }
   }
   // The norm's sum of squares in GatedRmsNormSubWarpKernel's order, so that a step gives the bits
