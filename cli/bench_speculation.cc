@@ -117,8 +117,6 @@ absl::Status BenchSpeculation(worker::HybridModel& model, const SpeculationBench
                          for (auto& s : seqs) s.num_tokens = C;
                          return absl::OkStatus();
                        }));
-    }
-    if (m > 1) {
       worker::ForwardOptions sampled;
       sampled.logits_rows.assign(B, m);
       sampled.hidden_out = &hidden;

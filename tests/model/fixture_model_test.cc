@@ -335,7 +335,7 @@ TEST_P(FixtureModelTest, OutSlotsThatCollideAreRejectedWithoutChangingState) {
            absl::StrFormat("sequence 0: state_out_slot %d is also used by sequence 1",
                            other.state_slot));
   rejected({{first, &seq, spare.state_slot}, {second, &other, spare.state_slot}},
-           absl::StrFormat("sequence 0: state_out_slot %d is also used by sequence 1",
+           absl::StrFormat("sequence 1: state_out_slot %d is also used by sequence 0",
                            spare.state_slot));
   // Its own slot is in place.
   std::vector<SequenceStep> own = {{first, &seq, seq.state_slot}};

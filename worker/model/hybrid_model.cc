@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
@@ -268,6 +269,7 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
   ctx.options = options;
   std::vector<int32_t> ids;
   int64_t draft_tokens = 0;
+  bool moves_states = false;  // a sequence's states go to another slot (state_out_slot)
   for (size_t s = 0; s < batch.size(); ++s) {
     const SequenceStep& step = batch[s];
     if (step.cache == nullptr || step.cache->state_slot < 0) {
@@ -287,24 +289,12 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
             step.cache->state_slot));
       }
     }
-    // A slot that receives a sequence's states is read or written by no other sequence.
-    if (step.state_out_slot >= 0) {
-      if (step.state_out_slot >= state_slots_->num_slots()) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("sequence %d: state_out_slot %d outside the %d state slots", s,
-                            step.state_out_slot, state_slots_->num_slots()));
-      }
-      for (size_t o = 0; o < batch.size(); ++o) {
-        const bool taken = o != s && batch[o].cache != nullptr &&
-                           (batch[o].cache->state_slot == step.state_out_slot ||
-                            batch[o].state_out_slot == step.state_out_slot);
-        if (taken) {
-          return absl::InvalidArgumentError(
-              absl::StrFormat("sequence %d: state_out_slot %d is also used by sequence %d", s,
-                              step.state_out_slot, o));
-        }
-      }
+    if (step.state_out_slot >= state_slots_->num_slots()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("sequence %d: state_out_slot %d outside the %d state slots", s,
+                          step.state_out_slot, state_slots_->num_slots()));
     }
+    moves_states |= step.state_out_slot >= 0 && step.state_out_slot != step.cache->state_slot;
     for (size_t i = 0; i < step.tokens.size(); ++i) {
       const int32_t id = step.tokens[i];
       if (id < 0 || id >= config_.vocab_size) {
@@ -319,6 +309,21 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
       return absl::InvalidArgumentError(
           absl::StrFormat("sequence %d: %d tokens exceed max_position_embeddings (%d)", s, end,
                           config_.max_position_embeddings));
+    }
+  }
+  if (moves_states) {
+    // A slot that receives a sequence's states is read or written by no other sequence: one pass
+    // over the slots in use (the step's sequences by their state slot, then each out slot).
+    absl::flat_hash_map<int32_t, size_t> user;
+    for (size_t s = 0; s < batch.size(); ++s) user.emplace(batch[s].cache->state_slot, s);
+    for (size_t s = 0; s < batch.size(); ++s) {
+      const int32_t out = batch[s].state_out_slot;
+      if (out < 0 || out == batch[s].cache->state_slot) continue;
+      auto [it, fresh] = user.emplace(out, s);
+      if (!fresh) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "sequence %d: state_out_slot %d is also used by sequence %d", s, out, it->second));
+      }
     }
   }
   if (!options.logits_rows.empty()) {
