@@ -209,11 +209,6 @@ class Backend {
   virtual void ClearStep() {}
   // True when BeginCapture/EndCapture/Replay work (the CUDA backend).
   [[nodiscard]] virtual bool SupportsCapture() const { return false; }
-  // Whether a step of `num_segments` sequences whose DeltaNet states go to other slots
-  // (SequenceSegment::state_out_slot) runs faster as a copy of those states to their out slots
-  // (CopyRows) followed by the step in place there; HybridModel then does that. Default false:
-  // the ops write to the out slots themselves.
-  [[nodiscard]] virtual bool CopiesStatesForOutSlots(size_t num_segments) const { return false; }
   // Ops queued from here to EndCapture are recorded, not run. Needs a staged step: ops must not
   // upload other host data (GatherRows, MoeExperts with expert_tokens) or read back to the host.
   // Allocate() returns memory of a capture pool that every capture reuses from its start, so a

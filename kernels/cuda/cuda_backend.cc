@@ -274,16 +274,6 @@ class CudaBackend final : public Backend {
                  int max_positions) override;
   void ClearStep() override { staged_ = StagedStep{}; }
   [[nodiscard]] bool SupportsCapture() const override { return true; }
-  // The one-launch DeltaNet step writing to out slots measured ~0.17 ms a step slower than its
-  // in-place form at batch 1 and ~0.07 ms at batch 8, against a copy of the states of 0.08 /
-  // 0.47 ms (H100, release shapes, session 46): the copy paid below about three sequences. (Those
-  // kernels stored the state in scalar pieces, since fixed and not yet re-measured.)
-  // MOBIUS_OUT_SLOT_COPY=0 / 1 never / always copies (A/B runs).
-  [[nodiscard]] bool CopiesStatesForOutSlots(size_t num_segments) const override {
-    static const int forced = cuda::KnobChoice("MOBIUS_OUT_SLOT_COPY", {"0", "1"});
-    if (forced != 0) return forced == 2;
-    return num_segments <= 2;
-  }
   absl::Status CheckModelOpShapes(const ModelOpShapes& shapes) const override {
     return CheckCudaModelOpShapes(shapes);
   }

@@ -235,7 +235,9 @@ TEST_P(FixtureModelTest, SequenceTwiceInOneStepIsRejectedWithoutChangingState) {
 // A step that writes its DeltaNet states to another slot (SequenceStep::state_out_slot, as a
 // speculative verify step does) gives the in-place step's logits, leaves the states there that
 // the in-place step would have left, and keeps its own slot as it was before the step.
-void ExpectStepWritesStatesToItsOutSlot(HybridModel& model, const std::vector<int32_t>& prompt) {
+TEST_P(FixtureModelTest, StepWritesStatesToItsOutSlot) {
+  HybridModel& model = *model_;
+  const std::vector<int32_t>& prompt = ref_.prompts[3];
   ASSERT_GE(prompt.size(), 20u);
   const auto head = std::span(prompt).first(10), verify = std::span(prompt).subspan(10, 5),
              rest = std::span(prompt).subspan(15);
@@ -271,47 +273,6 @@ void ExpectStepWritesStatesToItsOutSlot(HybridModel& model, const std::vector<in
   run({rest, &seq}, logits);
   EXPECT_EQ(logits, plain_rest);
   for (SequenceCache* c : {&plain, &seq, &spare}) model.ReleaseSequence(*c);
-}
-
-TEST_P(FixtureModelTest, StepWritesStatesToItsOutSlot) {
-  ExpectStepWritesStatesToItsOutSlot(*model_, ref_.prompts[3]);
-}
-
-// The CPU reference asking HybridModel to copy the states to the out slots before such a step and
-// run it in place there (as the CUDA backend does at one or two sequences); it records whether an
-// op was still handed an out slot.
-class CopyingCpuBackend final : public kernels::CpuBackend {
- public:
-  CopyingCpuBackend() : CpuBackend(1) {}
-  [[nodiscard]] bool CopiesStatesForOutSlots(size_t /*num_segments*/) const override {
-    return true;
-  }
-  void CopyRows(std::span<kernels::Tensor* const> xs, std::span<const int32_t> from,
-                std::span<const int32_t> to) override {
-    ++copies;
-    CpuBackend::CopyRows(xs, from, to);
-  }
-  void CausalConv1dSilu(const kernels::Tensor& x, const kernels::Tensor& w,
-                        kernels::Tensor& conv_states,
-                        std::span<const kernels::SequenceSegment> segments,
-                        kernels::Tensor& out) override {
-    for (const kernels::SequenceSegment& seg : segments) {
-      out_slot_seen |= kernels::WrittenStateSlot(seg) != seg.state_slot;
-    }
-    CpuBackend::CausalConv1dSilu(x, w, conv_states, segments, out);
-  }
-  int copies = 0;
-  bool out_slot_seen = false;
-};
-
-TEST_P(FixtureModelTest, StepCopiesStatesToItsOutSlotWhereTheBackendPrefers) {
-  CopyingCpuBackend backend;
-  std::unique_ptr<HybridModel> model = LoadFixtureModel(dir_, backend);
-  ASSERT_NE(model, nullptr);
-  ASSERT_TRUE(model->CreateCaches(/*max_sequences=*/4, /*max_tokens=*/256).ok());
-  ExpectStepWritesStatesToItsOutSlot(*model, ref_.prompts[3]);
-  EXPECT_EQ(backend.copies, 1);  // the one step with an out slot
-  EXPECT_FALSE(backend.out_slot_seen);
 }
 
 TEST_P(FixtureModelTest, OutSlotsThatCollideAreRejectedWithoutChangingState) {

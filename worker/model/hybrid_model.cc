@@ -147,12 +147,6 @@ absl::Status HybridModel::CopyStateSlots(std::span<const int32_t> from,
   if (followers_ != nullptr) {
     RETURN_IF_ERROR(followers_->CopyStateSlots({from.begin(), from.end()}, {to.begin(), to.end()}));
   }
-  QueueStateCopy(from, to);
-  // The copy's metadata may not have fit (ResourceExhausted); then nothing was copied.
-  return ShareCallStatus(backend_.TakeOpError(), "state copy");
-}
-
-void HybridModel::QueueStateCopy(std::span<const int32_t> from, std::span<const int32_t> to) {
   std::vector<Tensor> rows;  // every state tensor as [slots, one slot's elements]
   for (int l = 0; l < state_slots_->num_layers(); ++l) {
     for (Tensor* states : {&state_slots_->conv_states(l), &state_slots_->recurrent_states(l)}) {
@@ -163,6 +157,8 @@ void HybridModel::QueueStateCopy(std::span<const int32_t> from, std::span<const 
   std::vector<Tensor*> xs;
   for (Tensor& t : rows) xs.push_back(&t);
   backend_.CopyRows(xs, from, to);
+  // The copy's metadata may not have fit (ResourceExhausted); then nothing was copied.
+  return ShareCallStatus(backend_.TakeOpError(), "state copy");
 }
 
 absl::Status HybridModel::ShareCallStatus(absl::Status local, absl::string_view what) {
@@ -455,20 +451,6 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
   }
   // An op failure left by ops run outside a step (their callers check it) is not this step's.
   backend_.TakeOpError().IgnoreError();
-  // Where the backend runs such a step faster in place, the states of the sequences with an out
-  // slot are copied there first and the step updates them there (every rank does this on its
-  // own shard); the slots read keep their states either way.
-  if (backend_.CopiesStatesForOutSlots(ctx.segments.size())) {
-    std::vector<int32_t> from, to;
-    for (kernels::SequenceSegment& seg : ctx.segments) {
-      if (kernels::WrittenStateSlot(seg) == seg.state_slot) continue;
-      from.push_back(seg.state_slot);
-      to.push_back(seg.state_out_slot);
-      seg.state_slot = seg.state_out_slot;
-      seg.state_out_slot = -1;
-    }
-    if (!from.empty()) QueueStateCopy(from, to);
-  }
   // Every op of the step reads these from one staged device copy.
   backend_.StageStep(ids, ctx.segments, max_positions_);
   absl::Cleanup clear_step = [this] { backend_.ClearStep(); };

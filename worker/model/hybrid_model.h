@@ -290,10 +290,6 @@ class HybridModel {
   // last_call_failed_together). Returns `local` where it failed, else the group's error.
   // Unsharded: `local`.
   absl::Status ShareCallStatus(absl::Status local, absl::string_view what);
-  // Queues a copy of the DeltaNet states (every layer's conv and recurrent tensor) of slots
-  // from[i] into to[i] on this rank's backend (CopyStateSlots without the followers and the
-  // shared status; a failure is left as the backend's op error).
-  void QueueStateCopy(std::span<const int32_t> from, std::span<const int32_t> to);
   // Runs a decode step through its recording (recording it after running it op by op the first
   // time). Returns the logits tensor.
   // Expert parallelism: sums every rank's (token, expert) counts of the step over the ranks.
