@@ -458,11 +458,12 @@ class CudaBackend final : public Backend {
   // MOBIUS_SKINNY_GEMM=0 sends few-row GEMMs to cuBLASLt (skinny kernel and tensor-core GEMV
   // both off), for before/after timings.
   const bool skinny_off_ = cuda::KnobChoice("MOBIUS_SKINNY_GEMM", {"0", "1"}) == 1;
-  // Projections of 2-8 rows go to the tensor-core GEMV (tc_gemv.cu); against cuBLASLt a
+  // Projections of 2-16 rows go to the tensor-core GEMV (tc_gemv.cu); against cuBLASLt a
   // batch-4 decode step 6.35 -> 5.58 ms, batch 8 8.41 -> 7.60 ms, and at 2 rows against the
   // skinny kernel 4.66 -> 4.54 ms; at 1 row the skinny kernel stays ahead (3.61 vs 3.85 ms;
-  // performance.md, eleventh version). MOBIUS_TC_GEMV=N (1-8) sets the fewest rows it takes,
-  // 0 turns it off.
+  // performance.md, eleventh version). Up to 16 rows since 9-16 took two x tiles (cuBLASLt
+  // before: batch 10 11.79 -> 11.00 ms, 16 16.05 -> 15.20 on an H100). MOBIUS_TC_GEMV=N (1-16)
+  // sets the fewest rows it takes, 0 turns it off.
   const int tc_gemv_min_rows_ = [this] {
     const int rows = cuda::KnobInt("MOBIUS_TC_GEMV", 2, 0, cuda::kMaxTcGemvRows);
     return skinny_off_ || rows <= 0 ? cuda::kMaxTcGemvRows + 1 : rows;
@@ -857,7 +858,7 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor& y) {
   if (s.m == 0 || s.n == 0) return;
   Enter();
   const bool y_f32 = y.dtype() == DType::kF32;
-  // 2-8 rows on the tensor-core GEMV, any weight size (the lm_head included): it streams weights
+  // 2-16 rows on the tensor-core GEMV, any weight size (the lm_head included): it streams weights
   // faster than cuBLASLt and the skinny kernel do at these row counts.
   if (TcGemvFor(s.m) && cuda::TcGemvSupports(s.m, s.k, x.raw(), w.raw())) {
     const cuda::SkinnyTarget target{Bf16(w), s.n, AnyMutPtr{y.raw(), y_f32}};

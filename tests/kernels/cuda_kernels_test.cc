@@ -1493,13 +1493,14 @@ TEST_F(CudaKernelsTest, SegmentWithoutStateSlotStartsFromZero) {
   EXPECT_EQ(Host(rs), rec0);
 }
 
-// The tensor-core GEMV (tc_gemv.cu) for every row count it takes, two targets (one bf16 and
-// one fp32 output, row counts that are not multiples of its 16-row groups), against a double
-// reference. K = 96 (3 steps, fewer than a round of loads, no split), 512, 1024 and 4096 (K split
-// over 2, 4 and 8 warps by TcGemvSplit at these 68 row groups).
+// The tensor-core GEMV (tc_gemv.cu) for every row count it takes (one 8-row tile of x up to 8
+// rows, two from 9), two targets (one bf16 and one fp32 output, row counts that are not
+// multiples of its 16-row groups), against a double reference. K = 96 (3 steps, fewer than a
+// round of loads, no split), 512, 1024 and 4096 (K split over 2, 4 and 8 warps by TcGemvSplit at
+// these 68 row groups).
 TEST_F(CudaKernelsTest, TcGemvMatchesReference) {
   for (const int64_t k : {96, 512, 1024, 4096}) {
-    for (int m = 1; m <= 8; ++m) {
+    for (int m = 1; m <= cuda::kMaxTcGemvRows; ++m) {
       const int64_t n0 = 40, n1 = 1037;
       const std::vector<float> x = Rand(m * k), w0 = Rand(n0 * k), w1 = Rand(n1 * k);
       Tensor xt = Make(DType::kBF16, {m, k}, x), w0t = Make(DType::kBF16, {n0, k}, w0),
