@@ -266,6 +266,10 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
   std::vector<int32_t> ids;
   int64_t draft_tokens = 0;
   bool moves_states = false;  // a sequence's states go to another slot (state_out_slot)
+  // The step's sequence using each state slot (read, or written as an out slot): one hash map
+  // pass, not a comparison of every pair (a batch-256 step would make ~33K).
+  absl::flat_hash_map<int32_t, size_t> user;
+  user.reserve(batch.size());
   for (size_t s = 0; s < batch.size(); ++s) {
     const SequenceStep& step = batch[s];
     if (step.cache == nullptr || step.cache->state_slot < 0) {
@@ -278,12 +282,10 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
     // A sequence's tokens of a step form one segment: twice in a batch, its two segments would
     // read and write the same conv and recurrent state at once (the kernels of a step run every
     // segment in parallel).
-    for (size_t o = 0; o < s; ++o) {
-      if (batch[o].cache->state_slot == step.cache->state_slot) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "sequences %d and %d share state slot %d: a sequence may appear once in a step", o, s,
-            step.cache->state_slot));
-      }
+    if (auto [it, fresh] = user.emplace(step.cache->state_slot, s); !fresh) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "sequences %d and %d share state slot %d: a sequence may appear once in a step",
+          it->second, s, step.cache->state_slot));
     }
     if (step.state_out_slot >= state_slots_->num_slots()) {
       return absl::InvalidArgumentError(
@@ -308,10 +310,7 @@ absl::Status HybridModel::Forward(std::span<SequenceStep> batch, const ForwardOp
     }
   }
   if (moves_states) {
-    // A slot that receives a sequence's states is read or written by no other sequence: one pass
-    // over the slots in use (the step's sequences by their state slot, then each out slot).
-    absl::flat_hash_map<int32_t, size_t> user;
-    for (size_t s = 0; s < batch.size(); ++s) user.emplace(batch[s].cache->state_slot, s);
+    // A slot that receives a sequence's states is read or written by no other sequence.
     for (size_t s = 0; s < batch.size(); ++s) {
       const int32_t out = batch[s].state_out_slot;
       if (out < 0 || out == batch[s].cache->state_slot) continue;
