@@ -386,6 +386,9 @@ void LaunchMapExpertIds(const int32_t* ids, const int32_t* routes, int stride, i
                         int64_t num_pairs, int k, int32_t* out, cudaStream_t stream);
 
 inline constexpr int kMoeFewTokensMaxPairs = 64;
+// The pair limit in force: kMoeFewTokensMaxPairs, or MOBIUS_MOE_FEW_MAX_PAIRS (1-256) for A/B
+// runs of steps with more pairs (9-16 tokens at top-8 take the grouped path by default).
+int MoeFewTokensMaxPairs();
 // The same for a few tokens (at most kMoeFewTokensMaxPairs pairs: decode), without routing tiles or
 // a combine pass: returns false, launching nothing, for shapes it does not take. `act_scratch`
 // holds MoeFewTokensScratchElems bf16 values. Counts no pairs (callers that want counts use the

@@ -715,6 +715,11 @@ FewDownFn FewDown(const FewConfig& c, bool shared_expert) {
 
 }  // namespace
 
+int MoeFewTokensMaxPairs() {
+  static const int pairs = KnobInt("MOBIUS_MOE_FEW_MAX_PAIRS", kMoeFewTokensMaxPairs, 1, 256);
+  return pairs;
+}
+
 bool LaunchMoeExpertsFewTokens(const uint16_t* x, const int32_t* ids, const float* weights,
                                const uint16_t* gate_up, const uint16_t* down, int64_t num_tokens,
                                int k, int num_local_experts, int first_expert, int64_t hidden,
@@ -722,7 +727,7 @@ bool LaunchMoeExpertsFewTokens(const uint16_t* x, const int32_t* ids, const floa
                                const MoeSharedTerm* shared, cudaStream_t stream) {
   static const bool grouped_only = MoeGemmKnob() == 2;
   const int64_t pairs = num_tokens * k;
-  if (pairs == 0 || pairs > kMoeFewTokensMaxPairs || hidden % 8 != 0 || inter % 8 != 0 ||
+  if (pairs == 0 || pairs > MoeFewTokensMaxPairs() || hidden % 8 != 0 || inter % 8 != 0 ||
       !IsAligned16(x) || !IsAligned16(gate_up) || !IsAligned16(down) || !IsAligned16(act_scratch) ||
       ForcedFma() || grouped_only) {
     return false;

@@ -1416,9 +1416,11 @@ class CudaMoeFewTokensTest : public CudaKernelsTest,
                              public ::testing::WithParamInterface<MoeFewCase> {};
 
 TEST_P(CudaMoeFewTokensTest, MatchesReference) {
-  // At most kMoeFewTokensMaxPairs pairs and no counts: the few-token kernels. Release dims at one
-  // token, a full 64 pairs, and k > 8 (a warp of the down kernel takes two expert slots). Ids
-  // below `first` or past the local experts belong to other ranks and are skipped.
+  // At most MoeFewTokensMaxPairs() pairs and no counts: the few-token kernels. Release dims at one
+  // token, a full 64 pairs, and k > 8 (a warp of the down kernel takes two expert slots); 128
+  // pairs, the grouped path by default and the few-token kernels under the ctest variant
+  // CudaMoeFewTokensTest.MorePairs (MOBIUS_MOE_FEW_MAX_PAIRS=128). Ids below `first` or past the
+  // local experts belong to other ranks and are skipped.
   const MoeFewCase p = GetParam();
   const int experts = 16, first = 4;
   std::vector<int32_t> ids(p.t * p.k);
@@ -1444,12 +1446,17 @@ TEST_P(CudaMoeFewTokensTest, MatchesReference) {
   std::vector<double> ref(out0.begin(), out0.end());
   std::vector<int64_t> unused(experts, 0);
   RefMoe(x, ids, w, gu, dn, p.t, p.k, experts, first, p.h, p.inter, ref, unused);
-  EXPECT_LT(Reported("moe (few tokens)", RelErr(Host(out), ref)), kBf16Tol);
+  EXPECT_LT(
+      Reported(p.t * p.k <= cuda::MoeFewTokensMaxPairs() ? "moe (few tokens)"
+                                                         : "moe (grouped, over the pair limit)",
+               RelErr(Host(out), ref)),
+      kBf16Tol);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaMoeFewTokensTest,
                          ::testing::Values(MoeFewCase{1, 2048, 512, 8}, MoeFewCase{8, 256, 128, 8},
-                                           MoeFewCase{2, 264, 136, 12}),
+                                           MoeFewCase{2, 264, 136, 12},
+                                           MoeFewCase{16, 256, 128, 8}),
                          [](const ::testing::TestParamInfo<MoeFewCase>& info) {
                            return absl::StrCat("t", info.param.t, "_h", info.param.h, "_i",
                                                info.param.inter, "_k", info.param.k);
