@@ -56,8 +56,7 @@ ABSL_FLAG(std::string, draw, "",
           "tokens and logits for top-n logprobs, Backend::TopLogitsRows), \"masked\" (greedy under "
           "a structured-output mask, Backend::PenalizeRows then SampleRows: each row allows "
           "146,930 of the first 151,669 ids (every 32nd out), a JSON string's set with the Qwen3 "
-          "tokenizer, and "
-          "none past them). Empty: the model step alone.");
+          "tokenizer, and none past them). Empty: the model step alone.");
 
 namespace mobius::cli {
 namespace {

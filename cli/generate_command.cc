@@ -68,8 +68,8 @@ absl::Status GenerateSpeculatively(worker::HybridModel& model, const std::vector
   // end are never proposed): a huge --max-tokens must not overflow the sum.
   const int sequence_len = static_cast<int>(std::min<int64_t>(
       static_cast<int64_t>(prompt.size()) + max_tokens, model.config().max_position_embeddings));
-  // The sequence's state slot and its rollback snapshot, with room for one step's drafts; the
-  // drafter adds that room to the head's caches itself.
+  // The sequence's state slot and its spare (where verify steps write), with room for one step's
+  // drafts; the drafter adds that room to the head's caches itself.
   RETURN_IF_ERROR(model.CreateCaches(/*max_sequences=*/2, sequence_len + spec_tokens));
   ASSIGN_OR_RETURN(
       std::unique_ptr<worker::MtpDrafter> drafter,

@@ -425,8 +425,8 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   // The three loads are independent: issue them together, before the early return.
   const int len = segs.num_tokens[seg];
   const int begin = segs.token_begin[seg], slot = segs.state_slot[seg];
-  // Only the out-slot form reads the out slot (LaunchGatedDeltaRuleRecurrent): decode steps keep
-  // the in-place form, whose schedule the extra value changed (session 46).
+  // Only the out-slot form reads the out slot: decode steps keep the in-place form
+  // (LaunchGatedDeltaRuleRecurrent says why).
   const int out_slot = kOutSlots ? StateOutSlot(segs, seg) : slot;
   if (len == 0 || len > max_tokens) return;
   float a_log = 0.f, dt_bias = 0.f;

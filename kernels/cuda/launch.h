@@ -192,8 +192,10 @@ DeltaRuleLayout SelectDeltaRuleLayout(int num_segments);
 // Token by token; segments longer than `max_tokens` are skipped (left to the chunked form).
 // Without `gates` the kernel reads g and beta [num_tokens, Hv]; with them it computes the gates
 // and writes them to g and beta too. `out_slots`: the form that stores each segment's state to
-// its out slot (segments.state_out_slot); false: in place, the decode-step form (which reads no
-// out slot: a decode step was 8% slower at batch 1 with it read in its kernels, session 46).
+// its out slot (segments.state_out_slot); false: in place, the decode-step form, which reads no
+// out slot (session 46 put every decode kernel back to its in-place code after the first
+// out-slot forms made batch-1 decode 8% slower, a loss later traced to the one-launch step's
+// scalar stores; this kernel's share was not measured separately).
 void LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, float* g, float* beta,
                                    const DeltaGateInputs* gates, int64_t num_tokens,
                                    int num_k_heads, int num_v_heads, int k_head_dim, int v_head_dim,
@@ -389,8 +391,8 @@ inline constexpr int kMoeFewTokensMaxPairs = 64;
 // The pair limit in force: kMoeFewTokensMaxPairs, or MOBIUS_MOE_FEW_MAX_PAIRS (1-256) for A/B
 // runs of steps with more pairs (9-16 tokens at top-8 take the grouped path by default).
 int MoeFewTokensMaxPairs();
-// The same for a few tokens (at most kMoeFewTokensMaxPairs pairs: decode), without routing tiles or
-// a combine pass: returns false, launching nothing, for shapes it does not take. `act_scratch`
+// The same for a few tokens (at most MoeFewTokensMaxPairs() pairs: decode), without routing tiles
+// or a combine pass: returns false, launching nothing, for shapes it does not take. `act_scratch`
 // holds MoeFewTokensScratchElems bf16 values. Counts no pairs (callers that want counts use the
 // above).
 // With `shared`, out is written (not added to) as routed sum + sigmoid(gate_logits[t]) * value[t]

@@ -976,8 +976,6 @@ TEST(CudaVsCpuTest, ReplayDeltaRuleStates) {
   }
 }
 
-// Expert ids routed through a replicated placement's table (Backend::MapExpertIds): the CUDA
-// kernel and the host default agree, ids outside the bank give -1.
 // A step that writes its states to other slots (SequenceSegment::state_out_slot, a speculative
 // verify step's spare slot) leaves the bits of the in-place step there, and its state slots as
 // they were: the one-launch step, the parts (the conv kernels, the recurrent delta rule at 17
@@ -1086,6 +1084,8 @@ TEST(CudaVsCpuTest, StepsWriteStatesToOutSlots) {
   }
 }
 
+// Expert ids routed through a replicated placement's table (Backend::MapExpertIds): the CUDA
+// kernel and the host default agree, ids outside the bank give -1.
 TEST(CudaVsCpuTest, MapExpertIdsAgrees) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   Pair p;

@@ -5,7 +5,6 @@
 
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
-#include "kernels/cpu/cpu_backend.h"
 #include "tests/model/fixture_util.h"
 
 namespace mobius::testing {

@@ -44,7 +44,7 @@ absl::Status SpeculativeDecoder::Generate(std::span<const SpeculativeRequest> re
   }
   struct Sequence {
     SequenceCache cache;
-    SequenceCache snapshot;        // spare state slot (speculating sequences only)
+    SequenceCache spare;           // spare state slot (speculating sequences only)
     std::vector<int32_t> context;  // prompt + generated tokens (the pending one last)
     std::vector<int32_t> step_tokens;
     std::vector<int32_t> drafts;
@@ -58,7 +58,7 @@ absl::Status SpeculativeDecoder::Generate(std::span<const SpeculativeRequest> re
   auto release = [&] {
     for (int i = 0; i < n; ++i) {
       model_.ReleaseSequence(seqs[i].cache);
-      model_.ReleaseSequence(seqs[i].snapshot);
+      model_.ReleaseSequence(seqs[i].spare);
       if (requests[i].spec_tokens > 0) drafter_.Finish(i);
     }
   };
@@ -81,7 +81,7 @@ absl::Status SpeculativeDecoder::Generate(std::span<const SpeculativeRequest> re
       break;
     }
     status = model_.StartSequence(seqs[i].cache);
-    if (status.ok() && r.spec_tokens > 0) status = model_.StartSequence(seqs[i].snapshot);
+    if (status.ok() && r.spec_tokens > 0) status = model_.StartSequence(seqs[i].spare);
     seqs[i].context = r.prompt;
     seqs[i].history.AddPrompt(r.prompt);
     seqs[i].done = r.max_new_tokens <= 0;
@@ -184,7 +184,7 @@ absl::Status SpeculativeDecoder::Generate(std::span<const SpeculativeRequest> re
       s.step_tokens.insert(s.step_tokens.end(), s.drafts.begin(), s.drafts.end());
       // A speculating sequence's verify step writes its DeltaNet states to the spare slot and
       // leaves those from before the step in its own (no snapshot copy).
-      batch.push_back({s.step_tokens, &s.cache, s.drafts.empty() ? -1 : s.snapshot.state_slot});
+      batch.push_back({s.step_tokens, &s.cache, s.drafts.empty() ? -1 : s.spare.state_slot});
       speculating |= !s.drafts.empty();
       start_tokens.push_back(s.cache.num_tokens);
     }
@@ -250,7 +250,7 @@ absl::Status SpeculativeDecoder::Generate(std::span<const SpeculativeRequest> re
       if (d > 0 && accepted == d) {
         // Every draft kept: the spare slot holds the states after them and becomes the
         // sequence's; the old slot is the spare of the next verify step.
-        std::swap(s.cache.state_slot, s.snapshot.state_slot);
+        std::swap(s.cache.state_slot, s.spare.state_slot);
       } else if (d > 0 && !s.done) {
         // The states in the spare slot absorbed rejected drafts and cannot be un-applied; the
         // sequence's own slot still holds those from before the step: the accepted tokens'

@@ -90,7 +90,7 @@ struct SpeculativeRequest {
 class SpeculativeDecoder {
  public:
   // `model` must have caches with room for two state slots per speculating sequence (its own
-  // and the snapshot) and one per other sequence.
+  // and the spare its verify steps write to) and one per other sequence.
   SpeculativeDecoder(HybridModel& model, Drafter& drafter) : model_(model), drafter_(drafter) {}
 
   // Generates for every request together (one ragged batch per step); `outputs[i]` receives
