@@ -458,17 +458,30 @@ class CudaBackend final : public Backend {
   // MOBIUS_SKINNY_GEMM=0 sends few-row GEMMs to cuBLASLt (skinny kernel and tensor-core GEMV
   // both off), for before/after timings.
   const bool skinny_off_ = cuda::KnobChoice("MOBIUS_SKINNY_GEMM", {"0", "1"}) == 1;
-  // Projections of 2-16 rows go to the tensor-core GEMV (tc_gemv.cu); against cuBLASLt a
+  // Projections of 2-32 rows go to the tensor-core GEMV (tc_gemv.cu); against cuBLASLt a
   // batch-4 decode step 6.35 -> 5.58 ms, batch 8 8.41 -> 7.60 ms, and at 2 rows against the
   // skinny kernel 4.66 -> 4.54 ms; at 1 row the skinny kernel stays ahead (3.61 vs 3.85 ms;
   // performance.md, eleventh version). Up to 16 rows since 9-16 took two x tiles (cuBLASLt
-  // before: batch 10 11.79 -> 11.00 ms, 16 16.05 -> 15.20 on an H100). MOBIUS_TC_GEMV=N (1-16)
-  // sets the fewest rows it takes, 0 turns it off.
+  // before: batch 10 11.79 -> 11.00 ms, 16 16.05 -> 15.20 on an H100), up to 32 with four.
+  // MOBIUS_TC_GEMV=N (1-32) sets the fewest rows it takes, 0 turns it off;
+  // MOBIUS_TC_GEMV_MAX_ROWS=N (1-32) the most (more go to cuBLASLt; A/B runs).
   const int tc_gemv_min_rows_ = [this] {
     const int rows = cuda::KnobInt("MOBIUS_TC_GEMV", 2, 0, cuda::kMaxTcGemvRows);
     return skinny_off_ || rows <= 0 ? cuda::kMaxTcGemvRows + 1 : rows;
   }();
-  bool TcGemvFor(int64_t m) const { return m >= tc_gemv_min_rows_ && m <= cuda::kMaxTcGemvRows; }
+  const int tc_gemv_max_rows_ =
+      cuda::KnobInt("MOBIUS_TC_GEMV_MAX_ROWS", cuda::kMaxTcGemvRows, 1, cuda::kMaxTcGemvRows);
+  bool TcGemvFor(int64_t m) const { return m >= tc_gemv_min_rows_ && m <= tc_gemv_max_rows_; }
+  // A single projection (not a fan-out) of more than 16 rows whose weight has no more 16-row
+  // groups than the GPU has SMs (the DeltaNet and attention out-projections, N = 2048) runs the
+  // GEMV as one wave of one block an SM, where its three and four x tiles streamed ~1.07 TB/s
+  // against cuBLASLt's ~1.28 (H100, 2048 x 4096 at 24 and 32 rows: 15.9 / 17.7 us against 13.3 /
+  // 13.6; performance.md, session 48). Fan-outs stay on the GEMV: cuBLASLt runs them as one GEMM
+  // a target (0.65 TB/s). MOBIUS_TC_GEMV_NARROW=1 sends those projections to the GEMV too (A/B).
+  const bool tc_gemv_narrow_ = cuda::KnobChoice("MOBIUS_TC_GEMV_NARROW", {"0", "1"}) == 2;
+  bool TcGemvForSingle(int64_t m, int64_t n) const {
+    return TcGemvFor(m) && (m <= 16 || tc_gemv_narrow_ || n > int64_t{16} * num_sms_);
+  }
   std::shared_ptr<cuda::DeviceBlockCache> blocks_ =
       std::make_shared<cuda::DeviceBlockCache>(device_);
   void* scratch_ = nullptr;
@@ -858,9 +871,9 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor& y) {
   if (s.m == 0 || s.n == 0) return;
   Enter();
   const bool y_f32 = y.dtype() == DType::kF32;
-  // 2-16 rows on the tensor-core GEMV, any weight size (the lm_head included): it streams weights
-  // faster than cuBLASLt and the skinny kernel do at these row counts.
-  if (TcGemvFor(s.m) && cuda::TcGemvSupports(s.m, s.k, x.raw(), w.raw())) {
+  // 2-32 rows on the tensor-core GEMV (the lm_head included; above 16 rows only weights wider
+  // than a wave): it streams weights faster than cuBLASLt and the skinny kernel do there.
+  if (TcGemvForSingle(s.m, s.n) && cuda::TcGemvSupports(s.m, s.k, x.raw(), w.raw())) {
     const cuda::SkinnyTarget target{Bf16(w), s.n, AnyMutPtr{y.raw(), y_f32}};
     cuda::LaunchTcGemv(Bf16(x), s.m, s.k, &target, 1, stream_);
     return;
@@ -892,7 +905,8 @@ void CudaBackend::LinearFanOut(const Tensor& x, std::span<const Tensor* const> w
     m = s.m;
     k = s.k;
     skinny = skinny && cuda::SkinnyGemmSupports(s.m, s.k, x.raw(), ws[i]->raw());
-    tc = tc && TcGemvFor(s.m) && cuda::TcGemvSupports(s.m, s.k, x.raw(), ws[i]->raw());
+    tc = tc && (ws.size() > 1 ? TcGemvFor(s.m) : TcGemvForSingle(s.m, s.n)) &&
+         cuda::TcGemvSupports(s.m, s.k, x.raw(), ws[i]->raw());
     targets.push_back({Bf16(*ws[i]), s.n, AnyMutPtr{ys[i]->raw(), ys[i]->dtype() == DType::kF32}});
   }
   if ((!skinny && !tc) || m <= 0) {

@@ -150,13 +150,13 @@ bool SkinnyGemmSupports(int64_t m, int64_t k, const void* x, const void* w);
 void LaunchSkinnyGemm(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* targets,
                       int num_targets, cudaStream_t stream, bool silu_mul = false);
 
-// ---- projections of 1-16 rows on tensor cores (tc_gemv.cu) ----
-inline constexpr int kMaxTcGemvRows = 16;  // x rows: two 8-row tiles (the n = 8 side of the mma)
+// ---- projections of 1-32 rows on tensor cores (tc_gemv.cu) ----
+inline constexpr int kMaxTcGemvRows = 32;  // x rows: up to four 8-row tiles (the mma's n = 8)
 // True when LaunchTcGemv takes x [m, k] and a weight at `w` (m <= kMaxTcGemvRows, k % 32 == 0,
 // 16-byte aligned; check every weight).
 bool TcGemvSupports(int64_t m, int64_t k, const void* x, const void* w);
 // The skinny GEMM's fan-out (every weight has K columns) with mma.sync; the backend's path for
-// 2-16 rows (MOBIUS_TC_GEMV in cuda_backend.cc).
+// 2-32 rows (MOBIUS_TC_GEMV in cuda_backend.cc).
 void LaunchTcGemv(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* targets,
                   int num_targets, cudaStream_t stream);
 

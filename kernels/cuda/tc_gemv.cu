@@ -1,4 +1,4 @@
-// Projections of 1-16 rows on tensor cores: y_i[M, N_i] = x[M, K] @ w_i[N_i, K]^T, M <= 16, for
+// Projections of 1-32 rows on tensor cores: y_i[M, N_i] = x[M, K] @ w_i[N_i, K]^T, M <= 32, for
 // up to kMaxSkinnyTargets weights that share x, in one launch (the skinny GEMM's interface).
 //
 // The CUDA-core skinny kernel, given 3-8 rows, made a batch-8 step slower (8.46 -> 10.30 ms;
@@ -26,6 +26,12 @@
 // of batch 10: its dense projections 2.9 ms against the GEMV's 1.7 ms at batch 8). Measured on an
 // H100 (release config, dummy weights, performance.md "Projections of 9-16 rows"): a decode step
 // at batch 10 11.79 -> 11.00 ms, 12 13.14 -> 12.27, 16 16.05 -> 15.20.
+//
+// 17-32 rows (decode batches 17-32, verify steps of 4-8 sequences with 2-7 drafts) take three or
+// four tiles the same way, in rounds of two steps like the two-tile kernel (100 and 114
+// registers, two blocks an SM). A row's sums do not depend on the tile count (the K split is
+// chosen from the row groups and the residency, both alike), so a verify step's projections give
+// the bits a one-token step gives for the same row, as cuBLASLt's did not.
 
 #include <algorithm>
 #include <cstdlib>
@@ -64,8 +70,8 @@ union Words {
 // k_split) groups of 16 weight rows; the k_split warps of a group take contiguous parts of K and
 // add their sums in shared memory (TcGemvFinish).
 //
-// kTiles: 8-row tiles of x (the mma's n = 8 columns each): 1 for up to 8 rows, 2 for 9-16 rows,
-// where one weight fragment feeds two products (tile t multiplies x rows 8 t + g).
+// kTiles: 8-row tiles of x (the mma's n = 8 columns each): ceil(rows / 8), 1-4; from two tiles
+// one weight fragment feeds kTiles products (tile t multiplies x rows 8 t + g).
 template <int kTiles>
 struct TcGemvWarpPart {
   int lane, warp, g, q, part;
@@ -268,10 +274,16 @@ void LaunchTcGemv(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* t
     const auto blocks = static_cast<unsigned>((groups + groups_per_block - 1) / groups_per_block);
     LaunchPdl("TcGemvKernel", kKernel, blocks, kTcGemvWarps * 32, 0, stream, args, split);
   };
+  // Tiles of x and steps a round (registers with the two-block bound, no spills): 1 x 4 (128),
+  // 2 x 2 (88), 3 x 2 (100), 4 x 2 (114).
   if (m <= 8) {
     launch.template operator()<TcGemvKernel<1, kTcGemvSteps>>();
-  } else {
+  } else if (m <= 16) {
     launch.template operator()<TcGemvKernel<2, kTcGemvSteps / 2>>();
+  } else if (m <= 24) {
+    launch.template operator()<TcGemvKernel<3, kTcGemvSteps / 2>>();
+  } else {
+    launch.template operator()<TcGemvKernel<4, kTcGemvSteps / 2>>();
   }
   CheckLaunch("TcGemv");
 }

@@ -1500,18 +1500,21 @@ TEST_F(CudaKernelsTest, SegmentWithoutStateSlotStartsFromZero) {
   EXPECT_EQ(Host(rs), rec0);
 }
 
-// The tensor-core GEMV (tc_gemv.cu) for every row count it takes (one 8-row tile of x up to 8
-// rows, two from 9), two targets (one bf16 and one fp32 output, row counts that are not
-// multiples of its 16-row groups), against a double reference. K = 96 (3 steps, fewer than a
-// round of loads, no split), 512, 1024 and 4096 (K split over 2, 4 and 8 warps by TcGemvSplit at
-// these 68 row groups).
+// The tensor-core GEMV (tc_gemv.cu) for every row count it takes (ceil(m / 8) tiles of x, 1-4),
+// two targets (one bf16 and one fp32 output, row counts that are not multiples of its 16-row
+// groups), against a double reference. K = 96 (3 steps, fewer than a round of loads, no split),
+// 512, 1024 and 4096 (K split over 2, 4 and 8 warps by TcGemvSplit at these 68 row groups). Each
+// form gives the first rows the bits the one-tile kernel gives them (a verify step's rows equal a
+// one-token step's).
 TEST_F(CudaKernelsTest, TcGemvMatchesReference) {
   for (const int64_t k : {96, 512, 1024, 4096}) {
-    for (int m = 1; m <= cuda::kMaxTcGemvRows; ++m) {
-      const int64_t n0 = 40, n1 = 1037;
-      const std::vector<float> x = Rand(m * k), w0 = Rand(n0 * k), w1 = Rand(n1 * k);
-      Tensor xt = Make(DType::kBF16, {m, k}, x), w0t = Make(DType::kBF16, {n0, k}, w0),
-             w1t = Make(DType::kBF16, {n1, k}, w1);
+    const int64_t n0 = 40, n1 = 1037;
+    const int max_m = cuda::kMaxTcGemvRows;
+    const std::vector<float> x = Rand(max_m * k), w0 = Rand(n0 * k), w1 = Rand(n1 * k);
+    Tensor xt = Make(DType::kBF16, {max_m, k}, x), w0t = Make(DType::kBF16, {n0, k}, w0),
+           w1t = Make(DType::kBF16, {n1, k}, w1);
+    std::vector<float> tile0, tile1;  // the first 8 rows' outputs from the one-tile kernel
+    for (int m = 1; m <= max_m; ++m) {
       Tensor y0 = Poisoned(DType::kBF16, {m, n0}), y1 = Poisoned(DType::kF32, {m, n1});
       ASSERT_TRUE(cuda::TcGemvSupports(m, k, xt.raw(), w0t.raw()));
       const cuda::SkinnyTarget targets[2] = {
@@ -1526,8 +1529,16 @@ TEST_F(CudaKernelsTest, TcGemvMatchesReference) {
         return ref;
       };
       const std::string what = absl::StrCat("m ", m, " k ", k);
-      EXPECT_LT(RelErr(Host(y0), reference(w0, n0)), kBf16Tol) << what;
-      EXPECT_LT(RelErr(Host(y1), reference(w1, n1)), 1e-4) << what << " (fp32 output)";
+      const std::vector<float> h0 = Host(y0), h1 = Host(y1);
+      EXPECT_LT(RelErr(h0, reference(w0, n0)), kBf16Tol) << what;
+      EXPECT_LT(RelErr(h1, reference(w1, n1)), 1e-4) << what << " (fp32 output)";
+      if (m == 8) {
+        tile0 = h0;
+        tile1 = h1;
+      } else if (m > 8) {
+        EXPECT_TRUE(std::equal(tile0.begin(), tile0.end(), h0.begin())) << what;
+        EXPECT_TRUE(std::equal(tile1.begin(), tile1.end(), h1.begin())) << what;
+      }
     }
   }
 }
