@@ -387,9 +387,9 @@ const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const flo
 void LaunchMapExpertIds(const int32_t* ids, const int32_t* routes, int stride, int64_t experts,
                         int64_t num_pairs, int k, int32_t* out, cudaStream_t stream);
 
-inline constexpr int kMoeFewTokensMaxPairs = 64;
-// The pair limit in force: kMoeFewTokensMaxPairs, or MOBIUS_MOE_FEW_MAX_PAIRS (1-256) for A/B
-// runs of steps with more pairs (9-16 tokens at top-8 take the grouped path by default).
+inline constexpr int kMoeFewTokensMaxPairs = 256;
+// The pair limit in force: kMoeFewTokensMaxPairs, or MOBIUS_MOE_FEW_MAX_PAIRS (1-1024) for A/B
+// runs (32 tokens at top-8 take the few-token kernels by default, 33 the grouped path).
 int MoeFewTokensMaxPairs();
 // The same for a few tokens (at most MoeFewTokensMaxPairs() pairs: decode), without routing tiles
 // or a combine pass: returns false, launching nothing, for shapes it does not take. `act_scratch`

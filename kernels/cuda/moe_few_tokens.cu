@@ -716,7 +716,7 @@ FewDownFn FewDown(const FewConfig& c, bool shared_expert) {
 }  // namespace
 
 int MoeFewTokensMaxPairs() {
-  static const int pairs = KnobInt("MOBIUS_MOE_FEW_MAX_PAIRS", kMoeFewTokensMaxPairs, 1, 256);
+  static const int pairs = KnobInt("MOBIUS_MOE_FEW_MAX_PAIRS", kMoeFewTokensMaxPairs, 1, 1024);
   return pairs;
 }
 

@@ -1417,10 +1417,10 @@ class CudaMoeFewTokensTest : public CudaKernelsTest,
 
 TEST_P(CudaMoeFewTokensTest, MatchesReference) {
   // At most MoeFewTokensMaxPairs() pairs and no counts: the few-token kernels. Release dims at one
-  // token, a full 64 pairs, and k > 8 (a warp of the down kernel takes two expert slots); 128
-  // pairs, the grouped path by default and the few-token kernels under the ctest variant
-  // CudaMoeFewTokensTest.MorePairs (MOBIUS_MOE_FEW_MAX_PAIRS=128). Ids below `first` or past the
-  // local experts belong to other ranks and are skipped.
+  // token, 64, 128 and a full 256 pairs, and k > 8 (a warp of the down kernel takes two expert
+  // slots); under the ctest variant CudaMoeFewTokensTest.GroupedAbove64Pairs
+  // (MOBIUS_MOE_FEW_MAX_PAIRS=64) the 128- and 256-pair cases take the grouped path. Ids below
+  // `first` or past the local experts belong to other ranks and are skipped.
   const MoeFewCase p = GetParam();
   const int experts = 16, first = 4;
   std::vector<int32_t> ids(p.t * p.k);
@@ -1455,8 +1455,8 @@ TEST_P(CudaMoeFewTokensTest, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaMoeFewTokensTest,
                          ::testing::Values(MoeFewCase{1, 2048, 512, 8}, MoeFewCase{8, 256, 128, 8},
-                                           MoeFewCase{2, 264, 136, 12},
-                                           MoeFewCase{16, 256, 128, 8}),
+                                           MoeFewCase{2, 264, 136, 12}, MoeFewCase{16, 256, 128, 8},
+                                           MoeFewCase{32, 256, 128, 8}),
                          [](const ::testing::TestParamInfo<MoeFewCase>& info) {
                            return absl::StrCat("t", info.param.t, "_h", info.param.h, "_i",
                                                info.param.inter, "_k", info.param.k);
