@@ -404,7 +404,7 @@ constexpr int kWarpsPerBlock = 4;
 // lets this grid start early only while its immediate predecessor runs, and the predecessor
 // itself waited for everything before it; the predecessor of a delta rule is the conv or the gates
 // kernel). So the state's trip from memory overlaps the conv's tail.
-template <int kMaxDk, int kCols, int kRowSplit, bool kGates, bool kOutSlots>
+template <int kMaxDk, int kCols, int kRowSplit, bool kGates>
 __global__ void __launch_bounds__(32 * kWarpsPerBlock)
     GatedDeltaRuleWarpKernel(const uint16_t* __restrict__ qkv, float* g, float* beta,
                              DeltaGateInputs gates, int num_k_heads, int num_v_heads, int dk,
@@ -425,9 +425,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   // The three loads are independent: issue them together, before the early return.
   const int len = segs.num_tokens[seg];
   const int begin = segs.token_begin[seg], slot = segs.state_slot[seg];
-  // Only the out-slot form reads the out slot: decode steps keep the in-place form
-  // (LaunchGatedDeltaRuleRecurrent says why).
-  const int out_slot = kOutSlots ? StateOutSlot(segs, seg) : slot;
+  // Every step stores to the out slot (the slot read where a step has none): an in-place
+  // instantiation for decode steps measured 0.3-1% slower than this one at batches 16-127
+  // (performance.md, session 48).
+  const int out_slot = StateOutSlot(segs, seg);
   if (len == 0 || len > max_tokens) return;
   float a_log = 0.f, dt_bias = 0.f;
   if constexpr (kGates) {
@@ -524,7 +525,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerBlock)
   }
 
   if (state != nullptr && col_ok) {
-    if constexpr (kOutSlots) state += static_cast<int64_t>(out_slot - slot) * num_v_heads * dk * dv;
+    state += static_cast<int64_t>(out_slot - slot) * num_v_heads * dk * dv;
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       const int r = r0 + kRowsPerPass * p;
@@ -547,7 +548,7 @@ void LaunchDeltaRule(dim3 grid, int threads, size_t smem, cudaStream_t stream, c
   }
 }
 
-template <int kMaxDk, int kCols, int kRowSplit, bool kOutSlots>
+template <int kMaxDk, int kCols, int kRowSplit>
 void LaunchDeltaRuleWarp(const uint16_t* qkv, float* g, float* beta, const DeltaGateInputs* gates,
                          int hk, int hv, int dk, int dv, float* states, const SegmentMeta& segs,
                          int max_tokens, uint16_t* out, cudaStream_t stream) {
@@ -555,13 +556,11 @@ void LaunchDeltaRuleWarp(const uint16_t* qkv, float* g, float* beta, const Delta
   const dim3 grid(hv, segs.num_segments, (dv + cols_per_block - 1) / cols_per_block);
   if (gates != nullptr) {
     LaunchPdl("GatedDeltaRuleWarpKernel (gates)",
-              GatedDeltaRuleWarpKernel<kMaxDk, kCols, kRowSplit, true, kOutSlots>, grid,
-              32 * kWarpsPerBlock, 0, stream, qkv, g, beta, *gates, hk, hv, dk, dv, states, segs,
-              max_tokens, out);
+              GatedDeltaRuleWarpKernel<kMaxDk, kCols, kRowSplit, true>, grid, 32 * kWarpsPerBlock,
+              0, stream, qkv, g, beta, *gates, hk, hv, dk, dv, states, segs, max_tokens, out);
   } else {
-    LaunchPdl("GatedDeltaRuleWarpKernel",
-              GatedDeltaRuleWarpKernel<kMaxDk, kCols, kRowSplit, false, kOutSlots>, grid,
-              32 * kWarpsPerBlock, 0, stream, qkv, g, beta, DeltaGateInputs{}, hk, hv, dk, dv,
+    LaunchPdl("GatedDeltaRuleWarpKernel", GatedDeltaRuleWarpKernel<kMaxDk, kCols, kRowSplit, false>,
+              grid, 32 * kWarpsPerBlock, 0, stream, qkv, g, beta, DeltaGateInputs{}, hk, hv, dk, dv,
               states, segs, max_tokens, out);
   }
 }
@@ -671,28 +670,20 @@ void LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, float* g, float* beta,
   const int warp_cols = layout.cols;
   const bool row_split = layout.row_split == 2;
   if (dv % 4 == 0 && aligned && warp_cols != 0) {
-    auto launch_layout = [&](auto max_dk, auto out_slots_constant) {
-      constexpr int kMaxDk = decltype(max_dk)::value;
-      constexpr bool kOut = decltype(out_slots_constant)::value;
-      if (row_split && warp_cols == 16) {
-        LaunchDeltaRuleWarp<kMaxDk, 16, 2, kOut>(qkv, g, beta, gates, hk, hv, dk, dv, states,
-                                                 segments, max_tokens, out, stream);
-      } else if (row_split) {
-        LaunchDeltaRuleWarp<kMaxDk, 8, 2, kOut>(qkv, g, beta, gates, hk, hv, dk, dv, states,
-                                                segments, max_tokens, out, stream);
-      } else if (warp_cols == 16) {
-        LaunchDeltaRuleWarp<kMaxDk, 16, 1, kOut>(qkv, g, beta, gates, hk, hv, dk, dv, states,
-                                                 segments, max_tokens, out, stream);
-      } else {
-        LaunchDeltaRuleWarp<kMaxDk, 8, 1, kOut>(qkv, g, beta, gates, hk, hv, dk, dv, states,
-                                                segments, max_tokens, out, stream);
-      }
-    };
     auto launch = [&](auto max_dk) {
-      if (out_slots) {
-        launch_layout(max_dk, std::true_type());
+      constexpr int kMaxDk = decltype(max_dk)::value;
+      if (row_split && warp_cols == 16) {
+        LaunchDeltaRuleWarp<kMaxDk, 16, 2>(qkv, g, beta, gates, hk, hv, dk, dv, states, segments,
+                                           max_tokens, out, stream);
+      } else if (row_split) {
+        LaunchDeltaRuleWarp<kMaxDk, 8, 2>(qkv, g, beta, gates, hk, hv, dk, dv, states, segments,
+                                          max_tokens, out, stream);
+      } else if (warp_cols == 16) {
+        LaunchDeltaRuleWarp<kMaxDk, 16, 1>(qkv, g, beta, gates, hk, hv, dk, dv, states, segments,
+                                           max_tokens, out, stream);
       } else {
-        launch_layout(max_dk, std::false_type());
+        LaunchDeltaRuleWarp<kMaxDk, 8, 1>(qkv, g, beta, gates, hk, hv, dk, dv, states, segments,
+                                          max_tokens, out, stream);
       }
     };
     if (dk <= 32) {

@@ -192,10 +192,10 @@ DeltaRuleLayout SelectDeltaRuleLayout(int num_segments);
 // Token by token; segments longer than `max_tokens` are skipped (left to the chunked form).
 // Without `gates` the kernel reads g and beta [num_tokens, Hv]; with them it computes the gates
 // and writes them to g and beta too. `out_slots`: the form that stores each segment's state to
-// its out slot (segments.state_out_slot); false: in place, the decode-step form, which reads no
-// out slot (session 46 put every decode kernel back to its in-place code after the first
-// out-slot forms made batch-1 decode 8% slower, a loss later traced to the one-launch step's
-// scalar stores; this kernel's share was not measured separately).
+// its out slot (segments.state_out_slot); false: in place, which only the generic fallback kernel
+// has in a form of its own. The warp kernel has one form: storing through StateOutSlot, which
+// falls back to the slot read, measured 0.3-1% faster at decode batches 16-127 than the in-place
+// instantiation it replaced (performance.md, session 48).
 void LaunchGatedDeltaRuleRecurrent(const uint16_t* qkv, float* g, float* beta,
                                    const DeltaGateInputs* gates, int64_t num_tokens,
                                    int num_k_heads, int num_v_heads, int k_head_dim, int v_head_dim,
