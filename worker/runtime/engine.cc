@@ -431,6 +431,14 @@ bool Engine::Step() {
       drafts.assign(plan.chunks.size(), {});
     }
   }
+  // A verify step writes to the spare slot that DraftForStep acquired with the drafts; a chunk
+  // with drafts and no spare slot (none by construction) decodes plainly instead.
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    if (!drafts[i].empty() && !spare_slots_.contains(plan.chunks[i].sequence->arrival)) {
+      tokens[i].resize(plan.chunks[i].count);
+      drafts[i].clear();
+    }
+  }
   bool any_drafts = false;
   for (const auto& d : drafts) any_drafts |= !d.empty();
   // Chunks that score their prompt (prompt_logprobs) take a logits row per token: count - 1 rows
@@ -457,7 +465,8 @@ bool Engine::Step() {
     // A verify step writes the sequence's DeltaNet states to its spare slot (taken in
     // DraftForStep) and leaves its own slot as it was, for a rollback without a copy.
     Sequence& seq = *plan.chunks[i].sequence;
-    const int32_t out_slot = drafts[i].empty() ? -1 : spare_slots_[seq.arrival].state_slot;
+    const int32_t out_slot =
+        drafts[i].empty() ? -1 : spare_slots_.find(seq.arrival)->second.state_slot;
     steps.push_back({tokens[i], &seq.cache, out_slot});
   }
   const absl::Time now = absl::Now();
@@ -801,7 +810,9 @@ bool Engine::Step() {
       roll_back = accepted < d;
       // Every draft kept: the spare slot that the step wrote holds the sequence's states now,
       // and its old slot becomes the spare.
-      if (!roll_back) std::swap(seq.cache.state_slot, spare_slots_[seq.arrival].state_slot);
+      if (!roll_back) {
+        std::swap(seq.cache.state_slot, spare_slots_.find(seq.arrival)->second.state_slot);
+      }
       if (EngineMetrics* m = options_.metrics) {
         m->spec_drafts.Increment();
         m->spec_draft_tokens.Increment(d);
