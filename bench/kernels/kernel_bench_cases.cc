@@ -823,10 +823,11 @@ void Bench::BuildSpecs() {
   }
   Add(absl::StrFormat("linear.%dx%dx%d", 8, in_proj, d.hidden),
       [=, this] { return Linear(8, in_proj, d.hidden); });
-  // The fan-outs of a decode step (skinny kernel at 1 row, tensor-core GEMV at 2-32; 12-32 rows
-  // are also verify steps of 2-8 sequences): a DeltaNet layer's four in-projections, and the
-  // shared expert's gate_up + its gate + the router.
-  for (int t : {1, 2, 4, 8, 12, 16, 24, 32}) {
+  // The fan-outs of a decode step (skinny kernel at 1 row, tensor-core GEMV at 2-32, at 33-40
+  // under MOBIUS_TC_GEMV_MAX_ROWS=40; 12-40 rows are also verify steps of 2-8 sequences): a
+  // DeltaNet layer's four in-projections, and the shared expert's gate_up + its gate + the
+  // router.
+  for (int t : {1, 2, 4, 8, 12, 16, 24, 32, 40}) {
     Add(absl::StrFormat("fanout.deltanet_in.T%d", t), [=, this] {
       return LinearFanOut(t, {2 * d.hk * d.dk + d.hv * d.dv, d.hv * d.dv, d.hv, d.hv}, d.hidden);
     });
@@ -836,7 +837,7 @@ void Bench::BuildSpecs() {
   }
   // Single projections through the skinny kernel (a fan-out of one), beside linear.* (cuBLASLt):
   // the DeltaNet out-projection and the shared expert's down projection at batch 1.
-  for (int t : {1, 4, 8, 12, 16, 24, 32}) {
+  for (int t : {1, 4, 8, 12, 16, 24, 32, 40}) {
     Add(absl::StrFormat("fanout.single.%dx%dx%d", t, d.hidden, d.hv * d.dv),
         [=, this] { return LinearFanOut(t, {d.hidden}, d.hv * d.dv); });
   }

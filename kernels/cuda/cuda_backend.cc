@@ -463,14 +463,15 @@ class CudaBackend final : public Backend {
   // skinny kernel 4.66 -> 4.54 ms; at 1 row the skinny kernel stays ahead (3.61 vs 3.85 ms;
   // performance.md, eleventh version). Up to 16 rows since 9-16 took two x tiles (cuBLASLt
   // before: batch 10 11.79 -> 11.00 ms, 16 16.05 -> 15.20 on an H100), up to 32 with four.
-  // MOBIUS_TC_GEMV=N (1-32) sets the fewest rows it takes, 0 turns it off;
-  // MOBIUS_TC_GEMV_MAX_ROWS=N (1-32) the most (more go to cuBLASLt; A/B runs).
+  // MOBIUS_TC_GEMV=N (1-40) sets the fewest rows it takes, 0 turns it off;
+  // MOBIUS_TC_GEMV_MAX_ROWS=N (1-40, default 32) the most (more go to cuBLASLt; A/B runs, and
+  // 33-40 rows, five x tiles, not yet timed).
   const int tc_gemv_min_rows_ = [this] {
     const int rows = cuda::KnobInt("MOBIUS_TC_GEMV", 2, 0, cuda::kMaxTcGemvRows);
     return skinny_off_ || rows <= 0 ? cuda::kMaxTcGemvRows + 1 : rows;
   }();
-  const int tc_gemv_max_rows_ =
-      cuda::KnobInt("MOBIUS_TC_GEMV_MAX_ROWS", cuda::kMaxTcGemvRows, 1, cuda::kMaxTcGemvRows);
+  const int tc_gemv_max_rows_ = cuda::KnobInt("MOBIUS_TC_GEMV_MAX_ROWS",
+                                              cuda::kDefaultTcGemvMaxRows, 1, cuda::kMaxTcGemvRows);
   bool TcGemvFor(int64_t m) const { return m >= tc_gemv_min_rows_ && m <= tc_gemv_max_rows_; }
   // A single projection (not a fan-out) of more than 16 rows whose weight has no more 16-row
   // groups than the GPU has SMs (the DeltaNet and attention out-projections, N = 2048) runs the

@@ -150,8 +150,12 @@ bool SkinnyGemmSupports(int64_t m, int64_t k, const void* x, const void* w);
 void LaunchSkinnyGemm(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* targets,
                       int num_targets, cudaStream_t stream, bool silu_mul = false);
 
-// ---- projections of 1-32 rows on tensor cores (tc_gemv.cu) ----
-inline constexpr int kMaxTcGemvRows = 32;  // x rows: up to four 8-row tiles (the mma's n = 8)
+// ---- projections of 1-40 rows on tensor cores (tc_gemv.cu) ----
+inline constexpr int kMaxTcGemvRows = 40;  // x rows: up to five 8-row tiles (the mma's n = 8)
+// The most rows the backend sends to it by default: 33-40 rows (five tiles) go to it only under
+// MOBIUS_TC_GEMV_MAX_ROWS=33-40 (added in session 48 without a GPU run; TcGemvMatchesReference
+// covers them, and whether they beat cuBLASLt is not measured).
+inline constexpr int kDefaultTcGemvMaxRows = 32;
 // True when LaunchTcGemv takes x [m, k] and a weight at `w` (m <= kMaxTcGemvRows, k % 32 == 0,
 // 16-byte aligned; check every weight).
 bool TcGemvSupports(int64_t m, int64_t k, const void* x, const void* w);

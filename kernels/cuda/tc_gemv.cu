@@ -1,4 +1,4 @@
-// Projections of 1-32 rows on tensor cores: y_i[M, N_i] = x[M, K] @ w_i[N_i, K]^T, M <= 32, for
+// Projections of 1-40 rows on tensor cores: y_i[M, N_i] = x[M, K] @ w_i[N_i, K]^T, M <= 40, for
 // up to kMaxSkinnyTargets weights that share x, in one launch (the skinny GEMM's interface).
 //
 // The CUDA-core skinny kernel, given 3-8 rows, made a batch-8 step slower (8.46 -> 10.30 ms;
@@ -29,7 +29,9 @@
 //
 // 17-32 rows (decode batches 17-32, verify steps of 4-8 sequences with 2-7 drafts) take three or
 // four tiles the same way, in rounds of two steps like the two-tile kernel (100 and 114
-// registers, two blocks an SM). A row's sums do not depend on the tile count (the K split is
+// registers, two blocks an SM). Five tiles (33-40 rows: batch 8 with 4 drafts) fit too (126
+// registers); the backend sends them here only under MOBIUS_TC_GEMV_MAX_ROWS=33-40 until they
+// are timed against cuBLASLt. A row's sums do not depend on the tile count (the K split is
 // chosen from the row groups and the residency, both alike), so a verify step's projections give
 // the bits a one-token step gives for the same row, as cuBLASLt's did not.
 
@@ -70,7 +72,7 @@ union Words {
 // k_split) groups of 16 weight rows; the k_split warps of a group take contiguous parts of K and
 // add their sums in shared memory (TcGemvFinish).
 //
-// kTiles: 8-row tiles of x (the mma's n = 8 columns each): ceil(rows / 8), 1-4; from two tiles
+// kTiles: 8-row tiles of x (the mma's n = 8 columns each): ceil(rows / 8), 1-5; from two tiles
 // one weight fragment feeds kTiles products (tile t multiplies x rows 8 t + g).
 template <int kTiles>
 struct TcGemvWarpPart {
@@ -275,15 +277,17 @@ void LaunchTcGemv(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* t
     LaunchPdl("TcGemvKernel", kKernel, blocks, kTcGemvWarps * 32, 0, stream, args, split);
   };
   // Tiles of x and steps a round (registers with the two-block bound, no spills): 1 x 4 (128),
-  // 2 x 2 (88), 3 x 2 (100), 4 x 2 (114).
+  // 2 x 2 (88), 3 x 2 (100), 4 x 2 (114), 5 x 2 (126; six tiles spilled under the bound).
   if (m <= 8) {
     launch.template operator()<TcGemvKernel<1, kTcGemvSteps>>();
   } else if (m <= 16) {
     launch.template operator()<TcGemvKernel<2, kTcGemvSteps / 2>>();
   } else if (m <= 24) {
     launch.template operator()<TcGemvKernel<3, kTcGemvSteps / 2>>();
-  } else {
+  } else if (m <= 32) {
     launch.template operator()<TcGemvKernel<4, kTcGemvSteps / 2>>();
+  } else {
+    launch.template operator()<TcGemvKernel<5, kTcGemvSteps / 2>>();
   }
   CheckLaunch("TcGemv");
 }

@@ -1500,7 +1500,7 @@ TEST_F(CudaKernelsTest, SegmentWithoutStateSlotStartsFromZero) {
   EXPECT_EQ(Host(rs), rec0);
 }
 
-// The tensor-core GEMV (tc_gemv.cu) for every row count it takes (ceil(m / 8) tiles of x, 1-4),
+// The tensor-core GEMV (tc_gemv.cu) for every row count it takes (ceil(m / 8) tiles of x, 1-5),
 // two targets (one bf16 and one fp32 output, row counts that are not multiples of its 16-row
 // groups), against a double reference. K = 96 (3 steps, fewer than a round of loads, no split),
 // 512, 1024 and 4096 (K split over 2, 4 and 8 warps by TcGemvSplit at these 68 row groups). Each
