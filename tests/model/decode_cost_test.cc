@@ -2,6 +2,8 @@
 // release-scale config.
 #include "worker/model/decode_cost.h"
 
+#include <algorithm>
+
 #include "gtest/gtest.h"
 
 namespace mobius::worker {
@@ -34,6 +36,29 @@ TEST(DecodeCostTest, PrefillOfOneSequenceReadsItsStateOnce) {
   // 8192 tokens x top-8 touch (nearly) all 2560 experts of each of the 40 layers' banks:
   // 2560 x 3 x 512 x 2048 x 2 bytes per layer.
   EXPECT_NEAR(b.routed_experts, 40.0 * 2560 * 3 * 512 * 2048 * 2, 1e-6 * b.routed_experts);
+}
+
+// bench/configs/qwen3-next-80b-a3b-12-layers.json: Qwen3-Next-80B-A3B's shapes on 12 of its 48
+// layers (so that dummy weights fit one 80 GB GPU), for kernel A/Bs with 512-expert banks
+// (docs/cuda-backend.md, next steps). It parses as that model: 9 DeltaNet and 3 attention layers,
+// and an 8K prompt touches every one of each layer's 512 experts (2048 x 3 x 512 bf16 each).
+TEST(DecodeCostTest, QwenNextBenchConfigHasTheReleasedShapes) {
+  auto config =
+      LoadModelConfig(std::string(MOBIUS_BENCH_CONFIGS_DIR) + "/qwen3-next-80b-a3b-12-layers.json");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->family, ModelFamily::kQwen3Next);
+  EXPECT_EQ(config->hidden_size, 2048);
+  EXPECT_EQ(
+      std::count(config->layer_types.begin(), config->layer_types.end(), LayerType::kFullAttention),
+      3);
+  EXPECT_EQ(config->num_experts, 512);
+  EXPECT_EQ(config->num_experts_per_tok, 10);
+  EXPECT_EQ(config->moe_intermediate_size, 512);
+  DecodeCostOptions o;
+  o.batch = 8192;
+  o.sequences = 1;
+  const double experts = EstimateDecodeStepBytes(*config, o).routed_experts;
+  EXPECT_NEAR(experts, 12.0 * 512 * 3 * 512 * 2048 * 2, 1e-6 * experts);
 }
 
 // The release architecture, written out: 30 DeltaNet layers (q, k 16 x 128 each, v and z
