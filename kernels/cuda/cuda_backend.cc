@@ -380,7 +380,7 @@ class CudaBackend final : public Backend {
                      const Tensor& gate_up, const Tensor& down, int first_expert,
                      const cuda::MoeSharedTerm* shared, Tensor& out,
                      std::span<int64_t> expert_tokens);
-  // The few-token MoE kernels (<= MoeFewTokensMaxPairs() pairs), with the shared expert's term
+  // The few-token MoE kernels (<= MoeFewTokensMaxPairs pairs), with the shared expert's term
   // when given; false, launching nothing, for shapes they do not take. Inputs already checked.
   bool TryMoeFewTokens(const Tensor& x, const Tensor& ids, const Tensor& weights,
                        const Tensor& gate_up, const Tensor& down, int first_expert,
@@ -2028,7 +2028,7 @@ bool CudaBackend::TryMoeFewTokens(const Tensor& x, const Tensor& ids, const Tens
                                   const cuda::MoeSharedTerm* shared, Tensor& out) {
   const int64_t t = ids.dim(0), inter = gate_up.dim(1) / 2;
   const int k = static_cast<int>(ids.dim(1));
-  if (t * k > cuda::MoeFewTokensMaxPairs()) return false;
+  if (t * k > cuda::MoeFewTokensMaxPairs(gate_up.dim(0))) return false;
   auto* act = static_cast<uint16_t*>(
       Scratch(sizeof(uint16_t) * cuda::MoeFewTokensScratchElems(t, k, gate_up.dim(2), inter)));
   if (act == nullptr) return true;  // out of memory: the step fails (Scratch)
@@ -2134,7 +2134,8 @@ void CudaBackend::RoutedMoeWithSharedExpert(const Tensor& x, const Tensor& route
                         : form == 3 ? cuda::kMoeSharedBesideTopKMaxTokens + 1  // off: none
                                     : cuda::kMoeSharedBesideTopKMinTokens;
   if (t >= first && t <= cuda::kMoeSharedBesideTopKMaxTokens && expert_tokens.empty() &&
-      t * k <= cuda::MoeFewTokensMaxPairs() && gate_up.rank() == 3 && gate_up.dim(0) > 0) {
+      gate_up.rank() == 3 && gate_up.dim(0) > 0 &&
+      t * k <= cuda::MoeFewTokensMaxPairs(gate_up.dim(0))) {
     // What the top-k's grid reads and writes; MoeExpertsWithShared checks the rest.
     const AnyPtr lp = CheckTopK(router_logits, k, ids, weights);
     const int64_t hidden = gate_up.dim(2);

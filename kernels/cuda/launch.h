@@ -391,11 +391,20 @@ const int32_t* LaunchMoeExperts(const uint16_t* x, const int32_t* ids, const flo
 void LaunchMapExpertIds(const int32_t* ids, const int32_t* routes, int stride, int64_t experts,
                         int64_t num_pairs, int k, int32_t* out, cudaStream_t stream);
 
+// The most (token, expert) pairs a MoE step may have to take the few-token kernels, for a bank of
+// `num_experts` experts (the launcher's local ones): the most pairs, between
+// kMoeFewTokensMinPairs and kMoeFewTokensMaxPairs, whose expected count of pairs that share an
+// expert stays within kMoeFewTokensMaxSharedPairs, or MOBIUS_MOE_FEW_MAX_PAIRS (1-1024) for A/B
+// runs. The few-token kernels request a shared expert's rows once per pair, the grouped path once
+// per expert: on an H100 with 2560 experts (release config, dummy weights) the few-token kernels
+// were 0.4-0.8 ms a step faster up to 256 pairs (12.3 shared pairs expected), tied at 320 (19.2)
+// and lost from 512 (48: +1.8 ms). That gives 256 pairs at 2560 experts (32 tokens at top-8);
+// 512 experts (Qwen3-Next) get 117 (not measured); small banks keep the earlier 64.
+inline constexpr int kMoeFewTokensMinPairs = 64;
 inline constexpr int kMoeFewTokensMaxPairs = 256;
-// The pair limit in force: kMoeFewTokensMaxPairs, or MOBIUS_MOE_FEW_MAX_PAIRS (1-1024) for A/B
-// runs (32 tokens at top-8 take the few-token kernels by default, 33 the grouped path).
-int MoeFewTokensMaxPairs();
-// The same for a few tokens (at most MoeFewTokensMaxPairs() pairs: decode), without routing tiles
+inline constexpr double kMoeFewTokensMaxSharedPairs = 12.5;
+int MoeFewTokensMaxPairs(int64_t num_experts);
+// The same for a few tokens (at most MoeFewTokensMaxPairs pairs: decode), without routing tiles
 // or a combine pass: returns false, launching nothing, for shapes it does not take. `act_scratch`
 // holds MoeFewTokensScratchElems bf16 values. Counts no pairs (callers that want counts use the
 // above).

@@ -4,6 +4,7 @@
 // down projection where it pays; and the top-k kernel with extra blocks for those rows
 // (LaunchTopKSoftmaxWithSharedRows). Many tokens take moe_kernels.cu's grouped path.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -715,9 +716,22 @@ FewDownFn FewDown(const FewConfig& c, bool shared_expert) {
 
 }  // namespace
 
-int MoeFewTokensMaxPairs() {
-  static const int pairs = KnobInt("MOBIUS_MOE_FEW_MAX_PAIRS", kMoeFewTokensMaxPairs, 1, 1024);
-  return pairs;
+int MoeFewTokensMaxPairs(int64_t num_experts) {
+  static const int forced = KnobInt("MOBIUS_MOE_FEW_MAX_PAIRS", 0, 1, 1024);
+  if (forced > 0) return forced;
+  if (num_experts <= 1) return kMoeFewTokensMinPairs;
+  // n pairs drawn uniformly over E experts leave E (1 - (1 - 1/E)^n) distinct experts: the rest
+  // share one. (A token's own k are distinct, so this slightly overcounts.) It grows with n, so
+  // the largest n within the bound is found by bisection.
+  const double e = static_cast<double>(num_experts);
+  auto shared_pairs = [e](int n) { return n - e * -std::expm1(n * std::log1p(-1.0 / e)); };
+  int lo = kMoeFewTokensMinPairs, hi = kMoeFewTokensMaxPairs;
+  if (shared_pairs(hi) <= kMoeFewTokensMaxSharedPairs) return hi;
+  while (hi - lo > 1) {  // shared_pairs(hi) > bound; lo is the answer if nothing above it fits
+    const int mid = (lo + hi) / 2;
+    (shared_pairs(mid) <= kMoeFewTokensMaxSharedPairs ? lo : hi) = mid;
+  }
+  return lo;
 }
 
 bool LaunchMoeExpertsFewTokens(const uint16_t* x, const int32_t* ids, const float* weights,
@@ -727,9 +741,9 @@ bool LaunchMoeExpertsFewTokens(const uint16_t* x, const int32_t* ids, const floa
                                const MoeSharedTerm* shared, cudaStream_t stream) {
   static const bool grouped_only = MoeGemmKnob() == 2;
   const int64_t pairs = num_tokens * k;
-  if (pairs == 0 || pairs > MoeFewTokensMaxPairs() || hidden % 8 != 0 || inter % 8 != 0 ||
-      !IsAligned16(x) || !IsAligned16(gate_up) || !IsAligned16(down) || !IsAligned16(act_scratch) ||
-      ForcedFma() || grouped_only) {
+  if (pairs == 0 || pairs > MoeFewTokensMaxPairs(num_local_experts) || hidden % 8 != 0 ||
+      inter % 8 != 0 || !IsAligned16(x) || !IsAligned16(gate_up) || !IsAligned16(down) ||
+      !IsAligned16(act_scratch) || ForcedFma() || grouped_only) {
     return false;
   }
   const bool shared_expert = shared != nullptr && shared->value == nullptr;

@@ -1031,6 +1031,23 @@ TEST(TopKKernelSelection, WarpPerTokenForPrefillBatchesOnly) {
 // Which DeltaNet steps the one-launch clustered kernel takes (host functions: run without a GPU
 // too). Its layout must be the recurrent warp kernel's for the same sequence count, since the
 // two give equal bits only in the same layout (CudaVsCpuTest.DeltaNetMixerDecodeStep).
+// The few-token MoE kernels' pair limit: the most pairs whose expected count of pairs sharing an
+// expert stays within 12.5 (the 256 pairs measured to pay at 2560 experts share 12.3), between
+// the earlier limit of 64 and 256. (Without MOBIUS_MOE_FEW_MAX_PAIRS, which overrides it.)
+TEST(MoeFewTokensSelection, PairLimitFollowsTheExpertCount) {
+  if (std::getenv("MOBIUS_MOE_FEW_MAX_PAIRS") != nullptr) GTEST_SKIP() << "limit forced";
+  EXPECT_EQ(cuda::MoeFewTokensMaxPairs(2560), 256);     // release banks: 32 tokens at top-8
+  EXPECT_EQ(cuda::MoeFewTokensMaxPairs(1 << 20), 256);  // the cap
+  EXPECT_EQ(cuda::MoeFewTokensMaxPairs(512), 117);      // Qwen3-Next: 11 tokens at top-10
+  EXPECT_EQ(cuda::MoeFewTokensMaxPairs(16), 64);        // small banks keep the earlier limit
+  EXPECT_EQ(cuda::MoeFewTokensMaxPairs(1), 64);
+  EXPECT_EQ(cuda::MoeFewTokensMaxPairs(0), 64);
+  // Monotone in the expert count.
+  for (int e = 2; e < 4096; e += 37) {
+    EXPECT_LE(cuda::MoeFewTokensMaxPairs(e), cuda::MoeFewTokensMaxPairs(e + 37)) << e;
+  }
+}
+
 TEST(DeltaNetStepSelection, FollowsTheDeltaRuleLayout) {
   using cuda::DeltaNetDecodeStepSupports;
   using cuda::SelectDeltaRuleLayout;
@@ -1416,11 +1433,12 @@ class CudaMoeFewTokensTest : public CudaKernelsTest,
                              public ::testing::WithParamInterface<MoeFewCase> {};
 
 TEST_P(CudaMoeFewTokensTest, MatchesReference) {
-  // At most MoeFewTokensMaxPairs() pairs and no counts: the few-token kernels. Release dims at one
-  // token, 64, 128 and a full 256 pairs, and k > 8 (a warp of the down kernel takes two expert
-  // slots); under the ctest variant CudaMoeFewTokensTest.GroupedAbove64Pairs
-  // (MOBIUS_MOE_FEW_MAX_PAIRS=64) the 128- and 256-pair cases take the grouped path. Ids below
-  // `first` or past the local experts belong to other ranks and are skipped.
+  // At most MoeFewTokensMaxPairs pairs and no counts: the few-token kernels. Release dims at one
+  // token, a full 64 pairs (the limit for these 16 experts), and k > 8 (a warp of the down kernel
+  // takes two expert slots); 128 and 256 pairs, the grouped path by default and the few-token
+  // kernels under the ctest variant CudaMoeFewTokensTest.UpTo256Pairs
+  // (MOBIUS_MOE_FEW_MAX_PAIRS=256, the limit at 2560 experts). Ids below `first` or past the
+  // local experts belong to other ranks and are skipped.
   const MoeFewCase p = GetParam();
   const int experts = 16, first = 4;
   std::vector<int32_t> ids(p.t * p.k);
@@ -1446,11 +1464,11 @@ TEST_P(CudaMoeFewTokensTest, MatchesReference) {
   std::vector<double> ref(out0.begin(), out0.end());
   std::vector<int64_t> unused(experts, 0);
   RefMoe(x, ids, w, gu, dn, p.t, p.k, experts, first, p.h, p.inter, ref, unused);
-  EXPECT_LT(
-      Reported(p.t * p.k <= cuda::MoeFewTokensMaxPairs() ? "moe (few tokens)"
-                                                         : "moe (grouped, over the pair limit)",
-               RelErr(Host(out), ref)),
-      kBf16Tol);
+  EXPECT_LT(Reported(p.t * p.k <= cuda::MoeFewTokensMaxPairs(experts)
+                         ? "moe (few tokens)"
+                         : "moe (grouped, over the pair limit)",
+                     RelErr(Host(out), ref)),
+            kBf16Tol);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaMoeFewTokensTest,
