@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <span>
@@ -167,6 +168,14 @@ class Backend {
   // Copies `count` host elements of type `src_dtype` into `dst` (count == dst.numel()),
   // converting to dst's dtype (F32/BF16/F16 sources into F32 or BF16; I32 into I32).
   virtual void CopyFromHost(const void* src, DType src_dtype, Tensor& dst) = 0;
+  // Host memory to stage large uploads in (CopyFromHost sources): where the backend can pin it
+  // (CUDA: page-locked) the copies run at the host link's rate instead of going through the
+  // driver's staging of ordinary memory. The default is ordinary memory. Null when even that
+  // could not be allocated.
+  using HostBuffer = std::unique_ptr<void, void (*)(void*)>;
+  virtual HostBuffer AllocateHostBuffer(size_t bytes) {
+    return HostBuffer(std::malloc(bytes), std::free);
+  }
   // Copies a tensor to host memory as fp32 (`dst` holds src.numel() floats). F32/BF16 sources.
   virtual void CopyToHostF32(const Tensor& src, float* dst) = 0;
   // Copies I32 tensor to host.

@@ -224,6 +224,18 @@ class CudaBackend final : public Backend {
     CheckCuda(cudaStreamSynchronize(stream_), "CopyFromHost");
   }
 
+  // Page-locked, so that CopyFromHost's DMA reads it directly (the dummy-weight loader stages
+  // its chunks here); ordinary memory when pinning fails.
+  HostBuffer AllocateHostBuffer(size_t bytes) override {
+    void* p = nullptr;
+    if (cudaSetDevice(device_) == cudaSuccess && cudaMallocHost(&p, bytes) == cudaSuccess) {
+      return HostBuffer(
+          p, +[](void* q) { cudaFreeHost(q); });
+    }
+    cudaGetLastError();  // (the failed allocation's error is not the next launch's)
+    return Backend::AllocateHostBuffer(bytes);
+  }
+
   void CopyToHostF32(const Tensor& src, float* dst) override {
     Check(!src.empty() && src.device() == Device::kCuda, "CopyToHostF32", "src must be on CUDA");
     Check(!capturing_, "capture", "host copies cannot be recorded in a step capture");
