@@ -1541,9 +1541,10 @@ void CudaBackend::RunGatedDeltaRule(const Tensor& qkv, Tensor& g, Tensor& beta,
     gates = nullptr;
   }
   if (any_recurrent) {
-    // Steps of one token a segment (decode) that update in place take the kernels without out
-    // slots; every other step the ones that read them, so that a recorded step of a given shape
+    // Steps of one token a segment (decode) that update in place take the generic kernel's
+    // in-place form, every other step its out-slot form, so that a recorded step of a given shape
     // (HybridModel records one-token steps only without out slots) always holds the same kernel.
+    // (The warp kernel has one form for both.)
     const bool out_slots =
         moved || std::any_of(segments.begin(), segments.end(),
                              [](const SequenceSegment& seg) { return seg.num_tokens > 1; });

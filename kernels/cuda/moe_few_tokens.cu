@@ -1,5 +1,5 @@
 // The MoE layer's kernels for decode steps (LaunchMoeExpertsFewTokens, at most
-// kMoeFewTokensMaxPairs (token, expert) pairs): a gate-up and a down kernel stream each pair's
+// MoeFewTokensMaxPairs (token, expert) pairs): a gate-up and a down kernel stream each pair's
 // expert rows directly, with no grouping, tiles or combine pass, and compute the shared expert's
 // down projection where it pays; and the top-k kernel with extra blocks for those rows
 // (LaunchTopKSoftmaxWithSharedRows). Many tokens take moe_kernels.cu's grouped path.
@@ -716,15 +716,16 @@ FewDownFn FewDown(const FewConfig& c, bool shared_expert) {
 
 }  // namespace
 
-int MoeFewTokensMaxPairs(int64_t num_experts) {
-  static const int forced = KnobInt("MOBIUS_MOE_FEW_MAX_PAIRS", 0, 1, 1024);
-  if (forced > 0) return forced;
+namespace {
+
+// MoeFewTokensMaxPairs without the knob: the most pairs within the bound on shared ones.
+int PairLimitFor(int64_t num_experts) {
   if (num_experts <= 1) return kMoeFewTokensMinPairs;
   // n pairs drawn uniformly over E experts leave E (1 - (1 - 1/E)^n) distinct experts: the rest
   // share one. (A token's own k are distinct, so this slightly overcounts.) It grows with n, so
   // the largest n within the bound is found by bisection.
-  const double e = static_cast<double>(num_experts);
-  auto shared_pairs = [e](int n) { return n - e * -std::expm1(n * std::log1p(-1.0 / e)); };
+  const double e = static_cast<double>(num_experts), log_miss = std::log1p(-1.0 / e);
+  auto shared_pairs = [&](int n) { return n - e * -std::expm1(n * log_miss); };
   int lo = kMoeFewTokensMinPairs, hi = kMoeFewTokensMaxPairs;
   if (shared_pairs(hi) <= kMoeFewTokensMaxSharedPairs) return hi;
   while (hi - lo > 1) {  // shared_pairs(hi) > bound; lo is the answer if nothing above it fits
@@ -732,6 +733,22 @@ int MoeFewTokensMaxPairs(int64_t num_experts) {
     (shared_pairs(mid) <= kMoeFewTokensMaxSharedPairs ? lo : hi) = mid;
   }
   return lo;
+}
+
+}  // namespace
+
+int MoeFewTokensMaxPairs(int64_t num_experts) {
+  static const int forced = KnobInt("MOBIUS_MOE_FEW_MAX_PAIRS", 0, 1, 1024);
+  if (forced > 0) return forced;
+  // Asked twice per MoE op (the backend, then the launcher), with one bank size a model: the last
+  // answer is kept.
+  thread_local int64_t last_experts = -1;
+  thread_local int last_limit = 0;
+  if (num_experts != last_experts) {
+    last_limit = PairLimitFor(num_experts);
+    last_experts = num_experts;
+  }
+  return last_limit;
 }
 
 bool LaunchMoeExpertsFewTokens(const uint16_t* x, const int32_t* ids, const float* weights,
