@@ -470,14 +470,14 @@ class CudaBackend final : public Backend {
   // MOBIUS_SKINNY_GEMM=0 sends few-row GEMMs to cuBLASLt (skinny kernel and tensor-core GEMV
   // both off), for before/after timings.
   const bool skinny_off_ = cuda::KnobChoice("MOBIUS_SKINNY_GEMM", {"0", "1"}) == 1;
-  // Projections of 2-32 rows go to the tensor-core GEMV (tc_gemv.cu); against cuBLASLt a
+  // Projections of 2-40 rows go to the tensor-core GEMV (tc_gemv.cu); against cuBLASLt a
   // batch-4 decode step 6.35 -> 5.58 ms, batch 8 8.41 -> 7.60 ms, and at 2 rows against the
   // skinny kernel 4.66 -> 4.54 ms; at 1 row the skinny kernel stays ahead (3.61 vs 3.85 ms;
   // performance.md, eleventh version). Up to 16 rows since 9-16 took two x tiles (cuBLASLt
-  // before: batch 10 11.79 -> 11.00 ms, 16 16.05 -> 15.20 on an H100), up to 32 with four.
-  // MOBIUS_TC_GEMV=N (1-40) sets the fewest rows it takes, 0 turns it off;
-  // MOBIUS_TC_GEMV_MAX_ROWS=N (1-40, default 32) the most (more go to cuBLASLt; A/B runs, and
-  // 33-40 rows, five x tiles, not yet timed).
+  // before: batch 10 11.79 -> 11.00 ms, 16 16.05 -> 15.20 on an H100), up to 32 with four, up to
+  // 40 with five (batch 40 30.84 -> 30.33 ms). MOBIUS_TC_GEMV=N (1-40) sets the fewest rows it
+  // takes, 0 turns it off; MOBIUS_TC_GEMV_MAX_ROWS=N (1-40, default 40) the most (more go to
+  // cuBLASLt; A/B runs).
   const int tc_gemv_min_rows_ = [this] {
     const int rows = cuda::KnobInt("MOBIUS_TC_GEMV", 2, 0, cuda::kMaxTcGemvRows);
     return skinny_off_ || rows <= 0 ? cuda::kMaxTcGemvRows + 1 : rows;
@@ -884,7 +884,7 @@ void CudaBackend::Linear(const Tensor& x, const Tensor& w, Tensor& y) {
   if (s.m == 0 || s.n == 0) return;
   Enter();
   const bool y_f32 = y.dtype() == DType::kF32;
-  // 2-32 rows on the tensor-core GEMV (the lm_head included; above 16 rows only weights wider
+  // 2-40 rows on the tensor-core GEMV (the lm_head included; above 16 rows only weights wider
   // than a wave): it streams weights faster than cuBLASLt and the skinny kernel do there.
   if (TcGemvForSingle(s.m, s.n) && cuda::TcGemvSupports(s.m, s.k, x.raw(), w.raw())) {
     const cuda::SkinnyTarget target{Bf16(w), s.n, AnyMutPtr{y.raw(), y_f32}};

@@ -152,15 +152,16 @@ void LaunchSkinnyGemm(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarge
 
 // ---- projections of 1-40 rows on tensor cores (tc_gemv.cu) ----
 inline constexpr int kMaxTcGemvRows = 40;  // x rows: up to five 8-row tiles (the mma's n = 8)
-// The most rows the backend sends to it by default: 33-40 rows (five tiles) go to it only under
-// MOBIUS_TC_GEMV_MAX_ROWS=33-40 (added in session 48 without a GPU run; TcGemvMatchesReference
-// covers them, and whether they beat cuBLASLt is not measured).
-inline constexpr int kDefaultTcGemvMaxRows = 32;
+// The most rows the backend sends to it by default (MOBIUS_TC_GEMV_MAX_ROWS lowers it). At 40
+// rows the five-tile form beat cuBLASLt on an H100 (session 49: DeltaNet in-projections 30.2
+// against 40.7 us, decode batch 40 30.33 against 30.84 ms, verify of batch 8 with 4 drafts 29.14
+// against 29.74 ms).
+inline constexpr int kDefaultTcGemvMaxRows = 40;
 // True when LaunchTcGemv takes x [m, k] and a weight at `w` (m <= kMaxTcGemvRows, k % 32 == 0,
 // 16-byte aligned; check every weight).
 bool TcGemvSupports(int64_t m, int64_t k, const void* x, const void* w);
 // The skinny GEMM's fan-out (every weight has K columns) with mma.sync; the backend's path for
-// 2-32 rows (MOBIUS_TC_GEMV in cuda_backend.cc).
+// 2-40 rows (MOBIUS_TC_GEMV in cuda_backend.cc).
 void LaunchTcGemv(const uint16_t* x, int64_t m, int64_t k, const SkinnyTarget* targets,
                   int num_targets, cudaStream_t stream);
 

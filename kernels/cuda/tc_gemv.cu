@@ -30,8 +30,8 @@
 // 17-32 rows (decode batches 17-32, verify steps of 4-8 sequences with 2-7 drafts) take three or
 // four tiles the same way, in rounds of two steps like the two-tile kernel (100 and 114
 // registers, two blocks an SM). Five tiles (33-40 rows: batch 8 with 4 drafts) fit too (126
-// registers); the backend sends them here only under MOBIUS_TC_GEMV_MAX_ROWS=33-40 until they
-// are timed against cuBLASLt. A row's sums do not depend on the tile count (the K split is
+// registers) and beat cuBLASLt (session 49, H100: DeltaNet in-projections at 40 rows 30.2
+// against 40.7 us). A row's sums do not depend on the tile count (the K split is
 // chosen from the row groups and the residency, both alike), so a verify step's projections give
 // the bits a one-token step gives for the same row, as cuBLASLt's did not.
 
