@@ -393,17 +393,24 @@ void LaunchMapExpertIds(const int32_t* ids, const int32_t* routes, int stride, i
                         int64_t num_pairs, int k, int32_t* out, cudaStream_t stream);
 
 // The most (token, expert) pairs a MoE step may have to take the few-token kernels, for a bank of
-// `num_experts` experts (the launcher's local ones): the most pairs, between
-// kMoeFewTokensMinPairs and kMoeFewTokensMaxPairs, whose expected count of pairs that share an
-// expert stays within kMoeFewTokensMaxSharedPairs, or MOBIUS_MOE_FEW_MAX_PAIRS (1-1024) for A/B
-// runs. The few-token kernels request a shared expert's rows once per pair, the grouped path once
-// per expert: on an H100 with 2560 experts (release config, dummy weights) the few-token kernels
-// were 0.4-0.8 ms a step faster up to 256 pairs (12.3 shared pairs expected), tied at 320 (19.2)
-// and lost from 512 (48: +1.8 ms). That gives 256 pairs at 2560 experts (32 tokens at top-8);
-// 512 experts (Qwen3-Next) get 117 (not measured); small banks keep the earlier 64.
+// `num_experts` experts (the launcher's local ones), or MOBIUS_MOE_FEW_MAX_PAIRS (1-1024) for A/B
+// runs. The few-token kernels request a shared expert's rows once per pair, so with n pairs they
+// read the rows of s(n) = n - d(n) experts more than the grouped path, d(n) being the expected
+// count of distinct experts; the grouped path pays launches, routing tiles and a combine, a cost
+// that is fixed plus a little per expert. The limit is the most pairs, between
+// kMoeFewTokensMinPairs and kMoeFewTokensMaxPairs, with s(n) <= kMoeGroupedFixedCost +
+// kMoeGroupedCostPerExpert * d(n), both costs counted in experts' rows. The two constants put the
+// crossover where it was measured (H100, dummy weights' near-uniform routes, top-8 / top-10, 2048
+// x 512 experts): at 2560 experts the few-token kernels were 0.4-0.8 ms a step faster up to 256
+// pairs, tied at 320 and lost from 512 (+1.8 ms); at 512 experts (Qwen3-Next's shapes, 12
+// layers) they were 0.10-0.17 ms faster at 40-80 pairs and 0.01-0.02 ms slower at 100, 0.11
+// slower at 130 and 0.5 at 190. That gives 256 pairs at 2560 experts (32 tokens at top-8), 95 at
+// 512 (9 tokens at top-10) and the earlier 64 for banks up to ~280 experts (the MTP head's 256,
+// the fixtures).
 inline constexpr int kMoeFewTokensMinPairs = 64;
 inline constexpr int kMoeFewTokensMaxPairs = 256;
-inline constexpr double kMoeFewTokensMaxSharedPairs = 12.5;
+inline constexpr double kMoeGroupedFixedCost = 4.0;
+inline constexpr double kMoeGroupedCostPerExpert = 0.05;
 int MoeFewTokensMaxPairs(int64_t num_experts);
 // The same for a few tokens (at most MoeFewTokensMaxPairs pairs: decode), without routing tiles
 // or a combine pass: returns false, launching nothing, for shapes it does not take. `act_scratch`

@@ -718,19 +718,24 @@ FewDownFn FewDown(const FewConfig& c, bool shared_expert) {
 
 namespace {
 
-// MoeFewTokensMaxPairs without the knob: the most pairs within the bound on shared ones.
+// MoeFewTokensMaxPairs without the knob: the most pairs at which the few-token kernels' extra
+// reads stay within the grouped path's costs (launch.h).
 int PairLimitFor(int64_t num_experts) {
   if (num_experts <= 1) return kMoeFewTokensMinPairs;
-  // n pairs drawn uniformly over E experts leave E (1 - (1 - 1/E)^n) distinct experts: the rest
-  // share one. (A token's own k are distinct, so this slightly overcounts.) It grows with n, so
-  // the largest n within the bound is found by bisection.
+  // n pairs drawn uniformly over E experts touch d(n) = E (1 - (1 - 1/E)^n) distinct experts; the
+  // other n - d(n) pairs share one. (A token's own k are distinct, so this slightly overcounts.)
+  // excess(n) = n - d(n) - fixed - per_expert d(n) is convex in n and negative at n = 0, so the
+  // pairs that fit form one interval from 0 and its end is found by bisection.
   const double e = static_cast<double>(num_experts), log_miss = std::log1p(-1.0 / e);
-  auto shared_pairs = [&](int n) { return n - e * -std::expm1(n * log_miss); };
+  auto fits = [&](int n) {
+    const double distinct = e * -std::expm1(n * log_miss);
+    return n - distinct <= kMoeGroupedFixedCost + kMoeGroupedCostPerExpert * distinct;
+  };
   int lo = kMoeFewTokensMinPairs, hi = kMoeFewTokensMaxPairs;
-  if (shared_pairs(hi) <= kMoeFewTokensMaxSharedPairs) return hi;
-  while (hi - lo > 1) {  // shared_pairs(hi) > bound; lo is the answer if nothing above it fits
+  if (fits(hi)) return hi;
+  while (hi - lo > 1) {  // hi does not fit; lo is the answer if nothing above it fits
     const int mid = (lo + hi) / 2;
-    (shared_pairs(mid) <= kMoeFewTokensMaxSharedPairs ? lo : hi) = mid;
+    (fits(mid) ? lo : hi) = mid;
   }
   return lo;
 }

@@ -1038,7 +1038,8 @@ TEST(MoeFewTokensSelection, PairLimitFollowsTheExpertCount) {
   if (std::getenv("MOBIUS_MOE_FEW_MAX_PAIRS") != nullptr) GTEST_SKIP() << "limit forced";
   EXPECT_EQ(cuda::MoeFewTokensMaxPairs(2560), 256);     // release banks: 32 tokens at top-8
   EXPECT_EQ(cuda::MoeFewTokensMaxPairs(1 << 20), 256);  // the cap
-  EXPECT_EQ(cuda::MoeFewTokensMaxPairs(512), 117);      // Qwen3-Next: 11 tokens at top-10
+  EXPECT_EQ(cuda::MoeFewTokensMaxPairs(512), 95);       // Qwen3-Next: 9 tokens at top-10
+  EXPECT_EQ(cuda::MoeFewTokensMaxPairs(256), 64);       // the MTP head's bank
   EXPECT_EQ(cuda::MoeFewTokensMaxPairs(16), 64);        // small banks keep the earlier limit
   EXPECT_EQ(cuda::MoeFewTokensMaxPairs(1), 64);
   EXPECT_EQ(cuda::MoeFewTokensMaxPairs(0), 64);
