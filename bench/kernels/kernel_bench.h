@@ -205,7 +205,8 @@ class Bench {
   // and the parts; MOBIUS_DELTANET_STEP=0|1 forces either.
   Case DeltaNetMixerStep(int seqs, int len);
   Case Attention(int seqs, int ctx, bool prefill, bool gated = false);
-  Case Moe(int tokens);
+  // Routed experts at `tokens` tokens: the release bank, or `experts` experts at top-`topk`.
+  Case Moe(int tokens, int experts = 0, int topk = 0);
   // Backend::RoutedMoeWithSharedExpert (the model's MoE layer from its router logits, with the
   // shared expert's down projection): on CUDA at 4-8 tokens the top-k's grid computes the shared
   // rows; MOBIUS_MOE_SHARED_BESIDE_TOPK=on|off forces either form.

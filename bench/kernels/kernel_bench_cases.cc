@@ -247,9 +247,14 @@ std::shared_ptr<std::pair<Tensor, Tensor>> Bench::MoeBank() {
   return moe_bank_;
 }
 
-Case Bench::Moe(int tokens) {
-  const int64_t h = d_.hidden, inter = d_.inter, e = d_.experts, k = d_.topk;
-  MoeBank();
+Case Bench::Moe(int tokens, int experts, int topk) {
+  const int64_t h = d_.hidden, inter = d_.inter;
+  const int64_t e = experts > 0 ? experts : d_.experts, k = topk > 0 ? topk : d_.topk;
+  // Another bank size gets a bank of its own, freed with the case.
+  auto bank = e == d_.experts ? MoeBank()
+                              : std::make_shared<std::pair<Tensor, Tensor>>(
+                                    Rand(act_, {e, 2 * inter, h}, -0.03f, 0.03f),
+                                    Rand(act_, {e, h, inter}, -0.03f, 0.03f));
   const double expert_bytes = 3.0 * inter * h * ActSize();
   Case c;
   c.op = "MoeExperts";
@@ -300,7 +305,6 @@ Case Bench::Moe(int tokens) {
   c.note = absl::StrFormat("touched %d", touched_first);
   c.bytes = touched_sum / c.sets + tokens * h * ActSize() * 3.0 + tokens * k * 8.0;
   c.flops = 2.0 * tokens * k * 3.0 * inter * h;
-  auto bank = moe_bank_;
   c.run = [this, sets, bank](int s) {
     Set& x = (*sets)[s];
     be_->MoeExperts(x.x, x.ids, x.weights, bank->first, bank->second, 0, x.out, {});
@@ -675,6 +679,13 @@ void Bench::BuildSpecs() {
   }
   for (int t : d.moe_tokens) {
     Add(absl::StrFormat("moe.T%d", t), [=, this] { return Moe(t); });
+  }
+  // Qwen3-Next's bank (512 experts, top-10, the same H and I) at prefill sizes: 80-160 pairs an
+  // expert, the 64-token tiles' regime, where the products rather than the weights set the time.
+  if (d.experts > 512) {
+    for (int t : {4096, 8192}) {
+      Add(absl::StrFormat("moe.E512k10.T%d", t), [=, this] { return Moe(t, 512, 10); });
+    }
   }
   // The decode batches where the shared expert's down projection moves between kernels (the
   // gate-up kernel at 1-3 tokens, beside the top-k at 4-8).

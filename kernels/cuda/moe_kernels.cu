@@ -17,6 +17,7 @@
 #include "kernels/cuda/moe_common.cuh"
 #include "kernels/cuda/ranked_lists.cuh"
 #include "kernels/cuda/tuning_knobs.h"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace mobius::kernels::cuda {
 
@@ -496,29 +497,230 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
   }
 }
 
-// Benchmark knob (read once): MOBIUS_PDL=0 (or the older MOBIUS_MOE_PDL=0) launches the GEMMs
-// and the combine without programmatic dependent launch.
-template <bool kGateUp, int kBN, int kWarpsM, int kWarpsK, int kStages>
-void LaunchTc(const TcArgs& args, int64_t max_tiles, cudaStream_t stream) {
-  using Cfg = TcConfig<kBN, kWarpsM, kWarpsK, kStages>;
-  auto* kernel = TcGroupedGemmKernel<kGateUp, kBN, kWarpsM, kWarpsK, kStages>;
-  // The dynamic shared-memory limit is raised once per device (a per-device attribute).
-  static std::atomic<uint64_t> raised{0};
+// ---------------------------------------------------------------------------------------------
+// The same grouped GEMM on Hopper's warpgroup MMA (wgmma), for 64-token tiles: experts that see 40
+// or more tokens each, i.e. prefill over banks of few experts (Qwen3-Next's 512 at 8K tokens: 160
+// pairs an expert). There the products, not the weight stream, set the time, and the mma.sync
+// kernel above reaches only ~230 (gate-up) and ~185 (down) TFLOP/s (ncu, H100, Qwen3-Next's 8K
+// prefill), bound by its ldmatrix traffic and issue rate. One warpgroup a block owns 128 weight
+// rows and the tile's 64 tokens. gate_up: the slice's 64 features' gate rows (shared rows 0-63)
+// then their up rows (64-127), so a thread holds a feature's gate and up sums at the same index of
+// its two accumulators and SiLU(gate) * up stays in registers; down: 128 features. The stages are
+// the kernel above's 128-byte rows with the XOR swizzle, which is wgmma's 128-byte swizzle, so two
+// m64n64k16 per 16 K read them from shared memory as they land (stage bases 1024-byte aligned).
+// Measured against the mma.sync kernel's 64-token form (H100, session 49): 512 experts at top-10,
+// 8192 tokens 2685 -> 2066 us, 4096 tokens 1633 -> 1467 us; Qwen3-Next's 8K prefill (12 layers)
+// 57.5 -> 49.9 ms. Still 1.9x its bound there (~250 TFLOP/s): N = 64 wgmmas are the small ones,
+// and the weights on N (m64n256, tokens on M) would issue a quarter as many (not built).
+constexpr int kWgRows = 128, kWgTokens = 64, kWgStages = 4;
+constexpr int kWgStageA = kWgRows * kTcRowBytes;                    // 16 KB of weight rows
+constexpr int kWgStageBytes = kWgStageA + kWgTokens * kTcRowBytes;  // + 8 KB of token rows
+constexpr int kWgSmem = kWgStages * kWgStageBytes + 1024;           // + slack for the alignment
+
+template <bool kGateUp>
+__global__ void __launch_bounds__(128) TcGroupedGemmWgmmaKernel(const TcArgs args) {
+  extern __shared__ char smem_raw[];
+  __shared__ int32_t src_row[kWgTokens];  // row of `a` for each token of the tile, -1: past it
+  // As in TcGroupedGemmKernel: gate_up needs the grouping at once; down requests its first weight
+  // stages before waiting for gate_up's activations.
+  if constexpr (kGateUp) {
+    PdlWait();
+    PdlTrigger();
+  }
+  int tile = blockIdx.x, slice = blockIdx.y;
+  if (args.consecutive_slices > 0) {
+    tile = blockIdx.x / args.consecutive_slices;
+    slice = blockIdx.x % args.consecutive_slices;
+  }
+  if (tile >= *args.num_tiles) return;
+  const int64_t group = args.tile_group[tile];
+  const int64_t row0 = args.tile_row0[tile];
+  const int64_t row_end = args.group_end[group];
+  const int64_t m0 = static_cast<int64_t>(slice) * (kGateUp ? kWgRows / 2 : kWgRows);
+  const uint16_t* w = args.w + group * args.w_group_stride;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (tid < kWgTokens) {
+    const int64_t r = row0 + tid;
+    src_row[tid] =
+        r < row_end ? (args.a_rows != nullptr ? args.a_rows[r] : static_cast<int>(r)) : -1;
+  }
+  __syncthreads();
+
+  // Each thread copies 16-byte column `chunk` of 8 weight rows and 4 token rows per stage; rows
+  // past the matrix or the group are zero-filled.
+  constexpr int kChunksA = kWgRows * 8 / 128, kChunksB = kWgTokens * 8 / 128;
+  const int chunk = tid & 7;
+  const uint16_t* a_src[kChunksA];
+  uint32_t a_dst[kChunksA];
+#pragma unroll
+  for (int i = 0; i < kChunksA; ++i) {
+    const int r = (tid >> 3) + i * 16;
+    int64_t grow;
+    bool valid;
+    if constexpr (kGateUp) {
+      const int64_t feature = m0 + (r & 63);
+      valid = feature < args.n_out;
+      grow = (r >> 6) * args.n_out + feature;
+    } else {
+      grow = m0 + r;
+      valid = grow < args.n_out;
+    }
+    a_src[i] = valid ? w + grow * args.k + chunk * 8 : nullptr;
+    a_dst[i] = Swizzle(r, chunk);
+  }
+  const uint16_t* b_src[kChunksB];
+  uint32_t b_dst[kChunksB];
+#pragma unroll
+  for (int i = 0; i < kChunksB; ++i) {
+    const int r = (tid >> 3) + i * 16;
+    const int sr = src_row[r];
+    b_src[i] = sr >= 0 ? args.a + sr * args.lda + chunk * 8 : nullptr;
+    b_dst[i] = kWgStageA + Swizzle(r, chunk);
+  }
+
+  const uint32_t smem_base = (SharedAddress(smem_raw) + 1023u) & ~1023u;
+  const int num_k = static_cast<int>((args.k + kTcBK - 1) / kTcBK);
+  auto load_weights = [&](int kt) {
+    const uint32_t base = smem_base + (kt % kWgStages) * kWgStageBytes;
+    const int64_t k0 = static_cast<int64_t>(kt) * kTcBK;
+    const bool k_ok = k0 + chunk * 8 < args.k;
+#pragma unroll
+    for (int i = 0; i < kChunksA; ++i) {
+      const bool ok = k_ok && a_src[i] != nullptr;
+      CopyAsync16(base + a_dst[i], ok ? a_src[i] + k0 : w, ok);
+    }
+  };
+  auto load_tokens = [&](int kt) {
+    const uint32_t base = smem_base + (kt % kWgStages) * kWgStageBytes;
+    const int64_t k0 = static_cast<int64_t>(kt) * kTcBK;
+    const bool k_ok = k0 + chunk * 8 < args.k;
+#pragma unroll
+    for (int i = 0; i < kChunksB; ++i) {
+      const bool ok = k_ok && b_src[i] != nullptr;
+      CopyAsync16(base + b_dst[i], ok ? b_src[i] + k0 : args.a, ok);
+    }
+  };
+
+  if constexpr (kGateUp) {
+#pragma unroll
+    for (int s = 0; s < kWgStages - 1; ++s) {
+      if (s < num_k) {
+        load_weights(s);
+        load_tokens(s);
+      }
+      CopyAsyncCommit();
+    }
+  } else {
+#pragma unroll
+    for (int s = 0; s < kWgStages - 1; ++s) {
+      if (s < num_k) load_weights(s);
+    }
+    PdlWait();
+    PdlTrigger();
+#pragma unroll
+    for (int s = 0; s < kWgStages - 1; ++s) {
+      if (s < num_k) load_tokens(s);
+      CopyAsyncCommit();
+    }
+  }
+
+  // acc[h]: weight rows 64h..64h+63 (gate_up: h = 0 gate, 1 up) x the 64 tokens.
+  float acc[2][32];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) acc[h][i] = 0.0f;
+  for (int kt = 0; kt < num_k; ++kt) {
+    CopyAsyncWait<kWgStages - 2>();
+    wgmma::FenceProxyAsync();  // cp.async wrote through the generic proxy; wgmma reads async
+    __syncthreads();           // stage kt landed for every thread
+    const uint32_t base = smem_base + (kt % kWgStages) * kWgStageBytes;
+    wgmma::FenceRegisters(acc[0]);
+    wgmma::FenceRegisters(acc[1]);
+    wgmma::Fence();
+#pragma unroll
+    for (int kk = 0; kk < kTcBK / 16; ++kk) {
+      const uint64_t desc_b = wgmma::KMajorDescriptor(base + kWgStageA + kk * 32);
+      wgmma::WgmmaSS_m64n64k16(acc[0], wgmma::KMajorDescriptor(base + kk * 32), desc_b, 1);
+      wgmma::WgmmaSS_m64n64k16(acc[1], wgmma::KMajorDescriptor(base + 64 * kTcRowBytes + kk * 32),
+                               desc_b, 1);
+    }
+    wgmma::Commit();
+    wgmma::FenceRegisters(acc[0]);
+    wgmma::FenceRegisters(acc[1]);
+    // Stage kt - 1's products are done in every warp, so its buffer, the one the next load
+    // fills, is free; stage kt's stay in flight beside the copies.
+    wgmma::Wait<1>();
+    __syncthreads();
+    if (kt + kWgStages - 1 < num_k) {
+      load_weights(kt + kWgStages - 1);
+      load_tokens(kt + kWgStages - 1);
+    }
+    CopyAsyncCommit();
+  }
+  wgmma::Wait<0>();
+  wgmma::FenceRegisters(acc[0]);
+  wgmma::FenceRegisters(acc[1]);
+  CopyAsyncWait<0>();
+
+  // Accumulator element 4j + e of warp w: weight row 16w + lane / 4 + 8 (e / 2) of its 64, token
+  // 8j + 2 (lane % 4) + e % 2 (the m16n8 fragment layout, one per 8 tokens).
+  const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int j = 0; j < kWgTokens / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int n = j * 8 + tq * 2 + (e & 1);
+      if (row0 + n >= row_end) continue;
+      const int64_t pos = row0 + n;
+      const int row = warp * 16 + g + 8 * (e >> 1);
+      if constexpr (kGateUp) {
+        const int64_t feature = m0 + row;
+        if (feature < args.n_out) {
+          static_cast<uint16_t*>(args.c)[pos * args.ldc + feature] =
+              F32ToBf16(Silu(acc[0][j * 4 + e]) * acc[1][j * 4 + e]);
+        }
+      } else {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t feature = m0 + h * 64 + row;
+          if (feature < args.n_out) {
+            if (args.c_bf16) {
+              static_cast<uint16_t*>(args.c)[pos * args.ldc + feature] =
+                  F32ToBf16(acc[h][j * 4 + e]);
+            } else {
+              static_cast<float*>(args.c)[pos * args.ldc + feature] = acc[h][j * 4 + e];
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Launches grouped-GEMM kernel kKernel over max_tiles tiles x the slices of `rows_per_slice`
+// output features, raising its dynamic shared-memory limit first (once per kernel and device: a
+// template parameter, so that each kernel has its own record). Benchmark knob (read once):
+// MOBIUS_PDL=0 (or the older MOBIUS_MOE_PDL=0) launches the GEMMs and the combine without
+// programmatic dependent launch.
+template <bool kGateUp, auto kKernel>
+void LaunchGroupedGrid(int threads, int smem, int64_t rows_per_slice, const TcArgs& args,
+                       int64_t max_tiles, cudaStream_t stream) {
+  static std::atomic<uint64_t> raised{0};  // a bit per device
   int device = 0;
   cudaGetDevice(&device);
   const uint64_t bit = uint64_t{1} << (device & 63);
   if ((raised.load(std::memory_order_relaxed) & bit) == 0) {
     const cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmem);
+        cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) {
-      std::fprintf(stderr, "mobius cuda: MoE GEMM shared memory (%d bytes): %s\n", Cfg::kSmem,
+      std::fprintf(stderr, "mobius cuda: MoE GEMM shared memory (%d bytes): %s\n", smem,
                    cudaGetErrorString(err));
       std::abort();
     }
     raised.fetch_or(bit, std::memory_order_relaxed);
   }
-  const int64_t rows = kGateUp ? 16 * kWarpsM : 32 * kWarpsM;
-  const int64_t slices = (args.n_out + rows - 1) / rows;
+  const int64_t slices = (args.n_out + rows_per_slice - 1) / rows_per_slice;
   static const bool consecutive = KnobChoice("MOBIUS_MOE_SLICE_ORDER", {"0", "1"}) != 1;
   TcArgs a = args;
   a.consecutive_slices =
@@ -526,7 +728,21 @@ void LaunchTc(const TcArgs& args, int64_t max_tiles, cudaStream_t stream) {
   const dim3 grid = a.consecutive_slices > 0
                         ? dim3(static_cast<unsigned>(max_tiles * slices))
                         : dim3(static_cast<unsigned>(max_tiles), static_cast<unsigned>(slices));
-  LaunchPdl(kGateUp ? "MoeGateUp" : "MoeDown", kernel, grid, Cfg::kThreads, Cfg::kSmem, stream, a);
+  LaunchPdl(kGateUp ? "MoeGateUp" : "MoeDown", kKernel, grid, threads, smem, stream, a);
+}
+
+template <bool kGateUp, int kBN, int kWarpsM, int kWarpsK, int kStages>
+void LaunchTc(const TcArgs& args, int64_t max_tiles, cudaStream_t stream) {
+  using Cfg = TcConfig<kBN, kWarpsM, kWarpsK, kStages>;
+  LaunchGroupedGrid<kGateUp, TcGroupedGemmKernel<kGateUp, kBN, kWarpsM, kWarpsK, kStages>>(
+      Cfg::kThreads, Cfg::kSmem, kGateUp ? 16 * kWarpsM : 32 * kWarpsM, args, max_tiles, stream);
+}
+
+// Benchmark knob (read once): MOBIUS_MOE_WGMMA=0 runs 64-token tiles on the mma.sync kernel (the
+// form before session 49).
+bool WgmmaTiles() {
+  static const bool on = KnobChoice("MOBIUS_MOE_WGMMA", {"0", "1"}) != 1;
+  return on;
 }
 
 // Token-tile widths of the tensor-core path, chosen from the mean number of pairs per local
@@ -571,7 +787,10 @@ int TcTileTokens(int64_t pairs, int64_t num_local) {
   // skipped, so a tile of 1-8 tokens costs what an 8-token tile did, while an expert of up to 32
   // tokens is one tile (its weights read once). Measured against the former 8/16-token choice at
   // low means (H200, release dims): T = 256 2153 -> 2072 us, a 1K-token prefill 171.0 ->
-  // 155.1 ms, batch-256 decode 104.2 -> 100.9 ms; T = 64 unchanged.
+  // 155.1 ms, batch-256 decode 104.2 -> 100.9 ms; T = 64 unchanged. From 40, 64-token tiles on
+  // the wgmma kernel. (The release bank's 8K prefill, 25.6 pairs an expert, is bound by its weight
+  // stream: on the H200 the mma.sync kernel's 64-token form was 3.7% slower there; the wgmma form
+  // was not compared at that size on the same card.)
   if (pairs < 40 * num_local) return 32;
   return 64;
 }
@@ -589,7 +808,12 @@ void LaunchTcGroupedGemm(const TcArgs& args, int bn, int64_t max_tiles, cudaStre
       LaunchTc<kGateUp, 32, 4, 1, 4>(args, max_tiles, stream);
       break;
     default:
-      LaunchTc<kGateUp, 64, 4, 2, 4>(args, max_tiles, stream);
+      if (WgmmaTiles()) {
+        LaunchGroupedGrid<kGateUp, TcGroupedGemmWgmmaKernel<kGateUp>>(
+            128, kWgSmem, kGateUp ? kWgRows / 2 : kWgRows, args, max_tiles, stream);
+      } else {
+        LaunchTc<kGateUp, 64, 4, 2, 4>(args, max_tiles, stream);
+      }
       break;
   }
 }
