@@ -252,6 +252,81 @@ __device__ __forceinline__ uint32_t Swizzle(int row, int chunk) {
   return static_cast<uint32_t>(row * kTcRowBytes + ((chunk ^ (row & 7)) << 4));
 }
 
+// A grouped-GEMM block's tile of the routing's tile table and its slice of weight rows.
+struct GroupedTile {
+  int tile = 0, slice = 0;
+  int64_t group = 0, row0 = 0, row_end = 0;  // the tile's rows [row0, row_end) of its group
+};
+// False for blocks past the routing's tile count (the grid depends on the shapes only).
+__device__ __forceinline__ bool LocateTile(const TcArgs& args, GroupedTile& t) {
+  t.tile = blockIdx.x;
+  t.slice = blockIdx.y;
+  if (args.consecutive_slices > 0) {
+    t.tile = blockIdx.x / args.consecutive_slices;
+    t.slice = blockIdx.x % args.consecutive_slices;
+  }
+  if (t.tile >= *args.num_tiles) return false;
+  t.group = args.tile_group[t.tile];
+  t.row0 = args.tile_row0[t.tile];
+  t.row_end = args.group_end[t.group];
+  return true;
+}
+// src_row[i] = row of `a` for token i of the tile, -1 past its group (threads 0..kTokens-1).
+template <int kTokens>
+__device__ __forceinline__ void FillSourceRows(const TcArgs& args, const GroupedTile& t, int tid,
+                                               int32_t* src_row) {
+  if (tid < kTokens) {
+    const int64_t r = t.row0 + tid;
+    src_row[tid] =
+        r < t.row_end ? (args.a_rows != nullptr ? args.a_rows[r] : static_cast<int>(r)) : -1;
+  }
+}
+// One pipeline stage's 16-byte copies into shared rows: src[i] + k0 to base + dst[i]; a null
+// source (a row past the group or the matrix) or K past its end writes zeros. With kMaySkip, a
+// dst of kNoSharedRow marks a slot this thread does not copy.
+constexpr uint32_t kNoSharedRow = 0xffffffffu;
+template <int kChunks, bool kMaySkip>
+__device__ __forceinline__ void CopyStageRows(uint32_t base, const uint32_t (&dst)[kChunks],
+                                              const uint16_t* const (&src)[kChunks], int64_t k0,
+                                              bool k_ok, const uint16_t* fallback) {
+#pragma unroll
+  for (int i = 0; i < kChunks; ++i) {
+    if (kMaySkip && dst[i] == kNoSharedRow) continue;
+    const bool ok = k_ok && src[i] != nullptr;
+    CopyAsync16(base + dst[i], ok ? src[i] + k0 : fallback, ok);
+  }
+}
+
+// The grouped GEMMs' pipeline prologue: kStages - 1 stages, one cp.async group each. down issues
+// the weights of all of them before waiting for gate_up (uncommitted, they join the first group),
+// then the tokens; gate_up has waited already.
+template <bool kGateUp, int kStages, typename LoadWeights, typename LoadTokens>
+__device__ __forceinline__ void IssuePrologue(int num_k, LoadWeights& load_weights,
+                                              LoadTokens& load_tokens) {
+  if constexpr (kGateUp) {
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < num_k) {
+        load_weights(s);
+        load_tokens(s);
+      }
+      CopyAsyncCommit();
+    }
+  } else {
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < num_k) load_weights(s);
+    }
+    PdlWait();
+    PdlTrigger();
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < num_k) load_tokens(s);
+      CopyAsyncCommit();
+    }
+  }
+}
+
 template <int kBN, int kWarpsM, int kWarpsK, int kStages>
 struct TcConfig {
   static constexpr int kThreads = 32 * kWarpsM * kWarpsK;
@@ -281,28 +356,17 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
     PdlWait();
     PdlTrigger();
   }
-  int tile = blockIdx.x, slice = blockIdx.y;
-  if (args.consecutive_slices > 0) {
-    tile = blockIdx.x / args.consecutive_slices;
-    slice = blockIdx.x % args.consecutive_slices;
-  }
-  if (tile >= *args.num_tiles) return;
-  const int64_t group = args.tile_group[tile];
-  const int64_t row0 = args.tile_row0[tile];
-  const int64_t row_end = args.group_end[group];
+  GroupedTile t;
+  if (!LocateTile(args, t)) return;
+  const int64_t row0 = t.row0, row_end = t.row_end;
   // n8 fragments that hold tokens of this tile (the expert's last tile is usually partial):
   // the others are neither multiplied nor read from shared memory.
   const int live_nt = static_cast<int>((min(static_cast<int64_t>(kBN), row_end - row0) + 7) / 8);
-  const int64_t m0 = static_cast<int64_t>(slice) * (kGateUp ? 16 : 32) * kWarpsM;
-  const uint16_t* w = args.w + group * args.w_group_stride;
+  const int64_t m0 = static_cast<int64_t>(t.slice) * (kGateUp ? 16 : 32) * kWarpsM;
+  const uint16_t* w = args.w + t.group * args.w_group_stride;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp % kWarpsM, wk = warp / kWarpsM;
-
-  if (tid < kBN) {
-    const int64_t r = row0 + tid;
-    src_row[tid] =
-        r < row_end ? (args.a_rows != nullptr ? args.a_rows[r] : static_cast<int>(r)) : -1;
-  }
+  FillSourceRows<kBN>(args, t, tid, src_row);
   __syncthreads();
 
   // Each thread copies the same 16-byte column `chunk` of kChunksA weight rows per stage.
@@ -333,31 +397,20 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
     const int r = (tid >> 3) + i * (Cfg::kThreads / 8);
     const int sr = r < kBN ? src_row[r] : -1;
     b_src[i] = sr >= 0 ? args.a + sr * args.lda + chunk * 8 : nullptr;
-    b_dst[i] = r < kBN ? Cfg::kStageA + Swizzle(r, chunk) : 0xffffffffu;
+    b_dst[i] = r < kBN ? Cfg::kStageA + Swizzle(r, chunk) : kNoSharedRow;
   }
 
   const uint32_t smem_base = SharedAddress(smem);
   const int num_k = static_cast<int>((args.k + kTcBK - 1) / kTcBK);
   auto load_weights = [&](int kt) {
-    const uint32_t base = smem_base + (kt % kStages) * Cfg::kStageBytes;
     const int64_t k0 = static_cast<int64_t>(kt) * kTcBK;
-    const bool k_ok = k0 + chunk * 8 < args.k;
-#pragma unroll
-    for (int i = 0; i < Cfg::kChunksA; ++i) {
-      const bool ok = k_ok && a_src[i] != nullptr;
-      CopyAsync16(base + a_dst[i], ok ? a_src[i] + k0 : w, ok);
-    }
+    CopyStageRows<Cfg::kChunksA, false>(smem_base + (kt % kStages) * Cfg::kStageBytes, a_dst, a_src,
+                                        k0, k0 + chunk * 8 < args.k, w);
   };
   auto load_tokens = [&](int kt) {
-    const uint32_t base = smem_base + (kt % kStages) * Cfg::kStageBytes;
     const int64_t k0 = static_cast<int64_t>(kt) * kTcBK;
-    const bool k_ok = k0 + chunk * 8 < args.k;
-#pragma unroll
-    for (int i = 0; i < Cfg::kChunksB; ++i) {
-      if (b_dst[i] == 0xffffffffu) continue;
-      const bool ok = k_ok && b_src[i] != nullptr;
-      CopyAsync16(base + b_dst[i], ok ? b_src[i] + k0 : args.a, ok);
-    }
+    CopyStageRows<Cfg::kChunksB, true>(smem_base + (kt % kStages) * Cfg::kStageBytes, b_dst, b_src,
+                                       k0, k0 + chunk * 8 < args.k, args.a);
   };
 
   float acc[2][kNT][4];
@@ -368,30 +421,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
 
-  // Prologue: kStages - 1 stages, one cp.async group each. down issues the weights of all of
-  // them before waiting for gate_up (uncommitted, they join the first group), then the tokens.
-  if constexpr (kGateUp) {
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < num_k) {
-        load_weights(s);
-        load_tokens(s);
-      }
-      CopyAsyncCommit();
-    }
-  } else {
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < num_k) load_weights(s);
-    }
-    PdlWait();
-    PdlTrigger();
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
-      if (s < num_k) load_tokens(s);
-      CopyAsyncCommit();
-    }
-  }
+  IssuePrologue<kGateUp, kStages>(num_k, load_weights, load_tokens);
   for (int kt = 0; kt < num_k; ++kt) {
     CopyAsyncWait<kStages - 2>();
     __syncthreads();  // stage kt landed for every thread; stage kt - 1 is free for reuse
@@ -527,23 +557,13 @@ __global__ void __launch_bounds__(128) TcGroupedGemmWgmmaKernel(const TcArgs arg
     PdlWait();
     PdlTrigger();
   }
-  int tile = blockIdx.x, slice = blockIdx.y;
-  if (args.consecutive_slices > 0) {
-    tile = blockIdx.x / args.consecutive_slices;
-    slice = blockIdx.x % args.consecutive_slices;
-  }
-  if (tile >= *args.num_tiles) return;
-  const int64_t group = args.tile_group[tile];
-  const int64_t row0 = args.tile_row0[tile];
-  const int64_t row_end = args.group_end[group];
-  const int64_t m0 = static_cast<int64_t>(slice) * (kGateUp ? kWgRows / 2 : kWgRows);
-  const uint16_t* w = args.w + group * args.w_group_stride;
+  GroupedTile t;
+  if (!LocateTile(args, t)) return;
+  const int64_t row0 = t.row0, row_end = t.row_end;
+  const int64_t m0 = static_cast<int64_t>(t.slice) * (kGateUp ? kWgRows / 2 : kWgRows);
+  const uint16_t* w = args.w + t.group * args.w_group_stride;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  if (tid < kWgTokens) {
-    const int64_t r = row0 + tid;
-    src_row[tid] =
-        r < row_end ? (args.a_rows != nullptr ? args.a_rows[r] : static_cast<int>(r)) : -1;
-  }
+  FillSourceRows<kWgTokens>(args, t, tid, src_row);
   __syncthreads();
 
   // Each thread copies 16-byte column `chunk` of 8 weight rows and 4 token rows per stage; rows
@@ -581,48 +601,17 @@ __global__ void __launch_bounds__(128) TcGroupedGemmWgmmaKernel(const TcArgs arg
   const uint32_t smem_base = (SharedAddress(smem_raw) + 1023u) & ~1023u;
   const int num_k = static_cast<int>((args.k + kTcBK - 1) / kTcBK);
   auto load_weights = [&](int kt) {
-    const uint32_t base = smem_base + (kt % kWgStages) * kWgStageBytes;
     const int64_t k0 = static_cast<int64_t>(kt) * kTcBK;
-    const bool k_ok = k0 + chunk * 8 < args.k;
-#pragma unroll
-    for (int i = 0; i < kChunksA; ++i) {
-      const bool ok = k_ok && a_src[i] != nullptr;
-      CopyAsync16(base + a_dst[i], ok ? a_src[i] + k0 : w, ok);
-    }
+    CopyStageRows<kChunksA, false>(smem_base + (kt % kWgStages) * kWgStageBytes, a_dst, a_src, k0,
+                                   k0 + chunk * 8 < args.k, w);
   };
   auto load_tokens = [&](int kt) {
-    const uint32_t base = smem_base + (kt % kWgStages) * kWgStageBytes;
     const int64_t k0 = static_cast<int64_t>(kt) * kTcBK;
-    const bool k_ok = k0 + chunk * 8 < args.k;
-#pragma unroll
-    for (int i = 0; i < kChunksB; ++i) {
-      const bool ok = k_ok && b_src[i] != nullptr;
-      CopyAsync16(base + b_dst[i], ok ? b_src[i] + k0 : args.a, ok);
-    }
+    CopyStageRows<kChunksB, false>(smem_base + (kt % kWgStages) * kWgStageBytes, b_dst, b_src, k0,
+                                   k0 + chunk * 8 < args.k, args.a);
   };
 
-  if constexpr (kGateUp) {
-#pragma unroll
-    for (int s = 0; s < kWgStages - 1; ++s) {
-      if (s < num_k) {
-        load_weights(s);
-        load_tokens(s);
-      }
-      CopyAsyncCommit();
-    }
-  } else {
-#pragma unroll
-    for (int s = 0; s < kWgStages - 1; ++s) {
-      if (s < num_k) load_weights(s);
-    }
-    PdlWait();
-    PdlTrigger();
-#pragma unroll
-    for (int s = 0; s < kWgStages - 1; ++s) {
-      if (s < num_k) load_tokens(s);
-      CopyAsyncCommit();
-    }
-  }
+  IssuePrologue<kGateUp, kWgStages>(num_k, load_weights, load_tokens);
 
   // acc[h]: weight rows 64h..64h+63 (gate_up: h = 0 gate, 1 up) x the 64 tokens.
   float acc[2][32];
