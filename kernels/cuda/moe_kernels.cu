@@ -687,6 +687,154 @@ __global__ void __launch_bounds__(128) TcGroupedGemmWgmmaKernel(const TcArgs arg
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// 64-token tiles with the weights on the wgmma's N instead (MOBIUS_MOE_WGMMA=n256; built in
+// session 49 after its device time, not yet run on a GPU): D[64 tokens x 256 weight rows] by one
+// m64n256k16 per 16 K, where the kernel above issues two m64n64k16 for half the rows, and each
+// staged token row feeds 256 weight rows instead of 128. One warpgroup a block, 256 weight rows:
+// gate_up takes 128 features, their gate rows as columns 0-127 and up rows as 128-255, so a
+// thread holds a feature's two sums at n8 groups j and j + 16; down takes 256 features. The
+// tokens are the A operand (shared rows 0-63 of a stage), the weights B (rows 0-255 after them),
+// in the same swizzled 128-byte rows; 40 KB a stage, 4 stages: one block an SM.
+constexpr int kWnRows = 256, kWnStages = 4;
+constexpr int kWnStageA = kWgTokens * kTcRowBytes;                // 8 KB of token rows
+constexpr int kWnStageBytes = kWnStageA + kWnRows * kTcRowBytes;  // + 32 KB of weight rows
+constexpr int kWnSmem = kWnStages * kWnStageBytes + 1024;         // + slack for the alignment
+
+template <bool kGateUp>
+__global__ void __launch_bounds__(128) TcGroupedGemmWgmmaN256Kernel(const TcArgs args) {
+  extern __shared__ char smem_raw[];
+  __shared__ int32_t src_row[kWgTokens];  // row of `a` for each token of the tile, -1: past it
+  // As in TcGroupedGemmKernel: gate_up needs the grouping at once; down requests its first weight
+  // stages before waiting for gate_up's activations.
+  if constexpr (kGateUp) {
+    PdlWait();
+    PdlTrigger();
+  }
+  GroupedTile t;
+  if (!LocateTile(args, t)) return;
+  const int64_t row0 = t.row0, row_end = t.row_end;
+  const int64_t m0 = static_cast<int64_t>(t.slice) * (kGateUp ? kWnRows / 2 : kWnRows);
+  const uint16_t* w = args.w + t.group * args.w_group_stride;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  FillSourceRows<kWgTokens>(args, t, tid, src_row);
+  __syncthreads();
+
+  // Thread tid copies 16-byte column `chunk` of shared rows tid / 8 + 16 i: 4 token rows and 16
+  // weight rows a stage. The weight rows' addresses are formed at each copy (16 pointers held
+  // across the loop would cost 32 registers beside the 128 accumulators).
+  constexpr int kChunksTok = kWgTokens * 8 / 128, kChunksW = kWnRows * 8 / 128;
+  const int chunk = tid & 7, first_row = tid >> 3;
+  const uint16_t* tok_src[kChunksTok];
+  uint32_t tok_dst[kChunksTok];
+#pragma unroll
+  for (int i = 0; i < kChunksTok; ++i) {
+    const int r = first_row + i * 16;
+    const int sr = src_row[r];
+    tok_src[i] = sr >= 0 ? args.a + sr * args.lda + chunk * 8 : nullptr;
+    tok_dst[i] = Swizzle(r, chunk);
+  }
+  const uint32_t smem_base = (SharedAddress(smem_raw) + 1023u) & ~1023u;
+  const int num_k = static_cast<int>((args.k + kTcBK - 1) / kTcBK);
+  auto load_weights = [&](int kt) {
+    const uint32_t base = smem_base + (kt % kWnStages) * kWnStageBytes + kWnStageA;
+    const int64_t k0 = static_cast<int64_t>(kt) * kTcBK;
+    const bool k_ok = k0 + chunk * 8 < args.k;
+#pragma unroll
+    for (int i = 0; i < kChunksW; ++i) {
+      const int r = first_row + i * 16;
+      int64_t grow;
+      bool valid;
+      if constexpr (kGateUp) {
+        const int64_t feature = m0 + (r & 127);
+        valid = feature < args.n_out;
+        grow = (r >> 7) * args.n_out + feature;
+      } else {
+        grow = m0 + r;
+        valid = grow < args.n_out;
+      }
+      const bool ok = k_ok && valid;
+      CopyAsync16(base + Swizzle(r, chunk), ok ? w + grow * args.k + k0 + chunk * 8 : w, ok);
+    }
+  };
+  auto load_tokens = [&](int kt) {
+    const int64_t k0 = static_cast<int64_t>(kt) * kTcBK;
+    CopyStageRows<kChunksTok, false>(smem_base + (kt % kWnStages) * kWnStageBytes, tok_dst, tok_src,
+                                     k0, k0 + chunk * 8 < args.k, args.a);
+  };
+  IssuePrologue<kGateUp, kWnStages>(num_k, load_weights, load_tokens);
+
+  float acc[kWnRows / 2];  // 64 tokens x 256 weight rows over the warpgroup's 128 threads
+#pragma unroll
+  for (int i = 0; i < kWnRows / 2; ++i) acc[i] = 0.0f;
+  for (int kt = 0; kt < num_k; ++kt) {
+    CopyAsyncWait<kWnStages - 2>();
+    wgmma::FenceProxyAsync();  // cp.async wrote through the generic proxy; wgmma reads async
+    __syncthreads();           // stage kt landed for every thread
+    const uint32_t base = smem_base + (kt % kWnStages) * kWnStageBytes;
+    wgmma::FenceRegisters(acc);
+    wgmma::Fence();
+#pragma unroll
+    for (int kk = 0; kk < kTcBK / 16; ++kk) {
+      wgmma::WgmmaSS_m64n256k16(acc, wgmma::KMajorDescriptor(base + kk * 32),
+                                wgmma::KMajorDescriptor(base + kWnStageA + kk * 32), 1);
+    }
+    wgmma::Commit();
+    wgmma::FenceRegisters(acc);
+    // Stage kt - 1's products are done in every warp, so its buffer, the one the next load
+    // fills, is free; stage kt's stay in flight beside the copies.
+    wgmma::Wait<1>();
+    __syncthreads();
+    if (kt + kWnStages - 1 < num_k) {
+      load_weights(kt + kWnStages - 1);
+      load_tokens(kt + kWnStages - 1);
+    }
+    CopyAsyncCommit();
+  }
+  wgmma::Wait<0>();
+  wgmma::FenceRegisters(acc);
+  CopyAsyncWait<0>();
+
+  // Accumulator element 4j + 2h + b of warp w: token 16w + lane / 4 + 8h, weight row (column of
+  // D) 8j + 2 (lane % 4) + b.
+  const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int n = warp * 16 + g + 8 * h;
+    if (row0 + n >= row_end) continue;
+    const int64_t pos = row0 + n;
+    if constexpr (kGateUp) {
+#pragma unroll
+      for (int j = 0; j < kWnRows / 16; ++j) {
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          const int64_t feature = m0 + j * 8 + tq * 2 + b;
+          if (feature < args.n_out) {
+            static_cast<uint16_t*>(args.c)[pos * args.ldc + feature] =
+                F32ToBf16(Silu(acc[j * 4 + 2 * h + b]) * acc[(j + kWnRows / 16) * 4 + 2 * h + b]);
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kWnRows / 8; ++j) {
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          const int64_t feature = m0 + j * 8 + tq * 2 + b;
+          if (feature < args.n_out) {
+            const float v = acc[j * 4 + 2 * h + b];
+            if (args.c_bf16) {
+              static_cast<uint16_t*>(args.c)[pos * args.ldc + feature] = F32ToBf16(v);
+            } else {
+              static_cast<float*>(args.c)[pos * args.ldc + feature] = v;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // Launches grouped-GEMM kernel kKernel over max_tiles tiles x the slices of `rows_per_slice`
 // output features, raising its dynamic shared-memory limit first (once per kernel and device: a
 // template parameter, so that each kernel has its own record). Benchmark knob (read once):
@@ -727,11 +875,21 @@ void LaunchTc(const TcArgs& args, int64_t max_tiles, cudaStream_t stream) {
       Cfg::kThreads, Cfg::kSmem, kGateUp ? 16 * kWarpsM : 32 * kWarpsM, args, max_tiles, stream);
 }
 
-// Benchmark knob (read once): MOBIUS_MOE_WGMMA=0 runs 64-token tiles on the mma.sync kernel (the
-// form before session 49).
-bool WgmmaTiles() {
-  static const bool on = KnobChoice("MOBIUS_MOE_WGMMA", {"0", "1"}) != 1;
-  return on;
+// The kernel for 64-token tiles. Benchmark knob (read once): MOBIUS_MOE_WGMMA=0 runs them on the
+// mma.sync kernel (the form before session 49), =n256 on the weights-on-N wgmma kernel.
+enum class WideTileKernel { kMmaSync, kWgmma, kWgmmaN256 };
+WideTileKernel WideTiles() {
+  static const WideTileKernel kernel = [] {
+    switch (KnobChoice("MOBIUS_MOE_WGMMA", {"0", "1", "n256"})) {
+      case 1:
+        return WideTileKernel::kMmaSync;
+      case 3:
+        return WideTileKernel::kWgmmaN256;
+      default:
+        return WideTileKernel::kWgmma;
+    }
+  }();
+  return kernel;
 }
 
 // Token-tile widths of the tensor-core path, chosen from the mean number of pairs per local
@@ -797,11 +955,18 @@ void LaunchTcGroupedGemm(const TcArgs& args, int bn, int64_t max_tiles, cudaStre
       LaunchTc<kGateUp, 32, 4, 1, 4>(args, max_tiles, stream);
       break;
     default:
-      if (WgmmaTiles()) {
-        LaunchGroupedGrid<kGateUp, TcGroupedGemmWgmmaKernel<kGateUp>>(
-            128, kWgSmem, kGateUp ? kWgRows / 2 : kWgRows, args, max_tiles, stream);
-      } else {
-        LaunchTc<kGateUp, 64, 4, 2, 4>(args, max_tiles, stream);
+      switch (WideTiles()) {
+        case WideTileKernel::kWgmma:
+          LaunchGroupedGrid<kGateUp, TcGroupedGemmWgmmaKernel<kGateUp>>(
+              128, kWgSmem, kGateUp ? kWgRows / 2 : kWgRows, args, max_tiles, stream);
+          break;
+        case WideTileKernel::kWgmmaN256:
+          LaunchGroupedGrid<kGateUp, TcGroupedGemmWgmmaN256Kernel<kGateUp>>(
+              128, kWnSmem, kGateUp ? kWnRows / 2 : kWnRows, args, max_tiles, stream);
+          break;
+        case WideTileKernel::kMmaSync:
+          LaunchTc<kGateUp, 64, 4, 2, 4>(args, max_tiles, stream);
+          break;
       }
       break;
   }
