@@ -403,7 +403,7 @@ void LaunchMapExpertIds(const int32_t* ids, const int32_t* routes, int stride, i
 // crossover where it was measured (H100, dummy weights' near-uniform routes, top-8 / top-10, 2048
 // x 512 experts): at 2560 experts the few-token kernels were 0.4-0.8 ms a step faster up to 256
 // pairs, tied at 320 and lost from 512 (+1.8 ms); at 512 experts (Qwen3-Next's shapes, 12
-// layers) they were 0.10-0.17 ms faster at 40-80 pairs and 0.01-0.02 ms slower at 100, 0.11
+// layers) they were 0.09-0.17 ms faster at 40-80 pairs and 0.01-0.02 ms slower at 100, 0.11
 // slower at 130 and 0.5 at 190. That gives 256 pairs at 2560 experts (32 tokens at top-8), 95 at
 // 512 (9 tokens at top-10) and the earlier 64 for banks up to ~280 experts (the MTP head's 256,
 // the fixtures).
