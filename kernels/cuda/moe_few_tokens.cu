@@ -245,7 +245,8 @@ __device__ __forceinline__ void SharedRowsBesideTopK(const MoeSharedTerm& shared
 
 // Blocks 0 .. num_tokens - 1: TopKSoftmaxFilterKernel's; the rest: SharedRowsBesideTopK.
 // Two blocks per SM (at most 64 registers; 56 used), so that blocks can become resident beside the
-// fan-out's and the gate-up kernel's.
+// fan-out's and the gate-up kernel's. k <= kRegTopK only: with kListedTopK lists its filter
+// spills under that register cap.
 __global__ void __launch_bounds__(kRegTopKThreads, 2)
     TopKSoftmaxFilterSharedRowsKernel(AnyPtr logits, int num_experts, int k, bool renormalize,
                                       int32_t* ids, float* weights, const MoeSharedTerm shared,
@@ -253,7 +254,7 @@ __global__ void __launch_bounds__(kRegTopKThreads, 2)
   if (blockIdx.x < num_tokens) {
     PdlWait();
     PdlTrigger();
-    TopKFilterToken(logits, num_experts, k, renormalize, ids, weights, blockIdx.x);
+    TopKFilterToken<kRegTopK>(logits, num_experts, k, renormalize, ids, weights, blockIdx.x);
     return;
   }
   SharedRowsBesideTopK(shared, num_tokens, hidden, blockIdx.x - num_tokens, shared_out);
@@ -593,8 +594,8 @@ bool LaunchTopKSoftmaxWithSharedRows(AnyPtr logits, int64_t num_tokens, int num_
                                      bool renormalize, int32_t* ids, float* weights,
                                      const MoeSharedTerm& shared, int64_t hidden,
                                      uint16_t* shared_out, cudaStream_t stream) {
-  if (num_tokens < 1 || num_tokens > kSharedBesideTopKMaxTokens || k < 1 || hidden < 1 ||
-      shared.gate_up == nullptr || shared.down == nullptr || shared.inter < 8 ||
+  if (num_tokens < 1 || num_tokens > kSharedBesideTopKMaxTokens || k < 1 || k > kRegTopK ||
+      hidden < 1 || shared.gate_up == nullptr || shared.down == nullptr || shared.inter < 8 ||
       shared.inter % 8 != 0 || shared.inter > kSharedBesideTopKMaxInter ||
       !IsAligned16(shared.gate_up) || !IsAligned16(shared.down) || shared_out == nullptr ||
       SelectTopKKernel(num_tokens, num_experts, k, IsAligned16(logits.data),

@@ -1,4 +1,4 @@
-// The router top-k's register forms (k <= kRegTopK): the lists every lane keeps, their merge,
+// The router top-k's register forms (k <= kListedTopK): the lists every lane keeps, their merge,
 // and the filter that ranks only the logits at or above a threshold. Shared by the top-k kernels
 // (topk_softmax.cu) and the MoE kernel whose extra blocks compute the shared expert's rows beside
 // the top-k (moe_few_tokens.cu, TopKSoftmaxFilterSharedRowsKernel).
@@ -29,23 +29,29 @@ TopKOverride TopKOverrideFromEnv();
 constexpr int kRegTopK = 8;
 constexpr int kRegTopKThreads = 512;
 constexpr int kRegTopKLoads = 8;
+// k of 9-16 (Qwen3-Next routes each token to 10 experts) take the filter and warp-per-token forms
+// with lists of kListedTopK (the streaming kRegTopK-list kernel for more than 4096 experts stays
+// k <= 8). Each form is instantiated for kRegTopK and kListedTopK; ListSizeFor picks one.
+constexpr int kListedTopK = 16;
+constexpr int ListSizeFor(int k) { return k <= kRegTopK ? kRegTopK : kListedTopK; }
 
 // The k merged logits (wv, ids wi: the same in every lane) as softmax probabilities over all
 // experts (maximum mx, sum of exp(v - mx) total), renormalised over the k or not; lane j < k
 // writes token t's j-th id and weight.
-__device__ __forceinline__ void WriteMergedTopK(float (&wv)[kRegTopK], const int (&wi)[kRegTopK],
-                                                int k, float mx, float total, bool renormalize,
-                                                int lane, int64_t t, int32_t* ids, float* weights) {
+template <int kList>
+__device__ __forceinline__ void WriteMergedTopK(float (&wv)[kList], const int (&wi)[kList], int k,
+                                                float mx, float total, bool renormalize, int lane,
+                                                int64_t t, int32_t* ids, float* weights) {
   float selected = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kRegTopK; ++j) {
+  for (int j = 0; j < kList; ++j) {
     if (j < k) {
       wv[j] = expf(wv[j] - mx) / total;
       selected += wv[j];
     }
   }
 #pragma unroll
-  for (int j = 0; j < kRegTopK; ++j) {
+  for (int j = 0; j < kList; ++j) {
     if (j < k && lane == j) {
       ids[t * k + j] = wi[j];
       weights[t * k + j] = renormalize ? wv[j] / selected : wv[j];
@@ -54,17 +60,18 @@ __device__ __forceinline__ void WriteMergedTopK(float (&wv)[kRegTopK], const int
 }
 
 // The end of the register top-k kernels: every thread holds a sorted list (lv, li) of its best
-// kRegTopK logits and its softmax statistics (m, sum: the sum of exp(v - m) over its logits);
-// each warp merges its lanes' lists, warp 0 merges the warps' lists and writes token t's ids and
+// kList logits and its softmax statistics (m, sum: the sum of exp(v - m) over its logits); each
+// warp merges its lanes' lists, warp 0 merges the warps' lists and writes token t's ids and
 // weights.
-__device__ __forceinline__ void FinishTopKFromLists(float (&lv)[kRegTopK], int (&li)[kRegTopK],
-                                                    float m, float sum, int k, bool renormalize,
-                                                    int64_t t, int32_t* ids, float* weights) {
+template <int kList>
+__device__ __forceinline__ void FinishTopKFromLists(float (&lv)[kList], int (&li)[kList], float m,
+                                                    float sum, int k, bool renormalize, int64_t t,
+                                                    int32_t* ids, float* weights) {
   constexpr int kWarps = kRegTopKThreads / 32;
   static_assert(kWarps <= 32, "warp 0 merges one list per lane");
   __shared__ float m_s[kWarps], s_s[kWarps];
-  __shared__ float cand_v[kWarps][kRegTopK];
-  __shared__ int cand_i[kWarps][kRegTopK];
+  __shared__ float cand_v[kWarps][kList];
+  __shared__ int cand_i[kWarps][kList];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   // Softmax statistics over the block: combine (max, sum) pairs.
   for (int o = 16; o > 0; o >>= 1) {
@@ -75,14 +82,14 @@ __device__ __forceinline__ void FinishTopKFromLists(float (&lv)[kRegTopK], int (
           (om == -INFINITY ? 0.0f : os * expf(om - nm));
     m = nm;
   }
-  float wv[kRegTopK];
-  int wi[kRegTopK];
+  float wv[kList];
+  int wi[kList];
   WarpMergeLists(lv, li, k, wv, wi);
   if (lane == 0) {
     m_s[warp] = m;
     s_s[warp] = sum;
 #pragma unroll
-    for (int j = 0; j < kRegTopK; ++j) {
+    for (int j = 0; j < kList; ++j) {
       cand_v[warp][j] = j < k ? wv[j] : -INFINITY;
       cand_i[warp][j] = j < k ? wi[j] : INT_MAX;
     }
@@ -97,7 +104,7 @@ __device__ __forceinline__ void FinishTopKFromLists(float (&lv)[kRegTopK], int (
   for (int w = 0; w < kWarps; ++w) total += m_s[w] == -INFINITY ? 0.0f : s_s[w] * expf(m_s[w] - mx);
     // Lane w < kWarps holds warp w's (sorted) list; the other lanes hold empty lists.
 #pragma unroll
-  for (int q = 0; q < kRegTopK; ++q) {
+  for (int q = 0; q < kList; ++q) {
     lv[q] = lane < kWarps ? cand_v[lane][q] : -INFINITY;
     li[q] = lane < kWarps ? cand_i[lane][q] : INT_MAX;
   }
@@ -113,17 +120,19 @@ __device__ __forceinline__ void FinishTopKFromLists(float (&lv)[kRegTopK], int (
 // At one token and 2560 experts the list merge took 8.5 us (ncu).
 constexpr int kTopKCandidates = 512;
 
-// Token t's top-k by the filter (the body of TopKSoftmaxFilterKernel, after its PDL wait).
+// Token t's top-k by the filter (the body of TopKSoftmaxFilterKernel, after its PDL wait), for
+// k <= kList.
+template <int kList>
 __device__ __forceinline__ void TopKFilterToken(AnyPtr logits, int num_experts, int k,
                                                 bool renormalize, int32_t* ids, float* weights,
                                                 int64_t t) {
   constexpr int kWarps = kRegTopKThreads / 32;
-  static_assert(kRegTopK <= kWarps, "the threshold is the k-th of the warps' maxima");
+  static_assert(kList <= kWarps, "the threshold is the k-th of the warps' maxima");
   __shared__ float wmax_s[kWarps], wsum_s[kWarps];
   __shared__ float cand_v[kTopKCandidates];
   __shared__ int cand_i[kTopKCandidates];
-  __shared__ float sel_p[kRegTopK];
-  __shared__ int sel_i[kRegTopK];
+  __shared__ float sel_p[kList];
+  __shared__ int sel_i[kList];
   __shared__ int count_s;
   const int64_t base = t * num_experts;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -169,8 +178,8 @@ __device__ __forceinline__ void TopKFilterToken(AnyPtr logits, int num_experts, 
   __syncthreads();
   const int count = count_s;
   if (count > kTopKCandidates) {
-    float lv[kRegTopK];
-    int li[kRegTopK];
+    float lv[kList];
+    int li[kList];
     ClearList(lv, li);
 #pragma unroll
     for (int u = 0; u < kRegTopKLoads; ++u) {

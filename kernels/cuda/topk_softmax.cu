@@ -201,12 +201,13 @@ __global__ void __launch_bounds__(kRegTopKThreads)
   FinishTopKFromLists(lv, li, m, sum, k, renormalize, t, ids, weights);
 }
 
+template <int kList>
 __global__ void __launch_bounds__(kRegTopKThreads)
     TopKSoftmaxFilterKernel(AnyPtr logits, int num_experts, int k, bool renormalize, int32_t* ids,
                             float* weights) {
   PdlWait();
   PdlTrigger();
-  TopKFilterToken(logits, num_experts, k, renormalize, ids, weights, blockIdx.x);
+  TopKFilterToken<kList>(logits, num_experts, k, renormalize, ids, weights, blockIdx.x);
 }
 
 // Many tokens (prefill, large decode batches): one warp per token, so that a 256-thread block
@@ -224,13 +225,14 @@ constexpr int kWarpTopKWarps = 8;
 constexpr int kWarpTopKGroups = 10;  // experts <= 32 * 8 * kWarpTopKGroups (2560)
 constexpr int kWarpTopKCandidates = 64;
 
+template <int kList>
 __global__ void __launch_bounds__(kWarpTopKWarps * 32, 2)
     TopKSoftmaxWarpKernel(AnyPtr logits, int64_t num_tokens, int num_experts, int k,
                           bool renormalize, int32_t* ids, float* weights) {
   __shared__ float cand_v[kWarpTopKWarps][kWarpTopKCandidates];
   __shared__ int cand_i[kWarpTopKWarps][kWarpTopKCandidates];
-  __shared__ float sel_p[kWarpTopKWarps][kRegTopK];
-  __shared__ int sel_i[kWarpTopKWarps][kRegTopK];
+  __shared__ float sel_p[kWarpTopKWarps][kList];
+  __shared__ int sel_i[kWarpTopKWarps][kList];
   PdlWait();
   PdlTrigger();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -284,8 +286,8 @@ __global__ void __launch_bounds__(kWarpTopKWarps * 32, 2)
   const int count = __shfl_sync(0xffffffffu, before, 31);
   before -= mine;
   if (count > kWarpTopKCandidates || threshold == -INFINITY) {
-    float lv[kRegTopK], wv[kRegTopK];
-    int li[kRegTopK], wi[kRegTopK];
+    float lv[kList], wv[kList];
+    int li[kList], wi[kList];
     ClearList(lv, li);
 #pragma unroll
     for (int j = 0; j < kWarpTopKGroups; ++j) {
@@ -350,13 +352,14 @@ constexpr int64_t kWarpTopKMinTokens = 1024;
 TopKKernel SelectTopKKernel(int64_t num_tokens, int num_experts, int k, bool logits_aligned16,
                             TopKOverride forced) {
   const bool few_k = k <= kRegTopK && k <= num_experts;
-  if (few_k && num_experts % 8 == 0 && num_experts <= 32 * 8 * kWarpTopKGroups &&
+  const bool listed_k = k <= kListedTopK && k <= num_experts;  // the warp and filter forms
+  if (listed_k && num_experts % 8 == 0 && num_experts <= 32 * 8 * kWarpTopKGroups &&
       logits_aligned16 &&
       (forced == TopKOverride::kWarp ||
        (forced == TopKOverride::kNone && num_tokens >= kWarpTopKMinTokens))) {
     return TopKKernel::kWarpPerToken;
   }
-  if (few_k && num_experts <= kRegTopKThreads * kRegTopKLoads) return TopKKernel::kBlockFilter;
+  if (listed_k && num_experts <= kRegTopKThreads * kRegTopKLoads) return TopKKernel::kBlockFilter;
   if (few_k) return TopKKernel::kBlockRegisterLists;
   if (num_experts <= kSmemTopKExperts && k <= kSmemTopKMaxK && k <= num_experts) {
     return TopKKernel::kBlockSharedMemory;
@@ -371,14 +374,19 @@ void LaunchTopKSoftmax(AnyPtr logits, int64_t num_tokens, int num_experts, int k
   switch (SelectTopKKernel(num_tokens, num_experts, k, IsAligned16(logits.data),
                            TopKOverrideFromEnv())) {
     case TopKKernel::kWarpPerToken:
-      LaunchPdl("TopKSoftmaxWarpKernel", TopKSoftmaxWarpKernel,
+      LaunchPdl("TopKSoftmaxWarpKernel",
+                ListSizeFor(k) == kRegTopK ? TopKSoftmaxWarpKernel<kRegTopK>
+                                           : TopKSoftmaxWarpKernel<kListedTopK>,
                 static_cast<unsigned>((num_tokens + kWarpTopKWarps - 1) / kWarpTopKWarps),
                 kWarpTopKWarps * 32, 0, stream, logits, num_tokens, num_experts, k, renormalize,
                 ids, weights);
       break;
     case TopKKernel::kBlockFilter:
-      LaunchPdl("TopKSoftmaxFilterKernel", TopKSoftmaxFilterKernel, tokens, kRegTopKThreads, 0,
-                stream, logits, num_experts, k, renormalize, ids, weights);
+      LaunchPdl("TopKSoftmaxFilterKernel",
+                ListSizeFor(k) == kRegTopK ? TopKSoftmaxFilterKernel<kRegTopK>
+                                           : TopKSoftmaxFilterKernel<kListedTopK>,
+                tokens, kRegTopKThreads, 0, stream, logits, num_experts, k, renormalize, ids,
+                weights);
       break;
     case TopKKernel::kBlockRegisterLists:
       LaunchPdl("TopKSoftmaxRegKernel", TopKSoftmaxRegKernel, tokens, kRegTopKThreads, 0, stream,

@@ -902,9 +902,10 @@ void RefTopK(const std::vector<float>& logits, int64_t t, int e, int k, bool ren
 }
 
 // Every TopKSoftmax kernel: k <= 8 (registers: the threshold filter up to 4096 experts, 4096
-// itself included, and the chunked lists from 4097), k up to 32 with up to 8192 experts (shared
-// memory), more (global memory); few experts (lanes and warps with nothing to offer) and k equal
-// to the expert count.
+// itself included, and the chunked lists from 4097), k of 9-16 (the filter with 16-entry lists,
+// Qwen3-Next's 512 experts at k 10), k up to 32 with up to 8192 experts (shared memory), more
+// (global memory); few experts (lanes and warps with nothing to offer) and k equal to the expert
+// count.
 TEST_F(CudaKernelsTest, TopKSoftmaxExpertCountsAndK) {
   struct Case {
     int64_t t;
@@ -912,7 +913,8 @@ TEST_F(CudaKernelsTest, TopKSoftmaxExpertCountsAndK) {
   };
   for (const Case c :
        {Case{3, 10, 8}, Case{5, 64, 10}, Case{2, 9000, 4}, Case{4, 300, 32}, Case{1, 2560, 1},
-        Case{2, 9000, 12}, Case{7, 8, 8}, Case{3, 4096, 8}, Case{2, 4097, 8}, Case{5, 2560, 8}}) {
+        Case{2, 9000, 12}, Case{7, 8, 8}, Case{3, 4096, 8}, Case{2, 4097, 8}, Case{5, 2560, 8},
+        Case{6, 512, 10}, Case{3, 2560, 16}, Case{2, 12, 12}, Case{3, 4096, 9}}) {
     const std::vector<float> logits = Rand(c.t * c.e, -4, 4);
     Tensor lt = Make(DType::kF32, {c.t, c.e}, logits);
     Tensor ids = Poisoned(DType::kI32, {c.t, c.k}), w = Poisoned(DType::kF32, {c.t, c.k});
@@ -984,7 +986,8 @@ TEST_F(CudaTopKTest, ManyTokensOneWarpEach) {
   for (const Case c : {Case{DType::kBF16, 4096, 2560, 8}, Case{DType::kF32, 1024, 2560, 8},
                        Case{DType::kF32, 300, 2560, 8}, Case{DType::kF32, 129, 64, 8},
                        Case{DType::kF32, 70, 1000, 3}, Case{DType::kBF16, 65, 8, 8},
-                       Case{DType::kF32, 100, 1004, 8}}) {
+                       Case{DType::kF32, 100, 1004, 8}, Case{DType::kF32, 2048, 512, 10},
+                       Case{DType::kBF16, 1030, 2560, 16}, Case{DType::kF32, 90, 512, 10}}) {
     std::vector<float> logits = Rand(c.t * c.e, -2, 2);
     for (int64_t r = 0; r < c.t; r += 7) {  // ties at the top of some rows
       logits[r * c.e + c.e - 1] = 3.0f;
@@ -1021,9 +1024,17 @@ TEST(TopKKernelSelection, WarpPerTokenForPrefillBatchesOnly) {
   EXPECT_EQ(SelectTopKKernel(1, 2560, 8, true, TopKOverride::kWarp), TopKKernel::kWarpPerToken);
   EXPECT_EQ(SelectTopKKernel(8192, 2560, 8, true, TopKOverride::kBlock), TopKKernel::kBlockFilter);
   EXPECT_EQ(SelectTopKKernel(1, 1004, 8, true, TopKOverride::kWarp), TopKKernel::kBlockFilter);
-  // Past the register forms: more than 4096 experts, or k above 8.
+  // k of 9-16 (Qwen3-Next: 512 experts, k 10) take the same filter and warp forms with 16-entry
+  // lists.
+  EXPECT_EQ(SelectTopKKernel(1, 512, 10, true, kNone), TopKKernel::kBlockFilter);
+  EXPECT_EQ(SelectTopKKernel(8192, 512, 10, true, kNone), TopKKernel::kWarpPerToken);
+  EXPECT_EQ(SelectTopKKernel(1, 2560, 16, true, kNone), TopKKernel::kBlockFilter);
+  EXPECT_EQ(SelectTopKKernel(4096, 2560, 16, true, kNone), TopKKernel::kWarpPerToken);
+  // Past the register forms: more than 4096 experts (the streamed lists: k <= 8 only), or k
+  // above 16.
   EXPECT_EQ(SelectTopKKernel(1, 6000, 8, true, kNone), TopKKernel::kBlockRegisterLists);
-  EXPECT_EQ(SelectTopKKernel(4096, 2560, 16, true, kNone), TopKKernel::kBlockSharedMemory);
+  EXPECT_EQ(SelectTopKKernel(1, 6000, 10, true, kNone), TopKKernel::kBlockSharedMemory);
+  EXPECT_EQ(SelectTopKKernel(4096, 2560, 17, true, kNone), TopKKernel::kBlockSharedMemory);
   EXPECT_EQ(SelectTopKKernel(1, 9000, 16, true, kNone), TopKKernel::kBlockGeneric);
   EXPECT_EQ(SelectTopKKernel(1, 64, 40, true, kNone), TopKKernel::kBlockGeneric);
 }
@@ -1031,9 +1042,10 @@ TEST(TopKKernelSelection, WarpPerTokenForPrefillBatchesOnly) {
 // Which DeltaNet steps the one-launch clustered kernel takes (host functions: run without a GPU
 // too). Its layout must be the recurrent warp kernel's for the same sequence count, since the
 // two give equal bits only in the same layout (CudaVsCpuTest.DeltaNetMixerDecodeStep).
-// The few-token MoE kernels' pair limit: the most pairs whose expected count of pairs sharing an
-// expert stays within 12.5 (the 256 pairs measured to pay at 2560 experts share 12.3), between
-// the earlier limit of 64 and 256. (Without MOBIUS_MOE_FEW_MAX_PAIRS, which overrides it.)
+// The few-token MoE kernels' pair limit: the most pairs (64-256) whose pairs sharing an expert
+// cost no more than the grouped path's fixed and per-expert costs (launch.h), fitted to the
+// crossovers measured at 2560 and 512 experts. (Without MOBIUS_MOE_FEW_MAX_PAIRS, which
+// overrides it.)
 TEST(MoeFewTokensSelection, PairLimitFollowsTheExpertCount) {
   if (std::getenv("MOBIUS_MOE_FEW_MAX_PAIRS") != nullptr) GTEST_SKIP() << "limit forced";
   EXPECT_EQ(cuda::MoeFewTokensMaxPairs(2560), 256);     // release banks: 32 tokens at top-8
