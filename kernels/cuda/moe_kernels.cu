@@ -547,24 +547,33 @@ constexpr int kWgStageA = kWgRows * kTcRowBytes;                    // 16 KB of 
 constexpr int kWgStageBytes = kWgStageA + kWgTokens * kTcRowBytes;  // + 8 KB of token rows
 constexpr int kWgSmem = kWgStages * kWgStageBytes + 1024;           // + slack for the alignment
 
+// The wgmma kernels' start: gate_up waits for the grouping at once (down requests its first
+// weight stages before waiting for gate_up's activations, as in TcGroupedGemmKernel), then the
+// block's tile (false: past the routing's tiles) and its 64 tokens' source rows, visible to the
+// block on return.
 template <bool kGateUp>
-__global__ void __launch_bounds__(128) TcGroupedGemmWgmmaKernel(const TcArgs args) {
-  extern __shared__ char smem_raw[];
-  __shared__ int32_t src_row[kWgTokens];  // row of `a` for each token of the tile, -1: past it
-  // As in TcGroupedGemmKernel: gate_up needs the grouping at once; down requests its first weight
-  // stages before waiting for gate_up's activations.
+__device__ __forceinline__ bool BeginWgmmaTile(const TcArgs& args, GroupedTile& t,
+                                               int32_t* src_row) {
   if constexpr (kGateUp) {
     PdlWait();
     PdlTrigger();
   }
+  if (!LocateTile(args, t)) return false;
+  FillSourceRows<kWgTokens>(args, t, threadIdx.x, src_row);
+  __syncthreads();
+  return true;
+}
+
+template <bool kGateUp>
+__global__ void __launch_bounds__(128) TcGroupedGemmWgmmaKernel(const TcArgs args) {
+  extern __shared__ char smem_raw[];
+  __shared__ int32_t src_row[kWgTokens];  // row of `a` for each token of the tile, -1: past it
   GroupedTile t;
-  if (!LocateTile(args, t)) return;
+  if (!BeginWgmmaTile<kGateUp>(args, t, src_row)) return;
   const int64_t row0 = t.row0, row_end = t.row_end;
   const int64_t m0 = static_cast<int64_t>(t.slice) * (kGateUp ? kWgRows / 2 : kWgRows);
   const uint16_t* w = args.w + t.group * args.w_group_stride;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  FillSourceRows<kWgTokens>(args, t, tid, src_row);
-  __syncthreads();
 
   // Each thread copies 16-byte column `chunk` of 8 weight rows and 4 token rows per stage; rows
   // past the matrix or the group are zero-filled.
@@ -705,20 +714,12 @@ template <bool kGateUp>
 __global__ void __launch_bounds__(128) TcGroupedGemmWgmmaN256Kernel(const TcArgs args) {
   extern __shared__ char smem_raw[];
   __shared__ int32_t src_row[kWgTokens];  // row of `a` for each token of the tile, -1: past it
-  // As in TcGroupedGemmKernel: gate_up needs the grouping at once; down requests its first weight
-  // stages before waiting for gate_up's activations.
-  if constexpr (kGateUp) {
-    PdlWait();
-    PdlTrigger();
-  }
   GroupedTile t;
-  if (!LocateTile(args, t)) return;
+  if (!BeginWgmmaTile<kGateUp>(args, t, src_row)) return;
   const int64_t row0 = t.row0, row_end = t.row_end;
   const int64_t m0 = static_cast<int64_t>(t.slice) * (kGateUp ? kWnRows / 2 : kWnRows);
   const uint16_t* w = args.w + t.group * args.w_group_stride;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  FillSourceRows<kWgTokens>(args, t, tid, src_row);
-  __syncthreads();
 
   // Thread tid copies 16-byte column `chunk` of shared rows tid / 8 + 16 i: 4 token rows and 16
   // weight rows a stage. The weight rows' addresses are formed at each copy (16 pointers held
