@@ -327,6 +327,36 @@ __device__ __forceinline__ void IssuePrologue(int num_k, LoadWeights& load_weigh
   }
 }
 
+// Expert weight row of shared row r for a block whose slice starts at feature m0: gate_up keeps
+// kHalf features' gate rows, then their up rows ([2 * n_out, K] weights, gate rows first); down
+// one row per feature. `valid`: the row is inside the matrix.
+template <bool kGateUp, int kHalf>
+__device__ __forceinline__ int64_t ExpertWeightRow(int r, int64_t m0, int64_t n_out, bool& valid) {
+  if constexpr (kGateUp) {
+    static_assert((kHalf & (kHalf - 1)) == 0, "a power of two: r's split is a shift and a mask");
+    constexpr int kShift = [] {
+      int shift = 0;
+      while ((1 << shift) < kHalf) ++shift;
+      return shift;
+    }();
+    const int64_t feature = m0 + (r & (kHalf - 1));
+    valid = feature < n_out;
+    return (r >> kShift) * n_out + feature;
+  } else {
+    valid = m0 + r < n_out;
+    return m0 + r;
+  }
+}
+// The down GEMM's output: pair `pos`'s value of `feature`, in bf16 or fp32 pair rows.
+__device__ __forceinline__ void StorePairRowValue(const TcArgs& args, int64_t pos, int64_t feature,
+                                                  float v) {
+  if (args.c_bf16) {
+    static_cast<uint16_t*>(args.c)[pos * args.ldc + feature] = F32ToBf16(v);
+  } else {
+    static_cast<float*>(args.c)[pos * args.ldc + feature] = v;
+  }
+}
+
 template <int kBN, int kWarpsM, int kWarpsK, int kStages>
 struct TcConfig {
   static constexpr int kThreads = 32 * kWarpsM * kWarpsK;
@@ -514,13 +544,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt) {
           const int64_t feature = m0 + wm * 32 + mt * 16 + g + 8 * (e >> 1);
-          if (feature < args.n_out) {
-            if (args.c_bf16) {
-              static_cast<uint16_t*>(args.c)[pos * args.ldc + feature] = F32ToBf16(acc[mt][j][e]);
-            } else {
-              static_cast<float*>(args.c)[pos * args.ldc + feature] = acc[mt][j][e];
-            }
-          }
+          if (feature < args.n_out) StorePairRowValue(args, pos, feature, acc[mt][j][e]);
         }
       }
     }
@@ -540,12 +564,37 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
 // m64n64k16 per 16 K read them from shared memory as they land (stage bases 1024-byte aligned).
 // Measured against the mma.sync kernel's 64-token form (H100, session 49): 512 experts at top-10,
 // 8192 tokens 2685 -> 2066 us, 4096 tokens 1633 -> 1467 us; Qwen3-Next's 8K prefill (12 layers)
-// 57.5 -> 49.9 ms. Still 1.9x its bound there (~250 TFLOP/s): N = 64 wgmmas are the small ones,
-// and the weights on N (m64n256, tokens on M) would issue a quarter as many (not built).
+// 57.5 -> 49.9 ms. Still 1.9x its bound there (~250 TFLOP/s): N = 64 wgmmas are the small ones;
+// TcGroupedGemmWgmmaN256Kernel below puts the weights on N.
 constexpr int kWgRows = 128, kWgTokens = 64, kWgStages = 4;
 constexpr int kWgStageA = kWgRows * kTcRowBytes;                    // 16 KB of weight rows
 constexpr int kWgStageBytes = kWgStageA + kWgTokens * kTcRowBytes;  // + 8 KB of token rows
 constexpr int kWgSmem = kWgStages * kWgStageBytes + 1024;           // + slack for the alignment
+
+// The wgmma kernels' main loop over K: stage kt's copies land (then the async-proxy fence, since
+// cp.async wrote through the generic proxy and wgmma reads through the async one), issue(base)
+// queues and commits the wgmmas of the stage at shared address `base`, and once stage kt - 1's
+// products are done in every warp its buffer takes stage kt + kStages - 1's copies while stage
+// kt's stay in flight. On return every product is done and every copy has landed.
+template <int kStages, int kStageBytes, typename Issue, typename LoadWeights, typename LoadTokens>
+__device__ __forceinline__ void RunWgmmaStages(int num_k, uint32_t smem_base, Issue&& issue,
+                                               LoadWeights& load_weights, LoadTokens& load_tokens) {
+  for (int kt = 0; kt < num_k; ++kt) {
+    CopyAsyncWait<kStages - 2>();
+    wgmma::FenceProxyAsync();
+    __syncthreads();  // stage kt landed for every thread
+    issue(smem_base + (kt % kStages) * kStageBytes);
+    wgmma::Wait<1>();
+    __syncthreads();
+    if (kt + kStages - 1 < num_k) {
+      load_weights(kt + kStages - 1);
+      load_tokens(kt + kStages - 1);
+    }
+    CopyAsyncCommit();
+  }
+  wgmma::Wait<0>();
+  CopyAsyncWait<0>();
+}
 
 // The wgmma kernels' start: gate_up waits for the grouping at once (down requests its first
 // weight stages before waiting for gate_up's activations, as in TcGroupedGemmKernel), then the
@@ -584,16 +633,8 @@ __global__ void __launch_bounds__(128) TcGroupedGemmWgmmaKernel(const TcArgs arg
 #pragma unroll
   for (int i = 0; i < kChunksA; ++i) {
     const int r = (tid >> 3) + i * 16;
-    int64_t grow;
     bool valid;
-    if constexpr (kGateUp) {
-      const int64_t feature = m0 + (r & 63);
-      valid = feature < args.n_out;
-      grow = (r >> 6) * args.n_out + feature;
-    } else {
-      grow = m0 + r;
-      valid = grow < args.n_out;
-    }
+    const int64_t grow = ExpertWeightRow<kGateUp, kWgRows / 2>(r, m0, args.n_out, valid);
     a_src[i] = valid ? w + grow * args.k + chunk * 8 : nullptr;
     a_dst[i] = Swizzle(r, chunk);
   }
@@ -628,38 +669,26 @@ __global__ void __launch_bounds__(128) TcGroupedGemmWgmmaKernel(const TcArgs arg
   for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int i = 0; i < 32; ++i) acc[h][i] = 0.0f;
-  for (int kt = 0; kt < num_k; ++kt) {
-    CopyAsyncWait<kWgStages - 2>();
-    wgmma::FenceProxyAsync();  // cp.async wrote through the generic proxy; wgmma reads async
-    __syncthreads();           // stage kt landed for every thread
-    const uint32_t base = smem_base + (kt % kWgStages) * kWgStageBytes;
-    wgmma::FenceRegisters(acc[0]);
-    wgmma::FenceRegisters(acc[1]);
-    wgmma::Fence();
+  RunWgmmaStages<kWgStages, kWgStageBytes>(
+      num_k, smem_base,
+      [&](uint32_t base) {
+        wgmma::FenceRegisters(acc[0]);
+        wgmma::FenceRegisters(acc[1]);
+        wgmma::Fence();
 #pragma unroll
-    for (int kk = 0; kk < kTcBK / 16; ++kk) {
-      const uint64_t desc_b = wgmma::KMajorDescriptor(base + kWgStageA + kk * 32);
-      wgmma::WgmmaSS_m64n64k16(acc[0], wgmma::KMajorDescriptor(base + kk * 32), desc_b, 1);
-      wgmma::WgmmaSS_m64n64k16(acc[1], wgmma::KMajorDescriptor(base + 64 * kTcRowBytes + kk * 32),
-                               desc_b, 1);
-    }
-    wgmma::Commit();
-    wgmma::FenceRegisters(acc[0]);
-    wgmma::FenceRegisters(acc[1]);
-    // Stage kt - 1's products are done in every warp, so its buffer, the one the next load
-    // fills, is free; stage kt's stay in flight beside the copies.
-    wgmma::Wait<1>();
-    __syncthreads();
-    if (kt + kWgStages - 1 < num_k) {
-      load_weights(kt + kWgStages - 1);
-      load_tokens(kt + kWgStages - 1);
-    }
-    CopyAsyncCommit();
-  }
-  wgmma::Wait<0>();
+        for (int kk = 0; kk < kTcBK / 16; ++kk) {
+          const uint64_t desc_b = wgmma::KMajorDescriptor(base + kWgStageA + kk * 32);
+          wgmma::WgmmaSS_m64n64k16(acc[0], wgmma::KMajorDescriptor(base + kk * 32), desc_b, 1);
+          wgmma::WgmmaSS_m64n64k16(
+              acc[1], wgmma::KMajorDescriptor(base + 64 * kTcRowBytes + kk * 32), desc_b, 1);
+        }
+        wgmma::Commit();
+        wgmma::FenceRegisters(acc[0]);
+        wgmma::FenceRegisters(acc[1]);
+      },
+      load_weights, load_tokens);
   wgmma::FenceRegisters(acc[0]);
   wgmma::FenceRegisters(acc[1]);
-  CopyAsyncWait<0>();
 
   // Accumulator element 4j + e of warp w: weight row 16w + lane / 4 + 8 (e / 2) of its 64, token
   // 8j + 2 (lane % 4) + e % 2 (the m16n8 fragment layout, one per 8 tokens).
@@ -682,14 +711,7 @@ __global__ void __launch_bounds__(128) TcGroupedGemmWgmmaKernel(const TcArgs arg
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int64_t feature = m0 + h * 64 + row;
-          if (feature < args.n_out) {
-            if (args.c_bf16) {
-              static_cast<uint16_t*>(args.c)[pos * args.ldc + feature] =
-                  F32ToBf16(acc[h][j * 4 + e]);
-            } else {
-              static_cast<float*>(args.c)[pos * args.ldc + feature] = acc[h][j * 4 + e];
-            }
-          }
+          if (feature < args.n_out) StorePairRowValue(args, pos, feature, acc[h][j * 4 + e]);
         }
       }
     }
@@ -744,16 +766,8 @@ __global__ void __launch_bounds__(128) TcGroupedGemmWgmmaN256Kernel(const TcArgs
 #pragma unroll
     for (int i = 0; i < kChunksW; ++i) {
       const int r = first_row + i * 16;
-      int64_t grow;
       bool valid;
-      if constexpr (kGateUp) {
-        const int64_t feature = m0 + (r & 127);
-        valid = feature < args.n_out;
-        grow = (r >> 7) * args.n_out + feature;
-      } else {
-        grow = m0 + r;
-        valid = grow < args.n_out;
-      }
+      const int64_t grow = ExpertWeightRow<kGateUp, kWnRows / 2>(r, m0, args.n_out, valid);
       const bool ok = k_ok && valid;
       CopyAsync16(base + Swizzle(r, chunk), ok ? w + grow * args.k + k0 + chunk * 8 : w, ok);
     }
@@ -768,33 +782,21 @@ __global__ void __launch_bounds__(128) TcGroupedGemmWgmmaN256Kernel(const TcArgs
   float acc[kWnRows / 2];  // 64 tokens x 256 weight rows over the warpgroup's 128 threads
 #pragma unroll
   for (int i = 0; i < kWnRows / 2; ++i) acc[i] = 0.0f;
-  for (int kt = 0; kt < num_k; ++kt) {
-    CopyAsyncWait<kWnStages - 2>();
-    wgmma::FenceProxyAsync();  // cp.async wrote through the generic proxy; wgmma reads async
-    __syncthreads();           // stage kt landed for every thread
-    const uint32_t base = smem_base + (kt % kWnStages) * kWnStageBytes;
-    wgmma::FenceRegisters(acc);
-    wgmma::Fence();
+  RunWgmmaStages<kWnStages, kWnStageBytes>(
+      num_k, smem_base,
+      [&](uint32_t base) {
+        wgmma::FenceRegisters(acc);
+        wgmma::Fence();
 #pragma unroll
-    for (int kk = 0; kk < kTcBK / 16; ++kk) {
-      wgmma::WgmmaSS_m64n256k16(acc, wgmma::KMajorDescriptor(base + kk * 32),
-                                wgmma::KMajorDescriptor(base + kWnStageA + kk * 32), 1);
-    }
-    wgmma::Commit();
-    wgmma::FenceRegisters(acc);
-    // Stage kt - 1's products are done in every warp, so its buffer, the one the next load
-    // fills, is free; stage kt's stay in flight beside the copies.
-    wgmma::Wait<1>();
-    __syncthreads();
-    if (kt + kWnStages - 1 < num_k) {
-      load_weights(kt + kWnStages - 1);
-      load_tokens(kt + kWnStages - 1);
-    }
-    CopyAsyncCommit();
-  }
-  wgmma::Wait<0>();
+        for (int kk = 0; kk < kTcBK / 16; ++kk) {
+          wgmma::WgmmaSS_m64n256k16(acc, wgmma::KMajorDescriptor(base + kk * 32),
+                                    wgmma::KMajorDescriptor(base + kWnStageA + kk * 32), 1);
+        }
+        wgmma::Commit();
+        wgmma::FenceRegisters(acc);
+      },
+      load_weights, load_tokens);
   wgmma::FenceRegisters(acc);
-  CopyAsyncWait<0>();
 
   // Accumulator element 4j + 2h + b of warp w: token 16w + lane / 4 + 8h, weight row (column of
   // D) 8j + 2 (lane % 4) + b.
@@ -822,14 +824,7 @@ __global__ void __launch_bounds__(128) TcGroupedGemmWgmmaN256Kernel(const TcArgs
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
           const int64_t feature = m0 + j * 8 + tq * 2 + b;
-          if (feature < args.n_out) {
-            const float v = acc[j * 4 + 2 * h + b];
-            if (args.c_bf16) {
-              static_cast<uint16_t*>(args.c)[pos * args.ldc + feature] = F32ToBf16(v);
-            } else {
-              static_cast<float*>(args.c)[pos * args.ldc + feature] = v;
-            }
-          }
+          if (feature < args.n_out) StorePairRowValue(args, pos, feature, acc[j * 4 + 2 * h + b]);
         }
       }
     }
