@@ -19,20 +19,20 @@ class CheckingSax {
 
   bool null() { return dom_.null(); }
   bool boolean(bool v) { return dom_.boolean(v); }
-  bool number_integer(Json::number_integer_t v) { return dom_.number_integer(v); }
-  bool number_unsigned(Json::number_unsigned_t v) { return dom_.number_unsigned(v); }
-  bool number_float(Json::number_float_t v, const Json::string_t& s) {
+  bool number_integer(typename Json::number_integer_t v) { return dom_.number_integer(v); }
+  bool number_unsigned(typename Json::number_unsigned_t v) { return dom_.number_unsigned(v); }
+  bool number_float(typename Json::number_float_t v, const typename Json::string_t& s) {
     return dom_.number_float(v, s);
   }
-  bool string(Json::string_t& v) { return dom_.string(v); }
-  bool binary(Json::binary_t& v) { return dom_.binary(v); }
+  bool string(typename Json::string_t& v) { return dom_.string(v); }
+  bool binary(typename Json::binary_t& v) { return dom_.binary(v); }
 
   bool start_object(size_t len) {
     if (!Enter()) return false;
     keys_.emplace_back();
     return dom_.start_object(len);
   }
-  bool key(Json::string_t& k) {
+  bool key(typename Json::string_t& k) {
     if (options_.reject_duplicate_keys && !keys_.back().insert(k).second) {
       error_ = absl::StrCat("duplicate key \"", k, "\"");
       return false;
