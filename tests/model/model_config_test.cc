@@ -116,6 +116,37 @@ TEST(ModelConfigTest, InconsistentValuesAreNamed) {
   }
 }
 
+// Each field within its own bound, but sizes derived from them past what the engine's types hold
+// (found by tests/fuzz/model_config_fuzz: 2 x 2^30 overflowed an int in the parameter layout).
+TEST(ModelConfigTest, SizesBeyondTheEngineAreNamed) {
+  struct Case {
+    std::vector<std::pair<const char*, int64_t>> fields;
+    const char* named;
+  };
+  const int64_t big = int64_t{1} << 30;  // each field's own upper bound
+  for (const Case& bad : {
+           Case{{{"num_hidden_layers", 5000}}, "num_hidden_layers"},
+           Case{{{"num_experts", int64_t{1} << 21}}, "num_experts"},
+           Case{{{"moe_intermediate_size", big}}, "moe_intermediate_size"},
+           Case{{{"vocab_size", big + 1}}, "vocab_size"},
+           Case{{{"num_attention_heads", 1 << 16}, {"head_dim", 1 << 15}}, "num_attention_heads"},
+           Case{{{"linear_value_head_dim", 1 << 28}}, "linear_num_value_heads"},
+           Case{{{"hidden_size", 1 << 20}, {"vocab_size", 1 << 24}}, "parameters"},
+           Case{{{"max_position_embeddings", 0}}, "max_position_embeddings"},
+       }) {
+    nlohmann::json j = MobiusConfig();
+    for (const auto& [field, value] : bad.fields) j["text_config"][field] = value;
+    auto c = ParseModelConfig(j.dump(), "config.json");
+    ASSERT_FALSE(c.ok()) << bad.named;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(c.status().message(), HasSubstr(bad.named));
+  }
+  // The release config is far inside every limit.
+  const auto release =
+      LoadModelConfig(std::string(MOBIUS_CONFIGS_DIR) + "/intern-s2-mobius-35b/config.json");
+  EXPECT_TRUE(release.ok()) << release.status();
+}
+
 TEST(ModelConfigTest, RejectsUnknownModelTypeAndBadJson) {
   nlohmann::json j = MobiusConfig();
   j["model_type"] = "llama";

@@ -142,6 +142,96 @@ absl::Status ReadRope(const FieldReader& r, const json& text, const std::string&
   return absl::OkStatus();
 }
 
+// What a config may describe. Every size derived from it must fit the engine's types (weight
+// matrix sides are 32-bit, with room for the fused gate/up doubling; byte counts are 64-bit) and
+// listing its parameters (loops over layers and experts) must stay cheap, so that a corrupt or
+// hostile config.json is refused here by name rather than overflowing later. The limits are far
+// above any model of the family (40-94 layers, 512-2560 experts, matrix sides up to 248320,
+// 35-80B parameters).
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxExperts = int64_t{1} << 20;
+constexpr int64_t kMaxMatrixSide = int64_t{1} << 30;
+constexpr double kMaxParameters = 0x1p44;  // ~17.6T parameters: 35 TB in bf16
+
+// The parameter count `c` describes, in double so that no product can overflow: the terms of
+// parameter_layout.cc's list that grow with the config (norms and other vectors left out).
+double ParameterCount(const ModelConfig& c) {
+  const double H = c.hidden_size;
+  const double E = c.num_experts, I = c.moe_intermediate_size;
+  const double shared = 3.0 * c.shared_expert_intermediate_size * H + H;  // + its gate
+  const double attention = (3.0 * c.num_attention_heads + 2.0 * c.num_key_value_heads) *
+                           c.head_dim * H;  // q + gate, k, v, o
+  const double key = static_cast<double>(c.linear_num_key_heads) * c.linear_key_head_dim;
+  const double value = static_cast<double>(c.linear_num_value_heads) * c.linear_value_head_dim;
+  const double deltanet = (2 * key + 3 * value + 2.0 * c.linear_num_value_heads) * H +
+                          (2 * key + value) * c.linear_conv_kernel_dim;
+  double n = (c.tie_word_embeddings ? 1.0 : 2.0) * c.vocab_size * H;
+  int moe_layers = 0;
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    n += c.layer_types[i] == LayerType::kFullAttention ? attention : deltanet;
+    if (c.mlp_types[i] == MlpType::kDense) {
+      n += 3.0 * c.intermediate_size * H;
+    } else {
+      n += shared;
+      ++moe_layers;
+    }
+  }
+  // Mobius shares num_blocks banks across its layers; Qwen3-Next has one per MoE layer.
+  const int banks = c.family == ModelFamily::kInternS2Mobius ? c.num_blocks : moe_layers;
+  n += banks * E * (3 * I + 1) * H;  // + the router's row per expert
+  if (c.mtp_num_hidden_layers > 0) {
+    n +=
+        2.0 * H * H + attention + shared + static_cast<double>(c.mtp_num_experts) * (3 * I + 1) * H;
+  }
+  return n;
+}
+
+absl::Status CheckSizes(const ModelConfig& c, const FieldReader& r, const std::string& source) {
+  if (c.num_experts > kMaxExperts) {
+    return r.Invalid("num_experts",
+                     absl::StrCat("(", c.num_experts, ") exceeds the limit of ", kMaxExperts));
+  }
+  if (c.mtp_num_experts > kMaxExperts) {
+    return r.Invalid("mtp_num_experts",
+                     absl::StrCat("(", c.mtp_num_experts, ") exceeds the limit of ", kMaxExperts));
+  }
+  // The longest side of a weight matrix that each field sets.
+  const int64_t key = int64_t{c.linear_num_key_heads} * c.linear_key_head_dim;
+  const int64_t value = int64_t{c.linear_num_value_heads} * c.linear_value_head_dim;
+  // The DeltaNet in-projection stacks q, k (key) and v, z (value): each half gets half the limit.
+  const struct {
+    const char* field;
+    int64_t side;
+    int64_t limit;
+  } sides[] = {
+      {"hidden_size", 2 * int64_t{c.hidden_size}, kMaxMatrixSide},  // the MTP head's fc: [H, 2H]
+      {"vocab_size", c.vocab_size, kMaxMatrixSide},
+      {"num_attention_heads x head_dim", 2 * int64_t{c.num_attention_heads} * c.head_dim,
+       kMaxMatrixSide},  // q and its gate
+      {"num_key_value_heads x head_dim", int64_t{c.num_key_value_heads} * c.head_dim,
+       kMaxMatrixSide},
+      {"linear_num_key_heads x linear_key_head_dim", 2 * key, kMaxMatrixSide / 2},
+      {"linear_num_value_heads x linear_value_head_dim", 2 * value, kMaxMatrixSide / 2},
+      {"moe_intermediate_size", 2 * int64_t{c.moe_intermediate_size}, kMaxMatrixSide},  // gate+up
+      {"shared_expert_intermediate_size", 2 * int64_t{c.shared_expert_intermediate_size},
+       kMaxMatrixSide},
+      {"intermediate_size", 2 * int64_t{c.intermediate_size}, kMaxMatrixSide},
+  };
+  for (const auto& [field, side, limit] : sides) {
+    if (side > limit) {
+      return r.Invalid(field, absl::StrCat("makes a weight matrix side of ", side,
+                                           ", above the limit of ", limit));
+    }
+  }
+  const double parameters = ParameterCount(c);
+  if (parameters > kMaxParameters) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: describes %.3g parameters, above the limit of %.3g (is a size field corrupt?)", source,
+        parameters, kMaxParameters));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int ModelConfig::rotary_dim() const {
@@ -191,6 +281,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
 
   ASSIGN_OR_RETURN(c.hidden_size, r.PositiveInt("hidden_size"));
   ASSIGN_OR_RETURN(c.num_hidden_layers, r.PositiveInt("num_hidden_layers"));
+  if (c.num_hidden_layers > kMaxLayers) {  // before anything is sized by it
+    return r.Invalid("num_hidden_layers",
+                     absl::StrCat("(", c.num_hidden_layers, ") exceeds the limit of ", kMaxLayers));
+  }
   ASSIGN_OR_RETURN(c.layer_types, ReadLayerTypes(r, *text, c.num_hidden_layers));
   ASSIGN_OR_RETURN(c.vocab_size, r.PositiveInt("vocab_size"));
   ASSIGN_OR_RETURN(double eps, r.Number("rms_norm_eps", 1e-6));
@@ -200,6 +294,10 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
   ASSIGN_OR_RETURN(bool tie_top, top.Bool("tie_word_embeddings", false));
   ASSIGN_OR_RETURN(c.tie_word_embeddings, r.Bool("tie_word_embeddings", tie_top));
   ASSIGN_OR_RETURN(c.max_position_embeddings, r.Int("max_position_embeddings", 262144));
+  if (c.max_position_embeddings <= 0) {
+    return r.Invalid("max_position_embeddings",
+                     absl::StrCat("must be positive, got ", c.max_position_embeddings));
+  }
 
   if (c.num_layers_of(LayerType::kFullAttention) > 0) {
     ASSIGN_OR_RETURN(c.num_attention_heads, r.PositiveInt("num_attention_heads"));
@@ -301,6 +399,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text,
                                        c.mtp_num_experts_per_tok, c.mtp_num_experts));
     }
   }
+  RETURN_IF_ERROR(CheckSizes(c, r, text_source));
   return c;
 }
 
