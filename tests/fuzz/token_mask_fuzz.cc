@@ -1,0 +1,135 @@
+// Fuzzes structured output's token masks over the Qwen3 vocabulary: for a fuzzed spec and the
+// states a fuzzed output walks through, the mask (the trie walk, with its plain-string shortcut)
+// must allow exactly the tokens whose bytes the matcher accepts from that state, and two states
+// with the same mask-cache key must have the same mask (the cache hands one state's mask to the
+// other). A wrong bit either way is a wrong constraint: a token the grammar forbids, or a valid
+// answer the model cannot give.
+//
+// Input: one byte choosing the spec's kind, the spec's text, a 0 byte, the output text.
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/strings/str_split.h"
+#include "grammar/grammar_matcher.h"
+#include "grammar/structured_output.h"
+#include "grammar/token_mask.h"
+#include "grammar/tokenizer_vocabulary.h"
+#include "tests/fuzz/fuzz_check.h"
+#include "tokenizer/tokenizer.h"
+
+namespace {
+
+using mobius::grammar::GrammarMatcher;
+using mobius::grammar::StructuredOutputSpec;
+using mobius::grammar::TokenBitmask;
+using mobius::grammar::TokenVocabulary;
+
+std::shared_ptr<const TokenVocabulary> g_vocab;
+
+// States whose masks are checked per input: each check walks the whole vocabulary.
+constexpr int kStatesChecked = 4;
+
+TokenBitmask BruteForceMask(const GrammarMatcher& state, const mobius::grammar::Grammar& grammar) {
+  TokenBitmask mask((g_vocab->size() + 63) / 64, 0);
+  GrammarMatcher probe(grammar);
+  for (size_t id = 0; id < g_vocab->size(); ++id) {
+    const std::string_view bytes = g_vocab->bytes(static_cast<int32_t>(id));
+    if (bytes.empty()) continue;
+    probe.CopyFrom(state);
+    if (probe.FeedBytes(bytes)) mask[id / 64] |= uint64_t{1} << (id % 64);
+  }
+  return mask;
+}
+
+std::string FirstDifference(const TokenBitmask& fast, const TokenBitmask& slow) {
+  for (size_t id = 0; id < g_vocab->size(); ++id) {
+    const bool a = mobius::grammar::TestToken(fast, static_cast<int32_t>(id));
+    const bool b = mobius::grammar::TestToken(slow, static_cast<int32_t>(id));
+    if (a != b) {
+      return "token " + std::to_string(id) + " \"" + std::string(g_vocab->bytes(id)) + "\": mask " +
+             (a ? "allows" : "forbids") + " it, the matcher " + (b ? "accepts" : "refuses") + " it";
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  const char* env = std::getenv("MOBIUS_FIXTURES_DIR");
+  const std::filesystem::path dir =
+      std::filesystem::path(env != nullptr ? env : MOBIUS_FIXTURES_DIR) / "tokenizer-qwen3";
+  auto tokenizer = mobius::tokenizer::Tokenizer::FromDirectory(dir);
+  if (!tokenizer.ok()) {
+    std::fprintf(stderr, "token_mask_fuzz: %s\n", tokenizer.status().ToString().c_str());
+    std::abort();
+  }
+  g_vocab = mobius::grammar::VocabularyFromTokenizer(**tokenizer, (*tokenizer)->vocab_size());
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  mobius::fuzz::InputCursor input(data, size);
+  const uint8_t mode = input.TakeByte();
+  const std::string_view rest = input.Rest();
+  const size_t split = rest.find('\0');
+  const std::string_view spec_text = rest.substr(0, split);
+  const std::string_view output =
+      split == std::string_view::npos ? std::string_view() : rest.substr(split + 1);
+
+  StructuredOutputSpec spec;
+  switch (mode % 4) {
+    case 0:
+      spec.kind = StructuredOutputSpec::Kind::kJsonSchema;
+      spec.json_schema = std::string(spec_text);
+      break;
+    case 1:
+      spec.kind = StructuredOutputSpec::Kind::kRegex;
+      spec.regex = std::string(spec_text);
+      break;
+    case 2:
+      spec.kind = StructuredOutputSpec::Kind::kChoice;
+      spec.choices = absl::StrSplit(absl::string_view(spec_text.data(), spec_text.size()), '\n');
+      break;
+    default:
+      spec.kind = StructuredOutputSpec::Kind::kJsonObject;
+      break;
+  }
+  auto grammar = mobius::grammar::CompileStructuredOutput(spec);
+  if (!grammar.ok()) return 0;
+  mobius::grammar::CompiledGrammar compiled(*std::move(grammar));
+  const mobius::grammar::Grammar& g = compiled.grammar();
+
+  // The states to check: the start and up to kStatesChecked - 1 more, spread over the output.
+  GrammarMatcher state(g);
+  GrammarMatcher next(g);
+  std::map<std::string, TokenBitmask> by_key;
+  const size_t stride = output.size() / kStatesChecked + 1;
+  const int horizon = static_cast<int>(g_vocab->max_token_bytes());
+  for (size_t pos = 0;; ++pos) {
+    if (pos % stride == 0) {
+      TokenBitmask fast;
+      g_vocab->ComputeMask(state, fast);
+      const TokenBitmask slow = BruteForceMask(state, g);
+      FUZZ_CHECK(fast == slow,
+                 "at byte " + std::to_string(pos) + ": " + FirstDifference(fast, slow));
+      std::string key;
+      state.AppendStateKey(key, horizon);
+      const auto [it, inserted] = by_key.emplace(key, fast);
+      FUZZ_CHECK(inserted || it->second == fast,
+                 "two states with one cache key have different masks (at byte " +
+                     std::to_string(pos) + ")");
+      const auto cached = compiled.Mask(state, *g_vocab);
+      FUZZ_CHECK(cached != nullptr && *cached == fast, "the cached mask differs");
+    }
+    if (pos >= output.size()) break;
+    next.CopyFrom(state);
+    if (!next.Feed(static_cast<uint8_t>(output[pos]))) break;
+    state.CopyFrom(next);
+  }
+  return 0;
+}
