@@ -244,4 +244,15 @@ int EffectiveMaxTokens(const v1::SamplingParams& params, int prompt_tokens,
   return std::max(0, std::min(requested, model.max_context_length() - prompt_tokens));
 }
 
+v1::SamplingParams WorkerSamplingParams(const v1::SamplingParams& params, int max_tokens) {
+  v1::SamplingParams worker = params;
+  worker.clear_bad_words();
+  worker.clear_stop();
+  worker.clear_skip_special_tokens();
+  worker.clear_include_stop_str_in_output();
+  worker.set_max_tokens(max_tokens);
+  if (params.has_min_tokens()) worker.set_min_tokens(std::min(params.min_tokens(), max_tokens));
+  return worker;
+}
+
 }  // namespace mobius::router

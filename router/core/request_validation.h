@@ -39,6 +39,13 @@ absl::Status ValidatePrompt(absl::Span<const int32_t> ids, std::string_view fiel
 int EffectiveMaxTokens(const v1::SamplingParams& params, int prompt_tokens,
                        const v1::ModelInfo& model);
 
+// The sampling parameters a worker receives for a client's validated `params` and the token
+// budget `max_tokens` (EffectiveMaxTokens): stop strings, bad words as text and the
+// detokenization options are the router's and are left out, max_tokens is the budget, and
+// min_tokens is capped at it (the context or the default budget may leave fewer tokens than
+// min_tokens asks for: then all of them). The caller adds bad words as token sequences.
+v1::SamplingParams WorkerSamplingParams(const v1::SamplingParams& params, int max_tokens);
+
 }  // namespace mobius::router
 
 #endif  // MOBIUS_ROUTER_CORE_REQUEST_VALIDATION_H_

@@ -428,7 +428,7 @@ absl::Status RouterService::Prepare(const v1::GenerateRequest& request, const v1
   v1::WorkerGenerateRequest& w = prepared.worker_request;
   w.set_request_id(prepared.request_id);
   w.mutable_input_ids()->Assign(prepared.prompt.begin(), prepared.prompt.end());
-  *w.mutable_sampling_params() = params;
+  *w.mutable_sampling_params() = WorkerSamplingParams(params, prepared.max_tokens);
   // Bad words become token sequences here, beside any the client sent as ids.
   for (int i = 0; i < params.bad_words_size(); ++i) {
     absl::StatusOr<std::vector<std::vector<int32_t>>> sequences =
@@ -454,17 +454,6 @@ absl::Status RouterService::Prepare(const v1::GenerateRequest& request, const v1
       status.SetPayload(kRequestFieldPayload, absl::Cord("bad_words"));
       return status;
     }
-  }
-  // Stop strings, bad words as text and detokenization are the router's; the worker sees ids
-  // only.
-  w.mutable_sampling_params()->clear_bad_words();
-  w.mutable_sampling_params()->clear_stop();
-  w.mutable_sampling_params()->clear_skip_special_tokens();
-  w.mutable_sampling_params()->clear_include_stop_str_in_output();
-  w.mutable_sampling_params()->set_max_tokens(prepared.max_tokens);
-  // The context may leave fewer tokens than min_tokens asks for: then all of them.
-  if (params.has_min_tokens()) {
-    w.mutable_sampling_params()->set_min_tokens(std::min(params.min_tokens(), prepared.max_tokens));
   }
   w.set_priority(request.priority());
   prepared.send_prompt = request.echo() || params.has_prompt_logprobs();
