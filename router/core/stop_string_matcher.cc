@@ -23,14 +23,21 @@ StopStringMatcher::Result StopStringMatcher::Push(const std::string& text) {
     return result;
   }
   held_ += text;
-  // The earliest match wins; among matches at the same position, the longest.
+  // The match that ends first wins (among those ending at one place, the longest): that is where
+  // the output first holds a stop string, so a stream cut into any chunks stops at the same
+  // place as the whole text would. (Choosing the earliest start instead made "hello world" with
+  // stops {"o w", "o"} end at "o w" when pushed whole but at "o" when "hello" came first.) For
+  // one stop string the first occurrence is also the first to end.
   size_t best_pos = std::string::npos;
+  size_t best_end = std::string::npos;
   const std::string* best = nullptr;
   for (const std::string& s : stop_strings_) {
     const size_t pos = held_.find(s);
     if (pos == std::string::npos) continue;
-    if (pos < best_pos || (pos == best_pos && s.size() > best->size())) {
+    const size_t end = pos + s.size();
+    if (end < best_end || (end == best_end && pos < best_pos)) {
       best_pos = pos;
+      best_end = end;
       best = &s;
     }
   }

@@ -1,5 +1,9 @@
 #include "router/core/stop_string_matcher.h"
 
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace mobius::router {
@@ -37,22 +41,40 @@ TEST(StopStringMatcherTest, MatchAcrossPushesTruncatesBeforeIt) {
 
 // include_stop_str_in_output: the text ends just after the match, wherever the match began.
 TEST(StopStringMatcherTest, IncludedMatchEndsTheTextAfterIt) {
-  StopStringMatcher m({"STOP", "ST"}, /*include_match=*/true);
+  StopStringMatcher m({"STOP", "TOP"}, /*include_match=*/true);
   EXPECT_EQ(m.Push("one S").text, "one ");
   StopStringMatcher::Result r = m.Push("TOP and more");
-  EXPECT_EQ(r.text, "STOP");  // the longest of the matches at the earliest position
+  EXPECT_EQ(r.text, "STOP");  // the longest of the matches that end first
   ASSERT_TRUE(r.matched);
   EXPECT_EQ(*r.matched, "STOP");
   EXPECT_EQ(m.Push("later").text, "");
   EXPECT_EQ(m.Flush(), "");
 }
 
-TEST(StopStringMatcherTest, EarliestMatchWinsThenLongest) {
-  StopStringMatcher m({"world", "o w", "o"});
-  StopStringMatcher::Result r = m.Push("hello world");
+// The stop string that is complete first wins, whether the text comes whole or in pieces (found
+// by tests/fuzz/stop_strings_fuzz: the earliest start used to win, which depended on the pieces).
+TEST(StopStringMatcherTest, FirstCompletedMatchWinsHoweverTheTextIsCut) {
+  for (const std::vector<std::string>& pieces : {std::vector<std::string>{"hello world"},
+                                                 {"hello", " world"},
+                                                 {"hell", "o", " w", "orld"}}) {
+    StopStringMatcher m({"world", "o w", "o"});
+    std::string text;
+    std::optional<std::string> matched;
+    for (const std::string& piece : pieces) {
+      StopStringMatcher::Result r = m.Push(piece);
+      text += r.text;
+      if (r.matched) matched = r.matched;
+    }
+    ASSERT_TRUE(matched) << pieces.size();
+    EXPECT_EQ(*matched, "o") << pieces.size();
+    EXPECT_EQ(text, "hell") << pieces.size();
+  }
+  // Two ending at one place: the longer (it started first).
+  StopStringMatcher m({"lo", "llo"});
+  StopStringMatcher::Result r = m.Push("hello");
   ASSERT_TRUE(r.matched);
-  EXPECT_EQ(*r.matched, "o w");
-  EXPECT_EQ(r.text, "hell");
+  EXPECT_EQ(*r.matched, "llo");
+  EXPECT_EQ(r.text, "he");
 }
 
 TEST(StopStringMatcherTest, FlushReleasesAnUnfinishedPrefix) {
