@@ -30,7 +30,7 @@ std::shared_ptr<const TokenVocabulary> Vocabulary() {
       std::fprintf(stderr, "tokenizer: %s\n", std::string(tok.status().message()).c_str());
       std::exit(1);
     }
-    return VocabularyFromTokenizer(**tok, (*tok)->vocab_size());
+    return VocabularyFromTokenizer(**tok, (*tok)->id_limit());
   }();
   return vocab;
 }

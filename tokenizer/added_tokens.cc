@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "tokenizer/bpe_model.h"
 #include "tokenizer/utf8.h"
 #include "utf8proc.h"
 
@@ -85,8 +86,9 @@ absl::StatusOr<AddedToken> ParseAddedToken(const nlohmann::json& entry) {
   }
   AddedToken token;
   const int64_t id = entry["id"].get<int64_t>();
-  if (id < 0 || id > INT32_MAX) {
-    return absl::InvalidArgumentError(absl::StrCat("tokenizer.json added_tokens: invalid id ", id));
+  if (id < 0 || id >= kTokenIdLimit) {
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer.json added_tokens: invalid id ", id,
+                                                   " (ids must be in [0, ", kTokenIdLimit, "))"));
   }
   token.id = static_cast<int32_t>(id);
   token.content = entry["content"].get<std::string>();

@@ -74,9 +74,10 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const nlohmann::jso
   bpe->vocab_.reserve(vocab.size());
   for (const auto& [token, id_json] : vocab.items()) {
     if (!id_json.is_number_integer() || id_json.get<int64_t>() < 0 ||
-        id_json.get<int64_t>() > INT32_MAX) {
+        id_json.get<int64_t>() >= kTokenIdLimit) {
       return absl::InvalidArgumentError(
-          absl::StrCat("tokenizer.json model: vocab entry \"", token, "\" has an invalid id"));
+          absl::StrCat("tokenizer.json model: vocab entry \"", token, "\" has an invalid id ",
+                       id_json.dump(), " (ids must be integers in [0, ", kTokenIdLimit, "))"));
     }
     const auto id = static_cast<int32_t>(id_json.get<int64_t>());
     bpe->vocab_[token] = id;

@@ -21,6 +21,11 @@
 
 namespace mobius::tokenizer {
 
+// Token ids (vocabulary entries and added tokens) must lie below this. Tables are indexed by id,
+// so a corrupt file naming id 2^31 - 1 would otherwise ask for tens of GB; the largest real
+// vocabularies are under 2^20.
+inline constexpr int64_t kTokenIdLimit = int64_t{1} << 24;
+
 class BpeModel {
  public:
   // Rejects settings that would change ids in ways this implementation does not reproduce

@@ -60,6 +60,9 @@ class Tokenizer {
 
   // Number of distinct ids, added tokens included.
   [[nodiscard]] size_t vocab_size() const { return vocab_size_; }
+  // One past the largest id. Ids lie in [0, id_limit()); a file whose added tokens sit past its
+  // vocabulary leaves unknown ids in between, so this can exceed vocab_size().
+  [[nodiscard]] size_t id_limit() const { return id_known_.size(); }
   // Lookups use the token's stored spelling (byte-level alphabet, e.g. "Ġhello").
   [[nodiscard]] std::optional<int32_t> TokenToId(std::string_view token) const;
   [[nodiscard]] std::optional<std::string> IdToToken(int32_t id) const;

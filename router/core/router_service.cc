@@ -555,7 +555,7 @@ absl::StatusOr<v1::DetokenizeResponse> RouterService::Detokenize(
     return absl::FailedPreconditionError(
         "the router runs without --tokenizer, so it cannot detokenize ids");
   }
-  const int64_t vocab = static_cast<int64_t>(tokenizer_->vocab_size());
+  const int64_t vocab = static_cast<int64_t>(tokenizer_->id_limit());
   for (int k = 0; k < request.ids_size(); ++k) {
     if (request.ids(k) < 0 || request.ids(k) >= vocab) {
       absl::Status status = absl::InvalidArgumentError(

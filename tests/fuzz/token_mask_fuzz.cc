@@ -68,7 +68,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     std::fprintf(stderr, "token_mask_fuzz: %s\n", tokenizer.status().ToString().c_str());
     std::abort();
   }
-  g_vocab = mobius::grammar::VocabularyFromTokenizer(**tokenizer, (*tokenizer)->vocab_size());
+  g_vocab = mobius::grammar::VocabularyFromTokenizer(**tokenizer, (*tokenizer)->id_limit());
   return 0;
 }
 

@@ -100,7 +100,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(ids.status().code() == absl::StatusCode::kInvalidArgument, ids.status().ToString());
   } else {
     for (const int32_t id : *ids) {
-      FUZZ_CHECK(id >= 0 && static_cast<size_t>(id) < g_tokenizer->vocab_size(),
+      FUZZ_CHECK(id >= 0 && static_cast<size_t>(id) < g_tokenizer->id_limit(),
                  "Encode produced id " + std::to_string(id));
     }
     auto decoded = g_tokenizer->Decode(*ids);
@@ -113,7 +113,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<int32_t> raw_ids(text.size() / 4);
   if (!raw_ids.empty()) std::memcpy(raw_ids.data(), text.data(), raw_ids.size() * 4);
   // Fold most of them into the vocabulary (and a little past it), so that known ids dominate.
-  const int64_t span = static_cast<int64_t>(g_tokenizer->vocab_size()) + 64;
+  const int64_t span = static_cast<int64_t>(g_tokenizer->id_limit()) + 64;
   for (int32_t& id : raw_ids) {
     if ((flags & 4) != 0)
       id = static_cast<int32_t>(((static_cast<int64_t>(id) % span) + span) % span);

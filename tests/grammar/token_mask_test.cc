@@ -14,6 +14,7 @@
 #include "grammar/tokenizer_vocabulary.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/tokenizer/test_util.h"
 #include "tokenizer/tokenizer.h"
 
 namespace mobius::grammar {
@@ -30,7 +31,7 @@ std::shared_ptr<const TokenVocabulary> QwenVocabulary() {
       ADD_FAILURE() << "the Qwen3 tokenizer fixture at " << dir << ": " << tok.status();
       return std::shared_ptr<const TokenVocabulary>();
     }
-    return VocabularyFromTokenizer(**tok, (*tok)->vocab_size());
+    return VocabularyFromTokenizer(**tok, (*tok)->id_limit());
   }();
   return vocab;
 }
@@ -400,6 +401,25 @@ TEST(TokenMaskTest, RandomRegexOutputsMatch) {
     ++matched;
   }
   EXPECT_EQ(matched, 30);
+}
+
+// A tokenizer whose added tokens sit past its vocabulary: the vocabulary a grammar masks covers
+// every id up to the last (the loop once stopped at the count of ids, leaving such tokens out of
+// every mask).
+TEST(TokenVocabularyTest, CoversAddedTokensPastAGap) {
+  const nlohmann::json json = tokenizer::testing::TinyTokenizerJson(
+      {}, {{{"id", 300}, {"content", "<think>"}, {"special", false}, {"normalized", false}},
+           {{"id", 301}, {"content", "<|end|>"}, {"special", true}, {"normalized", false}}});
+  absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> tok =
+      tokenizer::Tokenizer::FromJsonString(json.dump());
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const std::shared_ptr<const TokenVocabulary> vocab =
+      VocabularyFromTokenizer(**tok, (*tok)->id_limit());
+  ASSERT_EQ(vocab->size(), 302u);
+  EXPECT_EQ(vocab->bytes(300), "<think>");
+  EXPECT_EQ(vocab->bytes(301), "");  // special: never allowed by a grammar
+  EXPECT_EQ(vocab->bytes(280), "");  // unknown id
+  EXPECT_EQ(vocab->bytes('a'), "a");
 }
 
 }  // namespace

@@ -66,5 +66,32 @@ TEST(LoadErrorsTest, MalformedFiles) {
             std::string::npos);
 }
 
+// Ids index tables, so an id far past any real vocabulary is refused rather than sized for.
+TEST(LoadErrorsTest, IdsPastTheLimitAreRefused) {
+  nlohmann::json json = testing::TinyTokenizerJson({});
+  json["model"]["vocab"]["huge"] = 2147483647;
+  EXPECT_NE(LoadError(json).find("\"huge\" has an invalid id 2147483647"), std::string::npos);
+
+  json = testing::TinyTokenizerJson(
+      {}, {{{"id", 1 << 24}, {"content", "<|x|>"}, {"special", true}, {"normalized", false}}});
+  EXPECT_NE(LoadError(json).find("invalid id 16777216"), std::string::npos);
+}
+
+// Added tokens past the vocabulary leave unknown ids in between: vocab_size() counts the ids,
+// id_limit() bounds them, and the ids in the gap are refused.
+TEST(LoadErrorsTest, AddedTokensPastTheVocabularyLeaveAGap) {
+  const nlohmann::json json = testing::TinyTokenizerJson(
+      {}, {{{"id", 300}, {"content", "<|x|>"}, {"special", true}, {"normalized", false}}});
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromJsonString(json.dump());
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  EXPECT_EQ((*tokenizer)->vocab_size(), 257u);
+  EXPECT_EQ((*tokenizer)->id_limit(), 301u);
+  EXPECT_TRUE((*tokenizer)->TokenBytes(300).ok());
+  EXPECT_FALSE((*tokenizer)->TokenBytes(280).ok());
+  absl::StatusOr<std::vector<int32_t>> ids = (*tokenizer)->Encode("a<|x|>");
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(ids->back(), 300);
+}
+
 }  // namespace
 }  // namespace mobius::tokenizer
