@@ -1,9 +1,14 @@
 // Config loading: both layouts, derived fields, and clear errors naming the bad field.
 #include "worker/model/model_config.h"
+
+#include <filesystem>
+#include <fstream>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/model/fixture_util.h"
+#include "worker/model/generation_defaults.h"
 
 namespace mobius::worker {
 namespace {
@@ -170,6 +175,20 @@ TEST(ModelConfigTest, QwenDenseLayers) {
   j.erase("intermediate_size");
   EXPECT_THAT(ParseModelConfig(j.dump(), "config.json").status().message(),
               HasSubstr("intermediate_size"));
+}
+
+// EOS ids from generation_config.json, then config.json: an id or a list; entries that are not
+// token ids (negative, past int32, not integers) are skipped rather than wrapped to another id.
+TEST(GenerationDefaultsTest, ReadsEosIdsAndSkipsInvalidOnes) {
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / "mobius_generation_defaults_test";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "generation_config.json")
+      << R"({"eos_token_id": [7, -1, 4294967304, "9", 7, 11]})";
+  std::ofstream(dir / "config.json") << R"({"eos_token_id": 12})";
+  EXPECT_EQ(ReadEosTokenIds(dir.string()), (std::vector<int32_t>{7, 11, 12}));
+  std::filesystem::remove_all(dir);
+  EXPECT_TRUE(ReadEosTokenIds(dir.string()).empty());
 }
 
 }  // namespace

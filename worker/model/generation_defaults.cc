@@ -1,6 +1,7 @@
 #include "worker/model/generation_defaults.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <fstream>
 
 #include "nlohmann/json.hpp"
@@ -10,7 +11,8 @@ namespace {
 
 void AddIds(const nlohmann::json& v, std::vector<int32_t>& ids) {
   auto add = [&](const nlohmann::json& e) {
-    if (e.is_number_integer() && e.get<int64_t>() >= 0 &&
+    // An id past int32 would wrap to another token: such an entry is skipped like a negative one.
+    if (e.is_number_integer() && e.get<int64_t>() >= 0 && e.get<int64_t>() <= INT32_MAX &&
         std::find(ids.begin(), ids.end(), e.get<int32_t>()) == ids.end()) {
       ids.push_back(e.get<int32_t>());
     }
