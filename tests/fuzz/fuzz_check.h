@@ -36,6 +36,15 @@ class InputCursor {
     if (pos_ >= size_) return 0;
     return static_cast<uint8_t>(data_[pos_++]);
   }
+  // Everything up to the next 0 byte, which is taken too (all the rest when there is none): the
+  // first of two texts in one input.
+  std::string_view TakeUntilNul() {
+    const std::string_view rest = Rest();
+    const size_t nul = rest.find('\0');
+    const std::string_view text = rest.substr(0, nul);
+    pos_ += nul == std::string_view::npos ? rest.size() : nul + 1;
+    return text;
+  }
   // Everything not taken yet.
   std::string_view Rest() const { return std::string_view(data_ + pos_, size_ - pos_); }
 

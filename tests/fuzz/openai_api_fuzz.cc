@@ -250,10 +250,8 @@ class CheckingSink final : public ResponseSink {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   mobius::fuzz::InputCursor input(data, size);
   const uint8_t flags = input.TakeByte();
-  const std::string_view rest = input.Rest();
-  const size_t split = rest.find('\0');
-  const std::string_view output = split == std::string_view::npos ? "" : rest.substr(0, split);
-  const std::string_view raw = split == std::string_view::npos ? rest : rest.substr(split + 1);
+  const std::string_view output = input.TakeUntilNul();
+  const std::string_view raw = input.Rest();
 
   // Parsed as the server's session parses it (a body limit, then the whole message).
   http::request_parser<http::string_body> parser;

@@ -3,16 +3,16 @@
 // grammar, as the sampler's token masks do. A spec may be refused (InvalidArgument naming why);
 // neither compiling nor walking may crash, hang or exhaust memory.
 //
-// Input: one byte choosing the spec's kind, then the spec's text, a 0 byte, and the output text.
+// Input: structured_output_input.h (any of its six kinds).
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_split.h"
 #include "grammar/grammar_matcher.h"
 #include "grammar/structured_output.h"
 #include "tests/fuzz/fuzz_check.h"
+#include "tests/fuzz/structured_output_input.h"
 
 namespace {
 
@@ -21,12 +21,6 @@ using mobius::grammar::StructuredOutputSpec;
 
 // The longest token of the Qwen3 vocabulary is 256 bytes; the mask cache keys states that far.
 constexpr int kHorizon = 256;
-
-// The Qwen3 template's tool-call tags (as std::string_view: GCC 12 warns falsely, -Wrestrict, on
-// a std::string assigned from a short literal).
-constexpr std::string_view kToolCallBegin = "<tool_call>\n";
-constexpr std::string_view kToolCallEnd = "\n</tool_call>";
-constexpr std::string_view kBlockSeparator = "\n";
 
 void WalkOutput(const mobius::grammar::Grammar& grammar, std::string_view output) {
   GrammarMatcher matcher(grammar);
@@ -50,46 +44,7 @@ void WalkOutput(const mobius::grammar::Grammar& grammar, std::string_view output
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   mobius::fuzz::InputCursor input(data, size);
-  const uint8_t mode = input.TakeByte();
-  const std::string_view rest = input.Rest();
-  const size_t split = rest.find('\0');
-  const std::string_view spec_text = rest.substr(0, split);
-  const std::string_view output =
-      split == std::string_view::npos ? std::string_view() : rest.substr(split + 1);
-
-  StructuredOutputSpec spec;
-  switch (mode % 6) {
-    case 0:
-      spec.kind = StructuredOutputSpec::Kind::kJsonSchema;
-      spec.json_schema = std::string(spec_text);
-      break;
-    case 1:
-      spec.kind = StructuredOutputSpec::Kind::kRegex;
-      spec.regex = std::string(spec_text);
-      break;
-    case 2:
-      spec.kind = StructuredOutputSpec::Kind::kChoice;
-      spec.choices = absl::StrSplit(absl::string_view(spec_text.data(), spec_text.size()), '\n');
-      break;
-    case 3:
-      spec.kind = StructuredOutputSpec::Kind::kJsonObject;
-      break;
-    case 4:
-      // Tool-call blocks: a schema between tags, any number of blocks.
-      spec.kind = StructuredOutputSpec::Kind::kTaggedJson;
-      spec.json_schema = std::string(spec_text);
-      spec.begin = std::string(kToolCallBegin);
-      spec.end = std::string(kToolCallEnd);
-      spec.separator = std::string(kBlockSeparator);
-      spec.max_blocks = (mode >> 3) % 2 == 0 ? 1 : -1;
-      break;
-    default:
-      // A reasoning block first, then a schema.
-      spec.kind = StructuredOutputSpec::Kind::kJsonSchema;
-      spec.json_schema = std::string(spec_text);
-      spec.reasoning_end = "</think>";
-      break;
-  }
+  auto [spec, output] = mobius::fuzz::ReadStructuredOutputInput(input, /*kinds=*/6);
   auto grammar = mobius::grammar::CompileStructuredOutput(spec);
   if (!grammar.ok()) {
     FUZZ_CHECK(grammar.status().code() == absl::StatusCode::kInvalidArgument,

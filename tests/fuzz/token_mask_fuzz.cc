@@ -5,7 +5,7 @@
 // other). A wrong bit either way is a wrong constraint: a token the grammar forbids, or a valid
 // answer the model cannot give.
 //
-// Input: one byte choosing the spec's kind, the spec's text, a 0 byte, the output text.
+// Input: structured_output_input.h (a schema, a regex, choices or any object).
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -13,18 +13,17 @@
 #include <string>
 #include <string_view>
 
-#include "absl/strings/str_split.h"
 #include "grammar/grammar_matcher.h"
 #include "grammar/structured_output.h"
 #include "grammar/token_mask.h"
 #include "grammar/tokenizer_vocabulary.h"
 #include "tests/fuzz/fuzz_check.h"
+#include "tests/fuzz/structured_output_input.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
 
 using mobius::grammar::GrammarMatcher;
-using mobius::grammar::StructuredOutputSpec;
 using mobius::grammar::TokenBitmask;
 using mobius::grammar::TokenVocabulary;
 
@@ -74,31 +73,8 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   mobius::fuzz::InputCursor input(data, size);
-  const uint8_t mode = input.TakeByte();
-  const std::string_view rest = input.Rest();
-  const size_t split = rest.find('\0');
-  const std::string_view spec_text = rest.substr(0, split);
-  const std::string_view output =
-      split == std::string_view::npos ? std::string_view() : rest.substr(split + 1);
-
-  StructuredOutputSpec spec;
-  switch (mode % 4) {
-    case 0:
-      spec.kind = StructuredOutputSpec::Kind::kJsonSchema;
-      spec.json_schema = std::string(spec_text);
-      break;
-    case 1:
-      spec.kind = StructuredOutputSpec::Kind::kRegex;
-      spec.regex = std::string(spec_text);
-      break;
-    case 2:
-      spec.kind = StructuredOutputSpec::Kind::kChoice;
-      spec.choices = absl::StrSplit(absl::string_view(spec_text.data(), spec_text.size()), '\n');
-      break;
-    default:
-      spec.kind = StructuredOutputSpec::Kind::kJsonObject;
-      break;
-  }
+  // The kinds without their own tags (tool calls, reasoning), whose masks are those of a schema.
+  auto [spec, output] = mobius::fuzz::ReadStructuredOutputInput(input, /*kinds=*/4);
   auto grammar = mobius::grammar::CompileStructuredOutput(spec);
   if (!grammar.ok()) return 0;
   mobius::grammar::CompiledGrammar compiled(*std::move(grammar));
