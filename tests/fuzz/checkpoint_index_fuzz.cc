@@ -5,8 +5,6 @@
 // names.
 //
 // Input: the index's text.
-#include <unistd.h>
-
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +15,7 @@
 #include "absl/status/status.h"
 #include "nlohmann/json.hpp"
 #include "tests/fuzz/fuzz_check.h"
+#include "tests/fuzz/fuzz_files.h"
 #include "worker/checkpoint/checkpoint.h"
 
 namespace {
@@ -45,9 +44,7 @@ void WriteShard(const fs::path& path, std::initializer_list<const char*> names) 
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  const char* tmp = std::getenv("TMPDIR");
-  g_dir = fs::path(tmp != nullptr ? tmp : "/tmp") /
-          ("mobius_checkpoint_index_fuzz." + std::to_string(getpid()));
+  g_dir = mobius::fuzz::ScratchPath("mobius_checkpoint_index_fuzz");
   fs::create_directories(g_dir);
   WriteShard(g_dir / "model-00001-of-00002.safetensors", {"a.weight", "b.weight"});
   WriteShard(g_dir / "model-00002-of-00002.safetensors", {"c.weight"});

@@ -10,7 +10,6 @@
 // Input: a flags byte (requests 1-3, which to cancel), then per request a prompt length byte, that
 // many prompt bytes (ids), a parameters length byte and that many bytes of SamplingParams.
 #include <cstdlib>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -24,6 +23,7 @@
 #include "kernels/backend.h"
 #include "sampling.pb.h"
 #include "tests/fuzz/fuzz_check.h"
+#include "tests/fuzz/fuzz_files.h"
 #include "tests/runtime/piece_vocabulary.h"
 #include "worker/model/generation_defaults.h"
 #include "worker/model/model_factory.h"
@@ -61,10 +61,7 @@ struct Stream {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  const char* env = std::getenv("MOBIUS_FIXTURES_DIR");
-  const std::string dir =
-      (std::filesystem::path(env != nullptr ? env : MOBIUS_FIXTURES_DIR) / "intern-s2-mobius-tiny")
-          .string();
+  const std::string dir = mobius::fuzz::FixturePath("intern-s2-mobius-tiny").string();
   auto* f = new Fixture;
   f->backend = mobius::kernels::CreateCpuBackend(1);
   mobius::worker::ModelSource source;

@@ -21,6 +21,7 @@
 #include "router/http/openai_http_server.h"
 #include "router/inference_service.h"
 #include "tests/fuzz/fuzz_check.h"
+#include "tests/fuzz/utf8_text.h"
 #include "tokenizer/chat_template.h"
 
 namespace {
@@ -37,21 +38,6 @@ using mobius::router::openai::ResponseSink;
 
 constexpr char kModel[] = "mobius-fuzz";
 constexpr int kVocab = 4096;
-
-// Length of the valid UTF-8 prefix of `text` (the service only streams whole characters).
-size_t ValidUtf8Prefix(std::string_view text) {
-  size_t i = 0;
-  while (i < text.size()) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i + n > text.size()) break;
-    bool ok = true;
-    for (size_t j = 1; j < n; ++j) ok = ok && (static_cast<unsigned char>(text[i + j]) >> 6) == 2;
-    if (!ok) break;
-    i += n;
-  }
-  return i;
-}
 
 // The service as its contract says: validation as the router validates, then the output in
 // whole-character chunks (with logprobs and the prompt echo when asked), then `complete`.
@@ -97,24 +83,17 @@ class ScriptedService final : public InferenceService {
       }
       if (!on_response(head)) return absl::CancelledError("client gone");
     }
-    const std::string_view text = output_.substr(0, ValidUtf8Prefix(output_));
-    const int period = 1 + (flags_ >> 1 & 3);
-    size_t pos = 0;
+    // The service only streams whole characters.
+    const std::string_view text = output_.substr(0, mobius::fuzz::ValidUtf8Prefix(output_));
     int tokens = 0;
-    for (int i = 0; pos < text.size(); ++i) {
-      size_t end = pos;
-      for (int c = 0; c < 1 + i % period && end < text.size(); ++c) {
-        ++end;  // a character: its lead byte and continuation bytes
-        while (end < text.size() && (static_cast<unsigned char>(text[end]) >> 6) == 2) ++end;
-      }
+    for (std::string_view piece : mobius::fuzz::CharacterChunks(text, 1 + (flags_ >> 1 & 3))) {
       v1::GenerateResponse chunk;
-      const int32_t id = 3 + static_cast<unsigned char>(text[pos]);
+      const int32_t id = 3 + static_cast<unsigned char>(piece.front());
       chunk.mutable_chunk()->add_token_ids(id);
-      chunk.mutable_chunk()->set_text(std::string(text.substr(pos, end - pos)));
+      chunk.mutable_chunk()->set_text(std::string(piece));
       if (top_n >= 0) AddLogprobs(id, top_n, chunk.mutable_chunk()->add_logprobs());
       if (!on_response(chunk)) return absl::CancelledError("client gone");
       ++tokens;
-      pos = end;
       if ((flags_ & 32) != 0 && tokens == 2) return absl::UnavailableError("replica went away");
       if (context.cancelled != nullptr && context.cancelled->load()) {
         return absl::CancelledError("client gone");
@@ -148,7 +127,7 @@ class ScriptedService final : public InferenceService {
       if (id < 3 || id >= 3 + 256) return absl::InvalidArgumentError("ids: unknown id");
       text.push_back(static_cast<char>(id - 3));
     }
-    response.set_text(text.substr(0, ValidUtf8Prefix(text)));
+    response.set_text(text.substr(0, mobius::fuzz::ValidUtf8Prefix(text)));
     return response;
   }
   absl::StatusOr<v1::ModelInfo> GetModelInfo() override { return info_; }

@@ -2,8 +2,6 @@
 // refused with InvalidArgument naming the file, never read out of bounds. For a file the reader
 // accepts, every tensor it hands out must lie inside the file and hold exactly its shape's bytes,
 // which is what the loader trusts without checking again.
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -11,18 +9,15 @@
 
 #include "absl/status/status.h"
 #include "tests/fuzz/fuzz_check.h"
+#include "tests/fuzz/fuzz_files.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/checkpoint/safetensors_format.h"
 
 namespace {
 
 // One file per process, rewritten for each input (the reader maps a path).
-const std::string& ScratchPath() {
-  static const std::string path = [] {
-    const char* dir = std::getenv("TMPDIR");
-    return std::string(dir != nullptr ? dir : "/tmp") + "/mobius_safetensors_fuzz." +
-           std::to_string(getpid()) + ".safetensors";
-  }();
+const std::string& InputPath() {
+  static const std::string path = mobius::fuzz::ScratchPath("mobius_safetensors_fuzz").string();
   return path;
 }
 
@@ -32,7 +27,7 @@ volatile unsigned g_sink = 0;
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string& path = ScratchPath();
+  const std::string& path = InputPath();
   {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));

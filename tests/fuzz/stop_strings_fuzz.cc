@@ -15,32 +15,12 @@
 
 #include "router/core/stop_string_matcher.h"
 #include "tests/fuzz/fuzz_check.h"
-#include "utf8proc.h"
+#include "tests/fuzz/utf8_text.h"
+#include "tokenizer/utf8.h"
 
 namespace {
 
 using mobius::router::StopStringMatcher;
-
-bool IsValidUtf8(std::string_view text) {
-  const auto* p = reinterpret_cast<const utf8proc_uint8_t*>(text.data());
-  utf8proc_ssize_t left = static_cast<utf8proc_ssize_t>(text.size());
-  while (left > 0) {
-    utf8proc_int32_t c;
-    const utf8proc_ssize_t n = utf8proc_iterate(p, left, &c);
-    if (n <= 0) return false;
-    p += n;
-    left -= n;
-  }
-  return true;
-}
-
-// Length of the UTF-8 character starting with `lead` (the text is valid).
-size_t CharLength(unsigned char lead) {
-  if (lead < 0x80) return 1;
-  if (lead < 0xE0) return 2;
-  if (lead < 0xF0) return 3;
-  return 4;
-}
 
 struct Sent {
   std::string text;
@@ -63,15 +43,7 @@ Sent Stream(const std::vector<std::string>& stops, bool include_match, std::stri
   if (period == 0) {
     if (!text.empty()) push(text);
   } else {
-    size_t pos = 0;
-    for (int i = 0; pos < text.size(); ++i) {
-      size_t end = pos;
-      for (int c = 0; c < 1 + i % period && end < text.size(); ++c) {
-        end += CharLength(static_cast<unsigned char>(text[end]));
-      }
-      push(text.substr(pos, end - pos));
-      pos = end;
-    }
+    for (std::string_view piece : mobius::fuzz::CharacterChunks(text, period)) push(piece);
   }
   const std::string rest = matcher.Flush();
   if (sent.matched.has_value()) {
@@ -120,11 +92,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (size_t j = 0; j < length && !input.Rest().empty(); ++j) {
       stop.push_back(static_cast<char>(input.TakeByte()));
     }
-    if (stop.empty() || !IsValidUtf8(stop)) return 0;  // validation refuses these
+    if (stop.empty() || !mobius::tokenizer::IsValidUtf8(stop))
+      return 0;  // validation refuses these
     stops.push_back(std::move(stop));
   }
   const std::string_view text = input.Rest();
-  if (!IsValidUtf8(text)) return 0;  // the detokenizer only sends valid UTF-8
+  if (!mobius::tokenizer::IsValidUtf8(text)) return 0;  // the detokenizer only sends valid UTF-8
 
   const Sent whole = Stream(stops, include_match, text, 0);
   CheckAgainstText(whole, stops, include_match, text);

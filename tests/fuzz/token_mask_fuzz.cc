@@ -7,7 +7,6 @@
 //
 // Input: structured_output_input.h (a schema, a regex, choices or any object).
 #include <cstdlib>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -18,7 +17,9 @@
 #include "grammar/token_mask.h"
 #include "grammar/tokenizer_vocabulary.h"
 #include "tests/fuzz/fuzz_check.h"
+#include "tests/fuzz/fuzz_files.h"
 #include "tests/fuzz/structured_output_input.h"
+#include "tests/grammar/brute_force_mask.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
@@ -31,18 +32,6 @@ std::shared_ptr<const TokenVocabulary> g_vocab;
 
 // States whose masks are checked per input: each check walks the whole vocabulary.
 constexpr int kStatesChecked = 4;
-
-TokenBitmask BruteForceMask(const GrammarMatcher& state, const mobius::grammar::Grammar& grammar) {
-  TokenBitmask mask((g_vocab->size() + 63) / 64, 0);
-  GrammarMatcher probe(grammar);
-  for (size_t id = 0; id < g_vocab->size(); ++id) {
-    const std::string_view bytes = g_vocab->bytes(static_cast<int32_t>(id));
-    if (bytes.empty()) continue;
-    probe.CopyFrom(state);
-    if (probe.FeedBytes(bytes)) mask[id / 64] |= uint64_t{1} << (id % 64);
-  }
-  return mask;
-}
 
 std::string FirstDifference(const TokenBitmask& fast, const TokenBitmask& slow) {
   for (size_t id = 0; id < g_vocab->size(); ++id) {
@@ -59,15 +48,8 @@ std::string FirstDifference(const TokenBitmask& fast, const TokenBitmask& slow) 
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  const char* env = std::getenv("MOBIUS_FIXTURES_DIR");
-  const std::filesystem::path dir =
-      std::filesystem::path(env != nullptr ? env : MOBIUS_FIXTURES_DIR) / "tokenizer-qwen3";
-  auto tokenizer = mobius::tokenizer::Tokenizer::FromDirectory(dir);
-  if (!tokenizer.ok()) {
-    std::fprintf(stderr, "token_mask_fuzz: %s\n", tokenizer.status().ToString().c_str());
-    std::abort();
-  }
-  g_vocab = mobius::grammar::VocabularyFromTokenizer(**tokenizer, (*tokenizer)->id_limit());
+  const auto tokenizer = mobius::fuzz::QwenTokenizerOrDie();
+  g_vocab = mobius::grammar::VocabularyFromTokenizer(*tokenizer, tokenizer->id_limit());
   return 0;
 }
 
@@ -90,7 +72,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (pos % stride == 0) {
       TokenBitmask fast;
       g_vocab->ComputeMask(state, fast);
-      const TokenBitmask slow = BruteForceMask(state, g);
+      const TokenBitmask slow = mobius::grammar::testing::BruteForceMask(state, *g_vocab);
       FUZZ_CHECK(fast == slow,
                  "at byte " + std::to_string(pos) + ": " + FirstDifference(fast, slow));
       std::string key;

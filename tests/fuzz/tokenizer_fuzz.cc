@@ -10,13 +10,13 @@
 // the text. The text's bytes read as little-endian 32-bit ids make the id sequence.
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "tests/fuzz/fuzz_check.h"
+#include "tests/fuzz/fuzz_files.h"
 #include "tokenizer/incremental_detokenizer.h"
 #include "tokenizer/tokenizer.h"
 #include "utf8proc.h"
@@ -74,15 +74,7 @@ void CheckStreamMatchesDecode(const std::vector<int32_t>& ids, const DecodeOptio
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  const char* env = std::getenv("MOBIUS_FIXTURES_DIR");
-  const std::filesystem::path dir =
-      std::filesystem::path(env != nullptr ? env : MOBIUS_FIXTURES_DIR) / "tokenizer-qwen3";
-  auto tokenizer = Tokenizer::FromDirectory(dir);
-  if (!tokenizer.ok()) {
-    std::fprintf(stderr, "tokenizer_fuzz: %s\n", tokenizer.status().ToString().c_str());
-    std::abort();
-  }
-  g_tokenizer = *std::move(tokenizer);
+  g_tokenizer = mobius::fuzz::QwenTokenizerOrDie();
   return 0;
 }
 

@@ -14,6 +14,7 @@
 #include "grammar/tokenizer_vocabulary.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/grammar/brute_force_mask.h"
 #include "tests/tokenizer/test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -36,18 +37,7 @@ std::shared_ptr<const TokenVocabulary> QwenVocabulary() {
   return vocab;
 }
 
-// The mask by brute force: each token's bytes fed to a copy of the state.
-TokenBitmask BruteForceMask(const GrammarMatcher& state, const TokenVocabulary& vocab) {
-  TokenBitmask mask((vocab.size() + 63) / 64, 0);
-  GrammarMatcher probe = state;
-  for (size_t id = 0; id < vocab.size(); ++id) {
-    const std::string_view b = vocab.bytes(static_cast<int32_t>(id));
-    if (b.empty()) continue;
-    probe.CopyFrom(state);
-    if (probe.FeedBytes(b)) mask[id / 64] |= uint64_t{1} << (id % 64);
-  }
-  return mask;
-}
+using ::mobius::grammar::testing::BruteForceMask;
 
 // The mask at each state the prefixes reach equals the brute-force one.
 void ExpectMasksMatchBruteForce(const Grammar& g, const TokenVocabulary& vocab,
