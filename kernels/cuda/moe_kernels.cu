@@ -371,9 +371,14 @@ struct TcConfig {
   static_assert(kRowsA * 8 % kThreads == 0 && 4 % kWarpsK == 0);
 };
 
-template <bool kGateUp, int kBN, int kWarpsM, int kWarpsK, int kStages>
+// kSliceRun > 1 (down only): the block computes kSliceRun consecutive slices of its tile, one
+// after another through one pipeline, so the next slice's weight stages are in flight while a
+// slice's last products and its epilogue run, instead of each slice's block paying the pipeline's
+// fill and drain on its own (at K = I = 512 a block streams only 8 stages).
+template <bool kGateUp, int kBN, int kWarpsM, int kWarpsK, int kStages, int kSliceRun = 1>
 __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(const TcArgs args) {
   using Cfg = TcConfig<kBN, kWarpsM, kWarpsK, kStages>;
+  static_assert(kSliceRun == 1 || (!kGateUp && kWarpsK == 1));
   constexpr int kNT = kBN / 8;          // n8 fragments
   constexpr int kKSteps = 4 / kWarpsK;  // k16 steps per warp per stage
   extern __shared__ __align__(128) char smem[];
@@ -392,7 +397,12 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
   // n8 fragments that hold tokens of this tile (the expert's last tile is usually partial):
   // the others are neither multiplied nor read from shared memory.
   const int live_nt = static_cast<int>((min(static_cast<int64_t>(kBN), row_end - row0) + 7) / 8);
-  const int64_t m0 = static_cast<int64_t>(t.slice) * (kGateUp ? 16 : 32) * kWarpsM;
+  constexpr int kSliceFeatures = (kGateUp ? 16 : 32) * kWarpsM;
+  const int64_t first_m0 = static_cast<int64_t>(t.slice) * kSliceFeatures * kSliceRun;
+  // Slices this block computes (the matrix's last run may be shorter).
+  const int runs =
+      static_cast<int>(min(static_cast<int64_t>(kSliceRun),
+                           (args.n_out - first_m0 + kSliceFeatures - 1) / kSliceFeatures));
   const uint16_t* w = args.w + t.group * args.w_group_stride;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp % kWarpsM, wk = warp / kWarpsM;
@@ -410,12 +420,12 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
     bool valid;
     if constexpr (kGateUp) {
       const int wr = r >> 5, part = (r >> 4) & 1;
-      const int64_t feature = m0 + wr * 16 + (r & 15);
+      const int64_t feature = first_m0 + wr * 16 + (r & 15);
       valid = feature < args.n_out;
       grow = part * args.n_out + feature;
     } else {
-      grow = m0 + r;
-      valid = grow < args.n_out;
+      grow = first_m0 + r;
+      valid = kSliceRun > 1 || grow < args.n_out;  // with runs: checked at each copy
     }
     a_src[i] = valid ? w + grow * args.k + chunk * 8 : nullptr;
     a_dst[i] = Swizzle(r, chunk);
@@ -432,14 +442,29 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
 
   const uint32_t smem_base = SharedAddress(smem);
   const int num_k = static_cast<int>((args.k + kTcBK - 1) / kTcBK);
-  auto load_weights = [&](int kt) {
-    const int64_t k0 = static_cast<int64_t>(kt) * kTcBK;
-    CopyStageRows<Cfg::kChunksA, false>(smem_base + (kt % kStages) * Cfg::kStageBytes, a_dst, a_src,
-                                        k0, k0 + chunk * 8 < args.k, w);
+  // Pipeline stage v is K slice v % num_k of the run's slice v / num_k.
+  auto load_weights = [&](int v) {
+    if constexpr (kSliceRun == 1) {
+      const int64_t k0 = static_cast<int64_t>(v) * kTcBK;
+      CopyStageRows<Cfg::kChunksA, false>(smem_base + (v % kStages) * Cfg::kStageBytes, a_dst,
+                                          a_src, k0, k0 + chunk * 8 < args.k, w);
+    } else {
+      const int run = v / num_k;
+      const int64_t k0 = static_cast<int64_t>(v - run * num_k) * kTcBK;
+      const int64_t offset = static_cast<int64_t>(run) * kSliceFeatures * args.k + k0;
+      const int64_t rows_left = args.n_out - first_m0 - static_cast<int64_t>(run) * kSliceFeatures;
+      const bool k_ok = k0 + chunk * 8 < args.k;
+#pragma unroll
+      for (int i = 0; i < Cfg::kChunksA; ++i) {
+        const bool ok = k_ok && (tid >> 3) + i * (Cfg::kThreads / 8) < rows_left;
+        CopyAsync16(smem_base + (v % kStages) * Cfg::kStageBytes + a_dst[i],
+                    ok ? a_src[i] + offset : w, ok);
+      }
+    }
   };
-  auto load_tokens = [&](int kt) {
-    const int64_t k0 = static_cast<int64_t>(kt) * kTcBK;
-    CopyStageRows<Cfg::kChunksB, true>(smem_base + (kt % kStages) * Cfg::kStageBytes, b_dst, b_src,
+  auto load_tokens = [&](int v) {
+    const int64_t k0 = static_cast<int64_t>(kSliceRun == 1 ? v : v % num_k) * kTcBK;
+    CopyStageRows<Cfg::kChunksB, true>(smem_base + (v % kStages) * Cfg::kStageBytes, b_dst, b_src,
                                        k0, k0 + chunk * 8 < args.k, args.a);
   };
 
@@ -451,16 +476,45 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
 
-  IssuePrologue<kGateUp, kStages>(num_k, load_weights, load_tokens);
-  for (int kt = 0; kt < num_k; ++kt) {
+  // Fragment element e of n8 tile j: weight row (lane / 4) + 8 * (e / 2), token 8j + 2(lane % 4)
+  // + e % 2. The slice whose features start at m0.
+  const int g = lane >> 2, tq = lane & 3;
+  auto store = [&](int64_t m0) {
+#pragma unroll
+    for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int n = j * 8 + tq * 2 + (e & 1);
+        if (row0 + n >= row_end) continue;
+        const int64_t pos = row0 + n;
+        if constexpr (kGateUp) {
+          const int64_t feature = m0 + wm * 16 + g + 8 * (e >> 1);
+          if (feature < args.n_out) {
+            static_cast<uint16_t*>(args.c)[pos * args.ldc + feature] =
+                F32ToBf16(Silu(acc[0][j][e]) * acc[1][j][e]);
+          }
+        } else {
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            const int64_t feature = m0 + wm * 32 + mt * 16 + g + 8 * (e >> 1);
+            if (feature < args.n_out) StorePairRowValue(args, pos, feature, acc[mt][j][e]);
+          }
+        }
+      }
+    }
+  };
+
+  const int num_v = num_k * runs;
+  IssuePrologue<kGateUp, kStages>(num_v, load_weights, load_tokens);
+  for (int v = 0, kt = 0, run = 0; v < num_v; ++v) {
     CopyAsyncWait<kStages - 2>();
-    __syncthreads();  // stage kt landed for every thread; stage kt - 1 is free for reuse
-    if (kt + kStages - 1 < num_k) {
-      load_weights(kt + kStages - 1);
-      load_tokens(kt + kStages - 1);
+    __syncthreads();  // stage v landed for every thread; stage v - 1 is free for reuse
+    if (v + kStages - 1 < num_v) {
+      load_weights(v + kStages - 1);
+      load_tokens(v + kStages - 1);
     }
     CopyAsyncCommit();
-    const uint32_t base = smem_base + (kt % kStages) * Cfg::kStageBytes;
+    const uint32_t base = smem_base + (v % kStages) * Cfg::kStageBytes;
 #pragma unroll
     for (int s = 0; s < kKSteps; ++s) {
       const int kc = (wk * kKSteps + s) * 2;  // first 16-byte chunk of this k16 step
@@ -494,8 +548,22 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
           if (j < live_nt) MmaBf16(acc[mt][j], a[mt], b[j][0], b[j][1]);
         }
     }
+    if constexpr (kSliceRun > 1) {
+      if (++kt == num_k) {  // the run's slice is done: store it and start the next
+        store(first_m0 + static_cast<int64_t>(run) * kSliceFeatures);
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+          for (int j = 0; j < kNT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
+        kt = 0;
+        ++run;
+      }
+    }
   }
   CopyAsyncWait<0>();
+  if constexpr (kSliceRun > 1) return;
 
   if constexpr (kWarpsK > 1) {
     __syncthreads();  // every warp is done with the pipeline buffers
@@ -524,52 +592,54 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
     }
   }
 
-  // Fragment element e of n8 tile j: weight row (lane / 4) + 8 * (e / 2), token 8j + 2(lane % 4)
-  // + e % 2.
-  const int g = lane >> 2, tq = lane & 3;
-#pragma unroll
-  for (int j = 0; j < kNT; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int n = j * 8 + tq * 2 + (e & 1);
-      if (row0 + n >= row_end) continue;
-      const int64_t pos = row0 + n;
-      if constexpr (kGateUp) {
-        const int64_t feature = m0 + wm * 16 + g + 8 * (e >> 1);
-        if (feature < args.n_out) {
-          static_cast<uint16_t*>(args.c)[pos * args.ldc + feature] =
-              F32ToBf16(Silu(acc[0][j][e]) * acc[1][j][e]);
-        }
-      } else {
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          const int64_t feature = m0 + wm * 32 + mt * 16 + g + 8 * (e >> 1);
-          if (feature < args.n_out) StorePairRowValue(args, pos, feature, acc[mt][j][e]);
-        }
-      }
-    }
-  }
+  store(first_m0);
 }
 
 // ---------------------------------------------------------------------------------------------
-// The same grouped GEMM on Hopper's warpgroup MMA (wgmma), for 64-token tiles: experts that see 40
-// or more tokens each, i.e. prefill over banks of few experts (Qwen3-Next's 512 at 8K tokens: 160
-// pairs an expert). There the products, not the weight stream, set the time, and the mma.sync
-// kernel above reaches only ~230 (gate-up) and ~185 (down) TFLOP/s (ncu, H100, Qwen3-Next's 8K
-// prefill), bound by its ldmatrix traffic and issue rate. One warpgroup a block owns 128 weight
-// rows and the tile's 64 tokens. gate_up: the slice's 64 features' gate rows (shared rows 0-63)
-// then their up rows (64-127), so a thread holds a feature's gate and up sums at the same index of
-// its two accumulators and SiLU(gate) * up stays in registers; down: 128 features. The stages are
-// the kernel above's 128-byte rows with the XOR swizzle, which is wgmma's 128-byte swizzle, so two
-// m64n64k16 per 16 K read them from shared memory as they land (stage bases 1024-byte aligned).
-// Measured against the mma.sync kernel's 64-token form (H100, session 49): 512 experts at top-10,
-// 8192 tokens 2685 -> 2066 us, 4096 tokens 1633 -> 1467 us; Qwen3-Next's 8K prefill (12 layers)
-// 57.5 -> 49.9 ms. Still 1.9x its bound there (~250 TFLOP/s): N = 64 wgmmas are the small ones;
-// TcGroupedGemmWgmmaN256Kernel below puts the weights on N.
-constexpr int kWgRows = 128, kWgTokens = 64, kWgStages = 4;
-constexpr int kWgStageA = kWgRows * kTcRowBytes;                    // 16 KB of weight rows
-constexpr int kWgStageBytes = kWgStageA + kWgTokens * kTcRowBytes;  // + 8 KB of token rows
-constexpr int kWgSmem = kWgStages * kWgStageBytes + 1024;           // + slack for the alignment
+// The same grouped GEMM on Hopper's warpgroup MMA (wgmma), for 64- and 128-token tiles: experts
+// that see 40 or more tokens each, i.e. prefill over banks of few experts (Qwen3-Next's 512 at 8K
+// tokens: 160 pairs an expert). There the products, not the weight stream, set the time, and the
+// mma.sync kernel above reaches only ~230 (gate-up) and ~185 (down) TFLOP/s (ncu, H100,
+// Qwen3-Next's 8K prefill), bound by its ldmatrix traffic and issue rate. A block owns 128 weight
+// rows and the tile's tokens. gate_up: the slice's 64 features' gate rows (shared rows 0-63) then
+// their up rows (64-127), so a thread holds a feature's gate and up sums at the same index of its
+// two accumulators and SiLU(gate) * up stays in registers; down: 128 features. The stages are the
+// kernel above's 128-byte rows with the XOR swizzle, which is wgmma's 128-byte swizzle, so each
+// warpgroup's two m64nNk16 per 16 K (N: its tokens) read them from shared memory as they land
+// (stage bases 1024-byte aligned).
+//
+// Three forms (WgmmaTile): 64 tokens on one warpgroup (two m64n64k16 per 16 K, 4 stages); 128
+// tokens on two warpgroups of 64 (each the 64-token form's products on its half, 3 stages of
+// 32 KB: two blocks an SM as before); 128 tokens on one warpgroup (two m64n128k16, 128
+// accumulators a thread; MOBIUS_MOE_WGMMA=n128). Every block reads its 128 weight rows once per
+// tile, and at 64 tokens an expert of 160 pairs is three tiles, so its weights cross from L2 into
+// shared memory three times where 128-token tiles need two; each staged token row feeds 128
+// weight rows in every form.
+// Measured, the 64-token form against the mma.sync kernel's (H100, session 49): 512 experts at
+// top-10, 8192 tokens 2685 -> 2066 us, 4096 tokens 1633 -> 1467 us; Qwen3-Next's 8K prefill (12
+// layers) 57.5 -> 49.9 ms, still 1.9x its bound there (~250 TFLOP/s). A weights-on-N form (64
+// tokens x 256 weight rows, m64n256k16, one block an SM) measured slowest of all in session 50
+// (8192 tokens 2925 us) and was removed.
+constexpr int kWgRows = 128;
+constexpr int kWgStageA = kWgRows * kTcRowBytes;  // 16 KB of weight rows a stage
+
+template <int kGroupsT, int kGroupTokensT, int kStagesT>
+struct WgmmaTile {
+  static constexpr int kGroups = kGroupsT, kGroupTokens = kGroupTokensT, kStages = kStagesT;
+  static_assert(kGroups == 1 || kGroups == 2);
+  static_assert(kGroupTokens == 64 || kGroupTokens == 128);
+  static constexpr int kThreads = 128 * kGroups;
+  static constexpr int kTokens = kGroups * kGroupTokens;
+  static constexpr int kStageBytes = kWgStageA + kTokens * kTcRowBytes;
+  static constexpr int kSmem = kStages * kStageBytes + 1024;  // + slack for the alignment
+  // 16-byte copies a thread makes per stage: column `tid % 8` of rows tid / 8 + i * kRowStep.
+  static constexpr int kRowStep = kThreads / 8;
+  static constexpr int kChunksA = kWgRows / kRowStep, kChunksB = kTokens / kRowStep;
+  static constexpr int kAcc = kGroupTokens / 2;  // accumulators a thread per 64 weight rows
+};
+using WgmmaTile64 = WgmmaTile<1, 64, 4>;
+using WgmmaTile128 = WgmmaTile<2, 64, 3>;
+using WgmmaTile128Wide = WgmmaTile<1, 128, 3>;
 
 // The wgmma kernels' main loop over K: stage kt's copies land (then the async-proxy fence, since
 // cp.async wrote through the generic proxy and wgmma reads through the async one), issue(base)
@@ -596,53 +666,51 @@ __device__ __forceinline__ void RunWgmmaStages(int num_k, uint32_t smem_base, Is
   CopyAsyncWait<0>();
 }
 
-// The wgmma kernels' start: gate_up waits for the grouping at once (down requests its first
-// weight stages before waiting for gate_up's activations, as in TcGroupedGemmKernel), then the
-// block's tile (false: past the routing's tiles) and its 64 tokens' source rows, visible to the
-// block on return.
-template <bool kGateUp>
-__device__ __forceinline__ bool BeginWgmmaTile(const TcArgs& args, GroupedTile& t,
-                                               int32_t* src_row) {
+template <int kN>
+__device__ __forceinline__ void WgmmaSS(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b) {
+  if constexpr (kN == 64) {
+    wgmma::WgmmaSS_m64n64k16(d, desc_a, desc_b, 1);
+  } else {
+    wgmma::WgmmaSS_m64n128k16(d, desc_a, desc_b, 1);
+  }
+}
+
+template <bool kGateUp, typename Tile>
+__global__ void __launch_bounds__(Tile::kThreads) TcGroupedGemmWgmmaKernel(const TcArgs args) {
+  extern __shared__ char smem_raw[];
+  __shared__ int32_t src_row[Tile::kTokens];  // row of `a` for each token of the tile, -1: past it
+  // gate_up waits for the grouping at once (down requests its first weight stages before waiting
+  // for gate_up's activations, in IssuePrologue).
   if constexpr (kGateUp) {
     PdlWait();
     PdlTrigger();
   }
-  if (!LocateTile(args, t)) return false;
-  FillSourceRows<kWgTokens>(args, t, threadIdx.x, src_row);
-  __syncthreads();
-  return true;
-}
-
-template <bool kGateUp>
-__global__ void __launch_bounds__(128) TcGroupedGemmWgmmaKernel(const TcArgs args) {
-  extern __shared__ char smem_raw[];
-  __shared__ int32_t src_row[kWgTokens];  // row of `a` for each token of the tile, -1: past it
   GroupedTile t;
-  if (!BeginWgmmaTile<kGateUp>(args, t, src_row)) return;
+  if (!LocateTile(args, t)) return;
+  FillSourceRows<Tile::kTokens>(args, t, threadIdx.x, src_row);
+  __syncthreads();
   const int64_t row0 = t.row0, row_end = t.row_end;
   const int64_t m0 = static_cast<int64_t>(t.slice) * (kGateUp ? kWgRows / 2 : kWgRows);
   const uint16_t* w = args.w + t.group * args.w_group_stride;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 3, group = tid >> 7;
 
-  // Each thread copies 16-byte column `chunk` of 8 weight rows and 4 token rows per stage; rows
-  // past the matrix or the group are zero-filled.
-  constexpr int kChunksA = kWgRows * 8 / 128, kChunksB = kWgTokens * 8 / 128;
+  // Rows past the matrix or the group are zero-filled.
   const int chunk = tid & 7;
-  const uint16_t* a_src[kChunksA];
-  uint32_t a_dst[kChunksA];
+  const uint16_t* a_src[Tile::kChunksA];
+  uint32_t a_dst[Tile::kChunksA];
 #pragma unroll
-  for (int i = 0; i < kChunksA; ++i) {
-    const int r = (tid >> 3) + i * 16;
+  for (int i = 0; i < Tile::kChunksA; ++i) {
+    const int r = (tid >> 3) + i * Tile::kRowStep;
     bool valid;
     const int64_t grow = ExpertWeightRow<kGateUp, kWgRows / 2>(r, m0, args.n_out, valid);
     a_src[i] = valid ? w + grow * args.k + chunk * 8 : nullptr;
     a_dst[i] = Swizzle(r, chunk);
   }
-  const uint16_t* b_src[kChunksB];
-  uint32_t b_dst[kChunksB];
+  const uint16_t* b_src[Tile::kChunksB];
+  uint32_t b_dst[Tile::kChunksB];
 #pragma unroll
-  for (int i = 0; i < kChunksB; ++i) {
-    const int r = (tid >> 3) + i * 16;
+  for (int i = 0; i < Tile::kChunksB; ++i) {
+    const int r = (tid >> 3) + i * Tile::kRowStep;
     const int sr = src_row[r];
     b_src[i] = sr >= 0 ? args.a + sr * args.lda + chunk * 8 : nullptr;
     b_dst[i] = kWgStageA + Swizzle(r, chunk);
@@ -652,35 +720,41 @@ __global__ void __launch_bounds__(128) TcGroupedGemmWgmmaKernel(const TcArgs arg
   const int num_k = static_cast<int>((args.k + kTcBK - 1) / kTcBK);
   auto load_weights = [&](int kt) {
     const int64_t k0 = static_cast<int64_t>(kt) * kTcBK;
-    CopyStageRows<kChunksA, false>(smem_base + (kt % kWgStages) * kWgStageBytes, a_dst, a_src, k0,
-                                   k0 + chunk * 8 < args.k, w);
+    CopyStageRows<Tile::kChunksA, false>(smem_base + (kt % Tile::kStages) * Tile::kStageBytes,
+                                         a_dst, a_src, k0, k0 + chunk * 8 < args.k, w);
   };
   auto load_tokens = [&](int kt) {
     const int64_t k0 = static_cast<int64_t>(kt) * kTcBK;
-    CopyStageRows<kChunksB, false>(smem_base + (kt % kWgStages) * kWgStageBytes, b_dst, b_src, k0,
-                                   k0 + chunk * 8 < args.k, args.a);
+    CopyStageRows<Tile::kChunksB, false>(smem_base + (kt % Tile::kStages) * Tile::kStageBytes,
+                                         b_dst, b_src, k0, k0 + chunk * 8 < args.k, args.a);
   };
 
-  IssuePrologue<kGateUp, kWgStages>(num_k, load_weights, load_tokens);
+  IssuePrologue<kGateUp, Tile::kStages>(num_k, load_weights, load_tokens);
 
-  // acc[h]: weight rows 64h..64h+63 (gate_up: h = 0 gate, 1 up) x the 64 tokens.
-  float acc[2][32];
+  // This warpgroup's tokens: shared token rows [group * kGroupTokens, + kGroupTokens). A group
+  // whose tokens all lie past the tile's end (the last tile of an expert) skips its products.
+  const int token0 = group * Tile::kGroupTokens;
+  const bool busy = row0 + token0 < row_end;
+  // acc[h]: weight rows 64h..64h+63 (gate_up: h = 0 gate, 1 up) x the group's tokens.
+  float acc[2][Tile::kAcc];
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll
-    for (int i = 0; i < 32; ++i) acc[h][i] = 0.0f;
-  RunWgmmaStages<kWgStages, kWgStageBytes>(
+    for (int i = 0; i < Tile::kAcc; ++i) acc[h][i] = 0.0f;
+  RunWgmmaStages<Tile::kStages, Tile::kStageBytes>(
       num_k, smem_base,
       [&](uint32_t base) {
+        if (!busy) return;
         wgmma::FenceRegisters(acc[0]);
         wgmma::FenceRegisters(acc[1]);
         wgmma::Fence();
 #pragma unroll
         for (int kk = 0; kk < kTcBK / 16; ++kk) {
-          const uint64_t desc_b = wgmma::KMajorDescriptor(base + kWgStageA + kk * 32);
-          wgmma::WgmmaSS_m64n64k16(acc[0], wgmma::KMajorDescriptor(base + kk * 32), desc_b, 1);
-          wgmma::WgmmaSS_m64n64k16(
-              acc[1], wgmma::KMajorDescriptor(base + 64 * kTcRowBytes + kk * 32), desc_b, 1);
+          const uint64_t desc_b =
+              wgmma::KMajorDescriptor(base + kWgStageA + token0 * kTcRowBytes + kk * 32);
+          WgmmaSS<Tile::kGroupTokens>(acc[0], wgmma::KMajorDescriptor(base + kk * 32), desc_b);
+          WgmmaSS<Tile::kGroupTokens>(
+              acc[1], wgmma::KMajorDescriptor(base + 64 * kTcRowBytes + kk * 32), desc_b);
         }
         wgmma::Commit();
         wgmma::FenceRegisters(acc[0]);
@@ -689,15 +763,17 @@ __global__ void __launch_bounds__(128) TcGroupedGemmWgmmaKernel(const TcArgs arg
       load_weights, load_tokens);
   wgmma::FenceRegisters(acc[0]);
   wgmma::FenceRegisters(acc[1]);
+  if (!busy) return;
 
-  // Accumulator element 4j + e of warp w: weight row 16w + lane / 4 + 8 (e / 2) of its 64, token
-  // 8j + 2 (lane % 4) + e % 2 (the m16n8 fragment layout, one per 8 tokens).
+  // Accumulator element 4j + e of warp w (of its warpgroup): weight row 16w + lane / 4 + 8 (e / 2)
+  // of its 64, token 8j + 2 (lane % 4) + e % 2 of the group's (the m16n8 fragment layout, one per
+  // 8 tokens).
   const int g = lane >> 2, tq = lane & 3;
 #pragma unroll
-  for (int j = 0; j < kWgTokens / 8; ++j) {
+  for (int j = 0; j < Tile::kGroupTokens / 8; ++j) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int n = j * 8 + tq * 2 + (e & 1);
+      const int n = token0 + j * 8 + tq * 2 + (e & 1);
       if (row0 + n >= row_end) continue;
       const int64_t pos = row0 + n;
       const int row = warp * 16 + g + 8 * (e >> 1);
@@ -712,119 +788,6 @@ __global__ void __launch_bounds__(128) TcGroupedGemmWgmmaKernel(const TcArgs arg
         for (int h = 0; h < 2; ++h) {
           const int64_t feature = m0 + h * 64 + row;
           if (feature < args.n_out) StorePairRowValue(args, pos, feature, acc[h][j * 4 + e]);
-        }
-      }
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// 64-token tiles with the weights on the wgmma's N instead (MOBIUS_MOE_WGMMA=n256; built in
-// session 49 after its device time, not yet run on a GPU): D[64 tokens x 256 weight rows] by one
-// m64n256k16 per 16 K, where the kernel above issues two m64n64k16 for half the rows, and each
-// staged token row feeds 256 weight rows instead of 128. One warpgroup a block, 256 weight rows:
-// gate_up takes 128 features, their gate rows as columns 0-127 and up rows as 128-255, so a
-// thread holds a feature's two sums at n8 groups j and j + 16; down takes 256 features. The
-// tokens are the A operand (shared rows 0-63 of a stage), the weights B (rows 0-255 after them),
-// in the same swizzled 128-byte rows; 40 KB a stage, 4 stages: one block an SM.
-constexpr int kWnRows = 256, kWnStages = 4;
-constexpr int kWnStageA = kWgTokens * kTcRowBytes;                // 8 KB of token rows
-constexpr int kWnStageBytes = kWnStageA + kWnRows * kTcRowBytes;  // + 32 KB of weight rows
-constexpr int kWnSmem = kWnStages * kWnStageBytes + 1024;         // + slack for the alignment
-
-template <bool kGateUp>
-__global__ void __launch_bounds__(128) TcGroupedGemmWgmmaN256Kernel(const TcArgs args) {
-  extern __shared__ char smem_raw[];
-  __shared__ int32_t src_row[kWgTokens];  // row of `a` for each token of the tile, -1: past it
-  GroupedTile t;
-  if (!BeginWgmmaTile<kGateUp>(args, t, src_row)) return;
-  const int64_t row0 = t.row0, row_end = t.row_end;
-  const int64_t m0 = static_cast<int64_t>(t.slice) * (kGateUp ? kWnRows / 2 : kWnRows);
-  const uint16_t* w = args.w + t.group * args.w_group_stride;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-
-  // Thread tid copies 16-byte column `chunk` of shared rows tid / 8 + 16 i: 4 token rows and 16
-  // weight rows a stage. The weight rows' addresses are formed at each copy (16 pointers held
-  // across the loop would cost 32 registers beside the 128 accumulators).
-  constexpr int kChunksTok = kWgTokens * 8 / 128, kChunksW = kWnRows * 8 / 128;
-  const int chunk = tid & 7, first_row = tid >> 3;
-  const uint16_t* tok_src[kChunksTok];
-  uint32_t tok_dst[kChunksTok];
-#pragma unroll
-  for (int i = 0; i < kChunksTok; ++i) {
-    const int r = first_row + i * 16;
-    const int sr = src_row[r];
-    tok_src[i] = sr >= 0 ? args.a + sr * args.lda + chunk * 8 : nullptr;
-    tok_dst[i] = Swizzle(r, chunk);
-  }
-  const uint32_t smem_base = (SharedAddress(smem_raw) + 1023u) & ~1023u;
-  const int num_k = static_cast<int>((args.k + kTcBK - 1) / kTcBK);
-  auto load_weights = [&](int kt) {
-    const uint32_t base = smem_base + (kt % kWnStages) * kWnStageBytes + kWnStageA;
-    const int64_t k0 = static_cast<int64_t>(kt) * kTcBK;
-    const bool k_ok = k0 + chunk * 8 < args.k;
-#pragma unroll
-    for (int i = 0; i < kChunksW; ++i) {
-      const int r = first_row + i * 16;
-      bool valid;
-      const int64_t grow = ExpertWeightRow<kGateUp, kWnRows / 2>(r, m0, args.n_out, valid);
-      const bool ok = k_ok && valid;
-      CopyAsync16(base + Swizzle(r, chunk), ok ? w + grow * args.k + k0 + chunk * 8 : w, ok);
-    }
-  };
-  auto load_tokens = [&](int kt) {
-    const int64_t k0 = static_cast<int64_t>(kt) * kTcBK;
-    CopyStageRows<kChunksTok, false>(smem_base + (kt % kWnStages) * kWnStageBytes, tok_dst, tok_src,
-                                     k0, k0 + chunk * 8 < args.k, args.a);
-  };
-  IssuePrologue<kGateUp, kWnStages>(num_k, load_weights, load_tokens);
-
-  float acc[kWnRows / 2];  // 64 tokens x 256 weight rows over the warpgroup's 128 threads
-#pragma unroll
-  for (int i = 0; i < kWnRows / 2; ++i) acc[i] = 0.0f;
-  RunWgmmaStages<kWnStages, kWnStageBytes>(
-      num_k, smem_base,
-      [&](uint32_t base) {
-        wgmma::FenceRegisters(acc);
-        wgmma::Fence();
-#pragma unroll
-        for (int kk = 0; kk < kTcBK / 16; ++kk) {
-          wgmma::WgmmaSS_m64n256k16(acc, wgmma::KMajorDescriptor(base + kk * 32),
-                                    wgmma::KMajorDescriptor(base + kWnStageA + kk * 32), 1);
-        }
-        wgmma::Commit();
-        wgmma::FenceRegisters(acc);
-      },
-      load_weights, load_tokens);
-  wgmma::FenceRegisters(acc);
-
-  // Accumulator element 4j + 2h + b of warp w: token 16w + lane / 4 + 8h, weight row (column of
-  // D) 8j + 2 (lane % 4) + b.
-  const int g = lane >> 2, tq = lane & 3;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int n = warp * 16 + g + 8 * h;
-    if (row0 + n >= row_end) continue;
-    const int64_t pos = row0 + n;
-    if constexpr (kGateUp) {
-#pragma unroll
-      for (int j = 0; j < kWnRows / 16; ++j) {
-#pragma unroll
-        for (int b = 0; b < 2; ++b) {
-          const int64_t feature = m0 + j * 8 + tq * 2 + b;
-          if (feature < args.n_out) {
-            static_cast<uint16_t*>(args.c)[pos * args.ldc + feature] =
-                F32ToBf16(Silu(acc[j * 4 + 2 * h + b]) * acc[(j + kWnRows / 16) * 4 + 2 * h + b]);
-          }
-        }
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < kWnRows / 8; ++j) {
-#pragma unroll
-        for (int b = 0; b < 2; ++b) {
-          const int64_t feature = m0 + j * 8 + tq * 2 + b;
-          if (feature < args.n_out) StorePairRowValue(args, pos, feature, acc[j * 4 + 2 * h + b]);
         }
       }
     }
@@ -864,23 +827,42 @@ void LaunchGroupedGrid(int threads, int smem, int64_t rows_per_slice, const TcAr
   LaunchPdl(kGateUp ? "MoeGateUp" : "MoeDown", kKernel, grid, threads, smem, stream, a);
 }
 
-template <bool kGateUp, int kBN, int kWarpsM, int kWarpsK, int kStages>
+template <bool kGateUp, int kBN, int kWarpsM, int kWarpsK, int kStages, int kSliceRun = 1>
 void LaunchTc(const TcArgs& args, int64_t max_tiles, cudaStream_t stream) {
   using Cfg = TcConfig<kBN, kWarpsM, kWarpsK, kStages>;
-  LaunchGroupedGrid<kGateUp, TcGroupedGemmKernel<kGateUp, kBN, kWarpsM, kWarpsK, kStages>>(
-      Cfg::kThreads, Cfg::kSmem, kGateUp ? 16 * kWarpsM : 32 * kWarpsM, args, max_tiles, stream);
+  LaunchGroupedGrid<kGateUp,
+                    TcGroupedGemmKernel<kGateUp, kBN, kWarpsM, kWarpsK, kStages, kSliceRun>>(
+      Cfg::kThreads, Cfg::kSmem, (kGateUp ? 16 * kWarpsM : 32 * kWarpsM) * kSliceRun, args,
+      max_tiles, stream);
 }
 
-// The kernel for 64-token tiles. Benchmark knob (read once): MOBIUS_MOE_WGMMA=0 runs them on the
-// mma.sync kernel (the form before session 49), =n256 on the weights-on-N wgmma kernel.
-enum class WideTileKernel { kMmaSync, kWgmma, kWgmmaN256 };
+// Slices a 32-token down block computes in one pipeline (TcGroupedGemmKernel's kSliceRun).
+// Benchmark knob (read once): MOBIUS_MOE_DOWN_RUN=1|2|4|8|16.
+int DownSliceRun() {
+  static const int run = [] {
+    const int choice = KnobChoice("MOBIUS_MOE_DOWN_RUN", {"1", "2", "4", "8", "16"});
+    return choice == 0 ? 1 : 1 << (choice - 1);
+  }();
+  return run;
+}
+
+template <bool kGateUp, typename Tile>
+void LaunchWgmma(const TcArgs& args, int64_t max_tiles, cudaStream_t stream) {
+  LaunchGroupedGrid<kGateUp, TcGroupedGemmWgmmaKernel<kGateUp, Tile>>(
+      Tile::kThreads, Tile::kSmem, kGateUp ? kWgRows / 2 : kWgRows, args, max_tiles, stream);
+}
+
+// The kernels for 64- and 128-token tiles. Benchmark knob (read once): MOBIUS_MOE_WGMMA=0 runs
+// 64-token tiles on the mma.sync kernel (the form before session 49); =n128 runs 128-token tiles
+// on one warpgroup with N = 128 instead of two of 64 (WgmmaTile). 128-token tiles are wgmma-only.
+enum class WideTileKernel { kMmaSync, kWgmma, kWgmmaWide };
 WideTileKernel WideTiles() {
   static const WideTileKernel kernel = [] {
-    switch (KnobChoice("MOBIUS_MOE_WGMMA", {"0", "1", "n256"})) {
+    switch (KnobChoice("MOBIUS_MOE_WGMMA", {"0", "1", "n128"})) {
       case 1:
         return WideTileKernel::kMmaSync;
       case 3:
-        return WideTileKernel::kWgmmaN256;
+        return WideTileKernel::kWgmmaWide;
       default:
         return WideTileKernel::kWgmma;
     }
@@ -890,11 +872,11 @@ WideTileKernel WideTiles() {
 
 // Token-tile widths of the tensor-core path, chosen from the mean number of pairs per local
 // expert (shapes only, so the launch does not depend on the routing).
-// Benchmark knobs (read once): MOBIUS_MOE_TILE_N=8|16|32|64 forces the token-tile width;
+// Benchmark knobs (read once): MOBIUS_MOE_TILE_N=8|16|32|64|128 forces the token-tile width;
 // MOBIUS_MOE_GEMM=fma forces the CUDA-core path with the multi-launch grouping (the old kernel).
 int ForcedTileTokens() {
   static const int forced = [] {
-    const int choice = KnobChoice("MOBIUS_MOE_TILE_N", {"8", "16", "32", "64"});
+    const int choice = KnobChoice("MOBIUS_MOE_TILE_N", {"8", "16", "32", "64", "128"});
     return choice == 0 ? 0 : 4 << choice;
   }();
   return forced;
@@ -925,7 +907,7 @@ bool PairRowsBf16(int64_t num_tokens) {
 
 int TcTileTokens(int64_t pairs, int64_t num_local) {
   const int forced = ForcedTileTokens();
-  if (forced == 8 || forced == 16 || forced == 32 || forced == 64) return forced;
+  if (forced != 0) return forced;
   // Below 40 pairs per expert, 32-token tiles: a tile's n8 fragments past its last token are
   // skipped, so a tile of 1-8 tokens costs what an 8-token tile did, while an expert of up to 32
   // tokens is one tile (its weights read once). Measured against the former 8/16-token choice at
@@ -948,21 +930,38 @@ void LaunchTcGroupedGemm(const TcArgs& args, int bn, int64_t max_tiles, cudaStre
       LaunchTc<kGateUp, 16, 2, 2, 10>(args, max_tiles, stream);
       break;
     case 32:
+      if constexpr (!kGateUp) {
+        switch (DownSliceRun()) {
+          case 2:
+            LaunchTc<kGateUp, 32, 4, 1, 4, 2>(args, max_tiles, stream);
+            return;
+          case 4:
+            LaunchTc<kGateUp, 32, 4, 1, 4, 4>(args, max_tiles, stream);
+            return;
+          case 8:
+            LaunchTc<kGateUp, 32, 4, 1, 4, 8>(args, max_tiles, stream);
+            return;
+          case 16:
+            LaunchTc<kGateUp, 32, 4, 1, 4, 16>(args, max_tiles, stream);
+            return;
+          default:
+            break;
+        }
+      }
       LaunchTc<kGateUp, 32, 4, 1, 4>(args, max_tiles, stream);
       break;
+    case 64:
+      if (WideTiles() == WideTileKernel::kMmaSync) {
+        LaunchTc<kGateUp, 64, 4, 2, 4>(args, max_tiles, stream);
+      } else {
+        LaunchWgmma<kGateUp, WgmmaTile64>(args, max_tiles, stream);
+      }
+      break;
     default:
-      switch (WideTiles()) {
-        case WideTileKernel::kWgmma:
-          LaunchGroupedGrid<kGateUp, TcGroupedGemmWgmmaKernel<kGateUp>>(
-              128, kWgSmem, kGateUp ? kWgRows / 2 : kWgRows, args, max_tiles, stream);
-          break;
-        case WideTileKernel::kWgmmaN256:
-          LaunchGroupedGrid<kGateUp, TcGroupedGemmWgmmaN256Kernel<kGateUp>>(
-              128, kWnSmem, kGateUp ? kWnRows / 2 : kWnRows, args, max_tiles, stream);
-          break;
-        case WideTileKernel::kMmaSync:
-          LaunchTc<kGateUp, 64, 4, 2, 4>(args, max_tiles, stream);
-          break;
+      if (WideTiles() == WideTileKernel::kWgmmaWide) {
+        LaunchWgmma<kGateUp, WgmmaTile128Wide>(args, max_tiles, stream);
+      } else {
+        LaunchWgmma<kGateUp, WgmmaTile128>(args, max_tiles, stream);
       }
       break;
   }

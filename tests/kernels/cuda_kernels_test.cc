@@ -1409,7 +1409,8 @@ class CudaMoeSkewTest : public CudaKernelsTest,
 
 TEST_P(CudaMoeSkewTest, SkewedRoutingManyTilesPerExpert) {
   // Every token routes to the same two experts: several 32-row tiles per expert. Odd sizes take
-  // the scalar-load path of the grouped GEMM.
+  // the scalar-load path of the grouped GEMM; h = 320 gives the down GEMM two and a half 128-row
+  // slices (a partial last slice, and a short last run under MOBIUS_MOE_DOWN_RUN).
   const int64_t t = 77, h = GetParam().first, inter = GetParam().second;
   const int k = 2, experts = 4;
   std::vector<int32_t> ids;
@@ -1432,7 +1433,8 @@ TEST_P(CudaMoeSkewTest, SkewedRoutingManyTilesPerExpert) {
 
 INSTANTIATE_TEST_SUITE_P(Sizes, CudaMoeSkewTest,
                          ::testing::Values(std::pair<int, int>{48, 24},
-                                           std::pair<int, int>{45, 21}),
+                                           std::pair<int, int>{45, 21},
+                                           std::pair<int, int>{320, 40}),
                          [](const ::testing::TestParamInfo<std::pair<int, int>>& info) {
                            return absl::StrCat("h", info.param.first, "_i", info.param.second);
                          });
