@@ -608,38 +608,44 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
 // warpgroup's two m64nNk16 per 16 K (N: its tokens) read them from shared memory as they land
 // (stage bases 1024-byte aligned).
 //
-// Three forms (WgmmaTile): 64 tokens on one warpgroup (two m64n64k16 per 16 K, 4 stages); 128
+// Four forms (WgmmaTile): 64 tokens on one warpgroup (two m64n64k16 per 16 K, 4 stages); 128
 // tokens on two warpgroups of 64 (each the 64-token form's products on its half, 3 stages of
 // 32 KB: two blocks an SM as before); 128 tokens on one warpgroup (two m64n128k16, 128
-// accumulators a thread; MOBIUS_MOE_WGMMA=n128). Every block reads its 128 weight rows once per
-// tile, and at 64 tokens an expert of 160 pairs is three tiles, so its weights cross from L2 into
-// shared memory three times where 128-token tiles need two; each staged token row feeds 128
-// weight rows in every form.
+// accumulators a thread; MOBIUS_MOE_WGMMA=n128); 256 weight rows x 128 tokens on two
+// warpgroups of 128 rows each (MOBIUS_MOE_WGMMA=r256; one block an SM). A block reads its
+// weight rows once per tile, and at 64 tokens an expert of 160 pairs is three tiles, so its
+// weights cross from L2 into shared memory three times where 128-token tiles need two; and a
+// staged token row feeds the block's 128 or 256 weight rows, so the tokens cross once per 64 or
+// 128 features. At Qwen3-Next's 8K prefill that L2 traffic is ~9 GB a layer for gate-up in the
+// 64-token form, ~7 GB at 128 tokens and ~5.6 GB at 256 x 128.
 // Measured, the 64-token form against the mma.sync kernel's (H100, session 49): 512 experts at
 // top-10, 8192 tokens 2685 -> 2066 us, 4096 tokens 1633 -> 1467 us; Qwen3-Next's 8K prefill (12
 // layers) 57.5 -> 49.9 ms, still 1.9x its bound there (~250 TFLOP/s). A weights-on-N form (64
 // tokens x 256 weight rows, m64n256k16, one block an SM) measured slowest of all in session 50
 // (8192 tokens 2925 us) and was removed.
-constexpr int kWgRows = 128;
-constexpr int kWgStageA = kWgRows * kTcRowBytes;  // 16 KB of weight rows a stage
-
-template <int kGroupsT, int kGroupTokensT, int kStagesT>
+// kGroups warpgroups, each 128 weight rows x kGroupTokens tokens; with kSplitRows they share
+// the tokens and split the weight rows, without it they share the rows and split the tokens.
+template <int kGroupsT, int kGroupTokensT, bool kSplitRowsT, int kStagesT>
 struct WgmmaTile {
   static constexpr int kGroups = kGroupsT, kGroupTokens = kGroupTokensT, kStages = kStagesT;
+  static constexpr bool kSplitRows = kSplitRowsT;
   static_assert(kGroups == 1 || kGroups == 2);
   static_assert(kGroupTokens == 64 || kGroupTokens == 128);
   static constexpr int kThreads = 128 * kGroups;
-  static constexpr int kTokens = kGroups * kGroupTokens;
-  static constexpr int kStageBytes = kWgStageA + kTokens * kTcRowBytes;
+  static constexpr int kRows = 128 * (kSplitRows ? kGroups : 1);  // weight rows a block
+  static constexpr int kTokens = kGroupTokens * (kSplitRows ? 1 : kGroups);
+  static constexpr int kStageA = kRows * kTcRowBytes;  // a stage: weight rows, then tokens
+  static constexpr int kStageBytes = kStageA + kTokens * kTcRowBytes;
   static constexpr int kSmem = kStages * kStageBytes + 1024;  // + slack for the alignment
   // 16-byte copies a thread makes per stage: column `tid % 8` of rows tid / 8 + i * kRowStep.
   static constexpr int kRowStep = kThreads / 8;
-  static constexpr int kChunksA = kWgRows / kRowStep, kChunksB = kTokens / kRowStep;
+  static constexpr int kChunksA = kRows / kRowStep, kChunksB = kTokens / kRowStep;
   static constexpr int kAcc = kGroupTokens / 2;  // accumulators a thread per 64 weight rows
 };
-using WgmmaTile64 = WgmmaTile<1, 64, 4>;
-using WgmmaTile128 = WgmmaTile<2, 64, 3>;
-using WgmmaTile128Wide = WgmmaTile<1, 128, 3>;
+using WgmmaTile64 = WgmmaTile<1, 64, false, 4>;
+using WgmmaTile128 = WgmmaTile<2, 64, false, 3>;
+using WgmmaTile128Wide = WgmmaTile<1, 128, false, 3>;
+using WgmmaTile256x128 = WgmmaTile<2, 128, true, 4>;
 
 // The wgmma kernels' main loop over K: stage kt's copies land (then the async-proxy fence, since
 // cp.async wrote through the generic proxy and wgmma reads through the async one), issue(base)
@@ -690,7 +696,7 @@ __global__ void __launch_bounds__(Tile::kThreads) TcGroupedGemmWgmmaKernel(const
   FillSourceRows<Tile::kTokens>(args, t, threadIdx.x, src_row);
   __syncthreads();
   const int64_t row0 = t.row0, row_end = t.row_end;
-  const int64_t m0 = static_cast<int64_t>(t.slice) * (kGateUp ? kWgRows / 2 : kWgRows);
+  const int64_t m0 = static_cast<int64_t>(t.slice) * (kGateUp ? Tile::kRows / 2 : Tile::kRows);
   const uint16_t* w = args.w + t.group * args.w_group_stride;
   const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 3, group = tid >> 7;
 
@@ -702,7 +708,7 @@ __global__ void __launch_bounds__(Tile::kThreads) TcGroupedGemmWgmmaKernel(const
   for (int i = 0; i < Tile::kChunksA; ++i) {
     const int r = (tid >> 3) + i * Tile::kRowStep;
     bool valid;
-    const int64_t grow = ExpertWeightRow<kGateUp, kWgRows / 2>(r, m0, args.n_out, valid);
+    const int64_t grow = ExpertWeightRow<kGateUp, Tile::kRows / 2>(r, m0, args.n_out, valid);
     a_src[i] = valid ? w + grow * args.k + chunk * 8 : nullptr;
     a_dst[i] = Swizzle(r, chunk);
   }
@@ -713,7 +719,7 @@ __global__ void __launch_bounds__(Tile::kThreads) TcGroupedGemmWgmmaKernel(const
     const int r = (tid >> 3) + i * Tile::kRowStep;
     const int sr = src_row[r];
     b_src[i] = sr >= 0 ? args.a + sr * args.lda + chunk * 8 : nullptr;
-    b_dst[i] = kWgStageA + Swizzle(r, chunk);
+    b_dst[i] = Tile::kStageA + Swizzle(r, chunk);
   }
 
   const uint32_t smem_base = (SharedAddress(smem_raw) + 1023u) & ~1023u;
@@ -731,11 +737,18 @@ __global__ void __launch_bounds__(Tile::kThreads) TcGroupedGemmWgmmaKernel(const
 
   IssuePrologue<kGateUp, Tile::kStages>(num_k, load_weights, load_tokens);
 
-  // This warpgroup's tokens: shared token rows [group * kGroupTokens, + kGroupTokens). A group
-  // whose tokens all lie past the tile's end (the last tile of an expert) skips its products.
-  const int token0 = group * Tile::kGroupTokens;
-  const bool busy = row0 + token0 < row_end;
-  // acc[h]: weight rows 64h..64h+63 (gate_up: h = 0 gate, 1 up) x the group's tokens.
+  // This warpgroup's tokens: shared token rows [token0, + kGroupTokens); its weight rows: the
+  // 64-row halves at shared rows a_row[0] and a_row[1] (gate_up: its 64 features' gate rows, then
+  // their up rows; down: 128 consecutive features), the first of its features `feature0`. A
+  // group whose tokens all lie past the tile's end (the last tile of an expert) or whose
+  // features all lie past the matrix skips its products.
+  const int row_group = Tile::kSplitRows ? group : 0;
+  const int token0 = Tile::kSplitRows ? 0 : group * Tile::kGroupTokens;
+  const int a_row[2] = {kGateUp ? row_group * 64 : row_group * 128,
+                        kGateUp ? Tile::kRows / 2 + row_group * 64 : row_group * 128 + 64};
+  const int64_t feature0 = m0 + row_group * (kGateUp ? 64 : 128);
+  const bool busy = row0 + token0 < row_end && feature0 < args.n_out;
+  // acc[h]: the weight rows at a_row[h] x the group's tokens.
   float acc[2][Tile::kAcc];
 #pragma unroll
   for (int h = 0; h < 2; ++h)
@@ -751,10 +764,12 @@ __global__ void __launch_bounds__(Tile::kThreads) TcGroupedGemmWgmmaKernel(const
 #pragma unroll
         for (int kk = 0; kk < kTcBK / 16; ++kk) {
           const uint64_t desc_b =
-              wgmma::KMajorDescriptor(base + kWgStageA + token0 * kTcRowBytes + kk * 32);
-          WgmmaSS<Tile::kGroupTokens>(acc[0], wgmma::KMajorDescriptor(base + kk * 32), desc_b);
-          WgmmaSS<Tile::kGroupTokens>(
-              acc[1], wgmma::KMajorDescriptor(base + 64 * kTcRowBytes + kk * 32), desc_b);
+              wgmma::KMajorDescriptor(base + Tile::kStageA + token0 * kTcRowBytes + kk * 32);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            WgmmaSS<Tile::kGroupTokens>(
+                acc[h], wgmma::KMajorDescriptor(base + a_row[h] * kTcRowBytes + kk * 32), desc_b);
+          }
         }
         wgmma::Commit();
         wgmma::FenceRegisters(acc[0]);
@@ -766,8 +781,8 @@ __global__ void __launch_bounds__(Tile::kThreads) TcGroupedGemmWgmmaKernel(const
   if (!busy) return;
 
   // Accumulator element 4j + e of warp w (of its warpgroup): weight row 16w + lane / 4 + 8 (e / 2)
-  // of its 64, token 8j + 2 (lane % 4) + e % 2 of the group's (the m16n8 fragment layout, one per
-  // 8 tokens).
+  // of each 64-row half, token 8j + 2 (lane % 4) + e % 2 of the group's (the m16n8 fragment
+  // layout, one per 8 tokens).
   const int g = lane >> 2, tq = lane & 3;
 #pragma unroll
   for (int j = 0; j < Tile::kGroupTokens / 8; ++j) {
@@ -778,7 +793,7 @@ __global__ void __launch_bounds__(Tile::kThreads) TcGroupedGemmWgmmaKernel(const
       const int64_t pos = row0 + n;
       const int row = warp * 16 + g + 8 * (e >> 1);
       if constexpr (kGateUp) {
-        const int64_t feature = m0 + row;
+        const int64_t feature = feature0 + row;
         if (feature < args.n_out) {
           static_cast<uint16_t*>(args.c)[pos * args.ldc + feature] =
               F32ToBf16(Silu(acc[0][j * 4 + e]) * acc[1][j * 4 + e]);
@@ -786,7 +801,7 @@ __global__ void __launch_bounds__(Tile::kThreads) TcGroupedGemmWgmmaKernel(const
       } else {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int64_t feature = m0 + h * 64 + row;
+          const int64_t feature = feature0 + h * 64 + row;
           if (feature < args.n_out) StorePairRowValue(args, pos, feature, acc[h][j * 4 + e]);
         }
       }
@@ -849,20 +864,24 @@ int DownSliceRun() {
 template <bool kGateUp, typename Tile>
 void LaunchWgmma(const TcArgs& args, int64_t max_tiles, cudaStream_t stream) {
   LaunchGroupedGrid<kGateUp, TcGroupedGemmWgmmaKernel<kGateUp, Tile>>(
-      Tile::kThreads, Tile::kSmem, kGateUp ? kWgRows / 2 : kWgRows, args, max_tiles, stream);
+      Tile::kThreads, Tile::kSmem, kGateUp ? Tile::kRows / 2 : Tile::kRows, args, max_tiles,
+      stream);
 }
 
 // The kernels for 64- and 128-token tiles. Benchmark knob (read once): MOBIUS_MOE_WGMMA=0 runs
 // 64-token tiles on the mma.sync kernel (the form before session 49); =n128 runs 128-token tiles
-// on one warpgroup with N = 128 instead of two of 64 (WgmmaTile). 128-token tiles are wgmma-only.
-enum class WideTileKernel { kMmaSync, kWgmma, kWgmmaWide };
+// on one warpgroup with N = 128 instead of two of 64, =r256 on two of 128 weight rows each
+// (WgmmaTile). 128-token tiles are wgmma-only.
+enum class WideTileKernel { kMmaSync, kWgmma, kWgmmaWide, kWgmmaRows256 };
 WideTileKernel WideTiles() {
   static const WideTileKernel kernel = [] {
-    switch (KnobChoice("MOBIUS_MOE_WGMMA", {"0", "1", "n128"})) {
+    switch (KnobChoice("MOBIUS_MOE_WGMMA", {"0", "1", "n128", "r256"})) {
       case 1:
         return WideTileKernel::kMmaSync;
       case 3:
         return WideTileKernel::kWgmmaWide;
+      case 4:
+        return WideTileKernel::kWgmmaRows256;
       default:
         return WideTileKernel::kWgmma;
     }
@@ -960,6 +979,8 @@ void LaunchTcGroupedGemm(const TcArgs& args, int bn, int64_t max_tiles, cudaStre
     default:
       if (WideTiles() == WideTileKernel::kWgmmaWide) {
         LaunchWgmma<kGateUp, WgmmaTile128Wide>(args, max_tiles, stream);
+      } else if (WideTiles() == WideTileKernel::kWgmmaRows256) {
+        LaunchWgmma<kGateUp, WgmmaTile256x128>(args, max_tiles, stream);
       } else {
         LaunchWgmma<kGateUp, WgmmaTile128>(args, max_tiles, stream);
       }
