@@ -469,12 +469,15 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
   };
 
   float acc[2][kNT][4];
+  auto zero_acc = [&] {
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int j = 0; j < kNT; ++j)
+      for (int j = 0; j < kNT; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
+        for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
+  };
+  zero_acc();
 
   // Fragment element e of n8 tile j: weight row (lane / 4) + 8 * (e / 2), token 8j + 2(lane % 4)
   // + e % 2. The slice whose features start at m0.
@@ -551,12 +554,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
     if constexpr (kSliceRun > 1) {
       if (++kt == num_k) {  // the run's slice is done: store it and start the next
         store(first_m0 + static_cast<int64_t>(run) * kSliceFeatures);
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-          for (int j = 0; j < kNT; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
+        zero_acc();
         kt = 0;
         ++run;
       }
