@@ -621,6 +621,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
 // layers) 57.5 -> 49.9 ms, still 1.9x its bound there (~250 TFLOP/s). A weights-on-N form (64
 // tokens x 256 weight rows, m64n256k16, one block an SM) measured slowest of all in session 50
 // (8192 tokens 2925 us) and was removed.
+
 // kGroups warpgroups, each 128 weight rows x kGroupTokens tokens; with kSplitRows they share
 // the tokens and split the weight rows, without it they share the rows and split the tokens.
 template <int kGroupsT, int kGroupTokensT, bool kSplitRowsT, int kStagesT>

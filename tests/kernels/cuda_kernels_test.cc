@@ -1432,8 +1432,7 @@ TEST_P(CudaMoeSkewTest, SkewedRoutingManyTilesPerExpert) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, CudaMoeSkewTest,
-                         ::testing::Values(std::pair<int, int>{48, 24},
-                                           std::pair<int, int>{45, 21},
+                         ::testing::Values(std::pair<int, int>{48, 24}, std::pair<int, int>{45, 21},
                                            std::pair<int, int>{320, 40}),
                          [](const ::testing::TestParamInfo<std::pair<int, int>>& info) {
                            return absl::StrCat("h", info.param.first, "_i", info.param.second);
