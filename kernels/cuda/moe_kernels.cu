@@ -614,8 +614,9 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
 // weight rows once per tile, and at 64 tokens an expert of 160 pairs is three tiles, so its
 // weights cross from L2 into shared memory three times where 128-token tiles need two; and a
 // staged token row feeds the block's 128 or 256 weight rows, so the tokens cross once per 64 or
-// 128 features. At Qwen3-Next's 8K prefill that L2 traffic is ~9 GB a layer for gate-up in the
-// 64-token form, ~7 GB at 128 tokens and ~5.6 GB at 256 x 128.
+// 128 features. Counted so (weights staged once per tile, token rows once per slice; not
+// measured), Qwen3-Next's 8K prefill stages ~9 GB a layer for gate-up in the 64-token form, ~7 GB
+// at 128 tokens and ~5.6 GB at 256 x 128.
 // Measured, the 64-token form against the mma.sync kernel's (H100, session 49): 512 experts at
 // top-10, 8192 tokens 2685 -> 2066 us, 4096 tokens 1633 -> 1467 us; Qwen3-Next's 8K prefill (12
 // layers) 57.5 -> 49.9 ms, still 1.9x its bound there (~250 TFLOP/s). A weights-on-N form (64
