@@ -680,10 +680,11 @@ void Bench::BuildSpecs() {
   for (int t : d.moe_tokens) {
     Add(absl::StrFormat("moe.T%d", t), [=, this] { return Moe(t); });
   }
-  // Qwen3-Next's bank (512 experts, top-10, the same H and I) at prefill sizes: 80-160 pairs an
-  // expert, the 64-token tiles' regime, where the products rather than the weights set the time.
+  // Qwen3-Next's bank (512 experts, top-10, the same H and I) at prefill sizes: 40-160 pairs an
+  // expert, the 64- and 128-token tiles' regime, where the products rather than the weights set
+  // the time.
   if (d.experts > 512) {
-    for (int t : {4096, 8192}) {
+    for (int t : {2048, 3072, 4096, 8192}) {
       Add(absl::StrFormat("moe.E512k10.T%d", t), [=, this] { return Moe(t, 512, 10); });
     }
   }

@@ -371,14 +371,9 @@ struct TcConfig {
   static_assert(kRowsA * 8 % kThreads == 0 && 4 % kWarpsK == 0);
 };
 
-// kSliceRun > 1 (down only): the block computes kSliceRun consecutive slices of its tile, one
-// after another through one pipeline, so the next slice's weight stages are in flight while a
-// slice's last products and its epilogue run, instead of each slice's block paying the pipeline's
-// fill and drain on its own (at K = I = 512 a block streams only 8 stages).
-template <bool kGateUp, int kBN, int kWarpsM, int kWarpsK, int kStages, int kSliceRun = 1>
+template <bool kGateUp, int kBN, int kWarpsM, int kWarpsK, int kStages>
 __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(const TcArgs args) {
   using Cfg = TcConfig<kBN, kWarpsM, kWarpsK, kStages>;
-  static_assert(kSliceRun == 1 || (!kGateUp && kWarpsK == 1));
   constexpr int kNT = kBN / 8;          // n8 fragments
   constexpr int kKSteps = 4 / kWarpsK;  // k16 steps per warp per stage
   extern __shared__ __align__(128) char smem[];
@@ -397,12 +392,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
   // n8 fragments that hold tokens of this tile (the expert's last tile is usually partial):
   // the others are neither multiplied nor read from shared memory.
   const int live_nt = static_cast<int>((min(static_cast<int64_t>(kBN), row_end - row0) + 7) / 8);
-  constexpr int kSliceFeatures = (kGateUp ? 16 : 32) * kWarpsM;
-  const int64_t first_m0 = static_cast<int64_t>(t.slice) * kSliceFeatures * kSliceRun;
-  // Slices this block computes (the matrix's last run may be shorter).
-  const int runs =
-      static_cast<int>(min(static_cast<int64_t>(kSliceRun),
-                           (args.n_out - first_m0 + kSliceFeatures - 1) / kSliceFeatures));
+  const int64_t m0 = static_cast<int64_t>(t.slice) * (kGateUp ? 16 : 32) * kWarpsM;
   const uint16_t* w = args.w + t.group * args.w_group_stride;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp % kWarpsM, wk = warp / kWarpsM;
@@ -420,12 +410,12 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
     bool valid;
     if constexpr (kGateUp) {
       const int wr = r >> 5, part = (r >> 4) & 1;
-      const int64_t feature = first_m0 + wr * 16 + (r & 15);
+      const int64_t feature = m0 + wr * 16 + (r & 15);
       valid = feature < args.n_out;
       grow = part * args.n_out + feature;
     } else {
-      grow = first_m0 + r;
-      valid = kSliceRun > 1 || grow < args.n_out;  // with runs: checked at each copy
+      grow = m0 + r;
+      valid = grow < args.n_out;
     }
     a_src[i] = valid ? w + grow * args.k + chunk * 8 : nullptr;
     a_dst[i] = Swizzle(r, chunk);
@@ -442,82 +432,35 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
 
   const uint32_t smem_base = SharedAddress(smem);
   const int num_k = static_cast<int>((args.k + kTcBK - 1) / kTcBK);
-  // Pipeline stage v is K slice v % num_k of the run's slice v / num_k.
-  auto load_weights = [&](int v) {
-    if constexpr (kSliceRun == 1) {
-      const int64_t k0 = static_cast<int64_t>(v) * kTcBK;
-      CopyStageRows<Cfg::kChunksA, false>(smem_base + (v % kStages) * Cfg::kStageBytes, a_dst,
-                                          a_src, k0, k0 + chunk * 8 < args.k, w);
-    } else {
-      const int run = v / num_k;
-      const int64_t k0 = static_cast<int64_t>(v - run * num_k) * kTcBK;
-      const int64_t offset = static_cast<int64_t>(run) * kSliceFeatures * args.k + k0;
-      const int64_t rows_left = args.n_out - first_m0 - static_cast<int64_t>(run) * kSliceFeatures;
-      const bool k_ok = k0 + chunk * 8 < args.k;
-#pragma unroll
-      for (int i = 0; i < Cfg::kChunksA; ++i) {
-        const bool ok = k_ok && (tid >> 3) + i * (Cfg::kThreads / 8) < rows_left;
-        CopyAsync16(smem_base + (v % kStages) * Cfg::kStageBytes + a_dst[i],
-                    ok ? a_src[i] + offset : w, ok);
-      }
-    }
+  auto load_weights = [&](int kt) {
+    const int64_t k0 = static_cast<int64_t>(kt) * kTcBK;
+    CopyStageRows<Cfg::kChunksA, false>(smem_base + (kt % kStages) * Cfg::kStageBytes, a_dst, a_src,
+                                        k0, k0 + chunk * 8 < args.k, w);
   };
-  auto load_tokens = [&](int v) {
-    const int64_t k0 = static_cast<int64_t>(kSliceRun == 1 ? v : v % num_k) * kTcBK;
-    CopyStageRows<Cfg::kChunksB, true>(smem_base + (v % kStages) * Cfg::kStageBytes, b_dst, b_src,
+  auto load_tokens = [&](int kt) {
+    const int64_t k0 = static_cast<int64_t>(kt) * kTcBK;
+    CopyStageRows<Cfg::kChunksB, true>(smem_base + (kt % kStages) * Cfg::kStageBytes, b_dst, b_src,
                                        k0, k0 + chunk * 8 < args.k, args.a);
   };
 
   float acc[2][kNT][4];
-  auto zero_acc = [&] {
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int j = 0; j < kNT; ++j)
+    for (int j = 0; j < kNT; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
-  };
-  zero_acc();
+      for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
 
-  // Fragment element e of n8 tile j: weight row (lane / 4) + 8 * (e / 2), token 8j + 2(lane % 4)
-  // + e % 2. The slice whose features start at m0.
-  const int g = lane >> 2, tq = lane & 3;
-  auto store = [&](int64_t m0) {
-#pragma unroll
-    for (int j = 0; j < kNT; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int n = j * 8 + tq * 2 + (e & 1);
-        if (row0 + n >= row_end) continue;
-        const int64_t pos = row0 + n;
-        if constexpr (kGateUp) {
-          const int64_t feature = m0 + wm * 16 + g + 8 * (e >> 1);
-          if (feature < args.n_out) {
-            static_cast<uint16_t*>(args.c)[pos * args.ldc + feature] =
-                F32ToBf16(Silu(acc[0][j][e]) * acc[1][j][e]);
-          }
-        } else {
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            const int64_t feature = m0 + wm * 32 + mt * 16 + g + 8 * (e >> 1);
-            if (feature < args.n_out) StorePairRowValue(args, pos, feature, acc[mt][j][e]);
-          }
-        }
-      }
-    }
-  };
-
-  const int num_v = num_k * runs;
-  IssuePrologue<kGateUp, kStages>(num_v, load_weights, load_tokens);
-  for (int v = 0, kt = 0, run = 0; v < num_v; ++v) {
+  IssuePrologue<kGateUp, kStages>(num_k, load_weights, load_tokens);
+  for (int kt = 0; kt < num_k; ++kt) {
     CopyAsyncWait<kStages - 2>();
-    __syncthreads();  // stage v landed for every thread; stage v - 1 is free for reuse
-    if (v + kStages - 1 < num_v) {
-      load_weights(v + kStages - 1);
-      load_tokens(v + kStages - 1);
+    __syncthreads();  // stage kt landed for every thread; stage kt - 1 is free for reuse
+    if (kt + kStages - 1 < num_k) {
+      load_weights(kt + kStages - 1);
+      load_tokens(kt + kStages - 1);
     }
     CopyAsyncCommit();
-    const uint32_t base = smem_base + (v % kStages) * Cfg::kStageBytes;
+    const uint32_t base = smem_base + (kt % kStages) * Cfg::kStageBytes;
 #pragma unroll
     for (int s = 0; s < kKSteps; ++s) {
       const int kc = (wk * kKSteps + s) * 2;  // first 16-byte chunk of this k16 step
@@ -551,17 +494,8 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
           if (j < live_nt) MmaBf16(acc[mt][j], a[mt], b[j][0], b[j][1]);
         }
     }
-    if constexpr (kSliceRun > 1) {
-      if (++kt == num_k) {  // the run's slice is done: store it and start the next
-        store(first_m0 + static_cast<int64_t>(run) * kSliceFeatures);
-        zero_acc();
-        kt = 0;
-        ++run;
-      }
-    }
   }
   CopyAsyncWait<0>();
-  if constexpr (kSliceRun > 1) return;
 
   if constexpr (kWarpsK > 1) {
     __syncthreads();  // every warp is done with the pipeline buffers
@@ -590,7 +524,31 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
     }
   }
 
-  store(first_m0);
+  // Fragment element e of n8 tile j: weight row (lane / 4) + 8 * (e / 2), token 8j + 2(lane % 4)
+  // + e % 2.
+  const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int j = 0; j < kNT; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int n = j * 8 + tq * 2 + (e & 1);
+      if (row0 + n >= row_end) continue;
+      const int64_t pos = row0 + n;
+      if constexpr (kGateUp) {
+        const int64_t feature = m0 + wm * 16 + g + 8 * (e >> 1);
+        if (feature < args.n_out) {
+          static_cast<uint16_t*>(args.c)[pos * args.ldc + feature] =
+              F32ToBf16(Silu(acc[0][j][e]) * acc[1][j][e]);
+        }
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          const int64_t feature = m0 + wm * 32 + mt * 16 + g + 8 * (e >> 1);
+          if (feature < args.n_out) StorePairRowValue(args, pos, feature, acc[mt][j][e]);
+        }
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -606,34 +564,30 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
 // warpgroup's two m64nNk16 per 16 K (N: its tokens) read them from shared memory as they land
 // (stage bases 1024-byte aligned).
 //
-// Four forms (WgmmaTile): 64 tokens on one warpgroup (two m64n64k16 per 16 K, 4 stages); 128
-// tokens on two warpgroups of 64 (each the 64-token form's products on its half, 3 stages of
-// 32 KB: two blocks an SM as before); 128 tokens on one warpgroup (two m64n128k16, 128
-// accumulators a thread; MOBIUS_MOE_WGMMA=n128); 256 weight rows x 128 tokens on two
-// warpgroups of 128 rows each (MOBIUS_MOE_WGMMA=r256; one block an SM). A block reads its
-// weight rows once per tile, and at 64 tokens an expert of 160 pairs is three tiles, so its
-// weights cross from L2 into shared memory three times where 128-token tiles need two; and a
-// staged token row feeds the block's 128 or 256 weight rows, so the tokens cross once per 64 or
-// 128 features. Counted so (weights staged once per tile, token rows once per slice; not
-// measured), Qwen3-Next's 8K prefill stages ~9 GB a layer for gate-up in the 64-token form, ~7 GB
-// at 128 tokens and ~5.6 GB at 256 x 128.
+// Two forms (WgmmaTile): 64 tokens on one warpgroup (two m64n64k16 per 16 K, 4 stages), and 128
+// tokens on two warpgroups of 64 sharing the weight rows (each the 64-token form's products on
+// its half; 3 stages of 32 KB, so two blocks an SM as before). A block reads its weight rows once
+// per tile: at 64 tokens an expert of 160 pairs is three tiles, so its weights cross from L2 into
+// shared memory three times where 128-token tiles need two.
 // Measured, the 64-token form against the mma.sync kernel's (H100, session 49): 512 experts at
 // top-10, 8192 tokens 2685 -> 2066 us, 4096 tokens 1633 -> 1467 us; Qwen3-Next's 8K prefill (12
-// layers) 57.5 -> 49.9 ms, still 1.9x its bound there (~250 TFLOP/s). A weights-on-N form (64
-// tokens x 256 weight rows, m64n256k16, one block an SM) measured slowest of all in session 50
-// (8192 tokens 2925 us) and was removed.
+// layers) 57.5 -> 49.9 ms, still 1.9x its bound there (~250 TFLOP/s). The 128-token form against
+// the 64-token one (H100, session 52, medians of two rounds): 8192 tokens 2083 -> 2018 us, 4096
+// tokens 1467 -> 1344 us; Qwen3-Next's 8K prefill 48.1 -> 46.7 ms, 4K 27.9 -> 27.4 ms.
+// Measured and removed: weights on N (64 tokens x 256 weight rows, m64n256k16, one block an SM;
+// session 50, 8192 tokens 2925 us), 128 tokens on one warpgroup (two m64n128k16; session 52,
+// 2118 / 2100 us) and 256 weight rows x 128 tokens on two warpgroups (one block an SM; 2157 /
+// 2164 us).
 
-// kGroups warpgroups, each 128 weight rows x kGroupTokens tokens; with kSplitRows they share
-// the tokens and split the weight rows, without it they share the rows and split the tokens.
-template <int kGroupsT, int kGroupTokensT, bool kSplitRowsT, int kStagesT>
+// kGroups warpgroups of 64 tokens each, sharing the block's 128 weight rows.
+template <int kGroupsT, int kStagesT>
 struct WgmmaTile {
-  static constexpr int kGroups = kGroupsT, kGroupTokens = kGroupTokensT, kStages = kStagesT;
-  static constexpr bool kSplitRows = kSplitRowsT;
+  static constexpr int kGroups = kGroupsT, kStages = kStagesT;
   static_assert(kGroups == 1 || kGroups == 2);
-  static_assert(kGroupTokens == 64 || kGroupTokens == 128);
+  static constexpr int kGroupTokens = 64;
   static constexpr int kThreads = 128 * kGroups;
-  static constexpr int kRows = 128 * (kSplitRows ? kGroups : 1);  // weight rows a block
-  static constexpr int kTokens = kGroupTokens * (kSplitRows ? 1 : kGroups);
+  static constexpr int kRows = 128;  // weight rows a block
+  static constexpr int kTokens = kGroupTokens * kGroups;
   static constexpr int kStageA = kRows * kTcRowBytes;  // a stage: weight rows, then tokens
   static constexpr int kStageBytes = kStageA + kTokens * kTcRowBytes;
   static constexpr int kSmem = kStages * kStageBytes + 1024;  // + slack for the alignment
@@ -642,10 +596,8 @@ struct WgmmaTile {
   static constexpr int kChunksA = kRows / kRowStep, kChunksB = kTokens / kRowStep;
   static constexpr int kAcc = kGroupTokens / 2;  // accumulators a thread per 64 weight rows
 };
-using WgmmaTile64 = WgmmaTile<1, 64, false, 4>;
-using WgmmaTile128 = WgmmaTile<2, 64, false, 3>;
-using WgmmaTile128Wide = WgmmaTile<1, 128, false, 3>;
-using WgmmaTile256x128 = WgmmaTile<2, 128, true, 4>;
+using WgmmaTile64 = WgmmaTile<1, 4>;
+using WgmmaTile128 = WgmmaTile<2, 3>;
 
 // The wgmma kernels' main loop over K: stage kt's copies land (then the async-proxy fence, since
 // cp.async wrote through the generic proxy and wgmma reads through the async one), issue(base)
@@ -670,15 +622,6 @@ __device__ __forceinline__ void RunWgmmaStages(int num_k, uint32_t smem_base, Is
   }
   wgmma::Wait<0>();
   CopyAsyncWait<0>();
-}
-
-template <int kN>
-__device__ __forceinline__ void WgmmaSS(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b) {
-  if constexpr (kN == 64) {
-    wgmma::WgmmaSS_m64n64k16(d, desc_a, desc_b, 1);
-  } else {
-    wgmma::WgmmaSS_m64n128k16(d, desc_a, desc_b, 1);
-  }
 }
 
 template <bool kGateUp, typename Tile>
@@ -737,18 +680,13 @@ __global__ void __launch_bounds__(Tile::kThreads) TcGroupedGemmWgmmaKernel(const
 
   IssuePrologue<kGateUp, Tile::kStages>(num_k, load_weights, load_tokens);
 
-  // This warpgroup's tokens: shared token rows [token0, + kGroupTokens); its weight rows: the
-  // 64-row halves at shared rows a_row[0] and a_row[1] (gate_up: its 64 features' gate rows, then
-  // their up rows; down: 128 consecutive features), the first of its features `feature0`. A
-  // group whose tokens all lie past the tile's end (the last tile of an expert) or whose
-  // features all lie past the matrix skips its products.
-  const int row_group = Tile::kSplitRows ? group : 0;
-  const int token0 = Tile::kSplitRows ? 0 : group * Tile::kGroupTokens;
-  const int a_row[2] = {kGateUp ? row_group * 64 : row_group * 128,
-                        kGateUp ? Tile::kRows / 2 + row_group * 64 : row_group * 128 + 64};
-  const int64_t feature0 = m0 + row_group * (kGateUp ? 64 : 128);
-  const bool busy = row0 + token0 < row_end && feature0 < args.n_out;
-  // acc[h]: the weight rows at a_row[h] x the group's tokens.
+  // This warpgroup's tokens: shared token rows [token0, + 64); the weight rows: the block's two
+  // 64-row halves (gate_up: the slice's 64 features' gate rows, then their up rows; down: 128
+  // consecutive features from m0). A group whose tokens all lie past the tile's end (the last
+  // tile of an expert) skips its products.
+  const int token0 = group * Tile::kGroupTokens;
+  const bool busy = row0 + token0 < row_end;
+  // acc[h]: the weight rows at shared row 64 h x the group's tokens.
   float acc[2][Tile::kAcc];
 #pragma unroll
   for (int h = 0; h < 2; ++h)
@@ -767,8 +705,8 @@ __global__ void __launch_bounds__(Tile::kThreads) TcGroupedGemmWgmmaKernel(const
               wgmma::KMajorDescriptor(base + Tile::kStageA + token0 * kTcRowBytes + kk * 32);
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            WgmmaSS<Tile::kGroupTokens>(
-                acc[h], wgmma::KMajorDescriptor(base + a_row[h] * kTcRowBytes + kk * 32), desc_b);
+            wgmma::WgmmaSS_m64n64k16(
+                acc[h], wgmma::KMajorDescriptor(base + h * 64 * kTcRowBytes + kk * 32), desc_b, 1);
           }
         }
         wgmma::Commit();
@@ -793,7 +731,7 @@ __global__ void __launch_bounds__(Tile::kThreads) TcGroupedGemmWgmmaKernel(const
       const int64_t pos = row0 + n;
       const int row = warp * 16 + g + 8 * (e >> 1);
       if constexpr (kGateUp) {
-        const int64_t feature = feature0 + row;
+        const int64_t feature = m0 + row;
         if (feature < args.n_out) {
           static_cast<uint16_t*>(args.c)[pos * args.ldc + feature] =
               F32ToBf16(Silu(acc[0][j * 4 + e]) * acc[1][j * 4 + e]);
@@ -801,7 +739,7 @@ __global__ void __launch_bounds__(Tile::kThreads) TcGroupedGemmWgmmaKernel(const
       } else {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int64_t feature = feature0 + h * 64 + row;
+          const int64_t feature = m0 + h * 64 + row;
           if (feature < args.n_out) StorePairRowValue(args, pos, feature, acc[h][j * 4 + e]);
         }
       }
@@ -842,23 +780,11 @@ void LaunchGroupedGrid(int threads, int smem, int64_t rows_per_slice, const TcAr
   LaunchPdl(kGateUp ? "MoeGateUp" : "MoeDown", kKernel, grid, threads, smem, stream, a);
 }
 
-template <bool kGateUp, int kBN, int kWarpsM, int kWarpsK, int kStages, int kSliceRun = 1>
+template <bool kGateUp, int kBN, int kWarpsM, int kWarpsK, int kStages>
 void LaunchTc(const TcArgs& args, int64_t max_tiles, cudaStream_t stream) {
   using Cfg = TcConfig<kBN, kWarpsM, kWarpsK, kStages>;
-  LaunchGroupedGrid<kGateUp,
-                    TcGroupedGemmKernel<kGateUp, kBN, kWarpsM, kWarpsK, kStages, kSliceRun>>(
-      Cfg::kThreads, Cfg::kSmem, (kGateUp ? 16 * kWarpsM : 32 * kWarpsM) * kSliceRun, args,
-      max_tiles, stream);
-}
-
-// Slices a 32-token down block computes in one pipeline (TcGroupedGemmKernel's kSliceRun).
-// Benchmark knob (read once): MOBIUS_MOE_DOWN_RUN=1|2|4|8|16.
-int DownSliceRun() {
-  static const int run = [] {
-    const int choice = KnobChoice("MOBIUS_MOE_DOWN_RUN", {"1", "2", "4", "8", "16"});
-    return choice == 0 ? 1 : 1 << (choice - 1);
-  }();
-  return run;
+  LaunchGroupedGrid<kGateUp, TcGroupedGemmKernel<kGateUp, kBN, kWarpsM, kWarpsK, kStages>>(
+      Cfg::kThreads, Cfg::kSmem, kGateUp ? 16 * kWarpsM : 32 * kWarpsM, args, max_tiles, stream);
 }
 
 template <bool kGateUp, typename Tile>
@@ -868,25 +794,11 @@ void LaunchWgmma(const TcArgs& args, int64_t max_tiles, cudaStream_t stream) {
       stream);
 }
 
-// The kernels for 64- and 128-token tiles. Benchmark knob (read once): MOBIUS_MOE_WGMMA=0 runs
-// 64-token tiles on the mma.sync kernel (the form before session 49); =n128 runs 128-token tiles
-// on one warpgroup with N = 128 instead of two of 64, =r256 on two of 128 weight rows each
-// (WgmmaTile). 128-token tiles are wgmma-only.
-enum class WideTileKernel { kMmaSync, kWgmma, kWgmmaWide, kWgmmaRows256 };
-WideTileKernel WideTiles() {
-  static const WideTileKernel kernel = [] {
-    switch (KnobChoice("MOBIUS_MOE_WGMMA", {"0", "1", "n128", "r256"})) {
-      case 1:
-        return WideTileKernel::kMmaSync;
-      case 3:
-        return WideTileKernel::kWgmmaWide;
-      case 4:
-        return WideTileKernel::kWgmmaRows256;
-      default:
-        return WideTileKernel::kWgmma;
-    }
-  }();
-  return kernel;
+// The kernel for 64-token tiles. Benchmark knob (read once): MOBIUS_MOE_WGMMA=0 runs them on the
+// mma.sync kernel (the form before session 49). 128-token tiles are wgmma-only.
+bool WideTilesOnMmaSync() {
+  static const bool mma_sync = KnobChoice("MOBIUS_MOE_WGMMA", {"0", "1"}) == 1;
+  return mma_sync;
 }
 
 // Token-tile widths of the tensor-core path, chosen from the mean number of pairs per local
@@ -934,9 +846,13 @@ int TcTileTokens(int64_t pairs, int64_t num_local) {
   // 155.1 ms, batch-256 decode 104.2 -> 100.9 ms; T = 64 unchanged. From 40, 64-token tiles on
   // the wgmma kernel. (The release bank's 8K prefill, 25.6 pairs an expert, is bound by its weight
   // stream: on the H200 the mma.sync kernel's 64-token form was 3.7% slower there; the wgmma form
-  // was not compared at that size on the same card.)
+  // was not compared at that size on the same card.) From 64, 128-token tiles (two warpgroups of
+  // 64 sharing the weight rows): there most experts hold more than one 64-token tile, and the
+  // wider tile reads their weights once (H100, 512 experts at top-10: 80 pairs an expert 1467 ->
+  // 1344 us, 160 pairs 2083 -> 2018 us).
   if (pairs < 40 * num_local) return 32;
-  return 64;
+  if (pairs < 64 * num_local) return 64;
+  return 128;
 }
 
 template <bool kGateUp>
@@ -949,41 +865,17 @@ void LaunchTcGroupedGemm(const TcArgs& args, int bn, int64_t max_tiles, cudaStre
       LaunchTc<kGateUp, 16, 2, 2, 10>(args, max_tiles, stream);
       break;
     case 32:
-      if constexpr (!kGateUp) {
-        switch (DownSliceRun()) {
-          case 2:
-            LaunchTc<kGateUp, 32, 4, 1, 4, 2>(args, max_tiles, stream);
-            return;
-          case 4:
-            LaunchTc<kGateUp, 32, 4, 1, 4, 4>(args, max_tiles, stream);
-            return;
-          case 8:
-            LaunchTc<kGateUp, 32, 4, 1, 4, 8>(args, max_tiles, stream);
-            return;
-          case 16:
-            LaunchTc<kGateUp, 32, 4, 1, 4, 16>(args, max_tiles, stream);
-            return;
-          default:
-            break;
-        }
-      }
       LaunchTc<kGateUp, 32, 4, 1, 4>(args, max_tiles, stream);
       break;
     case 64:
-      if (WideTiles() == WideTileKernel::kMmaSync) {
+      if (WideTilesOnMmaSync()) {
         LaunchTc<kGateUp, 64, 4, 2, 4>(args, max_tiles, stream);
       } else {
         LaunchWgmma<kGateUp, WgmmaTile64>(args, max_tiles, stream);
       }
       break;
     default:
-      if (WideTiles() == WideTileKernel::kWgmmaWide) {
-        LaunchWgmma<kGateUp, WgmmaTile128Wide>(args, max_tiles, stream);
-      } else if (WideTiles() == WideTileKernel::kWgmmaRows256) {
-        LaunchWgmma<kGateUp, WgmmaTile256x128>(args, max_tiles, stream);
-      } else {
-        LaunchWgmma<kGateUp, WgmmaTile128>(args, max_tiles, stream);
-      }
+      LaunchWgmma<kGateUp, WgmmaTile128>(args, max_tiles, stream);
       break;
   }
 }

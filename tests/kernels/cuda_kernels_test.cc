@@ -1410,7 +1410,7 @@ class CudaMoeSkewTest : public CudaKernelsTest,
 TEST_P(CudaMoeSkewTest, SkewedRoutingManyTilesPerExpert) {
   // Every token routes to the same two experts: several 32-row tiles per expert. Odd sizes take
   // the scalar-load path of the grouped GEMM; h = 320 gives the down GEMM two and a half 128-row
-  // slices (a partial last slice, and a short last run under MOBIUS_MOE_DOWN_RUN).
+  // slices (a partial last slice).
   const int64_t t = 77, h = GetParam().first, inter = GetParam().second;
   const int k = 2, experts = 4;
   std::vector<int32_t> ids;
