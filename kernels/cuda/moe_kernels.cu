@@ -561,7 +561,7 @@ __global__ void __launch_bounds__(32 * kWarpsM * kWarpsK) TcGroupedGemmKernel(co
 // their up rows (64-127), so a thread holds a feature's gate and up sums at the same index of its
 // two accumulators and SiLU(gate) * up stays in registers; down: 128 features. The stages are the
 // kernel above's 128-byte rows with the XOR swizzle, which is wgmma's 128-byte swizzle, so each
-// warpgroup's two m64nNk16 per 16 K (N: its tokens) read them from shared memory as they land
+// warpgroup's two m64n64k16 per 16 K (N: its 64 tokens) read them from shared memory as they land
 // (stage bases 1024-byte aligned).
 //
 // Two forms (WgmmaTile): 64 tokens on one warpgroup (two m64n64k16 per 16 K, 4 stages), and 128
