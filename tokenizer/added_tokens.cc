@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "tokenizer/bpe_model.h"
+#include "tokenizer/json_fields.h"
 #include "tokenizer/utf8.h"
 #include "utf8proc.h"
 
@@ -67,15 +68,6 @@ size_t WhitespaceRunEnd(std::string_view text, size_t start) {
   return start;
 }
 
-absl::StatusOr<bool> FlagOrFalse(const nlohmann::json& entry, const char* key) {
-  if (!entry.contains(key) || entry[key].is_null()) return false;
-  if (!entry[key].is_boolean()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tokenizer.json added_tokens: \"", key, "\" must be a boolean"));
-  }
-  return entry[key].get<bool>();
-}
-
 }  // namespace
 
 absl::StatusOr<AddedToken> ParseAddedToken(const nlohmann::json& entry) {
@@ -101,7 +93,7 @@ absl::StatusOr<AddedToken> ParseAddedToken(const nlohmann::json& entry) {
         std::pair{"lstrip", &AddedToken::lstrip}, std::pair{"rstrip", &AddedToken::rstrip},
         std::pair{"normalized", &AddedToken::normalized},
         std::pair{"special", &AddedToken::special}}) {
-    absl::StatusOr<bool> value = FlagOrFalse(entry, key);
+    absl::StatusOr<bool> value = OptionalBool(entry, key, false, "tokenizer.json added_tokens");
     if (!value.ok()) return value.status();
     token.*field = *value;
   }

@@ -1,12 +1,15 @@
 #include "tokenizer/bpe_model.h"
 
 #include <algorithm>
+#include <optional>
 #include <queue>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "tokenizer/byte_level.h"
+#include "tokenizer/json_fields.h"
 
 namespace mobius::tokenizer {
 namespace {
@@ -47,7 +50,10 @@ absl::Status CheckFalse(const nlohmann::json& model, const char* key) {
 
 absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const nlohmann::json& model) {
   if (!model.is_object()) return absl::InvalidArgumentError("tokenizer.json: missing \"model\"");
-  const std::string type = model.value("type", std::string("BPE"));
+  constexpr char kSection[] = "tokenizer.json model";
+  ASSIGN_OR_RETURN(const std::optional<std::string> type_field,
+                   OptionalString(model, "type", kSection));
+  const std::string type = type_field.value_or("BPE");
   if (type != "BPE") {
     return absl::InvalidArgumentError(
         absl::StrCat("tokenizer.json model: unsupported type \"", type, "\" (supported: BPE)"));
@@ -145,8 +151,10 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const nlohmann::jso
     }
   }
 
-  if (model.contains("unk_token") && model["unk_token"].is_string()) {
-    const std::string unk = model["unk_token"].get<std::string>();
+  ASSIGN_OR_RETURN(const std::optional<std::string> unk_token,
+                   OptionalString(model, "unk_token", kSection));
+  if (unk_token.has_value()) {
+    const std::string& unk = *unk_token;
     const auto it = bpe->vocab_.find(unk);
     if (it == bpe->vocab_.end()) {
       return absl::InvalidArgumentError(
@@ -154,8 +162,8 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const nlohmann::jso
     }
     bpe->unk_id_ = it->second;
   }
-  bpe->fuse_unk_ = model.value("fuse_unk", false);
-  bpe->ignore_merges_ = model.value("ignore_merges", false);
+  ASSIGN_OR_RETURN(bpe->fuse_unk_, OptionalBool(model, "fuse_unk", false, kSection));
+  ASSIGN_OR_RETURN(bpe->ignore_merges_, OptionalBool(model, "ignore_merges", false, kSection));
   return bpe;
 }
 

@@ -5,22 +5,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "tokenizer/json_fields.h"
 
 namespace mobius::tokenizer {
 namespace {
 
+constexpr char kSection[] = "tokenizer.json pre_tokenizer";
+
 // The pattern GPT-2 style ByteLevel pre-tokenizers apply when `use_regex` is true.
 constexpr std::string_view kByteLevelPattern =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
-
-absl::StatusOr<bool> GetBool(const nlohmann::json& config, const char* key, bool fallback) {
-  if (!config.contains(key) || config[key].is_null()) return fallback;
-  if (!config[key].is_boolean()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tokenizer.json pre_tokenizer: \"", key, "\" must be a boolean"));
-  }
-  return config[key].get<bool>();
-}
 
 absl::StatusOr<SplitBehavior> ParseBehavior(const nlohmann::json& config) {
   if (!config.contains("behavior") || !config["behavior"].is_string()) {
@@ -146,11 +140,12 @@ absl::Status PreTokenizer::AddStep(const nlohmann::json& config, bool& saw_byte_
     }
     ASSIGN_OR_RETURN(step.regex, Regex::Compile(regex_text));
     ASSIGN_OR_RETURN(step.behavior, ParseBehavior(config));
-    ASSIGN_OR_RETURN(step.invert, GetBool(config, "invert", false));
+    ASSIGN_OR_RETURN(step.invert, OptionalBool(config, "invert", false, kSection));
   } else if (type == "ByteLevel") {
     saw_byte_level = true;
-    ASSIGN_OR_RETURN(step.add_prefix_space, GetBool(config, "add_prefix_space", true));
-    ASSIGN_OR_RETURN(const bool use_regex, GetBool(config, "use_regex", true));
+    ASSIGN_OR_RETURN(step.add_prefix_space,
+                     OptionalBool(config, "add_prefix_space", true, kSection));
+    ASSIGN_OR_RETURN(const bool use_regex, OptionalBool(config, "use_regex", true, kSection));
     // trim_offsets only moves reported offsets; ids are the same either way.
     if (use_regex) {
       ASSIGN_OR_RETURN(step.regex, Regex::Compile(kByteLevelPattern));

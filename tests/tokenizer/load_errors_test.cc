@@ -66,6 +66,40 @@ TEST(LoadErrorsTest, MalformedFiles) {
             std::string::npos);
 }
 
+// A field of the wrong type is an error naming the section, the field and the value it got,
+// never an exception out of the JSON library (the tokenizer_file_fuzz target found one: a
+// non-string "model.type" aborted the process).
+TEST(LoadErrorsTest, FieldsOfTheWrongTypeAreNamed) {
+  nlohmann::json json = testing::TinyTokenizerJson({});
+  json["model"]["type"] = {{"BPE", 1}};
+  EXPECT_EQ(LoadError(json), "tokenizer.json model: \"type\" must be a string, got {\"BPE\":1}");
+
+  json = testing::TinyTokenizerJson({});
+  json["model"]["type"] = nullptr;  // null is as if absent: BPE
+  EXPECT_EQ(LoadError(json), "loaded");
+
+  json = testing::TinyTokenizerJson({});
+  json["model"]["fuse_unk"] = "yes";
+  EXPECT_EQ(LoadError(json), "tokenizer.json model: \"fuse_unk\" must be a boolean, got \"yes\"");
+
+  json = testing::TinyTokenizerJson({});
+  json["model"]["ignore_merges"] = 0;
+  EXPECT_EQ(LoadError(json), "tokenizer.json model: \"ignore_merges\" must be a boolean, got 0");
+
+  json = testing::TinyTokenizerJson({});
+  json["model"]["unk_token"] = 5;
+  EXPECT_EQ(LoadError(json), "tokenizer.json model: \"unk_token\" must be a string, got 5");
+
+  json = testing::TinyTokenizerJson({});
+  json["pre_tokenizer"]["pretokenizers"][1]["use_regex"] = "false";
+  EXPECT_EQ(LoadError(json),
+            "tokenizer.json pre_tokenizer: \"use_regex\" must be a boolean, got \"false\"");
+
+  json = testing::TinyTokenizerJson(
+      {}, {{{"id", 300}, {"content", "<|x|>"}, {"special", 1}, {"normalized", false}}});
+  EXPECT_EQ(LoadError(json), "tokenizer.json added_tokens: \"special\" must be a boolean, got 1");
+}
+
 // Ids index tables, so an id far past any real vocabulary is refused rather than sized for.
 TEST(LoadErrorsTest, IdsPastTheLimitAreRefused) {
   nlohmann::json json = testing::TinyTokenizerJson({});
