@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "tokenizer/bpe_model.h"
 #include "tokenizer/json_fields.h"
 #include "tokenizer/utf8.h"
@@ -93,9 +94,7 @@ absl::StatusOr<AddedToken> ParseAddedToken(const nlohmann::json& entry) {
         std::pair{"lstrip", &AddedToken::lstrip}, std::pair{"rstrip", &AddedToken::rstrip},
         std::pair{"normalized", &AddedToken::normalized},
         std::pair{"special", &AddedToken::special}}) {
-    absl::StatusOr<bool> value = OptionalBool(entry, key, false, "tokenizer.json added_tokens");
-    if (!value.ok()) return value.status();
-    token.*field = *value;
+    ASSIGN_OR_RETURN(token.*field, OptionalBool(entry, key, false, "tokenizer.json added_tokens"));
   }
   return token;
 }
