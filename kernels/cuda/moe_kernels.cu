@@ -849,7 +849,8 @@ int TcTileTokens(int64_t pairs, int64_t num_local) {
   // was not compared at that size on the same card.) From 64, 128-token tiles (two warpgroups of
   // 64 sharing the weight rows): there most experts hold more than one 64-token tile, and the
   // wider tile reads their weights once (H100, 512 experts at top-10: 80 pairs an expert 1467 ->
-  // 1344 us, 160 pairs 2083 -> 2018 us).
+  // 1344 us, 160 pairs 2083 -> 2018 us; below 64 it loses: 40 pairs 1240 -> 1248 us, 60 pairs
+  // 1311 -> 1325 us, session 53).
   if (pairs < 40 * num_local) return 32;
   if (pairs < 64 * num_local) return 64;
   return 128;
