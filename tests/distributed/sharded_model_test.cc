@@ -230,8 +230,10 @@ TEST_P(ShardedModelTest, MatchesReferenceAndOneProcess) {
   {
     std::vector<std::thread> threads;
     for (int rank = 0; rank < layout.world; ++rank) {
-      threads.emplace_back(
-          [&, rank] { results[rank] = RunRank(dir, ref, layout, rank, *comms[rank]); });
+      // `layout` passed by value: Clang before 16 cannot capture a structured binding.
+      threads.emplace_back([&, rank, layout = layout] {
+        results[rank] = RunRank(dir, ref, layout, rank, *comms[rank]);
+      });
     }
     for (std::thread& t : threads) t.join();
   }
