@@ -453,10 +453,11 @@ class SchemaCompiler {
     }
     sw.properties.push_back(Property{key, Add(std::move(values)), true});
     // The switch takes the first object's place; the other objects leave the union.
+    const int32_t switch_node = Add(std::move(sw));
     std::vector<int32_t> kept;
     for (size_t i = 0; i < alternatives.size(); ++i) {
       if (i == objects[0]) {
-        kept.push_back(Add(std::move(sw)));
+        kept.push_back(switch_node);
       } else if (std::find(objects.begin(), objects.end(), i) == objects.end()) {
         kept.push_back(alternatives[i]);
       }
