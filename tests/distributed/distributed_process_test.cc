@@ -17,21 +17,15 @@
 #include <thread>
 #include <vector>
 
+#include "tests/util/child_process.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
+// Below the ephemeral range and once per process (tests/util/child_process.h): a port from
+// binding port 0 could be taken by an outgoing connection before the leader binds it.
+using mobius::testing::FreePort;
 
 struct Rank {
   pid_t pid = -1;
