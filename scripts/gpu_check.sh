@@ -83,9 +83,17 @@ if [ "$tests" = 1 ]; then
     [ "$per_test" -lt 60 ] && per_test=60
     args+=(--timeout "$per_test")
     MOBIUS_FIXTURES_DIR="$fixtures" timeout $((limit - $(elapsed))) \
-      python3 "$root/gpu_tests.py" "${args[@]}" > "$out/tests.txt" 2>&1 || status=1
-    # The summary: the counts line and every skipped or failed test.
-    sed -n '/ GPU tests in /,$p' "$out/tests.txt"
+      python3 "$root/gpu_tests.py" "${args[@]}" > "$out/tests.txt" 2>&1
+    rc=$?
+    [ "$rc" != 0 ] && status=1
+    if [ "$rc" = 124 ]; then
+      # Stopped at the limit before its summary: what ran is in the per-test lines.
+      say "the tests ran out of time after $(grep -cE '^ *[0-9]+/[0-9]+ ' "$out/tests.txt") of them; the last:"
+      tail -3 "$out/tests.txt"
+    else
+      # The summary: the counts line and every skipped or failed test.
+      sed -n '/ GPU tests in /,$p' "$out/tests.txt"
+    fi
   fi
 fi
 
