@@ -2,9 +2,7 @@
 // with 2 and 4 ranks, a rank killed or stopped mid-run (the others must fail within 10 s, not
 // hang), and a rank of a stale generation refused.
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
